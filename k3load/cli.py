@@ -1,0 +1,30 @@
+"""The `k3load` command: dispatch only; each subcommand lives with the code it runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from k3load import __version__
+from k3load.sim import cli as sim_cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="k3load", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"k3load {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sim = sub.add_parser("sim", help="run the embedded vLLM-compatible simulator (never evidence)",
+                         description="Embedded vLLM-compatible server for rehearsal and tests. Its numbers "
+                         "model vLLM's behaviour; they are never evidence for a production verdict.")
+    sim_cli.add_arguments(sim)
+    sim.set_defaults(func=sim_cli.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Every knob of `k3load sim`, in one place, so that the CLI, a YAML profile and tests agree.
+
+The sim is a stand-in for rehearsal and tests: its numbers are a model of vLLM's behaviour, never
+evidence about a real deployment. Units are in the field names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ProfileError(ValueError):
+    """A fault/engine profile that cannot be used; the message names the file and the field."""
+
+
+@dataclass
+class FaultProfile:
+    """Injected misbehaviour. Rates are per request in [0, 1], decided from the seed and the request."""
+
+    malformed_tool_args_rate: float = 0.0  # arguments that are not valid JSON (parser layer)
+    empty_tool_calls_rate: float = 0.0  # finish_reason "tool_calls" with no calls (parser layer)
+    raw_tool_markup_rate: float = 0.0  # K2 tool-call markup left in content (parser layer)
+    reasoning_leak_rate: float = 0.0  # reasoning text repeated inside content
+    http_error_rate: float = 0.0  # reject before any work
+    http_error_status: int = 503  # 429, 500, 502, 503 ...
+    http_error_style: str = "vllm"  # "vllm" JSON error body, or "gateway" (plain text, as a proxy)
+    midstream_error_rate: float = 0.0  # streaming: `data: {"error": ...}` after some chunks
+    truncate_stream_rate: float = 0.0  # streaming: connection closed without [DONE]
+    slow_first_token_rate: float = 0.0
+    slow_first_token_ms: float = 0.0  # extra delay before the first token
+    slow_drip_rate: float = 0.0
+    slow_drip_ms: float = 0.0  # extra delay between tokens
+    prefix_cache_never_hits: bool = False  # flag says caching is on, lookups never hit
+    metrics_disabled: bool = False  # as `--disable-log-stats`: no vllm:* series on /metrics
+    oom_kv_demand_tokens: int = 0  # >0: crash with a CUDA-OOM-like line when KV demand passes it
+
+
+@dataclass
+class SimConfig:
+    """Engine, cache, timing and identity of the simulated server."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = "kimi-k3-sim"
+    max_model_len: int = 32768
+    vllm_version: str = "0.33.0"
+    seed: int = 0
+    # KV cache and scheduler (vLLM CacheConfig / SchedulerConfig analogues)
+    block_size: int = 16
+    num_gpu_blocks: int = 8192
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+    hybrid_block_size: int = 0  # >0: KDA-style state checkpoints; hits resume only at multiples
+    # Timing model (seconds of wall time = model time x time_scale)
+    time_scale: float = 1.0
+    step_base_ms: float = 4.0  # fixed cost of one engine step
+    step_per_seq_ms: float = 0.08  # decode cost per running sequence
+    prefill_ms_per_token: float = 0.02  # cost per uncached prompt token
+    # Output shape
+    reasoning_tokens: int = 12  # 0 disables the reasoning field
+    answer_tokens_min: int = 16
+    answer_tokens_max: int = 64
+    tool_call_style: str = "k3"  # "k3": each call whole in one delta; "k2": name then argument pieces
+    enable_prompt_tokens_details: bool = True
+    # Simulated GPU memory (dcgm-exporter names, labelled simulated)
+    gpu_count: int = 8
+    gpu_memory_mib: int = 288 * 1024  # GB300-class
+    weights_mib_per_gpu: int = 180 * 1024
+    kv_bytes_per_token: int = 70_000
+    faults: FaultProfile = field(default_factory=FaultProfile)
+
+    def time_s(self, ms: float) -> float:
+        """Model milliseconds to wall seconds."""
+        return ms * self.time_scale / 1000.0
+
+
+def _apply(target: Any, data: dict[str, Any], where: str) -> None:
+    known = {f.name: f for f in dataclasses.fields(target)}
+    for key, value in data.items():
+        if key not in known or key == "faults":
+            raise ProfileError(f"{where}: unknown field {key!r} (known: {', '.join(sorted(known))})")
+        expected = type(getattr(target, key))
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise ProfileError(f"{where}.{key}: expected {expected.__name__}, got {value!r}")
+        setattr(target, key, value)
+
+
+def load_profile(path: Path, config: SimConfig | None = None) -> SimConfig:
+    """Read a YAML profile (`engine:` and `faults:` sections) onto a config; unknown keys are errors."""
+    config = config or SimConfig()
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ProfileError(f"{path}: cannot read profile: {exc}") from exc
+    if not isinstance(data, dict) or set(data) - {"engine", "faults"}:
+        raise ProfileError(f"{path}: top level must be a mapping with only 'engine' and 'faults'")
+    for section, target in (("engine", config), ("faults", config.faults)):
+        body = data.get(section) or {}
+        if not isinstance(body, dict):
+            raise ProfileError(f"{path}: {section} must be a mapping")
+        _apply(target, body, f"{path}: {section}")
+    validate(config)
+    return config
+
+
+def validate(config: SimConfig) -> None:
+    """Reject settings the engine model cannot honour, naming the field."""
+    f = config.faults
+    for name in (x.name for x in dataclasses.fields(f) if x.name.endswith("_rate")):
+        if not 0.0 <= getattr(f, name) <= 1.0:
+            raise ProfileError(f"faults.{name} must be within [0, 1]")
+    if f.http_error_style not in ("vllm", "gateway"):
+        raise ProfileError("faults.http_error_style must be 'vllm' or 'gateway'")
+    if config.tool_call_style not in ("k2", "k3"):
+        raise ProfileError("tool_call_style must be 'k2' or 'k3'")
+    if config.hybrid_block_size and config.hybrid_block_size % config.block_size:
+        raise ProfileError("hybrid_block_size must be a multiple of block_size")
+    for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_model_len", "max_num_batched_tokens"):
+        if getattr(config, name) <= 0:
+            raise ProfileError(f"{name} must be positive")
+    if config.answer_tokens_min > config.answer_tokens_max:
+        raise ProfileError("answer_tokens_min must not exceed answer_tokens_max")

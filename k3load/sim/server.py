@@ -1,0 +1,199 @@
+"""`k3load sim`: an aiohttp server speaking vLLM's OpenAI-compatible API over the sim engine.
+
+Why aiohttp: a real asyncio server whose writes reach the socket per chunk, so a client's timing
+of first tokens and inter-token gaps measures the engine model and not a buffering artefact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import random
+import signal
+from collections import OrderedDict
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from k3load.sim import faults as fault_rules
+from k3load.sim.config import SimConfig
+from k3load.sim.engine import Engine, Sequence
+from k3load.sim.generate import Piece, plan_output, truncate
+from k3load.sim.metrics import SimMetrics
+from k3load.sim.protocol import ApiError, ChunkWriter, completion, error_body, usage_body
+from k3load.sim.request_checks import effective_max_tokens, validate_request
+from k3load.sim.tokenizer import prompt_token_ids
+
+log = logging.getLogger("k3load.sim")
+_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+
+
+class SimServer:
+    """Routes, per-request determinism and fault decisions; the engine does the scheduling."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.metrics = SimMetrics(config)
+        self.engine = Engine(config, self.metrics)
+        self._seen: OrderedDict[str, int] = OrderedDict()  # body hash -> times seen (bounded)
+        self.app = web.Application(client_max_size=64 * 2**20)
+        self.app.add_routes([
+            web.post("/v1/chat/completions", self.chat),
+            web.get("/v1/models", self.models),
+            web.get("/health", self.health),
+            web.get("/version", self.version),
+            web.get("/metrics", self.prom),
+        ])
+        self.app.on_startup.append(self._start_engine)
+        self.app.on_cleanup.append(self._stop_engine)
+
+    async def _start_engine(self, _app: web.Application) -> None:
+        self._engine_task = asyncio.get_running_loop().create_task(self.engine.run())
+
+    async def _stop_engine(self, _app: web.Application) -> None:
+        self._engine_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._engine_task
+
+    # -- simple endpoints -------------------------------------------------------------------------
+    async def health(self, _request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def version(self, _request: web.Request) -> web.Response:
+        return web.json_response({"version": self.config.vllm_version})
+
+    async def models(self, _request: web.Request) -> web.Response:
+        card = {"id": self.config.model, "object": "model", "created": 0, "owned_by": "vllm",
+                "root": self.config.model, "parent": None, "max_model_len": self.config.max_model_len,
+                "permission": []}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def prom(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # -- chat -------------------------------------------------------------------------------------
+    def _rng(self, raw: bytes) -> random.Random:
+        """Seed from (seed, body, occurrence): identical requests replay identically run to run,
+        while a retry of the same body gets its own draw."""
+        digest = hashlib.sha256(raw).hexdigest()
+        nth = self._seen.pop(digest, 0)
+        self._seen[digest] = nth + 1
+        if len(self._seen) > 100_000:
+            self._seen.popitem(last=False)
+        return random.Random(f"{self.config.seed}:{digest}:{nth}")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+            validate_request(body, self.config)
+            prompt_ids = prompt_token_ids(body["messages"], body.get("tools"))
+            max_tokens = effective_max_tokens(body, len(prompt_ids), self.config)
+        except json.JSONDecodeError as exc:
+            return _error(400, f"Invalid JSON body: {exc}", "BadRequestError")
+        except ApiError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+        rng = self._rng(raw)
+        fault = fault_rules.decide(self.config.faults, rng, self.config.time_scale)
+        if fault.http_error:
+            return self._injected_http_error()
+        answer_len = rng.randint(self.config.answer_tokens_min, self.config.answer_tokens_max)
+        plan = plan_output(body, rng, self.config.reasoning_tokens, answer_len, self.config.tool_call_style)
+        plan = truncate(fault_rules.apply_to_plan(plan, fault), max_tokens, bool(body.get("ignore_eos")), rng)
+        seq = Sequence(request_id="", prompt_ids=prompt_ids, plan=plan, max_tokens=max_tokens)
+        self.engine.submit(seq)
+        writer = ChunkWriter(self.config.model)
+        try:
+            if body.get("stream"):
+                return await self._stream(request, body, seq, writer, fault)
+            return await self._complete(seq, writer)
+        finally:
+            self.engine.abort(seq)  # no-op when it finished; frees KV when the client went away
+
+    def _injected_http_error(self) -> web.Response:
+        f = self.config.faults
+        if f.http_error_style == "gateway":
+            return web.Response(status=f.http_error_status, text=f"upstream error {f.http_error_status}\n",
+                                content_type="text/plain")
+        kind = "TooManyRequests" if f.http_error_status == 429 else "InternalServerError"
+        return _error(f.http_error_status, "k3load sim: injected server error", kind)
+
+    def _usage(self, seq: Sequence) -> dict[str, Any]:
+        cached = seq.cached_tokens if self.config.enable_prompt_tokens_details else None
+        return usage_body(len(seq.prompt_ids), seq.generated, cached,
+                          sum(1 for p in seq.plan.pieces[: seq.generated] if p.kind == "reasoning"))
+
+    async def _complete(self, seq: Sequence, writer: ChunkWriter) -> web.Response:
+        pieces: list[Piece] = []
+        while (item := (await seq.queue.get())[0]) is not None:
+            pieces.append(item)
+        return web.json_response(completion(writer, seq.plan, pieces, self._usage(seq)))
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], seq: Sequence, writer: ChunkWriter,
+                      fault: fault_rules.FaultDecision) -> web.StreamResponse:
+        resp = web.StreamResponse(headers=_SSE_HEADERS)
+        await resp.prepare(request)
+        cut_at = max(len(seq.plan.pieces) // 2, 1)
+        count = 0
+        while (piece := (await seq.queue.get())[0]) is not None:
+            if count == 0:
+                if fault.slow_first_token_s:
+                    await asyncio.sleep(fault.slow_first_token_s)
+                await _send(resp, writer.role())
+            elif fault.slow_drip_s:
+                await asyncio.sleep(fault.slow_drip_s)
+            count += 1
+            if count == cut_at and (fault.midstream_error or fault.truncate_stream):
+                return await self._break_stream(request, resp, fault)
+            chunk = writer.delta(piece, seq.plan)
+            if chunk is not None:
+                await _send(resp, chunk)
+        await _send(resp, writer.finish(seq.plan.finish_reason))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await _send(resp, writer.usage(self._usage(seq)))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _break_stream(self, request: web.Request, resp: web.StreamResponse,
+                            fault: fault_rules.FaultDecision) -> web.StreamResponse:
+        if fault.midstream_error:
+            await _send(resp, error_body(500, "k3load sim: injected engine error mid-stream",
+                                         "InternalServerError"))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        elif request.transport is not None:
+            request.transport.close()  # truncated: no finish chunk, no [DONE]
+        return resp
+
+
+async def _send(resp: web.StreamResponse, obj: dict[str, Any]) -> None:
+    await resp.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+
+
+def _error(status: int, message: str, err_type: str) -> web.Response:
+    return web.json_response(error_body(status, message, err_type), status=status)
+
+
+async def serve(config: SimConfig, ready: asyncio.Event | None = None) -> None:
+    """Run until SIGINT/SIGTERM; prints the URL once listening (port 0 picks a free one)."""
+    server = SimServer(config)
+    runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    print(f"k3load sim (a stand-in, never evidence) listening on http://{host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+    await runner.cleanup()

