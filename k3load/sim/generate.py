@@ -123,7 +123,7 @@ def plan_output(request: dict[str, Any], rng: random.Random, reasoning_tokens: i
     if tool_call_style == "k3":  # the parser emits the call whole once its close marker arrives
         pieces += [Piece("none")] * (len(arg_pieces) + 1) + [Piece("tool_whole", arguments)]
     else:
-        pieces += [Piece("tool_header")] + arg_pieces
+        pieces += [Piece("tool_header"), *arg_pieces]
     return OutputPlan(pieces, "tool_calls", [call])
 
 

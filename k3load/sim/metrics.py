@@ -7,6 +7,8 @@ dcgm-exporter's names but carry `simulated="true"` so no report can mistake them
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from k3load.sim.config import SimConfig
@@ -60,7 +62,8 @@ class SimMetrics:
         self.running = g("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
         self.kv_usage = g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.queries = self._c("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
+        self.queries = self._c("vllm:prefix_cache_queries",
+                               "Prefix cache queries, in terms of number of queried tokens.")
         self.hits = self._c("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
         self.ext_queries = self._c("vllm:external_prefix_cache_queries", "External prefix cache queries.")
         self.ext_hits = self._c("vllm:external_prefix_cache_hits", "External prefix cache hits.")
@@ -88,8 +91,8 @@ class SimMetrics:
         self.req_gen = self._h("vllm:request_generation_tokens", "Number of generation tokens processed.", tokens)
         self.iteration = self._h("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
                                  _ITERATION)
-        self.req_max_tokens = self._h("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
-                                      tokens)
+        self.req_max_tokens = self._h("vllm:request_params_max_tokens",
+                                      "Histogram of the max_tokens request parameter.", tokens)
         self._cache_info()
 
     def _cache_info(self) -> None:
@@ -131,5 +134,5 @@ class SimMetrics:
     def enabled(self) -> bool:
         return not self.config.faults.metrics_disabled
 
-    def labels(self, metric, **extra: str):  # noqa: ANN001, ANN201
+    def labels(self, metric: Any, **extra: str) -> Any:
         return metric.labels(**self._labels, **extra)

@@ -78,7 +78,10 @@ def instance(schema: dict[str, Any], rng: random.Random, optional_rate: float = 
     if "const" in schema:
         return schema["const"]
     if schema.get("enum"):
-        return rng.choice(schema["enum"])
+        choice = rng.choice(schema["enum"])
+        if _type_of(schema) == "array" and not isinstance(choice, list):
+            return [choice]  # enum misplaced on an array (seen in BFCL): follow the evident intent
+        return choice
     for key in ("anyOf", "oneOf"):
         if schema.get(key):
             return instance(schema[key][0], rng, optional_rate, depth + 1)

@@ -1,0 +1,37 @@
+"""Shared fixtures. `import locust` first: it gevent-patches sockets before httpx/ssl load."""
+
+import locust  # noqa: F401  (must stay the first import)
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from k3load.sim.process import SimProcess
+
+import importlib.util
+
+pytest_plugins = ["tests.target_fixtures"] if importlib.util.find_spec("tests.target_fixtures") else []
+
+# A sim fast enough for tests: a tenth of model time, CPU-server-like cache geometry.
+FAST_SIM = ["--time-scale", "0.1", "--model", "tiny", "--max-model-len", "2048", "--seed", "7"]
+
+
+@pytest.fixture
+def start_sim(tmp_path: Path) -> Iterator[Callable[..., SimProcess]]:
+    """Factory: start_sim(*extra_args) -> a running sim on a free port, stopped after the test."""
+    started: list[SimProcess] = []
+
+    def start(*args: str) -> SimProcess:
+        sim = SimProcess([*FAST_SIM, *args], tmp_path / f"sim-{len(started)}.log").start()
+        started.append(sim)
+        return sim
+
+    yield start
+    for sim in started:
+        sim.stop()
+
+
+@pytest.fixture
+def sim(start_sim: Callable[..., SimProcess]) -> SimProcess:
+    return start_sim()
