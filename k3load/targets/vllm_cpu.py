@@ -100,9 +100,12 @@ def find_torch_wheel() -> Path:
     )
 
 
-def _run(cmd: Sequence[str | Path], **kw: object) -> None:
+def _run(cmd: Sequence[str | Path], env: dict[str, str] | None = None) -> None:
+    """Run a step, echoing it; TMPDIR is a scratch dir so torch's /tmp litter goes away with it."""
     print("+", " ".join(map(str, cmd)), file=sys.stderr, flush=True)
-    subprocess.run([str(c) for c in cmd], check=True, **kw)  # type: ignore[arg-type]
+    with tempfile.TemporaryDirectory(prefix="k3load-step-") as scratch:
+        run_env = {**os.environ, **(env or {}), "TMPDIR": scratch}
+        subprocess.run([str(c) for c in cmd], check=True, env=run_env)
 
 
 def _expected_marker() -> dict[str, str]:
@@ -139,7 +142,7 @@ def _install(venv: Path, torch_wheel: Path) -> None:
     _run([py, "-m", "pip", "uninstall", "-y", *UNWANTED])
     _write_vllm_dist_info(venv)
     check = f"import torch, vllm.entrypoints.openai.api_server; assert torch.__version__ == '{TORCH_VERSION}'"
-    _run([py, "-c", check], env={**os.environ, "VLLM_NO_USAGE_STATS": "1"})
+    _run([py, "-c", check], env={"VLLM_NO_USAGE_STATS": "1"})
 
 
 def ensure_venv(cache_dir: Path | None = None) -> Path:
@@ -179,8 +182,8 @@ def build_tiny_model(venv: Path, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONHASHSEED": "0"}
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONHASHSEED": "0"}
     _run([venv_python(venv), TINY_MODEL_SRC, tmp], env=env)
     manifest = {"source_sha256": tiny_model_source_hash(), "files": file_hashes(tmp)}
     (tmp / BUILD_MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -373,11 +376,15 @@ class VllmCpuServer:
         self.stop()
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _serve(args: argparse.Namespace) -> int:
     venv = ensure_venv(args.cache_dir)
     model = ensure_tiny_model(venv, args.cache_dir)
     extra = [a for a in args.extra if a != "--"]
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops it like Ctrl-C, cleaning up
     server = VllmCpuServer(venv, model, port=args.port, extra_args=extra, enforce_eager=args.enforce_eager)
     started = time.monotonic()
     with server:
