@@ -1,15 +1,13 @@
 """Shared fixtures. `import locust` first: it gevent-patches sockets before httpx/ssl load."""
 
-import locust  # noqa: F401  (must stay the first import)
-
+import importlib.util
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import locust  # noqa: F401  (must stay the first import)
 import pytest
 
 from k3load.sim.process import SimProcess
-
-import importlib.util
 
 pytest_plugins = ["tests.target_fixtures"] if importlib.util.find_spec("tests.target_fixtures") else []
 

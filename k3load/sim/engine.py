@@ -41,6 +41,7 @@ class Sequence:
     generated: int = 0
     cached_tokens: int = 0  # prefix hits at first admission (reported in usage)
     admitted_once: bool = False
+    preemptions: int = 0
     scheduled_ts: float | None = None
     first_token_ts: float | None = None
     last_token_ts: float | None = None
@@ -153,6 +154,7 @@ class Engine:
         self.pool.free(seq.blocks)
         seq.blocks, seq.computed = [], 0
         self.waiting.appendleft(seq)
+        seq.preemptions += 1
         if self.metrics.enabled:
             self.metrics.labels(self.metrics.preemptions).inc()
 
@@ -244,6 +246,10 @@ class Engine:
         m.labels(m.by_source, source="local_cache_hit").inc(cached)
         m.labels(m.by_source, source="external_kv_transfer").inc(0)
         m.labels(m.cached_tokens).inc(cached)
+        m.labels(m.cached_by_source, source="device").inc(cached)
+        m.labels(m.req_max_gen).observe(seq.max_tokens)
+        m.labels(m.req_n).observe(1)
+        m.labels(m.req_preemptions).observe(seq.preemptions)
         m.labels(m.gen_tokens).inc(seq.generated)
         m.labels(m.e2e).observe(now - seq.arrival_ts)
         m.labels(m.req_prompt).observe(prompt)
@@ -266,6 +272,7 @@ class Engine:
         if m.enabled:
             m.labels(m.running).set(len(self.running))
             m.labels(m.waiting).set(len(self.waiting))
+            m.labels(m.waiting_by_reason, reason="capacity").set(len(self.waiting))
             m.labels(m.kv_usage).set(self.pool.usage())
 
     def _check_oom(self) -> None:

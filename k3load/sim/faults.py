@@ -69,11 +69,13 @@ def apply_to_plan(plan: OutputPlan, fault: FaultDecision) -> OutputPlan:
             pieces += [Piece("none")] * len(args) + [Piece("tool_whole", bad)]
         else:
             pieces += [Piece("tool_args", t) for t in args]
+        pieces.append(Piece("none"))  # EOS
     if calls and fault.raw_tool_markup:
         markup = (f"<|tool_calls_section_begin|><|tool_call_begin|>{calls[0]['id']}"
                   f"<|tool_call_argument_begin|>{calls[0]['arguments']}<|tool_call_end|>"
                   "<|tool_calls_section_end|>")
         pieces = [p for p in pieces if p.kind in ("reasoning", "content")] + _as_content(markup)
+        pieces.append(Piece("content", ""))  # EOS
         return OutputPlan(pieces, "stop", [])
     if calls and fault.empty_tool_calls:
         pieces = [p for p in pieces if p.kind in ("reasoning", "content")] + [Piece("none")]

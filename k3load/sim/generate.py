@@ -113,7 +113,7 @@ def plan_output(request: dict[str, Any], rng: random.Random, reasoning_tokens: i
         pieces += _pieces("reasoning", "Let me think. " + _words(rng, max(reasoning_tokens - 3, 1)))
     tool = choose_tool(request)
     if tool is None:
-        pieces += _pieces("content", _answer_text(request, rng, answer_len))
+        pieces += [*_pieces("content", _answer_text(request, rng, answer_len)), Piece("content", "")]  # EOS
         return OutputPlan(pieces, "stop")
     fn = tool["function"]
     arguments = json.dumps(instance(fn.get("parameters") or {}, rng), separators=(",", ":"))
@@ -124,14 +124,16 @@ def plan_output(request: dict[str, Any], rng: random.Random, reasoning_tokens: i
         pieces += [Piece("none")] * (len(arg_pieces) + 1) + [Piece("tool_whole", arguments)]
     else:
         pieces += [Piece("tool_header"), *arg_pieces]
-    return OutputPlan(pieces, "tool_calls", [call])
+    named = isinstance(request.get("tool_choice"), dict)  # vLLM finishes a named call with "stop"
+    pieces.append(Piece("tool_args", "") if named else Piece("none"))  # EOS: adds nothing to the call
+    return OutputPlan(pieces, "stop" if named else "tool_calls", [call])
 
 
 def truncate(plan: OutputPlan, max_tokens: int, ignore_eos: bool, rng: random.Random) -> OutputPlan:
     """Apply max_tokens (finish 'length') or, with ignore_eos, pad the answer up to it."""
     pieces = plan.pieces
-    if ignore_eos and len(pieces) < max_tokens and plan.finish_reason == "stop":
-        pieces = pieces + _pieces("content", " " + _words(rng, max_tokens))[: max_tokens - len(pieces)]
+    if ignore_eos and len(pieces) < max_tokens and plan.finish_reason == "stop" and not plan.tool_calls:
+        pieces = pieces[:-1] + _pieces("content", " " + _words(rng, max_tokens))  # past EOS
         pieces += [Piece("content", " more")] * (max_tokens - len(pieces))
         return OutputPlan(pieces[:max_tokens], "length", plan.tool_calls)
     if len(pieces) <= max_tokens:

@@ -19,9 +19,7 @@ _ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
         40.0, 80.0)
 _LATENCY = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
             240.0, 480.0, 960.0, 1920.0, 7680.0)
-_ITERATION = (1, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 136, 144, 152, 160,
-              168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256, 272, 288, 304, 320, 336, 352,
-              368, 384, 400, 416, 432, 448, 464, 480, 496, 512)
+_ITERATION = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 _BASE = ("model_name", "engine")
 
@@ -50,14 +48,23 @@ class SimMetrics:
             self._build_vllm()
         self._build_gpu()
 
+    def _made(self, metric: Any, extra: tuple[str, ...]) -> Any:
+        """vLLM creates every unlabelled-beyond-base series at start, so they exist before traffic."""
+        if not extra:
+            metric.labels(**self._labels)
+        return metric
+
     def _c(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
-        return Counter(name, doc, _BASE + extra, registry=self.registry)
+        return self._made(Counter(name, doc, _BASE + extra, registry=self.registry), extra)
 
     def _h(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-        return Histogram(name, doc, _BASE, buckets=buckets, registry=self.registry)
+        return self._made(Histogram(name, doc, _BASE, buckets=buckets, registry=self.registry), ())
+
+    def _g(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
+        return self._made(Gauge(name, doc, _BASE + extra, registry=self.registry), extra)
 
     def _build_vllm(self) -> None:
-        g = lambda name, doc, extra=(): Gauge(name, doc, _BASE + extra, registry=self.registry)  # noqa: E731
+        g = self._g
         tokens = token_buckets(self.config.max_model_len)
         self.running = g("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
@@ -93,18 +100,65 @@ class SimMetrics:
                                  _ITERATION)
         self.req_max_tokens = self._h("vllm:request_params_max_tokens",
                                       "Histogram of the max_tokens request parameter.", tokens)
+        self._build_vllm_extra(tokens)
         self._cache_info()
+
+    def _build_vllm_extra(self, tokens: tuple[float, ...]) -> None:
+        """Families a vLLM 0.32 server exposes that the sim models trivially; kept so that the
+        sampler meets the same names and label sets on both targets."""
+        for name in ("estimated_flops_per_gpu", "estimated_read_bytes_per_gpu", "estimated_write_bytes_per_gpu",
+                     "mm_cache_queries", "mm_cache_hits"):
+            self.labels(self._c(f"vllm:{name}", f"{name} (not modelled by the sim: stays 0)."))
+        self.waiting_by_reason = self._g("vllm:num_requests_waiting_by_reason", "Requests waiting, by reason.",
+                                   ("reason",))
+        for reason in ("capacity", "deferred"):
+            self.labels(self.waiting_by_reason, reason=reason)
+        sleep = self._g("vllm:engine_sleep_state", "Engine sleep state.", ("sleep_state",))
+        for state, value in (("awake", 1), ("discard_all", 0), ("weights_offloaded", 0)):
+            self.labels(sleep, sleep_state=state).set(value)
+        self.cached_by_source = self._c("vllm:prompt_tokens_cached_by_source", "Cached prompt tokens by source.",
+                                        ("source",))
+        for source in ("device", "disk", "external_unspecified", "host", "p2p"):
+            self.labels(self.cached_by_source, source=source)
+        rejections = Counter("vllm:admission_rejections", "Requests rejected at admission.",
+                             ("model_name", "reason"), registry=self.registry)
+        for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            rejections.labels(model_name=self.config.model, reason=reason)
+        self.req_max_gen = self._h("vllm:request_max_num_generation_tokens",
+                                   "Histogram of maximum number of requested generation tokens.", tokens)
+        self.req_n = self._h("vllm:request_params_n", "Histogram of the n request parameter.", (1, 2, 5, 10, 20))
+        self.req_preemptions = self._h("vllm:request_num_preemptions", "Number of preemptions per request.",
+                                       (0, 1, 2, 5, 10, 20, 50, 100))
+        self.parser = Counter("vllm:tool_call_parser_invocations", "Tool-call parser invocations by outcome.",
+                              ("mode", "model_name", "outcome", "request_type"), registry=self.registry)
+
+    def count_parser(self, streaming: bool, called: bool) -> None:
+        """What the server-side tool parser extracted (joined later with the client's validation)."""
+        if self.enabled:
+            self.parser.labels(mode="streaming" if streaming else "non_streaming", model_name=self.config.model,
+                               outcome="tool_call" if called else "no_tool_call",
+                               request_type="chat_completions").inc()
 
     def _cache_info(self) -> None:
         c = self.config
+        kv_tokens = c.num_gpu_blocks * c.block_size
         info = {
-            "block_size": str(c.block_size), "enable_prefix_caching": str(c.enable_prefix_caching),
-            "num_gpu_blocks": str(c.num_gpu_blocks), "num_gpu_blocks_override": "None",
-            "kv_cache_size_tokens": str(c.num_gpu_blocks * c.block_size),
-            "mamba_block_size": str(c.hybrid_block_size or "None"),
-            "mamba_cache_mode": "align" if c.hybrid_block_size else "none",
-            "cache_hit_alignment_tokens": str(c.hybrid_block_size or c.block_size),
-            "prefix_caching_hash_algo": "sha256", "cache_dtype": "auto", "k3load_simulated": "true",
+            "_block_size_resolved": "True", "block_size": str(c.block_size), "cache_dtype": "auto",
+            "cache_hit_alignment_tokens": str(c.hybrid_block_size or "None"),
+            "effective_attention_block_size": str(c.block_size),
+            "enable_mamba_shared_prefix_checkpoint": str(bool(c.hybrid_block_size)),
+            "enable_prefix_caching": str(c.enable_prefix_caching), "gpu_memory_utilization": "0.92",
+            "hash_block_size": "None", "is_attention_free": "False", "kv_cache_dtype_skip_layers": "[]",
+            "kv_cache_layout": "None", "kv_cache_max_concurrency": f"{kv_tokens / c.max_model_len:.2f}",
+            "kv_cache_memory_bytes": str(kv_tokens * c.kv_bytes_per_token), "kv_cache_size_tokens": str(kv_tokens),
+            "kv_offloading_backend": "native", "kv_offloading_size": "None", "kv_sharing_fast_prefill": "False",
+            "mamba_block_size": str(c.hybrid_block_size or "None"), "mamba_cache_dtype": "auto",
+            "mamba_cache_mode": "align" if c.hybrid_block_size else "none", "mamba_page_size_padded": "None",
+            "mamba_ssm_cache_dtype": "auto", "num_cpu_blocks": "None", "num_gpu_blocks": str(c.num_gpu_blocks),
+            "num_gpu_blocks_override": "None", "prefix_cache_retention_interval": "0",
+            "prefix_caching_hash_algo": "sha256", "prefix_match_unit": "None", "replayssm_buffer_len": "16",
+            "skip_page_size_padded": "None", "sliding_window": "None", "swa_bounded_replay": "True",
+            "use_kda_recoverssm": "False", "use_replayssm": "False", "user_specified_block_size": "True",
         }
         info["engine"] = "0"  # vLLM's info gauges carry the config fields and engine, not model_name
         Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", tuple(info),
@@ -116,6 +170,9 @@ class SimMetrics:
                      labels, registry=self.registry)
         free = Gauge("DCGM_FI_DEV_FB_FREE", "SIMULATED by k3load sim: framebuffer memory free (in MiB).",
                      labels, registry=self.registry)
+        sim_info = Gauge("k3load_sim_info", "Present only on k3load sim: this server is a stand-in, never evidence.",
+                         ("version",), registry=self.registry)
+        sim_info.labels(version=self.config.vllm_version).set(1)
         self._gpu = [(used, free, {"gpu": str(i), "UUID": f"GPU-sim-{i:04d}", "device": f"nvidia{i}",
                                    "modelName": "SIMULATED GPU", "Hostname": "k3load-sim", "simulated": "true"})
                      for i in range(self.config.gpu_count)]

@@ -24,7 +24,7 @@ from k3load.sim.config import SimConfig
 from k3load.sim.engine import Engine, Sequence
 from k3load.sim.generate import Piece, plan_output, truncate
 from k3load.sim.metrics import SimMetrics
-from k3load.sim.protocol import ApiError, ChunkWriter, completion, error_body, usage_body
+from k3load.sim.protocol import ApiError, ChunkWriter, completion, error_body, usage_body, validation_error
 from k3load.sim.request_checks import effective_max_tokens, validate_request
 from k3load.sim.tokenizer import prompt_token_ids
 
@@ -95,7 +95,8 @@ class SimServer:
             prompt_ids = prompt_token_ids(body["messages"], body.get("tools"))
             max_tokens = effective_max_tokens(body, len(prompt_ids), self.config)
         except json.JSONDecodeError as exc:
-            return _error(400, f"Invalid JSON body: {exc}", "BadRequestError")
+            err = validation_error("json_invalid", f"body.{exc.pos}", "JSON decode error", 0, exc.msg)
+            return web.json_response(err.body(), status=400)
         except ApiError as exc:
             return web.json_response(exc.body(), status=exc.status)
         rng = self._rng(raw)
@@ -107,11 +108,14 @@ class SimServer:
         plan = truncate(fault_rules.apply_to_plan(plan, fault), max_tokens, bool(body.get("ignore_eos")), rng)
         seq = Sequence(request_id="", prompt_ids=prompt_ids, plan=plan, max_tokens=max_tokens)
         self.engine.submit(seq)
-        writer = ChunkWriter(self.config.model)
+        writer = ChunkWriter(self.config.model, self.config.vllm_version,
+                             named_tool=isinstance(body.get("tool_choice"), dict), has_tools=bool(body.get("tools")))
         try:
             if body.get("stream"):
                 return await self._stream(request, body, seq, writer, fault)
-            return await self._complete(seq, writer)
+            response = await self._complete(seq, writer)
+            self._count_parser(body, seq, streaming=False)
+            return response
         finally:
             self.engine.abort(seq)  # no-op when it finished; frees KV when the client went away
 
@@ -124,9 +128,18 @@ class SimServer:
         return _error(f.http_error_status, "k3load sim: injected server error", kind)
 
     def _usage(self, seq: Sequence) -> dict[str, Any]:
-        cached = seq.cached_tokens if self.config.enable_prompt_tokens_details else None
-        return usage_body(len(seq.prompt_ids), seq.generated, cached,
+        cache = None
+        if self.config.enable_prompt_tokens_details:
+            full = len(seq.prompt_ids) // self.config.block_size * self.config.block_size
+            created = max(full - seq.cached_tokens, 0) if self.config.enable_prefix_caching else 0
+            cache = (seq.cached_tokens, created)
+        return usage_body(len(seq.prompt_ids), seq.generated, cache,
                           sum(1 for p in seq.plan.pieces[: seq.generated] if p.kind == "reasoning"))
+
+    def _count_parser(self, body: dict[str, Any], seq: Sequence, streaming: bool) -> None:
+        if body.get("tools"):
+            called = any(p.kind in ("tool_header", "tool_whole") for p in seq.plan.pieces[: seq.generated])
+            self.metrics.count_parser(streaming, called)
 
     async def _complete(self, seq: Sequence, writer: ChunkWriter) -> web.Response:
         pieces: list[Piece] = []
@@ -138,7 +151,8 @@ class SimServer:
                       fault: fault_rules.FaultDecision) -> web.StreamResponse:
         resp = web.StreamResponse(headers=_SSE_HEADERS)
         await resp.prepare(request)
-        cut_at = max(len(seq.plan.pieces) // 2, 1)
+        last = len(seq.plan.pieces)
+        cut_at = max(last // 2, 1)
         count = 0
         while (piece := (await seq.queue.get())[0]) is not None:
             if count == 0:
@@ -150,10 +164,11 @@ class SimServer:
             count += 1
             if count == cut_at and (fault.midstream_error or fault.truncate_stream):
                 return await self._break_stream(request, resp, fault)
-            chunk = writer.delta(piece, seq.plan)
-            if chunk is not None:
+            if count == last:
+                self._count_parser(body, seq, streaming=True)
+                await _send(resp, writer.finish(seq.plan.finish_reason, piece, seq.plan))
+            elif (chunk := writer.delta(piece, seq.plan)) is not None:
                 await _send(resp, chunk)
-        await _send(resp, writer.finish(seq.plan.finish_reason))
         if (body.get("stream_options") or {}).get("include_usage"):
             await _send(resp, writer.usage(self._usage(seq)))
         await resp.write(b"data: [DONE]\n\n")
