@@ -1,0 +1,139 @@
+"""Every injected fault of the sim, seen from a client over HTTP, looks like the layer that causes it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from tests.probes import Target, chat, scrape, stream_chat, total
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture
+def client():
+    with httpx.Client(timeout=60) as c:
+        yield c
+
+
+def _t(sim) -> Target:
+    return Target("sim", sim.base_url, "tiny")
+
+
+def test_injected_http_errors_vllm_and_gateway_styles(start_sim, client):
+    vllm_style = _t(start_sim("--http-error-rate", "1", "--http-error-status", "503"))
+    resp = chat(vllm_style, client, messages=ASK)
+    assert resp.status_code == 503 and resp.json()["error"]["code"] == 503
+    gateway = _t(start_sim("--http-error-rate", "1", "--http-error-status", "429", "--http-error-style", "gateway"))
+    resp = chat(gateway, client, messages=ASK)
+    assert resp.status_code == 429 and resp.headers["content-type"].startswith("text/plain")
+
+
+def test_error_rate_is_a_rate_and_retries_draw_again(start_sim, client):
+    t = _t(start_sim("--http-error-rate", "0.5"))
+    statuses = [chat(t, client, messages=ASK, max_tokens=2).status_code for _ in range(40)]
+    assert 8 <= statuses.count(503) <= 32 and statuses.count(200) >= 8
+
+
+def test_malformed_tool_arguments(start_sim, client):
+    t = _t(start_sim("--malformed-tool-args-rate", "1"))
+    call = chat(t, client, messages=ASK, tools=[WEATHER]).json()["choices"][0]["message"]["tool_calls"][0]
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(call["function"]["arguments"])
+
+
+def test_empty_tool_calls_with_tool_calls_finish(start_sim, client):
+    t = _t(start_sim("--empty-tool-calls-rate", "1"))
+    choice = chat(t, client, messages=ASK, tools=[WEATHER]).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"] == []
+
+
+def test_raw_tool_markup_left_in_content(start_sim, client):
+    t = _t(start_sim("--raw-tool-markup-rate", "1"))
+    message = chat(t, client, messages=ASK, tools=[WEATHER]).json()["choices"][0]["message"]
+    assert "<|tool_calls_section_begin|>" in message["content"] and message["tool_calls"] == []
+
+
+def test_reasoning_leaks_into_content(start_sim, client):
+    t = _t(start_sim("--reasoning-leak-rate", "1"))
+    message = chat(t, client, messages=[{"role": "user", "content": "hi"}]).json()["choices"][0]["message"]
+    assert message["reasoning"] is None and message["content"].startswith("Let me think")
+
+
+def test_midstream_error_event(start_sim, client):
+    t = _t(start_sim("--midstream-error-rate", "1"))
+    got = stream_chat(t, client, messages=[{"role": "user", "content": "hi"}], max_tokens=30)
+    assert got.status == 200 and got.done
+    assert "error" in got.chunks[-1] and got.chunks[-1]["error"]["code"] == 500
+    assert not any(c.get("choices") and c["choices"][0].get("finish_reason") for c in got.chunks)
+
+
+def test_truncated_stream_has_no_done(start_sim, client):
+    t = _t(start_sim("--truncate-stream-rate", "1"))
+    with pytest.raises(httpx.RemoteProtocolError):
+        stream_chat(t, client, messages=[{"role": "user", "content": "hi"}], max_tokens=30)
+
+
+def test_slow_first_token_and_slow_drip(start_sim, client):
+    t = _t(start_sim("--slow-first-token-rate", "1", "--slow-first-token-ms", "3000",
+                     "--slow-drip-rate", "1", "--slow-drip-ms", "200"))  # x0.1 time scale: 0.3 s, 20 ms
+    start = time.perf_counter()
+    got = stream_chat(t, client, messages=[{"role": "user", "content": "hi"}], max_tokens=11, ignore_eos=True)
+    assert got.done and time.perf_counter() - start >= 0.3 + 10 * 0.02
+
+
+def test_prefix_caching_on_but_never_hitting(start_sim, client):
+    t = _t(start_sim("--prefix-cache-never-hits", "--block-size", "16"))
+    system = {"role": "system", "content": "Shared instructions. " * 100}
+    for q in ("a", "b", "c"):
+        chat(t, client, messages=[system, {"role": "user", "content": q}], max_tokens=2)
+    samples = scrape(t, client)
+    assert total(samples, "vllm:prefix_cache_queries_total") > 0
+    assert total(samples, "vllm:prefix_cache_hits_total") == 0
+    assert total(samples, "vllm:cache_config_info", enable_prefix_caching="True") == 1
+
+
+def test_metrics_disabled_leaves_no_vllm_series(start_sim, client):
+    t = _t(start_sim("--metrics-disabled"))
+    chat(t, client, messages=ASK, max_tokens=2)
+    names = {name for name, _ in scrape(t, client)}
+    assert not any(n.startswith("vllm:") for n in names) and "DCGM_FI_DEV_FB_USED" in names
+
+
+def test_oom_crash_when_kv_demand_passes_the_threshold(start_sim, client):
+    sim = start_sim("--oom-kv-demand-tokens", "1500")
+    t = _t(sim)
+    assert chat(t, client, messages=ASK, max_tokens=100).status_code == 200  # under the threshold
+    with pytest.raises(httpx.HTTPError):
+        chat(t, client, messages=ASK, max_tokens=2000)
+    sim.proc.wait(10)
+    assert sim.returncode not in (0, None)
+    assert "CUDA out of memory" in sim.log_path.read_text()
+
+
+def test_profile_file_sets_faults_and_flags_override_it(start_sim, client, tmp_path):
+    profile = tmp_path / "faults.yaml"
+    profile.write_text("engine:\n  reasoning_tokens: 0\nfaults:\n  http_error_rate: 1.0\n"
+                       "  http_error_status: 502\n")
+    t = _t(start_sim("--profile", str(profile)))
+    assert chat(t, client, messages=ASK).status_code == 502
+    t2 = _t(start_sim("--profile", str(profile), "--http-error-rate", "0"))
+    message = chat(t2, client, messages=[{"role": "user", "content": "hi"}]).json()["choices"][0]["message"]
+    assert message["reasoning"] is None
+
+
+def test_bad_profile_is_a_clear_error_naming_the_field(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("faults:\n  http_error_rat: 1\n")
+    run = subprocess.run([sys.executable, "-m", "k3load", "sim", "--profile", str(bad)], capture_output=True,
+                         text=True, timeout=30)
+    assert run.returncode == 2 and "http_error_rat" in run.stdout + run.stderr
