@@ -25,7 +25,7 @@ from k3load.sim.prefix_cache import BlockPool, block_hashes, cacheable_hit_token
 log = logging.getLogger("k3load.sim")
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the engine looks sequences up in its queues on every step
 class Sequence:
     """One admitted request as the engine sees it; events go to `queue` as (piece | None, time)."""
 
