@@ -63,7 +63,7 @@ def test_raw_tool_markup_left_in_content(start_sim, client):
 def test_reasoning_leaks_into_content(start_sim, client):
     t = _t(start_sim("--reasoning-leak-rate", "1"))
     message = chat(t, client, messages=[{"role": "user", "content": "hi"}]).json()["choices"][0]["message"]
-    assert message["reasoning"] is None and message["content"].startswith("Let me think")
+    assert message["reasoning"] is None and message["content"].startswith("<|open|>think<|sep|>Let me think")
 
 
 def test_midstream_error_event(start_sim, client):

@@ -57,8 +57,10 @@ def apply_to_plan(plan: OutputPlan, fault: FaultDecision) -> OutputPlan:
     pieces = list(plan.pieces)
     calls = [dict(c) for c in plan.tool_calls]
     finish = plan.finish_reason
-    if fault.reasoning_leak:
-        pieces = [Piece("content", p.text) if p.kind == "reasoning" else p for p in pieces]
+    if fault.reasoning_leak:  # no reasoning parser: K3's think markup and text stay in content
+        thinking = [Piece("content", p.text) for p in pieces if p.kind == "reasoning"]
+        rest = [p for p in pieces if p.kind != "reasoning"]
+        pieces = [*_as_content("<|open|>think<|sep|>"), *thinking, *_as_content("<|close|>think<|sep|>"), *rest]
     if calls and fault.malformed_tool_args:
         bad = calls[0]["arguments"][:-1] + ', "note": unquoted text'
         calls[0]["arguments"] = bad

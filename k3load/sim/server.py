@@ -26,7 +26,7 @@ from k3load.sim.generate import Piece, plan_output, truncate
 from k3load.sim.metrics import SimMetrics
 from k3load.sim.protocol import ApiError, ChunkWriter, completion, error_body, usage_body, validation_error
 from k3load.sim.request_checks import effective_max_tokens, validate_request
-from k3load.sim.tokenizer import prompt_token_ids
+from k3load.sim.tokenizer import prompt_token_ids, token_id, tokenize
 
 log = logging.getLogger("k3load.sim")
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
@@ -47,6 +47,7 @@ class SimServer:
             web.get("/health", self.health),
             web.get("/version", self.version),
             web.get("/metrics", self.prom),
+            web.post("/tokenize", self.tokenize),
         ])
         self.app.on_startup.append(self._start_engine)
         self.app.on_cleanup.append(self._stop_engine)
@@ -71,6 +72,19 @@ class SimServer:
                 "root": self.config.model, "parent": None, "max_model_len": self.config.max_model_len,
                 "permission": []}
         return web.json_response({"object": "list", "data": [card]})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize: `prompt` (raw text) or `messages` (+ `tools`, chat template applied)."""
+        try:
+            body = await request.json()
+            if "messages" in body:
+                ids = prompt_token_ids(body["messages"], body.get("tools"))
+            else:
+                ids = [token_id(p) for p in tokenize(str(body["prompt"]))]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            return _error(400, f"Invalid tokenize request: {exc}", "BadRequestError")
+        return web.json_response({"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids,
+                                  "token_strs": None})
 
     async def prom(self, _request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry),

@@ -1,0 +1,75 @@
+"""What one HTTP attempt produced, before any validation: the client's only output type.
+
+Why separate from the record: the client knows nothing of scenarios, stages or retries; the runner
+adds those and the validation findings to make an Attempt record. Times are wall-clock epoch seconds
+(`*_ts`) so they join with the sampler's timelines; durations carry their unit; unknown is None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# How an attempt ended, as far as transport goes (the validation layer is judged later).
+STATUS_OK = "ok"  # complete response ([DONE] seen, or a complete JSON body)
+STATUS_HTTP_ERROR = "http_error"  # non-2xx status; body kept
+STATUS_STREAM_ERROR = "stream_error"  # `data: {"error": ...}` mid-stream
+STATUS_TRUNCATED = "truncated"  # the stream ended without [DONE] (connection closed, cut body)
+STATUS_MALFORMED = "malformed"  # bytes that are not SSE/JSON where they must be
+STATUS_TIMEOUT = "timeout"  # our own hard deadline passed
+STATUS_TRANSPORT_ERROR = "transport_error"  # connect refused, reset, DNS ...
+STATUSES = (STATUS_OK, STATUS_HTTP_ERROR, STATUS_STREAM_ERROR, STATUS_TRUNCATED, STATUS_MALFORMED,
+            STATUS_TIMEOUT, STATUS_TRANSPORT_ERROR)
+
+
+@dataclass
+class ToolCall:
+    """A tool call as reassembled from deltas (K2 split arguments or K3 whole-call deltas)."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str  # raw text as received; parsing it is validation's job
+
+    def as_message(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class StreamResult:
+    """One attempt as the client saw it."""
+
+    status: str
+    transport: str
+    send_ts: float
+    end_ts: float
+    first_byte_ts: float | None = None
+    first_token_ts: float | None = None  # first chunk adding reasoning, content or a tool call
+    chunk_ts: list[float] = field(default_factory=list)  # arrival of every token-bearing chunk
+    http_status: int | None = None
+    error: str | None = None  # one line: what went wrong
+    error_body: str | None = None  # the server's body (truncated), for attribution
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None
+    response_id: str | None = None
+    usage: dict[str, Any] | None = None  # exactly as the server reported it
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return (self.usage or {}).get("prompt_tokens")
+
+    @property
+    def completion_tokens(self) -> int | None:
+        return (self.usage or {}).get("completion_tokens")
+
+    @property
+    def cached_tokens(self) -> int | None:
+        details = (self.usage or {}).get("prompt_tokens_details") or {}
+        return details.get("cached_tokens")
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        details = (self.usage or {}).get("completion_tokens_details") or {}
+        return details.get("reasoning_tokens")

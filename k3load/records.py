@@ -1,0 +1,138 @@
+"""The Attempt record: one line of `DIR/records.jsonl` per HTTP attempt, written as it ends.
+
+Why one record per attempt (not per request): retries are duplicate work the server really did, and
+a verdict that hid them would flatter the deployment. Attempts of one request share `chain_id`.
+Fields carry units; timestamps are wall-clock epoch seconds (`*_ts`); unknown is None, never 0.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from k3load.client.result import StreamResult
+
+LAYERS = ("model_output", "parser", "gateway", "client")
+
+
+@dataclass
+class Finding:
+    """One validation check on one attempt; `layer` names who is to blame when `ok` is False."""
+
+    check: str
+    ok: bool
+    layer: str | None = None
+    detail: str = ""
+
+
+@dataclass
+class Attempt:
+    """Everything the verdict needs to know about one attempt. Documented field by field in README."""
+
+    run_id: str
+    attempt_id: str
+    chain_id: str  # the request this attempt belongs to (shared by its retries)
+    attempt: int  # 1 for the first try
+    stage: str
+    scenario: str
+    family: str
+    turn: int
+    turn_kind: str  # expected behaviour: tool_call | answer | json
+    user_id: str
+    request_sha256: str  # of the exact bytes sent
+    prefix_sha256: str  # of the shared part (system prompt, tools, fixed context)
+    transport: str
+    status: str
+    send_ts: float
+    end_ts: float
+    first_byte_ts: float | None = None
+    first_token_ts: float | None = None
+    ttft_ms: float | None = None
+    itl_mean_ms: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p99_ms: float | None = None
+    decode_ms: float | None = None
+    e2e_ms: float | None = None
+    chunks: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    max_tokens: int | None = None
+    finish_reason: str | None = None
+    http_status: int | None = None
+    error: str | None = None
+    error_body: str | None = None
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    valid: bool = True  # every finding ok
+    failed_layers: list[str] = field(default_factory=list)
+    will_retry: bool = False  # a later attempt of the same chain follows
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Attempt:
+        data = dict(data)
+        data["findings"] = [Finding(**f) for f in data.get("findings", [])]
+        return cls(**data)
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    index = min(round(q * (len(sorted_values) - 1)), len(sorted_values) - 1)
+    return sorted_values[index]
+
+
+def timing_fields(result: StreamResult) -> dict[str, float | None]:
+    """TTFT, inter-token stats and decode time from the chunk arrival times (ms)."""
+    out: dict[str, float | None] = {"e2e_ms": (result.end_ts - result.send_ts) * 1000}
+    if result.first_token_ts is not None:
+        out["ttft_ms"] = (result.first_token_ts - result.send_ts) * 1000
+        out["decode_ms"] = (result.end_ts - result.first_token_ts) * 1000
+    gaps = sorted((b - a) * 1000 for a, b in zip(result.chunk_ts, result.chunk_ts[1:], strict=False))
+    if gaps:
+        out["itl_mean_ms"] = statistics.fmean(gaps)
+        out["itl_p50_ms"] = _percentile(gaps, 0.50)
+        out["itl_p99_ms"] = _percentile(gaps, 0.99)
+    return out
+
+
+class RecordWriter:
+    """Appends one JSON line per attempt and flushes it at once (a crash loses nothing written)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file: IO[str] = path.open("a", encoding="utf-8")
+
+    def write(self, attempt: Attempt) -> None:
+        self.write_line(attempt.to_json())
+
+    def write_line(self, line: str) -> None:
+        self._file.write(line + "\n")
+        self._file.flush()  # in the OS as soon as the attempt ends: a killed harness loses nothing
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_records(path: Path) -> list[Attempt]:
+    """Records of a file; a torn last line (the writer was killed mid-write) is skipped, not fatal."""
+    attempts = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            attempts.append(Attempt.from_dict(json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as exc:
+            if number == len(lines) and isinstance(exc, json.JSONDecodeError):
+                break  # torn final line
+            raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
+    return attempts

@@ -1,0 +1,126 @@
+"""Play a scenario against a server: build each turn's bytes, send, validate, retry, record.
+
+Why here and not in the locustfile: the same conversation logic must run under Locust, in tests
+and from a plain script; Locust only decides when and how many. Every attempt goes to `sink` the
+moment it ends (the Locust glue turns it into events and a JSONL line).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from k3load.client.result import (
+    STATUS_HTTP_ERROR,
+    STATUS_OK,
+    STATUS_STREAM_ERROR,
+    STATUS_TIMEOUT,
+    STATUS_TRANSPORT_ERROR,
+    STATUS_TRUNCATED,
+    StreamResult,
+)
+from k3load.records import Attempt, Finding, timing_fields
+from k3load.samples import PreparedRequest, build_request
+from k3load.scenario import Scenario, Turn
+from k3load.validate import validate
+
+
+class Client(Protocol):
+    transport: str
+
+    def send(self, body: bytes, deadline_s: float) -> StreamResult: ...
+
+
+def retry_reason(result: StreamResult, findings: list[Finding]) -> str | None:
+    """The retry policy's name for what went wrong (None: nothing a retry could fix)."""
+    if result.status == STATUS_TIMEOUT:
+        return "timeout"
+    if result.status == STATUS_HTTP_ERROR and result.http_status == 429:
+        return "http_429"
+    if result.status == STATUS_HTTP_ERROR and (result.http_status or 0) >= 500:
+        return "http_5xx"
+    reasons = {STATUS_TRANSPORT_ERROR: "transport_error", STATUS_TRUNCATED: "truncated",
+               STATUS_STREAM_ERROR: "stream_error"}
+    if result.status in reasons:
+        return reasons[result.status]
+    if result.status == STATUS_OK and not all(f.ok for f in findings):
+        return "invalid"
+    return None
+
+
+@dataclass
+class RunContext:
+    """Who is sending, in which run and stage; `stage` is read at send time (the shape moves it)."""
+
+    run_id: str
+    model: str
+    user_id: str
+    stage: Callable[[], str] = lambda: "default"
+    long_context: Callable[[Scenario], str | None] = lambda scenario: None
+    sleep: Callable[[float], None] = time.sleep
+    _requests: itertools.count = field(default_factory=itertools.count)
+
+    def salt(self, scenario: Scenario) -> str:
+        if scenario.prefix_salt == "run":
+            return self.run_id
+        if scenario.prefix_salt == "request":
+            return f"{self.run_id}/{self.user_id}/{next(self._requests)}"
+        return ""
+
+
+def make_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest, result: StreamResult,
+                 findings: list[Finding], chain_id: str, number: int, will_retry: bool) -> Attempt:
+    failed = sorted({f.layer for f in findings if not f.ok and f.layer})
+    return Attempt(
+        run_id=ctx.run_id, attempt_id=uuid.uuid4().hex, chain_id=chain_id, attempt=number, stage=ctx.stage(),
+        scenario=scenario.name, family=scenario.family, turn=turn.index, turn_kind=turn.kind,
+        user_id=ctx.user_id, request_sha256=prepared.sha256, prefix_sha256=prepared.prefix_sha256,
+        transport=result.transport, status=result.status, send_ts=result.send_ts, end_ts=result.end_ts,
+        first_byte_ts=result.first_byte_ts, first_token_ts=result.first_token_ts, chunks=len(result.chunk_ts),
+        prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
+        cached_tokens=result.cached_tokens, reasoning_tokens=result.reasoning_tokens,
+        max_tokens=turn.settings["max_tokens"], finish_reason=result.finish_reason,
+        http_status=result.http_status, error=result.error, error_body=result.error_body,
+        reasoning=result.reasoning, content=result.content,
+        tool_calls=[c.as_message() for c in result.tool_calls], findings=findings,
+        valid=all(f.ok for f in findings), failed_layers=failed, will_retry=will_retry,
+        **timing_fields(result))
+
+
+def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, salt: str,
+             sink: Callable[[Attempt], Any]) -> list[Attempt]:
+    """One request with its retries; returns every attempt (already sent to `sink`)."""
+    prepared = build_request(scenario, turn.index, ctx.model, salt, ctx.long_context(scenario))
+    policy = turn.retry
+    chain_id = uuid.uuid4().hex
+    attempts: list[Attempt] = []
+    for number in range(1, policy["max_attempts"] + 1):
+        deadline = policy.get("first_timeout_s") if number == 1 and policy.get("first_timeout_s") \
+            else turn.settings["timeout_s"]
+        result = client.send(prepared.body, deadline)
+        findings = validate(result, scenario, turn)
+        reason = retry_reason(result, findings)
+        will_retry = reason in policy["when"] and number < policy["max_attempts"]
+        attempt = make_attempt(ctx, scenario, turn, prepared, result, findings, chain_id, number, will_retry)
+        sink(attempt)
+        attempts.append(attempt)
+        if not will_retry:
+            break
+        ctx.sleep(policy["backoff_s"])
+    return attempts
+
+
+def run_scenario(client: Client, ctx: RunContext, scenario: Scenario, sink: Callable[[Attempt], Any]
+                 ) -> list[Attempt]:
+    """Every turn of a scenario, in order. Conversations go on after a failed turn: the history is
+    scripted, so later turns are still meaningful and their results still count."""
+    salt = ctx.salt(scenario) if scenario.prefix_salt != "request" else ""
+    attempts: list[Attempt] = []
+    for turn in scenario.turns:
+        turn_salt = ctx.salt(scenario) if scenario.prefix_salt == "request" else salt
+        attempts += run_turn(client, ctx, scenario, turn, turn_salt, sink)
+    return attempts

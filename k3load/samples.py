@@ -1,0 +1,158 @@
+"""Scenario turns -> exact request bytes, stored canonically with their sha256.
+
+Why canonical bytes: a run must be able to prove it sent what the last run sent, and a warm request
+must be shown to share the cold one's prefix byte for byte. The history of a conversation is built
+from the scenario's scripted replies and deterministic tool results, never from what the server
+answered, so every request of every run is known before the run starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from k3load.scenario import Scenario, Turn, execute_tool
+
+SAMPLE_SALT = "SAMPLE"
+
+
+def canonical(obj: Any) -> bytes:
+    """Sorted keys, fixed separators, UTF-8: one byte string per value."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    scenario: str
+    turn: int
+    body: bytes
+    sha256: str
+    prefix_sha256: str  # system prompt (salted) + tools + fixed context, as sent
+
+
+def _system(scenario: Scenario, salt: str) -> str:
+    if scenario.prefix_salt == "none":
+        return scenario.system_prompt
+    return f"[session {salt}]\n{scenario.system_prompt}"
+
+
+def _replay_turn(scenario: Scenario, turn: Turn, messages: list[dict[str, Any]]) -> None:
+    """Append what a finished turn leaves in the history: its user message, scripted reply, tool results."""
+    if turn.user is not None:
+        messages.append({"role": "user", "content": turn.user})
+    reply = turn.reply or {}
+    calls = reply.get("tool_calls") or []
+    if not calls:
+        messages.append({"role": "assistant", "content": reply.get("content", "")})
+        return
+    done = sum(len(m.get("tool_calls") or []) for m in messages if m["role"] == "assistant")
+    wire_calls = [{"id": f"functions.{c['name']}:{done + i}", "type": "function",
+                   "function": {"name": c["name"], "arguments": canonical(c["arguments"]).decode()}}
+                  for i, c in enumerate(calls)]
+    messages.append({"role": "assistant", "content": reply.get("content"), "tool_calls": wire_calls})
+    for call, wire in zip(calls, wire_calls, strict=True):
+        messages.append({"role": "tool", "tool_call_id": wire["id"],
+                         "content": execute_tool(scenario, call["name"], call["arguments"])})
+
+
+def long_document(target_tokens: int, count_tokens: Callable[[str], int]) -> str:
+    """A deterministic, production-like reference document of about `target_tokens` tokens."""
+    sections = ["Refund policy", "Shipping zones", "Escalation matrix", "Data retention", "Tone of voice",
+                "Warranty terms", "Fraud signals", "Loyalty programme"]
+    paragraphs: list[str] = []
+    i = 0
+    while True:
+        title = sections[i % len(sections)]
+        paragraphs.append(f"## {title} ({i + 1})\nClause {i + 1}.1: apply the {title.lower()} rules to orders "
+                          f"placed after day {i * 3 + 1}; clause {i + 1}.2: record the decision with reference "
+                          f"K3-{i:04d} and notify the owning team within {i % 5 + 1} working days.")
+        text = "\n\n".join(paragraphs)
+        if count_tokens(text) >= target_tokens:
+            return "\n\n".join(paragraphs[:-1]) if len(paragraphs) > 1 else text
+        i += 1
+
+
+def fixed_messages(scenario: Scenario, salt: str, long_context: str | None) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": _system(scenario, salt)}]
+    messages += [dict(m) for m in scenario.context]
+    if long_context:
+        messages.append({"role": "user", "content": "Reference document for this session:\n\n" + long_context})
+        messages.append({"role": "assistant", "content": "Understood. I will follow the reference document."})
+    return messages
+
+
+def build_request(scenario: Scenario, turn_index: int, model: str, salt: str = SAMPLE_SALT,
+                  long_context: str | None = None) -> PreparedRequest:
+    """The exact bytes of one turn's request."""
+    fixed = fixed_messages(scenario, salt, long_context)
+    messages = [dict(m) for m in fixed]
+    if scenario.mode == "conversation":
+        for earlier in scenario.turns[:turn_index]:
+            _replay_turn(scenario, earlier, messages)
+    turn = scenario.turns[turn_index]
+    if turn.user is not None:
+        messages.append({"role": "user", "content": turn.user})
+    body = _body(scenario, turn, model, messages)
+    prefix = canonical({"messages": fixed, "tools": list(scenario.tools)})
+    data = canonical(body)
+    return PreparedRequest(scenario.name, turn_index, data, sha256(data), sha256(prefix))
+
+
+def _body(scenario: Scenario, turn: Turn, model: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    s = turn.settings
+    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": s["max_tokens"],
+                            "temperature": s["temperature"], "stream": s["stream"]}
+    if s["stream"]:
+        body["stream_options"] = {"include_usage": True}
+    if scenario.tools:
+        body["tools"] = list(scenario.tools)
+        body["tool_choice"] = s.get("tool_choice", "auto")
+    if "response_format" in s:
+        body["response_format"] = s["response_format"]
+    return body
+
+
+def write_samples(scenarios: list[Scenario], out_dir: Path, model: str,
+                  long_context: Callable[[Scenario], str | None]) -> dict[str, str]:
+    """Write every turn's body as `<scenario>/turn-<i>.json` plus `SHA256SUMS`; returns path -> sha."""
+    sums: dict[str, str] = {}
+    for scenario in scenarios:
+        context = long_context(scenario)
+        for index in range(len(scenario.turns)):
+            prepared = build_request(scenario, index, model, SAMPLE_SALT, context)
+            rel = f"{scenario.name}/turn-{index}.json"
+            target = out_dir / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(prepared.body)
+            sums[rel] = prepared.sha256
+    (out_dir / "SHA256SUMS").write_text("".join(f"{sha}  {rel}\n" for rel, sha in sorted(sums.items())))
+    return sums
+
+
+def check_samples(scenarios: list[Scenario], out_dir: Path, model: str,
+                  long_context: Callable[[Scenario], str | None]) -> list[str]:
+    """Differences between the stored samples and what the scenarios produce now (empty: identical)."""
+    problems = []
+    stored = {}
+    sums_file = out_dir / "SHA256SUMS"
+    if sums_file.exists():
+        for line in sums_file.read_text().splitlines():
+            sha, rel = line.split("  ", 1)
+            stored[rel] = sha
+    for scenario in scenarios:
+        context = long_context(scenario)
+        for index in range(len(scenario.turns)):
+            prepared = build_request(scenario, index, model, SAMPLE_SALT, context)
+            rel = f"{scenario.name}/turn-{index}.json"
+            path = out_dir / rel
+            if not path.exists() or path.read_bytes() != prepared.body or stored.get(rel) != prepared.sha256:
+                problems.append(f"{rel}: stored sample differs from what {scenario.path} produces now")
+    return problems

@@ -1,0 +1,183 @@
+"""Load and validate agent scenario files (`scenarios/*.yaml`).
+
+Why strict: a scenario is evidence. A misspelt key that silently fell back to a default would change
+what was tested without anyone noticing, so unknown keys, bad JSON Schemas in tool definitions and
+references to tools that do not exist are all load errors naming the file and the field.
+The format is documented field by field in `k3load/schemas/scenario.schema.json` and the README.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+DEFAULT_RETRY = {"max_attempts": 1, "backoff_s": 0.0,
+                 "when": ["timeout", "http_429", "http_5xx", "transport_error", "truncated", "stream_error"]}
+DEFAULT_SETTINGS: dict[str, Any] = {"max_tokens": 256, "timeout_s": 60.0, "temperature": 0.0, "stream": True}
+TURN_SETTINGS = ("max_tokens", "timeout_s", "tool_choice", "response_format", "retry")
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be used: the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    index: int
+    expect: dict[str, Any]
+    user: str | None = None
+    reply: dict[str, Any] | None = None
+    settings: dict[str, Any] = field(default_factory=dict)  # defaults merged with the turn's overrides
+
+    @property
+    def kind(self) -> str:
+        return self.expect["kind"]
+
+    @property
+    def retry(self) -> dict[str, Any]:
+        return self.settings["retry"]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    family: str
+    system_prompt: str
+    turns: tuple[Turn, ...]
+    path: Path
+    description: str = ""
+    mode: str = "conversation"
+    prefix_salt: str = "none"
+    context: tuple[dict[str, Any], ...] = ()
+    tools: tuple[dict[str, Any], ...] = ()
+    executors: dict[str, Any] = field(default_factory=dict)
+    long_input: dict[str, Any] | None = None
+
+    def tool_schema(self, name: str) -> dict[str, Any] | None:
+        for tool in self.tools:
+            if tool["function"]["name"] == name:
+                return tool["function"]["parameters"]
+        return None
+
+
+def _schema() -> dict[str, Any]:
+    text = resources.files("k3load").joinpath("schemas/scenario.schema.json").read_text()
+    return json.loads(text)
+
+
+def _where(error: jsonschema.ValidationError) -> str:
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+    return path.lstrip(".") or "(top level)"
+
+
+def _check_shape(data: Any, path: Path) -> None:
+    validator = jsonschema.Draft202012Validator(_schema())
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ScenarioError(f"{path}: {_where(first)}: {first.message}{more}")
+
+
+def _check_references(data: dict[str, Any], path: Path) -> None:
+    tools = {t["function"]["name"]: t["function"]["parameters"] for t in data.get("tools", [])}
+    for i, tool in enumerate(data.get("tools", [])):
+        try:
+            jsonschema.Draft202012Validator.check_schema(tool["function"]["parameters"])
+        except jsonschema.SchemaError as exc:
+            raise ScenarioError(f"{path}: tools[{i}].function.parameters: not a valid JSON Schema: "
+                                f"{exc.message}") from exc
+    for name in data.get("executors", {}):
+        if name not in tools:
+            raise ScenarioError(f"{path}: executors.{name}: no tool of that name")
+    for i, turn in enumerate(data["turns"]):
+        where = f"{path}: turns[{i}]"
+        for name in turn["expect"].get("tools", []):
+            if name not in tools:
+                raise ScenarioError(f"{where}.expect.tools: unknown tool {name!r}")
+        for j, call in enumerate((turn.get("reply") or {}).get("tool_calls", [])):
+            if call["name"] not in tools:
+                raise ScenarioError(f"{where}.reply.tool_calls[{j}].name: unknown tool {call['name']!r}")
+            if call["name"] not in data.get("executors", {}):
+                raise ScenarioError(f"{where}.reply.tool_calls[{j}]: tool {call['name']!r} has no executor")
+            try:
+                jsonschema.validate(call["arguments"], tools[call["name"]])
+            except jsonschema.ValidationError as exc:
+                raise ScenarioError(f"{where}.reply.tool_calls[{j}].arguments: {exc.message}") from exc
+        _check_turn_order(data, i, turn, where)
+
+
+def _check_turn_order(data: dict[str, Any], i: int, turn: dict[str, Any], where: str) -> None:
+    if turn["expect"]["kind"] == "json" and "schema" not in turn["expect"] and "response_format" not in turn:
+        raise ScenarioError(f"{where}.expect.schema: a json turn needs a schema or a response_format")
+    if turn["expect"]["kind"] == "tool_call" and not data.get("tools"):
+        raise ScenarioError(f"{where}.expect.kind: tool_call but the scenario has no tools")
+    if "user" in turn:
+        return
+    previous = data["turns"][i - 1] if i else None
+    if data.get("mode", "conversation") != "conversation" or not previous or \
+            not (previous.get("reply") or {}).get("tool_calls"):
+        raise ScenarioError(f"{where}.user: required unless the previous turn's reply has tool_calls")
+
+
+def _merge(defaults: dict[str, Any], turn: dict[str, Any]) -> dict[str, Any]:
+    settings = {**DEFAULT_SETTINGS, **defaults}
+    settings["retry"] = {**DEFAULT_RETRY, **defaults.get("retry", {})}
+    for key in TURN_SETTINGS:
+        if key in turn:
+            settings[key] = {**settings["retry"], **turn[key]} if key == "retry" else turn[key]
+    return settings
+
+
+def parse_scenario(data: Any, path: Path) -> Scenario:
+    """A scenario from already-loaded YAML data (validated)."""
+    _check_shape(data, path)
+    _check_references(data, path)
+    defaults = data.get("defaults", {})
+    turns = tuple(Turn(index=i, expect=t["expect"], user=t.get("user"), reply=t.get("reply"),
+                       settings=_merge(defaults, t)) for i, t in enumerate(data["turns"]))
+    return Scenario(name=data["name"], family=data["family"], system_prompt=data["system_prompt"], turns=turns,
+                    path=path, description=data.get("description", ""), mode=data.get("mode", "conversation"),
+                    prefix_salt=data.get("prefix_salt", "none"), context=tuple(data.get("context", [])),
+                    tools=tuple(data.get("tools", [])), executors=data.get("executors", {}),
+                    long_input=data.get("long_input"))
+
+
+def load_scenario(path: Path) -> Scenario:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ScenarioError(f"{path}: cannot read scenario: {exc}") from exc
+    return parse_scenario(data, path)
+
+
+def load_scenarios(paths: list[Path]) -> list[Scenario]:
+    """Every file, in name order; duplicate scenario names are an error."""
+    scenarios = [load_scenario(p) for p in sorted(paths)]
+    seen: dict[str, Path] = {}
+    for s in scenarios:
+        if s.name in seen:
+            raise ScenarioError(f"{s.path}: name {s.name!r} is already used by {seen[s.name]}")
+        seen[s.name] = s.path
+    if not scenarios:
+        raise ScenarioError("no scenario files matched")
+    return scenarios
+
+
+def execute_tool(scenario: Scenario, name: str, arguments: dict[str, Any]) -> str:
+    """The deterministic tool result (as the tool message's content)."""
+    executor = scenario.executors[name]
+    for row in executor.get("table", []):
+        if row["match"].items() <= arguments.items():
+            return _as_text(row["result"])
+    return _as_text(executor["default"])
+
+
+def _as_text(result: Any) -> str:
+    return result if isinstance(result, str) else json.dumps(result, sort_keys=True, separators=(",", ":"))
