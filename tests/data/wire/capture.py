@@ -42,9 +42,12 @@ TOOL = {
 }
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string", "pattern": "^[a-z]{1,12}$"},
-                   "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-    "required": ["name", "age"], "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z]{1,12}$"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
 }
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
@@ -107,17 +110,35 @@ def capture_basics(client: httpx.Client, model: str) -> None:
     (OUT / "health.txt").write_text(f"{health.status_code}\n{health.text}")
     stream(client, "stream_text", body(model, stream=True, stream_options={"include_usage": True}))
     named = {"type": "function", "function": {"name": "get_weather"}}
-    stream(client, "stream_tool_named", body(model, max_tokens=64, stream=True, tools=[TOOL],
-                                             tool_choice=named, stream_options={"include_usage": True}))
-    stream(client, "stream_tool_required", body(model, max_tokens=64, stream=True, tools=[TOOL],
-                                                tool_choice="required", stream_options={"include_usage": True}))
+    stream(
+        client,
+        "stream_tool_named",
+        body(
+            model, max_tokens=64, stream=True, tools=[TOOL], tool_choice=named, stream_options={"include_usage": True}
+        ),
+    )
+    stream(
+        client,
+        "stream_tool_required",
+        body(
+            model,
+            max_tokens=64,
+            stream=True,
+            tools=[TOOL],
+            tool_choice="required",
+            stream_options={"include_usage": True},
+        ),
+    )
     stream(client, "stream_tool_auto", body(model, stream=True, tools=[TOOL], tool_choice="auto"))
     post(client, "nonstream_text.json", body(model))
     post(client, "nonstream_tool.json", body(model, max_tokens=64, tools=[TOOL], tool_choice=named))
     post(client, "nonstream_tool_required.json", body(model, max_tokens=64, tools=[TOOL], tool_choice="required"))
     post(client, "nonstream_tool_auto.json", body(model, tools=[TOOL], tool_choice="auto"))
-    stream(client, "stream_text_sampled", body(model, max_tokens=32, temperature=1.0, seed=7, stream=True,
-                                               stream_options={"include_usage": True}))
+    stream(
+        client,
+        "stream_text_sampled",
+        body(model, max_tokens=32, temperature=1.0, seed=7, stream=True, stream_options={"include_usage": True}),
+    )
     stream(client, "stream_text_no_usage", body(model, max_tokens=4, stream=True))
     rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
     post(client, "nonstream_json_schema.json", body(model, max_tokens=64, response_format=rf))
@@ -134,8 +155,11 @@ def capture_errors(client: httpx.Client, model: str) -> None:
     post(client, "error_unknown_model.json", body("no-such-model"))
     post(client, "error_bad_json.json", None, raw=b'{"model": "' + model.encode() + b'", "messages": [')
     post(client, "error_missing_messages.json", {"model": model, "max_tokens": 4})
-    post(client, "error_named_tool_without_tools.json",
-         body(model, tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+    post(
+        client,
+        "error_named_tool_without_tools.json",
+        body(model, tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+    )
     post(client, "error_bad_role.json", body(model, messages=[{"role": "wizard", "content": "hi"}]))
     post(client, "error_negative_max_tokens.json", body(model, max_tokens=-1))
 
@@ -156,9 +180,13 @@ def system_prompt(client: httpx.Client, model: str, target: int = 1000) -> tuple
 
 
 PREFIX_SERIES = [
-    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_cached_total",
-    "vllm:request_prefill_kv_computed_tokens_sum", "vllm:request_prefill_kv_computed_tokens_count",
-    "vllm:prompt_tokens_total", "vllm:time_to_first_token_seconds_sum",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prompt_tokens_cached_total",
+    "vllm:request_prefill_kv_computed_tokens_sum",
+    "vllm:request_prefill_kv_computed_tokens_count",
+    "vllm:prompt_tokens_total",
+    "vllm:time_to_first_token_seconds_sum",
 ]
 
 
@@ -169,13 +197,21 @@ def capture_prefix_cache(client: httpx.Client, model: str) -> None:
     prompts.append(("A completely different prefix. " + sys_text[::-1], "Question five?"))
     for i, (system, question) in enumerate(prompts):
         before = metrics(client)
-        req = body(model, max_tokens=8, messages=[{"role": "system", "content": system},
-                                                   {"role": "user", "content": question}])
+        req = body(
+            model, max_tokens=8, messages=[{"role": "system", "content": system}, {"role": "user", "content": question}]
+        )
         t0 = time.monotonic()
         resp = client.post("/v1/chat/completions", json=req).json()
         after = metrics(client)
-        runs.append({"request": i + 1, "different_prefix": i == 4, "client_latency_s": time.monotonic() - t0,
-                     "usage": resp.get("usage"), "metrics_delta": delta(after, before, PREFIX_SERIES)})
+        runs.append(
+            {
+                "request": i + 1,
+                "different_prefix": i == 4,
+                "client_latency_s": time.monotonic() - t0,
+                "usage": resp.get("usage"),
+                "metrics_delta": delta(after, before, PREFIX_SERIES),
+            }
+        )
     save_json("prefix_cache_run.json", {"system_prompt_tokens": sys_tokens, "requests": runs})
 
 
@@ -196,9 +232,15 @@ async def _burst(base_url: str, model: str, n: int) -> tuple[list[Any], dict[str
     async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
         poller = asyncio.create_task(_poll(client, seen, stop))
         t0 = time.monotonic()
-        reqs = [body(model, max_tokens=256, ignore_eos=True,
-                     messages=[{"role": "user", "content": f"Request {i}: count to a thousand."}])
-                for i in range(n)]
+        reqs = [
+            body(
+                model,
+                max_tokens=256,
+                ignore_eos=True,
+                messages=[{"role": "user", "content": f"Request {i}: count to a thousand."}],
+            )
+            for i in range(n)
+        ]
         resps = await asyncio.gather(*(client.post("/v1/chat/completions", json=r) for r in reqs))
         elapsed = time.monotonic() - t0
         stop.set()
@@ -210,13 +252,26 @@ def capture_preemption(client: httpx.Client, model: str, n: int = 32) -> None:
     before = metrics(client)
     usages, seen, elapsed = asyncio.run(_burst(str(client.base_url), model, n))
     after = metrics(client)
-    names = ["vllm:num_preemptions_total", "vllm:generation_tokens_total", "vllm:prompt_tokens_total",
-             "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"]
-    save_json("preemption_run.json", {
-        "concurrency": n, "max_tokens": 256, "ignore_eos": True, "elapsed_s": elapsed,
-        "completion_tokens": sum(u["completion_tokens"] for u in usages if u),
-        "metrics_delta": delta(after, before, names), "max_seen_while_running": seen, "usages": usages,
-    })
+    names = [
+        "vllm:num_preemptions_total",
+        "vllm:generation_tokens_total",
+        "vllm:prompt_tokens_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+    ]
+    save_json(
+        "preemption_run.json",
+        {
+            "concurrency": n,
+            "max_tokens": 256,
+            "ignore_eos": True,
+            "elapsed_s": elapsed,
+            "completion_tokens": sum(u["completion_tokens"] for u in usages if u),
+            "metrics_delta": delta(after, before, names),
+            "max_seen_while_running": seen,
+            "usages": usages,
+        },
+    )
 
 
 def run(base_url: str, model: str) -> None:

