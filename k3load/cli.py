@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from k3load import __version__
+from k3load import samples_cli
 from k3load.sim import cli as sim_cli
 
 
@@ -18,6 +19,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "model vLLM's behaviour; they are never evidence for a production verdict.")
     sim_cli.add_arguments(sim)
     sim.set_defaults(func=sim_cli.run)
+    samples = sub.add_parser("samples", help="write or check the canonical request bodies of the scenarios",
+                             description=samples_cli.__doc__)
+    samples_cli.add_arguments(samples)
+    samples.set_defaults(func=samples_cli.run)
     return parser
 
 

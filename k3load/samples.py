@@ -51,7 +51,8 @@ def _replay_turn(scenario: Scenario, turn: Turn, messages: list[dict[str, Any]])
     reply = turn.reply or {}
     calls = reply.get("tool_calls") or []
     if not calls:
-        messages.append({"role": "assistant", "content": reply.get("content", "")})
+        if "content" in reply:
+            messages.append({"role": "assistant", "content": reply["content"]})
         return
     done = sum(len(m.get("tool_calls") or []) for m in messages if m["role"] == "assistant")
     wire_calls = [{"id": f"functions.{c['name']}:{done + i}", "type": "function",
@@ -61,23 +62,6 @@ def _replay_turn(scenario: Scenario, turn: Turn, messages: list[dict[str, Any]])
     for call, wire in zip(calls, wire_calls, strict=True):
         messages.append({"role": "tool", "tool_call_id": wire["id"],
                          "content": execute_tool(scenario, call["name"], call["arguments"])})
-
-
-def long_document(target_tokens: int, count_tokens: Callable[[str], int]) -> str:
-    """A deterministic, production-like reference document of about `target_tokens` tokens."""
-    sections = ["Refund policy", "Shipping zones", "Escalation matrix", "Data retention", "Tone of voice",
-                "Warranty terms", "Fraud signals", "Loyalty programme"]
-    paragraphs: list[str] = []
-    i = 0
-    while True:
-        title = sections[i % len(sections)]
-        paragraphs.append(f"## {title} ({i + 1})\nClause {i + 1}.1: apply the {title.lower()} rules to orders "
-                          f"placed after day {i * 3 + 1}; clause {i + 1}.2: record the decision with reference "
-                          f"K3-{i:04d} and notify the owning team within {i % 5 + 1} working days.")
-        text = "\n\n".join(paragraphs)
-        if count_tokens(text) >= target_tokens:
-            return "\n\n".join(paragraphs[:-1]) if len(paragraphs) > 1 else text
-        i += 1
 
 
 def fixed_messages(scenario: Scenario, salt: str, long_context: str | None) -> list[dict[str, Any]]:

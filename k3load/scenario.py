@@ -118,6 +118,10 @@ def _check_turn_order(data: dict[str, Any], i: int, turn: dict[str, Any], where:
         raise ScenarioError(f"{where}.expect.schema: a json turn needs a schema or a response_format")
     if turn["expect"]["kind"] == "tool_call" and not data.get("tools"):
         raise ScenarioError(f"{where}.expect.kind: tool_call but the scenario has no tools")
+    conversation = data.get("mode", "conversation") == "conversation"
+    if conversation and i < len(data["turns"]) - 1 and "reply" not in turn:
+        raise ScenarioError(f"{where}.reply: required in a conversation (except on the last turn): it is what "
+                            "the history holds for the next turn")
     if "user" in turn:
         return
     previous = data["turns"][i - 1] if i else None

@@ -1,0 +1,70 @@
+"""`register(events)`: wires the session into Locust's events (the only seam into Locust).
+
+    init                      -> a HarnessSession on every process; message handlers
+    init_command_line_parser  -> the --k3-* options
+    test_start                -> inputs loaded everywhere; the master/local runner opens the run dir
+    quitting                  -> spools reconciled, validation summary written and printed
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from k3load.loadgen.options import add_options
+from k3load.loadgen.session import HarnessSession
+from k3load.rundir import write_json_atomic
+from k3load.summary import format_summary, summarise
+
+log = logging.getLogger("k3load")
+
+
+def _on_init(environment: Any, **_kwargs: Any) -> None:
+    session = HarnessSession(environment)
+    environment.k3_session = session
+    runner = environment.runner
+    if runner is None:
+        return
+    if session.role == "master":
+        runner.register_message("k3_record", lambda msg, **_kw: session.write_record_line(
+            _attempt_id(msg.data), msg.data))
+    elif session.role == "worker":
+        runner.register_message("k3_run", lambda msg, **_kw: session.join_run(msg.data))
+        runner.register_message("k3_stage", lambda msg, **_kw: session.set_stage_by_name(msg.data["name"]))
+
+
+def _attempt_id(line: str) -> str:
+    import json
+
+    return json.loads(line)["attempt_id"]
+
+
+def _on_test_start(environment: Any, **_kwargs: Any) -> None:
+    session: HarnessSession = environment.k3_session
+    session.load_inputs()
+    if session.role in ("master", "local"):
+        session.start_run()
+        if session.role == "master":
+            environment.runner.send_message("k3_run", session.run_message())
+
+
+def _on_quitting(environment: Any, **_kwargs: Any) -> None:
+    session: HarnessSession = getattr(environment, "k3_session", None)
+    if session is None or session.role == "worker" or session.run_dir is None:
+        return
+    added = session.reconcile_spools()
+    if added:
+        log.warning("k3load: %d attempt(s) recovered from worker spools", added)
+    if session.events is not None:
+        session.events.event("run_end", attempts=session.attempts_written)
+    session.close()
+    summary = summarise(session.run_dir / "records.jsonl")
+    write_json_atomic(session.run_dir / "validation_summary.json", summary)
+    print(format_summary(summary, session.run_dir), flush=True)
+
+
+def register(events: Any) -> None:
+    events.init_command_line_parser.add_listener(add_options)
+    events.init.add_listener(_on_init)
+    events.test_start.add_listener(_on_test_start)
+    events.quitting.add_listener(_on_quitting)

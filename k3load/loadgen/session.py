@@ -1,0 +1,227 @@
+"""One HarnessSession per Locust process: run identity, scenarios, stage, and where records go.
+
+Why a session object: Locust runs the same locustfile as local runner, master and workers. Only the
+master (or local runner) owns the run directory; workers send each record to the master the moment
+it ends (and keep a spool copy under `DIR/spool/` when they share the filesystem), and the master
+writes `records.jsonl` once per attempt id, so `--processes N` loses and duplicates nothing.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import platform
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import gevent
+import httpx
+from gevent.event import Event
+from locust.runners import MasterRunner, WorkerRunner
+
+import k3load
+from k3load.loadgen.options import public_options
+from k3load.long_input import estimate_tokens, long_context_for
+from k3load.plan import Plan, Stage, load_plan, resolve
+from k3load.records import Attempt
+from k3load.rundir import JsonlLog, write_atomic, write_json_atomic
+from k3load.samples import write_samples
+from k3load.scenario import Scenario, load_scenarios
+
+log = logging.getLogger("k3load")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _role(runner: Any) -> str:
+    if isinstance(runner, MasterRunner):
+        return "master"
+    if isinstance(runner, WorkerRunner):
+        return "worker"
+    return "local"
+
+
+class HarnessSession:
+    """State shared by the users of one process; attached to the environment as `k3_session`."""
+
+    def __init__(self, environment: Any) -> None:
+        self.env = environment
+        self.run_id = ""
+        self.run_dir: Path | None = None
+        self.model = ""
+        self.max_model_len: int | None = None
+        self.plan: Plan | None = None
+        self.scenarios: dict[str, list[Scenario]] = {}
+        self.stage: Stage | None = None
+        self.stage_started = 0.0
+        self.ready = Event()
+        self._records: JsonlLog | None = None
+        self._spool: JsonlLog | None = None
+        self.events: JsonlLog | None = None
+        self._seen: set[str] = set()
+        self._long_context: dict[str, str | None] = {}
+        self.attempts_written = 0
+
+    @property
+    def role(self) -> str:
+        return _role(self.env.runner)
+
+    @property
+    def stage_name(self) -> str:
+        return self.stage.name if self.stage else "setup"
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def load_inputs(self) -> None:
+        opts = self.env.parsed_options
+        paths = [Path(p) for p in sorted(glob.glob(opts.k3_scenarios, recursive=True))]
+        by_family: dict[str, list[Scenario]] = {}
+        for scenario in load_scenarios(paths):
+            by_family.setdefault(scenario.family, []).append(scenario)
+        self.scenarios = by_family
+        self.plan = load_plan(resolve(opts.k3_plan, ROOT / "plans"))
+        missing = self.plan.families() - set(by_family)
+        if missing:
+            raise ValueError(f"plan {self.plan.name} needs scenario families with no scenario: {sorted(missing)}")
+
+    def start_run(self) -> None:
+        """Master/local: create the run directory and everything known before the first request."""
+        opts = self.env.parsed_options
+        self.run_id = opts.k3_run_id or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+        self.run_dir = Path(opts.k3_out).resolve()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._discover_server()
+        self._records = JsonlLog(self.run_dir / "records.jsonl")
+        self.events = JsonlLog(self.run_dir / "events.jsonl")
+        self.events.event("run_start", run_id=self.run_id, role=self.role)
+        assert self.plan is not None
+        write_atomic(self.run_dir / "plan.yaml", self.plan.source)
+        write_json_atomic(self.run_dir / "run.json", self._run_info())
+        sums = write_samples([s for group in self.scenarios.values() for s in group], self.run_dir / "samples",
+                             self.model, self.long_context)
+        write_atomic(self.run_dir / "samples.sha256", "".join(f"{sha}  samples/{rel}\n"
+                                                              for rel, sha in sorted(sums.items())))
+        self.ready.set()
+
+    def _discover_server(self) -> None:
+        opts = self.env.parsed_options
+        headers = {"Authorization": f"Bearer {opts.k3_api_key}"} if opts.k3_api_key else {}
+        try:
+            cards = httpx.get(f"{self.env.host}/v1/models", headers=headers, timeout=30).json()["data"]
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            raise RuntimeError(f"cannot read {self.env.host}/v1/models: {type(exc).__name__}") from None
+        card = next((c for c in cards if c["id"] == opts.k3_model), cards[0]) if cards else {}
+        self.model = opts.k3_model or card.get("id", "")
+        self.max_model_len = card.get("max_model_len")
+
+    def _run_info(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "started_ts": time.time(), "host": self.env.host, "model": self.model,
+                "max_model_len": self.max_model_len, "plan": self.plan.name if self.plan else None,
+                "k3load_version": k3load.__version__, "python": sys.version.split()[0],
+                "platform": platform.platform(), "options": public_options(self.env.parsed_options),
+                "scenarios": sorted(s.name for group in self.scenarios.values() for s in group)}
+
+    def run_message(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "run_dir": str(self.run_dir), "model": self.model,
+                "max_model_len": self.max_model_len}
+
+    def join_run(self, data: dict[str, Any]) -> None:
+        """Worker: the master's run identity; a spool when the run directory is reachable."""
+        self.run_id, self.model, self.max_model_len = data["run_id"], data["model"], data["max_model_len"]
+        run_dir = Path(data["run_dir"])
+        if run_dir.is_dir():
+            self._spool = JsonlLog(run_dir / "spool" / f"worker-{os.getpid()}.jsonl")
+        self.ready.set()
+
+    # -- during the run ----------------------------------------------------------------------------
+    def long_context(self, scenario: Scenario) -> str | None:
+        if scenario.name not in self._long_context:
+            self._long_context[scenario.name] = long_context_for(scenario, self.max_model_len or 4096,
+                                                                 self._count_tokens(scenario))
+        return self._long_context[scenario.name]
+
+    def _count_tokens(self, scenario: Scenario) -> Any:
+        fallback = estimate_tokens((scenario.long_input or {}).get("chars_per_token", 3.5))
+
+        def count(text: str) -> int:
+            try:
+                resp = httpx.post(f"{self.env.host}/tokenize", json={"model": self.model, "prompt": text}, timeout=30)
+                return int(resp.json()["count"])
+            except (httpx.HTTPError, KeyError, ValueError, TypeError):
+                return fallback(text)
+
+        return count
+
+    def enter_stage(self, stage: Stage) -> None:
+        self.stage, self.stage_started = stage, time.monotonic()
+        if self.events is not None:
+            self.events.event("stage_start", stage=stage.name, kind=stage.kind, users=stage.users,
+                              mix=stage.mix)
+        if self.role == "master":
+            self.env.runner.send_message("k3_stage", {"name": stage.name})
+
+    def set_stage_by_name(self, name: str) -> None:
+        assert self.plan is not None
+        self.stage = next(s for s in self.plan.stages if s.name == name)
+        self.stage_started = time.monotonic()
+
+    def record(self, attempt: Attempt) -> None:
+        """Called as each attempt ends, in the process that sent it."""
+        _fire_request_events(self.env, attempt)
+        line = attempt.to_json()
+        if self.role == "worker":
+            if self._spool is not None:
+                self._spool.append_line(line)
+            self.env.runner.send_message("k3_record", line)
+        else:
+            self.write_record_line(attempt.attempt_id, line)
+
+    def write_record_line(self, attempt_id: str, line: str) -> None:
+        if attempt_id in self._seen or self._records is None:
+            return
+        self._seen.add(attempt_id)
+        self._records.append_line(line)
+        self.attempts_written += 1
+
+    def reconcile_spools(self) -> int:
+        """Master at the end: attempts that reached a spool but not the master are added (none twice)."""
+        added = 0
+        for spool in sorted((self.run_dir / "spool").glob("*.jsonl")) if self.run_dir else []:
+            for line in spool.read_text(encoding="utf-8").splitlines():
+                try:
+                    attempt_id = json.loads(line)["attempt_id"]
+                except (ValueError, KeyError):
+                    continue  # a torn last line
+                if attempt_id not in self._seen:
+                    self.write_record_line(attempt_id, line)
+                    added += 1
+        return added
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        if not self.ready.wait(timeout_s):
+            raise RuntimeError("k3load: run identity never arrived from the master")
+        gevent.idle()
+
+    def close(self) -> None:
+        for handle in (self._records, self._spool, self.events):
+            if handle is not None:
+                handle.close()
+
+
+def _fire_request_events(env: Any, attempt: Attempt) -> None:
+    """TTFT, ITL and e2e as their own named entries (judge SLOs on these, never on Aggregated)."""
+    failure = None if attempt.valid else Exception(
+        f"{attempt.status}: " + "; ".join(f"{f.check}[{f.layer}]" for f in attempt.findings if not f.ok))
+    base = {"request_type": "K3", "context": {"scenario": attempt.scenario, "stage": attempt.stage},
+            "start_time": attempt.send_ts}
+    env.events.request.fire(name=f"{attempt.family}: e2e", response_time=attempt.e2e_ms or 0,
+                            response_length=attempt.completion_tokens or 0, exception=failure, **base)
+    if attempt.ttft_ms is not None:
+        env.events.request.fire(name=f"{attempt.family}: ttft", response_time=attempt.ttft_ms,
+                                response_length=0, exception=None, **base)
+    if attempt.itl_mean_ms is not None:
+        env.events.request.fire(name=f"{attempt.family}: itl", response_time=attempt.itl_mean_ms,
+                                response_length=0, exception=None, **base)

@@ -1,0 +1,77 @@
+"""Locust user classes, one per scenario family; each plays whole scenarios with its own client.
+
+Why one class per family: the stage plan mixes families by weight (Locust's own user-class
+weights), and the live view shows each family's TTFT / ITL / e2e as separate named entries.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+from typing import Any, ClassVar
+
+import gevent
+from locust import User, constant, task
+
+from k3load.client.chat import ChatClient
+from k3load.runner import RunContext, run_scenario
+
+_numbers = itertools.count(1)
+
+
+class K3User(User):
+    """Plays scenarios of `family`; idles when the stage's per-user iteration budget is spent."""
+
+    abstract = True
+    family: ClassVar[str] = ""
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        session = self.environment.k3_session
+        session.wait_ready()
+        opts = self.environment.parsed_options
+        self.user_id = f"{self.family}-{os.getpid()}-{next(_numbers)}"
+        self.chat = ChatClient(self.host, api_key=opts.k3_api_key or None, transport=opts.k3_transport)
+        self.ctx = RunContext(run_id=session.run_id, model=session.model, user_id=self.user_id,
+                              stage=lambda: session.stage_name, long_context=session.long_context,
+                              sleep=gevent.sleep)
+        self.rng = random.Random(f"{opts.k3_seed}:{self.user_id}")
+        self.played: dict[str, int] = {}
+
+    @task
+    def play(self) -> None:
+        session = self.environment.k3_session
+        stage = session.stage
+        if stage is not None and stage.iterations_per_user is not None and \
+                self.played.get(stage.name, 0) >= stage.iterations_per_user:
+            gevent.sleep(0.2)
+            return
+        scenario = self.rng.choice(session.scenarios[self.family])
+        if stage is not None:
+            self.played[stage.name] = self.played.get(stage.name, 0) + 1
+        run_scenario(self.chat, self.ctx, scenario, session.record)
+
+    def on_stop(self) -> None:
+        chat: Any = getattr(self, "chat", None)
+        if chat is not None:
+            chat.close()
+
+
+class AgentUser(K3User):
+    family = "agent"
+
+
+class SharedPrefixUser(K3User):
+    family = "shared_prefix"
+
+
+class ColdUser(K3User):
+    family = "cold"
+
+
+class LongInputUser(K3User):
+    family = "long_input"
+
+
+USER_CLASSES: dict[str, type[K3User]] = {c.family: c for c in (AgentUser, SharedPrefixUser, ColdUser, LongInputUser)}

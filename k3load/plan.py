@@ -1,0 +1,107 @@
+"""Stage plans (`plans/*.yaml`): the staged pressure of a run, expanded into a flat timeline.
+
+Why a flat timeline: the Locust shape, the records' `stage` tags and the analysis must agree on
+exactly when each stage ran. Concurrency `steps` become one sub-stage per step (`NAME-cN`) so each
+step can be judged on its own (the ramp report's knee).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+FAMILIES = ("agent", "shared_prefix", "cold", "long_input")
+
+
+class PlanError(ValueError):
+    """A plan that cannot be used: the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    kind: str
+    start_s: float  # offset from the run's start
+    duration_s: float
+    users: int
+    spawn_rate: float
+    mix: dict[str, int] = field(default_factory=dict)
+    iterations_per_user: int | None = None
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    stages: tuple[Stage, ...]
+    source: str  # the plan as written (saved into the run directory)
+
+    @property
+    def duration_s(self) -> float:
+        return self.stages[-1].end_s if self.stages else 0.0
+
+    def stage_at(self, elapsed_s: float) -> Stage | None:
+        for stage in self.stages:
+            if elapsed_s < stage.end_s:
+                return stage
+        return None
+
+    def families(self) -> set[str]:
+        return {f for s in self.stages for f, w in s.mix.items() if w > 0}
+
+
+def _schema() -> dict[str, Any]:
+    return json.loads(resources.files("k3load").joinpath("schemas/plan.schema.json").read_text())
+
+
+def resolve(name_or_path: str, plans_dir: Path) -> Path:
+    """`smoke` -> plans/smoke.yaml; a path is taken as it is."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return path
+    return plans_dir / f"{name_or_path}.yaml"
+
+
+def _expand(raw: dict[str, Any]) -> list[tuple[str, dict[str, Any], int]]:
+    if "steps" in raw:
+        return [(f"{raw['name']}-c{n}", raw, n) for n in raw["steps"]]
+    return [(raw["name"], raw, raw["users"])]
+
+
+def parse_plan(data: Any, where: str, source: str = "") -> Plan:
+    errors = sorted(jsonschema.Draft202012Validator(_schema()).iter_errors(data), key=lambda e: list(e.path))
+    if errors:
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in errors[0].absolute_path)
+        raise PlanError(f"{where}: {path.lstrip('.') or '(top level)'}: {errors[0].message}")
+    stages: list[Stage] = []
+    start = 0.0
+    for raw in data["stages"]:
+        for name, spec, users in _expand(raw):
+            stages.append(Stage(name=name, kind=spec["kind"], start_s=start, duration_s=float(spec["duration_s"]),
+                                users=users, spawn_rate=float(spec.get("spawn_rate", users)),
+                                mix={k: v for k, v in spec["mix"].items() if v > 0},
+                                iterations_per_user=spec.get("iterations_per_user")))
+            start += float(spec["duration_s"])
+    names = [s.name for s in stages]
+    duplicates = {n for n in names if names.count(n) > 1}
+    if duplicates:
+        raise PlanError(f"{where}: stage names must be unique: {sorted(duplicates)}")
+    return Plan(name=data["name"], stages=tuple(stages), source=source)
+
+
+def load_plan(path: Path) -> Plan:
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
+    except (OSError, yaml.YAMLError) as exc:
+        raise PlanError(f"{path}: cannot read plan: {exc}") from exc
+    return parse_plan(data, str(path), text)

@@ -1,0 +1,99 @@
+"""Validation findings and their layers, on hand-made StreamResults (no sockets)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from k3load.client.result import StreamResult, ToolCall
+from k3load.records import Attempt, RecordWriter, read_records, timing_fields
+from k3load.runner import retry_reason
+from k3load.scenario import parse_scenario
+from k3load.validate import validate
+
+SCENARIO = parse_scenario({
+    "name": "v", "family": "agent", "system_prompt": "s",
+    "tools": [{"type": "function", "function": {"name": "get", "parameters": {
+        "type": "object", "properties": {"id": {"type": "integer", "maximum": 10}}, "required": ["id"]}}}],
+    "executors": {"get": {"default": "ok"}},
+    "turns": [
+        {"user": "get 1", "expect": {"kind": "tool_call", "tools": ["get"]},
+         "reply": {"tool_calls": [{"name": "get", "arguments": {"id": 1}}]}},
+        {"user": "answer", "expect": {"kind": "answer"}, "reply": {"content": "x"}},
+        {"user": "json", "expect": {"kind": "json"}, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "o", "schema": {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}}}},
+    ]}, Path("v.yaml"))
+CALL, ANSWER, JSON = SCENARIO.turns
+
+
+def _result(**kw) -> StreamResult:
+    base = {"status": "ok", "transport": "test", "send_ts": 1.0, "end_ts": 2.0}
+    return StreamResult(**{**base, **kw})
+
+
+def _failed(findings) -> set[tuple[str, str]]:
+    return {(f.check, f.layer) for f in findings if not f.ok}
+
+
+@pytest.mark.parametrize(("turn", "result", "expected"), [
+    (CALL, _result(tool_calls=[ToolCall(0, "functions.get:0", "get", '{"id":1}')], finish_reason="tool_calls"),
+     set()),
+    (CALL, _result(tool_calls=[ToolCall(0, "x", "get", '{"id": 1')], finish_reason="tool_calls"),
+     {("tool_call.arguments_json", "parser")}),
+    (CALL, _result(tool_calls=[ToolCall(0, "x", "get", '{"id": 99}')], finish_reason="tool_calls"),
+     {("tool_call.arguments_schema", "model_output")}),
+    (CALL, _result(tool_calls=[ToolCall(0, "x", "delete_all", "{}")], finish_reason="tool_calls"),
+     {("tool_call.name", "model_output"), ("expect.tool_call", "model_output")}),
+    (CALL, _result(finish_reason="tool_calls"), {("tool_call.present", "parser"), ("expect.tool_call", "model_output")}),
+    (CALL, _result(content="<tool_call>{\"name\": \"get\"}</tool_call>", finish_reason="stop"),
+     {("content.tool_markup", "parser"), ("expect.tool_call", "model_output")}),
+    (ANSWER, _result(content="<|open|>think<|sep|>hmm<|close|>think<|sep|>Hi", finish_reason="stop"),
+     {("content.reasoning_leak", "parser")}),
+    (ANSWER, _result(reasoning="the secret plan", content="Sure: the secret plan", finish_reason="stop"),
+     {("content.reasoning_leak", "parser")}),
+    (ANSWER, _result(reasoning="think", content="Hello", finish_reason="stop"), set()),
+    (ANSWER, _result(tool_calls=[ToolCall(0, "x", "get", '{"id":1}')]), {("expect.answer", "model_output")}),
+    (JSON, _result(content='{"n": 3}'), set()),
+    (JSON, _result(content='{"n": "three"}'), {("expect.json", "model_output")}),
+    (JSON, _result(content="n is 3"), {("expect.json", "parser")}),
+    (ANSWER, _result(status="http_error", http_status=503, error_body="upstream error"), {("transport", "gateway")}),
+    (ANSWER, _result(status="timeout", error="deadline 0.1 s"), {("transport", "client")}),
+    (ANSWER, _result(status="truncated"), {("transport", "gateway")}),
+    (ANSWER, _result(status="stream_error", error="engine error"), {("transport", "gateway")}),
+])
+def test_findings_and_layers(turn, result, expected):
+    assert _failed(validate(result, SCENARIO, turn)) == expected
+
+
+def test_retry_reasons():
+    assert retry_reason(_result(status="timeout"), []) == "timeout"
+    assert retry_reason(_result(status="http_error", http_status=429), []) == "http_429"
+    assert retry_reason(_result(status="http_error", http_status=502), []) == "http_5xx"
+    assert retry_reason(_result(status="http_error", http_status=400), []) is None
+    bad = validate(_result(content="x", tool_calls=[]), SCENARIO, CALL)
+    assert retry_reason(_result(), bad) == "invalid"
+    assert retry_reason(_result(), []) is None
+
+
+def test_timing_fields_from_chunk_times():
+    result = _result(send_ts=10.0, first_token_ts=10.1, end_ts=10.5, chunk_ts=[10.1, 10.2, 10.3, 10.5])
+    t = timing_fields(result)
+    assert t["ttft_ms"] == pytest.approx(100) and t["decode_ms"] == pytest.approx(400)
+    assert t["itl_mean_ms"] == pytest.approx(400 / 3) and t["itl_p50_ms"] == pytest.approx(100)
+    assert "ttft_ms" not in timing_fields(_result())  # unknown stays unknown, never 0
+
+
+def test_records_round_trip_and_survive_a_torn_last_line(tmp_path):
+    from k3load.records import Finding
+
+    attempt = Attempt(run_id="r", attempt_id="a1", chain_id="c", attempt=1, stage="s", scenario="v",
+                      family="agent", turn=0, turn_kind="answer", user_id="u", request_sha256="x",
+                      prefix_sha256="y", transport="t", status="ok", send_ts=1.0, end_ts=2.0,
+                      findings=[Finding("transport", True)])
+    writer = RecordWriter(tmp_path / "records.jsonl")
+    writer.write(attempt)
+    writer.close()
+    with (tmp_path / "records.jsonl").open("a") as handle:
+        handle.write('{"run_id": "r", "attem')
+    assert read_records(tmp_path / "records.jsonl") == [attempt]
