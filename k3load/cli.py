@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from k3load import __version__
-from k3load import samples_cli
+from k3load import __version__, samples_cli
 from k3load.sim import cli as sim_cli
 
 

@@ -87,7 +87,7 @@ def test_bad_scenarios_name_file_and_field(mutate, field):
 def test_unreadable_scenario_file(tmp_path):
     bad = tmp_path / "broken.yaml"
     bad.write_text("name: [unclosed\n")
-    with pytest.raises(ScenarioError, match="broken.yaml: cannot read"):
+    with pytest.raises(ScenarioError, match=r"broken\.yaml: cannot read"):
         load_scenario(bad)
 
 
@@ -150,5 +150,5 @@ def test_plan_expands_concurrency_steps_and_rejects_bad_plans(tmp_path):
                                              "mix": {"agent": 1}}]}, "p.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"name": "p", "stages": []}))
-    with pytest.raises(PlanError, match="bad.yaml"):
+    with pytest.raises(PlanError, match=r"bad\.yaml"):
         load_plan(bad)

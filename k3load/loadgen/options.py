@@ -37,6 +37,12 @@ def public_options(parsed: Any) -> dict[str, Any]:
         secret = key in SECRET_OPTIONS or any(word in key.lower() for word in ("key", "token", "password"))
         if secret:
             out[key] = "***" if value else ""
-        elif isinstance(value, (str, int, float, bool, type(None))) or (isinstance(value, list) and all(isinstance(v, (str, int, float)) for v in value)):
+        elif _plain(value):
             out[key] = value
     return out
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, list):
+        return all(isinstance(v, (str, int, float)) for v in value)
+    return isinstance(value, (str, int, float, bool, type(None)))
