@@ -114,13 +114,33 @@ def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, sa
     return attempts
 
 
+class ScenarioPlay:
+    """One playing of a scenario, a turn at a time (so a Locust user can stop between turns).
+
+    Conversations go on after a failed turn: the history is scripted, so later turns are still
+    meaningful and their results still count."""
+
+    def __init__(self, client: Client, ctx: RunContext, scenario: Scenario) -> None:
+        self.client, self.ctx, self.scenario = client, ctx, scenario
+        self.next_turn = 0
+        self._salt = ctx.salt(scenario) if scenario.prefix_salt != "request" else ""
+
+    @property
+    def done(self) -> bool:
+        return self.next_turn >= len(self.scenario.turns)
+
+    def step(self, sink: Callable[[Attempt], Any]) -> list[Attempt]:
+        turn = self.scenario.turns[self.next_turn]
+        self.next_turn += 1
+        salt = self.ctx.salt(self.scenario) if self.scenario.prefix_salt == "request" else self._salt
+        return run_turn(self.client, self.ctx, self.scenario, turn, salt, sink)
+
+
 def run_scenario(client: Client, ctx: RunContext, scenario: Scenario, sink: Callable[[Attempt], Any]
                  ) -> list[Attempt]:
-    """Every turn of a scenario, in order. Conversations go on after a failed turn: the history is
-    scripted, so later turns are still meaningful and their results still count."""
-    salt = ctx.salt(scenario) if scenario.prefix_salt != "request" else ""
+    """Every turn of a scenario, in order."""
+    play = ScenarioPlay(client, ctx, scenario)
     attempts: list[Attempt] = []
-    for turn in scenario.turns:
-        turn_salt = ctx.salt(scenario) if scenario.prefix_salt == "request" else salt
-        attempts += run_turn(client, ctx, scenario, turn, turn_salt, sink)
+    while not play.done:
+        attempts += play.step(sink)
     return attempts

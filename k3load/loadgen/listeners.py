@@ -17,11 +17,14 @@ from k3load.rundir import write_json_atomic
 from k3load.summary import format_summary, summarise
 
 log = logging.getLogger("k3load")
+DEFAULT_STOP_TIMEOUT_S = 30.0
 
 
 def _on_init(environment: Any, **_kwargs: Any) -> None:
     session = HarnessSession(environment)
     environment.k3_session = session
+    if not environment.stop_timeout:
+        environment.stop_timeout = DEFAULT_STOP_TIMEOUT_S  # let in-flight turns end and be recorded
     runner = environment.runner
     if runner is None:
         return
@@ -40,12 +43,7 @@ def _attempt_id(line: str) -> str:
 
 
 def _on_test_start(environment: Any, **_kwargs: Any) -> None:
-    session: HarnessSession = environment.k3_session
-    session.load_inputs()
-    if session.role in ("master", "local"):
-        session.start_run()
-        if session.role == "master":
-            environment.runner.send_message("k3_run", session.run_message())
+    environment.k3_session.ensure_started()
 
 
 def _on_quitting(environment: Any, **_kwargs: Any) -> None:

@@ -8,7 +8,7 @@ TRANSPORTS = ("geventhttpclient", "httpx")
 
 
 def add_options(parser: Any) -> None:
-    group = parser.add_argument_group("k3load", "acceptance-run options")
+    group = parser  # Locust's own parser: its is_secret / include_in_web_ui work only there, not in groups
     group.add_argument("--k3-out", default="runs/latest", env_var="K3_OUT",
                        help="run directory: records, timelines, evidence and reports go here")
     group.add_argument("--k3-plan", default="smoke", env_var="K3_PLAN",

@@ -75,6 +75,17 @@ class HarnessSession:
         return self.stage.name if self.stage else "setup"
 
     # -- set-up ---------------------------------------------------------------------------------
+    def ensure_started(self) -> None:
+        """Idempotent: inputs loaded; on the master/local runner the run directory opened and, on a
+        master, the run identity sent to the workers. Called by test_start and by the shape's first
+        tick (Locust may tick the shape before test_start fires)."""
+        if self.plan is None:
+            self.load_inputs()
+        if self.role in ("master", "local") and self.run_dir is None:
+            self.start_run()
+            if self.role == "master":
+                self.env.runner.send_message("k3_run", self.run_message())
+
     def load_inputs(self) -> None:
         opts = self.env.parsed_options
         paths = [Path(p) for p in sorted(glob.glob(opts.k3_scenarios, recursive=True))]

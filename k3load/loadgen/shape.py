@@ -17,16 +17,23 @@ from k3load.loadgen.users import USER_CLASSES
 class PlanShape(LoadTestShape):
     def tick(self) -> tuple[int, float, list[Any]] | None:
         session = getattr(self.runner.environment, "k3_session", None)
-        if session is None or session.plan is None:
+        if session is None:
             return None
-        stage = session.plan.stage_at(self.get_run_time())
+        session.ensure_started()
+        stage = session.plan.stage_at(self.get_run_time()) if session.plan else None
         if stage is None:
             return None
+        classes = [USER_CLASSES[family] for family in sorted(stage.mix)]
         if session.stage is None or session.stage.name != stage.name:
+            if self._must_drain(session.stage, stage) and self.runner.user_count > 0:
+                return 0, max(stage.users, 100), None  # finish the old mix's turns first
             session.enter_stage(stage)
-        classes = []
-        for family, weight in sorted(stage.mix.items()):
-            user_class = USER_CLASSES[family]
-            user_class.weight = weight
-            classes.append(user_class)
+        for user_class in classes:
+            user_class.weight = stage.mix[user_class.family]
         return stage.users, stage.spawn_rate, classes
+
+    @staticmethod
+    def _must_drain(old: Any, new: Any) -> bool:
+        """Locust's dispatcher keeps running users of classes a new tick leaves out, so a stage whose
+        family mix differs starts from zero users (their current turns finish, within --stop-timeout)."""
+        return old is not None and set(old.mix) != set(new.mix)

@@ -15,7 +15,7 @@ import gevent
 from locust import User, constant, task
 
 from k3load.client.chat import ChatClient
-from k3load.runner import RunContext, run_scenario
+from k3load.runner import RunContext, ScenarioPlay
 
 _numbers = itertools.count(1)
 
@@ -38,19 +38,22 @@ class K3User(User):
                               sleep=gevent.sleep)
         self.rng = random.Random(f"{opts.k3_seed}:{self.user_id}")
         self.played: dict[str, int] = {}
+        self.current: ScenarioPlay | None = None
 
     @task
     def play(self) -> None:
+        """One turn per task, so a stage change or the end of the run stops a user between turns."""
         session = self.environment.k3_session
-        stage = session.stage
-        if stage is not None and stage.iterations_per_user is not None and \
-                self.played.get(stage.name, 0) >= stage.iterations_per_user:
-            gevent.sleep(0.2)
-            return
-        scenario = self.rng.choice(session.scenarios[self.family])
-        if stage is not None:
-            self.played[stage.name] = self.played.get(stage.name, 0) + 1
-        run_scenario(self.chat, self.ctx, scenario, session.record)
+        if self.current is None or self.current.done:
+            stage = session.stage
+            if stage is not None and stage.iterations_per_user is not None and \
+                    self.played.get(stage.name, 0) >= stage.iterations_per_user:
+                gevent.sleep(0.2)
+                return
+            if stage is not None:
+                self.played[stage.name] = self.played.get(stage.name, 0) + 1
+            self.current = ScenarioPlay(self.chat, self.ctx, self.rng.choice(session.scenarios[self.family]))
+        self.current.step(session.record)
 
     def on_stop(self) -> None:
         chat: Any = getattr(self, "chat", None)

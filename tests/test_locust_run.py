@@ -1,0 +1,130 @@
+"""The locustfile end to end: `locust -f locustfiles/agent.py --headless` against a real sim, checked on
+its run directory (records of every family, stages, samples) and on the sim's injected fault rates."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from k3load.records import read_records
+from tests.probes import Target, scrape, total
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _plan(tmp_path: Path, stages: list[dict]) -> Path:
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump({"name": "test", "stages": stages}))
+    return path
+
+
+SHORT_PLAN = [
+    {"name": "prefix-control", "kind": "prefix_control", "duration_s": 3, "users": 1, "mix": {"shared_prefix": 1},
+     "iterations_per_user": 1},
+    {"name": "load", "kind": "load", "duration_s": 4, "users": 4, "mix": {"agent": 3, "shared_prefix": 1}},
+    {"name": "long-input", "kind": "long_input", "duration_s": 3, "users": 1, "mix": {"long_input": 1}},
+    {"name": "ramp", "kind": "concurrency", "duration_s": 2, "steps": [2, 6], "mix": {"agent": 1, "cold": 1}},
+    {"name": "soak", "kind": "soak", "duration_s": 4, "users": 6,
+     "mix": {"agent": 2, "shared_prefix": 1, "cold": 1, "long_input": 1}},
+]
+
+
+def run_locust(host: str, out: Path, plan: Path, *extra: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "agent.py"), "--headless",
+           "--host", host, "--k3-out", str(out), "--k3-plan", str(plan), "--stop-timeout", "10",
+           "--csv", str(out / "locust"), "--only-summary", *extra]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)
+
+
+def _served(sim) -> int:
+    """Requests the sim finished (every reason, aborts included): the server's own count of attempts."""
+    with httpx.Client(timeout=10) as client:
+        return int(total(scrape(Target("sim", sim.base_url, "tiny"), client), "vllm:request_success_total"))
+
+
+def test_headless_run_writes_records_for_every_family(start_sim, tmp_path):
+    sim = start_sim("--time-scale", "0.05")
+    out = tmp_path / "run"
+    run = run_locust(sim.base_url, out, _plan(tmp_path, SHORT_PLAN), "--k3-api-key", "sk-test-SECRET-123")
+    assert run.returncode in (0, 1), run.stderr[-3000:]
+    attempts = read_records(out / "records.jsonl")
+    assert {a.family for a in attempts} == {"agent", "shared_prefix", "cold", "long_input"}
+    assert {a.stage for a in attempts} >= {"prefix-control", "load", "long-input", "ramp-c2", "ramp-c6", "soak"}
+    assert len({a.attempt_id for a in attempts}) == len(attempts) == _served(sim)
+    control = [a for a in attempts if a.stage == "prefix-control"]
+    assert len(control) == 4 and len({a.prefix_sha256 for a in control}) == 1  # one user, one pass, sequential
+    assert all(a.send_ts >= b.end_ts for a, b in zip(control[1:], control, strict=False))
+    assert all(a.end_ts >= a.send_ts for a in attempts) and all(a.ttft_ms for a in attempts if a.status == "ok")
+    drill = [a for a in attempts if a.scenario == "agent_timeout_retry" and a.turn == 0]
+    assert any(a.status == "timeout" and a.will_retry for a in drill)
+    assert any(a.attempt == 2 and a.status == "ok" for a in drill)
+    for name in ("run.json", "plan.yaml", "samples.sha256", "events.jsonl", "validation_summary.json"):
+        assert (out / name).exists(), name
+    stages = [json.loads(x)["stage"] for x in (out / "events.jsonl").read_text().splitlines()
+              if '"stage_start"' in x]
+    assert stages[:2] == ["prefix-control", "load"]
+    everything = "".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file()) + run.stdout + run.stderr
+    assert "sk-test-SECRET-123" not in everything
+
+
+FAULTS = {"malformed_tool_args_rate": 0.10, "empty_tool_calls_rate": 0.05, "reasoning_leak_rate": 0.10,
+          "http_error_rate": 0.05, "http_error_status": 503, "slow_first_token_rate": 0.05,
+          "slow_first_token_ms": 4000}
+
+
+def _rate(hits: int, total: int) -> float:
+    assert total >= 200, f"only {total} attempts"
+    return hits / total
+
+
+@pytest.mark.slow
+def test_injected_fault_rates_show_up_with_their_layers(start_sim, tmp_path):
+    profile = tmp_path / "faults.yaml"
+    profile.write_text(yaml.safe_dump({"faults": FAULTS}))
+    sim = start_sim("--time-scale", "0.05", "--profile", str(profile))
+    out = tmp_path / "run"
+    plan = _plan(tmp_path, [{"name": "soak", "kind": "soak", "duration_s": 40, "users": 12,
+                             "mix": {"agent": 3, "shared_prefix": 1}}])
+    run = run_locust(sim.base_url, out, plan, timeout_s=240)
+    assert run.returncode in (0, 1), run.stderr[-3000:]
+    attempts = [a for a in read_records(out / "records.jsonl") if a.scenario != "agent_timeout_retry"]
+    failed = Counter((f.check, f.layer) for a in attempts for f in a.findings if not f.ok)
+    http = [a for a in attempts if a.status == "http_error"]
+    assert abs(_rate(len(http), len(attempts)) - 0.05) <= 0.03
+    assert all(a.http_status == 503 and a.failed_layers == ["gateway"] for a in http)
+    answered = [a for a in attempts if a.status == "ok"]
+    planned_calls = [a for a in answered if a.tool_calls or a.finish_reason == "tool_calls"]
+    malformed = sum(1 for a in planned_calls if any(f.check == "tool_call.arguments_json" and not f.ok
+                                                    for f in a.findings))
+    assert abs(_rate(malformed, len(planned_calls)) - 0.10 * 0.95) <= 0.03
+    empty = sum(1 for a in planned_calls if not a.tool_calls)
+    assert abs(_rate(empty, len(planned_calls)) - 0.05) <= 0.03
+    leaks = sum(1 for a in answered if any(f.check == "content.reasoning_leak" and not f.ok for f in a.findings))
+    assert abs(_rate(leaks, len(answered)) - 0.10) <= 0.03
+    stalled = sum(1 for a in answered if a.ttft_ms and a.ttft_ms >= 200)  # 4000 model ms x 0.05
+    assert abs(_rate(stalled, len(answered)) - 0.05) <= 0.03
+    assert failed[("tool_call.arguments_json", "parser")] == malformed
+    assert failed[("tool_call.present", "parser")] == empty
+    assert failed[("content.reasoning_leak", "parser")] == leaks
+
+
+@pytest.mark.slow
+def test_processes_lose_and_duplicate_no_record(start_sim, tmp_path):
+    sim = start_sim("--time-scale", "0.05")
+    out = tmp_path / "run"
+    plan = _plan(tmp_path, [{"name": "load", "kind": "load", "duration_s": 8, "users": 6,
+                             "mix": {"agent": 1, "shared_prefix": 1}}])
+    run = run_locust(sim.base_url, out, plan, "--processes", "2")
+    assert run.returncode in (0, 1), run.stderr[-3000:]
+    attempts = read_records(out / "records.jsonl")
+    assert attempts and len({a.attempt_id for a in attempts}) == len(attempts) == _served(sim)
+    assert len({a.user_id.split("-")[-2] for a in attempts}) == 2  # both worker processes sent records
