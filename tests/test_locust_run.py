@@ -128,3 +128,47 @@ def test_processes_lose_and_duplicate_no_record(start_sim, tmp_path):
     attempts = read_records(out / "records.jsonl")
     assert attempts and len({a.attempt_id for a in attempts}) == len(attempts) == _served(sim)
     assert len({a.user_id.split("-")[-2] for a in attempts}) == 2  # both worker processes sent records
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_web_ui_shows_the_options_and_runs_the_plan(start_sim, tmp_path):
+    """The live-ramping path: the web UI starts, lists the k3 options, a swarm runs the shape."""
+    import time
+
+    sim = start_sim("--time-scale", "0.05")
+    port = _free_port()
+    out = tmp_path / "run"
+    plan = _plan(tmp_path, [{"name": "load", "kind": "load", "duration_s": 30, "users": 2, "mix": {"agent": 1}}])
+    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "agent.py"), "--host", sim.base_url,
+           "--web-host", "127.0.0.1", "--web-port", str(port), "--k3-out", str(out), "--k3-plan", str(plan)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        with httpx.Client(timeout=10) as client:
+            for _ in range(100):
+                try:
+                    page = client.get(base + "/")
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            assert page.status_code == 200 and "k3_plan" in page.text and "k3_api_key" in page.text
+            started = client.post(base + "/swarm", data={"user_count": 1, "spawn_rate": 1, "host": sim.base_url})
+            assert started.status_code == 200
+            deadline = time.monotonic() + 30
+            names: set[str] = set()
+            while time.monotonic() < deadline and "agent: e2e" not in names:
+                time.sleep(0.5)
+                names = {row["name"] for row in client.get(base + "/stats/requests").json()["stats"]}
+            assert "agent: ttft" in names and "agent: e2e" in names
+            client.post(base + "/stop")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert read_records(out / "records.jsonl")
