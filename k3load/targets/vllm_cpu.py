@@ -264,7 +264,7 @@ class VllmCpuServer:
         max_model_len: int = 2048,
         extra_args: Sequence[str] = (),
         enforce_eager: bool = False,
-        startup_timeout_s: float = 300.0,
+        startup_timeout_s: float = 420.0,  # 50-150 s seen on 2 busy cores
         host: str = "127.0.0.1",
         port: int | None = None,
     ) -> None:
