@@ -115,16 +115,28 @@ def test_named_tool_call_streams_like_vllm_and_validates(target, client):
     assert got.chunks[-2]["choices"][0]["finish_reason"] == "stop"  # vLLM: named calls finish "stop"
 
 
-def test_required_tool_call_non_streamed(target, client):
-    resp = chat(target, client, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=200,
-                temperature=0)
+def test_named_tool_call_non_streamed(target, client):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    resp = chat(target, client, messages=ASK, tools=[WEATHER], tool_choice=named, max_tokens=64, temperature=0)
     assert resp.status_code == 200
     captured = read_capture("nonstream_tool.json")["body"]
     assert key_paths(resp.json()) == key_paths(captured)
-    message = resp.json()["choices"][0]["message"]
-    for call in message["tool_calls"]:
+    choice = resp.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"] == ""
+    for call in choice["message"]["tool_calls"]:
         assert call["type"] == "function" and call["function"]["name"] == "get_weather"
         assert isinstance(call["id"], str) and call["id"]
+        jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER["function"]["parameters"])
+
+
+def test_required_tool_call_streams_like_vllm(target, client):
+    # The tiny random model never closes a `required` call (finish "length"), the sim does: the shapes
+    # of header, argument, finish and usage chunks must still be vLLM's.
+    got = stream_chat(target, client, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=64,
+                      temperature=0, stream_options={"include_usage": True})
+    assert got.status == 200 and got.done
+    assert shapes_by_kind(got.chunks) == shapes_by_kind(read_sse_capture("stream_tool_required.sse"))
+    assert got.chunks[-2]["choices"][0]["finish_reason"] in ("tool_calls", "length")
 
 
 def test_structured_output_validates(target, client):

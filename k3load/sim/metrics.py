@@ -131,6 +131,11 @@ class SimMetrics:
                                        (0, 1, 2, 5, 10, 20, 50, 100))
         self.parser = Counter("vllm:tool_call_parser_invocations", "Tool-call parser invocations by outcome.",
                               ("mode", "model_name", "outcome", "request_type"), registry=self.registry)
+        for mode in ("streaming", "non_streaming"):  # vLLM creates every combination at start
+            for outcome in ("tool_call", "no_tool_call"):
+                for request_type in ("chat_completions", "responses", "other"):
+                    self.parser.labels(mode=mode, model_name=self.config.model, outcome=outcome,
+                                       request_type=request_type)
 
     def count_parser(self, streaming: bool, called: bool) -> None:
         """What the server-side tool parser extracted (joined later with the client's validation)."""

@@ -150,10 +150,12 @@ class SimServer:
         return usage_body(len(seq.prompt_ids), seq.generated, cache,
                           sum(1 for p in seq.plan.pieces[: seq.generated] if p.kind == "reasoning"))
 
-    def _count_parser(self, body: dict[str, Any], seq: Sequence, streaming: bool) -> None:
-        if body.get("tools"):
+    def _count_parser(self, body: dict[str, Any], seq: Sequence, streaming: bool, chunks: int = 1) -> None:
+        """As vLLM 0.32 counts: only auto tool choice runs the parser, once per streamed chunk."""
+        if body.get("tools") and body.get("tool_choice", "auto") == "auto":
             called = any(p.kind in ("tool_header", "tool_whole") for p in seq.plan.pieces[: seq.generated])
-            self.metrics.count_parser(streaming, called)
+            for _ in range(chunks):
+                self.metrics.count_parser(streaming, called)
 
     async def _complete(self, seq: Sequence, writer: ChunkWriter) -> web.Response:
         pieces: list[Piece] = []
@@ -179,7 +181,7 @@ class SimServer:
             if count == cut_at and (fault.midstream_error or fault.truncate_stream):
                 return await self._break_stream(request, resp, fault)
             if count == last:
-                self._count_parser(body, seq, streaming=True)
+                self._count_parser(body, seq, streaming=True, chunks=count)
                 await _send(resp, writer.finish(seq.plan.finish_reason, piece, seq.plan))
             elif (chunk := writer.delta(piece, seq.plan)) is not None:
                 await _send(resp, chunk)
