@@ -5,7 +5,7 @@ STAMP := $(VENV)/.k3load-installed
 
 .PHONY: demo test lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "k3load needs Python 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
