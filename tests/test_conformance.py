@@ -70,8 +70,8 @@ def test_endpoints(target, client):
     assert set(version) == {"version"} and version["version"]
     models = client.get(f"{target.base_url}/v1/models").json()
     captured = read_capture("models.json")
-    assert key_paths(models) == key_paths(captured.get("body", captured)) - {"data[].permission[]." + k for k in
-                                                                              _permission_keys(captured)}
+    ignored = {"data[].permission[]." + k for k in _permission_keys(captured)}
+    assert key_paths(models) - ignored == key_paths(captured.get("body", captured)) - ignored
     assert models["data"][0]["id"] == target.model and models["data"][0]["max_model_len"] == 2048
 
 
@@ -135,7 +135,10 @@ def test_required_tool_call_streams_like_vllm(target, client):
     got = stream_chat(target, client, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=64,
                       temperature=0, stream_options={"include_usage": True})
     assert got.status == 200 and got.done
-    assert shapes_by_kind(got.chunks) == shapes_by_kind(read_sse_capture("stream_tool_required.sse"))
+    live, recorded = shapes_by_kind(got.chunks), shapes_by_kind(read_sse_capture("stream_tool_required.sse"))
+    for shapes in (live, recorded):  # the finish chunk carries whatever the last token added (or {})
+        shapes["finish"] = {p for p in shapes["finish"] if not p.startswith("choices[].delta.")}
+    assert live == recorded
     assert got.chunks[-2]["choices"][0]["finish_reason"] in ("tool_calls", "length")
 
 
