@@ -73,6 +73,7 @@ class Attempt:
     valid: bool = True  # every finding ok
     failed_layers: list[str] = field(default_factory=list)
     will_retry: bool = False  # a later attempt of the same chain follows
+    drill: bool = False  # sent with the scenario's deliberately short first_timeout_s (timeout drill)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))

@@ -99,13 +99,13 @@ def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, sa
     chain_id = uuid.uuid4().hex
     attempts: list[Attempt] = []
     for number in range(1, policy["max_attempts"] + 1):
-        deadline = policy.get("first_timeout_s") if number == 1 and policy.get("first_timeout_s") \
-            else turn.settings["timeout_s"]
-        result = client.send(prepared.body, deadline)
+        drill = number == 1 and bool(policy.get("first_timeout_s"))
+        result = client.send(prepared.body, policy["first_timeout_s"] if drill else turn.settings["timeout_s"])
         findings = validate(result, scenario, turn)
         reason = retry_reason(result, findings)
         will_retry = reason in policy["when"] and number < policy["max_attempts"]
         attempt = make_attempt(ctx, scenario, turn, prepared, result, findings, chain_id, number, will_retry)
+        attempt.drill = drill
         sink(attempt)
         attempts.append(attempt)
         if not will_retry:

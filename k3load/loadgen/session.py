@@ -223,7 +223,14 @@ class HarnessSession:
 
 
 def _fire_request_events(env: Any, attempt: Attempt) -> None:
-    """TTFT, ITL and e2e as their own named entries (judge SLOs on these, never on Aggregated)."""
+    """TTFT, ITL and e2e as their own named entries (judge SLOs on these, never on Aggregated).
+    A timeout-drill attempt is its own entry: its timeout is the expected outcome, not a failure."""
+    if attempt.drill:
+        env.events.request.fire(request_type="K3", name=f"{attempt.family}: timeout drill",
+                                response_time=attempt.e2e_ms or 0, response_length=0, context={},
+                                start_time=attempt.send_ts,
+                                exception=None if attempt.status == "timeout" else Exception("did not time out"))
+        return
     failure = None if attempt.valid else Exception(
         f"{attempt.status}: " + "; ".join(f"{f.check}[{f.layer}]" for f in attempt.findings if not f.ok))
     base = {"request_type": "K3", "context": {"scenario": attempt.scenario, "stage": attempt.stage},
