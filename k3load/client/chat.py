@@ -1,0 +1,310 @@
+"""ChatClient: one chat-completion request in, one StreamResult out, with or without Locust.
+
+Why it never raises for server misbehaviour: a load test must count every way a server fails (HTTP
+status, in-band error, cut stream, bad bytes, stall, dead socket) as data, so each ends as a
+StreamResult with a STATUS_* and a one-line `error`; only programming errors propagate. Retries are
+the runner's job, so nothing here retries.
+
+Timing: every `*_ts` is epoch seconds from one perf_counter clock anchored once to time.time(), so
+intervals between them are monotonic and exact while the values still join with other wall-clock
+timelines. One timestamp per socket read: every token-bearing chunk decoded from a read gets the
+time of that read (`chunk_ts`); `first_token_ts` is the first of them; `first_byte_ts` is when the
+status line and headers were in.
+
+Deadline: `deadline_s` bounds the whole request, stream included. Cooperative transports (always
+geventhttpclient; httpx under gevent's monkey-patching) run inside a `gevent.Timeout`, which is a
+BaseException and is caught here by identity. httpx in a plain process bounds each phase before the
+headers by the remaining time and has a watchdog thread shut the socket down at the deadline, so a
+read stalled mid-stream still ends on time.
+
+The API key goes only into the Authorization header; it is replaced by "[redacted]" in every error
+text and body kept, and `repr` never shows it. A client is one connection pool: build it once per
+user (or share it), never per request. Without gevent patching, a geventhttpclient-based client
+belongs to the thread that made it; use transport="httpx" to share one across threads.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit
+
+import gevent
+
+from k3load.client import result as res
+from k3load.client.assemble import Assembler, AssemblyError, error_message
+from k3load.client.result import StreamResult
+from k3load.client.sse import DONE, SSEDecoder, SSEError
+from k3load.client.transport import TRANSPORTS, BodyCut, ResponseStream, Transport, TransportError, TransportTimeout
+
+Clock = Callable[[], float]
+ERROR_LINE_CHARS = 300  # `error` is one line, at most this long
+ERROR_BODY_CHARS = 4000  # `error_body` keeps the start of the server's body
+_ERROR_BODY_READ_BYTES = 64 * 1024  # an error body is read to its end but only this much kept
+
+
+@functools.cache
+def wall_clock() -> Clock:
+    """Epoch seconds from perf_counter, anchored to time.time() once per process."""
+    offset = time.time() - time.perf_counter()
+    perf_counter = time.perf_counter
+    return lambda: perf_counter() + offset
+
+
+def wants_stream(body: bytes) -> bool:
+    """The body's own top-level `"stream"` field (a full parse: a byte search can be fooled)."""
+    try:
+        return json.loads(body).get("stream") is True
+    except (ValueError, AttributeError):
+        return False  # not a JSON object: the server will answer 400 as a whole body
+
+
+def chat_url(base_url: str) -> tuple[str, str]:
+    """(origin, path) of the chat endpoint: `http://h:8000` and `http://h:8000/v1` both work, as does a
+    gateway prefix (`https://gw/llm/v1`). Credentials in the URL are refused: use api_key."""
+    parts = urlsplit(base_url.strip().rstrip("/"))
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("base_url must be an http(s):// URL with a host")
+    if parts.username or parts.password:
+        raise ValueError("base_url must not carry credentials: pass api_key")
+    prefix = parts.path.rstrip("/")
+    return f"{parts.scheme}://{parts.netloc}", prefix + ("/chat/completions" if prefix.endswith("/v1")
+                                                         else "/v1/chat/completions")
+
+
+def one_line(text: str, secret: str | None, limit: int = ERROR_LINE_CHARS) -> str:
+    """Redact first (a cut must never leave half a key), then fold whitespace, then cut."""
+    if secret:
+        text = text.replace(secret, "[redacted]")
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class ChatClient:
+    """POSTs canonical JSON bodies to `<base_url>/v1/chat/completions` over one connection pool."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, transport: str = "geventhttpclient",
+                 connect_timeout_s: float = 10.0, max_connections: int = 1024, *,
+                 ssl_context: ssl.SSLContext | None = None, clock: Clock | None = None) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {sorted(TRANSPORTS)}, not {transport!r}")
+        origin, self._path = chat_url(base_url)
+        self.base_url = base_url.rstrip("/")
+        self._secret = api_key or None
+        self._headers = {"Content-Type": "application/json"}
+        if self._secret:
+            if not self._secret.isprintable() or not self._secret.isascii():
+                raise ValueError("api_key has characters an HTTP header cannot carry")  # never echo it
+            self._headers["Authorization"] = f"Bearer {self._secret}"
+        self._transport: Transport = TRANSPORTS[transport](origin, connect_timeout_s, max_connections,
+                                                           ssl_context)
+        self._clock = clock or wall_clock()
+
+    @property
+    def transport(self) -> str:
+        return self._transport.name
+
+    def send(self, body: bytes, deadline_s: float, *, stream: bool | None = None) -> StreamResult:
+        """One attempt, ended by completion, failure or `deadline_s` seconds after the call.
+
+        `stream` overrides reading the body's `"stream"` field (saves a parse of a big body)."""
+        if not deadline_s > 0:
+            raise ValueError(f"deadline_s must be positive, not {deadline_s!r}")
+        exchange = _Exchange(self._transport.name, self._clock, deadline_s, self._secret,
+                             wants_stream(body) if stream is None else stream)
+        if not self._transport.cooperative:
+            exchange.run(self._transport, self._path, body, self._headers, watchdog=True)
+            return exchange.finish()
+        timer = gevent.Timeout(deadline_s)
+        timer.start()
+        try:
+            exchange.run(self._transport, self._path, body, self._headers, watchdog=False)
+        except gevent.Timeout as exc:
+            if exc is not timer:
+                raise
+            exchange.deadline_passed()
+        finally:
+            timer.close()
+        return exchange.finish()
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def __enter__(self) -> ChatClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        key = "set" if self._secret else "none"
+        return f"ChatClient({self.base_url!r}, transport={self.transport!r}, api_key={key})"
+
+
+class _Exchange:
+    """The state of one attempt; the first failure recorded decides its status."""
+
+    def __init__(self, transport: str, clock: Clock, deadline_s: float, secret: str | None,
+                 streaming: bool) -> None:
+        self.clock = clock
+        now = clock()
+        self.deadline = now + deadline_s
+        self.deadline_s = deadline_s
+        self.secret = secret
+        self.streaming = streaming
+        self.result = StreamResult(status="", transport=transport, send_ts=now, end_ts=now)
+        self.asm = Assembler()
+        self.resp: ResponseStream | None = None
+        self.expired = False  # set by the watchdog thread
+
+    def fail(self, status: str, error: str) -> None:
+        if not self.result.status:
+            self.result.status = status
+            self.result.error = one_line(error, self.secret)
+
+    def deadline_passed(self) -> None:
+        got = len(self.result.chunk_ts)
+        self.fail(res.STATUS_TIMEOUT, f"deadline of {self.deadline_s:g} s passed ({got} token chunks received)")
+
+    def run(self, transport: Transport, path: str, body: bytes, headers: dict[str, str], watchdog: bool) -> None:
+        timer: threading.Timer | None = None
+        try:
+            self.resp = resp = transport.open(path, body, headers, max(self.deadline - self.clock(), 1e-3))
+            self.result.first_byte_ts = self.clock()
+            self.result.http_status = resp.status
+            if watchdog:
+                timer = threading.Timer(max(self.deadline - self.clock(), 0.0), self._expire)
+                timer.daemon = True
+                timer.start()
+            if not 200 <= resp.status < 300:
+                self._http_error(resp)
+            elif self.streaming:
+                self._stream(resp)
+            else:
+                self._whole(resp)
+        except TransportTimeout:
+            self.deadline_passed()
+        except TransportError as exc:
+            self._broken(exc)
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if self.resp is not None:
+                self.resp.close()
+
+    def _expire(self) -> None:
+        self.expired = True
+        if self.resp is not None:
+            self.resp.abort()
+
+    def _broken(self, exc: TransportError) -> None:
+        if self.expired or self.clock() >= self.deadline:
+            self.deadline_passed()
+        elif isinstance(exc, BodyCut):
+            self.fail(res.STATUS_TRUNCATED, f"{exc} ({len(self.result.chunk_ts)} token chunks received)")
+        else:
+            self.fail(res.STATUS_TRANSPORT_ERROR, str(exc))
+
+    def _stream(self, resp: ResponseStream) -> None:
+        """THE hot loop: one clock read per socket read, events decoded from it, chunks applied."""
+        clock, result, asm = self.clock, self.result, self.asm
+        decoder, add, chunk_ts = SSEDecoder(), asm.add, result.chunk_ts
+        for data in resp.reads():
+            t = clock()
+            if result.status:
+                continue  # already failed: drain to the end so the connection stays usable
+            try:
+                for event in decoder.feed(data):
+                    if event is not DONE and add(event):  # type: ignore[arg-type]
+                        chunk_ts.append(t)
+            except (SSEError, AssemblyError) as exc:
+                self._malformed(exc)
+            if asm.error is not None:
+                self.fail(res.STATUS_STREAM_ERROR, "error event mid-stream: " + error_message(asm.error))
+        if not result.status:
+            self._stream_end(decoder)
+
+    def _malformed(self, exc: Exception) -> None:
+        content_type = self.resp.headers.get("content-type") if self.resp is not None else None
+        self.fail(res.STATUS_MALFORMED, f"{exc} (content-type {content_type!r})")
+
+    def _stream_end(self, decoder: SSEDecoder) -> None:
+        t = self.clock()
+        try:
+            for event in decoder.finish():
+                if event is not DONE and self.asm.add(event):  # type: ignore[arg-type]
+                    self.result.chunk_ts.append(t)
+        except (SSEError, AssemblyError) as exc:
+            self._malformed(exc)
+        if self.asm.error is not None:
+            self.fail(res.STATUS_STREAM_ERROR, "error event mid-stream: " + error_message(self.asm.error))
+        if not decoder.done:
+            cut = f", cut mid-line after {decoder.pending_bytes} bytes" if decoder.pending_bytes else ""
+            self.fail(res.STATUS_TRUNCATED, f"stream ended without [DONE] after {decoder.events} events{cut}")
+
+    def _whole(self, resp: ResponseStream) -> None:
+        data = b"".join(resp.reads())
+        try:
+            self.asm.add_completion(json.loads(data))
+        except (ValueError, RecursionError, AssemblyError) as exc:
+            self.result.error_body = self._body_text(data)
+            kind = "not a chat completion" if isinstance(exc, AssemblyError) else "not JSON"
+            self.fail(res.STATUS_MALFORMED, f"response body is {kind}: {exc}")
+            return
+        if self.asm.error is not None:
+            self.result.error_body = self._body_text(data)
+            self.fail(res.STATUS_STREAM_ERROR, "error object in a 2xx body: " + error_message(self.asm.error))
+
+    def _http_error(self, resp: ResponseStream) -> None:
+        self.fail(res.STATUS_HTTP_ERROR, f"HTTP {resp.status}")  # decided before the body: a cut body stays this
+        data = _capped(resp.reads(), _ERROR_BODY_READ_BYTES)
+        text = self._body_text(data)
+        self.result.error_body = text
+        self.result.error = one_line(f"HTTP {resp.status}: {_error_detail(data, text)}", self.secret)
+
+    def _body_text(self, data: bytes) -> str:
+        text = data.decode("utf-8", "replace")
+        if self.secret:
+            text = text.replace(self.secret, "[redacted]")
+        return text[:ERROR_BODY_CHARS]
+
+    def finish(self) -> StreamResult:
+        result = self.result
+        self.asm.fill(result)
+        result.end_ts = self.clock()
+        if result.chunk_ts:
+            result.first_token_ts = result.chunk_ts[0]
+        if not result.status:
+            result.status = res.STATUS_OK
+        return result
+
+
+def _error_detail(data: bytes, text: str) -> str:
+    """vLLM/OpenAI `{"error": {...}}`, `{"error": "..."}` or `{"message": ...}`; else (a gateway's
+    text/plain or HTML page) the body's first line."""
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError):
+        body = None
+    if type(body) is dict:
+        error = body.get("error")
+        if type(error) is dict:
+            return error_message(error)
+        if type(error) is str:
+            return error
+        if "message" in body:
+            return error_message(body)
+    return text.strip().splitlines()[0] if text.strip() else "(empty body)"
+
+
+def _capped(reads: Iterator[bytes], limit: int) -> bytes:
+    """Read to the end (keeps the connection) but keep only the first `limit` bytes."""
+    kept = bytearray()
+    for data in reads:
+        if len(kept) < limit:
+            kept += data[: limit - len(kept)]
+    return bytes(kept)

@@ -1,0 +1,271 @@
+"""Streaming HTTP transports behind one small interface: POST, status + headers, raw reads, close.
+
+Why two: geventhttpclient is the default (measured about 2x cheaper per chunk than httpx under
+gevent and much tighter on first-token timing; see /work/shared/notes/client-performance.md and
+bench/client_cost.py); httpx is the reference and works with plain threads. Both hand back the
+bytes each socket read returned, so the SSE decoder stamps one timestamp per read and splits lines
+itself (geventhttpclient's `readline()` defaults to b"\\r\\n" and finds nothing on SSE; its
+`read(n)` waits until n bytes are buffered; httpx's line iterators cost more per line).
+
+Rules kept here: one pool per transport, built once; one TLS context per process and kind
+(building one costs 23-33 ms of CPU); every response read to its end or closed (a response left
+half-read keeps its pool slot in geventhttpclient). Failures are raised as TransportError and its
+subclasses, with messages that name what happened and never the request headers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import logging
+import socket
+import ssl
+from collections.abc import Iterator, Mapping
+from typing import Protocol
+
+import gevent.monkey
+import gevent.ssl
+import httpx
+from geventhttpclient import HTTPClient
+from geventhttpclient.response import HTTPParseError, HTTPSocketPoolResponse
+
+_GEVENT_BLOCK = 64 * 1024  # bytes per recv: one read takes whatever the kernel holds, up to this
+
+
+class TransportError(Exception):
+    """The request could not be made or the connection broke (connect refused, reset, TLS, DNS)."""
+
+
+class TransportTimeout(TransportError):
+    """A read, write or pool wait ran past the time the caller allowed."""
+
+
+class BodyCut(TransportError):
+    """The response body ended before the HTTP message did (EOF, reset, cut chunked encoding)."""
+
+
+class ResponseStream(Protocol):
+    """One response: status and headers are known when `Transport.open` returns."""
+
+    status: int
+    headers: Mapping[str, str]  # names in lower case
+
+    def reads(self) -> Iterator[bytes]:
+        """Body bytes exactly as each socket read delivered them, until the message ends."""
+        ...
+
+    def abort(self) -> None:
+        """Break a read blocked in another thread (the plain-threads deadline watchdog)."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection: back to the pool when the message was read to its end."""
+        ...
+
+
+class Transport(Protocol):
+    name: str
+    cooperative: bool  # blocking calls yield to gevent, so gevent.Timeout can end them
+
+    def open(self, path: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> ResponseStream:
+        """POST `body`; return once the status line and headers are in."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@functools.cache
+def shared_ssl_context(cooperative: bool) -> ssl.SSLContext:
+    """One verifying TLS context per process and kind (gevent's SSLContext wraps gevent sockets).
+
+    Falls back to certifi's CA bundle where the system store is empty (slim containers)."""
+    ctx = gevent.ssl.create_default_context() if cooperative else ssl.create_default_context()
+    if not ctx.cert_store_stats().get("x509_ca"):
+        import certifi
+
+        ctx.load_verify_locations(cafile=certifi.where())
+    return ctx
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or exc.__class__.__name__
+    return f"{exc.__class__.__name__}: {text}" if exc.__class__.__name__ not in text else text
+
+
+# -- geventhttpclient ------------------------------------------------------------------------------
+class _GeventResponse:
+    """Reads the socket itself: recv -> feed the llhttp parser -> hand over the parsed body bytes.
+
+    Uses private attributes of geventhttpclient 2.6 (`_sock`, `_body_buffer`; the client's
+    `_build_request` and `_connection_pool` in GeventTransport.open), pinned in pyproject: its
+    public `read(n)` blocks until n bytes are buffered and `readline` splits lines for us."""
+
+    def __init__(self, resp: HTTPSocketPoolResponse) -> None:
+        self._resp = resp
+        self.status = resp.status_code
+        self.headers = {name.lower(): value for name, value in resp.items()}
+
+    def reads(self) -> Iterator[bytes]:
+        resp = self._resp
+        buf = resp._body_buffer
+        while True:
+            if buf:
+                data = bytes(buf)
+                del buf[:]
+                yield data
+            if resp.message_complete:
+                return
+            sock = resp._sock
+            if sock is None:
+                raise BodyCut("connection released before the end of the body")
+            self._feed(resp, _recv(sock))
+
+    @staticmethod
+    def _feed(resp: HTTPSocketPoolResponse, data: bytes) -> None:
+        try:
+            resp.feed(data)  # b"" tells the parser EOF: completes a read-until-close body, or raises
+        except HTTPParseError as exc:
+            raise BodyCut(f"body cut: {_describe(exc)}" if not data else f"bad HTTP framing: {exc}") from None
+        if not data and not resp.message_complete:
+            raise BodyCut("connection closed before the end of the body")
+
+    def abort(self) -> None:
+        sock = self._resp._sock
+        if sock is not None:
+            _shutdown(sock)
+
+    def close(self) -> None:
+        self._resp.release()  # returns the socket when complete, else closes it and frees the slot
+
+
+def _recv(sock: socket.socket) -> bytes:
+    try:
+        return sock.recv(_GEVENT_BLOCK)
+    except OSError as exc:
+        raise BodyCut(f"connection broke mid-body: {_describe(exc)}") from None
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class GeventTransport:
+    """geventhttpclient: gevent sockets, so cooperative with or without monkey-patching."""
+
+    name = "geventhttpclient"
+    cooperative = True
+
+    def __init__(self, base_url: str, connect_timeout_s: float, max_connections: int,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        options: dict[str, object] = {}
+        if base_url.startswith("https:"):
+            ctx = ssl_context or shared_ssl_context(True)
+            options = {"ssl_context_factory": lambda *_a, **_k: ctx, "insecure": not ctx.check_hostname}
+        # network_timeout=None: no socket timeout, so no gevent timer armed and cancelled around every
+        # read; the caller's gevent.Timeout is the limit (this transport is always cooperative)
+        self._client = HTTPClient.from_url(base_url, concurrency=max_connections, block_size=_GEVENT_BLOCK,
+                                           connection_timeout=connect_timeout_s, network_timeout=None, **options)
+
+    def open(self, path: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> _GeventResponse:
+        """Like `HTTPClient.request` (which never retries a POST either), but a gevent.Timeout or
+        GreenletExit while the body is being sent gives the socket back instead of leaking its pool
+        slot. `timeout_s` is not used: the caller's gevent.Timeout bounds the call."""
+        client, pool = self._client, self._client._connection_pool
+        head = client._build_request("POST", path, body=body, headers=dict(headers)).encode("latin-1")
+        try:
+            sock = pool.get_socket()
+        except TimeoutError as exc:
+            raise TransportError(f"connect timed out: {_describe(exc)}") from None
+        except (OSError, RuntimeError) as exc:
+            raise TransportError(_describe(exc)) from None
+        try:
+            sock.sendall(head + body)
+        except OSError as exc:  # a server may answer early (401, 413) and close: read that answer
+            if exc.errno not in (errno.ECONNRESET, errno.EPIPE):
+                pool.release_socket(sock)
+                raise TransportError(f"sending the request: {_describe(exc)}") from None
+        except BaseException:
+            pool.release_socket(sock)
+            raise
+        try:  # from here the response object releases the socket itself, whatever happens
+            return _GeventResponse(HTTPSocketPoolResponse(sock, pool, block_size=_GEVENT_BLOCK, method="POST",
+                                                          headers_type=client.headers_type))
+        except (OSError, HTTPParseError) as exc:
+            raise TransportError(f"reading the response head: {_describe(exc)}") from None
+
+    def close(self) -> None:
+        self._client.close()
+
+
+# -- httpx -----------------------------------------------------------------------------------------
+class _HttpxResponse:
+    def __init__(self, resp: httpx.Response) -> None:
+        self._resp = resp
+        self.status = resp.status_code
+        self.headers = dict(resp.headers.items())  # httpx gives lower-case names
+
+    def reads(self) -> Iterator[bytes]:
+        try:
+            yield from self._resp.iter_raw()
+        except httpx.TimeoutException as exc:
+            raise TransportTimeout(_describe(exc)) from None
+        except httpx.RemoteProtocolError as exc:
+            raise BodyCut(f"body cut: {exc}") from None
+        except httpx.TransportError as exc:
+            raise BodyCut(f"connection broke mid-body: {_describe(exc)}") from None
+
+    def abort(self) -> None:
+        if self._resp.is_closed:  # read to its end: its connection may already serve another request
+            return
+        stream = self._resp.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            _shutdown(sock)
+
+    def close(self) -> None:
+        self._resp.close()
+
+
+class HttpxTransport:
+    """httpx: the reference transport; cooperative only when gevent has patched the socket module."""
+
+    name = "httpx"
+
+    def __init__(self, base_url: str, connect_timeout_s: float, max_connections: int,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        self.cooperative = gevent.monkey.is_module_patched("socket")
+        self._connect_timeout_s = connect_timeout_s
+        httpx_log = logging.getLogger("httpx")
+        if httpx_log.level == logging.NOTSET:
+            httpx_log.setLevel(logging.WARNING)  # httpx logs every request at INFO
+        # httpx builds a context for every Client even for http:// URLs (23-33 ms each): always share one
+        verify = ssl_context or shared_ssl_context(self.cooperative)
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._client = httpx.Client(base_url=base_url, limits=limits, verify=verify,
+                                    timeout=httpx.Timeout(None, connect=connect_timeout_s))
+
+    def open(self, path: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> _HttpxResponse:
+        """Without gevent, each phase before the headers is bounded by `timeout_s` (the caller's
+        remaining time): reads, writes and the pool wait; the connect by the smaller of that and
+        connect_timeout_s. Under gevent the caller's gevent.Timeout is the limit, so reads get no
+        timeout of their own (which would arm and cancel a gevent timer around every socket read)."""
+        timeout = httpx.Timeout(None if self.cooperative else timeout_s,
+                                connect=min(self._connect_timeout_s, timeout_s))
+        request = self._client.build_request("POST", path, content=body, headers=headers, timeout=timeout)
+        try:
+            return _HttpxResponse(self._client.send(request, stream=True))
+        except httpx.ConnectTimeout as exc:
+            raise TransportError(f"connect timed out: {_describe(exc)}") from None
+        except httpx.TimeoutException as exc:
+            raise TransportTimeout(_describe(exc)) from None
+        except httpx.TransportError as exc:
+            raise TransportError(_describe(exc)) from None
+
+    def close(self) -> None:
+        self._client.close()
+
+
+TRANSPORTS: dict[str, type[GeventTransport] | type[HttpxTransport]] = {
+    GeventTransport.name: GeventTransport, HttpxTransport.name: HttpxTransport}

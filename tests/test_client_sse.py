@@ -1,0 +1,289 @@
+"""SSE decoder and chunk assembler on real vLLM 0.32 captures and recorded sim streams, no sockets.
+
+Reference values come from outside the code under test: a plain `splitlines` + `json.loads` reading of
+the same file (tests/probes.py), the non-streamed capture of the same request, and the K2-style
+recording of the same sim answer for the K3-style one.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k3load.client.assemble import Assembler, AssemblyError, error_message
+from k3load.client.result import StreamResult
+from k3load.client.sse import DONE, SSEDecoder, SSEError, SSEEvent, SSEFormatError, SSEJSONError
+from tests.probes import WIRE, read_capture, read_sse_capture
+
+SIM_WIRE = Path(__file__).parent / "data" / "wire" / "sim"
+VLLM_OK_STREAMS = sorted(p.name for p in WIRE.glob("stream_*.sse"))
+SIM_STREAMS = sorted(p.name for p in SIM_WIRE.glob("*.sse"))
+# streamed capture -> non-streamed capture of the same request (checked in test_capture_pairs_are_same_request)
+PAIRS = {"stream_text.sse": "nonstream_text.json", "stream_tool_named.sse": "nonstream_tool.json",
+         "stream_tool_auto.sse": "nonstream_tool_auto.json", "stream_tool_required.sse": "nonstream_tool_required.json"}
+
+
+def decode(raw: bytes, cuts: list[int] | None = None) -> list[SSEEvent]:
+    """Feed `raw` split at `cuts` (byte offsets), then finish."""
+    decoder, events, start = SSEDecoder(), [], 0
+    for cut in [*(cuts or []), len(raw)]:
+        events += decoder.feed(raw[start:cut])
+        start = cut
+    return events + decoder.finish()
+
+
+def random_cuts(raw: bytes, rng: random.Random) -> list[int]:
+    """Cut points from 1-byte to 600-byte reads: mid-line, mid-`data:`, mid-UTF-8, between \\r and \\n."""
+    cuts, pos = [], 0
+    while True:
+        pos += rng.choice((1, 2, 3, 7, rng.randint(1, 600)))
+        if pos >= len(raw):
+            return cuts
+        cuts.append(pos)
+
+
+def assemble(events: list[SSEEvent]) -> tuple[Assembler, int]:
+    """(assembler, number of token-bearing chunks)."""
+    asm = Assembler()
+    tokens = sum(asm.add(e) for e in events if e is not DONE)  # type: ignore[arg-type]
+    return asm, tokens
+
+
+def snapshot(asm: Assembler) -> StreamResult:
+    result = StreamResult(status="ok", transport="none", send_ts=0.0, end_ts=0.0)
+    asm.fill(result)
+    return result
+
+
+def plain_concat(chunks: list[dict[str, Any]]) -> tuple[str, str, str]:
+    """(reasoning, content, arguments of every call in order) by the dumbest possible reading."""
+    deltas = [c["choices"][0]["delta"] for c in chunks if c.get("choices")]
+    args = "".join(t["function"].get("arguments") or "" for d in deltas for t in d.get("tool_calls") or [])
+    return ("".join(d.get("reasoning") or "" for d in deltas), "".join(d.get("content") or "" for d in deltas), args)
+
+
+# -- decoder ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", VLLM_OK_STREAMS)
+def test_vllm_capture_decodes_to_what_a_line_reader_sees(name: str) -> None:
+    events = decode((WIRE / name).read_bytes())
+    assert events[-1] is DONE and DONE not in events[:-1]
+    assert events[:-1] == read_sse_capture(name)
+
+
+@pytest.mark.parametrize("name", VLLM_OK_STREAMS + [f"sim/{n}" for n in SIM_STREAMS])
+def test_random_splits_decode_and_assemble_identically(name: str) -> None:
+    raw = (WIRE.parent / name).read_bytes() if name.startswith("sim/") else (WIRE / name).read_bytes()
+    whole = decode(raw)
+    reference = snapshot(assemble(whole)[0])
+    rng = random.Random(f"splits:{name}")
+    for _ in range(20):
+        events = decode(raw, random_cuts(raw, rng))
+        assert events == whole
+        assert snapshot(assemble(events)[0]) == reference
+
+
+def test_one_byte_reads_and_crlf_line_ends() -> None:
+    raw = (WIRE / "stream_tool_named.sse").read_bytes()
+    whole = decode(raw)
+    assert decode(raw, list(range(1, len(raw)))) == whole
+    crlf = raw.replace(b"\n", b"\r\n")
+    assert decode(crlf, list(range(1, len(crlf)))) == whole  # includes every cut between \r and \n
+
+
+def test_multibyte_utf8_cut_at_every_byte() -> None:
+    text = "héllo — 日本語 🙂 ñ"
+    chunk = {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    raw = b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\ndata: [DONE]\n\n"
+    for cut in range(1, len(raw)):
+        events = decode(raw, [cut])
+        assert events[0]["choices"][0]["delta"]["content"] == text and events[1] is DONE
+
+
+def test_comments_fields_and_multiline_data() -> None:
+    raw = (b": keep-alive ping\n\nevent: message\nid: 7\nretry: 100\ndata: {\"a\":\ndata: 1}\n\n"
+           b"data:{\"b\":2}\n\ndata: [DONE]\n\n")
+    assert decode(raw) == [{"a": 1}, {"b": 2}, DONE]
+
+
+def test_finish_dispatches_an_event_missing_its_blank_line_and_keeps_partial_lines_out() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b'data: {"a":1}\n\ndata: [DONE]\n') == [{"a": 1}]
+    assert decoder.finish() == [DONE] and decoder.done
+    cut = SSEDecoder()
+    assert cut.feed(b'data: {"a":1}\n\ndata: {"b":') == [{"a": 1}]
+    assert cut.finish() == [] and cut.pending_bytes == len(b'data: {"b":') and not cut.done
+
+
+@pytest.mark.parametrize(("raw", "error", "words"), [
+    (b'data: {"a":1}\n\n<html>502 Bad Gateway</html>\n', SSEFormatError, "line 3"),
+    (b"garbage without colon\n", SSEFormatError, "not an SSE field"),
+    (b"retry_later: 5\n", SSEFormatError, "retry_later"),
+    (b'data: {"a":1,}\n\n', SSEJSONError, "invalid JSON"),
+    (b"data: [1, 2]\n\n", SSEJSONError, "not an object"),
+    (b"data: {\"a\": \"\xff\xfe\"}\n\n", SSEJSONError, "invalid JSON"),
+])
+def test_malformed_input_is_a_typed_error_with_position(raw: bytes, error: type[SSEError], words: str) -> None:
+    with pytest.raises(error) as caught:
+        decode(raw, [3])
+    assert isinstance(caught.value, ValueError) and words in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_json_error_body_read_as_sse_is_a_format_error() -> None:
+    with pytest.raises(SSEFormatError, match="line 1"):
+        decode((WIRE / "error_context_length_stream.sse").read_bytes())
+
+
+# -- assembler on real vLLM captures ---------------------------------------------------------------
+def test_capture_pairs_are_same_request() -> None:
+    def strip(request: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in request.items() if k not in ("stream", "stream_options")}
+
+    for streamed, whole in PAIRS.items():
+        meta = json.loads((WIRE / streamed.replace(".sse", ".meta.json")).read_text())
+        assert strip(meta["request"]) == strip(read_capture(whole)["request"])
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_streamed_answer_equals_the_non_streamed_one(name: str) -> None:
+    asm, tokens = assemble(decode((WIRE / name).read_bytes()))
+    body = read_capture(PAIRS[name])["body"]
+    whole = Assembler()
+    whole.add_completion(body)
+    message = body["choices"][0]["message"]
+    reasoning, content, arguments = plain_concat(read_sse_capture(name))
+    assert (asm.reasoning, asm.content) == (reasoning, content) == (message["reasoning"] or "", whole.content)
+    assert "".join(c.arguments for c in asm.tool_calls) == arguments
+    if message.get("tool_calls"):  # tool_choice=required never closed its array: no calls in the message
+        assert [(c.name, c.arguments) for c in asm.tool_calls] == [(c.name, c.arguments) for c in whole.tool_calls]
+        json.loads(asm.tool_calls[0].arguments)
+    meta = json.loads((WIRE / name.replace(".sse", ".meta.json")).read_text())
+    if not (meta["request"].get("stream_options") or {}).get("include_usage"):
+        assert asm.usage is None
+        return
+    streamed, reported = snapshot(asm), StreamResult("ok", "none", 0.0, 0.0, usage=body["usage"])
+    assert (streamed.prompt_tokens, streamed.completion_tokens, streamed.cached_tokens) == (
+        reported.prompt_tokens, reported.completion_tokens, reported.cached_tokens)
+    assert tokens <= streamed.completion_tokens
+
+
+def test_last_token_in_the_finish_chunk_is_kept() -> None:
+    asm, tokens = assemble(decode((WIRE / "stream_text.sse").read_bytes()))
+    assert asm.finish_reason == "length" and asm.content == " strings" * 16
+    assert tokens == asm.usage["completion_tokens"] == 16  # the 16th token came with finish_reason
+    assert asm.response_id == "chatcmpl-97ac8870fcbaea0f" and asm.usage["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_required_tool_call_with_null_names_and_cached_tokens() -> None:
+    asm, _ = assemble(decode((WIRE / "stream_tool_required.sse").read_bytes()))
+    (call,) = asm.tool_calls
+    assert call.id == "chatcmpl-tool-a822ddc52bd6584f" and call.name == "get_weather"
+    assert call.arguments == plain_concat(read_sse_capture("stream_tool_required.sse"))[2]
+    assert asm.finish_reason == "length" and asm.usage["prompt_tokens_details"]["cached_tokens"] == 256
+
+
+def test_no_usage_when_not_asked() -> None:
+    asm, _ = assemble(decode((WIRE / "stream_text_no_usage.sse").read_bytes()))
+    assert asm.usage is None and asm.finish_reason == "length"
+
+
+# -- assembler on sim recordings (K3 whole calls) --------------------------------------------------
+@pytest.mark.parametrize("choice", ["auto", "named"])
+def test_k3_whole_call_equals_k2_pieces_of_the_same_answer(choice: str) -> None:
+    k3_events = decode((SIM_WIRE / f"k3_tool_{choice}.sse").read_bytes())
+    k3, _ = assemble(k3_events)
+    k2, _ = assemble(decode((SIM_WIRE / f"k2_tool_{choice}.sse").read_bytes()))
+    whole = [e for e in k3_events if e is not DONE and any(
+        t["function"].get("arguments") for c in e.get("choices", []) for t in c["delta"].get("tool_calls") or [])]
+    assert len(whole) == 1  # K3: the call arrives in one delta with complete arguments
+    assert [(c.id, c.name, c.arguments) for c in k3.tool_calls] == [(c.id, c.name, c.arguments) for c in k2.tool_calls]
+    assert json.loads(k3.tool_calls[0].arguments)["city"] and k3.reasoning == k2.reasoning != ""
+    assert k3.finish_reason == ("stop" if choice == "named" else "tool_calls")
+    assert k3.usage["completion_tokens_details"]["reasoning_tokens"] > 0
+
+
+def test_legacy_reasoning_content_and_both_fields() -> None:
+    raw = (SIM_WIRE / "k3_text_reasoning.sse").read_bytes()
+    modern, _ = assemble(decode(raw))
+    legacy, _ = assemble(decode(raw.replace(b'"reasoning":', b'"reasoning_content":')))
+    both, _ = assemble(decode(raw.replace(b'{"reasoning":', b'{"reasoning_content":"x","reasoning":')))
+    assert modern.reasoning.startswith("Let me think.") and modern.content
+    assert legacy.reasoning == both.reasoning == modern.reasoning
+
+
+def test_midstream_error_and_cut_stream_recordings() -> None:
+    events = decode((SIM_WIRE / "midstream_error.sse").read_bytes())
+    asm, _ = assemble(events)
+    assert events[-1] is DONE and asm.content and asm.finish_reason is None
+    assert error_message(asm.error) == "InternalServerError (500): k3load sim: injected engine error mid-stream"
+    decoder = SSEDecoder()
+    decoder.feed((SIM_WIRE / "truncated.sse").read_bytes())
+    assert not decoder.done and decoder.finish() == []
+
+
+def test_non_streamed_bodies() -> None:
+    sim = Assembler()
+    sim.add_completion(json.loads((SIM_WIRE / "nonstream_k3_tool.json").read_text())["body"])
+    assert sim.reasoning.startswith("Let me think.") and sim.finish_reason == "tool_calls"
+    assert sim.tool_calls[0].id == "functions.get_weather:0" and json.loads(sim.tool_calls[0].arguments)
+    err = Assembler()
+    err.add_completion(read_capture("error_context_length.json")["body"])
+    assert "maximum context length is 2048" in error_message(err.error)
+
+
+# -- assembler on hand-made shapes -----------------------------------------------------------------
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"id": "c1", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def test_parallel_calls_k3_whole_and_k2_interleaved() -> None:
+    k3 = Assembler()
+    for i, city in enumerate(("Paris", "Oslo")):
+        k3.add(_chunk({"tool_calls": [{"index": i, "id": f"functions.w:{i}", "type": "function",
+                                        "function": {"name": "w", "arguments": json.dumps({"city": city})}}]}))
+    k2 = Assembler()
+    k2.add(_chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "w"}},
+                                  {"index": 1, "id": "b", "function": {"name": "w", "arguments": ""}}]}))
+    for piece, index in (('{"city":', 1), ('{"city":', 0), ('"Oslo"}', 1), ('"Paris"}', 0)):
+        assert k2.add(_chunk({"tool_calls": [{"index": index, "function": {"name": None, "arguments": piece}}]}))
+    assert [json.loads(c.arguments)["city"] for c in k3.tool_calls] == ["Paris", "Oslo"]
+    got = [(c.index, c.id, json.loads(c.arguments)["city"]) for c in k2.tool_calls]
+    assert got == [(0, "a", "Paris"), (1, "b", "Oslo")]
+
+
+def test_token_bearing_chunks() -> None:
+    asm = Assembler()
+    assert not asm.add(_chunk({"role": "assistant", "content": ""}))
+    assert asm.add(_chunk({"reasoning": "hm"}))
+    assert not asm.add(_chunk({}, "stop"))
+    assert not asm.add({"id": "c1", "choices": [], "usage": {"completion_tokens": 1}})
+    assert asm.add(_chunk({"content": "last"}, "length")) and asm.finish_reason == "length"
+
+
+@pytest.mark.parametrize("chunk", [
+    {"choices": {"index": 0}},
+    {"choices": [{"index": 1, "delta": {"content": "x"}}]},
+    _chunk({"content": ["x"]}),
+    _chunk({"tool_calls": {"index": 0}}),
+    _chunk({"tool_calls": ["x"]}),
+    _chunk({"tool_calls": [{"index": "0", "function": {"arguments": "{}"}}]}),
+    _chunk({"tool_calls": [{"index": 0, "function": {"arguments": {"city": "Paris"}}}]}),
+])
+def test_protocol_breaking_chunks_raise_assembly_error(chunk: dict[str, Any]) -> None:
+    with pytest.raises(AssemblyError):
+        Assembler().add(chunk)
+
+
+def test_renamed_call_and_bad_bodies_raise_assembly_error() -> None:
+    asm = Assembler()
+    asm.add(_chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "w"}}]}))
+    with pytest.raises(AssemblyError, match="renamed"):
+        asm.add(_chunk({"tool_calls": [{"index": 0, "function": {"name": "v"}}]}))
+    bad_bodies = ([], {"choices": []}, {"choices": [{"message": "hi"}]},
+                  {"choices": [{"message": {"tool_calls": [1]}}]})
+    for body in bad_bodies:
+        with pytest.raises(AssemblyError):
+            Assembler().add_completion(body)
