@@ -6,6 +6,8 @@ import argparse
 import sys
 
 from k3load import __version__, samples_cli
+from k3load.analysis import cli as analysis_cli
+from k3load.analysis.verdict import EXIT_CODES
 from k3load.sim import cli as sim_cli
 
 
@@ -22,6 +24,15 @@ def build_parser() -> argparse.ArgumentParser:
                              description=samples_cli.__doc__)
     samples_cli.add_arguments(samples)
     samples.set_defaults(func=samples_cli.run)
+    analyze = sub.add_parser("analyze", help="judge a run directory: verdict.json, reports, alerts, manifest",
+                             description="Judge a run directory (the whole evidence) into verdict.json, "
+                             "report.md/html, alerts.yaml and manifest.sha256. Exit codes: "
+                             + ", ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + ".")
+    analysis_cli.add_analyze_arguments(analyze)
+    analyze.set_defaults(func=analysis_cli.run_analyze)
+    verify = sub.add_parser("verify", help="re-check a run directory against its manifest.sha256")
+    analysis_cli.add_verify_arguments(verify)
+    verify.set_defaults(func=analysis_cli.run_verify)
     return parser
 
 

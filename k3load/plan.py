@@ -44,6 +44,7 @@ class Plan:
     name: str
     stages: tuple[Stage, ...]
     source: str  # the plan as written (saved into the run directory)
+    thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def duration_s(self) -> float:
@@ -95,7 +96,7 @@ def parse_plan(data: Any, where: str, source: str = "") -> Plan:
     duplicates = {n for n in names if names.count(n) > 1}
     if duplicates:
         raise PlanError(f"{where}: stage names must be unique: {sorted(duplicates)}")
-    return Plan(name=data["name"], stages=tuple(stages), source=source)
+    return Plan(name=data["name"], stages=tuple(stages), source=source, thresholds=data.get("thresholds", {}))
 
 
 def load_plan(path: Path) -> Plan:

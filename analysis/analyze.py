@@ -1,0 +1,78 @@
+"""`k3load analyze DIR`: judge a run directory and write verdict.json, the reports, alerts and manifest.
+
+Why a pure pipeline (load -> pillars -> verdict -> outputs): the directory is the whole evidence, so
+the same files must give the same verdict.json byte for byte on any machine, and a test can judge a
+hand-made directory. Nothing here reads the clock or the network.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from k3load.analysis.checklist import build_checklist
+from k3load.analysis.pillar import PillarResult, rounded, thresholds
+from k3load.analysis.pillar_agent import judge_agent_api
+from k3load.analysis.pillar_cache import judge_prefix_cache
+from k3load.analysis.pillar_resources import judge_resources
+from k3load.analysis.ramp import ramp
+from k3load.analysis.rundata import RunData, load_run
+from k3load.analysis.timeline import MetricIndex
+from k3load.analysis.verdict import EXIT_CODES, NEXT_ACTION, compat_pillar, decide
+
+from k3load.rundir import write_atomic
+
+OUTPUTS = ("verdict.json", "report.md", "report.html", "alerts.yaml", "manifest.sha256")
+
+
+@dataclass
+class Judgment:
+    data: RunData
+    pillars: dict[str, PillarResult]
+    stage_table: list[dict[str, Any]]
+    ramp: dict[str, Any]
+    verdict: str
+    because: list[str]
+    limits: dict[str, Any]
+    checklist: list[dict[str, Any]]
+
+    def verdict_json(self) -> dict[str, Any]:
+        """Exactly the contract's top-level keys."""
+        return {"verdict": self.verdict,
+                "pillars": {name: p.to_dict() for name, p in self.pillars.items()},
+                "limits": rounded(self.limits), "checklist": self.checklist,
+                "next_action": {"action": NEXT_ACTION[self.verdict], "because": self.because}}
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+
+def judge(run_dir: Path) -> Judgment:
+    data = load_run(run_dir)
+    limits = thresholds(data.plan.thresholds if data.plan else None)
+    index = MetricIndex(data.metrics)
+    resources, stage_table = judge_resources(data, index, limits)
+    pillars = {"compat": compat_pillar(data.compat), "resources": resources,
+               "prefix_cache": judge_prefix_cache(data, index, limits["prefix_cache"] | limits["resources"]),
+               "agent_api": judge_agent_api(data.attempts, limits["agent_api"])}
+    ramp_table = ramp(stage_table)
+    verdict, because, verdict_limits = decide(pillars, stage_table, ramp_table)
+    return Judgment(data, pillars, stage_table, ramp_table, verdict, because, verdict_limits,
+                    build_checklist(data, pillars))
+
+
+def analyze(run_dir: Path) -> Judgment:
+    """Judge and write every output (atomically); the manifest is written last and covers the rest."""
+    from k3load.analysis import alerts, manifest, report_html, report_md
+
+    judgment = judge(run_dir)
+    text = json.dumps(judgment.verdict_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    write_atomic(run_dir / "verdict.json", text)
+    write_atomic(run_dir / "report.md", report_md.render(judgment))
+    write_atomic(run_dir / "report.html", report_html.render(judgment))
+    write_atomic(run_dir / "alerts.yaml", alerts.render(judgment))
+    manifest.write(run_dir)
+    return judgment

@@ -1,0 +1,48 @@
+"""`k3load analyze DIR` and `k3load verify DIR` (dispatch only; the work is in analyze.py/manifest.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from k3load.analysis.verdict import EXIT_CODES
+
+
+def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, help="a run directory written by locustfiles/agent.py")
+    parser.add_argument("--accept-limited", action="store_true", help="exit 0 for `limited` as for `go`")
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    from k3load.analysis.analyze import analyze
+
+    if not args.run_dir.is_dir():
+        print(f"k3load analyze: {args.run_dir} is not a directory")
+        return 2
+    judgment = analyze(args.run_dir)
+    print(summary_line(judgment, args.run_dir))
+    if judgment.verdict == "limited" and args.accept_limited:
+        return 0
+    return judgment.exit_code
+
+
+def summary_line(judgment: object, run_dir: Path) -> str:
+    verdict = judgment.verdict  # type: ignore[attr-defined]
+    pillars = ", ".join(f"{k} {p.status}" for k, p in judgment.pillars.items())  # type: ignore[attr-defined]
+    because = "; ".join(judgment.because[:3])  # type: ignore[attr-defined]
+    return (f"k3load verdict: {verdict} ({pillars})\n  because: {because}\n"
+            f"  report: {run_dir / 'report.html'} (exit code {EXIT_CODES[verdict]})")
+
+
+def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from k3load.analysis.manifest import verify
+
+    problems = verify(args.run_dir)
+    for problem in problems:
+        print(problem)
+    print(f"k3load verify: {'FAILED' if problems else 'ok'} ({args.run_dir})")
+    return 1 if problems else 0

@@ -1,0 +1,58 @@
+"""`manifest.sha256` over every evidence file of a run, and `k3load verify DIR` to re-check it.
+
+Why: the record must be signable. A signature over the manifest covers every file it lists; verify
+says which file changed, went missing, or appeared without being covered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from k3load.rundir import write_atomic
+
+MANIFEST = "manifest.sha256"
+SKIPPED = (MANIFEST, "spool/")  # the manifest itself; worker spools are copies of records.jsonl
+
+
+def _files(run_dir: Path) -> list[str]:
+    out = []
+    for path in sorted(run_dir.rglob("*")):
+        rel = path.relative_to(run_dir).as_posix()
+        if path.is_file() and not rel.startswith(SKIPPED) and not path.name.startswith("."):
+            out.append(rel)
+    return out
+
+
+def digest(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def write(run_dir: Path) -> int:
+    lines = [f"{digest(run_dir / rel)}  {rel}\n" for rel in _files(run_dir)]
+    write_atomic(run_dir / MANIFEST, "".join(lines))
+    return len(lines)
+
+
+def verify(run_dir: Path) -> list[str]:
+    """Problems found (empty: every listed file is intact and nothing is uncovered)."""
+    manifest = run_dir / MANIFEST
+    if not manifest.exists():
+        return [f"{MANIFEST} is missing"]
+    listed: dict[str, str] = {}
+    for line in manifest.read_text().splitlines():
+        sha, _, rel = line.partition("  ")
+        listed[rel] = sha
+    problems = []
+    for rel, sha in sorted(listed.items()):
+        path = run_dir / rel
+        if not path.exists():
+            problems.append(f"missing: {rel}")
+        elif digest(path) != sha:
+            problems.append(f"changed: {rel}")
+    problems += [f"not covered by the manifest: {rel}" for rel in _files(run_dir) if rel not in listed]
+    return problems

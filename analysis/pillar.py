@@ -1,0 +1,56 @@
+"""The shape every pillar judgment returns, and the thresholds they judge against.
+
+Why thresholds live in the plan: what counts as "within SLO" belongs to the deployment being
+accepted, not to the harness; the defaults below are a starting point a plan overrides key by key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PASS, FAIL, INCONCLUSIVE, NOT_RUN = "pass", "fail", "inconclusive", "not_run"
+
+DEFAULT_THRESHOLDS: dict[str, dict[str, float]] = {
+    "agent_api": {"min_attempts": 20, "min_valid_rate": 0.95},
+    "slo": {"ttft_p95_ms": 3000.0, "itl_p95_ms": 250.0, "e2e_p95_ms": 60000.0, "max_error_rate": 0.02},
+    "resources": {"max_waiting_sustained_s": 10.0, "max_preemptions_per_min": 5.0, "max_kv_usage": 0.98,
+                  "min_gpu_headroom_pct": 5.0},
+    "prefix_cache": {"min_warm_hit_ratio": 0.3, "min_latency_gain": 0.1},
+}
+
+
+def thresholds(plan_thresholds: dict[str, dict[str, float]] | None) -> dict[str, dict[str, float]]:
+    merged = {k: dict(v) for k, v in DEFAULT_THRESHOLDS.items()}
+    for section, values in (plan_thresholds or {}).items():
+        merged.setdefault(section, {}).update(values)
+    return merged
+
+
+@dataclass
+class PillarResult:
+    status: str
+    reasons: list[str] = field(default_factory=list)
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "reasons": self.reasons, "numbers": rounded(self.numbers)}
+
+
+def rounded(value: Any, digits: int = 4) -> Any:
+    """Floats rounded so the verdict file is stable byte for byte across platforms."""
+    if isinstance(value, float):
+        return round(value, digits)
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    return value
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    clean = sorted(v for v in values if v is not None)
+    if not clean:
+        return None
+    index = min(round(q * (len(clean) - 1)), len(clean) - 1)
+    return clean[index]

@@ -1,0 +1,113 @@
+"""Pillar 2, headroom under load: stage by stage limits, and every crash turned into a cause by phase.
+
+Why by phase: "it ran out of memory" is not a conclusion. Right after model load points at weights
+and GPU topology, after a long input at context length / KV cache, after a concurrency step at
+scheduler and cache pressure, after long running at fragmentation or poor reuse. Each crash is
+reported with the GPU-memory curve and the requests in flight around it, and whether the server came
+back and served again (the restart check).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResult
+from k3load.analysis.rundata import RunData
+from k3load.analysis.stages import stage_problems, stage_stats
+from k3load.analysis.timeline import MetricIndex
+
+PHASES = {
+    None: "during model load or before the first stage: weights and GPU topology",
+    "prefix_control": "right after model load, at first requests: weights and GPU topology",
+    "load": "under the first representative load: weights and GPU topology, or KV sizing",
+    "long_input": "after a long input: context length and KV cache",
+    "concurrency": "after a concurrency step: scheduler and cache pressure",
+    "soak": "after long running: fragmentation or poor reuse",
+    "restart": "during the restart check: the server did not hold the same load after restarting",
+}
+CRASH_EVENTS = ("server_down", "log_oom", "log_engine_dead")
+
+
+def _crash_times(data: RunData) -> list[dict[str, Any]]:
+    """One crash per burst of crash events (a down + its OOM line within 30 s are one crash)."""
+    crashes: list[dict[str, Any]] = []
+    for event in data.events_named(*CRASH_EVENTS):
+        if crashes and event["ts"] - crashes[-1]["last_ts"] < 30:
+            crashes[-1]["events"].append(event)
+            crashes[-1]["last_ts"] = event["ts"]
+        else:
+            crashes.append({"ts": event["ts"], "last_ts": event["ts"], "events": [event]})
+    return crashes
+
+
+def _memory_curve(data: RunData, ts: float, span_s: float = 60.0) -> list[dict[str, Any]]:
+    gpu = data.gpu
+    if gpu.empty or "ts" not in gpu:
+        return []
+    rows = gpu[(gpu["ts"] >= ts - span_s) & (gpu["ts"] <= ts + span_s)]
+    grouped = rows.groupby("ts")["memory_used_mib"].sum()
+    return [{"t_rel_s": round(t - ts, 1), "memory_used_mib": float(v)} for t, v in grouped.items()]
+
+
+def _in_flight(data: RunData, ts: float) -> dict[str, Any]:
+    frame = data.records
+    live = frame[(frame["send_ts"] <= ts) & (frame["end_ts"] >= ts - 1.0)]
+    return {"requests_in_flight": len(live),
+            "max_prompt_tokens": int(live["prompt_tokens"].max()) if live["prompt_tokens"].notna().any() else None,
+            "max_max_tokens": int(live["max_tokens"].max()) if live["max_tokens"].notna().any() else None}
+
+
+def _restart_check(data: RunData, ts: float) -> dict[str, Any]:
+    ups = [e for e in data.events_named("server_up") if e["ts"] > ts]
+    if not ups:
+        return {"recovered": False, "detail": "the server did not come back within the run"}
+    up = ups[0]["ts"]
+    after = data.records[data.records["send_ts"] >= up]
+    served = int((after["status"] == "ok").sum())
+    return {"recovered": served > 0, "down_s": up - ts, "ok_after_restart": served,
+            "detail": f"back after {up - ts:.0f} s, {served} requests served after it"}
+
+
+def classify_crashes(data: RunData) -> list[dict[str, Any]]:
+    out = []
+    for crash in _crash_times(data):
+        stage = data.stage_of(crash["ts"])
+        kinds = sorted({e["event"] for e in crash["events"]})
+        lines = [e.get("line") for e in crash["events"] if e.get("line")]
+        out.append({"ts": crash["ts"], "stage": stage.name if stage else None,
+                    "phase": PHASES.get(stage.kind if stage else None, "unknown phase"), "events": kinds,
+                    "oom": "log_oom" in kinds, "log_lines": lines[:3], "conditions": _in_flight(data, crash["ts"]),
+                    "memory_curve": _memory_curve(data, crash["ts"]), "restart": _restart_check(data, crash["ts"])})
+    return out
+
+
+def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[str, float]]
+                    ) -> tuple[PillarResult, list[dict[str, Any]]]:
+    """The pillar, and the per-stage table (the ramp report and the limits read it too)."""
+    if data.records.empty:
+        return PillarResult(NOT_RUN, ["no request was recorded"]), []
+    table = []
+    for stage in data.stages:
+        stats = stage_stats(data, index, stage)
+        stats["problems"] = stage_problems(stats, limits)
+        table.append(stats)
+    crashes = classify_crashes(data)
+    numbers: dict[str, Any] = {"stages": table, "crashes": crashes}
+    reasons = []
+    for crash in crashes:
+        what = "OOM crash" if crash["oom"] else "server crash"
+        reasons.append(f"{what} in stage {crash['stage']} ({crash['phase']}); "
+                       f"{crash['conditions']['requests_in_flight']} requests in flight, largest prompt "
+                       f"{crash['conditions']['max_prompt_tokens']} tokens; restart: {crash['restart']['detail']}")
+    for stats in table:
+        if stats["problems"]:
+            reasons.append(f"stage {stats['stage']} ({stats['users']} users): " + "; ".join(stats["problems"]))
+    if reasons:
+        return PillarResult(FAIL, reasons, numbers), table
+    if not any(s["metrics_present"] for s in table):
+        return PillarResult(INCONCLUSIVE, ["server metrics missing: KV usage, queue and preemptions are unknown "
+                                           "(only the client's latencies and errors were judged)"], numbers), table
+    gpu_note = "" if any(s["gpu_memory_peak_mib"] is not None for s in table) else \
+        " (GPU telemetry unavailable: memory headroom not judged)"
+    return PillarResult(PASS, [f"all {len(table)} stages within the SLOs and resource limits, no crash"
+                               + gpu_note], numbers), table

@@ -1,0 +1,89 @@
+"""PNG plots for the report: latency and throughput against concurrency, and the server's timelines
+(KV usage, waiting requests, GPU memory) with stage bands and crash markers.
+
+Why PNG bytes and not files: the HTML report is self-contained (one file a reviewer can archive and
+sign), so plots are embedded as data URIs; `write_pngs` also saves them for other uses.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from k3load.analysis.timeline import MetricIndex
+
+_META = {"Software": None}  # no version stamp: same data, same bytes
+
+
+def _png(fig: Any) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight", metadata=_META)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def ramp_plots(ramp: dict[str, Any]) -> dict[str, bytes]:
+    steps = ramp["steps"]
+    if not steps:
+        return {}
+    users = [s["users"] for s in steps]
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for key, label in (("ttft_p95_ms", "TTFT p95"), ("e2e_p95_ms", "e2e p95"), ("itl_p95_ms", "ITL p95")):
+        ax.plot(users, [s[key] for s in steps], marker="o", label=label)
+    if ramp.get("knee_users"):
+        ax.axvline(ramp["knee_users"], color="green", linestyle="--", label="knee")
+    ax.set(xlabel="concurrent users", ylabel="ms", title="Latency vs concurrency")
+    ax.legend()
+    latency = _png(fig)
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.plot(users, [s["output_tokens_per_s"] for s in steps], marker="o", label="output tok/s")
+    ax2 = ax.twinx()
+    ax2.plot(users, [s["requests_per_s"] for s in steps], marker="s", color="tab:orange", label="req/s")
+    ax.set(xlabel="concurrent users", ylabel="output tokens/s", title="Throughput vs concurrency")
+    ax2.set_ylabel("requests/s")
+    return {"latency_vs_concurrency": latency, "throughput_vs_concurrency": _png(fig)}
+
+
+def timeline_plot(data: Any, index: MetricIndex, crashes: list[dict[str, Any]]) -> dict[str, bytes]:
+    if not data.stages:
+        return {}
+    t0 = data.stages[0].start_ts
+    t1 = data.stages[-1].end_ts
+    fig, axes = plt.subplots(3, 1, figsize=(7, 6), sharex=True)
+    for ax, (name, label) in zip(axes[:2], (("vllm:kv_cache_usage_perc", "KV usage"),
+                                            ("vllm:num_requests_waiting", "waiting requests")), strict=True):
+        points = index.points(name, t0, t1)
+        ax.plot([p[0] - t0 for p in points], [p[1] for p in points])
+        ax.set_ylabel(label)
+    gpu = data.gpu
+    if not gpu.empty and "ts" in gpu:
+        per_ts = gpu[(gpu["ts"] >= t0) & (gpu["ts"] <= t1)].groupby("ts")["memory_used_mib"].sum()
+        axes[2].plot([t - t0 for t in per_ts.index], list(per_ts.values))
+    axes[2].set(ylabel="GPU MiB (all)", xlabel="seconds since the first stage")
+    for i, stage in enumerate(data.stages):
+        for ax in axes:
+            ax.axvspan(stage.start_ts - t0, stage.end_ts - t0, alpha=0.08 if i % 2 else 0.0, color="grey")
+        axes[0].text(stage.start_ts - t0, 1.02, stage.name, fontsize=6, transform=axes[0].get_xaxis_transform())
+    for crash in crashes:
+        for ax in axes:
+            ax.axvline(crash["ts"] - t0, color="red", linestyle=":")
+    return {"timeline": _png(fig)}
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def write_pngs(pngs: dict[str, bytes], out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, png in sorted(pngs.items()):
+        (out_dir / f"{name}.png").write_bytes(png)
+        paths.append(out_dir / f"{name}.png")
+    return paths

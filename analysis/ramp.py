@@ -1,0 +1,45 @@
+"""The ramp: per concurrency step throughput, latency, queue, KV and memory; the knee and what ran out.
+
+Why for capacity planners: "how many concurrent agents can this deployment take, and what breaks
+first" is the sizing question. The knee is the largest step still within the SLOs and resource
+limits; the resource that ran out first is read from the first step past the knee.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RAMP_COLUMNS = ("stage", "users", "attempts", "requests_per_s", "output_tokens_per_s", "ttft_p50_ms",
+                "ttft_p95_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p95_ms", "itl_p99_ms", "e2e_p50_ms", "e2e_p95_ms",
+                "e2e_p99_ms", "error_rate", "waiting_max", "waiting_sustained_s", "kv_usage_max", "preemptions",
+                "gpu_memory_peak_mib", "gpu_headroom_min_pct")
+
+
+def _exhausted(problems: list[str]) -> str:
+    """Name the resource behind a step's first problem."""
+    order = (("KV cache", "kv"), ("preemptions", "kv"), ("waited", "queue"), ("GPU memory", "memory"),
+             ("server down", "crash"), ("error rate", "errors"), ("TTFT", "latency"), ("ITL", "latency"),
+             ("e2e", "latency"))
+    names = {"kv": "KV cache", "queue": "scheduler queue", "memory": "GPU memory", "crash": "server stability",
+             "errors": "error rate", "latency": "latency SLO"}
+    for needle, key in order:
+        if any(needle in p for p in problems):
+            return names[key]
+    return "unknown"
+
+
+def ramp(stage_table: list[dict[str, Any]]) -> dict[str, Any]:
+    steps = sorted((s for s in stage_table if s["kind"] == "concurrency"), key=lambda s: (s["users"] or 0))
+    rows = [{c: s.get(c) for c in RAMP_COLUMNS} | {"within_limits": not s["problems"], "problems": s["problems"]}
+            for s in steps]
+    knee = None
+    first_bad = None
+    for row in rows:
+        if row["within_limits"] and first_bad is None:
+            knee = row
+        elif not row["within_limits"] and first_bad is None:
+            first_bad = row
+    return {"steps": rows, "knee_users": knee["users"] if knee else None,
+            "knee_stage": knee["stage"] if knee else None,
+            "ran_out_first": _exhausted(first_bad["problems"]) if first_bad else None,
+            "first_step_past_knee": first_bad["stage"] if first_bad else None}

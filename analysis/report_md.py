@@ -1,0 +1,113 @@
+"""`report.md`: the signable acceptance record in Markdown (the HTML report renders the same sections).
+
+Why Markdown first: it diffs, it pastes into a change ticket, and every claim in it links to the
+file that proves it. Dates come from the run, never from when the report was written, so a re-run of
+`k3load analyze` gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+LABELS = {"go": "導入可 — go", "limited": "制限付き観察 — limited", "rebuild": "環境再構築 — rebuild",
+          "scale_up": "リソース増強 — scale_up"}
+STAGE_COLUMNS = ("stage", "kind", "users", "attempts", "error_rate", "requests_per_s", "ttft_p95_ms", "itl_p95_ms",
+                 "e2e_p95_ms", "kv_usage_max", "waiting_sustained_s", "preemptions", "gpu_memory_peak_mib")
+CONTROL_COLUMNS = ("request", "role", "turn", "status", "prompt_tokens", "cached_tokens", "ttft_ms", "e2e_ms", "valid",
+                   "failed_checks")
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value) or "–"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
+    if not rows:
+        return "_none_\n"
+    head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+    return head + "".join("| " + " | ".join(fmt(r.get(c)) for c in columns) + " |\n" for r in rows)
+
+
+def header(j: Any) -> dict[str, str]:
+    run = j.data.run
+    started = run.get("started_ts")
+    samples = j.data.path / "samples.sha256"
+    return {"run_id": run.get("run_id", "?"), "host": run.get("host", "?"), "model": run.get("model", "?"),
+            "plan": run.get("plan", "?"),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)) if started else "?",
+            "samples": hashlib.sha256(samples.read_bytes()).hexdigest()[:16] if samples.exists() else "missing",
+            "judge": (run.get("options") or {}).get("k3_judge") or "",
+            "is_sim": bool(((j.data.compat or {}).get("target") or {}).get("is_sim"))}
+
+
+def _sections(j: Any) -> list[str]:
+    h = header(j)
+    out = [f"# k3load acceptance record: {LABELS[j.verdict]}\n",
+           f"Run `{h['run_id']}` against `{h['host']}` (model `{h['model']}`), plan `{h['plan']}`, {h['date']}.\n"]
+    if h["is_sim"]:
+        out.append("> **The target is the k3load sim: a rehearsal, never evidence for a production verdict.**\n")
+    out.append(f"## Verdict: `{j.verdict}`\n\n**Next action:** {j.verdict_json()['next_action']['action']}\n\n"
+               + "".join(f"- {b}\n" for b in j.because))
+    lim = j.limits
+    out.append("## Limits that hold\n\n" + table([lim], ("max_concurrency", "max_input_tokens",
+                                                      "kv_cache_usage_ceiling", "ran_out_first")))
+    out.append("## Pillars\n\n" + "".join(f"### {name}: `{p.status}`\n\n" + "".join(f"- {r}\n" for r in p.reasons)
+                                        + "\n" for name, p in j.pillars.items()))
+    out.append("## Checklist\n\n| ok | item | detail | evidence |\n|---|---|---|---|\n" + "".join(
+        f"| {'☑' if c['ok'] else '☐'} | {fmt(c['item'])} | {fmt(c['detail'])} | "
+        + ", ".join(f"[{e}]({e})" for e in c["evidence"]) + " |\n" for c in j.checklist))
+    cache = j.pillars["prefix_cache"].numbers
+    out.append("## Prefix cache: cold vs warm\n\n" + table(cache.get("control") or [], CONTROL_COLUMNS)
+               + "\nServer counters over the control window:\n\n"
+               + table([cache.get("window") or {}], tuple((cache.get("window") or {"window": None}).keys())))
+    out.append("## Stages\n\n" + table(j.stage_table, STAGE_COLUMNS)
+               + "".join(f"\n- {s['stage']}: {'; '.join(s['problems'])}" for s in j.stage_table if s["problems"]))
+    out.append(_ramp(j) + _crashes(j) + _agent(j))
+    out.append(f"## Signature\n\n| field | value |\n|---|---|\n| judge | {h['judge'] or '________'} |\n"
+               f"| date | {h['date']} |\n| samples used | samples.sha256 (sha256 {h['samples']}…) |\n"
+               f"| next action | {fmt(j.verdict_json()['next_action']['action'])} |\n\n"
+               "Every evidence file is fixed by `manifest.sha256`; check it with `k3load verify DIR`.\n")
+    return out
+
+
+def _ramp(j: Any) -> str:
+    r = j.ramp
+    if not r["steps"]:
+        return "## Ramp\n\n_no concurrency steps in this plan_\n\n"
+    cols = ("stage", "users", "requests_per_s", "output_tokens_per_s", "ttft_p95_ms", "e2e_p95_ms", "error_rate",
+            "waiting_max", "kv_usage_max", "preemptions", "within_limits")
+    return (f"## Ramp\n\nKnee: **{fmt(r['knee_users'])} users** ({fmt(r['knee_stage'])}); ran out first: "
+            f"{fmt(r['ran_out_first'])}.\n\n" + table(r["steps"], cols) + "\n")
+
+
+def _crashes(j: Any) -> str:
+    crashes = j.pillars["resources"].numbers.get("crashes", [])
+    if not crashes:
+        return "## Crashes and OOM\n\n_none_\n\n"
+    rows = [{"stage": c["stage"], "phase": c["phase"], "oom": c["oom"], **c["conditions"],
+             "restart": c["restart"]["detail"]} for c in crashes]
+    return "## Crashes and OOM\n\n" + table(rows, tuple(rows[0].keys())) + "\n"
+
+
+def _agent(j: Any) -> str:
+    n = j.pillars["agent_api"].numbers
+    layers = n.get("failed_by_layer") or {}
+    checks = [{"check": k, "failures": v} for k, v in (n.get("failed_by_check") or {}).items()]
+    return ("## Agent API\n\n" + table([{"attempts": n.get("attempts"), "valid_rate": n.get("valid_rate"),
+                                         "tool_call_schema_accuracy": n.get("tool_call_schema_accuracy"), **layers}],
+                                       ("attempts", "valid_rate", "tool_call_schema_accuracy", *layers.keys()))
+            + "\n" + table(checks, ("check", "failures")) + "\n")
+
+
+def render(judgment: Any) -> str:
+    return "\n".join(_sections(judgment))
