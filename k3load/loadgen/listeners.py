@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from k3load.analysis.analyze import analyze
+from k3load.analysis.cli import summary_line
 from k3load.loadgen.options import add_options
 from k3load.loadgen.session import HarnessSession
 from k3load.rundir import write_json_atomic
@@ -59,6 +61,10 @@ def _on_quitting(environment: Any, **_kwargs: Any) -> None:
     summary = summarise(session.run_dir / "records.jsonl")
     write_json_atomic(session.run_dir / "validation_summary.json", summary)
     print(format_summary(summary, session.run_dir), flush=True)
+    judgment = analyze(session.run_dir)
+    print(summary_line(judgment, session.run_dir), flush=True)
+    accept = judgment.verdict == "limited" and environment.parsed_options.k3_accept_limited
+    environment.process_exit_code = 0 if accept else judgment.exit_code
 
 
 def register(events: Any) -> None:

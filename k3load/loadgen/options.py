@@ -25,6 +25,33 @@ def add_options(parser: Any) -> None:
                        help="streaming transport (geventhttpclient times first tokens more tightly)")
     group.add_argument("--k3-run-id", default="", env_var="K3_RUN_ID", include_in_web_ui=False,
                        help="run id (default: generated); salts per-run prefixes")
+    group.add_argument("--k3-judge", default="", env_var="K3_JUDGE", help="who signs the record (report field)")
+    group.add_argument("--k3-accept-limited", action="store_true", default=False, env_var="K3_ACCEPT_LIMITED",
+                       help="exit 0 for a `limited` verdict as for `go`")
+    _observation_options(group)
+
+
+def _observation_options(group: Any) -> None:
+    group.add_argument("--k3-recipe", default="recipes/kimi-k3.yaml", env_var="K3_RECIPE",
+                       help="compat recipe: recipes/kimi-k3.yaml (production) or recipes/local-dev.yaml (sim, CPU)")
+    group.add_argument("--k3-container-info", default="", env_var="K3_CONTAINER_INFO",
+                       help="saved `vllm collect-env` output from inside the serving container")
+    group.add_argument("--k3-host-inventory", action="append", default=[], env_var="K3_HOST_INVENTORY",
+                       help="per-node GPU inventory JSON (repeatable)")
+    group.add_argument("--k3-startup-log", default="", env_var="K3_STARTUP_LOG", help="the server's startup log")
+    group.add_argument("--k3-image", default="", env_var="K3_IMAGE", help="container image deployed (repo:tag)")
+    group.add_argument("--k3-custom-build", default="", env_var="K3_CUSTOM_BUILD",
+                       help="record of a custom build (commit, deps, build time, reproduction, rollback image)")
+    group.add_argument("--k3-gpu-metrics-url", action="append", default=[], env_var="K3_GPU_METRICS_URL",
+                       help="dcgm-exporter /metrics, one per node (repeatable; default: the target's /metrics)")
+    group.add_argument("--k3-nvml", default="auto", choices=("auto", "off"), env_var="K3_NVML",
+                       help="read local GPUs through NVML when present")
+    group.add_argument("--k3-sample-interval", type=float, default=1.0, env_var="K3_SAMPLE_INTERVAL",
+                       help="seconds between /metrics, /health and GPU readings")
+    group.add_argument("--k3-server-log", default="", env_var="K3_SERVER_LOG",
+                       help="server log file to follow (OOM / NCCL / CUDA lines become events)")
+    group.add_argument("--k3-server-log-cmd", default="", env_var="K3_SERVER_LOG_CMD",
+                       help="command whose output is the server log (e.g. kubectl logs -f POD)")
 
 
 SECRET_OPTIONS = ("k3_api_key",)

@@ -25,6 +25,7 @@ from gevent.event import Event
 from locust.runners import MasterRunner, WorkerRunner
 
 import k3load
+from k3load.loadgen import observe
 from k3load.loadgen.options import public_options
 from k3load.long_input import estimate_tokens, long_context_for
 from k3load.plan import Plan, Stage, load_plan, resolve
@@ -65,6 +66,7 @@ class HarnessSession:
         self._seen: set[str] = set()
         self._long_context: dict[str, str | None] = {}
         self.attempts_written = 0
+        self.sampler: Any = None
 
     @property
     def role(self) -> str:
@@ -115,6 +117,8 @@ class HarnessSession:
                              self.model, self.long_context)
         write_atomic(self.run_dir / "samples.sha256", "".join(f"{sha}  samples/{rel}\n"
                                                               for rel, sha in sorted(sums.items())))
+        observe.precheck(self)
+        self.sampler = observe.start_sampler(self)
         self.ready.set()
 
     def _discover_server(self) -> None:
@@ -217,6 +221,9 @@ class HarnessSession:
         gevent.idle()
 
     def close(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+            self.sampler = None
         for handle in (self._records, self._spool, self.events):
             if handle is not None:
                 handle.close()

@@ -1,0 +1,50 @@
+"""The observation side of a Locust run: the compat precheck before the first request, the side
+sampler during the run, the judgment after it. Master/local runner only (workers only send load).
+
+Why here: `test_start` and `quitting` are the seams; the work itself is in k3load.precheck,
+k3load.sampler and k3load.analysis, each usable without Locust.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from k3load.precheck import run_precheck
+from k3load.sampler import Sampler
+
+log = logging.getLogger("k3load")
+
+
+def precheck(session: Any) -> dict[str, Any] | None:
+    """compat.json into the run directory; a failure is recorded, never fatal to the run itself."""
+    opts = session.env.parsed_options
+    try:
+        compat = run_precheck(session.run_dir, Path(opts.k3_recipe), session.env.host,
+                              container_info=_path(opts.k3_container_info),
+                              host_inventories=[Path(p) for p in opts.k3_host_inventory or []],
+                              startup_log=_path(opts.k3_startup_log), image=opts.k3_image or None,
+                              custom_build=_path(opts.k3_custom_build), api_key=opts.k3_api_key or None,
+                              use_local_nvml=opts.k3_nvml != "off")
+    except (OSError, ValueError) as exc:
+        log.error("k3load precheck could not run: %s", exc)
+        session.events.event("precheck_error", error=str(exc)[:500])
+        return None
+    failed = [r["id"] for r in compat.get("rules", []) if r.get("status") == "fail"]
+    session.events.event("precheck", status=compat.get("status"), failed=failed)
+    log.warning("k3load precheck: %s%s", compat.get("status"), f" (failed: {', '.join(failed)})" if failed else "")
+    return compat
+
+
+def start_sampler(session: Any) -> Sampler:
+    opts = session.env.parsed_options
+    gpu_urls = list(opts.k3_gpu_metrics_url or []) or [f"{session.env.host}/metrics"]
+    return Sampler(session.run_dir, f"{session.env.host}/metrics", gpu_metrics_urls=gpu_urls,
+                   interval_s=opts.k3_sample_interval, nvml="auto" if opts.k3_nvml != "off" else None,
+                   server_log=_path(opts.k3_server_log), server_log_cmd=opts.k3_server_log_cmd or None,
+                   api_key=opts.k3_api_key or None, events=session.events).start()
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value) if value else None
