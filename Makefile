@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml setup.py
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/k3load sim --port 0
+	$(VENV)/bin/k3load demo
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -60,6 +60,8 @@ def judge(run_dir: Path) -> Judgment:
                "agent_api": judge_agent_api(data.attempts, limits["agent_api"])}
     ramp_table = ramp(stage_table)
     verdict, because, verdict_limits = decide(pillars, stage_table, ramp_table)
+    if ((data.compat or {}).get("target") or {}).get("is_sim"):
+        because = [*because, "the target is the k3load sim: a rehearsal, never evidence for a production verdict"]
     return Judgment(data, pillars, stage_table, ramp_table, verdict, because, verdict_limits,
                     build_checklist(data, pillars))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from k3load import __version__, samples_cli
+from k3load import __version__, demo, samples_cli
 from k3load.analysis import cli as analysis_cli
 from k3load.analysis.verdict import EXIT_CODES
 from k3load.sim import cli as sim_cli
@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="re-check a run directory against its manifest.sha256")
     analysis_cli.add_verify_arguments(verify)
     verify.set_defaults(func=analysis_cli.run_verify)
+    demo_parser = sub.add_parser("demo", help="full acceptance run against the embedded sim, ending in a report",
+                                 description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_arguments(demo_parser)
+    demo_parser.set_defaults(func=demo.run)
     return parser
 
 

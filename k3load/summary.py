@@ -13,14 +13,16 @@ from typing import Any
 from k3load.records import LAYERS, Attempt, read_records
 
 
-def _group(attempts: list[Attempt]) -> dict[str, Any]:
+def _group(all_attempts: list[Attempt]) -> dict[str, Any]:
+    attempts = [a for a in all_attempts if not a.drill]  # a drill's timeout is its purpose, not a failure
     layers = Counter(layer for a in attempts for layer in a.failed_layers)
     checks = Counter(f.check for a in attempts for f in a.findings if not f.ok)
     valid = sum(a.valid for a in attempts)
     return {"attempts": len(attempts), "valid": valid, "valid_rate": valid / len(attempts) if attempts else None,
             "failed_by_layer": {layer: layers.get(layer, 0) for layer in LAYERS},
             "failed_by_check": dict(sorted(checks.items())),
-            "retries": sum(a.attempt > 1 for a in attempts)}
+            "retries": sum(a.attempt > 1 for a in attempts),
+            "timeout_drills": len(all_attempts) - len(attempts)}
 
 
 def summarise(records_path: Path) -> dict[str, Any]:
@@ -39,5 +41,7 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
     for name, group in summary["by_scenario"].items():
         rate = group["valid_rate"]
         failed = ", ".join(f"{k} {v}" for k, v in group["failed_by_layer"].items() if v) or "none failed"
-        lines.append(f"  {name:28s} {group['attempts']:5d} attempts, valid {rate:6.1%}  ({failed})")
+        drills = f", {group['timeout_drills']} timeout drills" if group["timeout_drills"] else ""
+        valid = f"valid {rate:6.1%}" if rate is not None else "valid    –  "
+        lines.append(f"  {name:28s} {group['attempts']:5d} attempts, {valid}  ({failed}{drills})")
     return "\n".join(lines)

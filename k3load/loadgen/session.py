@@ -172,6 +172,9 @@ class HarnessSession:
 
     def enter_stage(self, stage: Stage) -> None:
         self.stage, self.stage_started = stage, time.monotonic()
+        mix = ", ".join(f"{k} {v}" for k, v in sorted(stage.mix.items()))
+        log.warning("k3load: stage %s (%s, %d users: %s, %.0f s)", stage.name, stage.kind, stage.users, mix,
+                    stage.duration_s)
         if self.events is not None:
             self.events.event("stage_start", stage=stage.name, kind=stage.kind, users=stage.users,
                               mix=stage.mix)
