@@ -1,0 +1,57 @@
+"""The side sampler: the server's and the GPUs' view of a run, written next to the load's records.
+
+Usage (no Locust needed; inside a Locust process it runs as greenlets)::
+
+    from k3load.sampler import Sampler
+    sampler = Sampler("runs/r1", "http://127.0.0.1:8000/metrics", gpu_metrics_urls=["http://node1:9400/metrics"],
+                      interval_s=1.0, nvml="auto", server_log="vllm.log", api_key=key).start()
+    ...
+    sampler.stop()          # final reading, files closed; returns counts
+
+or `k3load sample --metrics-url URL --out DIR [...]` (k3load/sampler/cli.py).
+
+Files (JSON lines, appended and flushed as they happen; `ts` is wall-clock epoch seconds):
+
+metrics.jsonl — one line per scrape of vLLM /metrics::
+
+    {"ts", "source": URL, "ok": true, "scrape_ms", "load_generator_cpu_pct",
+     "vllm_series": N, "samples": {"vllm:name{label=\"v\",...}": value, ...},
+     "legacy": {"vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc", ...},
+     "process_start_ts": float | null, "types": {family: type}  (only when it changed: first line, after a change)}
+    {"ts", "source", "ok": false, "scrape_ms", "load_generator_cpu_pct", "error": "connection refused" |
+     "timeout after 2 s" | "HTTP 500" | "parse error: ...", "http_status": int | null}
+
+  `samples` holds every vllm:* sample (counters with `_total`, histograms as `_bucket{le=..}`/`_sum`/`_count`,
+  gauges) keyed by name and sorted labels (`k3load.sampler.prom.split_key` splits a key); values are
+  cumulative as the server reports them — subtract two lines of the same window, and restart from zero
+  after a `counter_reset` event. Left out: `*_created` samples and `vllm:*_info` gauges (their labels
+  are events). `vllm_series: 0` with empty samples = metrics missing (never zeros). A value that is
+  NaN/Inf is null. `load_generator_cpu_pct`: CPU of the sampling process per wall second (100 = one core).
+
+gpu.jsonl — one line per GPU per reading (fields a source lacks are null)::
+
+    {"ts", "source": "nvml" | "dcgm:URL", "node", "gpu": index, "uuid", "name", "memory_used_mib",
+     "memory_total_mib", "memory_free_mib", "util_pct", "temp_c", "power_w", "sm_clock_mhz",
+     "throttle_reasons": [..] | null, "simulated": bool, "extra": {other DCGM_FI_* fields}}
+
+events.jsonl — `{"ts", "event", ...}`, shared with the locust layer's run_start/stage_start/run_end:
+
+    sampler_start   metrics_url, health_url, gpu_metrics_urls, interval_s, timeout_s, nvml, server_log,
+                    server_log_cmd_program, api_key ("set"|null), host, pid
+    sampler_stop    scrapes, scrape_failures, gpu_rows, health_transitions, loop_errors, log_lines, log_flags
+    server_down     source, reason, http_status, first_poll        server_up  source, down_s
+    counter_reset   source, series_down, examples, process_start_ts_before, process_start_ts_after
+    metrics_missing source, reason                                  metrics_back  source, vllm_series
+    cache_config    source, family, labels: [one label dict per engine]   (vllm_info: other vllm:*_info)
+    gpu_found       source, node, gpus, names          gpu_unavailable  source, reason
+    gpu_source_down source, reason                     gpu_source_up    source
+    log_oom | log_nccl | log_cuda_error | log_engine_dead | log_warning   source, line
+    log_tail_ended  source, returncode       log_tail_error  source, error
+    log_flags_suppressed  source, counts     sampler_error  loop, error
+
+server.log — the server's log lines as read (a file followed, or a command's output).
+"""
+
+from k3load.sampler.loop import Sampler
+
+__all__ = ["Sampler"]

@@ -1,0 +1,233 @@
+"""The side sampler: background loops that write metrics.jsonl, gpu.jsonl, events.jsonl and server.log.
+
+Why plain `threading.Thread`s and `threading.Event` waits: in a plain process they are threads; in a
+Locust process `import locust` has gevent-patched `threading`, so the same code runs as greenlets and
+every wait yields to the load. Each source has its own loop, so a hung vLLM (scrapes timing out) never
+delays the GPU memory curve, which is exactly what an OOM analysis needs around the hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from k3load.rundir import JsonlLog
+from k3load.sampler.fetch import fetch, health_url_for, redact_url
+from k3load.sampler.gpu_poll import DcgmPoller, NvmlPoller
+from k3load.sampler.health import HealthWatch
+from k3load.sampler.logtail import LogTail
+from k3load.sampler.scrape import MetricsWatch
+
+MAX_ERROR_EVENTS = 20  # per loop: a bug that fails every tick must not flood events.jsonl
+
+
+class CpuMeter:
+    """CPU used by this whole process (all threads and greenlets) per wall second, in percent of one core.
+
+    Why: a saturated load generator inflates every latency it measures; the analysis flags runs where
+    this stays near 100 (one core is all a gevent process gets). Covers this process only: Locust
+    workers started with --processes are separate processes.
+    """
+
+    MIN_WINDOW_S = 0.05  # the first tick comes right after start(): too short a window to mean anything
+
+    def __init__(self) -> None:
+        self._wall, self._cpu = time.monotonic(), time.process_time()
+
+    def read(self) -> float | None:
+        wall, cpu = time.monotonic(), time.process_time()
+        elapsed = wall - self._wall
+        value = None if elapsed < self.MIN_WINDOW_S else round((cpu - self._cpu) / elapsed * 100, 1)
+        self._wall, self._cpu = wall, cpu
+        return value
+
+
+class Periodic:
+    """Calls `tick()` every `interval_s` until `stop` is set, then once more (the final reading)."""
+
+    def __init__(self, name: str, interval_s: float, tick: Callable[[], None], stop: threading.Event,
+                 on_error: Callable[[str, BaseException], None]) -> None:
+        self.name, self.interval_s, self._tick, self._stop, self._on_error = name, interval_s, tick, stop, on_error
+        self.thread = threading.Thread(target=self._run, name=f"k3load-sampler-{name}", daemon=True)
+
+    def _run(self) -> None:
+        due = time.monotonic()
+        while True:
+            final = self._stop.is_set()
+            try:
+                self._tick()
+            except Exception as exc:  # a bad tick is recorded; the loop goes on
+                self._on_error(self.name, exc)
+            if final:
+                return
+            due += self.interval_s
+            now = time.monotonic()
+            due = max(due, now)  # late: skip the missed ticks rather than burst
+            self._stop.wait(due - now)
+
+
+class Sampler:
+    """Samples a vLLM server (and its GPUs) into a run directory until `stop()`.
+
+    `metrics_url`: vLLM's /metrics (None: GPUs only, e.g. a GPU check with no server).
+    `nvml`: None (off), "auto" (the real pynvml when it loads and finds a driver) or a library object
+    (tests). `api_key` goes as a bearer header to /metrics and /health only, never to disk.
+    `events`: share the locust layer's events.jsonl writer (default: open DIR/events.jsonl).
+    `timeout_s`: per request (default: the interval, at least 2 s, at most 10 s); `stop()` returns
+    within about twice that plus the log tail's few seconds.
+    """
+
+    def __init__(self, out_dir: Path | str, metrics_url: str | None, gpu_metrics_urls: Sequence[str] = (),
+                 interval_s: float = 1.0, nvml: Any = None, server_log: Path | str | None = None,
+                 server_log_cmd: str | list[str] | None = None, api_key: str | None = None,
+                 clock: Callable[[], float] = time.time, *, timeout_s: float | None = None,
+                 health_url: str | None = None, events: JsonlLog | None = None) -> None:
+        if interval_s <= 0:
+            raise ValueError("interval_s must be > 0")
+        if server_log is not None and server_log_cmd is not None:
+            raise ValueError("give server_log or server_log_cmd, not both")
+        self.out_dir, self.metrics_url = Path(out_dir), metrics_url
+        self.gpu_metrics_urls = list(dict.fromkeys(gpu_metrics_urls))
+        self.interval_s, self.nvml, self.clock = interval_s, nvml, clock
+        self.server_log = Path(server_log) if server_log is not None else None
+        self.server_log_cmd = server_log_cmd
+        self.timeout_s = timeout_s or min(10.0, max(2.0, interval_s))
+        self.health_url = health_url or (health_url_for(metrics_url) if metrics_url else None)
+        self._api_key, self._shared_events = api_key, events
+        self._stop = threading.Event()
+        self._loops: list[Periodic] = []
+        self._errors: dict[str, int] = {}
+        self.gpu_rows = 0
+        self.started = False
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> Sampler:
+        if self.started:
+            raise RuntimeError("a Sampler starts once")
+        self.started = True
+        self._events = self._shared_events or JsonlLog(self.out_dir / "events.jsonl")
+        self._metrics_log = JsonlLog(self.out_dir / "metrics.jsonl")
+        self._gpu_log = JsonlLog(self.out_dir / "gpu.jsonl")
+        self.event("sampler_start", self.clock(), **self._describe())
+        self._cpu = CpuMeter()
+        self._start_gpu()
+        self._watch: MetricsWatch | None = None
+        self._health: HealthWatch | None = None
+        if self.metrics_url:
+            self._start_metrics(self.metrics_url, self.health_url or health_url_for(self.metrics_url))
+        self._logtail = self._make_logtail()
+        for loop in self._loops:
+            loop.thread.start()
+        if self._logtail is not None:
+            self._logtail.start()
+        return self
+
+    def stop(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Stop every loop (each takes one final reading), close the files; returns the counts."""
+        if not self.started or self._stop.is_set():
+            return {}
+        self._stop.set()
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else 2 * self.timeout_s + 3)
+        for loop in self._loops:
+            loop.thread.join(max(0.0, deadline - time.monotonic()))
+        if self._logtail is not None:
+            self._logtail.stop()
+        if self._nvml is not None:
+            self._nvml.close()
+        summary = self.summary()
+        self.event("sampler_stop", self.clock(), **summary)
+        for log in (self._metrics_log, self._gpu_log) + (() if self._shared_events else (self._events,)):
+            log.close()
+        return summary
+
+    def __enter__(self) -> Sampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- pieces ----------------------------------------------------------------------------------------
+    def _fetch(self, url: str, with_key: bool) -> Any:
+        return fetch(url, self.timeout_s, self._api_key if with_key else None)
+
+    def _start_gpu(self) -> None:
+        self._nvml = NvmlPoller(self.nvml, self.gpu, self.event, self.clock) if self.nvml is not None else None
+        if self._nvml is not None and self._nvml.available:
+            self._add_loop("nvml", lambda: self._nvml.tick(self.clock()))  # type: ignore[union-attr]
+        for url in self.gpu_metrics_urls:
+            if url == self.metrics_url:
+                continue  # read from the same body by the metrics loop
+            # No API key: a dcgm-exporter is another service; the vLLM key must not travel to it.
+            poller = DcgmPoller(url, partial(self._fetch, with_key=False), self.gpu, self.event)
+            self._add_loop(poller.name, lambda p=poller: p.tick(self.clock()))
+
+    def _start_metrics(self, metrics_url: str, health_url: str) -> None:
+        notice = None  # what to say if the first body has no DCGM_FI_* series either
+        if metrics_url in self.gpu_metrics_urls:
+            notice = (f"dcgm:{redact_url(metrics_url)}", "no DCGM_FI_* series at this URL")
+        elif self._nvml is None and not self.gpu_metrics_urls:
+            notice = (None, "no GPU telemetry: NVML off, no dcgm-exporter URL, no DCGM_FI_* series on /metrics")
+        watch = MetricsWatch(metrics_url, partial(self._fetch, with_key=True), self._metrics_log, self.event, self.gpu,
+                             no_gpu_notice=notice)
+        health = HealthWatch(health_url, self.event, redact_url(health_url))
+        self._watch, self._health = watch, health
+
+        def tick() -> None:
+            watch.tick(self.clock(), self._cpu.read())
+            health.observe(self._fetch(health_url, with_key=True), self.clock())
+
+        self._add_loop("metrics", tick)
+
+    def _make_logtail(self) -> LogTail | None:
+        if self.server_log is None and self.server_log_cmd is None:
+            return None
+        return LogTail(self.out_dir / "server.log", self.event, self.clock, path=self.server_log,
+                       cmd=self.server_log_cmd)
+
+    def _add_loop(self, name: str, tick: Callable[[], None]) -> None:
+        self._loops.append(Periodic(name, self.interval_s, tick, self._stop, self._loop_error))
+
+    def _loop_error(self, loop: str, exc: BaseException) -> None:
+        self._errors[loop] = self._errors.get(loop, 0) + 1
+        if self._errors[loop] <= MAX_ERROR_EVENTS:
+            self.event("sampler_error", self.clock(), loop=loop, error=f"{type(exc).__name__}: {exc}"[:500])
+
+    # -- sinks -----------------------------------------------------------------------------------------
+    def event(self, name: str, ts: float, **fields: Any) -> None:
+        """One events.jsonl line, shaped like JsonlLog.event but stamped with this sampler's clock."""
+        with contextlib.suppress(ValueError):  # closed: a late write after stop() has nowhere to go
+            self._events.append({"ts": ts, "event": name, **fields})
+
+    def gpu(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            self._gpu_log.append(row)
+        self.gpu_rows += len(rows)
+
+    def summary(self) -> dict[str, Any]:
+        tail = self._logtail
+        watch, health = self._watch, self._health
+        return {"scrapes": watch.scrapes if watch else 0, "scrape_failures": watch.failures if watch else 0,
+                "gpu_rows": self.gpu_rows, "health_transitions": health.transitions if health else 0,
+                "loop_errors": dict(self._errors),
+                "log_lines": tail.lines if tail else None, "log_flags": dict(tail.flagged) if tail else None}
+
+    def _describe(self) -> dict[str, Any]:
+        """What sampled what: URLs without credentials, the log command's program only (args may hold tokens)."""
+        cmd = self.server_log_cmd
+        program = (shlex.split(cmd) if isinstance(cmd, str) else list(cmd))[0] if cmd else None
+        metrics, health = self.metrics_url, self.health_url
+        return {"metrics_url": redact_url(metrics) if metrics else None,
+                "health_url": redact_url(health) if health else None,
+                "gpu_metrics_urls": [redact_url(u) for u in self.gpu_metrics_urls], "interval_s": self.interval_s,
+                "timeout_s": self.timeout_s, "nvml": None if self.nvml is None else "auto" if self.nvml == "auto"
+                else "injected", "server_log": str(self.server_log) if self.server_log else None,
+                "server_log_cmd_program": program, "api_key": "set" if self._api_key else None,
+                "host": socket.gethostname(), "pid": os.getpid()}

@@ -1,0 +1,112 @@
+"""One vLLM `/metrics` endpoint over time: a metrics.jsonl line per scrape, events when something changes.
+
+Why stateful here and pure in prom.py: what the verdict needs from a *sequence* of scrapes is the
+changes — a counter that went down (server restart: deltas must restart from zero, never go
+negative), the metrics vanishing (`--disable-log-stats`: "metrics missing", never zeros), the cache
+geometry (`vllm:cache_config_info`: block size, KV capacity) — and those are said once, as events,
+while each line stays self-contained (a full snapshot) so the analysis can subtract any two lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from k3load.rundir import JsonlLog
+from k3load.sampler.dcgm import dcgm_rows
+from k3load.sampler.fetch import Fetched, redact_url
+from k3load.sampler.prom import Parsed, counter_resets, parse
+
+EventSink = Callable[..., None]  # event(name, ts, **fields)
+GpuSink = Callable[[list[dict[str, Any]]], None]
+RESET_EXAMPLES = 5
+
+
+class MetricsWatch:
+    """Scrape, parse, write; remembers only the previous scrape (memory stays one body's worth)."""
+
+    def __init__(self, url: str, fetcher: Callable[[str], Fetched], lines: JsonlLog, event: EventSink,
+                 gpu_sink: GpuSink | None = None, no_gpu_notice: tuple[str | None, str] | None = None) -> None:
+        self.url = url
+        self.source = redact_url(url)
+        self._fetch, self._lines, self._event, self._gpu_sink = fetcher, lines, event, gpu_sink
+        self._no_gpu_notice = no_gpu_notice  # (source, reason), said once if the first body has no DCGM_FI_*
+        self.previous: dict[str, float | None] = {}
+        self.monotonic: set[str] = set()
+        self.types: dict[str, str] | None = None
+        self.infos: dict[str, list[dict[str, str]]] = {}
+        self.process_start_ts: float | None = None
+        self.missing = False
+        self.scrapes = self.failures = 0
+
+    def tick(self, ts: float, cpu_pct: float | None) -> None:
+        result = self._fetch(self.url)
+        self.scrapes += 1
+        base = {"ts": ts, "source": self.source, "ok": result.ok, "scrape_ms": result.elapsed_ms,
+                "load_generator_cpu_pct": cpu_pct}
+        if not result.ok:
+            self._fail(base, result.error or "failed", result.status)
+            return
+        try:
+            parsed = parse(result.body)
+        except ValueError as exc:  # not the Prometheus text format (an HTML error page, garbage)
+            self._fail({**base, "ok": False}, f"parse error: {exc}"[:300], result.status)
+            return
+        self._gpu(parsed, ts)
+        if parsed.vllm_series == 0:
+            self._missing(base, ts)
+            return
+        self._present(parsed, ts)
+        self._lines.append(self._line(base, parsed))
+        self.previous, self.monotonic = parsed.samples, parsed.monotonic
+
+    def _fail(self, base: dict[str, Any], error: str, status: int | None) -> None:
+        self.failures += 1
+        self._lines.append({**base, "error": error, "http_status": status})
+
+    def _missing(self, base: dict[str, Any], ts: float) -> None:
+        """A body without any vllm:* series: said once per spell, and the line carries no numbers."""
+        if not self.missing:
+            self.missing = True
+            self._event("metrics_missing", ts, source=self.source,
+                        reason="no vllm:* series on /metrics (vLLM started with --disable-log-stats?)")
+        self._lines.append({**base, "vllm_series": 0, "samples": {}, "legacy": {}, "process_start_ts": None})
+
+    def _present(self, parsed: Parsed, ts: float) -> None:
+        if self.missing:
+            self.missing = False
+            self._event("metrics_back", ts, source=self.source, vllm_series=parsed.vllm_series)
+        self._resets(parsed, ts)
+        for family, label_sets in sorted(parsed.infos.items()):
+            if self.infos.get(family) != label_sets:
+                name = "cache_config" if family == "vllm:cache_config_info" else "vllm_info"
+                self._event(name, ts, source=self.source, family=family, labels=label_sets)
+        self.infos = parsed.infos
+
+    def _resets(self, parsed: Parsed, ts: float) -> None:
+        down = counter_resets(self.previous, parsed.samples, self.monotonic | parsed.monotonic)
+        restarted = (self.process_start_ts is not None and parsed.process_start_ts is not None
+                     and parsed.process_start_ts > self.process_start_ts)
+        if down or restarted:
+            self._event("counter_reset", ts, source=self.source, series_down=len(down),
+                        examples=sorted(down)[:RESET_EXAMPLES], process_start_ts_before=self.process_start_ts,
+                        process_start_ts_after=parsed.process_start_ts)
+        if parsed.process_start_ts is not None:
+            self.process_start_ts = parsed.process_start_ts
+
+    def _line(self, base: dict[str, Any], parsed: Parsed) -> dict[str, Any]:
+        line = {**base, "vllm_series": parsed.vllm_series, "samples": parsed.samples, "legacy": parsed.legacy,
+                "process_start_ts": parsed.process_start_ts}
+        if parsed.types != self.types:
+            line["types"] = parsed.types
+            self.types = parsed.types
+        return line
+
+    def _gpu(self, parsed: Parsed, ts: float) -> None:
+        """dcgm-style gauges on the same body (the sim serves them; so would a federating proxy)."""
+        if parsed.dcgm and self._gpu_sink is not None:
+            self._gpu_sink(dcgm_rows(parsed.dcgm, ts, self.source))
+        elif self._no_gpu_notice is not None:
+            source, reason = self._no_gpu_notice
+            self._event("gpu_unavailable", ts, source=source, reason=reason)
+        self._no_gpu_notice = None
