@@ -8,6 +8,7 @@ import sys
 from k3load import __version__, demo, samples_cli
 from k3load.analysis import cli as analysis_cli
 from k3load.analysis.verdict import EXIT_CODES
+from k3load.sampler import cli as sampler_cli
 from k3load.sim import cli as sim_cli
 
 
@@ -33,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="re-check a run directory against its manifest.sha256")
     analysis_cli.add_verify_arguments(verify)
     verify.set_defaults(func=analysis_cli.run_verify)
+    sample = sub.add_parser("sample", help="run the side sampler (/metrics, /health, GPUs, server log) into a "
+                            "run directory", description=sampler_cli.__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    sampler_cli.add_arguments(sample)
+    sample.set_defaults(func=sampler_cli.run)
     demo_parser = sub.add_parser("demo", help="full acceptance run against the embedded sim, ending in a report",
                                  description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_arguments(demo_parser)

@@ -18,6 +18,7 @@ from k3load.client.chat import ChatClient
 from k3load.runner import RunContext, ScenarioPlay
 
 _numbers = itertools.count(1)
+DEAD_SERVER_PAUSE_S = 1.0
 
 
 class K3User(User):
@@ -53,7 +54,9 @@ class K3User(User):
             if stage is not None:
                 self.played[stage.name] = self.played.get(stage.name, 0) + 1
             self.current = ScenarioPlay(self.chat, self.ctx, self.rng.choice(session.scenarios[self.family]))
-        self.current.step(session.record)
+        attempts = self.current.step(session.record)
+        if attempts and attempts[-1].status == "transport_error":
+            gevent.sleep(DEAD_SERVER_PAUSE_S)  # the server is gone: probe it, don't spin on refused connections
 
     def on_stop(self) -> None:
         chat: Any = getattr(self, "chat", None)

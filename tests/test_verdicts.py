@@ -1,0 +1,120 @@
+"""Each verdict, driven by the sim's fault profiles through the whole pipeline (Locust run, sampler,
+precheck, analysis), asserting the reasons and not only the label; plus reproducibility and the
+manifest."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from k3load.analysis.manifest import verify
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = [
+    {"name": "prefix-control", "kind": "prefix_control", "duration_s": 4, "users": 1, "mix": {"shared_prefix": 1},
+     "iterations_per_user": 1},
+    {"name": "load", "kind": "load", "duration_s": 4, "users": 4, "mix": {"agent": 3, "shared_prefix": 1}},
+    {"name": "long-input", "kind": "long_input", "duration_s": 3, "users": 1, "mix": {"long_input": 1}},
+    {"name": "concurrency", "kind": "concurrency", "duration_s": 3, "steps": [2, 12],
+     "mix": {"agent": 2, "shared_prefix": 1}},
+    {"name": "soak", "kind": "soak", "duration_s": 4, "users": 4,
+     "mix": {"agent": 2, "shared_prefix": 1, "cold": 1, "long_input": 1}},
+]
+SIM = ["--time-scale", "0.05", "--prefill-ms-per-token", "0.2", "--max-model-len", "8192"]
+
+pytestmark = pytest.mark.slow
+
+
+def accept(start_sim, tmp_path: Path, sim_args: list[str], recipe: str = "recipes/local-dev.yaml",
+           scenarios: str = "scenarios/*.yaml", stages: list[dict] | None = None) -> tuple[dict, int, Path]:
+    sim = start_sim(*SIM, *sim_args)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"name": "verdict-test", "stages": stages or STAGES}))
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "agent.py"), "--headless",
+           "--host", sim.base_url, "--k3-out", str(out), "--k3-plan", str(plan), "--k3-recipe", recipe,
+           "--k3-scenarios", scenarios, "--k3-startup-log", str(sim.log_path), "--k3-server-log",
+           str(sim.log_path), "--only-summary"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert (out / "verdict.json").exists(), run.stdout[-3000:] + run.stderr[-3000:]
+    return json.loads((out / "verdict.json").read_text()), run.returncode, out
+
+
+def test_healthy_sim_is_go_reproducible_and_signed(start_sim, tmp_path):
+    verdict, code, out = accept(start_sim, tmp_path, [])
+    assert set(verdict) == {"verdict", "pillars", "limits", "checklist", "next_action"}
+    assert verdict["verdict"] == "go" and code == 0, verdict["next_action"]
+    assert {p["status"] for p in verdict["pillars"].values()} == {"pass"}
+    assert "hits rose from the second request" in verdict["pillars"]["prefix_cache"]["reasons"][0]
+    assert any("k3load sim" in b for b in verdict["next_action"]["because"])
+    for name in ("metrics.jsonl", "gpu.jsonl", "events.jsonl", "compat.json", "report.md", "report.html",
+                 "alerts.yaml", "manifest.sha256"):
+        assert (out / name).exists(), name
+    assert verify(out) == []
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    before = (copy / "verdict.json").read_bytes()
+    (copy / "verdict.json").unlink()
+    again = subprocess.run([sys.executable, "-m", "k3load", "analyze", str(copy)], capture_output=True, text=True)
+    assert again.returncode == 0 and (copy / "verdict.json").read_bytes() == before
+    (out / "records.jsonl").write_text((out / "records.jsonl").read_text() + "\n")
+    assert verify(out) == ["changed: records.jsonl"]
+
+
+def test_cache_flag_on_but_never_hitting_fails_the_cache_pillar(start_sim, tmp_path):
+    verdict, code, _ = accept(start_sim, tmp_path, ["--prefix-cache-never-hits"])
+    cache = verdict["pillars"]["prefix_cache"]
+    assert cache["status"] == "fail" and "no prefix-cache hits" in cache["reasons"][0]
+    assert verdict["verdict"] != "go" and code != 0
+
+
+def test_prompts_under_the_block_size_are_inconclusive_naming_it(start_sim, tmp_path):
+    scenarios = tmp_path / "scenarios"
+    scenarios.mkdir()
+    for path in (ROOT / "scenarios").glob("*.yaml"):
+        data = yaml.safe_load(path.read_text())
+        if data["family"] == "shared_prefix":
+            data["system_prompt"], data["context"], data["tools"], data["executors"] = "Be brief.", [], [], {}
+            for turn in data["turns"]:
+                turn["expect"] = {"kind": "answer"}
+        (scenarios / path.name).write_text(yaml.safe_dump(data))
+    verdict, _, _ = accept(start_sim, tmp_path, ["--block-size", "256"], scenarios=str(scenarios / "*.yaml"))
+    cache = verdict["pillars"]["prefix_cache"]
+    assert cache["status"] == "inconclusive", cache
+    assert any("shorter than one cache block (block_size 256" in r for r in cache["reasons"])
+
+
+def test_malformed_tool_arguments_fail_the_agent_pillar_at_the_parser(start_sim, tmp_path):
+    verdict, _, _ = accept(start_sim, tmp_path, ["--malformed-tool-args-rate", "0.3"])
+    agent = verdict["pillars"]["agent_api"]
+    assert agent["status"] == "fail" and "parser" in agent["reasons"][0]
+    assert agent["numbers"]["failed_by_check"]["tool_call.arguments_json"] > 0
+    assert agent["numbers"]["failed_by_layer"]["parser"] > 0
+    assert verdict["verdict"] == "limited"
+
+
+def test_oom_at_a_concurrency_step_is_scale_up_with_the_phase(start_sim, tmp_path):
+    verdict, code, out = accept(start_sim, tmp_path, ["--oom-kv-demand-tokens", "9000"])
+    assert verdict["verdict"] == "scale_up" and code == 5, verdict["next_action"]
+    crashes = verdict["pillars"]["resources"]["numbers"]["crashes"]
+    assert crashes and crashes[0]["stage"] == "concurrency-c12"
+    assert "after a concurrency step" in crashes[0]["phase"]
+    assert any("after a concurrency step" in b for b in verdict["next_action"]["because"])
+    assert crashes[0]["conditions"]["requests_in_flight"] > 0
+    assert crashes[0]["oom"] and "CUDA out of memory" in crashes[0]["log_lines"][0]  # from the tailed server log
+    assert crashes[0]["restart"]["recovered"] is False
+
+
+def test_production_recipe_on_the_sim_is_rebuild(start_sim, tmp_path):
+    short = [STAGES[0], STAGES[1]]
+    verdict, code, _ = accept(start_sim, tmp_path, [], recipe="recipes/kimi-k3.yaml", stages=short)
+    assert verdict["verdict"] == "rebuild" and code == 4
+    compat = verdict["pillars"]["compat"]
+    assert compat["status"] == "fail"
+    assert any("target_not_sim" in r for r in compat["reasons"])
+    assert any("cuda_build" in r or "driver_branch" in r for r in compat["reasons"])
