@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.k3load-installed
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean browser
 
 $(STAMP): pyproject.toml setup.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "k3load needs Python 3.11")'
@@ -14,9 +14,15 @@ $(STAMP): pyproject.toml setup.py
 demo: $(STAMP)
 	$(VENV)/bin/k3load demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest
+
+# Debian's chromium renders the HTML report in a test (installed when missing and apt is usable).
+browser:
+	@command -v chromium >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
+	  >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
+	  >/dev/null)) || echo "chromium unavailable: the report test skips outside CI"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

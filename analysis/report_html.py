@@ -18,8 +18,9 @@ from k3load.analysis.timeline import MetricIndex
 CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.2em;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}
 th{background:#f3f3f3}blockquote{border-left:4px solid #c00;margin:0;padding:.3em 1em;background:#fff3f3}
-code{background:#f3f3f3;padding:0 3px}h1{font-size:1.6em}.verdict-go{color:#070}.verdict-limited{color:#a60}
-.verdict-rebuild,.verdict-scale_up{color:#b00}img{max-width:100%;border:1px solid #ddd;margin:.5em 0}"""
+code{background:#f3f3f3;padding:0 3px}h1{font-size:1.6em}.verdict-go h1{color:#070}.verdict-limited h1{color:#a60}
+.verdict-rebuild h1,.verdict-scale_up h1{color:#b00}img{max-width:100%;border:1px solid #ddd;margin:.5em 0}
+h1,h2,h3{font-family:system-ui,"Noto Sans CJK JP","Noto Sans JP",sans-serif}"""
 _INLINE = [(re.compile(r"\*\*(.+?)\*\*"), r"<strong>\1</strong>"), (re.compile(r"`([^`]+)`"), r"<code>\1</code>"),
            (re.compile(r"\[([^\]]+)\]\(([^)]+)\)"), r'<a href="\2">\1</a>')]
 

@@ -33,7 +33,7 @@ def fmt(value: Any) -> str:
 
 def table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
     if not rows:
-        return "_none_\n"
+        return "none\n"
     head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
     return head + "".join("| " + " | ".join(fmt(r.get(c)) for c in columns) + " |\n" for r in rows)
 
@@ -83,7 +83,7 @@ def _sections(j: Any) -> list[str]:
 def _ramp(j: Any) -> str:
     r = j.ramp
     if not r["steps"]:
-        return "## Ramp\n\n_no concurrency steps in this plan_\n\n"
+        return "## Ramp\n\nNo concurrency steps in this plan.\n\n"
     cols = ("stage", "users", "requests_per_s", "output_tokens_per_s", "ttft_p95_ms", "e2e_p95_ms", "error_rate",
             "waiting_max", "kv_usage_max", "preemptions", "within_limits")
     return (f"## Ramp\n\nKnee: **{fmt(r['knee_users'])} users** ({fmt(r['knee_stage'])}); ran out first: "
@@ -93,7 +93,7 @@ def _ramp(j: Any) -> str:
 def _crashes(j: Any) -> str:
     crashes = j.pillars["resources"].numbers.get("crashes", [])
     if not crashes:
-        return "## Crashes and OOM\n\n_none_\n\n"
+        return "## Crashes and OOM\n\nNone.\n\n"
     rows = [{"stage": c["stage"], "phase": c["phase"], "oom": c["oom"], **c["conditions"],
              "restart": c["restart"]["detail"]} for c in crashes]
     return "## Crashes and OOM\n\n" + table(rows, tuple(rows[0].keys())) + "\n"

@@ -99,7 +99,7 @@ def test_malformed_tool_arguments_fail_the_agent_pillar_at_the_parser(start_sim,
 
 
 def test_oom_at_a_concurrency_step_is_scale_up_with_the_phase(start_sim, tmp_path):
-    verdict, code, out = accept(start_sim, tmp_path, ["--oom-kv-demand-tokens", "9000"])
+    verdict, code, _ = accept(start_sim, tmp_path, ["--oom-kv-demand-tokens", "9000"])
     assert verdict["verdict"] == "scale_up" and code == 5, verdict["next_action"]
     crashes = verdict["pillars"]["resources"]["numbers"]["crashes"]
     assert crashes and crashes[0]["stage"] == "concurrency-c12"

@@ -1,0 +1,50 @@
+"""The HTML report opened in headless Chromium (Debian's), with a screenshot kept under runs/ci-report/
+as a CI artifact: the self-contained report must render with its verdict, tables and plots."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from k3load.analysis.analyze import analyze
+from tests.test_verdicts import STAGES, accept
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "runs" / "ci-report"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--hide-scrollbars"]
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if os.environ.get("CI"):
+        pytest.fail("chromium is missing on CI: `make test` installs Debian's chromium first")
+    pytest.skip("chromium is not installed here (make test installs it on Debian)")
+
+
+@pytest.mark.slow
+def test_report_renders_in_headless_chromium(start_sim, tmp_path):
+    browser = _chromium()
+    _, _, out = accept(start_sim, tmp_path, [], stages=STAGES)
+    analyze(out)
+    if ARTIFACTS.exists():
+        shutil.rmtree(ARTIFACTS)
+    shutil.copytree(out, ARTIFACTS)
+    shot = ARTIFACTS / "report.png"
+    profile = tmp_path / "chromium-profile"
+    base = [browser, *FLAGS, f"--user-data-dir={profile}"]
+    url = (ARTIFACTS / "report.html").as_uri()
+    dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    assert "k3load acceptance record" in dom.stdout and "Prefix cache: cold vs warm" in dom.stdout
+    assert dom.stdout.count("data:image/png;base64,") >= 3  # ramp plots and the timeline
+    subprocess.run([*base, f"--screenshot={shot}", "--window-size=1280,3000", url], capture_output=True,
+                   timeout=120, check=True)
+    png = shot.read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000
