@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+
 from k3load.analysis.pillar import thresholds
 
 

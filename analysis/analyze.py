@@ -21,7 +21,6 @@ from k3load.analysis.ramp import ramp
 from k3load.analysis.rundata import RunData, load_run
 from k3load.analysis.timeline import MetricIndex
 from k3load.analysis.verdict import EXIT_CODES, NEXT_ACTION, compat_pillar, decide
-
 from k3load.rundir import write_atomic
 
 OUTPUTS = ("verdict.json", "report.md", "report.html", "alerts.yaml", "manifest.sha256")

@@ -12,7 +12,6 @@ from collections import Counter
 from typing import Any
 
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResult
-
 from k3load.records import LAYERS, Attempt
 
 

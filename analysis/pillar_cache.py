@@ -15,7 +15,6 @@ from typing import Any
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResult
 from k3load.analysis.rundata import RunData
 from k3load.analysis.timeline import MetricIndex
-
 from k3load.records import Attempt
 
 WINDOW_SLACK_S = 2.5  # the sampler scrapes every second: let the window's last scrape land

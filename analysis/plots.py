@@ -16,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+
 from k3load.analysis.timeline import MetricIndex
 
 _META = {"Software": None}  # no version stamp: same data, same bytes

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
+
 from k3load.analysis.pillar import percentile
 from k3load.analysis.rundata import RunData, StageWindow
 from k3load.analysis.timeline import MetricIndex

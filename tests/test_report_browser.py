@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from k3load.analysis.analyze import analyze
 
+from k3load.analysis.analyze import analyze
 from tests.test_verdicts import STAGES, accept
 
 ROOT = Path(__file__).resolve().parents[1]

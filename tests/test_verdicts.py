@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from k3load.analysis.manifest import verify
 
 ROOT = Path(__file__).resolve().parents[1]
