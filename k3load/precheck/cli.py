@@ -1,0 +1,75 @@
+"""`k3load precheck`: check a deployment against a recipe and write DIR/compat.json.
+
+    k3load precheck --recipe recipes/kimi-k3.yaml --base-url http://10.0.0.5:8000 \
+        --container-info collect-env.txt --host-inventory n01.json --host-inventory n02.json \
+        --startup-log vllm-startup.log --image vllm/vllm-openai:kimi-k3 --out runs/r1
+
+Exit status: 0 pass, 1 fail, 2 inconclusive (nothing failed, but a rule could not decide), 3 the
+precheck could not run (invalid recipe, missing input file). argparse's own usage errors also exit 2,
+before anything is written: read DIR/compat.json, not only the exit status, when that matters.
+The bearer key comes from $K3_API_KEY (or --api-key); it is sent as a header and never written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from k3load.precheck import PrecheckError, RecipeError, recheck, run_precheck
+from k3load.precheck.report import COMPAT, summary_lines
+
+EXIT = {"pass": 0, "fail": 1, "inconclusive": 2}
+EXIT_ERROR = 3
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recipe", type=Path, help="recipe YAML (recipes/kimi-k3.yaml for production, "
+                        "recipes/local-dev.yaml for the sim and the CPU build); with --recheck, defaults to the "
+                        "copy saved in DIR/evidence")
+    parser.add_argument("--base-url", help="the server to check (http://HOST:PORT): /version, /v1/models, /metrics")
+    parser.add_argument("--container-info", type=Path, help="saved `vllm collect-env` output from inside the "
+                        "container (the only accepted source of the CUDA build)")
+    parser.add_argument("--host-inventory", type=Path, action="append", default=[], metavar="FILE",
+                        help="per-node inventory JSON (repeat per node; shape in k3load/precheck/evidence.py)")
+    parser.add_argument("--startup-log", type=Path, help="the vLLM server's startup log")
+    parser.add_argument("--image", help="container image actually deployed (repository:tag)")
+    parser.add_argument("--custom-build", type=Path, help="YAML/JSON record of a custom build: commit, pytorch_deps, "
+                        "build_time, reproduction, rollback_image")
+    parser.add_argument("--no-nvml", action="store_true", help="do not inventory this host through NVML")
+    parser.add_argument("--api-key", default=None, help="bearer key (prefer $K3_API_KEY: a flag shows in ps)")
+    parser.add_argument("--recheck", action="store_true", help="judge DIR/evidence again without gathering")
+    parser.add_argument("--out", type=Path, required=True, help="run directory: writes evidence/ and compat.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Gather (or recheck), print one line per rule, exit by status."""
+    try:
+        if args.recheck:
+            compat = recheck(args.out, args.recipe)
+        elif args.recipe is None:
+            raise PrecheckError("--recipe is required (unless --recheck)")
+        else:
+            compat = run_precheck(args.out, args.recipe, args.base_url, container_info=args.container_info,
+                                  host_inventories=args.host_inventory, startup_log=args.startup_log,
+                                  image=args.image, custom_build=args.custom_build,
+                                  api_key=args.api_key or os.environ.get("K3_API_KEY") or None,
+                                  use_local_nvml=not args.no_nvml)
+    except (RecipeError, PrecheckError) as exc:
+        print(f"k3load precheck: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    print("\n".join(summary_lines(compat, args.out / COMPAT)))
+    return EXIT[compat["status"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (`python -m k3load.precheck.cli`) until `k3load precheck` is wired in."""
+    parser = argparse.ArgumentParser(prog="k3load precheck", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

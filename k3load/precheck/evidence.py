@@ -1,0 +1,320 @@
+"""Gather the precheck's evidence into `DIR/evidence/`, and load it back from there.
+
+Why copy everything first and judge only the copies: the record must be re-checkable offline (a run
+from a GPU cluster is judged again on a laptop), so the rules never see a live server or a file
+outside `evidence/`; `load_evidence` is the only way in, and `recheck` re-runs it on a saved DIR.
+
+Layout under DIR. Every path the record names (a rule's `evidence`, index.json, fetch.json, compat.json's
+`evidence` hashes) is relative to DIR/evidence/, e.g. "startup.log", "hosts/00-gb300-n01.json":
+  evidence/index.json              what was gathered: source path or URL, sha256, notes
+  evidence/server/fetch.json       base URL (no credentials), status and error of each endpoint
+  evidence/server/version.json     GET /version body as received
+  evidence/server/models.json      GET /v1/models body
+  evidence/server/metrics.txt      GET /metrics body (vllm:cache_config_info, k3load_sim_info)
+  evidence/server/probe_chat.json  1-token chat answer, only when /metrics cannot tell sim from vLLM
+  evidence/container/collect-env.txt   the saved `vllm collect-env` output (--container-info)
+  evidence/container/image.json    {"image": TAG} from --image
+  evidence/hosts/NN-NAME.json      host inventories as given (--host-inventory), byte for byte
+  evidence/hosts/local-nvml.json   this host's NVML inventory (k3load.sampler.nvml.inventory)
+  evidence/startup.log             the vLLM startup log (--startup-log)
+  evidence/custom-build.yaml|json  the custom build record (--custom-build)
+
+Host inventory JSON (one file per node): exactly what `k3load.sampler.nvml.inventory()` returns on
+that node, plus `node` and `container_image` (the tag that node runs). Read here:
+  {"node": "gb300-n01", "container_image": "vllm/vllm-openai:kimi-k3",
+   "source": "nvml", "host": "gb300-n01", "driver_version": "580.95.05",
+   "cuda_driver_max_version": "13.0",     # the driver's newest CUDA: recorded, never counted as the build
+   "gpu_count": 4, "gpus": [{"index": 0, "name": "NVIDIA GB300", "uuid": "GPU-...", "memory_total_mib": 284208.0,
+                             "pci_bus_id": "00000000:18:00.0", "nvlink_active_links": 18}, ...],
+   "topology": {"matrix": [["X", "NVLINK", ...], ...], "legend": {...}} | null}
+Required: driver_version and gpu_count (or gpus); `node` falls back to `host`, then the file name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from k3load.precheck.collect_env import parse_collect_env
+from k3load.precheck.startup_log import parse_startup_log
+from k3load.rundir import write_atomic, write_json_atomic
+
+EVIDENCE = "evidence"
+ENDPOINTS = {"version": ("/version", "version.json"), "models": ("/v1/models", "models.json"),
+             "metrics": ("/metrics", "metrics.txt")}
+SIM_FINGERPRINT = "k3loadsim"
+# Key names other producers may use for the same inventory facts (first found wins).
+HOST_ALIASES = {"node": ("node", "host", "hostname"), "driver_version": ("driver_version",),
+                "cuda_driver_max_version": ("cuda_driver_max_version", "cuda_driver_version"),
+                "gpu_count": ("gpu_count", "device_count")}
+
+
+@dataclass
+class Evidence:
+    """Everything the rules may look at, loaded from DIR/evidence; None means "not gathered"."""
+
+    server: dict[str, Any] | None = None
+    container: dict[str, Any] | None = None
+    image: str | None = None
+    hosts: list[dict[str, Any]] = field(default_factory=list)
+    startup: dict[str, Any] | None = None
+    custom_build: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)  # kind -> path relative to DIR/evidence
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def public_url(url: str) -> str:
+    """The URL without user:password@, query or fragment: safe to write down."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    netloc += f":{parts.port}" if parts.port else ""
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+class Gatherer:
+    """Copies inputs under DIR/evidence and keeps the index of what came from where."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.root = out_dir / EVIDENCE
+        if self.root.exists():
+            shutil.rmtree(self.root)  # a record must hold only this run's evidence
+        self.root.mkdir(parents=True)
+        self.index: dict[str, Any] = {"files": [], "notes": []}
+
+    def _record(self, rel: str, source: str) -> None:
+        path = self.root / rel
+        self.index["files"].append({"path": rel, "source": source, "sha256": sha256_file(path),
+                                    "bytes": path.stat().st_size})
+
+    def copy(self, src: Path, rel: str) -> None:
+        (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, self.root / rel)
+        self._record(rel, str(Path(src).resolve()))
+
+    def write(self, rel: str, content: bytes | str | Any, source: str) -> None:
+        path = self.root / rel
+        if isinstance(content, bytes):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+        elif isinstance(content, str):
+            write_atomic(path, content)
+        else:
+            write_json_atomic(path, content)
+        self._record(rel, source)
+
+    def note(self, text: str) -> None:
+        self.index["notes"].append(text)
+
+    def finish(self) -> None:
+        write_json_atomic(self.root / "index.json", self.index)
+
+
+def gather_files(g: Gatherer, *, container_info: Path | None, host_inventories: list[Path] | tuple[Path, ...],
+                 startup_log: Path | None, image: str | None, custom_build: Path | None) -> None:
+    """Copy the operator's files byte for byte; name the local file each came from in the index."""
+    if container_info is not None:
+        g.copy(container_info, "container/collect-env.txt")
+    if image is not None:
+        g.write("container/image.json", {"image": image}, "--image")
+    for i, path in enumerate(host_inventories):
+        g.copy(path, f"hosts/{i:02d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', Path(path).stem)}.json")
+    if startup_log is not None:
+        g.copy(startup_log, "startup.log")
+    if custom_build is not None:
+        suffix = ".json" if Path(custom_build).suffix == ".json" else ".yaml"
+        g.copy(custom_build, f"custom-build{suffix}")
+
+
+def gather_local_nvml(g: Gatherer, image: str | None) -> None:
+    """This host's NVML inventory, when the sampler module and a driver are there; else a note why not."""
+    try:
+        from k3load.sampler import nvml  # lazy: written separately, and NVML may be absent here
+        inventory = nvml.inventory(nvml=None)
+    except ImportError as exc:
+        g.note(f"no local NVML: k3load.sampler.nvml not importable ({exc})")
+        return
+    except Exception as exc:  # an NVML failure is evidence of no usable driver, not a crash of the precheck
+        g.note(f"no local NVML: inventory() raised {type(exc).__name__}: {exc}")
+        return
+    if inventory is None:
+        g.note("no local NVML: no NVIDIA driver found on this host")
+        return
+    record = {"node": inventory.get("host") or socket.gethostname(), "container_image": image, **inventory}
+    g.write("hosts/local-nvml.json", record, "k3load.sampler.nvml.inventory()")
+
+
+def _get(client: httpx.Client, url: str) -> tuple[int | None, bytes, str | None]:
+    try:
+        response = client.get(url)
+        return response.status_code, response.content, None
+    except httpx.HTTPError as exc:
+        return None, b"", f"{type(exc).__name__}: {exc}"
+
+
+def gather_server(g: Gatherer, base_url: str, api_key: str | None, timeout_s: float = 15.0) -> None:
+    """GET /version, /v1/models, /metrics; bodies saved as received. The key only travels in a header."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    fetch: dict[str, Any] = {"base_url": public_url(base_url), "fetched_ts": time.time(), "endpoints": {}}
+    root = base_url.rstrip("/")
+    with httpx.Client(headers=headers, timeout=timeout_s) as client:
+        for name, (path, rel) in ENDPOINTS.items():
+            status, body, error = _get(client, root + path)
+            fetch["endpoints"][name] = {"path": path, "status": status, "error": error,
+                                        "file": f"server/{rel}" if error is None else None}
+            if error is None:
+                g.write(f"server/{rel}", body, public_url(root + path))
+        metrics = _metrics_families(g.root / "server" / "metrics.txt")
+        if not ("k3load_sim_info" in metrics or any(m.startswith("vllm:") for m in metrics)):
+            _probe_chat(g, client, root, fetch)
+    g.write("server/fetch.json", fetch, "k3load precheck")
+
+
+def _probe_chat(g: Gatherer, client: httpx.Client, root: str, fetch: dict[str, Any]) -> None:
+    """One 1-token request whose system_fingerprint tells the sim apart when /metrics cannot."""
+    models = _json_file(g.root / "server" / "models.json") or {}
+    model = next((m.get("id") for m in models.get("data", []) if isinstance(m, dict)), None)
+    if model is None:
+        return
+    body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+    try:
+        response = client.post(root + "/v1/chat/completions", json=body)
+    except httpx.HTTPError as exc:
+        fetch["endpoints"]["probe_chat"] = {"path": "/v1/chat/completions", "status": None, "error": str(exc)}
+        return
+    g.write("server/probe_chat.json", response.content, public_url(root + "/v1/chat/completions"))
+    fetch["endpoints"]["probe_chat"] = {"path": "/v1/chat/completions", "status": response.status_code,
+                                        "error": None, "file": "server/probe_chat.json"}
+
+
+def _json_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _metrics_families(path: Path) -> dict[str, list[dict[str, str]]]:
+    """Metric family name -> label sets of its samples; {} when absent or unparsable."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        return {fam.name: [dict(s.labels) for s in fam.samples] for fam in text_string_to_metric_families(text)}
+    except (OSError, ValueError):
+        return {}
+
+
+def _load_server(root: Path, ev: Evidence) -> None:
+    fetch = _json_file(root / "server" / "fetch.json")
+    if not isinstance(fetch, dict):
+        return
+    families = _metrics_families(root / "server" / "metrics.txt")
+    version = _json_file(root / "server" / "version.json")
+    models = _json_file(root / "server" / "models.json")
+    probe = _json_file(root / "server" / "probe_chat.json")
+    fingerprint = probe.get("system_fingerprint") if isinstance(probe, dict) else None
+    sim_marker = None
+    if "k3load_sim_info" in families:
+        sim_marker = "k3load_sim_info on /metrics"
+    elif isinstance(fingerprint, str) and fingerprint.endswith(SIM_FINGERPRINT):
+        sim_marker = f"system_fingerprint {fingerprint!r}"
+    cache = families.get("vllm:cache_config_info") or [None]
+    ev.server = {
+        "base_url": fetch.get("base_url"), "endpoints": fetch.get("endpoints", {}),
+        "version": version.get("version") if isinstance(version, dict) else None,
+        "models": [m for m in models.get("data", []) if isinstance(m, dict)] if isinstance(models, dict) else [],
+        "cache_config": cache[0], "vllm_series": sum(name.startswith("vllm:") for name in families),
+        "sim_marker": sim_marker, "metrics_read": bool(families),
+    }
+    for name in ("version", "models", "metrics", "probe_chat"):
+        file = ev.server["endpoints"].get(name, {}).get("file")
+        if file:
+            ev.files[f"server_{name}"] = file
+    ev.files["server_fetch"] = "server/fetch.json"
+
+
+def _first(raw: dict[str, Any], key: str) -> Any:
+    return next((raw[k] for k in HOST_ALIASES.get(key, (key,)) if raw.get(k) is not None), None)
+
+
+def normalise_host(raw: Any, file: str) -> dict[str, Any]:
+    """One node's inventory in the shape the rules read; `problems` says what the file lacks."""
+    if not isinstance(raw, dict):
+        return {"node": Path(file).stem, "file": file, "problems": ["not a JSON object"], "driver_version": None,
+                "cuda_driver_max_version": None, "gpu_count": None, "gpu_names": [], "container_image": None}
+    gpus = [g for g in raw.get("gpus") or [] if isinstance(g, dict)]
+    count = _first(raw, "gpu_count")
+    host = {"node": str(_first(raw, "node") or Path(file).stem), "file": file,
+            "source": raw.get("source", "file"), "container_image": raw.get("container_image"),
+            "driver_version": None if _first(raw, "driver_version") is None else str(_first(raw, "driver_version")),
+            "cuda_driver_max_version": _first(raw, "cuda_driver_max_version"),
+            "gpu_count": count if isinstance(count, int) else (len(gpus) or None),
+            "gpu_names": [str(g.get("name")) for g in gpus if g.get("name")],
+            "topology": raw.get("topology") is not None, "problems": []}
+    if host["driver_version"] is None:
+        host["problems"].append("no driver_version")
+    if host["gpu_count"] is None:
+        host["problems"].append("no gpu_count")
+    elif gpus and len(gpus) != host["gpu_count"]:
+        host["problems"].append(f"gpu_count {host['gpu_count']} but {len(gpus)} entries in gpus")
+    return host
+
+
+def _load_files(root: Path, ev: Evidence, platform: str) -> None:
+    collect = root / "container" / "collect-env.txt"
+    if collect.exists():
+        ev.container = parse_collect_env(collect.read_text(encoding="utf-8", errors="replace"))
+        ev.files["container"] = "container/collect-env.txt"
+    image = _json_file(root / "container" / "image.json")
+    if isinstance(image, dict) and image.get("image"):
+        ev.image = str(image["image"])
+        ev.files["image"] = "container/image.json"
+    for path in sorted((root / "hosts").glob("*.json")):
+        rel = f"hosts/{path.name}"
+        ev.hosts.append(normalise_host(_json_file(path), rel))
+    log = root / "startup.log"
+    if log.exists():
+        ev.startup = parse_startup_log(log.read_text(encoding="utf-8", errors="replace"), platform)
+        ev.files["startup"] = "startup.log"
+    for path in sorted(root.glob("custom-build.*")):
+        try:
+            record, error = yaml.safe_load(path.read_text(encoding="utf-8")), None
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            record, error = None, f"not valid YAML/JSON: {exc}"
+        ev.custom_build = {"record": record, "error": error, "file": path.name}
+        ev.files["custom_build"] = path.name
+
+
+def load_evidence(out_dir: Path, platform: str) -> Evidence:
+    """Read DIR/evidence back into an Evidence; nothing outside that folder is consulted."""
+    root = Path(out_dir) / EVIDENCE
+    ev = Evidence()
+    index = _json_file(root / "index.json")
+    if isinstance(index, dict):
+        ev.notes = [str(n) for n in index.get("notes", [])]
+    _load_server(root, ev)
+    _load_files(root, ev, platform)
+    return ev
+
+
+def evidence_hashes(out_dir: Path) -> list[dict[str, str]]:
+    """sha256 of every file under DIR/evidence (paths relative to it), sorted: compat.json fixes what it judged."""
+    root = Path(out_dir) / EVIDENCE
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return [{"path": p.relative_to(root).as_posix(), "sha256": sha256_file(p)} for p in files]
