@@ -12,6 +12,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -29,16 +30,20 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 class JsonlLog:
-    """A thread-safe JSONL appender; every line is flushed when written."""
+    """A thread-safe JSONL appender; every line is flushed when written. `listeners` see each record
+    appended (e.g. the restarter reacts to the sampler's `server_down`)."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._file: IO[str] = path.open("a", encoding="utf-8")
         self._lock = threading.Lock()
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
     def append(self, record: dict[str, Any]) -> None:
         self.append_line(json.dumps(record, ensure_ascii=False, separators=(",", ":")))
+        for listener in self.listeners:
+            listener(record)
 
     def append_line(self, line: str) -> None:
         with self._lock:

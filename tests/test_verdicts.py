@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from k3load.analysis.manifest import verify
+from tests.conftest import FAST_SIM
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = [
@@ -119,3 +120,60 @@ def test_production_recipe_on_the_sim_is_rebuild(start_sim, tmp_path):
     assert compat["status"] == "fail"
     assert any("target_not_sim" in r for r in compat["reasons"])
     assert any("cuda_build" in r or "driver_branch" in r for r in compat["reasons"])
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_server_killed_mid_soak_is_restarted_and_checked(start_sim, tmp_path):
+    import os
+    import signal
+    import time
+
+    port = _free_port()
+    sim = start_sim(*SIM, "--port", str(port))
+    pidfile, restart_log = tmp_path / "restarted.pid", tmp_path / "restarted.log"
+    restart = (f"echo $$ > {pidfile}; exec {sys.executable} -m k3load sim {' '.join(FAST_SIM + SIM)} "
+               f"--port {port} >> {restart_log} 2>&1")
+    stages = [STAGES[1], {"name": "soak", "kind": "soak", "duration_s": 14, "users": 4,
+                          "mix": {"agent": 2, "shared_prefix": 1}},
+              {"name": "restart", "kind": "restart", "duration_s": 5, "users": 4,
+               "mix": {"agent": 2, "shared_prefix": 1}}]
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"name": "restart-test", "stages": stages}))
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "agent.py"), "--headless",
+           "--host", sim.base_url, "--k3-out", str(out), "--k3-plan", str(plan), "--k3-recipe",
+           "recipes/local-dev.yaml", "--k3-restart-cmd", restart, "--only-summary"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and '"stage":"soak"' not in _read(out / "events.jsonl"):
+            time.sleep(0.2)
+        time.sleep(3)
+        sim.proc.send_signal(signal.SIGKILL)  # the crash, mid-soak
+        killed_ts = time.time()
+        assert proc.wait(120) in (0, 3, 5)
+    finally:
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+    verdict = json.loads((out / "verdict.json").read_text())
+    crash = verdict["pillars"]["resources"]["numbers"]["crashes"][0]
+    assert crash["stage"] == "soak" and "after long running" in crash["phase"]
+    assert crash["restart"]["recovered"] is True and crash["restart"]["ok_after_restart"] > 0
+    events = [json.loads(x) for x in _read(out / "events.jsonl").splitlines()]
+    assert [e["event"] for e in events if e["event"] in ("server_down", "restart_command", "server_up")][:3] == \
+        ["server_down", "restart_command", "server_up"]
+    attempts = [json.loads(x) for x in _read(out / "records.jsonl").splitlines()]
+    assert len({a["attempt_id"] for a in attempts}) == len(attempts)
+    finished_before = [a for a in attempts if a["end_ts"] < killed_ts - 0.5]
+    assert finished_before and all(a["status"] == "ok" for a in finished_before if not a["drill"])
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""

@@ -8,6 +8,7 @@ k3load.sampler and k3load.analysis, each usable without Locust.
 from __future__ import annotations
 
 import logging
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +49,37 @@ def start_sampler(session: Any) -> Sampler:
 
 def _path(value: str | None) -> Path | None:
     return Path(value) if value else None
+
+
+class Restarter:
+    """Runs the configured restart command when the sampler reports `server_down` (the spec's restart
+    check: after a crash the process must come back and hold the same load). Bounded: at most
+    `max_restarts` per run, one at a time; every start and exit is an event."""
+
+    def __init__(self, session: Any, command: str, max_restarts: int) -> None:
+        self.session, self.command, self.max_restarts = session, command, max_restarts
+        self.started = 0
+        self._running: subprocess.Popen[bytes] | None = None
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        if record.get("event") != "server_down" or record.get("first_poll"):
+            return
+        if self.started >= self.max_restarts or (self._running and self._running.poll() is None):
+            return
+        self.started += 1
+        log_path = self.session.run_dir / f"restart-{self.started}.log"
+        with log_path.open("wb") as out:
+            self._running = subprocess.Popen(["bash", "-c", self.command], stdout=out, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
+        self.session.events.event("restart_command", attempt=self.started, pid=self._running.pid,
+                                  log=log_path.name)
+        log.warning("k3load: server down, restart command started (%d of %d)", self.started, self.max_restarts)
+
+
+def watch_restarts(session: Any) -> Restarter | None:
+    opts = session.env.parsed_options
+    if not opts.k3_restart_cmd:
+        return None
+    restarter = Restarter(session, opts.k3_restart_cmd, opts.k3_max_restarts)
+    session.events.listeners.append(restarter)
+    return restarter

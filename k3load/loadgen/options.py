@@ -52,6 +52,10 @@ def _observation_options(group: Any) -> None:
                        help="server log file to follow (OOM / NCCL / CUDA lines become events)")
     group.add_argument("--k3-server-log-cmd", default="", env_var="K3_SERVER_LOG_CMD",
                        help="command whose output is the server log (e.g. kubectl logs -f POD)")
+    group.add_argument("--k3-restart-cmd", default="", env_var="K3_RESTART_CMD",
+                       help="command that restarts the server after it went down (the restart check)")
+    group.add_argument("--k3-max-restarts", type=int, default=3, env_var="K3_MAX_RESTARTS",
+                       help="at most this many restart commands per run")
 
 
 SECRET_OPTIONS = ("k3_api_key",)

@@ -118,6 +118,7 @@ class HarnessSession:
         write_atomic(self.run_dir / "samples.sha256", "".join(f"{sha}  samples/{rel}\n"
                                                               for rel, sha in sorted(sums.items())))
         observe.precheck(self)
+        observe.watch_restarts(self)
         self.sampler = observe.start_sampler(self)
         self.ready.set()
 

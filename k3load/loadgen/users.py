@@ -19,6 +19,7 @@ from k3load.runner import RunContext, ScenarioPlay
 
 _numbers = itertools.count(1)
 DEAD_SERVER_PAUSE_S = 1.0
+ERROR_PAUSE_S = 0.2
 
 
 class K3User(User):
@@ -57,6 +58,8 @@ class K3User(User):
         attempts = self.current.step(session.record)
         if attempts and attempts[-1].status == "transport_error":
             gevent.sleep(DEAD_SERVER_PAUSE_S)  # the server is gone: probe it, don't spin on refused connections
+        elif attempts and attempts[-1].status == "http_error":
+            gevent.sleep(ERROR_PAUSE_S)  # an instant refusal would otherwise flood the records
 
     def on_stop(self) -> None:
         chat: Any = getattr(self, "chat", None)
