@@ -8,6 +8,7 @@ import sys
 from k3load import __version__, demo, samples_cli
 from k3load.analysis import cli as analysis_cli
 from k3load.analysis.verdict import EXIT_CODES
+from k3load.precheck import cli as precheck_cli
 from k3load.sampler import cli as sampler_cli
 from k3load.sim import cli as sim_cli
 
@@ -34,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="re-check a run directory against its manifest.sha256")
     analysis_cli.add_verify_arguments(verify)
     verify.set_defaults(func=analysis_cli.run_verify)
+    precheck = sub.add_parser("precheck", help="compat precheck against a versioned recipe -> compat.json",
+                              description=precheck_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    precheck_cli.add_arguments(precheck)
+    precheck.set_defaults(func=precheck_cli.run)
     sample = sub.add_parser("sample", help="run the side sampler (/metrics, /health, GPUs, server log) into a "
                             "run directory", description=sampler_cli.__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
