@@ -26,6 +26,11 @@ PHASES = {
     "restart": "during the restart check: the server did not hold the same load after restarting",
 }
 CRASH_EVENTS = ("server_down", "log_oom", "log_engine_dead")
+SATURATED_CPU_PCT = 95.0
+
+
+def _only_latency(problems: list[str]) -> bool:
+    return all(p.split(" ")[0] in ("TTFT", "ITL", "e2e") for p in problems)
 
 
 def _crash_times(data: RunData) -> list[dict[str, Any]]:
@@ -99,11 +104,21 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
         reasons.append(f"{what} in stage {crash['stage']} ({crash['phase']}); "
                        f"{crash['conditions']['requests_in_flight']} requests in flight, largest prompt "
                        f"{crash['conditions']['max_prompt_tokens']} tokens; restart: {crash['restart']['detail']}")
+    saturated = []
     for stats in table:
-        if stats["problems"]:
-            reasons.append(f"stage {stats['stage']} ({stats['users']} users): " + "; ".join(stats["problems"]))
+        if not stats["problems"]:
+            continue
+        if _only_latency(stats["problems"]) and (stats.get("load_generator_cpu_max_pct") or 0) >= SATURATED_CPU_PCT:
+            saturated.append(stats["stage"])  # our own client was the bottleneck: not the server's latency
+            continue
+        reasons.append(f"stage {stats['stage']} ({stats['users']} users): " + "; ".join(stats["problems"]))
     if reasons:
         return PillarResult(FAIL, reasons, numbers), table
+    if saturated:
+        return PillarResult(INCONCLUSIVE, [f"inconclusive, because the load generator was saturated (CPU >= "
+                                           f"{SATURATED_CPU_PCT:.0f}%) in {', '.join(saturated)}: the latencies "
+                                           "measured there are the client's, not the server's (add workers: "
+                                           "--processes N)"], numbers), table
     if not any(s["metrics_present"] for s in table):
         return PillarResult(INCONCLUSIVE, ["server metrics missing: KV usage, queue and preemptions are unknown "
                                            "(only the client's latencies and errors were judged)"], numbers), table

@@ -49,6 +49,8 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow) -> dict[s
     running = index.gauge("vllm:num_requests_running", t0, t1)
     preemptions = index.delta("vllm:num_preemptions_total", t0, t1)
     downs = [e for e in data.events_named("server_down") if t0 <= e["ts"] <= t1]
+    cpu = [m["load_generator_cpu_pct"] for m in data.metrics
+           if t0 <= m.get("ts", 0) <= t1 and m.get("load_generator_cpu_pct") is not None]
     return {
         "stage": stage.name, "kind": stage.kind, "users": stage.users, "start_ts": t0, "duration_s": t1 - t0,
         "attempts": len(frame), "errors": int((frame["status"] != "ok").sum()),
@@ -61,6 +63,7 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow) -> dict[s
         "waiting_max": waiting["max"] if waiting else None,
         "waiting_sustained_s": index.sustained_positive_s("vllm:num_requests_waiting", t0, t1),
         "running_max": running["max"] if running else None,
+        "load_generator_cpu_max_pct": max(cpu) if cpu else None,
         "preemptions": preemptions, "preemptions_per_min": preemptions / duration * 60 if preemptions is not None
         else None, "server_down_events": len(downs), "metrics_present": index.present(t0, t1),
         **_gpu(data, t0, t1),

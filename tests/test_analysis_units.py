@@ -1,0 +1,92 @@
+"""The judgment's parts on hand-made data (no sockets): counter windows with restarts, sustained
+queues, the ramp's knee, the verdict's order, cache reasons, the manifest and the HTML renderer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from k3load.analysis.analyze import analyze
+from k3load.analysis.manifest import verify
+from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS, PillarResult
+from k3load.analysis.ramp import ramp
+from k3load.analysis.report_html import markdown_to_html
+from k3load.analysis.timeline import MetricIndex
+from k3load.analysis.verdict import decide
+
+KEY = 'vllm:prefix_cache_hits_total{engine="0",model_name="m"}'
+WAIT = 'vllm:num_requests_waiting{engine="0",model_name="m"}'
+
+
+def _line(ts: float, **samples: float) -> dict:
+    return {"ts": ts, "ok": True, "vllm_series": len(samples), "samples": samples}
+
+
+def test_counter_delta_over_a_window_survives_a_restart():
+    index = MetricIndex([_line(0, **{KEY: 100}), _line(1, **{KEY: 150}), _line(2, **{KEY: 20}),
+                         _line(3, **{KEY: 50}), {"ts": 4, "ok": False, "error": "refused"}])
+    assert index.delta("vllm:prefix_cache_hits_total", 0.5, 3) == 50 + 20 + 30  # reset counts from zero
+    assert index.delta("vllm:prefix_cache_hits_total", 10, 20) is None  # no scrape: unknown, not 0
+    assert index.delta("vllm:prefix_cache_hits_total", 0, 3, {"model_name": "other"}) == 0
+
+
+def test_metrics_missing_is_none_not_zero():
+    index = MetricIndex([{"ts": 1, "ok": True, "vllm_series": 0, "samples": {}}])
+    assert not index.present(0, 2) and index.gauge("vllm:num_requests_waiting", 0, 2) is None
+
+
+def test_sustained_waiting_is_the_longest_stretch_not_a_blip():
+    values = [0, 3, 0, 0, 2, 2, 2, 2, 0]
+    index = MetricIndex([_line(t, **{WAIT: v}) for t, v in enumerate(values)])
+    assert index.sustained_positive_s("vllm:num_requests_waiting", 0, 10) == 4  # ts 4..8
+
+
+def _step(users: int, problems: list[str]) -> dict:
+    return {"stage": f"c{users}", "kind": "concurrency", "users": users, "problems": problems,
+            "max_prompt_tokens_ok": 500, "kv_usage_max": 0.5}
+
+
+def test_ramp_knee_and_what_ran_out_first():
+    table = [_step(2, []), _step(8, []), _step(16, ["KV cache usage reached 99% > 98%"]), _step(32, ["x"])]
+    result = ramp(table)
+    assert result["knee_users"] == 8 and result["ran_out_first"] == "KV cache"
+    assert ramp([_step(2, ["TTFT p95 9000 ms > 3000 ms"])])["knee_users"] is None
+
+
+def _pillars(**status: str) -> dict[str, PillarResult]:
+    names = ("compat", "resources", "prefix_cache", "agent_api")
+    return {n: PillarResult(status.get(n, PASS), [f"{n} reason"], {"crashes": []}) for n in names}
+
+
+def test_verdict_order_rebuild_first_then_scale_up_then_limited():
+    table = [_step(2, []), _step(8, ["KV cache usage reached 99% > 98%"])]
+    table_ramp = ramp(table)
+    assert decide(_pillars(compat=FAIL, resources=FAIL), table, table_ramp)[0] == "rebuild"
+    verdict, because, limits = decide(_pillars(resources=FAIL), table, table_ramp)
+    assert verdict == "limited" and limits["max_concurrency"] == 2 and "hold concurrency at 2" in because[0]
+    all_bad = [_step(2, ["KV cache usage reached 99% > 98%"])]
+    assert decide(_pillars(resources=FAIL), all_bad, ramp(all_bad))[0] == "scale_up"
+    assert decide(_pillars(prefix_cache=INCONCLUSIVE), [_step(2, [])], ramp([_step(2, [])]))[0] == "limited"
+    assert decide(_pillars(), [_step(2, [])], ramp([_step(2, [])]))[0] == "go"
+
+
+def test_markdown_subset_renders_to_html():
+    html = markdown_to_html("# T\n\n> **warn**\n\n- a `b`\n\n| x | y |\n|---|---|\n| 1 | [f](f.json) |\n")
+    assert "<h1>T</h1>" in html and "<blockquote><strong>warn</strong></blockquote>" in html
+    assert "<li>a <code>b</code></li>" in html and '<td><a href="f.json">f</a></td>' in html
+
+
+def test_a_hand_made_directory_is_judged_and_signed(tmp_path: Path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"run_id": "r", "model": "m", "started_ts": 0}))
+    (run / "events.jsonl").write_text(json.dumps({"ts": 1, "event": "stage_start", "stage": "load",
+                                                  "kind": "load", "users": 1}) + "\n")
+    judgment = analyze(run)
+    verdict = json.loads((run / "verdict.json").read_text())
+    assert verdict["verdict"] == judgment.verdict == "limited"
+    assert verdict["pillars"]["compat"]["status"] == "not_run"
+    assert verdict["pillars"]["agent_api"]["reasons"] == ["no request was recorded"]
+    assert verify(run) == []
+    (run / "extra.txt").write_text("unsigned")
+    assert verify(run) == ["not covered by the manifest: extra.txt"]
