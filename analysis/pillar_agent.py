@@ -44,21 +44,22 @@ def _chains(attempts: list[Attempt]) -> dict[str, Any]:
 
 
 def _drill(attempts: list[Attempt]) -> tuple[dict[str, Any], list[str]]:
+    """Chains whose deliberately short first deadline expired must be answered on retry. A drill
+    answered within its deadline proves nothing either way (not a failure); a chain the run's end cut
+    before its retry is left out."""
     drills = [a for a in attempts if a.drill]
-    chains = {a.chain_id for a in drills}
-    finals = {}
+    timed_out = {a.chain_id for a in drills if a.status == "timeout"}
+    finals: dict[str, Attempt] = {}
     for attempt in attempts:
-        if attempt.chain_id in chains and attempt.attempt > finals.get(attempt.chain_id, (0, None))[0]:
-            finals[attempt.chain_id] = (attempt.attempt, attempt)
-    timed_out = sum(a.status == "timeout" for a in drills)
-    recovered = sum(1 for _, a in finals.values() if a.status == "ok" and not a.drill)
-    reasons = []
-    if drills and timed_out < len(drills):
-        reasons.append(f"timeout drill: {len(drills) - timed_out} of {len(drills)} first attempts did not time "
-                       "out (the drill's deadline is too long to prove anything)")
-    if timed_out and recovered < len(chains):
-        reasons.append(f"timeout drill: only {recovered} of {len(chains)} requests succeeded on retry")
-    return {"drills": len(drills), "timed_out": timed_out, "recovered": recovered}, reasons
+        if attempt.chain_id in timed_out and attempt.attempt > getattr(finals.get(attempt.chain_id), "attempt", 0):
+            finals[attempt.chain_id] = attempt
+    judged = [a for a in finals.values() if not a.will_retry]
+    recovered = sum(1 for a in judged if a.attempt > 1 and a.status == "ok")
+    numbers = {"drills": len(drills), "timed_out": len(timed_out), "judged": len(judged), "recovered": recovered}
+    if recovered < len(judged):
+        return numbers, [f"timeout drill: only {recovered} of {len(judged)} timed-out requests were answered on "
+                         "retry"]
+    return numbers, []
 
 
 def judge_agent_api(attempts: list[Attempt], limits: dict[str, float]) -> PillarResult:

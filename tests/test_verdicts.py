@@ -57,6 +57,12 @@ def test_healthy_sim_is_go_reproducible_and_signed(start_sim, tmp_path):
     for name in ("metrics.jsonl", "gpu.jsonl", "events.jsonl", "compat.json", "report.md", "report.html",
                  "alerts.yaml", "manifest.sha256"):
         assert (out / name).exists(), name
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    for name in ("metrics.jsonl", "gpu.jsonl", "events.jsonl"):  # the timelines overlap the records'
+        stamps = [json.loads(x)["ts"] for x in (out / name).read_text().splitlines()]
+        assert min(stamps) <= min(r["send_ts"] for r in records) and max(stamps) >= max(r["end_ts"] for r in records)
+    gpu = [json.loads(x) for x in (out / "gpu.jsonl").read_text().splitlines()]
+    assert gpu and all(row["simulated"] for row in gpu)
     assert verify(out) == []
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
