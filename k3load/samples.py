@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,19 +104,25 @@ def _body(scenario: Scenario, turn: Turn, model: str, messages: list[dict[str, A
     return body
 
 
+def _bodies(scenarios: list[Scenario], model: str, long_context: Callable[[Scenario], str | None]
+            ) -> Iterator[tuple[str, PreparedRequest, Scenario]]:
+    """Every turn's sample body, keyed `<scenario>/turn-<i>.json`."""
+    for scenario in scenarios:
+        context = long_context(scenario)
+        for index in range(len(scenario.turns)):
+            yield f"{scenario.name}/turn-{index}.json", build_request(scenario, index, model, SAMPLE_SALT, context), \
+                scenario
+
+
 def write_samples(scenarios: list[Scenario], out_dir: Path, model: str,
                   long_context: Callable[[Scenario], str | None]) -> dict[str, str]:
     """Write every turn's body as `<scenario>/turn-<i>.json` plus `SHA256SUMS`; returns path -> sha."""
     sums: dict[str, str] = {}
-    for scenario in scenarios:
-        context = long_context(scenario)
-        for index in range(len(scenario.turns)):
-            prepared = build_request(scenario, index, model, SAMPLE_SALT, context)
-            rel = f"{scenario.name}/turn-{index}.json"
-            target = out_dir / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(prepared.body)
-            sums[rel] = prepared.sha256
+    for rel, prepared, _ in _bodies(scenarios, model, long_context):
+        target = out_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(prepared.body)
+        sums[rel] = prepared.sha256
     (out_dir / "SHA256SUMS").write_text("".join(f"{sha}  {rel}\n" for rel, sha in sorted(sums.items())))
     return sums
 
@@ -124,19 +130,15 @@ def write_samples(scenarios: list[Scenario], out_dir: Path, model: str,
 def check_samples(scenarios: list[Scenario], out_dir: Path, model: str,
                   long_context: Callable[[Scenario], str | None]) -> list[str]:
     """Differences between the stored samples and what the scenarios produce now (empty: identical)."""
-    problems = []
     stored = {}
     sums_file = out_dir / "SHA256SUMS"
     if sums_file.exists():
         for line in sums_file.read_text().splitlines():
             sha, rel = line.split("  ", 1)
             stored[rel] = sha
-    for scenario in scenarios:
-        context = long_context(scenario)
-        for index in range(len(scenario.turns)):
-            prepared = build_request(scenario, index, model, SAMPLE_SALT, context)
-            rel = f"{scenario.name}/turn-{index}.json"
-            path = out_dir / rel
-            if not path.exists() or path.read_bytes() != prepared.body or stored.get(rel) != prepared.sha256:
-                problems.append(f"{rel}: stored sample differs from what {scenario.path} produces now")
+    problems = []
+    for rel, prepared, scenario in _bodies(scenarios, model, long_context):
+        path = out_dir / rel
+        if not path.exists() or path.read_bytes() != prepared.body or stored.get(rel) != prepared.sha256:
+            problems.append(f"{rel}: stored sample differs from what {scenario.path} produces now")
     return problems
