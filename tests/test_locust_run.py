@@ -206,3 +206,22 @@ def test_the_same_run_against_real_vllm_attributes_every_failure(vllm_server, tm
     summary = json.loads((out / "validation_summary.json").read_text())
     (tmp_path / "summary-for-readme.txt").write_text(json.dumps(summary["all"], indent=1))
     print(json.dumps({k: v["failed_by_check"] for k, v in summary["by_scenario"].items()}, indent=1))
+
+
+def test_a_dead_server_or_a_bad_scenario_is_a_clear_error_and_no_verdict(start_sim, tmp_path):
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    run = run_locust(dead, tmp_path / "dead", _plan(tmp_path, SHORT_PLAN[:1]), timeout_s=60)
+    assert run.returncode == 2 and "does not answer /v1/models" in run.stdout + run.stderr
+    assert not (tmp_path / "dead" / "verdict.json").exists()
+    bad = tmp_path / "bad_scenarios"
+    bad.mkdir()
+    (bad / "broken.yaml").write_text("name: broken\nfamily: agent\nsystem_prompt: s\n"
+                                     "turns: [{expect: {kind: maybe}}]\n")
+    sim = start_sim()
+    run = run_locust(sim.base_url, tmp_path / "bad", _plan(tmp_path, SHORT_PLAN[:1]), "--k3-scenarios",
+                     str(bad / "*.yaml"), timeout_s=60)
+    assert run.returncode == 2 and "broken.yaml: turns[0].expect.kind" in run.stdout + run.stderr

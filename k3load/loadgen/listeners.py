@@ -20,6 +20,7 @@ from k3load.summary import format_summary, summarise
 
 log = logging.getLogger("k3load")
 DEFAULT_STOP_TIMEOUT_S = 30.0
+HARNESS_ERROR_EXIT = 2  # as Locust's own unexpected-error code: no verdict was reached
 
 
 def _on_init(environment: Any, **_kwargs: Any) -> None:
@@ -45,11 +46,22 @@ def _attempt_id(line: str) -> str:
 
 
 def _on_test_start(environment: Any, **_kwargs: Any) -> None:
-    environment.k3_session.ensure_started()
+    session = environment.k3_session
+    if session.fatal:
+        return
+    try:
+        session.ensure_started()
+    except (RuntimeError, ValueError, OSError) as exc:
+        session.fail(str(exc))
 
 
 def _on_quitting(environment: Any, **_kwargs: Any) -> None:
     session: HarnessSession = getattr(environment, "k3_session", None)
+    if session is not None and session.fatal and session.role != "worker":
+        session.close()
+        print(f"k3load: no verdict: the run could not start: {session.fatal}", flush=True)
+        environment.process_exit_code = HARNESS_ERROR_EXIT
+        return
     if session is None or session.role == "worker" or session.run_dir is None:
         return
     added = session.reconcile_spools()

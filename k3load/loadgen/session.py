@@ -67,6 +67,7 @@ class HarnessSession:
         self._long_context: dict[str, str | None] = {}
         self.attempts_written = 0
         self.sampler: Any = None
+        self.fatal = ""  # why the run could not start (a dead server, a bad file); nothing is judged then
 
     @property
     def role(self) -> str:
@@ -122,13 +123,18 @@ class HarnessSession:
         self.sampler = observe.start_sampler(self)
         self.ready.set()
 
+    def fail(self, why: str) -> None:
+        self.fatal = why
+        log.error("k3load: the run cannot start: %s", why)
+
     def _discover_server(self) -> None:
         opts = self.env.parsed_options
         headers = {"Authorization": f"Bearer {opts.k3_api_key}"} if opts.k3_api_key else {}
         try:
             cards = httpx.get(f"{self.env.host}/v1/models", headers=headers, timeout=30).json()["data"]
         except (httpx.HTTPError, KeyError, ValueError) as exc:
-            raise RuntimeError(f"cannot read {self.env.host}/v1/models: {type(exc).__name__}") from None
+            raise RuntimeError(f"the server at {self.env.host} does not answer /v1/models ({type(exc).__name__}): "
+                               "is it running, and is --host right?") from None
         card = next((c for c in cards if c["id"] == opts.k3_model), cards[0]) if cards else {}
         self.model = opts.k3_model or card.get("id", "")
         self.max_model_len = card.get("max_model_len")

@@ -19,10 +19,16 @@ class PlanShape(LoadTestShape):
         session = getattr(self.runner.environment, "k3_session", None)
         if session is None:
             return None
-        if session.run_dir is None and session.role != "worker":
+        if session.fatal:
+            return None
+        try:
+            if session.run_dir is None and session.role != "worker":
+                session.ensure_started()
+                self.reset_time()  # the plan's clock starts when the run directory and observers are ready
             session.ensure_started()
-            self.reset_time()  # the plan's clock starts when the run directory and observers are ready
-        session.ensure_started()
+        except (RuntimeError, ValueError, OSError) as exc:
+            session.fail(str(exc))  # a dead server or a bad scenario/plan: say so and end the run cleanly
+            return None
         stage = session.plan.stage_at(self.get_run_time()) if session.plan else None
         if stage is None:
             return None
