@@ -48,6 +48,14 @@ def run_locust(host: str, out: Path, plan: Path, *extra: str, timeout_s: float =
 VERDICT_CODES = (0, 3, 4, 5)  # go, limited, rebuild, scale_up: the run itself completed (1, 2: harness errors)
 
 
+def _assert_each_served_request_recorded_once(attempts: list, sim) -> None:
+    """No loss, no duplicate: one record per request the server saw. A timeout drill's 1 ms deadline may
+    expire before its request reaches the server, so those may be recorded without being served."""
+    assert len({a.attempt_id for a in attempts}) == len(attempts)
+    early = sum(1 for a in attempts if a.drill and a.status == "timeout")
+    assert _served(sim) <= len(attempts) <= _served(sim) + early
+
+
 def _served(sim) -> int:
     """Requests the sim finished (every reason, aborts included): the server's own count of attempts."""
     with httpx.Client(timeout=10) as client:
@@ -62,7 +70,7 @@ def test_headless_run_writes_records_for_every_family(start_sim, tmp_path):
     attempts = read_records(out / "records.jsonl")
     assert {a.family for a in attempts} == {"agent", "shared_prefix", "cold", "long_input"}
     assert {a.stage for a in attempts} >= {"prefix-control", "load", "long-input", "ramp-c2", "ramp-c6", "soak"}
-    assert len({a.attempt_id for a in attempts}) == len(attempts) == _served(sim)
+    _assert_each_served_request_recorded_once(attempts, sim)
     control = [a for a in attempts if a.stage == "prefix-control"]
     assert len(control) == 4 and len({a.prefix_sha256 for a in control}) == 1  # one user, one pass, sequential
     assert all(a.send_ts >= b.end_ts for a, b in zip(control[1:], control, strict=False))
@@ -129,7 +137,8 @@ def test_processes_lose_and_duplicate_no_record(start_sim, tmp_path):
     run = run_locust(sim.base_url, out, plan, "--processes", "2")
     assert run.returncode in VERDICT_CODES, run.stderr[-3000:]
     attempts = read_records(out / "records.jsonl")
-    assert attempts and len({a.attempt_id for a in attempts}) == len(attempts) == _served(sim)
+    assert attempts
+    _assert_each_served_request_recorded_once(attempts, sim)
     assert len({a.user_id.split("-")[-2] for a in attempts}) == 2  # both worker processes sent records
 
 
