@@ -16,7 +16,7 @@ demo: $(STAMP)
 
 test: $(STAMP) browser
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -m "vllm or not vllm"
 
 # Debian's chromium renders the HTML report in a test (installed when missing and apt is usable).
 browser:
