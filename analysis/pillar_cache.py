@@ -74,8 +74,8 @@ def _inconclusive(control: list[Attempt], config: dict[str, str], window: dict[s
                   limits: dict[str, float], metrics_present: bool) -> list[str]:
     reasons = []
     if not metrics_present:
-        reasons.append("metrics missing: no vllm:* series were scraped during the control window "
-                       "(is --disable-log-stats set?), so hits cannot be seen")
+        reasons.append("metrics missing: vllm:prefix_cache_queries / hits were not scraped during the control "
+                       "window (is --disable-log-stats set?), so hits cannot be seen")
     if len(control) < 2:
         reasons.append("only the cold request ran: there is no warm request to compare")
     if len({a.prefix_sha256 for a in control}) > 1:
@@ -152,7 +152,10 @@ def judge_prefix_cache(data: RunData, index: MetricIndex, limits: dict[str, floa
                                "cache_config": {k: config.get(k) for k in (
                                    "block_size", "enable_prefix_caching", "mamba_block_size",
                                    "cache_hit_alignment_tokens", "num_gpu_blocks") if k in config}}
-    reasons = _inconclusive(control, config, window, limits, index.present(t0, t1))
+    # Absent counters are unknown, never zero hits: with --disable-log-stats vLLM 0.32 still serves
+    # vllm:tool_call_parser_invocations_total, so "some vllm:* series" does not mean cache metrics.
+    metrics_present = index.present(t0, t1) and window["prefix_cache_queries"] is not None
+    reasons = _inconclusive(control, config, window, limits, metrics_present)
     if config.get("enable_prefix_caching") == "False" and index.present(t0, t1):
         reasons = []  # switched off is a fail whatever else was wrong
     if reasons:

@@ -39,6 +39,15 @@ def _gpu(data: RunData, t0: float, t1: float) -> dict[str, Any]:
             "gpu_simulated": bool(rows.get("simulated", pd.Series([False])).fillna(False).any())}
 
 
+def _load_errors(frame: pd.DataFrame) -> pd.Series:
+    """Failures load can cause: 5xx, 408, 429, timeouts, cut streams, transport errors. A 4xx refusal
+    (e.g. vLLM's 400 '"auto" tool choice requires --enable-auto-tool-choice') is the request's or the
+    configuration's fault, not a shortage: it stays a gateway failure of the agent pillar."""
+    status = frame["http_status"]
+    refused = (frame["status"] == "http_error") & status.between(400, 499) & ~status.isin([408, 429])
+    return (frame["status"] != "ok") & ~refused
+
+
 def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow) -> dict[str, Any]:
     t0, t1 = stage.start_ts, stage.end_ts
     frame = data.records[(data.records["stage"] == stage.name) & ~data.records["drill"].astype(bool)]
@@ -53,8 +62,8 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow) -> dict[s
            if t0 <= m.get("ts", 0) <= t1 and m.get("load_generator_cpu_pct") is not None]
     return {
         "stage": stage.name, "kind": stage.kind, "users": stage.users, "start_ts": t0, "duration_s": t1 - t0,
-        "attempts": len(frame), "errors": int((frame["status"] != "ok").sum()),
-        "error_rate": float((frame["status"] != "ok").mean()) if len(frame) else None,
+        "attempts": len(frame), "errors": int(_load_errors(frame).sum()),
+        "error_rate": float(_load_errors(frame).mean()) if len(frame) else None,
         "requests_per_s": len(ok) / duration,
         "output_tokens_per_s": float(ok["completion_tokens"].fillna(0).sum()) / duration,
         "max_prompt_tokens_ok": int(ok["prompt_tokens"].max()) if ok["prompt_tokens"].notna().any() else None,
@@ -65,7 +74,10 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow) -> dict[s
         "running_max": running["max"] if running else None,
         "load_generator_cpu_max_pct": max(cpu) if cpu else None,
         "preemptions": preemptions, "preemptions_per_min": preemptions / duration * 60 if preemptions is not None
-        else None, "server_down_events": len(downs), "metrics_present": index.present(t0, t1),
+        else None, "server_down_events": len(downs),
+        # The engine's own gauges, not any vllm:* series: with --disable-log-stats vLLM 0.32 still
+        # serves vllm:tool_call_parser_invocations_total, and KV, queue and preemptions are unknown.
+        "metrics_present": kv is not None or waiting is not None or running is not None,
         **_gpu(data, t0, t1),
     }
 
