@@ -86,7 +86,8 @@ def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], 
                   for name, p in pillars.items() if p.status != PASS]
     if open_items:
         if limits["max_concurrency"] is not None and resources.status == FAIL:
-            open_items.insert(0, f"hold concurrency at {limits['max_concurrency']} users "
-                                 f"({limits['ran_out_first']} ran out above it)")
+            above = (f"{limits['ran_out_first']} ran out above it" if limits["ran_out_first"]
+                     else "the largest step run; every step held")  # the failure was elsewhere
+            open_items.insert(0, f"hold concurrency at {limits['max_concurrency']} users ({above})")
         return "limited", open_items, limits
     return "go", ["all four pillars pass"], limits
