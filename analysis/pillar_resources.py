@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from k3load.analysis.input_size import input_tokens
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResult
 from k3load.analysis.rundata import RunData
 from k3load.analysis.stages import stage_problems, stage_stats
@@ -26,6 +27,8 @@ PHASES = {
     "restart": "during the restart check: the server did not hold the same load after restarting",
 }
 CRASH_EVENTS = ("server_down", "log_oom", "log_engine_dead")
+CUT_STATUSES = ("truncated", "stream_error", "transport_error")  # how a request the crash caught ends
+DETECTION_S = 5.0  # how long before the crash was seen a cut request may have ended
 SATURATED_CPU_PCT = 95.0
 
 
@@ -55,11 +58,34 @@ def _memory_curve(data: RunData, ts: float, span_s: float = 60.0) -> list[dict[s
 
 
 def _in_flight(data: RunData, ts: float) -> dict[str, Any]:
+    """The requests the crash caught: sent before it and either still running at it, or cut by it.
+
+    The crash's `ts` is when the sampler saw the server gone, up to a poll after the process died,
+    so a request cut by the crash may have ended just before it; one that finished well, or was
+    refused a connection (it never reached the server), is not in flight however close it ended.
+    Input sizes the server never reported are estimated (input_size)."""
     frame = data.records
-    live = frame[(frame["send_ts"] <= ts) & (frame["end_ts"] >= ts - 1.0)]
-    return {"requests_in_flight": len(live),
-            "max_prompt_tokens": int(live["prompt_tokens"].max()) if live["prompt_tokens"].notna().any() else None,
+    cut = frame["status"].isin(CUT_STATUSES) | ((frame["status"] == "http_error") & (frame["http_status"] >= 500))
+    never_arrived = frame["error"].fillna("").str.contains("refused", case=False)  # nobody was listening
+    cut &= ~never_arrived
+    live_mask = (frame["send_ts"] <= ts) & ((frame["end_ts"] >= ts) | (cut & (frame["end_ts"] >= ts - DETECTION_S)))
+    live = frame[live_mask]
+    sizes = input_tokens(frame).loc[live.index]  # tokens per byte learnt from the whole run
+    known = sizes["input_tokens"].dropna()
+    largest = int(known.max()) if not known.empty else None
+    estimated = bool(sizes.loc[known.idxmax(), "input_tokens_estimated"]) if largest is not None else False
+    return {"requests_in_flight": len(live), "max_prompt_tokens": largest, "max_prompt_tokens_estimated": estimated,
+            "prompt_tokens_unknown": int(sizes["input_tokens"].isna().sum()),
             "max_max_tokens": int(live["max_tokens"].max()) if live["max_tokens"].notna().any() else None}
+
+
+def _largest_prompt(conditions: dict[str, Any]) -> str:
+    tokens = conditions["max_prompt_tokens"]
+    if tokens is None:
+        return "largest prompt unknown"
+    if conditions["max_prompt_tokens_estimated"]:
+        return f"largest prompt ~{tokens} tokens (estimated from the bytes sent)"
+    return f"largest prompt {tokens} tokens"
 
 
 def _restart_check(data: RunData, ts: float) -> dict[str, Any]:
@@ -102,8 +128,8 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
     for crash in crashes:
         what = "OOM crash" if crash["oom"] else "server crash"
         reasons.append(f"{what} in stage {crash['stage']} ({crash['phase']}); "
-                       f"{crash['conditions']['requests_in_flight']} requests in flight, largest prompt "
-                       f"{crash['conditions']['max_prompt_tokens']} tokens; restart: {crash['restart']['detail']}")
+                       f"{crash['conditions']['requests_in_flight']} requests in flight, "
+                       f"{_largest_prompt(crash['conditions'])}; restart: {crash['restart']['detail']}")
     saturated = []
     for stats in table:
         if not stats["problems"]:

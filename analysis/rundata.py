@@ -21,7 +21,7 @@ from k3load.records import Attempt, read_records
 RECORD_COLUMNS = ("attempt_id", "chain_id", "attempt", "stage", "scenario", "family", "turn", "turn_kind",
                   "status", "send_ts", "first_token_ts", "end_ts", "ttft_ms", "itl_mean_ms", "e2e_ms",
                   "prompt_tokens", "completion_tokens", "cached_tokens", "max_tokens", "valid", "drill",
-                  "will_retry", "prefix_sha256", "request_sha256", "http_status", "user_id")
+                  "will_retry", "prefix_sha256", "request_sha256", "request_bytes", "http_status", "error", "user_id")
 
 
 @dataclass

@@ -74,6 +74,9 @@ class Attempt:
     failed_layers: list[str] = field(default_factory=list)
     will_retry: bool = False  # a later attempt of the same chain follows
     drill: bool = False  # sent with the scenario's deliberately short first_timeout_s (timeout drill)
+    # Size of the exact body sent: the only measure of a request's input that survives a stream cut
+    # before the server's usage chunk (a crash); None in records written before it existed.
+    request_bytes: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))

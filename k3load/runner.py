@@ -79,6 +79,7 @@ def make_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: Prep
         run_id=ctx.run_id, attempt_id=uuid.uuid4().hex, chain_id=chain_id, attempt=number, stage=ctx.stage(),
         scenario=scenario.name, family=scenario.family, turn=turn.index, turn_kind=turn.kind,
         user_id=ctx.user_id, request_sha256=prepared.sha256, prefix_sha256=prepared.prefix_sha256,
+        request_bytes=len(prepared.body),
         transport=result.transport, status=result.status, send_ts=result.send_ts, end_ts=result.end_ts,
         first_byte_ts=result.first_byte_ts, first_token_ts=result.first_token_ts, chunks=len(result.chunk_ts),
         prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,

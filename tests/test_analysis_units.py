@@ -6,11 +6,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
+
 from k3load.analysis.analyze import analyze
+from k3load.analysis.input_size import input_tokens
 from k3load.analysis.manifest import verify
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS, PillarResult
+from k3load.analysis.pillar_resources import classify_crashes, judge_resources
 from k3load.analysis.ramp import ramp
 from k3load.analysis.report_html import markdown_to_html
+from k3load.analysis.rundata import RunData
 from k3load.analysis.timeline import MetricIndex
 from k3load.analysis.verdict import decide
 
@@ -90,3 +95,40 @@ def test_a_hand_made_directory_is_judged_and_signed(tmp_path: Path):
     assert verify(run) == []
     (run / "extra.txt").write_text("unsigned")
     assert verify(run) == ["not covered by the manifest: extra.txt"]
+
+
+def _attempt_row(scenario: str, turn: int, status: str, send: float, end: float, prompt: int | None,
+                 size: int | None, http_status: int | None = None, error: str | None = None) -> dict:
+    return {"scenario": scenario, "turn": turn, "status": status, "send_ts": send, "end_ts": end, "error": error,
+            "prompt_tokens": prompt, "request_bytes": size, "http_status": http_status, "max_tokens": 64}
+
+
+def test_input_tokens_are_the_servers_count_or_an_estimate_marked_as_one():
+    frame = pd.DataFrame([_attempt_row("a", 0, "ok", 0, 1, 1000, 4000), _attempt_row("a", 0, "ok", 0, 1, 1100, 4400),
+                          _attempt_row("b", 1, "ok", 0, 1, 300, 600),
+                          _attempt_row("a", 0, "truncated", 0, 1, None, 8000),  # same turn: its own ratio
+                          _attempt_row("c", 2, "truncated", 0, 1, None, 1000),  # never finished: run median
+                          _attempt_row("a", 0, "truncated", 0, 1, None, None)])  # an old record: unknown
+    sizes = input_tokens(frame)
+    assert sizes["input_tokens"].tolist()[:5] == [1000, 1100, 300, 2000, 250]
+    assert pd.isna(sizes["input_tokens"].iloc[5])
+    assert sizes["input_tokens_estimated"].tolist() == [False, False, False, True, True, False]
+    assert input_tokens(frame.assign(prompt_tokens=None))["input_tokens"].isna().all()  # nothing to learn from
+
+
+def test_a_crash_names_the_requests_it_cut_not_those_that_had_finished():
+    frame = pd.DataFrame([_attempt_row("a", 0, "ok", 0, 9.5, 1000, 4000),  # finished well before the crash
+                          _attempt_row("a", 0, "truncated", 8, 9.8, None, 8000),  # cut; seen at 10
+                          _attempt_row("a", 0, "transport_error", 9, 12, None, 4400),  # still running at 10
+                          _attempt_row("a", 0, "http_error", 5, 6, None, 4000, 400),  # refused earlier
+                          _attempt_row("a", 0, "transport_error", 9.9, 9.9, None, 9000,  # after the kill
+                                       error="ConnectionRefusedError: [Errno 111] Connection refused"),
+                          _attempt_row("a", 0, "ok", 11, 12, 1000, 4000)])  # sent after it
+    data = RunData(path=Path("."), records=frame.assign(attempt_id=[str(i) for i in range(6)]),
+                   events=[{"event": "server_down", "ts": 10.0, "reason": "connection refused"}])
+    (crash,) = classify_crashes(data)
+    assert crash["conditions"] == {"requests_in_flight": 2, "max_prompt_tokens": 2000,
+                                   "max_prompt_tokens_estimated": True, "prompt_tokens_unknown": 0,
+                                   "max_max_tokens": 64}
+    result, _ = judge_resources(data, MetricIndex([]), {})
+    assert "2 requests in flight, largest prompt ~2000 tokens (estimated from the bytes sent)" in result.reasons[0]
