@@ -43,6 +43,13 @@ CASES: dict[str, dict[str, Any]] = {
                                      "nccl_version 2.28.7", "1 other warning(s)"]),
             "custom_build": ("not_applicable", ["no custom build declared"]),
         }),
+    "eager_mode": dict(  # --enforce-eager is a choice, not a broken kernel stack: named, not judged
+        container="cu130-gb300.txt", hosts=GOOD_HOSTS, log="k3-eager.log", image=K3_IMAGE, server=True,
+        status="pass", expect={
+            "startup_log": ("pass", ["no NCCL, communication or kernel warnings", "device cuda", "3 other warning(s)",
+                                     "noted, not judged: --enforce-eager: torch.compile and CUDA graphs off"]),
+            **{rule: ("pass", []) for rule in PASSING if rule != "startup_log"},
+        }),
     "r575_host": dict(
         container="cu130-gb300-r575.txt", hosts=("gb300-n01-r575.json", "gb300-n02-r575.json"), image=K3_IMAGE,
         status="fail", expect={

@@ -14,7 +14,7 @@ import yaml
 from k3load.precheck.collect_env import major, parse_collect_env, parse_version, version_at_least
 from k3load.precheck.evidence import normalise_host, public_url
 from k3load.precheck.recipe import GPU_GROUPS, RecipeError, load_recipe
-from k3load.precheck.startup_log import category, non_default_args, parse_startup_log
+from k3load.precheck.startup_log import NOTICES, Notice, category, non_default_args, parse_startup_log
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "precheck"
@@ -166,6 +166,73 @@ def test_category_is_platform_aware_only_for_triton() -> None:
     assert category("WARNING", "cpu.py:224", msg, "cuda") == "kernel"
     cuda_msg = "cuBLAS failed to initialise, falling back"
     assert category("WARNING", "x.py:1", cuda_msg, "cpu") == category("WARNING", "x.py:1", cuda_msg, "cuda") == "kernel"
+
+
+# vLLM 0.32.0's own text, with its %s filled in as a real log would (sources in startup_log.NOTICES).
+EAGER = ("Enforce eager set, disabling torch.compile, CUDAGraphs, and JIT kernel warmup. This is equivalent to "
+         "setting -cc.mode=none -cc.cudagraph_mode=none and --kernel_config.enable_jit_warmup=False")
+REAL_NOTICES = [
+    EAGER,
+    "Enforce eager set, disabling torch.compile and CUDAGraphs. This is equivalent to setting -cc.mode=none "
+    "-cc.cudagraph_mode=none",
+    "CUDA graph memory profiling is disabled (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0). Without it, CUDA graph "
+    "memory is not accounted for during KV cache allocation, which may require lowering --gpu-memory-utilization to "
+    "avoid OOM. Consider re-enabling it (the default as of v0.21.0) and increasing --gpu-memory-utilization from "
+    "0.9000 to 0.9213.",
+    "KV connector LMCacheConnectorV1 requires PIECEWISE CUDA graph mode due to layerwise async operations that "
+    "cannot be captured in CUDA graphs. Overriding cudagraph_mode from FULL_AND_PIECEWISE to PIECEWISE.",
+    "Auto-disabled DeepGemm for model_type=qwen3_5_moe_text on Blackwell. DeepGemm E8M0 scale format causes "
+    "accuracy degradation for this architecture. Falling back to CUTLASS. To disable DeepGemm globally, set "
+    "VLLM_USE_DEEP_GEMM=0.",
+    "Using default W8A8 Block FP8 kernel config. Performance might be sub-optimal! Config file not found at "
+    "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/layers/quantization/utils/configs/N=4096,K=7168,"
+    "device_name=NVIDIA_GB300,dtype=fp8_w8a8,block_shape=[128,128].json",
+]
+
+
+@pytest.mark.parametrize("platform", ["cuda", "cpu"])
+@pytest.mark.parametrize("message", REAL_NOTICES, ids=lambda m: m[:24])
+def test_configuration_notices_are_noted_not_flagged(message: str, platform: str) -> None:
+    """--enforce-eager and the like are choices, not a broken kernel stack: listed with a note, never flagged."""
+    line = f"(EngineCore pid=212) WARNING 08-20 09:30:19 [vllm.py:1703] {message}"
+    log = parse_startup_log(line + "\n", platform)
+    assert log["flagged"] == []
+    assert [w["text"] for w in log["other_warnings"]] == [line[:400]] and log["other_warnings"][0]["notice"]
+
+
+@pytest.mark.parametrize("message", [
+    EAGER + " CUDA error: no kernel image is available for execution on the device",  # a notice plus an error
+    EAGER.replace("JIT kernel warmup", "JIT kernel warmup failed"),  # almost the notice: not it
+    "CUDA graph is not supported for KimiK3ForCausalLM on ROCm yet, fallback to eager mode.",  # model.py:1478
+    "FlashInfer kernels are disabled: flashinfer-cubin is not installed and nvcc (CUDA_HOME, CUDA_PATH, PATH or "
+    "/usr/local/cuda) or ninja (PATH) is missing. Set CUDA_HOME to a CUDA toolkit and put ninja on PATH, or run "
+    "`vllm download-kernels`.",  # vllm/utils/flashinfer.py:99
+    "Failed to import vendored deep_gemm: No module named 'vllm._deep_gemm_C'",  # vllm/utils/deep_gemm.py:213
+    "Using default W8A8 Block FP8 kernel config. Performance might be sub-optimal! Config file not found at "
+    "/x/N=4096.json; falling back to Triton: cudaErrorNoKernelImageForDevice",
+])
+def test_lines_next_to_the_notices_still_fail(message: str) -> None:
+    line = f"(Worker_TP0 pid=301) WARNING 08-20 09:30:19 [vllm.py:1703] {message}"
+    log = parse_startup_log(line + "\n", "cuda")
+    assert [f["category"] for f in log["flagged"]] == ["kernel"] and log["other_warnings"] == []
+
+
+def test_a_notice_at_error_level_is_not_a_notice() -> None:
+    assert category("ERROR", "vllm.py:1703", EAGER, "cuda") == "kernel"
+    assert category("WARNING", "vllm.py:1703", EAGER, "cuda") is None
+
+
+VLLM_SOURCE = sorted(ROOT.glob(".cache/k3load/*/venv/lib/python3*/site-packages/vllm"))
+
+
+@pytest.mark.skipif(not VLLM_SOURCE, reason="no vLLM venv under .cache/k3load (scripts/vllm_cpu.sh install)")
+@pytest.mark.parametrize("notice", NOTICES, ids=lambda n: n.note[:24])
+def test_every_notice_is_still_in_the_vllm_source(notice: Notice) -> None:
+    """A notice cites where vLLM emits it; the installed vLLM must still say its opening words there."""
+    path, line = notice.source.split(",")[0].split(" ")[0].split(":")
+    lines = (VLLM_SOURCE[-1].parent / path).read_text().splitlines()
+    opening = notice.message.pattern.split("\\")[0].split("(")[0]
+    assert len(opening) > 10 and opening in "\n".join(lines[int(line) - 3:int(line) + 3]), (path, line, opening)
 
 
 def test_non_default_args_survive_config_reprs() -> None:

@@ -337,7 +337,8 @@ def serve_flags(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
 
 
 def startup_log(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
-    """No NCCL, communication or kernel warnings; on CUDA, initialisation, NCCL and kernels seen."""
+    """No NCCL, communication or kernel warnings; on CUDA, initialisation, NCCL and kernels seen. Known
+    configuration notices (--enforce-eager and the like, startup_log.NOTICES) are named, not judged."""
     log = ev.startup
     if log is None:
         return result("startup_log", INCONCLUSIVE, "no startup log saved (--startup-log): CUDA initialisation, "
@@ -349,12 +350,14 @@ def startup_log(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
         fails.insert(0, f"{len(log['flagged'])} NCCL/communication/kernel warning(s): {quote(log['flagged'])}")
     if fails:
         return result("startup_log", FAIL, "; ".join(fails), files, **details)
+    notes = sorted({w["notice"] for w in log["other_warnings"] if w.get("notice")})
+    noted = f"; noted, not judged: {'; '.join(notes)}" if notes else ""
     if gaps:
-        return result("startup_log", INCONCLUSIVE, "; ".join(gaps), files, **details)
+        return result("startup_log", INCONCLUSIVE, "; ".join(gaps) + noted, files, **details)
     seen = [f"{k} {(log[k] or {}).get('value')}" for k in ("device", "comm_backend", "nccl_version") if log[k]]
     other = f"; {len(log['other_warnings'])} other warning(s), not about compatibility" if log["other_warnings"] else ""
     return result("startup_log", PASS, f"no NCCL, communication or kernel warnings in {log['lines']} lines"
-                  f"{'; ' + ', '.join(seen) if seen else ''}{other}", files, **details)
+                  f"{'; ' + ', '.join(seen) if seen else ''}{other}{noted}", files, **details)
 
 
 # -- custom build --------------------------------------------------------------------------------------------

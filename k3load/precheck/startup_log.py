@@ -7,6 +7,10 @@ criteria name three kinds that mean the deployment does not match its build: NCC
 (all-reduce, P2P, NVLink, IB, process groups) and kernel loading (CUDA, cuBLAS, FlashAttention,
 FlashInfer, CUTLASS, DeepGEMM, Triton, "no kernel image"). Those fail; the rest is listed, not judged.
 Python DeprecationWarning/FutureWarning lines are about source code, not the running deployment.
+A few vLLM warnings name a kernel word but report a choice, not a broken stack: the operator's flag or
+environment variable (`--enforce-eager`), or a default vLLM picks on purpose. They are listed in
+NOTICES, word for word with the vLLM source line each comes from, and kept as other warnings with a
+note; a message that only resembles one (or carries a CUDA error) is judged as usual.
 
 Line formats (vLLM 0.32.0 CPU log as captured by tests/target_fixtures.py, vLLM's logger format in
 `vllm/logger.py`, NCCL's `host:pid:tid [rank] NCCL WARN`): every format may carry vLLM's
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 _PREFIX = r"^(?:\((?P<proc>[^)]*?) pid=\d+\) )?"
 _VLLM = re.compile(_PREFIX + r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
@@ -49,6 +53,44 @@ FAILURE = re.compile(r"fail|error|not (?:be )?(?:available|found|supported|insta
                      r"|could not|cannot|can't|unable|\binstead\b|illegal", re.I)
 ALWAYS_KERNEL = re.compile(r"no kernel image|CUDA error|cudaError|CUBLAS_STATUS|illegal memory access", re.I)
 
+
+class Notice(NamedTuple):
+    """A vLLM warning that reports a deliberate configuration, not a compatibility problem."""
+
+    note: str  # what it means, for the report
+    source: str  # where vLLM 0.32.0 emits it (vllm/...)
+    message: re.Pattern[str]  # the whole message: a notice with anything added is not one
+
+
+NOTICES: tuple[Notice, ...] = (
+    Notice("--enforce-eager: torch.compile and CUDA graphs off by choice (slower, not broken)",
+           "vllm/config/vllm.py:1697 (with --enable-fault-tolerance) and :1703, VllmConfig.__post_init__",
+           re.compile(r"Enforce eager set, disabling torch\.compile(?: and CUDAGraphs|, CUDAGraphs, and JIT kernel "
+                      r"warmup)\. This is equivalent to setting -cc\.mode=none -cc\.cudagraph_mode=none"
+                      r"(?: and --kernel_config\.enable_jit_warmup=False)?")),
+    Notice("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0: CUDA graph memory not profiled by choice (a sizing note)",
+           "vllm/v1/worker/gpu_worker.py:791, Worker.determine_available_memory",
+           re.compile(r"CUDA graph memory profiling is disabled \(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0\)\. "
+                      r"Without it, CUDA graph memory is not accounted for during KV cache allocation, which may "
+                      r"require lowering --gpu-memory-utilization to avoid OOM\. Consider re-enabling it \(the "
+                      r"default as of v\d+\.\d+\.\d+\) and increasing --gpu-memory-utilization from [\d.]+ to "
+                      r"[\d.]+\.")),
+    Notice("the chosen KV connector needs piecewise CUDA graphs: vLLM sets them",
+           "vllm/config/vllm.py:1917, VllmConfig.__post_init__",
+           re.compile(r"KV connector \w+ requires PIECEWISE CUDA graph mode due to layerwise async operations that "
+                      r"cannot be captured in CUDA graphs\. Overriding cudagraph_mode from \w+ to PIECEWISE\.")),
+    Notice("vLLM's own per-model choice of CUTLASS over DeepGEMM on Blackwell",
+           "vllm/config/vllm.py:1533, VllmConfig.__post_init__ (vllm/utils/deep_gemm.py, "
+           "should_auto_disable_deep_gemm)",
+           re.compile(r"Auto-disabled DeepGemm for model_type=\w+ on Blackwell\. DeepGemm E8M0 scale format causes "
+                      r"accuracy degradation for this architecture\. Falling back to CUTLASS\. To disable DeepGemm "
+                      r"globally, set VLLM_USE_DEEP_GEMM=0\.")),
+    Notice("no tuned W8A8 block-FP8 kernel config for this GPU and shape: defaults used (a performance note)",
+           "vllm/model_executor/layers/quantization/utils/fp8_utils.py:953, get_w8a8_block_fp8_configs",
+           re.compile(r"Using default W8A8 Block FP8 kernel config\. Performance might be sub-optimal! Config file "
+                      r"not found at \S+")),
+)
+
 _DEVICE = re.compile(r"device_config=(\w+)|detected platform (\w+)")
 _BACKEND = re.compile(r"distributed_init_method=\S+ backend=(\w+)")
 _NCCL_VERSION = re.compile(r"vLLM is using nccl==(\S+)")
@@ -56,6 +98,13 @@ _KERNEL_LINE = re.compile(r"Using (\S+) (?:attention )?backend|Loading weights t
 _VERSION = re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\)|\bversion (\d+\.\d+\.\d+\S*)")
 _ARGS = re.compile(r"non-default args: (\{.*\})\s*$")
 _PAIR = re.compile(r"'(\w+)': ('(?:[^'\\]|\\.)*'|True|False|None|-?\d+(?:\.\d+)?(?:e-?\d+)?|\[[^\]]*\])")
+
+
+def notice(level: str, message: str) -> Notice | None:
+    """The known configuration notice this whole WARNING message is; None for anything else."""
+    if level != "WARNING":
+        return None
+    return next((n for n in NOTICES if n.message.fullmatch(message.strip())), None)
 
 
 def _entry(line: str) -> tuple[str, str, str] | None:
@@ -72,6 +121,8 @@ def _entry(line: str) -> tuple[str, str, str] | None:
 def category(level: str, source: str, message: str, platform: str) -> str | None:
     """'nccl', 'communication' or 'kernel' for a warning that means a compatibility problem; else None."""
     if level.endswith(_CODE_WARNINGS) or level in ("DEBUG", "INFO", "TRACE"):
+        return None
+    if notice(level, message) and not ALWAYS_KERNEL.search(message):
         return None
     text = f"{source} {message}"
     if NCCL.search(text):
@@ -124,7 +175,8 @@ def parse_startup_log(text: str, platform: str) -> dict[str, Any]:
         if found:
             facts["flagged"].append({**item, "category": found})
         else:
-            facts["other_warnings"].append(item)
+            known = notice(level, message)
+            facts["other_warnings"].append({**item, "notice": known.note} if known else item)
     return facts
 
 
