@@ -117,15 +117,23 @@ def test_sim_restart_on_the_same_port_gives_down_up_and_a_counter_reset(start_si
 
 
 def test_metrics_disabled_is_missing_not_zeros(start_sim, sampled, tmp_path):
+    """As vLLM 0.32 with --disable-log-stats: the tool-parser counter is written as it is, the engine's
+    gauges are said to be missing (once), never zeros."""
     sim = start_sim("--metrics-disabled")
     sampler = sampled(sim.base_url + "/metrics")
     out = tmp_path / "run"
     wait_for(lambda: len(read_jsonl(out / "metrics.jsonl")) >= 3, what="three scrapes")
     sampler.stop()
     lines = read_jsonl(out / "metrics.jsonl")
-    assert all(line["ok"] and line["vllm_series"] == 0 and line["samples"] == {} for line in lines)
+    assert all(line["ok"] and line["vllm_series"] == 12 for line in lines)
+    assert {key.partition("{")[0] for line in lines for key in line["samples"]} == {
+        "vllm:tool_call_parser_invocations_total"}
     (missing,) = events(out, "metrics_missing")
-    assert "disable-log-stats" in missing["reason"]
+    assert missing["absent"] == ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"]
+    assert missing["reason"] == ("no vllm:num_requests_running / vllm:num_requests_waiting / vllm:kv_cache_usage_perc "
+                                 "on /metrics (only 12 vllm:tool_call_parser_invocations_total series): "
+                                 "vLLM started with --disable-log-stats?")
+    assert not events(out, "metrics_back")
     assert read_jsonl(out / "gpu.jsonl")  # the sim's GPU gauges are still there
 
 

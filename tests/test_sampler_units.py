@@ -1,4 +1,5 @@
-"""The sampler's parts without sockets: parsing, resets, dcgm rows, log flags, health transitions, NVML."""
+"""The sampler's parts without sockets: parsing, resets, dcgm rows, metrics missing, log flags, health
+transitions, NVML."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from k3load.sampler.gpu import GPU_FIELDS, throttle_reasons
 from k3load.sampler.health import HealthWatch
 from k3load.sampler.logtail import classify
 from k3load.sampler.nvml import NvmlReader, inventory, load
-from k3load.sampler.prom import counter_resets, parse, sample_key, split_key
+from k3load.sampler.prom import absent_required, counter_resets, parse, sample_key, split_key
+from k3load.sampler.scrape import MetricsWatch
 from tests.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, FakeNvml
 from tests.probes import WIRE
 
@@ -155,9 +157,78 @@ def test_log_lines_are_flagged_by_kind(line, kind):
     assert classify(line) == kind
 
 
+# -- metrics missing -------------------------------------------------------------------------------
+ENGINE_GAUGES = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"]
+# What vLLM 0.32 with --disable-log-stats still serves under vllm: (the tool-parser family of a real capture).
+STATS_OFF_BODY = "".join(line + "\n" for line in (WIRE / "metrics_end.txt").read_text().splitlines()
+                         if "vllm:tool_call_parser_invocations" in line)
+NO_VLLM_BODY = "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.7e9\n"
+
+
+def _watched(*bodies: str) -> tuple[list[dict], list[tuple]]:
+    """Each body scraped once, at ts 1, 2, ...: the metrics.jsonl lines and the missing/back events."""
+    lines: list[dict] = []
+    events: list[tuple] = []
+    queue = iter(bodies)
+    watch = MetricsWatch("http://x/metrics", lambda _url: Fetched(True, 200, next(queue), None, 1.0), lines,  # type: ignore[arg-type]
+                         lambda name, ts, **f: events.append((name, ts, f)))
+    for ts in range(1, len(bodies) + 1):
+        watch.tick(float(ts), None)
+    return lines, [e for e in events if e[0] in ("metrics_missing", "metrics_back")]
+
+
+@pytest.mark.parametrize(("body", "absent"), [
+    ((WIRE / "metrics_after.txt").read_text(), []),
+    (STATS_OFF_BODY, ENGINE_GAUGES),
+    (LEGACY_BODY + "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n", []),  # the old KV name counts
+    (NO_VLLM_BODY, ENGINE_GAUGES),
+])
+def test_required_engine_gauges(body, absent):
+    assert absent_required(parse(body)) == absent
+
+
+def test_stats_disabled_is_missing_but_what_remains_is_written():
+    full = (WIRE / "metrics_after.txt").read_text()
+    lines, events = _watched(STATS_OFF_BODY, STATS_OFF_BODY, full, NO_VLLM_BODY, full)
+    assert [(name, ts) for name, ts, _ in events] == [("metrics_missing", 1.0), ("metrics_back", 3.0),
+                                                      ("metrics_missing", 4.0), ("metrics_back", 5.0)]
+    missing = events[0][2]
+    assert missing["absent"] == ENGINE_GAUGES and missing["vllm_series"] == 12
+    assert missing["reason"] == ("no vllm:num_requests_running / vllm:num_requests_waiting / vllm:kv_cache_usage_perc"
+                                 " on /metrics (only 12 vllm:tool_call_parser_invocations_total series): "
+                                 "vLLM started with --disable-log-stats?")
+    assert events[2][2]["reason"] == "no vllm:* series on /metrics (vLLM started with --disable-log-stats?)"
+    for line in lines[:2]:  # the series that are there are kept, never thrown away
+        assert line["ok"] and line["vllm_series"] == 12 and len(line["samples"]) == 12
+        assert all(key.startswith("vllm:tool_call_parser_invocations_total{") for key in line["samples"])
+    assert lines[3]["vllm_series"] == 0 and lines[3]["samples"] == {}  # nothing at all: the empty line as before
+    assert lines[2]["vllm_series"] > 300
+
+
+def test_one_engine_gauge_missing_is_named():
+    body = (WIRE / "metrics_after.txt").read_text().replace("vllm:kv_cache_usage_perc", "vllm:kv_cache_fill")
+    _, events = _watched(body)
+    ((name, _, fields),) = events
+    assert name == "metrics_missing" and fields["absent"] == ["vllm:kv_cache_usage_perc"]
+    series = fields["vllm_series"]
+    assert fields["reason"].startswith(f"no vllm:kv_cache_usage_perc on /metrics ({series} vllm:* series: ")
+    assert fields["reason"].endswith("more names): renamed in this vLLM version?")
+
+
 # -- health ------------------------------------------------------------------------------------------
+TIMEOUT = "timeout after 2 s"
+
+
 def _fetched(ok: bool, status: int | None = None, error: str | None = None) -> Fetched:
     return Fetched(ok, status, "", error, 1.0)
+
+
+def _health(polls: list[tuple[float, Fetched]], **kw: float) -> tuple[HealthWatch, list[tuple]]:
+    events: list[tuple] = []
+    watch = HealthWatch("u", lambda name, ts, **f: events.append((name, ts, f)), "u", **kw)  # type: ignore[arg-type]
+    for ts, result in polls:
+        watch.observe(result, ts)
+    return watch, events
 
 
 def test_health_writes_transitions_only():
@@ -173,11 +244,51 @@ def test_health_writes_transitions_only():
 
 
 def test_health_down_at_first_poll_is_said():
-    events: list[tuple] = []
-    watch = HealthWatch("u", lambda name, ts, **f: events.append((name, f)), "u")
-    watch.observe(_fetched(False, None, "timeout after 2 s"), 1.0)
-    assert events == [("server_down", {"source": "u", "reason": "timeout after 2 s", "http_status": None,
-                                       "first_poll": True})]
+    _, events = _health([(1.0, _fetched(False, None, "connection refused"))])
+    assert events == [("server_down", 1.0, {"source": "u", "reason": "connection refused", "http_status": None,
+                                            "first_poll": True, "failed_polls": 1, "unanswered_s": 0.0})]
+
+
+def test_one_slow_poll_is_no_crash():
+    """Loaded machine: one /health past the fetch timeout, then an answer: a health_slow, never server_down."""
+    watch, events = _health([(0.0, _fetched(True, 200)), (3.0, _fetched(False, None, TIMEOUT)),
+                             (4.0, _fetched(True, 200))])
+    assert events == [("health_slow", 3.0, {"source": "u", "reason": TIMEOUT, "failed_polls": 1,
+                                            "unanswered_s": 1.0})]
+    assert watch.transitions == 0 and watch.up is True
+
+
+def test_polls_that_keep_timing_out_are_down_from_the_first():
+    """A hung server (each tick ~4 s: /metrics and /health both time out): said at the third poll, 8 s on,
+    stamped with the first failed poll so the crash timing is where it stopped answering."""
+    polls = [(0.0, _fetched(True, 200))] + [(t, _fetched(False, None, TIMEOUT)) for t in (4.0, 8.0)]
+    _, events = _health(polls)
+    assert events == []
+    _, events = _health([*polls, (12.0, _fetched(False, None, TIMEOUT)), (16.0, _fetched(False, None, TIMEOUT)),
+                         (20.0, _fetched(True, 200))])
+    assert events == [("server_down", 4.0, {"source": "u", "reason": TIMEOUT, "http_status": None,
+                                            "first_poll": False, "failed_polls": 3, "unanswered_s": 8.0}),
+                      ("server_up", 20.0, {"source": "u", "down_s": 16.0})]
+
+
+@pytest.mark.parametrize(("polls", "down"), [
+    # Three quick timeouts are not yet 5 s: the fourth, 5 s after the first, is.
+    ([(t, _fetched(False, None, TIMEOUT)) for t in (1.0, 2.0, 3.0, 6.0)], (1.0, 4, 5.0, True)),
+    # A gateway's 504 is no answer either; then refused: the process is gone, said at once.
+    ([(1.0, _fetched(False, 504, "HTTP 504")), (3.0, _fetched(False, None, "connection refused"))],
+     (1.0, 2, 2.0, True)),
+    ([(0.0, _fetched(True, 200)), (1.0, _fetched(False, None, "connection reset"))], (1.0, 1, 0.0, False)),
+])
+def test_health_down_after_a_spell(polls, down):
+    watch, events = _health(polls)
+    ((name, ts, fields),) = events
+    assert name == "server_down" and watch.up is False and watch.transitions == 1
+    assert (ts, fields["failed_polls"], fields["unanswered_s"], fields["first_poll"]) == down
+
+
+def test_health_down_thresholds_are_parameters():
+    _, events = _health([(0.0, _fetched(False, None, TIMEOUT))], down_after_polls=1, down_after_s=0.0)
+    assert [e[0] for e in events] == ["server_down"]
 
 
 def test_urls():

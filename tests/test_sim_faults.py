@@ -99,11 +99,19 @@ def test_prefix_caching_on_but_never_hitting(start_sim, client):
     assert total(samples, "vllm:cache_config_info", enable_prefix_caching="True") == 1
 
 
-def test_metrics_disabled_leaves_no_vllm_series(start_sim, client):
+def test_metrics_disabled_leaves_only_the_tool_parser_counter(start_sim, client):
+    """As vLLM 0.32 with --disable-log-stats: the API server's tool-parser counter stays (its 12 label sets
+    from the start, still counting); every engine family is gone; the simulated DCGM gauges stay."""
     t = _t(start_sim("--metrics-disabled"))
-    chat(t, client, messages=ASK, max_tokens=2)
-    names = {name for name, _ in scrape(t, client)}
-    assert not any(n.startswith("vllm:") for n in names) and "DCGM_FI_DEV_FB_USED" in names
+    parser = "vllm:tool_call_parser_invocations_total"
+    before = scrape(t, client)
+    assert len([key for key in before if key[0] == parser]) == 12 and total(before, parser) == 0
+    assert chat(t, client, messages=ASK, tools=[WEATHER]).status_code == 200
+    samples = scrape(t, client)
+    names = {name for name, _ in samples}
+    assert {n for n in names if n.startswith("vllm:")} == {parser, "vllm:tool_call_parser_invocations_created"}
+    assert total(samples, parser, mode="non_streaming", request_type="chat_completions") == 1
+    assert "DCGM_FI_DEV_FB_USED" in names
 
 
 def test_oom_crash_when_kv_demand_passes_the_threshold(start_sim, client):

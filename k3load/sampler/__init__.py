@@ -25,7 +25,11 @@ metrics.jsonl — one line per scrape of vLLM /metrics::
   gauges) keyed by name and sorted labels (`k3load.sampler.prom.split_key` splits a key); values are
   cumulative as the server reports them — subtract two lines of the same window, and restart from zero
   after a `counter_reset` event. Left out: `*_created` samples and `vllm:*_info` gauges (their labels
-  are events). `vllm_series: 0` with empty samples = metrics missing (never zeros). A value that is
+  are events). `vllm_series: 0` with empty samples = no vllm:* series at all (never zeros). Metrics count
+  as missing when the engine's gauges (`k3load.sampler.prom.REQUIRED_SERIES`: num_requests_running,
+  num_requests_waiting, kv_cache_usage_perc) are absent, even if other vllm:* series remain (vLLM 0.32 with
+  --disable-log-stats keeps its 12 `vllm:tool_call_parser_invocations_total` series): those are still
+  written, the `metrics_missing` event says what is absent, and absent series are unknown. A value that is
   NaN/Inf is null. `load_generator_cpu_pct`: CPU of the sampling process per wall second (100 = one core).
 
 gpu.jsonl — one line per GPU per reading (fields a source lacks are null)::
@@ -39,9 +43,13 @@ events.jsonl — `{"ts", "event", ...}`, shared with the locust layer's run_star
     sampler_start   metrics_url, health_url, gpu_metrics_urls, interval_s, timeout_s, nvml, server_log,
                     server_log_cmd_program, api_key ("set"|null), host, pid
     sampler_stop    scrapes, scrape_failures, gpu_rows, health_transitions, loop_errors, log_lines, log_flags
-    server_down     source, reason, http_status, first_poll        server_up  source, down_s
+    server_down     source, reason, http_status, first_poll, failed_polls, unanswered_s    server_up  source, down_s
+                    (refused, reset or an HTTP error: at the first failed poll; polls that time out: only
+                    after 3 failed polls over >= 5 s, stamped with the first failed poll's ts)
+    health_slow     source, reason, failed_polls, unanswered_s: /health timed out, then answered before it
+                    counted as down (ts: the first slow poll); not a crash, no restart
     counter_reset   source, series_down, examples, process_start_ts_before, process_start_ts_after
-    metrics_missing source, reason                                  metrics_back  source, vllm_series
+    metrics_missing source, reason, absent: [required names], vllm_series   metrics_back  source, vllm_series
     cache_config    source, family, labels: [one label dict per engine]   (vllm_info: other vllm:*_info)
     gpu_found       source, node, gpus, names          gpu_unavailable  source, reason
     gpu_source_down source, reason                     gpu_source_up    source

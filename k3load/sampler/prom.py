@@ -12,6 +12,10 @@ The shape kept per scrape (see `k3load.sampler` for the whole metrics.jsonl line
   `vllm:*_info` gauges (always 1; their labels are the information and go to events on change).
 - `types`: `{family: "counter"|"gauge"|"histogram"|...}` as the server declared them.
 - `legacy`: the old-named families present (`vllm:gpu_cache_usage_perc`, ...) mapped to today's name.
+
+Metrics count as present only when the scheduler and KV-cache gauges are (`REQUIRED_SERIES`, see
+`absent_required`), not when any vllm:* series is: vLLM 0.32 started with `--disable-log-stats` still
+serves `vllm:tool_call_parser_invocations_total` (12 series) and nothing else under vllm:.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ LEGACY_FAMILIES: dict[str, str] = {
     "vllm:gpu_prefix_cache_hits": "vllm:prefix_cache_hits",
     "vllm:time_per_output_token_seconds": "vllm:inter_token_latency_seconds",
 }
+# The engine's state every load judgment reads (analysis/stages.py): absent, the server's view of a run
+# is unknown whatever other vllm:* series remain. Names as on the wire (gauges: the family's own name).
+REQUIRED_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 _MONOTONIC_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -84,6 +91,24 @@ def _take_vllm(out: Parsed, name: str, kind: str, samples: Iterable) -> None:
         if kind in ("counter", "histogram", "summary") and sample.name.endswith(_MONOTONIC_SUFFIXES):
             out.monotonic.add(sample.name)
         out.samples[sample_key(sample.name, sample.labels)] = _number(sample.value)
+
+
+def series_names(parsed: Parsed) -> dict[str, int]:
+    """How many series each vllm:* sample name has (info gauges included), in the order first seen."""
+    counts: dict[str, int] = {}
+    for key in parsed.samples:
+        name = key.partition("{")[0]
+        counts[name] = counts.get(name, 0) + 1
+    for name, label_sets in parsed.infos.items():
+        counts[name] = counts.get(name, 0) + len(label_sets)
+    return counts
+
+
+def absent_required(parsed: Parsed, required: tuple[str, ...] = REQUIRED_SERIES) -> list[str]:
+    """The required series the body lacks; a legacy name (`vllm:gpu_cache_usage_perc`) stands for today's."""
+    present = set(series_names(parsed))
+    present |= {LEGACY_FAMILIES[name] for name in present if name in LEGACY_FAMILIES}
+    return [name for name in required if name not in present]
 
 
 def _number(value: float) -> float | None:

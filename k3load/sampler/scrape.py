@@ -2,7 +2,8 @@
 
 Why stateful here and pure in prom.py: what the verdict needs from a *sequence* of scrapes is the
 changes — a counter that went down (server restart: deltas must restart from zero, never go
-negative), the metrics vanishing (`--disable-log-stats`: "metrics missing", never zeros), the cache
+negative), the engine's gauges vanishing (`--disable-log-stats`: "metrics missing", never zeros, even
+though vLLM 0.32 keeps serving its tool-parser counter, which is still written), the cache
 geometry (`vllm:cache_config_info`: block size, KV capacity) — and those are said once, as events,
 while each line stays self-contained (a full snapshot) so the analysis can subtract any two lines.
 """
@@ -15,11 +16,12 @@ from typing import Any
 from k3load.rundir import JsonlLog
 from k3load.sampler.dcgm import dcgm_rows
 from k3load.sampler.fetch import Fetched, redact_url
-from k3load.sampler.prom import Parsed, counter_resets, parse
+from k3load.sampler.prom import REQUIRED_SERIES, Parsed, absent_required, counter_resets, parse, series_names
 
 EventSink = Callable[..., None]  # event(name, ts, **fields)
 GpuSink = Callable[[list[dict[str, Any]]], None]
 RESET_EXAMPLES = 5
+REMAINING_EXAMPLES = 3
 
 
 class MetricsWatch:
@@ -53,9 +55,16 @@ class MetricsWatch:
             self._fail({**base, "ok": False}, f"parse error: {exc}"[:300], result.status)
             return
         self._gpu(parsed, ts)
+        absent = absent_required(parsed)
         if parsed.vllm_series == 0:
-            self._missing(base, ts)
+            self._missing(ts, parsed, absent)
+            self._lines.append({**base, "vllm_series": 0, "samples": {}, "legacy": {}, "process_start_ts": None})
             return
+        if absent:
+            self._missing(ts, parsed, absent)  # the series that are there are still written: never thrown away
+        elif self.missing:
+            self.missing = False
+            self._event("metrics_back", ts, source=self.source, vllm_series=parsed.vllm_series)
         self._present(parsed, ts)
         self._lines.append(self._line(base, parsed))
         self.previous, self.monotonic = parsed.samples, parsed.monotonic
@@ -64,18 +73,14 @@ class MetricsWatch:
         self.failures += 1
         self._lines.append({**base, "error": error, "http_status": status})
 
-    def _missing(self, base: dict[str, Any], ts: float) -> None:
-        """A body without any vllm:* series: said once per spell, and the line carries no numbers."""
+    def _missing(self, ts: float, parsed: Parsed, absent: list[str]) -> None:
+        """The engine's gauges are not on /metrics: said once per spell, naming what is absent."""
         if not self.missing:
             self.missing = True
-            self._event("metrics_missing", ts, source=self.source,
-                        reason="no vllm:* series on /metrics (vLLM started with --disable-log-stats?)")
-        self._lines.append({**base, "vllm_series": 0, "samples": {}, "legacy": {}, "process_start_ts": None})
+            self._event("metrics_missing", ts, source=self.source, reason=missing_reason(parsed, absent),
+                        absent=absent, vllm_series=parsed.vllm_series)
 
     def _present(self, parsed: Parsed, ts: float) -> None:
-        if self.missing:
-            self.missing = False
-            self._event("metrics_back", ts, source=self.source, vllm_series=parsed.vllm_series)
         self._resets(parsed, ts)
         for family, label_sets in sorted(parsed.infos.items()):
             if self.infos.get(family) != label_sets:
@@ -110,3 +115,18 @@ class MetricsWatch:
             source, reason = self._no_gpu_notice
             self._event("gpu_unavailable", ts, source=source, reason=reason)
         self._no_gpu_notice = None
+
+
+def missing_reason(parsed: Parsed, absent: list[str]) -> str:
+    """What is absent and what few vllm:* series remain, e.g. 'no vllm:num_requests_running / ... on
+    /metrics (only 12 vllm:tool_call_parser_invocations_total series): vLLM started with --disable-log-stats?'"""
+    if parsed.vllm_series == 0:
+        return "no vllm:* series on /metrics (vLLM started with --disable-log-stats?)"
+    remaining = series_names(parsed)
+    shown = [f"{count} {name}" for name, count in list(remaining.items())[:REMAINING_EXAMPLES]]
+    if len(remaining) > REMAINING_EXAMPLES:
+        shown.append(f"{len(remaining) - REMAINING_EXAMPLES} more names")
+    what = f"{shown[0]} series" if len(remaining) == 1 else f"{parsed.vllm_series} vllm:* series: {', '.join(shown)}"
+    if len(absent) == len(REQUIRED_SERIES):
+        return f"no {' / '.join(absent)} on /metrics (only {what}): vLLM started with --disable-log-stats?"
+    return f"no {' / '.join(absent)} on /metrics ({what}): renamed in this vLLM version?"

@@ -53,7 +53,8 @@ HELP: dict[str, str] = {
     "slow_drip_rate": "fault: share of requests with slow token drip",
     "slow_drip_ms": "fault: extra delay between tokens, model ms",
     "prefix_cache_never_hits": "fault: prefix caching reported on but never hits",
-    "metrics_disabled": "fault: no vllm:* series on /metrics (as --disable-log-stats)",
+    "metrics_disabled": "fault: as vLLM 0.32 with --disable-log-stats, only the tool-parser counter on /metrics, "
+                        "no other vllm:* series",
     "oom_kv_demand_tokens": "fault: crash with a CUDA-OOM line when queued+running KV demand passes this (0: off)",
 }
 

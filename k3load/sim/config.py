@@ -36,7 +36,7 @@ class FaultProfile:
     slow_drip_rate: float = 0.0
     slow_drip_ms: float = 0.0  # extra delay between tokens
     prefix_cache_never_hits: bool = False  # flag says caching is on, lookups never hit
-    metrics_disabled: bool = False  # as `--disable-log-stats`: no vllm:* series on /metrics
+    metrics_disabled: bool = False  # as vLLM 0.32 `--disable-log-stats`: only vllm:tool_call_parser_invocations
     oom_kv_demand_tokens: int = 0  # >0: crash with a CUDA-OOM-like line when KV demand passes it
 
 

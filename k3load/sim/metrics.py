@@ -46,6 +46,7 @@ class SimMetrics:
         self._labels = {"model_name": config.model, "engine": "0"}
         if not config.faults.metrics_disabled:
             self._build_vllm()
+        self._build_parser()  # vLLM 0.32 serves it even with --disable-log-stats (the API server counts it)
         self._build_gpu()
 
     def _made(self, metric: Any, extra: tuple[str, ...]) -> Any:
@@ -129,6 +130,9 @@ class SimMetrics:
         self.req_n = self._h("vllm:request_params_n", "Histogram of the n request parameter.", (1, 2, 5, 10, 20))
         self.req_preemptions = self._h("vllm:request_num_preemptions", "Number of preemptions per request.",
                                        (0, 1, 2, 5, 10, 20, 50, 100))
+
+    def _build_parser(self) -> None:
+        """The one vllm:* family a vLLM 0.32 server keeps with --disable-log-stats: 12 series from the start."""
         self.parser = Counter("vllm:tool_call_parser_invocations", "Tool-call parser invocations by outcome.",
                               ("mode", "model_name", "outcome", "request_type"), registry=self.registry)
         for mode in ("streaming", "non_streaming"):  # vLLM creates every combination at start
@@ -138,11 +142,10 @@ class SimMetrics:
                                        request_type=request_type)
 
     def count_parser(self, streaming: bool, called: bool) -> None:
-        """What the server-side tool parser extracted (joined later with the client's validation)."""
-        if self.enabled:
-            self.parser.labels(mode="streaming" if streaming else "non_streaming", model_name=self.config.model,
-                               outcome="tool_call" if called else "no_tool_call",
-                               request_type="chat_completions").inc()
+        """What the server-side tool parser extracted (joined later with the client's validation); counted
+        with metrics disabled too, as vLLM 0.32 does."""
+        self.parser.labels(mode="streaming" if streaming else "non_streaming", model_name=self.config.model,
+                           outcome="tool_call" if called else "no_tool_call", request_type="chat_completions").inc()
 
     def _cache_info(self) -> None:
         c = self.config
