@@ -47,6 +47,7 @@ from k3load.records import LAYERS, Attempt, read_records
 from k3load.scenario import load_scenarios
 from k3load.targets.vllm_cpu import process_group_alive
 from tests.probes import Target, scrape, total
+from tests.scenario_edits import short_control_prompt
 from tests.target_fixtures import SERVER_ARGS, ServerConfig, VllmPool, VllmTarget, cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,23 +233,9 @@ def test_prefix_caching_off_fails_the_cache_pillar_and_the_recipe(vllm_pool, hea
 
 
 # -- 6. a control prompt shorter than one block -------------------------------------------------------------
-def _short_prefix_scenarios(tmp_path: Path) -> str:
-    """scenarios/*.yaml with the shared-prefix control cut to a few tokens (no tools, no context)."""
-    folder = tmp_path / "scenarios"
-    folder.mkdir()
-    for path in (ROOT / "scenarios").glob("*.yaml"):
-        data = yaml.safe_load(path.read_text())
-        if data["family"] == "shared_prefix":
-            data["system_prompt"], data["context"], data["tools"], data["executors"] = "Be brief.", [], [], {}
-            for turn in data["turns"]:
-                turn["expect"] = {"kind": "answer"}
-        (folder / path.name).write_text(yaml.safe_dump(data))
-    return str(folder / "*.yaml")
-
-
 def test_control_prompt_under_one_block_is_inconclusive_naming_the_block_size(healthy, tmp_path):
     verdict, code, _ = accept(healthy, tmp_path, "6-short-control-prompt", HEALTHY.flags(),
-                              "--k3-scenarios", _short_prefix_scenarios(tmp_path))
+                              "--k3-scenarios", short_control_prompt(tmp_path / "scenarios"))
     assert statuses(verdict) == {"compat": "pass", "resources": "pass", "prefix_cache": "inconclusive",
                                  "agent_api": "fail"}, json.dumps(verdict["next_action"], indent=1)
     cache = verdict["pillars"]["prefix_cache"]

@@ -15,6 +15,7 @@ import yaml
 
 from k3load.analysis.manifest import verify
 from tests.conftest import FAST_SIM
+from tests.scenario_edits import short_control_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = [
@@ -82,16 +83,8 @@ def test_cache_flag_on_but_never_hitting_fails_the_cache_pillar(start_sim, tmp_p
 
 
 def test_prompts_under_the_block_size_are_inconclusive_naming_it(start_sim, tmp_path):
-    scenarios = tmp_path / "scenarios"
-    scenarios.mkdir()
-    for path in (ROOT / "scenarios").glob("*.yaml"):
-        data = yaml.safe_load(path.read_text())
-        if data["family"] == "shared_prefix":
-            data["system_prompt"], data["context"], data["tools"], data["executors"] = "Be brief.", [], [], {}
-            for turn in data["turns"]:
-                turn["expect"] = {"kind": "answer"}
-        (scenarios / path.name).write_text(yaml.safe_dump(data))
-    verdict, _, _ = accept(start_sim, tmp_path, ["--block-size", "256"], scenarios=str(scenarios / "*.yaml"))
+    scenarios = short_control_prompt(tmp_path / "scenarios")
+    verdict, _, _ = accept(start_sim, tmp_path, ["--block-size", "256"], scenarios=scenarios)
     cache = verdict["pillars"]["prefix_cache"]
     assert cache["status"] == "inconclusive", cache
     assert any("shorter than one cache block (block_size 256" in r for r in cache["reasons"])
