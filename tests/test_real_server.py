@@ -490,4 +490,7 @@ def test_stats_disabled_reports_metrics_missing_never_a_pass(vllm_pool, tmp_path
     scraped = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     families = {key.split("{")[0] for line in scraped if line.get("ok") for key in line["samples"]}
     assert families == {"vllm:tool_call_parser_invocations_total"}, families  # what the real server keeps
+    (missing,) = [e for e in events(out) if e["event"] == "metrics_missing"]  # said once, by the sampler
+    assert missing["reason"].startswith("no vllm:num_requests_running / vllm:num_requests_waiting / "
+                                        "vllm:kv_cache_usage_perc on /metrics (only 12 "), missing
     assert not [e for e in events(out) if e["event"] == "cache_config"]
