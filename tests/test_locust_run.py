@@ -3,6 +3,7 @@ its run directory (records of every family, stages, samples) and on the sim's in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -37,12 +38,16 @@ SHORT_PLAN = [
 ]
 
 
+def locust_cmd(host: str, out: Path, plan: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "agent.py"), "--headless",
+            "--host", host, "--k3-out", str(out), "--k3-plan", str(plan), "--stop-timeout", "10",
+            "--csv", str(out / "locust"), "--only-summary", "--k3-recipe", "recipes/local-dev.yaml", *extra]
+
+
 def run_locust(host: str, out: Path, plan: Path, *extra: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "agent.py"), "--headless",
-           "--host", host, "--k3-out", str(out), "--k3-plan", str(plan), "--stop-timeout", "10",
-           "--csv", str(out / "locust"), "--only-summary", "--k3-recipe", "recipes/local-dev.yaml", *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)
+    return subprocess.run(locust_cmd(host, out, plan, *extra), cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout_s, env=env)
 
 
 VERDICT_CODES = (0, 3, 4, 5)  # go, limited, rebuild, scale_up: the run itself completed (1, 2: harness errors)
@@ -140,6 +145,55 @@ def test_processes_lose_and_duplicate_no_record(start_sim, tmp_path):
     assert attempts
     _assert_each_served_request_recorded_once(attempts, sim)
     assert len({a.user_id.split("-")[-2] for a in attempts}) == 2  # both worker processes sent records
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [0, 2], ids=["local", "master"])
+def test_sigterm_mid_run_stops_it_as_ctrl_c_does(start_sim, tmp_path, processes):
+    """A CI timeout or `kubectl delete` (SIGTERM to the locust process, the master with --processes) in
+    the middle of a stage: the users finish their turns and are recorded, then `run_end`, the analysis
+    and verdict.json; the exit code is the verdict's, as with Ctrl-C."""
+    import signal
+    import time
+
+    from k3load.analysis.verdict import EXIT_CODES
+
+    sim = start_sim("--time-scale", "0.3")  # turns of a few hundred ms, six users: some in flight at the signal
+    out = tmp_path / "run"
+    plan = _plan(tmp_path, [{"name": "load", "kind": "load", "duration_s": 300, "users": 6,
+                             "mix": {"agent": 1, "shared_prefix": 1}}])
+    log_path = tmp_path / "locust.log"
+    port = str(_free_port())  # not Locust's default 5557: no other run's workers join this master
+    extra = ["--processes", str(processes), "--master-bind-port", port, "--master-port", port] if processes else []
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(locust_cmd(sim.base_url, out, plan, *extra), cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline and _lines(out / "records.jsonl") < 8:
+                time.sleep(0.2)
+            assert _lines(out / "records.jsonl") >= 8, log_path.read_text()[-3000:]
+            signal_ts = time.time()
+            proc.send_signal(signal.SIGTERM)
+            returncode = proc.wait(40)  # users finish within --stop-timeout 10, then the analysis
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # whatever is left, workers included
+    output = log_path.read_text()
+    assert returncode in VERDICT_CODES, output[-3000:]
+    events = [json.loads(line)["event"] for line in (out / "events.jsonl").read_text().splitlines()]
+    assert events.count("run_end") == 1
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert returncode == EXIT_CODES[verdict["verdict"]] and (out / "report.md").exists()
+    attempts = read_records(out / "records.jsonl")
+    _assert_each_served_request_recorded_once(attempts, sim)
+    assert any(a.send_ts < signal_ts < a.end_ts for a in attempts)  # in flight at the signal, and recorded
+    assert "stopping the run as Ctrl-C does" in output
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 def _free_port() -> int:

@@ -1,6 +1,6 @@
 """`register(events)`: wires the session into Locust's events (the only seam into Locust).
 
-    init                      -> a HarnessSession on every process; message handlers
+    init                      -> a HarnessSession on every process; message handlers; SIGTERM as Ctrl-C
     init_command_line_parser  -> the --k3-* options
     test_start                -> inputs loaded everywhere; the master/local runner opens the run dir
     quitting                  -> spools reconciled, validation summary written and printed
@@ -13,6 +13,7 @@ from typing import Any
 
 from k3load.analysis.analyze import analyze
 from k3load.analysis.cli import summary_line
+from k3load.loadgen import sigterm
 from k3load.loadgen.options import add_options
 from k3load.loadgen.session import HarnessSession
 from k3load.rundir import write_json_atomic
@@ -28,6 +29,7 @@ def _on_init(environment: Any, **_kwargs: Any) -> None:
     environment.k3_session = session
     if not environment.stop_timeout:
         environment.stop_timeout = DEFAULT_STOP_TIMEOUT_S  # let in-flight turns end and be recorded
+    sigterm.register(environment)  # a headless shape run: SIGTERM stops it as Ctrl-C does (verdict written)
     runner = environment.runner
     if runner is None:
         return
