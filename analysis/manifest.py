@@ -1,12 +1,16 @@
 """`manifest.sha256` over every evidence file of a run, and `k3load verify DIR` to re-check it.
 
 Why: the record must be signable. A signature over the manifest covers every file it lists; verify
-says which file changed, went missing, or appeared without being covered.
+says which file changed, went missing, or appeared without being covered. Left out: the manifest itself,
+worker spools (copies of records.jsonl), and the files run.json names as `unsigned_files` (Locust's own
+--csv / --json-file / --logfile outputs put inside the run directory, which Locust keeps writing after
+the manifest is signed; run.json is itself covered, so that list cannot grow unnoticed).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 from k3load.rundir import write_atomic
@@ -15,11 +19,18 @@ MANIFEST = "manifest.sha256"
 SKIPPED = (MANIFEST, "spool/")  # the manifest itself; worker spools are copies of records.jsonl
 
 
+def _unsigned(run_dir: Path) -> set[str]:
+    try:
+        return set(json.loads((run_dir / "run.json").read_text()).get("unsigned_files") or [])
+    except (OSError, ValueError, AttributeError):
+        return set()
+
+
 def _files(run_dir: Path) -> list[str]:
-    out = []
+    out, unsigned = [], _unsigned(run_dir)
     for path in sorted(run_dir.rglob("*")):
         rel = path.relative_to(run_dir).as_posix()
-        if path.is_file() and not rel.startswith(SKIPPED) and not path.name.startswith("."):
+        if path.is_file() and not rel.startswith(SKIPPED) and not path.name.startswith(".") and rel not in unsigned:
             out.append(rel)
     return out
 

@@ -9,12 +9,15 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import yaml
 
+from k3load.analysis.manifest import verify
 from k3load.records import read_records
 from tests.probes import Target, scrape, total
 
@@ -45,9 +48,32 @@ def locust_cmd(host: str, out: Path, plan: Path, *extra: str) -> list[str]:
 
 
 def run_locust(host: str, out: Path, plan: Path, *extra: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(locust_cmd(host, out, plan, *extra), cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout_s, env=env)
+    """The run in its own process group, killed whole at the end: no worker outlives its test."""
+    cmd = locust_cmd(host, out, plan, *extra)
+    with _locust_group(cmd, subprocess.PIPE) as proc:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+@contextlib.contextmanager
+def _locust_group(cmd: list[str], stdout: Any, stderr: Any = subprocess.PIPE) -> Iterator[subprocess.Popen]:
+    """Popen in a new session; at exit SIGKILL to the whole group (workers of --processes included)."""
+    import signal
+
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=stdout, stderr=stderr, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def _processes(count: int) -> list[str]:
+    """--processes on a free master port, never Locust's default 5557: no other run's workers join."""
+    port = str(_free_port())
+    return ["--processes", str(count), "--master-bind-port", port, "--master-port", port]
 
 
 VERDICT_CODES = (0, 3, 4, 5)  # go, limited, rebuild, scale_up: the run itself completed (1, 2: harness errors)
@@ -90,6 +116,8 @@ def test_headless_run_writes_records_for_every_family(start_sim, tmp_path):
     assert stages[:2] == ["prefix-control", "load"]
     everything = "".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file()) + run.stdout + run.stderr
     assert "sk-test-SECRET-123" not in everything
+    assert (out / "locust_stats.csv").exists()  # --csv inside the run directory, as an operator may put it
+    assert verify(out) == []  # Locust's CSV writer ends after the manifest is signed: its files are not covered
 
 
 FAULTS = {"malformed_tool_args_rate": 0.10, "empty_tool_calls_rate": 0.05, "reasoning_leak_rate": 0.10,
@@ -133,18 +161,59 @@ def test_injected_fault_rates_show_up_with_their_layers(start_sim, tmp_path):
     assert failed[("content.reasoning_leak", "parser")] == leaks
 
 
+PROCESSES_PLAN = [{"name": name, "kind": "load", "duration_s": 5, "users": 6, "mix": {"agent": 1, "shared_prefix": 1}}
+                  for name in ("load-a", "load-b")]
+
+
 @pytest.mark.slow
 def test_processes_lose_and_duplicate_no_record(start_sim, tmp_path):
     sim = start_sim("--time-scale", "0.05")
     out = tmp_path / "run"
-    plan = _plan(tmp_path, [{"name": "load", "kind": "load", "duration_s": 8, "users": 6,
-                             "mix": {"agent": 1, "shared_prefix": 1}}])
-    run = run_locust(sim.base_url, out, plan, "--processes", "2")
+    run = run_locust(sim.base_url, out, _plan(tmp_path, PROCESSES_PLAN), *_processes(2))
     assert run.returncode in VERDICT_CODES, run.stderr[-3000:]
     attempts = read_records(out / "records.jsonl")
     assert attempts
     _assert_each_served_request_recorded_once(attempts, sim)
     assert len({a.user_id.split("-")[-2] for a in attempts}) == 2  # both worker processes sent records
+    stages = Counter(a.stage for a in attempts)  # each worker knows the stage the master's shape is in
+    assert set(stages) == {"load-a", "load-b"}, stages
+    assert verify(out) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c", "end"])
+def test_processes_master_waits_for_every_worker_turn(start_sim, tmp_path, how):
+    """Turns of about two seconds, longer than Locust's half-second wait for its workers at quit: the
+    master reconciles only when every worker's users have stopped and its spool is final, after a
+    Ctrl-C to the whole process group (a terminal's) as after the plan's normal end."""
+    import signal
+    import time
+
+    profile = tmp_path / "slow.yaml"
+    profile.write_text(yaml.safe_dump({"faults": {"slow_first_token_rate": 1.0, "slow_first_token_ms": 1500}}))
+    sim = start_sim("--time-scale", "1", "--profile", str(profile))
+    out = tmp_path / "run"
+    plan = _plan(tmp_path, [{"name": "load", "kind": "load", "duration_s": 300 if how == "ctrl-c" else 8,
+                             "users": 6, "mix": {"agent": 1, "shared_prefix": 1}}])
+    log_path = tmp_path / "locust.log"
+    with log_path.open("w") as log, \
+            _locust_group(locust_cmd(sim.base_url, out, plan, *_processes(2)), log, subprocess.STDOUT) as proc:
+        if how == "ctrl-c":
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and _lines(out / "records.jsonl") < 6:
+                time.sleep(0.2)
+            assert _lines(out / "records.jsonl") >= 6, log_path.read_text()[-3000:]
+            os.killpg(proc.pid, signal.SIGINT)
+        returncode = proc.wait(90)
+    output = log_path.read_text()
+    assert returncode in VERDICT_CODES, output[-3000:]
+    attempts = read_records(out / "records.jsonl")
+    _assert_each_served_request_recorded_once(attempts, sim)
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    finals = [e for e in events if e["event"] == "worker_spools"]
+    assert len(finals) == 1 and finals[0]["final"] == 2 and not finals[0]["not_final"], finals
+    assert "problems" not in json.loads((out / "validation_summary.json").read_text())
+    assert verify(out) == []
 
 
 @pytest.mark.slow
@@ -163,23 +232,16 @@ def test_sigterm_mid_run_stops_it_as_ctrl_c_does(start_sim, tmp_path, processes)
     plan = _plan(tmp_path, [{"name": "load", "kind": "load", "duration_s": 300, "users": 6,
                              "mix": {"agent": 1, "shared_prefix": 1}}])
     log_path = tmp_path / "locust.log"
-    port = str(_free_port())  # not Locust's default 5557: no other run's workers join this master
-    extra = ["--processes", str(processes), "--master-bind-port", port, "--master-port", port] if processes else []
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(locust_cmd(sim.base_url, out, plan, *extra), cwd=ROOT, stdout=log,
-                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                start_new_session=True)
-        try:
-            deadline = time.monotonic() + 40
-            while time.monotonic() < deadline and _lines(out / "records.jsonl") < 8:
-                time.sleep(0.2)
-            assert _lines(out / "records.jsonl") >= 8, log_path.read_text()[-3000:]
-            signal_ts = time.time()
-            proc.send_signal(signal.SIGTERM)
-            returncode = proc.wait(40)  # users finish within --stop-timeout 10, then the analysis
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # whatever is left, workers included
+    extra = _processes(processes) if processes else []
+    with log_path.open("w") as log, \
+            _locust_group(locust_cmd(sim.base_url, out, plan, *extra), log, subprocess.STDOUT) as proc:
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and _lines(out / "records.jsonl") < 8:
+            time.sleep(0.2)
+        assert _lines(out / "records.jsonl") >= 8, log_path.read_text()[-3000:]
+        signal_ts = time.time()
+        proc.send_signal(signal.SIGTERM)
+        returncode = proc.wait(40)  # users finish within --stop-timeout 10, then the analysis
     output = log_path.read_text()
     assert returncode in VERDICT_CODES, output[-3000:]
     events = [json.loads(line)["event"] for line in (out / "events.jsonl").read_text().splitlines()]
@@ -214,8 +276,7 @@ def test_web_ui_shows_the_options_and_runs_the_plan(start_sim, tmp_path):
     plan = _plan(tmp_path, [{"name": "load", "kind": "load", "duration_s": 30, "users": 2, "mix": {"agent": 1}}])
     cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "agent.py"), "--host", sim.base_url,
            "--web-host", "127.0.0.1", "--web-port", str(port), "--k3-out", str(out), "--k3-plan", str(plan)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
+    with _locust_group(cmd, subprocess.DEVNULL, subprocess.DEVNULL) as proc:
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(timeout=10) as client:
             for _ in range(100):
@@ -234,7 +295,6 @@ def test_web_ui_shows_the_options_and_runs_the_plan(start_sim, tmp_path):
                 names = {row["name"] for row in client.get(base + "/stats/requests").json()["stats"]}
             assert "agent: ttft" in names and "agent: e2e" in names
             client.post(base + "/stop")
-    finally:
         proc.terminate()
         proc.wait(30)
     assert read_records(out / "records.jsonl")
@@ -288,3 +348,47 @@ def test_a_dead_server_or_a_bad_scenario_is_a_clear_error_and_no_verdict(start_s
     run = run_locust(sim.base_url, tmp_path / "bad", _plan(tmp_path, SHORT_PLAN[:1]), "--k3-scenarios",
                      str(bad / "*.yaml"), timeout_s=60)
     assert run.returncode == 2 and "broken.yaml: turns[0].expect.kind" in run.stdout + run.stderr
+
+
+def test_a_worker_that_never_seals_its_spool_is_named_after_the_bound(tmp_path):
+    """The master's wait (no sockets): a sealed spool or a `k3_done` is final; a worker with neither is
+    returned once the bound passed, for the run's problems (never dropped silently)."""
+    from k3load.loadgen.spools import Workers, final_line, is_final
+
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "worker-1.jsonl").write_text('{"attempt_id": "a"}\n' + json.dumps(final_line()) + "\n")
+    (spool / "worker-2.jsonl").write_text('{"attempt_id": "b"}\n')
+    (spool / "worker-3.jsonl").write_text('{"attempt_id": "c"}\n')
+    workers = Workers(spools={"w1": "worker-1.jsonl", "w2": "worker-2.jsonl", "w3": "worker-3.jsonl", "w4": None},
+                      done={"w3"})
+    now = [0.0]
+    pending = workers.wait_final(spool, 5.0, sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0])
+    assert pending == ["w2", "w4"] and 5.0 <= now[0] < 5.2
+    assert is_final(spool / "worker-1.jsonl") and not is_final(spool / "worker-2.jsonl")
+    assert "no spool" in workers.describe("w4")
+
+
+def test_locust_outputs_inside_the_run_dir_are_left_out_of_the_manifest(tmp_path):
+    """--csv / --json-file / --logfile inside the run directory: Locust writes them after the manifest is
+    signed, so run.json names them `unsigned_files`; verify passes, and still sees every other file."""
+    from argparse import Namespace
+
+    from k3load.analysis import manifest
+    from k3load.loadgen.options import locust_late_outputs
+
+    run = tmp_path / "run"
+    opts = Namespace(csv_prefix=str(run / "locust"), json_file=str(tmp_path / "outside.json"),
+                     logfile=str(run / "locust.log"))
+    unsigned = locust_late_outputs(opts, run)
+    assert unsigned == sorted(["locust_stats.csv", "locust_stats_history.csv", "locust_failures.csv",
+                               "locust_exceptions.csv", "locust.log"])
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"unsigned_files": unsigned}))
+    (run / "records.jsonl").write_text("{}\n")
+    (run / "locust_stats_history.csv").write_text("t\n")
+    manifest.write(run)
+    (run / "locust_stats_history.csv").write_text("t\n1\n")  # Locust's writer, after the signature
+    assert manifest.verify(run) == []
+    (run / "records.jsonl").write_text("{}\n{}\n")
+    assert manifest.verify(run) == ["changed: records.jsonl"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 TRANSPORTS = ("geventhttpclient", "httpx")
@@ -77,3 +78,20 @@ def _plain(value: Any) -> bool:
     if isinstance(value, list):
         return all(isinstance(v, (str, int, float)) for v in value)
     return isinstance(value, (str, int, float, bool, type(None)))
+
+
+LOCUST_CSV_SUFFIXES = ("_stats.csv", "_stats_history.csv", "_failures.csv", "_exceptions.csv")
+
+
+def locust_late_outputs(parsed: Any, run_dir: Path | None) -> list[str]:
+    """Locust's own outputs that fall inside the run directory and that Locust keeps writing after our
+    `quitting` listener signed the manifest (--csv tables, --json-file, --logfile): run.json lists them
+    as `unsigned_files`, and the manifest leaves them out (they are Locust's live view, not evidence)."""
+    prefix, paths = getattr(parsed, "csv_prefix", None), []
+    if prefix:
+        paths += [Path(prefix + suffix) for suffix in LOCUST_CSV_SUFFIXES]
+    paths += [Path(p) for p in (getattr(parsed, "json_file", None), getattr(parsed, "logfile", None)) if p]
+    if run_dir is None:
+        return []
+    inside = (p.resolve() for p in paths)
+    return sorted(p.relative_to(run_dir).as_posix() for p in inside if p.is_relative_to(run_dir))

@@ -3,13 +3,13 @@
 Why a session object: Locust runs the same locustfile as local runner, master and workers. Only the
 master (or local runner) owns the run directory; workers send each record to the master the moment
 it ends (and keep a spool copy under `DIR/spool/` when they share the filesystem), and the master
-writes `records.jsonl` once per attempt id, so `--processes N` loses and duplicates nothing.
+writes `records.jsonl` once per attempt id, so `--processes N` loses and duplicates nothing. At the end
+the master waits until every worker's users have stopped (k3load.loadgen.spools) before it reconciles.
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 import platform
@@ -22,11 +22,12 @@ from typing import Any
 import gevent
 import httpx
 from gevent.event import Event
+from locust.exception import RPCError, RPCSendError
 from locust.runners import MasterRunner, WorkerRunner
 
 import k3load
-from k3load.loadgen import observe
-from k3load.loadgen.options import public_options
+from k3load.loadgen import observe, spools
+from k3load.loadgen.options import locust_late_outputs, public_options
 from k3load.long_input import estimate_tokens, long_context_for
 from k3load.plan import Plan, Stage, load_plan, resolve
 from k3load.records import Attempt
@@ -59,6 +60,8 @@ class HarnessSession:
         self.scenarios: dict[str, list[Scenario]] = {}
         self.stage: Stage | None = None
         self.stage_started = 0.0
+        self._pending_stage: str | None = None  # worker: a stage announced before test_start loaded the plan
+        self.workers = spools.Workers()  # master: the workers that joined and those that said done
         self.ready = Event()
         self._records: JsonlLog | None = None
         self._spool: JsonlLog | None = None
@@ -84,6 +87,8 @@ class HarnessSession:
         tick (Locust may tick the shape before test_start fires)."""
         if self.plan is None:
             self.load_inputs()
+            if self._pending_stage is not None:
+                self.set_stage_by_name(self._pending_stage)
         if self.role in ("master", "local") and self.run_dir is None:
             self.start_run()
             if self.role == "master":
@@ -144,7 +149,8 @@ class HarnessSession:
                 "max_model_len": self.max_model_len, "plan": self.plan.name if self.plan else None,
                 "k3load_version": k3load.__version__, "python": sys.version.split()[0],
                 "platform": platform.platform(), "options": public_options(self.env.parsed_options),
-                "scenarios": sorted(s.name for group in self.scenarios.values() for s in group)}
+                "scenarios": sorted(s.name for group in self.scenarios.values() for s in group),
+                "unsigned_files": locust_late_outputs(self.env.parsed_options, self.run_dir)}
 
     def run_message(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "run_dir": str(self.run_dir), "model": self.model,
@@ -156,7 +162,19 @@ class HarnessSession:
         run_dir = Path(data["run_dir"])
         if run_dir.is_dir():
             self._spool = JsonlLog(run_dir / "spool" / f"worker-{os.getpid()}.jsonl")
+        self.env.runner.send_message("k3_spool", {"spool": self._spool.path.name if self._spool else None})
         self.ready.set()
+
+    def seal_spool(self) -> None:
+        """Worker, its users stopped (test_stop): no record follows; the master may reconcile."""
+        if not self.ready.is_set():
+            return  # never joined a run: nothing to seal
+        if self._spool is not None:
+            self._spool.append(spools.final_line())
+        try:
+            self.env.runner.send_message("k3_done", {"spool": self._spool.path.name if self._spool else None})
+        except (RPCError, RPCSendError) as exc:  # the master is gone; the sealed spool still says it
+            log.warning("k3load: could not tell the master this worker is done: %s", exc)
 
     # -- during the run ----------------------------------------------------------------------------
     def long_context(self, scenario: Scenario) -> str | None:
@@ -189,9 +207,17 @@ class HarnessSession:
             self.env.runner.send_message("k3_stage", {"name": stage.name})
 
     def set_stage_by_name(self, name: str) -> None:
-        assert self.plan is not None
-        self.stage = next(s for s in self.plan.stages if s.name == name)
-        self.stage_started = time.monotonic()
+        """Worker: the master's shape entered `name`. The master announces a stage before the spawn
+        that fires a worker's test_start, so before the plan is loaded it is kept until then."""
+        if self.plan is None:
+            self._pending_stage = name
+            return
+        self._pending_stage = None
+        stage = next((s for s in self.plan.stages if s.name == name), None)
+        if stage is None:
+            log.error("k3load: the master's stage %r is not in this worker's plan %s", name, self.plan.name)
+            return
+        self.stage, self.stage_started = stage, time.monotonic()
 
     def record(self, attempt: Attempt) -> None:
         """Called as each attempt ends, in the process that sent it."""
@@ -212,14 +238,12 @@ class HarnessSession:
         self.attempts_written += 1
 
     def reconcile_spools(self) -> int:
-        """Master at the end: attempts that reached a spool but not the master are added (none twice)."""
+        """Master at the end: attempts that reached a spool of this run's workers but not the master are
+        added (none twice; a reused run directory's older spools are not this run's)."""
         added = 0
-        for spool in sorted((self.run_dir / "spool").glob("*.jsonl")) if self.run_dir else []:
-            for line in spool.read_text(encoding="utf-8").splitlines():
-                try:
-                    attempt_id = json.loads(line)["attempt_id"]
-                except (ValueError, KeyError):
-                    continue  # a torn last line
+        names = sorted(name for name in self.workers.spools.values() if name)
+        for spool in [self.run_dir / "spool" / name for name in names] if self.run_dir else []:
+            for attempt_id, line in spools.attempt_lines(spool):
                 if attempt_id not in self._seen:
                     self.write_record_line(attempt_id, line)
                     added += 1
