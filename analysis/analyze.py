@@ -61,8 +61,16 @@ def judge(run_dir: Path) -> Judgment:
     verdict, because, verdict_limits = decide(pillars, stage_table, ramp_table)
     if ((data.compat or {}).get("target") or {}).get("is_sim"):
         because = [*because, "the target is the k3load sim: a rehearsal, never evidence for a production verdict"]
+    if data.problems:
+        because = [*because, evidence_gaps(data.problems)]
     return Judgment(data, pillars, stage_table, ramp_table, verdict, because, verdict_limits,
                     build_checklist(data, pillars))
+
+
+def evidence_gaps(problems: list[str], shown: int = 3) -> str:
+    """Files the judgment could not fully read are said with the verdict, never only skipped."""
+    more = f" (+{len(problems) - shown} more)" if len(problems) > shown else ""
+    return f"evidence incomplete, judged on what was readable: {'; '.join(problems[:shown])}{more}"
 
 
 def analyze(run_dir: Path) -> Judgment:

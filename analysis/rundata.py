@@ -109,6 +109,9 @@ def load_run(path: Path) -> RunData:
     data.metrics = sorted(_jsonl(path / "metrics.jsonl", problems), key=lambda r: r.get("ts", 0))
     data.gpu = pd.DataFrame(_jsonl(path / "gpu.jsonl", problems))
     data.events = sorted(_jsonl(path / "events.jsonl", problems), key=lambda r: r.get("ts", 0))
+    for event in data.events_named("worker_spools"):  # the master gave up waiting for a worker's records
+        problems += [f"{worker} did not report its users stopped: its last turns may be missing"
+                     for worker in event.get("not_final") or []]
     if (path / "compat.json").exists():
         data.compat = json.loads((path / "compat.json").read_text())
     data.stages = _stage_windows(data.events, data.attempts)

@@ -97,6 +97,23 @@ def test_a_hand_made_directory_is_judged_and_signed(tmp_path: Path):
     assert verify(run) == ["not covered by the manifest: extra.txt"]
 
 
+def test_unreadable_evidence_is_said_with_the_verdict(tmp_path: Path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.yaml").write_text("stages: [oops\n")
+    events = [{"ts": 1, "event": "stage_start", "stage": "load", "kind": "load", "users": 1},
+              {"ts": 9, "event": "worker_spools", "workers": 2, "final": 1,
+               "not_final": ["worker w2 (spool w2.jsonl)"]}]
+    (run / "events.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    (run / "metrics.jsonl").write_text('{"ts": 1, "ok": false, "error": "x"}\n{torn\n{"ts": 2, "ok": false}\n')
+    analyze(run)
+    verdict = json.loads((run / "verdict.json").read_text())
+    note = verdict["next_action"]["because"][-1]
+    assert note.startswith("evidence incomplete, judged on what was readable: plan.yaml: "), note
+    assert "metrics.jsonl:2: unreadable line skipped" in note
+    assert "worker w2 (spool w2.jsonl) did not report its users stopped" in note
+
+
 def _attempt_row(scenario: str, turn: int, status: str, send: float, end: float, prompt: int | None,
                  size: int | None, http_status: int | None = None, error: str | None = None) -> dict:
     return {"scenario": scenario, "turn": turn, "status": status, "send_ts": send, "end_ts": end, "error": error,
