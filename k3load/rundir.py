@@ -2,17 +2,20 @@
 
 Why these two ways of writing: a reader (or a crash) must never see half a file. Whole documents
 (`run.json`, `plan.yaml`) are written to a temp file and renamed; timelines (`events.jsonl`) are
-appended a line at a time and flushed as they happen.
+appended a line at a time and flushed as they happen. A directory that already holds a run is first
+emptied into a sibling (`set_aside_previous_run`), so one directory never mixes two runs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import IO, Any
 
@@ -57,3 +60,97 @@ class JsonlLog:
     def close(self) -> None:
         with self._lock:
             self._file.close()
+
+
+RUN_MARKERS = ("run.json", "records.jsonl")  # with a `run_start` in events.jsonl: a run was here
+
+
+def set_aside_previous_run(run_dir: Path, keep: Collection[Path] = ()) -> Path | None:
+    """Move the run already in `run_dir` to a new sibling `NAME.previous-RUNID` and return it (None
+    when `run_dir` holds no run: missing, empty, or only a side sampler's baseline).
+
+    Why: the logs are appended to and the analysis reads every line, so a second run into the same
+    directory would judge both runs' records and events together and sign the first run's leftovers
+    (verdict, reports, evidence) into its own manifest. Nothing is deleted or overwritten: the previous
+    run keeps every file at the same relative path, so its manifest still verifies. `keep` (absolute
+    paths) stay put: files this run already uses, such as Locust's --csv/--logfile outputs that Locust
+    opened before the run started; a kept file the previous manifest signed is also copied along.
+    """
+    run_dir = Path(os.path.abspath(run_dir))
+    run_id = previous_run_id(run_dir)
+    if run_id is None:
+        return None
+    target = _new_sibling(run_dir, re.sub(r"[^A-Za-z0-9._-]+", "_", run_id).strip("._") or "run")
+    kept = {Path(os.path.abspath(p)) for p in keep}
+    _move_tree(run_dir, target, kept)
+    signed = _manifest_names(target / "manifest.sha256")
+    for path in sorted(kept):
+        rel = path.relative_to(run_dir).as_posix() if path.is_relative_to(run_dir) else None
+        if rel in signed and path.is_file():
+            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target / rel)
+    return target
+
+
+def previous_run_id(run_dir: Path) -> str | None:
+    """The id of the run in `run_dir`: run.json's, else its run_start event's, else the directory's
+    modification time; None when no run is there."""
+    if not run_dir.is_dir():
+        return None
+    started = _run_start_id(run_dir / "events.jsonl")
+    if started is None and not any((run_dir / name).exists() for name in RUN_MARKERS):
+        return None
+    try:
+        info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        from_info = info.get("run_id") if isinstance(info, dict) else None
+    except (OSError, ValueError):
+        from_info = None
+    return str(from_info or started or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(run_dir.stat().st_mtime)))
+
+
+def _run_start_id(events: Path) -> str | None:
+    """The first run_start event's run id ("" when it has none); None without a run_start."""
+    try:
+        with events.open(encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if '"run_start"' not in line:
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and record.get("event") == "run_start":
+                    return str(record.get("run_id") or "")
+    except OSError:
+        pass
+    return None
+
+
+def _new_sibling(run_dir: Path, run_id: str) -> Path:
+    """A directory created here and now (an existing one is never reused): NAME.previous-ID[-N]."""
+    n = 1
+    while True:
+        target = run_dir.with_name(f"{run_dir.name}.previous-{run_id}" + (f"-{n}" if n > 1 else ""))
+        try:
+            target.mkdir()
+            return target
+        except FileExistsError:
+            n += 1
+
+
+def _move_tree(src: Path, dst: Path, keep: set[Path]) -> None:
+    for entry in sorted(src.iterdir()):
+        if entry in keep:
+            continue
+        if entry.is_dir() and not entry.is_symlink() and any(k.is_relative_to(entry) for k in keep):
+            (dst / entry.name).mkdir()
+            _move_tree(entry, dst / entry.name, keep)
+        else:
+            shutil.move(entry, dst / entry.name)
+
+
+def _manifest_names(manifest: Path) -> set[str]:
+    try:
+        return {line.partition("  ")[2] for line in manifest.read_text(encoding="utf-8").splitlines()}
+    except OSError:
+        return set()

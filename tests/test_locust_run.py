@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from k3load.analysis.manifest import verify
+from k3load.loadgen.options import LOCUST_CSV_SUFFIXES
 from k3load.records import read_records
 from tests.probes import Target, scrape, total
 
@@ -252,6 +253,40 @@ def test_sigterm_mid_run_stops_it_as_ctrl_c_does(start_sim, tmp_path, processes)
     _assert_each_served_request_recorded_once(attempts, sim)
     assert any(a.send_ts < signal_ts < a.end_ts for a in attempts)  # in flight at the signal, and recorded
     assert "stopping the run as Ctrl-C does" in output
+
+
+@pytest.mark.slow
+def test_a_second_run_into_the_same_directory_sets_the_first_aside(start_sim, tmp_path):
+    """--k3-out reused (its default is runs/latest): the first run moves whole to a sibling named after
+    its run id and still verifies; the second run's logs, verdict and manifest hold only its own run.
+    Locust's --csv and --logfile outputs, open before the run starts, stay where they are."""
+    sim = start_sim("--time-scale", "0.05")
+    out, plan = tmp_path / "latest", _plan(tmp_path, [{"name": "load", "kind": "load", "duration_s": 4, "users": 2,
+                                                       "mix": {"agent": 1}}])
+    logfile = ("--logfile", str(out / "locust.log"))
+    first = run_locust(sim.base_url, out, plan, "--k3-run-id", "first", *logfile, timeout_s=90)
+    assert first.returncode in VERDICT_CODES, first.stderr[-3000:]
+    first_files = {p.relative_to(out) for p in out.rglob("*") if p.is_file()} - {Path("locust.log")}
+    first_records = (out / "records.jsonl").read_text()
+    second = run_locust(sim.base_url, out, plan, "--k3-run-id", "second", *logfile, timeout_s=90)
+    assert second.returncode in VERDICT_CODES, second.stderr[-3000:]
+    previous = tmp_path / "latest.previous-first"
+    assert f"moved it to {previous}" in (out / "locust.log").read_text()
+    records = read_records(out / "records.jsonl")
+    assert records and {a.run_id for a in records} == {"second"}
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["run_id"]) for e in events if "run_id" in e] == [("run_start", "second")]
+    assert events[0]["previous_run_moved_to"] == str(previous)
+    assert [e["attempts"] for e in events if e["event"] == "run_end"] == [len(records)]
+    agent = json.loads((out / "verdict.json").read_text())["pillars"]["agent_api"]["numbers"]
+    assert agent["attempts"] + agent["timeout_drill"]["drills"] == len(records)
+    assert json.loads((out / "run.json").read_text())["previous_run_moved_to"] == str(previous)
+    assert verify(out) == []
+    assert (previous / "records.jsonl").read_text() == first_records
+    assert json.loads((previous / "run.json").read_text())["run_id"] == "first"
+    locust_csvs = {Path(f"locust{suffix}") for suffix in LOCUST_CSV_SUFFIXES}  # Locust's: stay in latest/
+    assert {p.relative_to(previous) for p in previous.rglob("*") if p.is_file()} == first_files - locust_csvs
+    assert verify(previous) == []
 
 
 def _lines(path: Path) -> int:

@@ -31,7 +31,7 @@ from k3load.loadgen.options import locust_late_outputs, public_options
 from k3load.long_input import estimate_tokens, long_context_for
 from k3load.plan import Plan, Stage, load_plan, resolve
 from k3load.records import Attempt
-from k3load.rundir import JsonlLog, write_atomic, write_json_atomic
+from k3load.rundir import JsonlLog, set_aside_previous_run, write_atomic, write_json_atomic
 from k3load.samples import write_samples
 from k3load.scenario import Scenario, load_scenarios
 
@@ -71,6 +71,7 @@ class HarnessSession:
         self.attempts_written = 0
         self.sampler: Any = None
         self.fatal = ""  # why the run could not start (a dead server, a bad file); nothing is judged then
+        self.previous_run_moved_to: Path | None = None  # an earlier run found in the run directory went here
 
     @property
     def role(self) -> str:
@@ -113,9 +114,13 @@ class HarnessSession:
         self.run_dir = Path(opts.k3_out).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._discover_server()
+        self.previous_run_moved_to = set_aside_previous_run(self.run_dir, self._files_in_use())
+        if self.previous_run_moved_to is not None:
+            log.warning("k3load: %s held an earlier run; moved it to %s", self.run_dir, self.previous_run_moved_to)
         self._records = JsonlLog(self.run_dir / "records.jsonl")
         self.events = JsonlLog(self.run_dir / "events.jsonl")
-        self.events.event("run_start", run_id=self.run_id, role=self.role)
+        self.events.event("run_start", run_id=self.run_id, role=self.role,
+                          previous_run_moved_to=_str_or_none(self.previous_run_moved_to))
         assert self.plan is not None
         write_atomic(self.run_dir / "plan.yaml", self.plan.source)
         write_json_atomic(self.run_dir / "run.json", self._run_info())
@@ -127,6 +132,16 @@ class HarnessSession:
         observe.watch_restarts(self)
         self.sampler = observe.start_sampler(self)
         self.ready.set()
+
+    def _files_in_use(self) -> set[Path]:
+        """Files this run already uses that may sit in the run directory, left there when an earlier
+        run is moved out: Locust's outputs (it opened them before test_start) and the k3 input files."""
+        assert self.run_dir is not None
+        opts = self.env.parsed_options
+        inputs = [opts.k3_container_info, opts.k3_startup_log, opts.k3_custom_build, opts.k3_server_log,
+                  *(opts.k3_host_inventory or [])]
+        return ({self.run_dir / rel for rel in locust_late_outputs(opts, self.run_dir)}
+                | {Path(p).resolve() for p in inputs if p})
 
     def fail(self, why: str) -> None:
         self.fatal = why
@@ -150,7 +165,8 @@ class HarnessSession:
                 "k3load_version": k3load.__version__, "python": sys.version.split()[0],
                 "platform": platform.platform(), "options": public_options(self.env.parsed_options),
                 "scenarios": sorted(s.name for group in self.scenarios.values() for s in group),
-                "unsigned_files": locust_late_outputs(self.env.parsed_options, self.run_dir)}
+                "unsigned_files": locust_late_outputs(self.env.parsed_options, self.run_dir),
+                "previous_run_moved_to": _str_or_none(self.previous_run_moved_to)}
 
     def run_message(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "run_dir": str(self.run_dir), "model": self.model,
@@ -261,6 +277,10 @@ class HarnessSession:
         for handle in (self._records, self._spool, self.events):
             if handle is not None:
                 handle.close()
+
+
+def _str_or_none(path: Path | None) -> str | None:
+    return str(path) if path is not None else None
 
 
 def _fire_request_events(env: Any, attempt: Attempt) -> None:
