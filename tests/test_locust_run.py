@@ -413,11 +413,14 @@ def test_locust_outputs_inside_the_run_dir_are_left_out_of_the_manifest(tmp_path
     from k3load.loadgen.options import locust_late_outputs
 
     run = tmp_path / "run"
-    opts = Namespace(csv_prefix=str(run / "locust"), json_file=str(tmp_path / "outside.json"),
+    opts = Namespace(csv_prefix=str(run / "locust"), json_file=str(tmp_path / "outside"),
                      logfile=str(run / "locust.log"))
     unsigned = locust_late_outputs(opts, run)
     assert unsigned == sorted(["locust_stats.csv", "locust_stats_history.csv", "locust_failures.csv",
                                "locust_exceptions.csv", "locust.log"])
+    # Locust writes --json-file X to X.json (locust/stats.py save_stats_json)
+    assert locust_late_outputs(Namespace(csv_prefix=None, json_file=str(run / "stats"), logfile=None), run) == \
+        ["stats.json"]
     run.mkdir()
     (run / "run.json").write_text(json.dumps({"unsigned_files": unsigned}))
     (run / "records.jsonl").write_text("{}\n")

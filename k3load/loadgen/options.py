@@ -90,7 +90,9 @@ def locust_late_outputs(parsed: Any, run_dir: Path | None) -> list[str]:
     prefix, paths = getattr(parsed, "csv_prefix", None), []
     if prefix:
         paths += [Path(prefix + suffix) for suffix in LOCUST_CSV_SUFFIXES]
-    paths += [Path(p) for p in (getattr(parsed, "json_file", None), getattr(parsed, "logfile", None)) if p]
+    json_file, logfile = getattr(parsed, "json_file", None), getattr(parsed, "logfile", None)
+    paths += [Path(json_file + ".json")] if json_file else []  # locust/stats.py save_stats_json adds ".json"
+    paths += [Path(logfile)] if logfile else []
     if run_dir is None:
         return []
     inside = (p.resolve() for p in paths)
