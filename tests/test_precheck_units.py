@@ -222,15 +222,13 @@ def test_a_notice_at_error_level_is_not_a_notice() -> None:
     assert category("WARNING", "vllm.py:1703", EAGER, "cuda") is None
 
 
-VLLM_SOURCE = sorted(ROOT.glob(".cache/k3load/*/venv/lib/python3*/site-packages/vllm"))
-
-
-@pytest.mark.skipif(not VLLM_SOURCE, reason="no vLLM venv under .cache/k3load (scripts/vllm_cpu.sh install)")
 @pytest.mark.parametrize("notice", NOTICES, ids=lambda n: n.note[:24])
-def test_every_notice_is_still_in_the_vllm_source(notice: Notice) -> None:
-    """A notice cites where vLLM emits it; the installed vLLM must still say its opening words there."""
+def test_every_notice_is_still_in_the_vllm_source(notice: Notice, vllm_venv: Path) -> None:
+    """A notice cites where vLLM emits it; the installed vLLM (the suite's pinned CPU build, marker
+    `vllm` through the fixture) must still say its opening words there."""
+    (source,) = vllm_venv.glob("lib/python3*/site-packages/vllm")
     path, line = notice.source.split(",")[0].split(" ")[0].split(":")
-    lines = (VLLM_SOURCE[-1].parent / path).read_text().splitlines()
+    lines = (source.parent / path).read_text().splitlines()
     opening = notice.message.pattern.split("\\")[0].split("(")[0]
     assert len(opening) > 10 and opening in "\n".join(lines[int(line) - 3:int(line) + 3]), (path, line, opening)
 
