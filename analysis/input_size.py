@@ -11,38 +11,30 @@ from __future__ import annotations
 
 import pandas as pd
 
-ESTIMATE_COLUMNS = ("input_tokens", "input_tokens_estimated")
 
-
-def tokens_per_byte(frame: pd.DataFrame) -> tuple[dict[tuple[str, int], float], float | None]:
+def tokens_per_byte(frame: pd.DataFrame) -> tuple[pd.Series, float | None]:
     """Median tokens/byte per (scenario, turn) and over the run, from attempts the server measured."""
     if "request_bytes" not in frame:
-        return {}, None
+        return pd.Series(dtype=float), None
     known = frame[frame["prompt_tokens"].notna() & frame["request_bytes"].notna() & (frame["request_bytes"] > 0)]
     if known.empty:
-        return {}, None
+        return pd.Series(dtype=float), None
     ratio = known["prompt_tokens"].astype(float) / known["request_bytes"].astype(float)
-    per_turn = ratio.groupby([known["scenario"], known["turn"]]).median()
-    return {(str(s), int(t)): float(r) for (s, t), r in per_turn.items()}, float(ratio.median())
+    return ratio.groupby([known["scenario"], known["turn"]]).median(), float(ratio.median())
 
 
-def input_tokens(frame: pd.DataFrame) -> pd.DataFrame:
-    """`input_tokens` (nullable int) and `input_tokens_estimated` (bool), indexed like `frame`."""
-    per_turn, overall = tokens_per_byte(frame)
-    values: list[int | None] = []
-    estimated: list[bool] = []
-    for row in frame.itertuples(index=False):
-        if pd.notna(row.prompt_tokens):
-            values.append(int(row.prompt_tokens))
-            estimated.append(False)
-            continue
-        size = getattr(row, "request_bytes", None)
-        ratio = per_turn.get((str(row.scenario), int(row.turn)), overall)
-        if size is None or pd.isna(size) or ratio is None:
-            values.append(None)
-            estimated.append(False)
-        else:
-            values.append(round(float(size) * ratio))
-            estimated.append(True)
-    return pd.DataFrame({"input_tokens": pd.array(values, dtype="Int64"), "input_tokens_estimated": estimated},
-                        index=frame.index)
+def input_tokens(rows: pd.DataFrame, learn_from: pd.DataFrame | None = None) -> pd.DataFrame:
+    """`input_tokens` (nullable int) and `input_tokens_estimated` (bool) for `rows`, indexed like it;
+    the tokens per byte are learnt from `learn_from` (the whole run), `rows` itself by default."""
+    per_turn, overall = tokens_per_byte(rows if learn_from is None else learn_from)
+    measured = rows["prompt_tokens"].astype("Float64")
+    size = rows.get("request_bytes", pd.Series(pd.NA, index=rows.index)).astype("Float64")  # absent in old records
+    keys = pd.MultiIndex.from_arrays([rows["scenario"], rows["turn"]])
+    ratio = pd.Series(per_turn.reindex(keys).to_numpy(), index=rows.index, dtype="Float64")
+    if overall is not None:
+        ratio = ratio.fillna(overall)
+    guess = (size * ratio).round()
+    estimated = measured.isna() & guess.notna()
+    tokens = measured.fillna(guess).round().astype("Int64")
+    return pd.DataFrame({"input_tokens": tokens, "input_tokens_estimated": estimated.fillna(False).astype(bool)},
+                        index=rows.index)

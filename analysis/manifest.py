@@ -13,7 +13,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from k3load.rundir import write_atomic
+from k3load.rundir import read_manifest, write_atomic
 
 MANIFEST = "manifest.sha256"
 SKIPPED = (MANIFEST, "spool/")  # the manifest itself; worker spools are copies of records.jsonl
@@ -54,10 +54,7 @@ def verify(run_dir: Path) -> list[str]:
     manifest = run_dir / MANIFEST
     if not manifest.exists():
         return [f"{MANIFEST} is missing"]
-    listed: dict[str, str] = {}
-    for line in manifest.read_text().splitlines():
-        sha, _, rel = line.partition("  ")
-        listed[rel] = sha
+    listed = read_manifest(manifest)
     problems = []
     for rel, sha in sorted(listed.items()):
         path = run_dir / rel

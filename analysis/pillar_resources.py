@@ -70,7 +70,7 @@ def _in_flight(data: RunData, ts: float) -> dict[str, Any]:
     cut &= ~never_arrived
     live_mask = (frame["send_ts"] <= ts) & ((frame["end_ts"] >= ts) | (cut & (frame["end_ts"] >= ts - DETECTION_S)))
     live = frame[live_mask]
-    sizes = input_tokens(frame).loc[live.index]  # tokens per byte learnt from the whole run
+    sizes = input_tokens(live, learn_from=frame)  # tokens per byte learnt from the whole run
     known = sizes["input_tokens"].dropna()
     largest = int(known.max()) if not known.empty else None
     estimated = bool(sizes.loc[known.idxmax(), "input_tokens_estimated"]) if largest is not None else False

@@ -83,7 +83,7 @@ def set_aside_previous_run(run_dir: Path, keep: Collection[Path] = ()) -> Path |
     target = _new_sibling(run_dir, re.sub(r"[^A-Za-z0-9._-]+", "_", run_id).strip("._") or "run")
     kept = {Path(os.path.abspath(p)) for p in keep}
     _move_tree(run_dir, target, kept)
-    signed = _manifest_names(target / "manifest.sha256")
+    signed = read_manifest(target / "manifest.sha256")
     for path in sorted(kept):
         rel = path.relative_to(run_dir).as_posix() if path.is_relative_to(run_dir) else None
         if rel in signed and path.is_file():
@@ -149,8 +149,10 @@ def _move_tree(src: Path, dst: Path, keep: set[Path]) -> None:
             shutil.move(entry, dst / entry.name)
 
 
-def _manifest_names(manifest: Path) -> set[str]:
+def read_manifest(manifest: Path) -> dict[str, str]:
+    """`manifest.sha256` as {relative path: sha256} (the `sha  path` lines of sha256sum); {} if absent."""
     try:
-        return {line.partition("  ")[2] for line in manifest.read_text(encoding="utf-8").splitlines()}
+        lines = manifest.read_text(encoding="utf-8").splitlines()
     except OSError:
-        return set()
+        return {}
+    return {rel: sha for sha, _, rel in (line.partition("  ") for line in lines)}
