@@ -15,7 +15,10 @@ from typing import IO, Any
 
 from k3load.client.result import StreamResult
 
-LAYERS = ("model_output", "parser", "gateway", "client")
+# Who is to blame for a failed attempt, upstream first: the model's output, vLLM's tool/reasoning
+# parser, the vLLM server itself (its own JSON error bodies, its context-length refusal), a gateway or
+# proxy in front of it (HTML pages, 502/503/504, 429 with Retry-After, resets, cut streams), our client.
+LAYERS = ("model_output", "parser", "server", "gateway", "client")
 
 
 @dataclass
@@ -77,6 +80,13 @@ class Attempt:
     # Size of the exact body sent: the only measure of a request's input that survives a stream cut
     # before the server's usage chunk (a crash); None in records written before it existed.
     request_bytes: int | None = None
+    # The one layer blamed for a failed attempt (None when valid); other failing findings of the
+    # attempt are its consequences, kept in `findings` but counted once, under this layer.
+    primary_layer: str | None = None
+    # Prefix-cache control pairs: each cold request (a fresh salt) is followed by its warm twin (the
+    # same bytes), so answers and latency compare like for like. None outside the control.
+    control_pair: int | None = None
+    control_role: str | None = None  # "cold" | "warm"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
@@ -85,7 +95,8 @@ class Attempt:
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
         data = dict(data)
         data["findings"] = [Finding(**f) for f in data.get("findings", [])]
-        return cls(**data)
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
