@@ -26,7 +26,7 @@ from k3load.client.result import (
 from k3load.records import Attempt, Finding, timing_fields
 from k3load.samples import PreparedRequest, build_request
 from k3load.scenario import Scenario, Turn
-from k3load.validate import validate
+from k3load.validate import primary_layer, validate
 
 
 class Client(Protocol):
@@ -88,7 +88,8 @@ def make_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: Prep
         http_status=result.http_status, error=result.error, error_body=result.error_body,
         reasoning=result.reasoning, content=result.content,
         tool_calls=[c.as_message() for c in result.tool_calls], findings=findings,
-        valid=all(f.ok for f in findings), failed_layers=failed, will_retry=will_retry,
+        valid=all(f.ok for f in findings), failed_layers=failed, primary_layer=primary_layer(findings),
+        will_retry=will_retry,
         **timing_fields(result))
 
 

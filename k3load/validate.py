@@ -125,3 +125,16 @@ def validate(result: StreamResult, scenario: Scenario, turn: Turn) -> list[Findi
         return transport
     return transport + check_tool_calls(result, scenario) + check_separation(result) + \
         check_expectation(result, turn)
+
+
+# Upstream first: a failure there makes every later judgment of the same attempt a consequence
+# (a parser that lost the call also fails the turn's tool-call expectation). `client` leads because
+# our own unusable schema or deadline invalidates whatever else was judged.
+PRIMARY_ORDER = ("client", "gateway", "server", "parser", "model_output")
+
+
+def primary_layer(findings: list[Finding]) -> str | None:
+    """The one layer blamed for a failed attempt (None when every finding is ok)."""
+    failed = {f.layer for f in findings if not f.ok and f.layer}
+    return next((layer for layer in PRIMARY_ORDER if layer in failed), None)
+
