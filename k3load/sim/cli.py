@@ -16,6 +16,9 @@ from k3load.sim.config import FaultProfile, ProfileError, SimConfig, load_profil
 HELP: dict[str, str] = {
     "host": "address to bind (loopback by default)",
     "port": "port to bind; 0 picks a free one (the URL is printed)",
+    "metrics_port": "also serve the engine's /metrics and /health on this port of the same host, as an engine "
+                    "whose metrics are reachable apart from its API gateway (0: not served; -1: a free one; "
+                    "the URL is printed: 'metrics on http://HOST:PORT/metrics')",
     "model": "served model name (requests naming another model get vLLM's 404)",
     "max_model_len": "context length in tokens; longer prompts get vLLM's context-length 400",
     "vllm_version": "version reported by /version",
@@ -45,7 +48,11 @@ HELP: dict[str, str] = {
     "reasoning_leak_rate": "fault: reasoning text emitted as content",
     "http_error_rate": "fault: requests rejected with --http-error-status",
     "http_error_status": "fault: status of injected HTTP errors (429, 500, 503 ...)",
-    "http_error_style": "fault: body of injected errors: vllm (JSON) or gateway (plain text)",
+    "http_error_style": "fault: body of injected errors: vllm (JSON), gateway (plain text) or html (an nginx "
+                        "error page, text/html)",
+    "http_error_retry_after_s": "fault: injected HTTP errors carry 'Retry-After: N' (0: no header)",
+    "connection_reset_rate": "fault: the connection is reset (TCP RST) before any response byte",
+    "midstream_reset_rate": "fault: streaming connection reset (TCP RST) halfway, not a clean close",
     "midstream_error_rate": "fault: streaming error event halfway through the answer",
     "truncate_stream_rate": "fault: stream closed halfway without finish chunk or [DONE]",
     "slow_first_token_rate": "fault: share of requests with a stalled first token",
@@ -55,6 +62,16 @@ HELP: dict[str, str] = {
     "prefix_cache_never_hits": "fault: prefix caching reported on but never hits",
     "metrics_disabled": "fault: as vLLM 0.32 with --disable-log-stats, only the tool-parser counter on /metrics, "
                         "no other vllm:* series",
+    "health_flap_period_s": "fault: /health alternates 200 and 503 every N wall seconds since start, the engine "
+                            "being fine (0: off; the metrics port's /health stays 200)",
+    "metrics_http_status": "fault: /metrics on the main port answers this status (404: '404 page not found', "
+                           "a gateway forwarding only /v1); the metrics port still serves",
+    "metrics_stall_ms": "fault: wall ms (not scaled by --time-scale) each /metrics response waits while the "
+                        "stall window is open (0: off)",
+    "metrics_stall_after_requests": "fault: the /metrics stall window opens once this many chat requests "
+                                    "were received",
+    "metrics_stall_requests": "fault: the /metrics stall window closes once this many more chat requests were "
+                              "received (0: never closes)",
     "oom_kv_demand_tokens": "fault: crash with a CUDA-OOM line when queued+running KV demand passes this (0: off)",
 }
 

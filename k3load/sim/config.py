@@ -20,7 +20,10 @@ class ProfileError(ValueError):
 
 @dataclass
 class FaultProfile:
-    """Injected misbehaviour. Rates are per request in [0, 1], decided from the seed and the request."""
+    """Injected misbehaviour. Rates are per request in [0, 1], decided from the seed and the request.
+
+    The model/parser faults are plan rewrites (faults.py); the wire and gateway faults (error styles,
+    Retry-After, resets, health flap, /metrics status and stall) are in gateway.py, which says why."""
 
     malformed_tool_args_rate: float = 0.0  # arguments that are not valid JSON (parser layer)
     empty_tool_calls_rate: float = 0.0  # finish_reason "tool_calls" with no calls (parser layer)
@@ -28,7 +31,10 @@ class FaultProfile:
     reasoning_leak_rate: float = 0.0  # reasoning text repeated inside content
     http_error_rate: float = 0.0  # reject before any work
     http_error_status: int = 503  # 429, 500, 502, 503 ...
-    http_error_style: str = "vllm"  # "vllm" JSON error body, or "gateway" (plain text, as a proxy)
+    http_error_style: str = "vllm"  # "vllm" JSON body, "gateway" plain text, "html" an nginx error page
+    http_error_retry_after_s: int = 0  # >0: injected HTTP errors carry `Retry-After: N` (a rate limiter)
+    connection_reset_rate: float = 0.0  # TCP RST before any response byte (gateway/LB dropping the request)
+    midstream_reset_rate: float = 0.0  # streaming: TCP RST after some chunks (a reset, not a clean close)
     midstream_error_rate: float = 0.0  # streaming: `data: {"error": ...}` after some chunks
     truncate_stream_rate: float = 0.0  # streaming: connection closed without [DONE]
     slow_first_token_rate: float = 0.0
@@ -38,6 +44,11 @@ class FaultProfile:
     prefix_cache_never_hits: bool = False  # flag says caching is on, lookups never hit
     metrics_disabled: bool = False  # as vLLM 0.32 `--disable-log-stats`: only vllm:tool_call_parser_invocations
     oom_kv_demand_tokens: int = 0  # >0: crash with a CUDA-OOM-like line when KV demand passes it
+    health_flap_period_s: float = 0.0  # >0: main-port /health alternates 200/503 every N wall seconds
+    metrics_http_status: int = 200  # not 200: main-port /metrics answers this (a gateway forwarding only /v1)
+    metrics_stall_ms: float = 0.0  # wall ms every /metrics response waits while the stall window is open
+    metrics_stall_after_requests: int = 0  # the window opens once this many chat requests were received
+    metrics_stall_requests: int = 0  # ... and closes once this many more arrived (0: never closes)
 
 
 @dataclass
@@ -46,6 +57,7 @@ class SimConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
+    metrics_port: int = 0  # also serve /metrics and /health here (0: not served; -1: a free port)
     model: str = "kimi-k3-sim"
     max_model_len: int = 32768
     vllm_version: str = "0.33.0"
@@ -117,8 +129,9 @@ def validate(config: SimConfig) -> None:
     for name in (x.name for x in dataclasses.fields(f) if x.name.endswith("_rate")):
         if not 0.0 <= getattr(f, name) <= 1.0:
             raise ProfileError(f"faults.{name} must be within [0, 1]")
-    if f.http_error_style not in ("vllm", "gateway"):
-        raise ProfileError("faults.http_error_style must be 'vllm' or 'gateway'")
+    if f.http_error_style not in ("vllm", "gateway", "html"):
+        raise ProfileError("faults.http_error_style must be 'vllm', 'gateway' or 'html'")
+    _validate_wire(config)
     if config.tool_call_style not in ("k2", "k3"):
         raise ProfileError("tool_call_style must be 'k2' or 'k3'")
     if config.hybrid_block_size and config.hybrid_block_size % config.block_size:
@@ -128,3 +141,22 @@ def validate(config: SimConfig) -> None:
             raise ProfileError(f"{name} must be positive")
     if config.answer_tokens_min > config.answer_tokens_max:
         raise ProfileError("answer_tokens_min must not exceed answer_tokens_max")
+
+
+def _validate_wire(config: SimConfig) -> None:
+    """The gateway-side knobs: statuses a client can receive, no negative waits or counts."""
+    f = config.faults
+    if not 400 <= f.http_error_status <= 599:
+        raise ProfileError(f"faults.http_error_status must be within [400, 599], got {f.http_error_status}")
+    if f.metrics_http_status != 200 and not 400 <= f.metrics_http_status <= 599:
+        raise ProfileError(f"faults.metrics_http_status must be 200 or within [400, 599], "
+                           f"got {f.metrics_http_status}")
+    for name in ("http_error_retry_after_s", "health_flap_period_s", "metrics_stall_ms",
+                 "metrics_stall_after_requests", "metrics_stall_requests"):
+        if getattr(f, name) < 0:
+            raise ProfileError(f"faults.{name} must not be negative")
+    if not -1 <= config.metrics_port <= 65535:
+        raise ProfileError(f"metrics_port must be 0 (off), -1 (a free port) or a port number, "
+                           f"got {config.metrics_port}")
+    if config.metrics_port > 0 and config.metrics_port == config.port:
+        raise ProfileError("metrics_port must differ from port")

@@ -7,6 +7,7 @@ bad JSON yields unparsable arguments), so that the harness's layer attribution i
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -26,15 +27,22 @@ class FaultDecision:
     truncate_stream: bool = False
     slow_first_token_s: float = 0.0
     slow_drip_s: float = 0.0
+    connection_reset: bool = False
+    midstream_reset: bool = False
 
 
 def decide(profile: FaultProfile, rng: random.Random, time_scale: float) -> FaultDecision:
-    """Draw every fault once, in a fixed order, so one seed gives one decision."""
+    """Draw every fault once, in a fixed order, so one seed gives one decision. The wire resets are
+    drawn last and only when their rate is set, so a profile without them draws (and answers) exactly
+    as before they existed."""
 
     def hit(rate: float) -> bool:
         return rng.random() < rate
 
-    return FaultDecision(
+    def hit_if_set(rate: float) -> bool:
+        return rate > 0 and rng.random() < rate
+
+    decision = FaultDecision(
         http_error=hit(profile.http_error_rate),
         malformed_tool_args=hit(profile.malformed_tool_args_rate),
         empty_tool_calls=hit(profile.empty_tool_calls_rate),
@@ -46,6 +54,8 @@ def decide(profile: FaultProfile, rng: random.Random, time_scale: float) -> Faul
         if hit(profile.slow_first_token_rate) else 0.0,
         slow_drip_s=profile.slow_drip_ms * time_scale / 1000 if hit(profile.slow_drip_rate) else 0.0,
     )
+    return dataclasses.replace(decision, connection_reset=hit_if_set(profile.connection_reset_rate),
+                               midstream_reset=hit_if_set(profile.midstream_reset_rate))
 
 
 def _as_content(text: str) -> list[Piece]:

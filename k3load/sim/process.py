@@ -16,16 +16,22 @@ from pathlib import Path
 from typing import IO
 
 _URL = re.compile(r"listening on (http://\S+)")
+_METRICS_URL = re.compile(r"metrics on (http://\S+/metrics)")
 
 
 class SimProcess:
-    """A running `k3load sim`; `stop()` (or the context manager) ends it and collects its log."""
+    """A running `k3load sim`; `stop()` (or the context manager) ends it and collects its log.
+
+    `base_url` is the API's address; `metrics_url` the second listener's /metrics URL when started
+    with `--metrics-port` (-1 picks a free port), else "". Its line comes before the API's line.
+    """
 
     def __init__(self, args: list[str], log_path: Path, startup_timeout_s: float = 30.0) -> None:
         self.args = ["--port", "0", *args]
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.base_url = ""
+        self.metrics_url = ""
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -37,9 +43,12 @@ class SimProcess:
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
-            match = _URL.search(self.log_path.read_text(errors="replace"))
+            text = self.log_path.read_text(errors="replace")
+            match = _URL.search(text)
             if match:
                 self.base_url = match.group(1)
+                metrics = _METRICS_URL.search(text)
+                self.metrics_url = metrics.group(1) if metrics else ""
                 return self
             if self.proc.poll() is not None:
                 break

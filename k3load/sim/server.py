@@ -20,6 +20,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from k3load.sim import faults as fault_rules
+from k3load.sim import gateway
 from k3load.sim.config import SimConfig
 from k3load.sim.engine import Engine, Sequence
 from k3load.sim.generate import Piece, plan_output, truncate
@@ -40,6 +41,7 @@ class SimServer:
         self.metrics = SimMetrics(config)
         self.engine = Engine(config, self.metrics)
         self._seen: OrderedDict[str, int] = OrderedDict()  # body hash -> times seen (bounded)
+        self.front = gateway.FrontDoor(config.faults)
         self.app = web.Application(client_max_size=64 * 2**20)
         self.app.add_routes([
             web.post("/v1/chat/completions", self.chat),
@@ -62,6 +64,11 @@ class SimServer:
 
     # -- simple endpoints -------------------------------------------------------------------------
     async def health(self, _request: web.Request) -> web.Response:
+        """As the load balancer in front answers it: flaps when health_flap_period_s is set."""
+        return web.Response(status=self.front.health_status())
+
+    async def engine_health(self, _request: web.Request) -> web.Response:
+        """The engine's own /health on the metrics port: the engine is fine, so always 200."""
         return web.Response(status=200)
 
     async def version(self, _request: web.Request) -> web.Response:
@@ -86,9 +93,24 @@ class SimServer:
         return web.json_response({"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids,
                                   "token_strs": None})
 
-    async def prom(self, _request: web.Request) -> web.Response:
+    async def prom(self, request: web.Request) -> web.Response:
+        """/metrics through the gateway: refused when metrics_http_status is set, else the engine's."""
+        refusal = self.front.metrics_refusal()
+        if refusal is not None:
+            return refusal
+        return await self.engine_prom(request)
+
+    async def engine_prom(self, _request: web.Request) -> web.Response:
+        """The engine's /metrics (also on the metrics port), held while the stall window is open."""
+        await self.front.stall()
         return web.Response(body=generate_latest(self.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def metrics_app(self) -> web.Application:
+        """The second listener of `metrics_port`: the engine's /metrics and /health, nothing else."""
+        app = web.Application()
+        app.add_routes([web.get("/metrics", self.engine_prom), web.get("/health", self.engine_health)])
+        return app
 
     # -- chat -------------------------------------------------------------------------------------
     def _rng(self, raw: bytes) -> random.Random:
@@ -102,6 +124,7 @@ class SimServer:
         return random.Random(f"{self.config.seed}:{digest}:{nth}")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
+        self.front.saw_chat()
         raw = await request.read()
         try:
             body = json.loads(raw)
@@ -115,8 +138,11 @@ class SimServer:
             return web.json_response(exc.body(), status=exc.status)
         rng = self._rng(raw)
         fault = fault_rules.decide(self.config.faults, rng, self.config.time_scale)
+        if fault.connection_reset:
+            gateway.reset(request)  # before any response byte
+            return web.Response(status=499)  # never reaches the client: the socket is gone
         if fault.http_error:
-            return self._injected_http_error()
+            return gateway.injected_error(self.config.faults)
         answer_len = rng.randint(self.config.answer_tokens_min, self.config.answer_tokens_max)
         plan = plan_output(body, rng, self.config.reasoning_tokens, answer_len, self.config.tool_call_style)
         plan = truncate(fault_rules.apply_to_plan(plan, fault), max_tokens, bool(body.get("ignore_eos")), rng)
@@ -132,14 +158,6 @@ class SimServer:
             return response
         finally:
             self.engine.abort(seq)  # no-op when it finished; frees KV when the client went away
-
-    def _injected_http_error(self) -> web.Response:
-        f = self.config.faults
-        if f.http_error_style == "gateway":
-            return web.Response(status=f.http_error_status, text=f"upstream error {f.http_error_status}\n",
-                                content_type="text/plain")
-        kind = "TooManyRequests" if f.http_error_status == 429 else "InternalServerError"
-        return _error(f.http_error_status, "k3load sim: injected server error", kind)
 
     def _usage(self, seq: Sequence) -> dict[str, Any]:
         cache = None
@@ -178,7 +196,7 @@ class SimServer:
             elif fault.slow_drip_s:
                 await asyncio.sleep(fault.slow_drip_s)
             count += 1
-            if count == cut_at and (fault.midstream_error or fault.truncate_stream):
+            if count == cut_at and (fault.midstream_error or fault.truncate_stream or fault.midstream_reset):
                 return await self._break_stream(request, resp, fault)
             if count == last:
                 self._count_parser(body, seq, streaming=True, chunks=count)
@@ -198,6 +216,8 @@ class SimServer:
                                          "InternalServerError"))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
+        elif fault.midstream_reset:
+            gateway.reset(request)  # a reset (RST), not a clean close
         elif request.transport is not None:
             request.transport.close()  # truncated: no finish chunk, no [DONE]
         return resp
@@ -219,6 +239,7 @@ async def serve(config: SimConfig, ready: asyncio.Event | None = None) -> None:
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
     await site.start()
     host, port = runner.addresses[0][:2]
+    metrics_runner = await _start_metrics_port(server, config) if config.metrics_port else None
     print(f"k3load sim (a stand-in, never evidence) listening on http://{host}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -227,4 +248,19 @@ async def serve(config: SimConfig, ready: asyncio.Event | None = None) -> None:
     if ready is not None:
         ready.set()
     await stop.wait()
+    if metrics_runner is not None:
+        await metrics_runner.cleanup()
     await runner.cleanup()
+
+
+async def _start_metrics_port(server: SimServer, config: SimConfig) -> web.AppRunner:
+    """Serve the engine's /metrics and /health on a second port of the same host (-1: a free one), as
+    an engine whose metrics are reachable on another address than its API gateway. Its line is printed
+    before the `listening on` line, so whoever waits for that one has both."""
+    runner = web.AppRunner(server.metrics_app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, max(config.metrics_port, 0), reuse_address=True)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    print(f"k3load sim metrics on http://{host}:{port}/metrics", flush=True)
+    return runner
