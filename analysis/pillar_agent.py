@@ -12,35 +12,80 @@ from collections import Counter
 from typing import Any
 
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResult
+from k3load.analysis.rules import RuleResult
+from k3load.analysis.stats import decide_rate, more_attempts_to_decide, wilson
 from k3load.records import LAYERS, Attempt
+from k3load.validate import context_length
 
 
 def _rates(attempts: list[Attempt]) -> dict[str, Any]:
-    layers = Counter(layer for a in attempts for layer in a.failed_layers)
-    checks = Counter(f.check for a in attempts for f in a.findings if not f.ok)
+    """Each failed attempt counted once, under its primary layer; a check failing only as the
+    consequence of another layer's fault (a parser that lost the call fails `expect.tool_call`
+    too) is counted apart, as secondary."""
+    layers = Counter(a.primary_layer for a in attempts if a.primary_layer)
+    primary = Counter(f.check for a in attempts for f in a.findings if not f.ok and f.layer == a.primary_layer)
+    secondary = Counter(f.check for a in attempts for f in a.findings if not f.ok and f.layer != a.primary_layer)
     tool_responses = [a for a in attempts if a.tool_calls or a.finish_reason == "tool_calls"]
     schema_ok = [a for a in tool_responses if not any(
         not f.ok and f.check.startswith("tool_call.") for f in a.findings)]
+    valid = wilson(sum(a.valid for a in attempts), len(attempts))
+    schema = wilson(len(schema_ok), len(tool_responses))
+    n = len(attempts)
     return {
-        "attempts": len(attempts), "valid": sum(a.valid for a in attempts),
-        "valid_rate": sum(a.valid for a in attempts) / len(attempts) if attempts else None,
+        "attempts": n, "valid": valid.k, "valid_rate": valid.value, "valid_rate_ci95": [valid.low, valid.high],
         "failed_by_layer": {layer: layers.get(layer, 0) for layer in LAYERS},
-        "failed_by_check": dict(sorted(checks.items())),
+        "failed_by_check": dict(sorted(primary.items())),
+        "secondary_failures_by_check": dict(sorted(secondary.items())),
+        "check_failure_rates": {check: wilson(k, n).to_dict() for check, k in sorted(primary.items())},
         "tool_call_responses": len(tool_responses),
-        "tool_call_schema_accuracy": len(schema_ok) / len(tool_responses) if tool_responses else None,
+        "tool_call_schema_accuracy": schema.value, "tool_call_schema_accuracy_ci95":
+            [schema.low, schema.high] if tool_responses else None,
     }
 
 
 def _chains(attempts: list[Attempt]) -> dict[str, Any]:
+    """Retries are duplicate work the server really did, drill retries included; the prompt tokens
+    spent on abandoned attempts are read from a sibling of the same bytes that the server answered."""
     by_chain: dict[str, list[Attempt]] = {}
     for attempt in attempts:
         by_chain.setdefault(attempt.chain_id, []).append(attempt)
-    finals = [sorted(chain, key=lambda a: a.attempt)[-1] for chain in by_chain.values()]
+    finals = [max(chain, key=lambda a: a.attempt) for chain in by_chain.values()]
     retried = [c for c in by_chain.values() if len(c) > 1]
-    recovered = [c for c in retried if sorted(c, key=lambda a: a.attempt)[-1].valid]
+    recovered = [c for c in retried if max(c, key=lambda a: a.attempt).valid]
+    tokens = {a.request_sha256: a.prompt_tokens for a in attempts if a.prompt_tokens is not None}
+    abandoned = [a for a in attempts if a.will_retry]
     return {"requests": len(finals), "requests_valid": sum(a.valid for a in finals),
             "retried_requests": len(retried), "recovered_by_retry": len(recovered),
-            "duplicate_attempts": sum(len(c) - 1 for c in retried)}
+            "duplicate_attempts": sum(len(c) - 1 for c in retried),
+            "duplicate_attempts_drill": sum(len(c) - 1 for c in retried if any(a.drill for a in c)),
+            "abandoned_prompt_tokens": sum(tokens.get(a.request_sha256) or 0 for a in abandoned),
+            "abandoned_output_chunks": sum(a.chunks for a in abandoned)}
+
+
+def context_refusals(attempts: list[Attempt]) -> dict[str, Any]:
+    """vLLM's context-length 400s per family: the prompts' tokens against the server's max_model_len."""
+    out: dict[str, Any] = {}
+    for attempt in attempts:
+        found = context_length(attempt.error_body) if attempt.http_status == 400 else None
+        if not found:
+            continue
+        family = out.setdefault(attempt.family, {"refused": 0, "attempts": 0, "max_model_len": found[0],
+                                                 "prompt_tokens_min": found[1], "prompt_tokens_max": found[1]})
+        family["refused"] += 1
+        family["prompt_tokens_min"] = min(family["prompt_tokens_min"], found[1])
+        family["prompt_tokens_max"] = max(family["prompt_tokens_max"], found[1])
+    for attempt in attempts:
+        if attempt.family in out:
+            out[attempt.family]["attempts"] += 1
+    return out
+
+
+def context_reason(refusals: dict[str, Any]) -> str | None:
+    if not refusals:
+        return None
+    parts = [f"{family} {v['refused']} of {v['attempts']} (prompts {v['prompt_tokens_min']}-{v['prompt_tokens_max']} "
+             f"tokens > max_model_len {v['max_model_len']})" for family, v in sorted(refusals.items())]
+    return "the server refused prompts longer than its context (vLLM's context-length 400): " + "; ".join(parts)
 
 
 def _drill(attempts: list[Attempt]) -> tuple[dict[str, Any], list[str]]:
@@ -62,26 +107,43 @@ def _drill(attempts: list[Attempt]) -> tuple[dict[str, Any], list[str]]:
     return numbers, []
 
 
+def _valid_rule(numbers: dict[str, Any], threshold: float) -> RuleResult:
+    rate = wilson(numbers["valid"], numbers["attempts"])
+    status = decide_rate(rate, threshold)
+    layers = ", ".join(f"{k} {v}" for k, v in numbers["failed_by_layer"].items() if v) or "none"
+    worst = sorted(((n, c) for c, n in numbers["failed_by_check"].items()), reverse=True)[:4]
+    checks = ", ".join(f"{c} x{n}" for n, c in worst)
+    text = f"{rate.text()} attempts valid against {threshold:.0%} required"
+    if status == FAIL:
+        text += f" (failures counted once, by primary layer: {layers}; most frequent checks: {checks})"
+    elif status == INCONCLUSIVE:
+        more = more_attempts_to_decide(rate, threshold)
+        text = (f"inconclusive, because {text}: the interval straddles the threshold"
+                + (f"; about {more} more attempts at this rate would decide" if more else
+                   "; the rate sits on the threshold") + (f" (failures by layer: {layers})" if rate.k < rate.n else ""))
+    return RuleResult("agent.valid_rate", "agent_api", status, text, rate.value, threshold,
+                      evidence=("records.jsonl (drill attempts excluded)",), interval=(rate.low, rate.high))
+
+
 def judge_agent_api(attempts: list[Attempt], limits: dict[str, float]) -> PillarResult:
     if not attempts:
         return PillarResult(NOT_RUN, ["no request was recorded"])
     judged = [a for a in attempts if not a.drill]
-    numbers = _rates(judged) | {"requests": _chains(judged)}
+    numbers = _rates(judged) | {"requests": _chains(attempts)}
     drill, drill_reasons = _drill(attempts)
     numbers["timeout_drill"] = drill
+    numbers["context_length_refusals"] = refusals = context_refusals(judged)
     if len(judged) < limits["min_attempts"]:
-        return PillarResult(INCONCLUSIVE, [f"only {len(judged)} attempts (at least {int(limits['min_attempts'])} "
-                                           "are needed: one success is not evidence)"], numbers)
-    reasons = []
-    rate = numbers["valid_rate"]
-    if rate < limits["min_valid_rate"]:
-        worst = sorted(((n, c) for c, n in numbers["failed_by_check"].items()), reverse=True)[:4]
-        layers = ", ".join(f"{k} {v}" for k, v in numbers["failed_by_layer"].items() if v)
-        reasons.append(f"{rate:.1%} of {len(judged)} attempts valid, below {limits['min_valid_rate']:.0%} "
-                       f"(failures by layer: {layers}; most frequent checks: "
-                       + ", ".join(f"{c} x{n}" for n, c in worst) + ")")
-    reasons += drill_reasons
-    if reasons:
+        return PillarResult(INCONCLUSIVE, [f"inconclusive, because only {len(judged)} attempts were judged (at "
+                                           f"least {int(limits['min_attempts'])} are needed: one success is not "
+                                           "evidence)"], numbers)
+    rule = _valid_rule(numbers, limits["min_valid_rate"])
+    numbers["rules"] = [rule.to_dict()]
+    reasons = [rule.reason] if rule.status != PASS else []
+    reasons += [r for r in [context_reason(refusals)] if r] + drill_reasons
+    if rule.status == FAIL or drill_reasons:
         return PillarResult(FAIL, reasons, numbers)
-    return PillarResult(PASS, [f"{rate:.1%} of {len(judged)} attempts valid (tool calls, structured output, "
-                               "reasoning/content separation, expectations)"], numbers)
+    if rule.status == INCONCLUSIVE:
+        return PillarResult(INCONCLUSIVE, reasons, numbers)
+    return PillarResult(PASS, [f"{rule.reason} (tool calls, structured output, reasoning/content separation, "
+                               "expectations)", *reasons], numbers)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from k3load.analysis.health import down_spells, flap_times
 from k3load.analysis.input_size import input_tokens
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResult
+from k3load.analysis.rules import texts
 from k3load.analysis.rundata import RunData
 from k3load.analysis.stages import stage_problems, stage_stats
 from k3load.analysis.timeline import MetricIndex
@@ -32,14 +34,18 @@ DETECTION_S = 5.0  # how long before the crash was seen a cut request may have e
 SATURATED_CPU_PCT = 95.0
 
 
-def _only_latency(problems: list[str]) -> bool:
-    return all(p.split(" ")[0] in ("TTFT", "ITL", "e2e") for p in problems)
+def _only_latency(problems: list[dict[str, Any]]) -> bool:
+    return all(p["signal"] in ("latency", "queue_latency") for p in problems)
 
 
 def _crash_times(data: RunData) -> list[dict[str, Any]]:
-    """One crash per burst of crash events (a down + its OOM line within 30 s are one crash)."""
+    """One crash per burst of crash events (a down + its OOM line within 30 s are one crash); a
+    health-check flap (requests answered while /health said down) is not a crash."""
     crashes: list[dict[str, Any]] = []
+    flaps = flap_times(data)
     for event in data.events_named(*CRASH_EVENTS):
+        if event["event"] == "server_down" and event["ts"] in flaps:
+            continue
         if crashes and event["ts"] - crashes[-1]["last_ts"] < 30:
             crashes[-1]["events"].append(event)
             crashes[-1]["last_ts"] = event["ts"]
@@ -99,16 +105,35 @@ def _restart_check(data: RunData, ts: float) -> dict[str, Any]:
             "detail": f"back after {up - ts:.0f} s, {served} requests served after it"}
 
 
-def classify_crashes(data: RunData) -> list[dict[str, Any]]:
+def _memory_evidence(oom: bool, curve: list[dict[str, Any]], data: RunData, headroom_pct: float) -> str | None:
+    """Why this crash is a memory crash, or None: an OOM line in the log, or the GPUs' memory within
+    the headroom limit in the minute before it. A crash with neither is a stability finding."""
+    if oom:
+        return "OOM line in the server log"
+    gpu = data.gpu
+    if not curve or gpu.empty or "memory_total_mib" not in gpu:
+        return None
+    before = [c for c in curve if c["t_rel_s"] <= 0]
+    total = float(gpu.groupby("ts")["memory_total_mib"].sum().max() or 0)
+    peak = max((c["memory_used_mib"] for c in before), default=None)
+    if peak is not None and total and (1 - peak / total) * 100 < headroom_pct:
+        return f"GPU memory at {peak / total:.0%} of {total:.0f} MiB before the crash"
+    return None
+
+
+def classify_crashes(data: RunData, headroom_pct: float = 5.0) -> list[dict[str, Any]]:
     out = []
     for crash in _crash_times(data):
         stage = data.stage_of(crash["ts"])
         kinds = sorted({e["event"] for e in crash["events"]})
         lines = [e.get("line") for e in crash["events"] if e.get("line")]
+        curve = _memory_curve(data, crash["ts"])
+        oom = "log_oom" in kinds
         out.append({"ts": crash["ts"], "stage": stage.name if stage else None,
                     "phase": PHASES.get(stage.kind if stage else None, "unknown phase"), "events": kinds,
-                    "oom": "log_oom" in kinds, "log_lines": lines[:3], "conditions": _in_flight(data, crash["ts"]),
-                    "memory_curve": _memory_curve(data, crash["ts"]), "restart": _restart_check(data, crash["ts"])})
+                    "oom": oom, "memory_evidence": _memory_evidence(oom, curve, data, headroom_pct),
+                    "log_lines": lines[:3], "conditions": _in_flight(data, crash["ts"]),
+                    "memory_curve": curve, "restart": _restart_check(data, crash["ts"])})
     return out
 
 
@@ -122,11 +147,13 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
         stats = stage_stats(data, index, stage)
         stats["problems"] = stage_problems(stats, limits)
         table.append(stats)
-    crashes = classify_crashes(data)
-    numbers: dict[str, Any] = {"stages": table, "crashes": crashes}
+    crashes = classify_crashes(data, (limits.get("resources") or {}).get("min_gpu_headroom_pct", 5.0))
+    numbers: dict[str, Any] = {"stages": table, "crashes": crashes,
+                               "health_spells": [s.to_dict() for s in down_spells(data)]}
     reasons = []
     for crash in crashes:
-        what = "OOM crash" if crash["oom"] else "server crash"
+        what = "OOM crash" if crash["oom"] else "server crash" + ("" if crash["memory_evidence"] else
+                                                                   " (no memory evidence)")
         reasons.append(f"{what} in stage {crash['stage']} ({crash['phase']}); "
                        f"{crash['conditions']['requests_in_flight']} requests in flight, "
                        f"{_largest_prompt(crash['conditions'])}; restart: {crash['restart']['detail']}")
@@ -137,7 +164,7 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
         if _only_latency(stats["problems"]) and (stats.get("load_generator_cpu_max_pct") or 0) >= SATURATED_CPU_PCT:
             saturated.append(stats["stage"])  # our own client was the bottleneck: not the server's latency
             continue
-        reasons.append(f"stage {stats['stage']} ({stats['users']} users): " + "; ".join(stats["problems"]))
+        reasons.append(f"stage {stats['stage']} ({stats['users']} users): " + "; ".join(texts(stats["problems"])))
     if reasons:
         return PillarResult(FAIL, reasons, numbers), table
     if saturated:

@@ -15,17 +15,21 @@ RAMP_COLUMNS = ("stage", "users", "attempts", "requests_per_s", "output_tokens_p
                 "gpu_memory_peak_mib", "gpu_headroom_min_pct")
 
 
-def _exhausted(problems: list[str]) -> str:
-    """Name the resource behind a step's first problem."""
-    order = (("KV cache", "kv"), ("preemptions", "kv"), ("waited", "queue"), ("GPU memory", "memory"),
-             ("server down", "crash"), ("error rate", "errors"), ("TTFT", "latency"), ("ITL", "latency"),
-             ("e2e", "latency"))
-    names = {"kv": "KV cache", "queue": "scheduler queue", "memory": "GPU memory", "crash": "server stability",
-             "errors": "error rate", "latency": "latency SLO"}
-    for needle, key in order:
-        if any(needle in p for p in problems):
-            return names[key]
-    return "unknown"
+# The resource each rule is evidence of, in the order "what ran out first" is read: a step that
+# breached KV and latency ran out of KV (the latency followed from it).
+EXHAUSTED_BY_RULE = (
+    ("resources.kv_usage", "KV cache"), ("resources.preemptions", "KV cache"),
+    ("resources.waiting_sustained", "scheduler queue"), ("resources.gpu_headroom", "GPU memory"),
+    ("stability.server_down", "server stability"), ("slo.error_rate", "error rate"),
+    ("stability.health_flap", "health check"), ("slo.ttft_p95", "latency SLO"), ("slo.itl_p95", "latency SLO"),
+    ("slo.e2e_p95", "latency SLO"),
+)
+
+
+def _exhausted(problems: list[dict[str, Any]]) -> str:
+    """Name the resource behind a step's breaches, by rule id (never by the reason's wording)."""
+    ids = {p["id"] for p in problems}
+    return next((name for rule_id, name in EXHAUSTED_BY_RULE if rule_id in ids), "unknown")
 
 
 def ramp(stage_table: list[dict[str, Any]]) -> dict[str, Any]:

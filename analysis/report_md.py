@@ -60,7 +60,8 @@ def _sections(j: Any) -> list[str]:
                + "".join(f"- {b}\n" for b in j.because))
     lim = j.limits
     out.append("## Limits that hold\n\n" + table([lim], ("max_concurrency", "max_input_tokens",
-                                                      "kv_cache_usage_ceiling", "ran_out_first")))
+                                                      "kv_cache_usage_ceiling", "ran_out_first",
+                                                      "max_model_len")))
     out.append("## Pillars\n\n" + "".join(f"### {name}: `{p.status}`\n\n" + "".join(f"- {r}\n" for r in p.reasons)
                                         + "\n" for name, p in j.pillars.items()))
     out.append("## Checklist\n\n| ok | item | detail | evidence |\n|---|---|---|---|\n" + "".join(
@@ -71,7 +72,7 @@ def _sections(j: Any) -> list[str]:
                + "\nServer counters over the control window:\n\n"
                + table([cache.get("window") or {}], tuple((cache.get("window") or {"window": None}).keys())))
     out.append("## Stages\n\n" + table(j.stage_table, STAGE_COLUMNS)
-               + "".join(f"\n- {s['stage']}: {'; '.join(s['problems'])}" for s in j.stage_table if s["problems"]))
+               + "".join(f"\n- {s['stage']}: " + _breaches(s["problems"]) for s in j.stage_table if s["problems"]))
     out.append(_ramp(j) + _crashes(j) + _agent(j))
     out.append(f"## Signature\n\n| field | value |\n|---|---|\n| judge | {h['judge'] or '________'} |\n"
                f"| date | {h['date']} |\n| samples used | samples.sha256 (sha256 {h['samples']}…) |\n"
@@ -102,11 +103,27 @@ def _crashes(j: Any) -> str:
 def _agent(j: Any) -> str:
     n = j.pillars["agent_api"].numbers
     layers = n.get("failed_by_layer") or {}
-    checks = [{"check": k, "failures": v} for k, v in (n.get("failed_by_check") or {}).items()]
-    return ("## Agent API\n\n" + table([{"attempts": n.get("attempts"), "valid_rate": n.get("valid_rate"),
-                                         "tool_call_schema_accuracy": n.get("tool_call_schema_accuracy"), **layers}],
-                                       ("attempts", "valid_rate", "tool_call_schema_accuracy", *layers.keys()))
+    rates = n.get("check_failure_rates") or {}
+    checks = [{"check": k, "failures": v, "rate_ci95": _ci((rates.get(k) or {}).get("ci95"))}
+              for k, v in (n.get("failed_by_check") or {}).items()]
+    checks += [{"check": k, "failures": f"{v} (secondary)", "rate_ci95": None}
+               for k, v in (n.get("secondary_failures_by_check") or {}).items()]
+    return ("## Agent API\n\nRates with 95% Wilson intervals; each failed attempt counted once, under its primary "
+            "layer.\n\n" + table([{"attempts": n.get("attempts"), "valid_rate": n.get("valid_rate"),
+                                   "valid_ci95": _ci(n.get("valid_rate_ci95")),
+                                   "tool_call_schema_accuracy": n.get("tool_call_schema_accuracy"),
+                                   "schema_ci95": _ci(n.get("tool_call_schema_accuracy_ci95")), **layers}],
+                                  ("attempts", "valid_rate", "valid_ci95", "tool_call_schema_accuracy", "schema_ci95",
+                                   *layers.keys()))
             + "\n" + table(checks, ("check", "failures")) + "\n")
+
+
+def _breaches(problems: list[dict[str, Any]]) -> str:
+    return "; ".join(f"{p['reason']} (`{p['id']}`, {p['signal']})" for p in problems)
+
+
+def _ci(bounds: list[float] | None) -> str | None:
+    return f"{bounds[0]:.1%}-{bounds[1]:.1%}" if bounds else None
 
 
 def render(judgment: Any) -> str:

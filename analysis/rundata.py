@@ -17,11 +17,13 @@ import yaml
 
 from k3load.plan import Plan, PlanError, parse_plan
 from k3load.records import Attempt, read_records
+from k3load.validate import primary_layer
 
 RECORD_COLUMNS = ("attempt_id", "chain_id", "attempt", "stage", "scenario", "family", "turn", "turn_kind",
                   "status", "send_ts", "first_token_ts", "end_ts", "ttft_ms", "itl_mean_ms", "e2e_ms",
                   "prompt_tokens", "completion_tokens", "cached_tokens", "max_tokens", "valid", "drill",
-                  "will_retry", "prefix_sha256", "request_sha256", "request_bytes", "http_status", "error", "user_id")
+                  "will_retry", "prefix_sha256", "request_sha256", "request_bytes", "http_status", "error", "user_id",
+                  "primary_layer", "control_pair", "control_role")
 
 
 @dataclass
@@ -73,6 +75,13 @@ def _jsonl(path: Path, problems: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def _with_primary_layer(attempts: list[Attempt]) -> None:
+    """Records written before `primary_layer` existed: the same rule, from the findings they carry."""
+    for attempt in attempts:
+        if attempt.primary_layer is None and not attempt.valid:
+            attempt.primary_layer = primary_layer(attempt.findings)
+
+
 def _records_frame(attempts: list[Attempt]) -> pd.DataFrame:
     rows = [{c: getattr(a, c) for c in RECORD_COLUMNS} | {"failed_layers": list(a.failed_layers)}
             for a in attempts]
@@ -105,6 +114,7 @@ def load_run(path: Path) -> RunData:
             problems.append(f"plan.yaml: {exc}")
     if (path / "records.jsonl").exists():
         data.attempts = read_records(path / "records.jsonl")
+        _with_primary_layer(data.attempts)
     data.records = _records_frame(data.attempts)
     data.metrics = sorted(_jsonl(path / "metrics.jsonl", problems), key=lambda r: r.get("ts", 0))
     data.gpu = pd.DataFrame(_jsonl(path / "gpu.jsonl", problems))

@@ -11,9 +11,14 @@ from typing import Any
 
 import pandas as pd
 
+from k3load.analysis.health import flap_times
 from k3load.analysis.pillar import percentile
+from k3load.analysis.rules import breach
 from k3load.analysis.rundata import RunData, StageWindow
+from k3load.analysis.stats import wilson
 from k3load.analysis.timeline import MetricIndex
+
+QUEUED_S = 2.0  # latency over its SLO while requests waited at least this long grows with the queue
 
 
 def _latency(frame: pd.DataFrame) -> dict[str, float | None]:
@@ -48,6 +53,24 @@ def _load_errors(frame: pd.DataFrame) -> pd.Series:
     return (frame["status"] != "ok") & ~refused
 
 
+def _error_kinds(errors: pd.DataFrame) -> dict[str, int]:
+    """What the failed requests were, most frequent first: `HTTP 502`, `truncated`, `timeout` ..."""
+    kinds = [f"HTTP {int(s)}" if st == "http_error" and pd.notna(s) else st
+             for st, s in zip(errors["status"], errors["http_status"], strict=True)]
+    counts = pd.Series(kinds, dtype=object).value_counts()
+    return {str(k): int(v) for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))}
+
+
+def _errors(frame: pd.DataFrame) -> dict[str, Any]:
+    mask = _load_errors(frame)
+    errors = frame[mask]
+    layers = errors["primary_layer"].fillna("unknown").value_counts()
+    rate = wilson(int(mask.sum()), len(frame))
+    return {"errors": int(mask.sum()), "error_rate": rate.value, "error_rate_ci95": [rate.low, rate.high],
+            "errors_by_layer": {str(k): int(v) for k, v in sorted(layers.items())},
+            "error_kinds": _error_kinds(errors) if len(errors) else {}}
+
+
 def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow) -> dict[str, Any]:
     t0, t1 = stage.start_ts, stage.end_ts
     frame = data.records[(data.records["stage"] == stage.name) & ~data.records["drill"].astype(bool)]
@@ -57,13 +80,13 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow) -> dict[s
     waiting = index.gauge("vllm:num_requests_waiting", t0, t1)
     running = index.gauge("vllm:num_requests_running", t0, t1)
     preemptions = index.delta("vllm:num_preemptions_total", t0, t1)
-    downs = [e for e in data.events_named("server_down") if t0 <= e["ts"] <= t1]
+    flaps = flap_times(data)
+    downs = [e for e in data.events_named("server_down") if t0 <= e["ts"] <= t1 and e["ts"] not in flaps]
     cpu = [m["load_generator_cpu_pct"] for m in data.metrics
            if t0 <= m.get("ts", 0) <= t1 and m.get("load_generator_cpu_pct") is not None]
     return {
         "stage": stage.name, "kind": stage.kind, "users": stage.users, "start_ts": t0, "duration_s": t1 - t0,
-        "attempts": len(frame), "errors": int(_load_errors(frame).sum()),
-        "error_rate": float(_load_errors(frame).mean()) if len(frame) else None,
+        "attempts": len(frame), **_errors(frame),
         "requests_per_s": len(ok) / duration,
         "output_tokens_per_s": float(ok["completion_tokens"].fillna(0).sum()) / duration,
         "max_prompt_tokens_ok": int(ok["prompt_tokens"].max()) if ok["prompt_tokens"].notna().any() else None,
@@ -75,6 +98,7 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow) -> dict[s
         "load_generator_cpu_max_pct": max(cpu) if cpu else None,
         "preemptions": preemptions, "preemptions_per_min": preemptions / duration * 60 if preemptions is not None
         else None, "server_down_events": len(downs),
+        "health_flaps": sum(1 for ts in flaps if t0 <= ts <= t1),
         # The engine's own gauges, not any vllm:* series: with --disable-log-stats vLLM 0.32 still
         # serves vllm:tool_call_parser_invocations_total, and KV, queue and preemptions are unknown.
         "metrics_present": kv is not None or waiting is not None or running is not None,
@@ -86,25 +110,59 @@ def _over(value: float | None, limit: float) -> bool:
     return value is not None and value > limit
 
 
-def stage_problems(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -> list[str]:
-    """What made a stage exceed the plan's limits (empty: within limits)."""
-    slo, res = limits["slo"], limits["resources"]
+# (stats key, plan section, limit key, rule id, signal, reason template)
+LIMIT_RULES = (
+    ("ttft_p95_ms", "slo", "ttft_p95_ms", "slo.ttft_p95", "latency", "TTFT p95 {v:.0f} ms > {lim:.0f} ms"),
+    ("itl_p95_ms", "slo", "itl_p95_ms", "slo.itl_p95", "latency", "ITL p95 {v:.0f} ms > {lim:.0f} ms"),
+    ("e2e_p95_ms", "slo", "e2e_p95_ms", "slo.e2e_p95", "latency", "e2e p95 {v:.0f} ms > {lim:.0f} ms"),
+    ("waiting_sustained_s", "resources", "max_waiting_sustained_s", "resources.waiting_sustained", "resource",
+     "requests waited for {v:.0f} s on end > {lim:.0f} s"),
+    ("preemptions_per_min", "resources", "max_preemptions_per_min", "resources.preemptions", "resource",
+     "{v:.1f} preemptions/min > {lim:.1f}"),
+    ("kv_usage_max", "resources", "max_kv_usage", "resources.kv_usage", "resource",
+     "KV cache usage reached {v:.0%} > {lim:.0%}"),
+)
+
+
+def _error_breach(stats: dict[str, Any], limit: float) -> dict[str, Any] | None:
+    """Errors breach the SLO only when the rate's lower 95% bound is above it (a few unlucky
+    requests in a short stage are not a verdict); the reason names the layers and kinds."""
+    low = (stats.get("error_rate_ci95") or [0.0])[0]
+    if not stats.get("attempts") or low <= limit:
+        return None
+    layers = ", ".join(f"{k} {v}" for k, v in stats["errors_by_layer"].items())
+    kinds = ", ".join(f"{k} x{v}" for k, v in list(stats["error_kinds"].items())[:3])
+    return breach("slo.error_rate", "errors", stats["error_rate"], limit,
+                  f"error rate {stats['error_rate']:.1%} (95% CI from {low:.1%}) > {limit:.1%} "
+                  f"(by layer: {layers}; {kinds})", f"records.jsonl stage={stats['stage']}")
+
+
+def stage_problems(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    """The limits a stage exceeded, as typed breaches (empty: within limits)."""
     problems = []
-    checks = [
-        ("error_rate", slo["max_error_rate"], "error rate {v:.1%} > {lim:.1%}"),
-        ("ttft_p95_ms", slo["ttft_p95_ms"], "TTFT p95 {v:.0f} ms > {lim:.0f} ms"),
-        ("itl_p95_ms", slo["itl_p95_ms"], "ITL p95 {v:.0f} ms > {lim:.0f} ms"),
-        ("e2e_p95_ms", slo["e2e_p95_ms"], "e2e p95 {v:.0f} ms > {lim:.0f} ms"),
-        ("waiting_sustained_s", res["max_waiting_sustained_s"], "requests waited for {v:.0f} s on end > {lim:.0f} s"),
-        ("preemptions_per_min", res["max_preemptions_per_min"], "{v:.1f} preemptions/min > {lim:.1f}"),
-        ("kv_usage_max", res["max_kv_usage"], "KV cache usage reached {v:.0%} > {lim:.0%}"),
-    ]
-    for key, limit, text in checks:
+    errors = _error_breach(stats, limits["slo"]["max_error_rate"])
+    if errors:
+        problems.append(errors)
+    queued = (stats.get("waiting_sustained_s") or 0) >= QUEUED_S
+    where = f"stage={stats['stage']}"
+    for key, section, limit_key, rule_id, signal, text in LIMIT_RULES:
+        limit = limits[section][limit_key]
         if _over(stats.get(key), limit):
-            problems.append(text.format(v=stats[key], lim=limit))
-    headroom = stats.get("gpu_headroom_min_pct")
-    if headroom is not None and headroom < res["min_gpu_headroom_pct"]:
-        problems.append(f"GPU memory headroom fell to {headroom:.1f}% < {res['min_gpu_headroom_pct']:.0f}%")
+            if signal == "latency" and queued:
+                signal = "queue_latency"  # over the SLO while requests queued: it grows with the queue
+            source = "records.jsonl" if section == "slo" else "metrics.jsonl"
+            problems.append(breach(rule_id, signal, stats[key], limit, text.format(v=stats[key], lim=limit),
+                                   f"{source} {where}"))
+    headroom, floor = stats.get("gpu_headroom_min_pct"), limits["resources"]["min_gpu_headroom_pct"]
+    if headroom is not None and headroom < floor:
+        problems.append(breach("resources.gpu_headroom", "resource", headroom, floor,
+                               f"GPU memory headroom fell to {headroom:.1f}% < {floor:.0f}%", f"gpu.jsonl {where}"))
     if stats.get("server_down_events"):
-        problems.append(f"server down {stats['server_down_events']} time(s)")
+        problems.append(breach("stability.server_down", "stability", stats["server_down_events"], 0,
+                               f"server down {stats['server_down_events']} time(s)", f"events.jsonl {where}"))
+    if stats.get("health_flaps"):
+        problems.append(breach("stability.health_flap", "health_flap", stats["health_flaps"], 0,
+                               f"/health said down {stats['health_flaps']} time(s) while requests kept being answered "
+                               "(a flapping health check, not a crash)", f"events.jsonl {where}",
+                               f"records.jsonl {where}"))
     return problems

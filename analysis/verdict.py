@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from k3load.analysis.pillar import FAIL, NOT_RUN, PASS, PillarResult
+from k3load.analysis.pillar_agent import context_reason
+from k3load.analysis.rules import RESOURCE_SIGNALS
 
 NEXT_ACTION = {
     "go": "Fix the exposure scope and monitoring: deploy alerts.yaml and watch GPU memory, KV usage, waiting "
@@ -46,35 +48,67 @@ def compat_pillar(compat: dict[str, Any] | None) -> PillarResult:
     return PillarResult(status if status in (PASS, FAIL) else "inconclusive", reasons, numbers)
 
 
-def _limits(stage_table: list[dict[str, Any]], ramp: dict[str, Any]) -> dict[str, Any]:
+def _limits(stage_table: list[dict[str, Any]], ramp: dict[str, Any], context: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
     good = [s for s in stage_table if not s["problems"]]
     long_ok = [s["max_prompt_tokens_ok"] for s in good if s["kind"] == "long_input" and s["max_prompt_tokens_ok"]]
     any_ok = [s["max_prompt_tokens_ok"] for s in good if s["max_prompt_tokens_ok"]]
     kv = [s["kv_usage_max"] for s in good if s["kv_usage_max"] is not None]
     users = [s["users"] for s in good if s["users"]]
+    refused = [v["max_model_len"] for v in (context or {}).values()]
     return {"max_concurrency": ramp.get("knee_users") if ramp.get("steps") else (max(users) if users else None),
             "max_input_tokens": max(long_ok or any_ok) if (long_ok or any_ok) else None,
             "kv_cache_usage_ceiling": max(kv) if kv else None,
-            "ran_out_first": ramp.get("ran_out_first")}
+            "ran_out_first": ramp.get("ran_out_first"),
+            "max_model_len": min(refused) if refused else None}
+
+
+def _resource_breaches(stage: dict[str, Any]) -> list[str]:
+    return [p["reason"] for p in stage["problems"] if p["signal"] in RESOURCE_SIGNALS]
 
 
 def _scale_up_reasons(resources: PillarResult, stage_table: list[dict[str, Any]], ramp: dict[str, Any]) -> list[str]:
+    """`scale_up` needs a resource signal: an OOM or a crash with memory evidence, KV at its limit,
+    sustained waiting, preemptions, GPU memory, or latency over its SLO while requests queued. Errors,
+    flapping health checks and crashes without memory evidence are never a reason to buy GPUs."""
     reasons = []
     for crash in resources.numbers.get("crashes", []):
-        if crash["oom"] or not crash["restart"].get("recovered"):
-            reasons.append(f"{'OOM' if crash['oom'] else 'crash'} {crash['phase']} (stage {crash['stage']})")
-    base = [s for s in stage_table if s["kind"] in ("load", "prefix_control")]
-    if base and all(s["problems"] for s in base if s["kind"] == "load") and any(s["kind"] == "load" for s in base):
-        reasons.append("even the base load stage exceeded its limits")
-    if ramp.get("steps") and ramp.get("knee_users") is None:
+        if crash.get("memory_evidence"):
+            reasons.append(f"{'OOM' if crash['oom'] else 'crash'} {crash['phase']} (stage {crash['stage']}; "
+                           f"{crash['memory_evidence']})")
+    loads = [s for s in stage_table if s["kind"] == "load"]
+    if loads and all(_resource_breaches(s) for s in loads):
+        reasons.append("even the base load stage exceeded its resource limits: "
+                       + "; ".join(_resource_breaches(loads[0])))
+    steps = [s for s in stage_table if s["kind"] == "concurrency"]
+    if steps and ramp.get("knee_users") is None and _resource_breaches(min(steps, key=lambda s: s["users"] or 0)):
         reasons.append(f"no concurrency step stayed within limits ({ramp.get('ran_out_first')} ran out first)")
     return reasons
+
+
+def _failing_layers(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]]) -> str | None:
+    """Failures without a resource signal, by layer: what to fix instead of buying GPUs."""
+    layers: dict[str, int] = {}
+    for stage in stage_table:
+        for layer, count in (stage.get("errors_by_layer") or {}).items():
+            layers[layer] = layers.get(layer, 0) + count
+    if not layers:
+        return None
+    named = ", ".join(f"{k} {v}" for k, v in sorted(layers.items(), key=lambda kv: -kv[1]))
+    return f"failed requests without a resource signal (KV, queue, preemptions, GPU memory): by layer {named}; " \
+           "fix that layer, not the GPU capacity"
+
+
+def _context_item(pillars: dict[str, PillarResult]) -> str | None:
+    refusals = pillars["agent_api"].numbers.get("context_length_refusals") or {}
+    reason = context_reason(refusals)
+    return f"input length: {reason}" if reason else None
 
 
 def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], ramp: dict[str, Any]
            ) -> tuple[str, list[str], dict[str, Any]]:
     """(verdict, why, limits)."""
-    limits = _limits(stage_table, ramp)
+    limits = _limits(stage_table, ramp, pillars["agent_api"].numbers.get("context_length_refusals"))
     if pillars["compat"].status == FAIL:
         return "rebuild", ["compatibility failed: " + "; ".join(pillars["compat"].reasons)], limits
     resources = pillars["resources"]
@@ -84,6 +118,11 @@ def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], 
             return "scale_up", hard, limits
     open_items = [f"{name}: {p.status}" + (f" ({p.reasons[0]})" if p.reasons else "")
                   for name, p in pillars.items() if p.status != PASS]
+    if resources.status == FAIL:
+        layers = _failing_layers(pillars, stage_table)
+        open_items += [layers] if layers else []
+    context = _context_item(pillars)
+    open_items += [context] if context else []
     if open_items:
         if limits["max_concurrency"] is not None and resources.status == FAIL:
             above = (f"{limits['ran_out_first']} ran out above it" if limits["ran_out_first"]

@@ -15,7 +15,7 @@ from k3load.records import LAYERS, Attempt, read_records
 
 def _group(all_attempts: list[Attempt]) -> dict[str, Any]:
     attempts = [a for a in all_attempts if not a.drill]  # a drill's timeout is its purpose, not a failure
-    layers = Counter(layer for a in attempts for layer in a.failed_layers)
+    layers = Counter(a.primary_layer for a in attempts if a.primary_layer)  # each failure counted once
     checks = Counter(f.check for a in attempts for f in a.findings if not f.ok)
     valid = sum(a.valid for a in attempts)
     return {"attempts": len(attempts), "valid": valid, "valid_rate": valid / len(attempts) if attempts else None,

@@ -1,21 +1,24 @@
 """Judge one attempt: protocol, tool calls, structured output, separation, expectation.
 
 Why layers: a failed agent turn is only actionable when it says whose fault it is. `gateway`: the
-HTTP/transport path failed (status, error body, cut stream); `parser`: the server's tool/reasoning
-parser left the model's markup unparsed or produced unparsable arguments; `model_output`: the answer
-is well-formed but wrong against the schema or the turn's expectation; `client`: our own side
-(our deadline passed, or our scenario's schema is unusable). Checks follow K2-Vendor-Verifier:
+HTTP path failed on the way (a proxy's HTML page, 429/502/504, a reset, a cut or malformed stream);
+`server`: vLLM answered with its own error (JSON body, mid-stream error event, the context-length
+400); `parser`: the server's tool/reasoning parser left the model's markup unparsed or produced
+unparsable arguments; `model_output`: the answer is well-formed but wrong against the schema or the
+turn's expectation; `client`: our own side (our deadline passed, or our scenario's schema is
+unusable). One attempt is counted once, under its primary layer (`primary_layer`). Checks follow K2-Vendor-Verifier:
 known name, arguments parse, `jsonschema` passes, `finish_reason == tool_calls` needs calls.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import jsonschema
 
-from k3load.client.result import STATUS_OK, STATUS_TIMEOUT, StreamResult
+from k3load.client.result import STATUS_HTTP_ERROR, STATUS_OK, STATUS_STREAM_ERROR, STATUS_TIMEOUT, StreamResult
 from k3load.records import Finding
 from k3load.scenario import Scenario, Turn
 
@@ -29,14 +32,59 @@ def _fail(check: str, layer: str, detail: str) -> Finding:
     return Finding(check, False, layer, detail[:500])
 
 
+# vLLM's context-length refusal (vllm/entrypoints/openai/serving_engine.py, 0.32): HTTP 400 with
+# "This model's maximum context length is N tokens. However, your prompt contains M input tokens ..."
+CONTEXT_LENGTH = re.compile(r"maximum context length is (\d+) tokens.*?(?:prompt|request|messages)\D{0,40}?(\d+)",
+                            re.IGNORECASE | re.DOTALL)
+GATEWAY_STATUSES = (429, 502, 504)  # vLLM itself never answers these: a proxy or rate limiter did
+
+
+def vllm_error(body: str | None) -> dict[str, Any] | None:
+    """vLLM's own JSON error body ({"error": {"message", "type", "code"}} in 0.32, the flat
+    {"object": "error", "message"} before): a server answer, not a proxy's page."""
+    try:
+        data = json.loads(body or "")
+    except (json.JSONDecodeError, TypeError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    nested = data.get("error")
+    error = nested if isinstance(nested, dict) else data if data.get("object") == "error" else None
+    return error if error and isinstance(error.get("message"), str) else None
+
+
+def context_length(body: str | None) -> tuple[int, int] | None:
+    """(max_model_len, prompt tokens) from vLLM's context-length 400, or None."""
+    error = vllm_error(body)
+    match = CONTEXT_LENGTH.search(error["message"]) if error else None
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def transport_layer(result: StreamResult) -> str:
+    """Who failed when the exchange itself failed. `client`: our deadline. `server`: vLLM's own JSON
+    error body or its mid-stream error event. `gateway`: everything a proxy produces or that breaks
+    on the way (HTML pages, 429/502/504, an error without vLLM's body, resets, cut or malformed streams)."""
+    if result.status == STATUS_TIMEOUT:
+        return "client"
+    if result.status == STATUS_STREAM_ERROR:
+        return "server"
+    if result.status == STATUS_HTTP_ERROR:
+        own = vllm_error(result.error_body) is not None
+        return "server" if own and result.http_status not in GATEWAY_STATUSES else "gateway"
+    return "gateway"
+
+
 def check_transport(result: StreamResult) -> list[Finding]:
     if result.status == STATUS_OK:
         return [Finding("transport", True)]
-    layer = "client" if result.status == STATUS_TIMEOUT else "gateway"
+    limits = context_length(result.error_body) if result.http_status == 400 else None
+    if limits:
+        return [_fail("request.context_length", "server", f"prompt {limits[1]} tokens > max_model_len {limits[0]} "
+                      f"(vLLM's context-length 400: {result.error_body or ''})")]
     detail = f"{result.status}: {result.error or ''}"
     if result.http_status is not None:
         detail = f"HTTP {result.http_status}: {result.error_body or result.error or ''}"
-    return [_fail("transport", layer, detail)]
+    return [_fail("transport", transport_layer(result), detail)]
 
 
 def check_tool_calls(result: StreamResult, scenario: Scenario) -> list[Finding]:

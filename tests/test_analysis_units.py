@@ -15,6 +15,7 @@ from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS, PillarResult
 from k3load.analysis.pillar_resources import classify_crashes, judge_resources
 from k3load.analysis.ramp import ramp
 from k3load.analysis.report_html import markdown_to_html
+from k3load.analysis.rules import breach
 from k3load.analysis.rundata import RunData
 from k3load.analysis.timeline import MetricIndex
 from k3load.analysis.verdict import decide
@@ -46,16 +47,19 @@ def test_sustained_waiting_is_the_longest_stretch_not_a_blip():
     assert index.sustained_positive_s("vllm:num_requests_waiting", 0, 10) == 4  # ts 4..8
 
 
-def _step(users: int, problems: list[str]) -> dict:
-    return {"stage": f"c{users}", "kind": "concurrency", "users": users, "problems": problems,
+def _step(users: int, problems: list[tuple[str, str]]) -> dict:
+    return {"stage": f"c{users}", "kind": "concurrency", "users": users,
+            "problems": [breach(rule, signal, 1, 0, "any wording") for rule, signal in problems],
             "max_prompt_tokens_ok": 500, "kv_usage_max": 0.5}
 
 
-def test_ramp_knee_and_what_ran_out_first():
-    table = [_step(2, []), _step(8, []), _step(16, ["KV cache usage reached 99% > 98%"]), _step(32, ["x"])]
+def test_ramp_knee_and_what_ran_out_first_by_rule_id_not_wording():
+    kv = [("slo.ttft_p95", "queue_latency"), ("resources.kv_usage", "resource")]
+    table = [_step(2, []), _step(8, []), _step(16, kv), _step(32, [("slo.error_rate", "errors")])]
     result = ramp(table)
     assert result["knee_users"] == 8 and result["ran_out_first"] == "KV cache"
-    assert ramp([_step(2, ["TTFT p95 9000 ms > 3000 ms"])])["knee_users"] is None
+    assert ramp([_step(2, [("slo.ttft_p95", "latency")])])["knee_users"] is None
+    assert ramp([_step(2, []), _step(4, [("stability.health_flap", "health_flap")])])["ran_out_first"] == "health check"
 
 
 def _pillars(**status: str) -> dict[str, PillarResult]:
@@ -64,13 +68,17 @@ def _pillars(**status: str) -> dict[str, PillarResult]:
 
 
 def test_verdict_order_rebuild_first_then_scale_up_then_limited():
-    table = [_step(2, []), _step(8, ["KV cache usage reached 99% > 98%"])]
+    kv = [("resources.kv_usage", "resource")]
+    table = [_step(2, []), _step(8, kv)]
     table_ramp = ramp(table)
     assert decide(_pillars(compat=FAIL, resources=FAIL), table, table_ramp)[0] == "rebuild"
     verdict, because, limits = decide(_pillars(resources=FAIL), table, table_ramp)
     assert verdict == "limited" and limits["max_concurrency"] == 2 and "hold concurrency at 2" in because[0]
-    all_bad = [_step(2, ["KV cache usage reached 99% > 98%"])]
+    all_bad = [_step(2, kv)]
     assert decide(_pillars(resources=FAIL), all_bad, ramp(all_bad))[0] == "scale_up"
+    storm = [_step(2, [("slo.error_rate", "errors"), ("slo.ttft_p95", "latency")])]
+    verdict, because, _ = decide(_pillars(resources=FAIL), storm, ramp(storm))
+    assert verdict == "limited"  # errors and latency without a queue, KV or memory signal: never buy GPUs
     assert decide(_pillars(prefix_cache=INCONCLUSIVE), [_step(2, [])], ramp([_step(2, [])]))[0] == "limited"
     assert decide(_pillars(), [_step(2, [])], ramp([_step(2, [])]))[0] == "go"
 

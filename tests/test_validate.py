@@ -10,7 +10,7 @@ from k3load.client.result import StreamResult, ToolCall
 from k3load.records import Attempt, RecordWriter, read_records, timing_fields
 from k3load.runner import retry_reason
 from k3load.scenario import parse_scenario
-from k3load.validate import validate
+from k3load.validate import context_length, primary_layer, validate
 
 SCENARIO = parse_scenario({
     "name": "v", "family": "agent", "system_prompt": "s",
@@ -25,6 +25,13 @@ SCENARIO = parse_scenario({
             "name": "o", "schema": {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}}}},
     ]}, Path("v.yaml"))
 CALL, ANSWER, JSON = SCENARIO.turns
+TOOL = CALL
+VLLM_503 = '{"error":{"message":"The engine is overloaded","type":"ServiceUnavailableError","param":null,"code":503}}'
+HTML_502 = "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body></body>\r\n</html>\r\n"
+CONTEXT_400 = ('{"error":{"message":"This model\'s maximum context length is 1024 tokens. However, your prompt '
+               'contains 1532 input tokens and requested 64 output tokens.","type":"BadRequestError",'
+               '"param":"input_tokens",'
+               '"code":400}}')
 
 
 def _result(**kw) -> StreamResult:
@@ -61,7 +68,13 @@ def _failed(findings) -> set[tuple[str, str]]:
     (ANSWER, _result(status="http_error", http_status=503, error_body="upstream error"), {("transport", "gateway")}),
     (ANSWER, _result(status="timeout", error="deadline 0.1 s"), {("transport", "client")}),
     (ANSWER, _result(status="truncated"), {("transport", "gateway")}),
-    (ANSWER, _result(status="stream_error", error="engine error"), {("transport", "gateway")}),
+    (ANSWER, _result(status="stream_error", error="engine error"), {("transport", "server")}),
+    (ANSWER, _result(status="http_error", http_status=503, error_body=VLLM_503), {("transport", "server")}),
+    (ANSWER, _result(status="http_error", http_status=502, error_body=HTML_502), {("transport", "gateway")}),
+    (ANSWER, _result(status="http_error", http_status=429, error_body=VLLM_503), {("transport", "gateway")}),
+    (ANSWER, _result(status="http_error", http_status=400, error_body=CONTEXT_400),
+     {("request.context_length", "server")}),
+    (ANSWER, _result(status="transport_error", error="connection reset"), {("transport", "gateway")}),
 ])
 def test_findings_and_layers(turn, result, expected):
     assert _failed(validate(result, SCENARIO, turn)) == expected
@@ -98,3 +111,12 @@ def test_records_round_trip_and_survive_a_torn_last_line(tmp_path):
     with (tmp_path / "records.jsonl").open("a") as handle:
         handle.write('{"run_id": "r", "attem')
     assert read_records(tmp_path / "records.jsonl") == [attempt]
+
+
+def test_one_primary_layer_per_attempt_consequences_counted_once():
+    lost = _result(finish_reason="tool_calls")  # the parser lost the call: expect.tool_call fails as a consequence
+    findings = validate(lost, SCENARIO, TOOL)
+    assert {f.layer for f in findings if not f.ok} == {"parser", "model_output"}
+    assert primary_layer(findings) == "parser"
+    assert primary_layer(validate(_result(content="Hello", finish_reason="stop"), SCENARIO, ANSWER)) is None
+    assert context_length(CONTEXT_400) == (1024, 1532) and context_length(HTML_502) is None

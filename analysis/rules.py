@@ -1,0 +1,54 @@
+"""A rule's outcome as typed data: what was measured, against which limit, on which evidence.
+
+Why typed: the verdict, the ramp ("what ran out first") and the reports decide on a rule's `id` and
+`signal`, never on its English wording, so rewording a reason cannot change a verdict. Every rule
+names the evidence it read (file and selector); where that evidence is missing or broken, the rule is
+`inconclusive` and its reason says why, never `pass` or `fail`.
+
+Signals (what kind of trouble a breach is evidence of) decide between `scale_up` and `limited`:
+`resource` (KV at its limit, sustained waiting, preemptions, GPU memory, an OOM), `queue_latency`
+(latency over its SLO while requests queued: it grows with the queue), `latency` (over the SLO with no
+queue), `errors` (failed requests, attributed by layer), `stability` (the server went down without
+memory evidence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+RESOURCE_SIGNALS = ("resource", "queue_latency")
+
+
+@dataclass(frozen=True)
+class RuleResult:
+    """One rule applied once: `status` is pass / fail / inconclusive."""
+
+    id: str
+    pillar: str
+    status: str
+    reason: str
+    measured: Any = None
+    limit: Any = None
+    signal: str | None = None
+    evidence: tuple[str, ...] = field(default_factory=tuple)
+    interval: tuple[float, float] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["evidence"] = list(self.evidence)
+        out["interval"] = list(self.interval) if self.interval else None
+        return out
+
+
+def breach(rule_id: str, signal: str, measured: Any, limit: Any, reason: str, *evidence: str) -> dict[str, Any]:
+    """A stage limit exceeded, as the stage table carries it (plain data: it goes into verdict.json)."""
+    return RuleResult(rule_id, "resources", "fail", reason, measured, limit, signal, evidence).to_dict()
+
+
+def texts(breaches: list[dict[str, Any]]) -> list[str]:
+    return [b["reason"] for b in breaches]
+
+
+def has_signal(breaches: list[dict[str, Any]], *signals: str) -> bool:
+    return any(b["signal"] in signals for b in breaches)

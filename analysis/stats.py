@@ -1,0 +1,117 @@
+"""The statistics every verdict rule uses: rate intervals, paired tests, a deterministic bootstrap.
+
+Why intervals and not point estimates: "95% of 20 attempts valid" is as compatible with a true rate
+of 80% as with 99%. A rule passes only when the interval's lower bound clears its threshold and fails
+only when the upper bound is below it; in between it is inconclusive and says about how many more
+attempts would decide. Why exact tests from `math` (no scipy): the counts are small, the formulas are
+short, and a verdict must be reproducible byte for byte without another dependency.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Z95 = 1.959963984540054  # two-sided 95%
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 20261203  # fixed: the same pairs give the same interval on every machine
+MAX_MORE_ATTEMPTS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Rate:
+    """k successes of n with a 95% Wilson score interval (well-behaved at 0%, 100% and small n)."""
+
+    k: int
+    n: int
+    low: float
+    high: float
+
+    @property
+    def value(self) -> float | None:
+        return self.k / self.n if self.n else None
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return {"k": self.k, "n": self.n, "rate": self.value, "ci95": [self.low, self.high]}
+
+    def text(self) -> str:
+        if not self.n:
+            return "no attempts"
+        return f"{self.value:.1%} of {self.n} (95% CI {self.low:.1%}-{self.high:.1%})"
+
+
+def wilson(k: int, n: int, z: float = Z95) -> Rate:
+    if n <= 0:
+        return Rate(0, 0, 0.0, 1.0)
+    p = k / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return Rate(k, n, max(0.0, centre - half), min(1.0, centre + half))
+
+
+def decide_rate(rate: Rate, threshold: float) -> str:
+    """'pass' (lower bound clears the threshold), 'fail' (upper bound below it) or 'inconclusive'."""
+    if rate.n and rate.low >= threshold:
+        return "pass"
+    if rate.n and rate.high < threshold:
+        return "fail"
+    return "inconclusive"
+
+
+def more_attempts_to_decide(rate: Rate, threshold: float) -> int | None:
+    """About how many more attempts, at the rate seen so far, would move the interval clear of the
+    threshold; None when the observed rate sits on the threshold (no number of attempts decides)."""
+    if not rate.n:
+        return None
+    p = rate.k / rate.n
+    if abs(p - threshold) < 1e-9 or decide_rate(rate, threshold) != "inconclusive":
+        return None if abs(p - threshold) < 1e-9 else 0
+    n = rate.n
+    while n < MAX_MORE_ATTEMPTS:
+        n = max(n + 1, int(n * 1.25))
+        if decide_rate(wilson(round(p * n), n), threshold) != "inconclusive":
+            break
+    low, high = rate.n, n  # bisect the smallest deciding n
+    while high - low > 1:
+        middle = (low + high) // 2
+        if decide_rate(wilson(round(p * middle), middle), threshold) != "inconclusive":
+            high = middle
+        else:
+            low = middle
+    return high - rate.n if high < MAX_MORE_ATTEMPTS else None
+
+
+def binomial_tail_ge(k: int, n: int, p: float = 0.5) -> float:
+    """P(X >= k) for X ~ Binomial(n, p): exact."""
+    if k <= 0:
+        return 1.0
+    return min(1.0, sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1)))
+
+
+def mcnemar_one_sided(worse: int, better: int) -> float:
+    """Exact one-sided McNemar p-value that the 'worse' discordant pairs outnumber the 'better' ones
+    by more than chance (cold valid / warm broken against cold broken / warm valid)."""
+    return binomial_tail_ge(worse, worse + better) if worse + better else 1.0
+
+
+def sign_test_less(ratios: Sequence[float], bound: float) -> float:
+    """Exact one-sided sign test p-value that the median ratio is below `bound` (ties dropped)."""
+    below = sum(1 for r in ratios if r < bound)
+    above = sum(1 for r in ratios if r > bound)
+    return binomial_tail_ge(below, below + above) if below + above else 1.0
+
+
+def bootstrap_median_ci(values: Sequence[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES
+                        ) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of the median, seeded so the verdict is reproducible."""
+    data = list(values)
+    if len(data) < 2:
+        return None
+    rng = random.Random(BOOTSTRAP_SEED)
+    medians = sorted(statistics.median(rng.choices(data, k=len(data))) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return medians[int(tail * (resamples - 1))], medians[math.ceil((1 - tail) * (resamples - 1))]
