@@ -44,6 +44,22 @@ def _stage_logs(data: RunData) -> dict[str, Any]:
                  ["records.jsonl", "metrics.jsonl", "events.jsonl"])
 
 
+def _monitoring(data: RunData) -> dict[str, Any]:
+    """Going live needs the engine's own metrics (spec, "After go-live"): a /metrics the harness could
+    not read, or one without the engine's gauges, means monitoring is not possible as deployed."""
+    good = [m for m in data.metrics if m.get("ok") and m.get("vllm_series")]
+    failed = [m for m in data.metrics if not m.get("ok")]
+    missing = data.events_named("metrics_missing")
+    if good and not missing:
+        detail = f"{len(good)} scrapes with the engine's series from {len({m.get('source') for m in good})} source(s)"
+        return _item("Server metrics for monitoring (/metrics)", True, detail, ["metrics.jsonl"])
+    why = failed[-1].get("error") if failed else (missing[-1].get("reason") if missing else "no scrape")
+    return _item("Server metrics for monitoring (/metrics)", False,
+                 f"monitoring is not possible as deployed: {why} ({len(failed)} failed scrapes; point "
+                 "--k3-metrics-url or --k3-prometheus-url at where the engine's metrics are)",
+                 ["metrics.jsonl", "events.jsonl"])
+
+
 def build_checklist(data: RunData, pillars: dict[str, PillarResult]) -> list[dict[str, Any]]:
     cache = pillars["prefix_cache"].numbers
     window = cache.get("window") or {}
@@ -58,6 +74,7 @@ def build_checklist(data: RunData, pillars: dict[str, PillarResult]) -> list[dic
         _rule_item(data, "Every node's GPU model, count and topology", ("gpu_count", "gpu_model", "node_consistency")),
         _rule_item(data, "Clean startup log (communication, kernels, NCCL)", ("startup_log",)),
         _stage_logs(data),
+        _monitoring(data),
         _item("GPU memory curves tied to request conditions around any OOM",
               (bool(crashes) and all(c["memory_curve"] for c in crashes)) or (not crashes and not data.gpu.empty),
               f"{len(crashes)} crash(es)" + ("" if not data.gpu.empty else "; no GPU telemetry"),

@@ -1,10 +1,22 @@
-"""Pillar 3, prefix caching judged by reuse: the cold/warm control requests side by side.
+"""Pillar 3, prefix caching judged by reuse: cold/warm control pairs side by side.
 
-Why so many "inconclusive" answers: K3 is hybrid, its KDA state is checkpointed only at block
-boundaries, and a cache can fail to hit for reasons that say nothing about the deployment (only a
-cold request ran, prefixes not byte-identical, eviction under capacity, a prompt shorter than one
-block). Those are reported as "inconclusive, because ...", never as a pass or a fail. A cache that
-is switched off or never hits is a fail; so is a hit that breaks the answers.
+Why pairs: each cold request carries a fresh salt and its warm twin repeats the same bytes after it
+finished, so the warm answer and latency compare like for like with their own cold twin. A warm
+request asking a different question than the cold one would compare unlike answers and fail at
+random on a merely weak model.
+
+Rules, each with the evidence it needs (missing evidence makes it inconclusive, never pass or fail):
+- `cache.enabled`: vllm:cache_config_info; off is a fail.
+- `cache.hits`: /metrics prefix-cache hits over the control window, bracketed by good scrapes on every
+  source, and the records' `cached_tokens`; warm twins must reuse more than their cold twins, at least
+  `min_warm_hit_ratio` of their prompt; where both sources exist they must agree.
+- `cache.latency`: the warm/cold TTFT ratio per pair; an exact one-sided sign test that the median
+  ratio is below 1 - `min_latency_gain` (pass) or above it (fail), with a bootstrap interval shown.
+- `cache.answers`: a hit that breaks the answers: warm twins invalid where their cold twins were
+  valid, more often than chance (exact one-sided McNemar test on the discordant pairs).
+Why "inconclusive, because ...": K3 is hybrid, its KDA state is checkpointed only at block
+boundaries, and a cache can miss for reasons that say nothing about the deployment (a prompt shorter
+than one block, prefixes not byte-identical, eviction under capacity, a scrape gap).
 """
 
 from __future__ import annotations
@@ -13,26 +25,24 @@ import statistics
 from typing import Any
 
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResult
+from k3load.analysis.rules import RuleResult
 from k3load.analysis.rundata import RunData
+from k3load.analysis.stats import bootstrap_median_ci, mcnemar_one_sided, sign_test_less
 from k3load.analysis.timeline import MetricIndex
 from k3load.records import Attempt
 
-WINDOW_SLACK_S = 2.5  # the sampler scrapes every second: let the window's last scrape land
+WINDOW_SLACK_S = 2.5  # gauges: let the window's last scrape land
+ALPHA = 0.05
+SOURCES_AGREE = 0.10  # /metrics hits and the records' cached_tokens may differ by this share (or a block a request)
 
 
-def control_requests(data: RunData) -> list[Attempt]:
-    """The control pair: the prefix_control stage if the plan had one, else the first user's
-    shared-prefix requests. One scenario only, in send order, drill attempts left out."""
-    names = {s.name for s in data.stages if s.kind == "prefix_control"}
-    pool = [a for a in data.attempts if a.family == "shared_prefix" and not a.drill]
-    chosen = [a for a in pool if a.stage in names] if names else []
-    if not chosen and pool:
-        first = min(pool, key=lambda a: a.send_ts)
-        chosen = [a for a in pool if a.user_id == first.user_id]
-    if not chosen:
-        return []
-    scenario = min(chosen, key=lambda a: a.send_ts).scenario
-    return sorted((a for a in chosen if a.scenario == scenario), key=lambda a: a.send_ts)
+def control_pairs(data: RunData) -> list[tuple[Attempt, Attempt]]:
+    """(cold, warm) twins in pair order: the last attempt of each role (a retry replaces its try)."""
+    by_pair: dict[int, dict[str, Attempt]] = {}
+    for attempt in sorted(data.attempts, key=lambda a: (a.send_ts, a.attempt)):
+        if attempt.control_pair is not None and attempt.control_role in ("cold", "warm") and not attempt.drill:
+            by_pair.setdefault(attempt.control_pair, {})[attempt.control_role] = attempt
+    return [(p["cold"], p["warm"]) for _, p in sorted(by_pair.items()) if "cold" in p and "warm" in p]
 
 
 def cache_config(data: RunData) -> dict[str, str]:
@@ -51,37 +61,54 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-def _table(control: list[Attempt]) -> list[dict[str, Any]]:
-    return [{"request": i + 1, "role": "cold" if i == 0 else "warm", "turn": a.turn, "status": a.status,
-             "prompt_tokens": a.prompt_tokens, "cached_tokens": a.cached_tokens, "ttft_ms": a.ttft_ms,
-             "e2e_ms": a.e2e_ms, "valid": a.valid,
-             "failed_checks": sorted({f.check for f in a.findings if not f.ok})} for i, a in enumerate(control)]
+def _table(pairs: list[tuple[Attempt, Attempt]]) -> list[dict[str, Any]]:
+    rows = []
+    for number, pair in enumerate(pairs, start=1):
+        for a in pair:
+            rows.append({"pair": number, "role": a.control_role, "turn": a.turn, "status": a.status,
+                         "prompt_tokens": a.prompt_tokens, "cached_tokens": a.cached_tokens, "ttft_ms": a.ttft_ms,
+                         "e2e_ms": a.e2e_ms, "valid": a.valid,
+                         "failed_checks": sorted({f.check for f in a.findings if not f.ok})})
+    return rows
 
 
-def _window_numbers(index: MetricIndex, t0: float, t1: float) -> dict[str, Any]:
-    delta = lambda name: index.delta(name, t0, t1)  # noqa: E731
-    kv = index.gauge("vllm:kv_cache_usage_perc", t0, t1)
-    return {"prefix_cache_queries": delta("vllm:prefix_cache_queries_total"),
-            "prefix_cache_hits": delta("vllm:prefix_cache_hits_total"),
-            "prompt_tokens_cached": delta("vllm:prompt_tokens_cached_total"),
-            "prefill_kv_computed_tokens": delta("vllm:request_prefill_kv_computed_tokens_sum"),
-            "kv_cache_usage_max": kv["max"] if kv else None,
-            "e2e_latency_mean_s": index.histogram_mean("vllm:e2e_request_latency_seconds", t0, t1),
-            "prefill_time_mean_s": index.histogram_mean("vllm:request_prefill_time_seconds", t0, t1)}
+def _window(index: MetricIndex, t0: float, t1: float) -> tuple[dict[str, Any], dict[str, str]]:
+    """Counter deltas bracketed by good scrapes (and why not), gauges over the window."""
+    names = {"prefix_cache_queries": "vllm:prefix_cache_queries_total",
+             "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+             "prompt_tokens_cached": "vllm:prompt_tokens_cached_total",
+             "prefill_kv_computed_tokens": "vllm:request_prefill_kv_computed_tokens_sum"}
+    numbers: dict[str, Any] = {}
+    gaps: dict[str, str] = {}
+    for key, name in names.items():
+        found = index.bracketed_delta(name, t0, t1)
+        numbers[key] = found.value
+        if found.missing:
+            gaps[key] = found.missing
+    kv = index.gauge("vllm:kv_cache_usage_perc", t0, t1 + WINDOW_SLACK_S)
+    numbers["kv_cache_usage_max"] = kv["max"] if kv else None
+    numbers["sources"] = index.bracketed_delta(names["prefix_cache_queries"], t0, t1).sources
+    numbers["e2e_latency_mean_s"] = index.histogram_mean("vllm:e2e_request_latency_seconds", t0, t1 + WINDOW_SLACK_S)
+    numbers["prefill_time_mean_s"] = index.histogram_mean("vllm:request_prefill_time_seconds", t0,
+                                                          t1 + WINDOW_SLACK_S)
+    return numbers, gaps
 
 
-def _inconclusive(control: list[Attempt], config: dict[str, str], window: dict[str, Any],
-                  limits: dict[str, float], metrics_present: bool) -> list[str]:
+def _inconclusive(pairs: list[tuple[Attempt, Attempt]], config: dict[str, str], window: dict[str, Any],
+                  gaps: dict[str, str], limits: dict[str, float], metrics_seen: bool) -> list[str]:
     reasons = []
-    if not metrics_present:
+    if not metrics_seen:
         reasons.append("metrics missing: vllm:prefix_cache_queries / hits were not scraped during the control "
-                       "window (is --disable-log-stats set?), so hits cannot be seen")
-    if len(control) < 2:
-        reasons.append("only the cold request ran: there is no warm request to compare")
-    if len({a.prefix_sha256 for a in control}) > 1:
-        reasons.append("the control requests' prefixes are not byte-identical (system prompt, tool definitions "
-                       "order or formatting, or context changed between them)")
-    cold = control[0]
+                       "(is --disable-log-stats set, or /metrics not reachable? see --k3-metrics-url)")
+    elif "prefix_cache_hits" in gaps or "prefix_cache_queries" in gaps:
+        cached = sum(w.cached_tokens or 0 for _, w in pairs)
+        reasons.append(f"the server's counters do not cover the control window: "
+                       f"{gaps.get('prefix_cache_hits') or gaps.get('prefix_cache_queries')} (the warm requests' own "
+                       f"usage says {cached} cached tokens)")
+    if any(c.prefix_sha256 != w.prefix_sha256 or c.request_sha256 != w.request_sha256 for c, w in pairs):
+        reasons.append("a warm request's bytes differ from its cold twin's (system prompt, tool definitions order "
+                       "or formatting, or context changed between them)")
+    cold = pairs[0][0]
     block = _int(config.get("block_size"))
     align = max(filter(None, [_int(config.get("cache_hit_alignment_tokens")), _int(config.get("mamba_block_size"))]),
                 default=None)
@@ -95,76 +122,120 @@ def _inconclusive(control: list[Attempt], config: dict[str, str], window: dict[s
     if kv_max is not None and kv_max >= limits.get("max_kv_usage", 0.98):
         reasons.append(f"the KV cache was saturated (usage up to {kv_max:.0%}) during the control: "
                        "blocks may have been evicted for capacity")
-    warm_cached = [a.cached_tokens for a in control[1:] if a.cached_tokens is not None]
-    if len(warm_cached) >= 2 and any(b < max(warm_cached[:i + 1]) for i, b in enumerate(warm_cached[1:])):
-        reasons.append(f"hits fell during the control ({warm_cached}): the shared prefix was evicted")
-    if cold.cached_tokens and cold.prompt_tokens and cold.cached_tokens >= cold.prompt_tokens / 2:
-        reasons.append(f"the cold request already had {cold.cached_tokens} of {cold.prompt_tokens} prompt tokens "
-                       "cached: it was not cold (was the run id, which salts the prefix, reused?)")
+    warm_cold = [c for c, _ in pairs if c.cached_tokens and c.prompt_tokens and c.cached_tokens >= c.prompt_tokens / 2]
+    if len(warm_cold) > len(pairs) / 2:
+        reasons.append(f"{len(warm_cold)} of {len(pairs)} cold requests already had half their prompt cached: they "
+                       "were not cold (was the run id, which salts the prefix, reused?)")
     return reasons
 
 
-def _failures(control: list[Attempt], window: dict[str, Any], config: dict[str, str],
-              limits: dict[str, float]) -> tuple[list[str], dict[str, Any]]:
-    cold, warm = control[0], control[1:]
-    numbers: dict[str, Any] = {}
-    if config.get("enable_prefix_caching") == "False":
-        return ["prefix caching is off on the server (vllm:cache_config_info enable_prefix_caching=False)"], numbers
+def _hits_rule(pairs: list[tuple[Attempt, Attempt]], window: dict[str, Any], config: dict[str, str],
+               limits: dict[str, float]) -> RuleResult:
     hits = window.get("prefix_cache_hits")
+    evidence = ("metrics.jsonl control window", "records.jsonl control pairs (cached_tokens)")
+    ratios = [w.cached_tokens / w.prompt_tokens for _, w in pairs if w.cached_tokens is not None and w.prompt_tokens]
+    ratio = statistics.fmean(ratios) if ratios else None
     if not hits:
-        return [f"no prefix-cache hits although the same prefix was sent {len(control)} times "
-                f"(queries {window.get('prefix_cache_queries')}, hits {hits})"], numbers
-    ratios = [a.cached_tokens / a.prompt_tokens for a in warm if a.cached_tokens is not None and a.prompt_tokens]
-    numbers["warm_hit_ratio"] = statistics.fmean(ratios) if ratios else None
-    reasons = []
-    warm_cached = [a.cached_tokens for a in warm if a.cached_tokens is not None]
-    if warm_cached and cold.cached_tokens is not None and statistics.fmean(warm_cached) <= cold.cached_tokens:
-        # A shared head (e.g. tool declarations rendered first) may hit even for the cold request;
-        # the warm requests must reuse more than that.
-        reasons.append(f"hits did not rise from the second request: warm requests reused "
-                       f"{statistics.fmean(warm_cached):.0f} tokens on average, the cold one {cold.cached_tokens}")
-    if ratios and numbers["warm_hit_ratio"] < limits["min_warm_hit_ratio"]:
-        reasons.append(f"warm requests reused only {numbers['warm_hit_ratio']:.0%} of their prompt "
-                       f"(at least {limits['min_warm_hit_ratio']:.0%} expected)")
-    warm_ttft = [a.ttft_ms for a in warm if a.ttft_ms is not None]
-    if cold.ttft_ms and warm_ttft:
-        numbers["ttft_gain"] = 1 - statistics.median(warm_ttft) / cold.ttft_ms
-        if numbers["ttft_gain"] < limits["min_latency_gain"]:
-            reasons.append(f"no latency effect: warm TTFT median {statistics.median(warm_ttft):.1f} ms vs cold "
-                           f"{cold.ttft_ms:.1f} ms (gain {numbers['ttft_gain']:.0%}, at least "
-                           f"{limits['min_latency_gain']:.0%} expected)")
-    warm_valid = sum(a.valid for a in warm) / len(warm)
-    if warm_valid < (1.0 if cold.valid else 0.0):
-        broken = sorted({f.check for a in warm for f in a.findings if not f.ok})
-        reasons.append(f"warm answers broke although the cold one was valid ({broken}): a hit that breaks "
-                       "tool calls is not a pass")
-    return reasons, numbers
+        return RuleResult("cache.hits", "prefix_cache", FAIL, f"no prefix-cache hits although each of {len(pairs)} "
+                          f"prefixes was sent twice (queries {window.get('prefix_cache_queries')}, hits {hits})",
+                          hits, 1, evidence=evidence)
+    recorded = sum(a.cached_tokens for pair in pairs for a in pair if a.cached_tokens is not None)
+    has_usage = any(a.cached_tokens is not None for pair in pairs for a in pair)
+    server = window.get("prompt_tokens_cached") if window.get("prompt_tokens_cached") is not None else hits
+    slack = max(SOURCES_AGREE * max(server, recorded), (_int(config.get("block_size")) or 16) * 2 * len(pairs))
+    if has_usage and abs(server - recorded) > slack:
+        return RuleResult("cache.hits", "prefix_cache", INCONCLUSIVE, f"inconclusive, because the two sources of "
+                          f"cache hits disagree: /metrics counted {server:.0f} cached tokens over the control window, "
+                          f"the responses' usage {recorded}", server, recorded, evidence=evidence)
+    risen = [w for c, w in pairs if (w.cached_tokens or 0) > (c.cached_tokens or 0)]
+    if has_usage and not risen:
+        return RuleResult("cache.hits", "prefix_cache", FAIL, f"hits did not rise from cold to warm in any of "
+                          f"{len(pairs)} pairs (no warm twin reused more than its cold twin)", 0, len(pairs),
+                          evidence=evidence)
+    if has_usage and len(risen) < len(pairs):
+        return RuleResult("cache.hits", "prefix_cache", INCONCLUSIVE, f"inconclusive, because hits rose in only "
+                          f"{len(risen)} of {len(pairs)} pairs: the others' prefixes may have been evicted between "
+                          "the twins", len(risen), len(pairs), evidence=evidence)
+    if ratio is not None and ratio < limits["min_warm_hit_ratio"]:
+        return RuleResult("cache.hits", "prefix_cache", FAIL, f"warm requests reused only {ratio:.0%} of their "
+                          f"prompt (at least {limits['min_warm_hit_ratio']:.0%} expected)", ratio,
+                          limits["min_warm_hit_ratio"], evidence=evidence)
+    return RuleResult("cache.hits", "prefix_cache", PASS, f"{hits:.0f} hit tokens of "
+                      f"{window.get('prefix_cache_queries') or 0:.0f} queried, warm twins reused "
+                      f"{ratio or 0:.0%} of their prompt (both sources agree)" if has_usage else
+                      f"{hits:.0f} hit tokens of {window.get('prefix_cache_queries') or 0:.0f} queried (the "
+                      "responses carry no cached_tokens: one source only)", ratio, limits["min_warm_hit_ratio"],
+                      evidence=evidence)
+
+
+def _latency_rule(pairs: list[tuple[Attempt, Attempt]], limits: dict[str, float]) -> RuleResult:
+    bound = 1 - limits["min_latency_gain"]
+    ratios = [w.ttft_ms / c.ttft_ms for c, w in pairs if c.ttft_ms and w.ttft_ms is not None]
+    evidence = ("records.jsonl control pairs (ttft_ms)",)
+    if len(ratios) < 2:
+        return RuleResult("cache.latency", "prefix_cache", INCONCLUSIVE, "inconclusive, because fewer than two "
+                          "pairs have a first-token time on both sides", None, bound, evidence=evidence)
+    median = statistics.median(ratios)
+    ci = bootstrap_median_ci(ratios)
+    faster = sign_test_less(ratios, bound)
+    slower = sign_test_less([-r for r in ratios], -bound)
+    ci_text = f", 95% bootstrap CI {ci[0]:.2f}-{ci[1]:.2f}" if ci else ""
+    text = f"warm/cold TTFT ratio median {median:.2f} over {len(ratios)} pairs{ci_text} (at most {bound:.2f} needed"
+    if faster < ALPHA:
+        return RuleResult("cache.latency", "prefix_cache", PASS, f"{text}; sign test p={faster:.3f})", median, bound,
+                          evidence=evidence, interval=ci)
+    if slower < ALPHA:
+        return RuleResult("cache.latency", "prefix_cache", FAIL, f"no latency effect: {text}; sign test that it is "
+                          f"above p={slower:.3f})", median, bound, evidence=evidence, interval=ci)
+    return RuleResult("cache.latency", "prefix_cache", INCONCLUSIVE, f"inconclusive, because the latency effect is "
+                      f"not significant either way: {text}; sign test p={faster:.3f}; more pairs would decide)",
+                      median, bound, evidence=evidence, interval=ci)
+
+
+def _answers_rule(pairs: list[tuple[Attempt, Attempt]]) -> RuleResult:
+    broke = [w for c, w in pairs if c.valid and not w.valid]
+    mended = [w for c, w in pairs if not c.valid and w.valid]
+    p = mcnemar_one_sided(len(broke), len(mended))
+    checks = sorted({f.check for w in broke for f in w.findings if not f.ok})
+    evidence = ("records.jsonl control pairs (valid, findings)",)
+    text = (f"warm twins broke in {len(broke)} pairs and mended in {len(mended)} of {len(pairs)} "
+            f"(exact McNemar p={p:.3f})")
+    if p < ALPHA:
+        return RuleResult("cache.answers", "prefix_cache", FAIL, f"a hit that breaks the answers: {text}; "
+                          f"broken checks {checks}", len(broke), len(mended), evidence=evidence)
+    return RuleResult("cache.answers", "prefix_cache", PASS, f"answers intact: {text}", len(broke), len(mended),
+                      evidence=evidence)
 
 
 def judge_prefix_cache(data: RunData, index: MetricIndex, limits: dict[str, float]) -> PillarResult:
-    control = [a for a in control_requests(data) if a.status == "ok"]
-    if not control:
-        return PillarResult(NOT_RUN, ["no shared-prefix control request completed"])
-    t0, t1 = control[0].send_ts - 0.5, control[-1].end_ts + WINDOW_SLACK_S
-    window = _window_numbers(index, t0, t1)
+    pairs = [(c, w) for c, w in control_pairs(data) if c.status == "ok" and w.status == "ok"]
+    if not pairs:
+        sent = any(a.control_role for a in data.attempts)
+        return PillarResult(NOT_RUN if not sent else INCONCLUSIVE,
+                            ["no cold/warm control pair completed" + ("" if sent else
+                             " (the plan has no prefix_control stage, or it ran no pair)")])
+    t0, t1 = pairs[0][0].send_ts, pairs[-1][1].end_ts
+    window, gaps = _window(index, t0, t1)
     config = cache_config(data)
-    numbers: dict[str, Any] = {"control": _table(control), "window": window,
+    numbers: dict[str, Any] = {"control": _table(pairs), "pairs": len(pairs), "window": window,
+                               "window_gaps": gaps,
                                "cache_config": {k: config.get(k) for k in (
                                    "block_size", "enable_prefix_caching", "mamba_block_size",
                                    "cache_hit_alignment_tokens", "num_gpu_blocks") if k in config}}
-    # Absent counters are unknown, never zero hits: with --disable-log-stats vLLM 0.32 still serves
-    # vllm:tool_call_parser_invocations_total, so "some vllm:* series" does not mean cache metrics.
-    metrics_present = index.present(t0, t1) and window["prefix_cache_queries"] is not None
-    reasons = _inconclusive(control, config, window, limits, metrics_present)
-    if config.get("enable_prefix_caching") == "False" and index.present(t0, t1):
-        reasons = []  # switched off is a fail whatever else was wrong
+    metrics_seen = index.present(t0 - 60, t1 + 60) and any(
+        "vllm:prefix_cache_queries_total" in s.values for s in index.scrapes if t0 - 60 <= s.ts <= t1 + 60)
+    if config.get("enable_prefix_caching") == "False":
+        return PillarResult(FAIL, ["prefix caching is off on the server (vllm:cache_config_info "
+                                   "enable_prefix_caching=False)"], numbers)
+    reasons = _inconclusive(pairs, config, window, gaps, limits, metrics_seen)
     if reasons:
         return PillarResult(INCONCLUSIVE, [f"inconclusive, because {r}" for r in reasons], numbers)
-    failures, more = _failures(control, window, config, limits)
-    numbers |= more
-    if failures:
-        return PillarResult(FAIL, failures, numbers)
-    return PillarResult(PASS, [f"hits rose from the second request: {window['prefix_cache_hits']:.0f} hit tokens "
-                               f"of {window['prefix_cache_queries']:.0f} queried, warm requests reused "
-                               f"{numbers['warm_hit_ratio'] or 0:.0%} of their prompt, TTFT "
-                               f"{numbers.get('ttft_gain', 0):.0%} lower than cold, answers intact"], numbers)
+    rules = [_hits_rule(pairs, window, config, limits), _latency_rule(pairs, limits), _answers_rule(pairs)]
+    numbers["rules"] = [r.to_dict() for r in rules]
+    failed = [r.reason for r in rules if r.status == FAIL]
+    if failed:
+        return PillarResult(FAIL, failed, numbers)
+    open_rules = [r.reason for r in rules if r.status == INCONCLUSIVE]
+    if open_rules:
+        return PillarResult(INCONCLUSIVE, open_rules, numbers)
+    return PillarResult(PASS, [f"{len(pairs)} cold/warm pairs: " + "; ".join(r.reason for r in rules)], numbers)

@@ -92,6 +92,8 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow) -> dict[s
         "max_prompt_tokens_ok": int(ok["prompt_tokens"].max()) if ok["prompt_tokens"].notna().any() else None,
         **_latency(frame),
         "kv_usage_mean": kv["mean"] if kv else None, "kv_usage_max": kv["max"] if kv else None,
+        "kv_usage_max_by_source": {src or "target": g["max"] for src, g in
+                                   index.gauge_by_source("vllm:kv_cache_usage_perc", t0, t1).items()},
         "waiting_max": waiting["max"] if waiting else None,
         "waiting_sustained_s": index.sustained_positive_s("vllm:num_requests_waiting", t0, t1),
         "running_max": running["max"] if running else None,

@@ -50,7 +50,9 @@ def wilson(k: int, n: int, z: float = Z95) -> Rate:
     denominator = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return Rate(k, n, max(0.0, centre - half), min(1.0, centre + half))
+    low = 0.0 if k == 0 else max(0.0, centre - half)  # exact at the edges, not 1 - 1e-16
+    high = 1.0 if k == n else min(1.0, centre + half)
+    return Rate(k, n, low, high)
 
 
 def decide_rate(rate: Rate, threshold: float) -> str:

@@ -4,16 +4,27 @@ Why windows: counters are cumulative since the server started, so a run's figure
 between scrapes in the same window; a counter that goes down is a restart, whose new value counts
 from zero (never a negative delta). A window with no scrape carrying vllm:* series says "metrics
 missing" (None), never 0.
+
+Why per source: an engine behind a gateway, several replicas or data-parallel ranks are scraped
+separately (`--k3-metrics-url`, or a Prometheus); each line names its `source`. Counter deltas are
+taken per source and summed (the fleet's work), gauges are judged per source (one replica at its KV
+limit is a limit, whatever the others do). A delta that must cover a window exactly (the cache
+control) needs a good scrape bracketing each edge of it on every source; `bracketed_delta` says why
+not when there is none (a scrape that timed out, a gap), so the rule becomes inconclusive.
 """
 
 from __future__ import annotations
 
 import itertools
+import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from k3load.sampler.prom import split_key
+
+EDGE_INTERVALS = 3  # a bracketing scrape may be this many scrape intervals away from the window's edge
+MIN_EDGE_S = 2.5
 
 
 @dataclass
@@ -22,13 +33,29 @@ class Scrape:
     values: dict[str, list[tuple[dict[str, str], float]]]  # name -> [(labels, value)]
 
 
+@dataclass
+class Bracketed:
+    """A counter's increase over a window, or why it is unknown (`missing` says it, value is None)."""
+
+    value: float | None
+    missing: str | None = None
+    sources: list[str] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+
+
 class MetricIndex:
     """The ok scrapes of one run, indexed by series name once (keys are parsed a single time)."""
 
     def __init__(self, lines: list[dict[str, Any]]) -> None:
-        self.scrapes: list[Scrape] = []
+        self.scrapes: list[Scrape] = []  # every source, in time order
+        self.by_source: dict[str, list[Scrape]] = defaultdict(list)
+        self.failed: dict[str, list[tuple[float, str]]] = defaultdict(list)  # source -> [(ts, why)]
         for line in lines:
-            if not line.get("ok") or not line.get("vllm_series"):
+            source = str(line.get("source") or "")
+            if not line.get("ok"):
+                self.failed[source].append((line.get("ts", 0.0), str(line.get("error") or "failed")))
+                continue
+            if not line.get("vllm_series"):
                 continue
             values: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
             for key, value in (line.get("samples") or {}).items():
@@ -36,7 +63,13 @@ class MetricIndex:
                     continue
                 name, labels = split_key(key)
                 values[name].append((labels, value))
-            self.scrapes.append(Scrape(line["ts"], dict(values)))
+            scrape = Scrape(line["ts"], dict(values))
+            self.scrapes.append(scrape)
+            self.by_source[source].append(scrape)
+
+    @property
+    def sources(self) -> list[str]:
+        return sorted(self.by_source)
 
     def present(self, t0: float, t1: float) -> bool:
         return any(t0 <= s.ts <= t1 for s in self.scrapes)
@@ -48,11 +81,14 @@ class MetricIndex:
         return sum(v for labels, v in rows if not match or match.items() <= labels.items())
 
     def points(self, name: str, t0: float, t1: float, match: dict[str, str] | None = None,
-               baseline: bool = False) -> list[tuple[float, float]]:
-        """(ts, value summed over matching label sets); with `baseline`, the last scrape before t0 too."""
+               baseline: bool = False, source: str | None = None) -> list[tuple[float, float]]:
+        """(ts, value summed over matching label sets) of one source (default: the first that has the
+        series); with `baseline`, the last scrape before t0 too."""
+        if source is None:
+            source = next((s for s in self.sources if any(name in x.values for x in self.by_source[s])), "")
         out: list[tuple[float, float]] = []
         before: tuple[float, float] | None = None
-        for scrape in self.scrapes:
+        for scrape in self.by_source.get(source, []):
             value = self._total(scrape, name, match)
             if value is None:
                 continue
@@ -63,8 +99,15 @@ class MetricIndex:
         return ([before] if baseline and before else []) + out
 
     def delta(self, name: str, t0: float, t1: float, match: dict[str, str] | None = None) -> float | None:
-        """Increase of a counter (or histogram _sum/_count) over the window, restarts handled."""
-        points = self.points(name, t0, t1, match, baseline=True)
+        """Increase of a counter (or histogram _sum/_count) over the window, restarts handled, summed
+        over the sources that serve it."""
+        values = [self._source_delta(name, t0, t1, match, s) for s in self.sources]
+        known = [v for v in values if v is not None]
+        return sum(known) if known else None
+
+    def _source_delta(self, name: str, t0: float, t1: float, match: dict[str, str] | None, source: str
+                      ) -> float | None:
+        points = self.points(name, t0, t1, match, baseline=True, source=source)
         if len(points) < 2:
             return None
         total = 0.0
@@ -72,16 +115,70 @@ class MetricIndex:
             total += b - a if b >= a else b  # went down: the server restarted and counts from zero
         return total
 
+    def edge_s(self, source: str) -> float:
+        """How far from a window's edge a scrape may be and still bracket it: a few of the source's
+        scrape intervals (failed scrapes count for the cadence: they were attempted on time)."""
+        times = sorted([s.ts for s in self.by_source.get(source, [])] + [ts for ts, _ in self.failed.get(source, [])])
+        gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
+        return max(MIN_EDGE_S, EDGE_INTERVALS * statistics.median(gaps)) if gaps else MIN_EDGE_S
+
+    def bracketed_delta(self, name: str, t0: float, t1: float) -> Bracketed:
+        """The counter's increase from a good scrape at or before t0 to one at or after t1, on every
+        source serving it; unknown (with the reason) when an edge has no such scrape nearby."""
+        sources = [s for s in self.sources if any(name in x.values for x in self.by_source[s])]
+        if not sources:
+            return Bracketed(None, f"{name} was never scraped", evidence=["metrics.jsonl"])
+        total, gaps = 0.0, []
+        for source in sources:
+            edge = self.edge_s(source)
+            series = [(x.ts, self._total(x, name, None)) for x in self.by_source[source]]
+            before = [(ts, v) for ts, v in series if v is not None and t0 - edge <= ts <= t0]
+            after = [(ts, v) for ts, v in series if v is not None and t1 <= ts <= t1 + edge]
+            if not before or not after:
+                gaps.append(self._gap(source, t0, t1, edge, "before" if not before else "after"))
+                continue
+            inside = [(ts, v) for ts, v in series if v is not None and before[-1][0] <= ts <= after[0][0]]
+            total += sum(b - a if b >= a else b for (_, a), (_, b) in itertools.pairwise(inside))
+        evidence = [f"metrics.jsonl source={s or 'target'}" for s in sources]
+        if gaps:
+            return Bracketed(None, "; ".join(gaps), sources, evidence)
+        return Bracketed(total, None, sources, evidence)
+
+    def _gap(self, source: str, t0: float, t1: float, edge: float, side: str) -> str:
+        at = t0 if side == "before" else t1
+        lo, hi = (at - edge, at) if side == "before" else (at, at + edge)
+        failed = [(ts, why) for ts, why in self.failed.get(source, []) if lo - edge <= ts <= hi + edge]
+        what = f"no good /metrics scrape within {edge:.1f} s {side} the window on {source or 'the target'}"
+        if failed:
+            what += " (" + ", ".join(f"scrape at {ts - at:+.1f} s failed: {why}" for ts, why in failed[:3]) + ")"
+        return what
+
     def gauge(self, name: str, t0: float, t1: float, match: dict[str, str] | None = None) -> dict[str, float] | None:
-        points = self.points(name, t0, t1, match)
-        if not points:
+        """Mean over every source's points, max of the worst source (a replica at its limit is a limit)."""
+        per = self.gauge_by_source(name, t0, t1, match)
+        if not per:
             return None
-        values = [v for _, v in points]
-        return {"mean": sum(values) / len(values), "max": max(values), "samples": len(values)}
+        samples = sum(g["samples"] for g in per.values())
+        mean = sum(g["mean"] * g["samples"] for g in per.values()) / samples
+        return {"mean": mean, "max": max(g["max"] for g in per.values()), "samples": samples}
+
+    def gauge_by_source(self, name: str, t0: float, t1: float, match: dict[str, str] | None = None
+                        ) -> dict[str, dict[str, float]]:
+        out = {}
+        for source in self.sources:
+            values = [v for _, v in self.points(name, t0, t1, match, source=source)]
+            if values:
+                out[source] = {"mean": sum(values) / len(values), "max": max(values), "samples": len(values)}
+        return out
 
     def sustained_positive_s(self, name: str, t0: float, t1: float) -> float | None:
-        """Longest stretch during which the gauge stayed above zero (a queue, not one blip)."""
-        points = self.points(name, t0, t1)
+        """Longest stretch during which the gauge stayed above zero (a queue, not one blip), worst source."""
+        values = [self._sustained(self.points(name, t0, t1, source=s)) for s in self.sources]
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+
+    @staticmethod
+    def _sustained(points: list[tuple[float, float]]) -> float | None:
         if not points:
             return None
         longest, start = 0.0, None
