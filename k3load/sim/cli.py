@@ -53,6 +53,7 @@ HELP: dict[str, str] = {
     "http_error_retry_after_s": "fault: injected HTTP errors carry 'Retry-After: N' (0: no header)",
     "connection_reset_rate": "fault: the connection is reset (TCP RST) before any response byte",
     "midstream_reset_rate": "fault: streaming connection reset (TCP RST) halfway, not a clean close",
+    "weak_answer_rate": "fault: a weak model, answering with nothing (no content, no tool call): model_output",
     "midstream_error_rate": "fault: streaming error event halfway through the answer",
     "truncate_stream_rate": "fault: stream closed halfway without finish chunk or [DONE]",
     "slow_first_token_rate": "fault: share of requests with a stalled first token",

@@ -29,6 +29,7 @@ class FaultProfile:
     empty_tool_calls_rate: float = 0.0  # finish_reason "tool_calls" with no calls (parser layer)
     raw_tool_markup_rate: float = 0.0  # K2 tool-call markup left in content (parser layer)
     reasoning_leak_rate: float = 0.0  # reasoning text repeated inside content
+    weak_answer_rate: float = 0.0  # a weak model: no content, no tool call (model_output, not the stack)
     http_error_rate: float = 0.0  # reject before any work
     http_error_status: int = 503  # 429, 500, 502, 503 ...
     http_error_style: str = "vllm"  # "vllm" JSON body, "gateway" plain text, "html" an nginx error page

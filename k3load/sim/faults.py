@@ -29,6 +29,7 @@ class FaultDecision:
     slow_drip_s: float = 0.0
     connection_reset: bool = False
     midstream_reset: bool = False
+    weak_answer: bool = False
 
 
 def decide(profile: FaultProfile, rng: random.Random, time_scale: float) -> FaultDecision:
@@ -55,7 +56,8 @@ def decide(profile: FaultProfile, rng: random.Random, time_scale: float) -> Faul
         slow_drip_s=profile.slow_drip_ms * time_scale / 1000 if hit(profile.slow_drip_rate) else 0.0,
     )
     return dataclasses.replace(decision, connection_reset=hit_if_set(profile.connection_reset_rate),
-                               midstream_reset=hit_if_set(profile.midstream_reset_rate))
+                               midstream_reset=hit_if_set(profile.midstream_reset_rate),
+                               weak_answer=hit_if_set(profile.weak_answer_rate))
 
 
 def _as_content(text: str) -> list[Piece]:
@@ -67,6 +69,8 @@ def apply_to_plan(plan: OutputPlan, fault: FaultDecision) -> OutputPlan:
     pieces = list(plan.pieces)
     calls = [dict(c) for c in plan.tool_calls]
     finish = plan.finish_reason
+    if fault.weak_answer:  # a weak model: thinks, then says nothing and calls nothing (well-formed, wrong)
+        return OutputPlan([p for p in pieces if p.kind == "reasoning"] + [Piece("none")], "stop", [])
     if fault.reasoning_leak:  # no reasoning parser: K3's think markup and text stay in content
         thinking = [Piece("content", p.text) for p in pieces if p.kind == "reasoning"]
         rest = [p for p in pieces if p.kind != "reasoning"]
