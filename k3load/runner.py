@@ -63,6 +63,7 @@ class RunContext:
     long_context: Callable[[Scenario], str | None] = lambda scenario: None
     sleep: Callable[[float], None] = time.sleep
     _requests: itertools.count = field(default_factory=itertools.count)
+    _pairs: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def salt(self, scenario: Scenario) -> str:
         if scenario.prefix_salt == "run":
@@ -70,6 +71,12 @@ class RunContext:
         if scenario.prefix_salt == "request":
             return f"{self.run_id}/{self.user_id}/{next(self._requests)}"
         return ""
+
+    def next_pair(self) -> tuple[int, str]:
+        """A control pair's number (1-based, counted per user over the run) and its fresh salt: the
+        run and user in it keep every pair's prefix new to the cache, even across runs and users."""
+        number = next(self._pairs)
+        return number, f"pair-{number}/{self.run_id}/{self.user_id}"
 
 
 def make_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest, result: StreamResult,
@@ -94,8 +101,9 @@ def make_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: Prep
 
 
 def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, salt: str,
-             sink: Callable[[Attempt], Any]) -> list[Attempt]:
-    """One request with its retries; returns every attempt (already sent to `sink`)."""
+             sink: Callable[[Attempt], Any], control: tuple[int, str] | None = None) -> list[Attempt]:
+    """One request with its retries; returns every attempt (already sent to `sink`). `control` is the
+    (pair number, "cold" | "warm") of a prefix-cache control request; its retries keep both."""
     prepared = build_request(scenario, turn.index, ctx.model, salt, ctx.long_context(scenario))
     policy = turn.retry
     chain_id = uuid.uuid4().hex
@@ -108,6 +116,8 @@ def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, sa
         will_retry = reason in policy["when"] and number < policy["max_attempts"]
         attempt = make_attempt(ctx, scenario, turn, prepared, result, findings, chain_id, number, will_retry)
         attempt.drill = drill
+        if control is not None:
+            attempt.control_pair, attempt.control_role = control
         sink(attempt)
         attempts.append(attempt)
         if not will_retry:
@@ -120,7 +130,9 @@ class ScenarioPlay:
     """One playing of a scenario, a turn at a time (so a Locust user can stop between turns).
 
     Conversations go on after a failed turn: the history is scripted, so later turns are still
-    meaningful and their results still count."""
+    meaningful and their results still count. A `pair` scenario plays each turn as a control pair in
+    one step (cold with a fresh salt, then its warm twin, the same bytes, once the cold one ended), so
+    a stage change never separates a warm request from its cold twin."""
 
     def __init__(self, client: Client, ctx: RunContext, scenario: Scenario) -> None:
         self.client, self.ctx, self.scenario = client, ctx, scenario
@@ -134,8 +146,18 @@ class ScenarioPlay:
     def step(self, sink: Callable[[Attempt], Any]) -> list[Attempt]:
         turn = self.scenario.turns[self.next_turn]
         self.next_turn += 1
+        if self.scenario.prefix_salt == "pair":
+            return self._pair(turn, sink)
         salt = self.ctx.salt(self.scenario) if self.scenario.prefix_salt == "request" else self._salt
         return run_turn(self.client, self.ctx, self.scenario, turn, salt, sink)
+
+    def _pair(self, turn: Turn, sink: Callable[[Attempt], Any]) -> list[Attempt]:
+        """Cold then warm, sequentially: the warm twin can only hit what the cold one left cached.
+        The warm one is sent whatever the cold one's outcome (the analysis judges the pair)."""
+        number, salt = self.ctx.next_pair()
+        cold = run_turn(self.client, self.ctx, self.scenario, turn, salt, sink, (number, "cold"))
+        warm = run_turn(self.client, self.ctx, self.scenario, turn, salt, sink, (number, "warm"))
+        return cold + warm
 
 
 def run_scenario(client: Client, ctx: RunContext, scenario: Scenario, sink: Callable[[Attempt], Any]

@@ -44,6 +44,19 @@ def _system(scenario: Scenario, salt: str) -> str:
     return f"[session {salt}]\n{scenario.system_prompt}"
 
 
+def _tools(scenario: Scenario, salt: str) -> list[dict[str, Any]]:
+    """The tool definitions as sent. Kimi's chat template renders tool declarations before the system
+    prompt, so a control pair's cold request would still hit the previous pair's tool head: for
+    `pair` the salt also opens the first tool's description (its first key as sent), making the whole
+    prefix new to the cache while the warm twin, same salt, repeats it byte for byte."""
+    tools = [dict(t) for t in scenario.tools]
+    if scenario.prefix_salt == "pair" and tools:
+        function = dict(tools[0]["function"])
+        function["description"] = f"[session {salt}] {function.get('description', '')}".rstrip()
+        tools[0] = {**tools[0], "function": function}
+    return tools
+
+
 def _replay_turn(scenario: Scenario, turn: Turn, messages: list[dict[str, Any]]) -> None:
     """Append what a finished turn leaves in the history: its user message, scripted reply, tool results."""
     if turn.user is not None:
@@ -84,20 +97,22 @@ def build_request(scenario: Scenario, turn_index: int, model: str, salt: str = S
     turn = scenario.turns[turn_index]
     if turn.user is not None:
         messages.append({"role": "user", "content": turn.user})
-    body = _body(scenario, turn, model, messages)
-    prefix = canonical({"messages": fixed, "tools": list(scenario.tools)})
+    tools = _tools(scenario, salt)
+    body = _body(scenario, turn, model, messages, tools)
+    prefix = canonical({"messages": fixed, "tools": tools})
     data = canonical(body)
     return PreparedRequest(scenario.name, turn_index, data, sha256(data), sha256(prefix))
 
 
-def _body(scenario: Scenario, turn: Turn, model: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+def _body(scenario: Scenario, turn: Turn, model: str, messages: list[dict[str, Any]],
+          tools: list[dict[str, Any]]) -> dict[str, Any]:
     s = turn.settings
     body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": s["max_tokens"],
                             "temperature": s["temperature"], "stream": s["stream"]}
     if s["stream"]:
         body["stream_options"] = {"include_usage": True}
-    if scenario.tools:
-        body["tools"] = list(scenario.tools)
+    if tools:
+        body["tools"] = tools
         body["tool_choice"] = s.get("tool_choice", "auto")
     if "response_format" in s:
         body["response_format"] = s["response_format"]

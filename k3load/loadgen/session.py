@@ -199,6 +199,15 @@ class HarnessSession:
                                                                  self._count_tokens(scenario))
         return self._long_context[scenario.name]
 
+    def playable(self, family: str) -> list[Scenario]:
+        """The family's scenarios this stage plays: a prefix_control stage plays the cache-control pair
+        scenarios (`prefix_salt: pair`), other stages the rest (each falls back to all while the family
+        has none of its kind)."""
+        group = self.scenarios.get(family, [])
+        control = self.stage is not None and self.stage.kind == "prefix_control"
+        chosen = [s for s in group if (s.prefix_salt == "pair") == control]
+        return chosen or group
+
     def _count_tokens(self, scenario: Scenario) -> Any:
         fallback = estimate_tokens((scenario.long_input or {}).get("chars_per_token", 3.5))
 

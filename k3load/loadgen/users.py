@@ -20,10 +20,12 @@ from k3load.runner import RunContext, ScenarioPlay
 _numbers = itertools.count(1)
 DEAD_SERVER_PAUSE_S = 1.0
 ERROR_PAUSE_S = 0.2
+IDLE_PAUSE_S = 0.2
 
 
 class K3User(User):
-    """Plays scenarios of `family`; idles when the stage's per-user iteration budget is spent."""
+    """Plays scenarios of `family` (those the stage plays: `HarnessSession.playable`); idles when the
+    stage's per-user iteration budget is spent or when none of them can be played on this server."""
 
     abstract = True
     family: ClassVar[str] = ""
@@ -46,20 +48,26 @@ class K3User(User):
     def play(self) -> None:
         """One turn per task, so a stage change or the end of the run stops a user between turns."""
         session = self.environment.k3_session
+        playable = session.playable(self.family)
+        if self.current is not None and self.current.scenario.name not in {s.name for s in playable}:
+            self.current = None  # the stage changed what this family plays (the control pairs end with it)
         if self.current is None or self.current.done:
             stage = session.stage
-            if stage is not None and stage.iterations_per_user is not None and \
-                    self.played.get(stage.name, 0) >= stage.iterations_per_user:
-                gevent.sleep(0.2)
+            if not playable or self._budget_spent(stage):
+                gevent.sleep(IDLE_PAUSE_S)  # budget spent, or nothing of this family fits the server
                 return
             if stage is not None:
                 self.played[stage.name] = self.played.get(stage.name, 0) + 1
-            self.current = ScenarioPlay(self.chat, self.ctx, self.rng.choice(session.scenarios[self.family]))
+            self.current = ScenarioPlay(self.chat, self.ctx, self.rng.choice(playable))
         attempts = self.current.step(session.record)
         if attempts and attempts[-1].status == "transport_error":
             gevent.sleep(DEAD_SERVER_PAUSE_S)  # the server is gone: probe it, don't spin on refused connections
         elif attempts and attempts[-1].status == "http_error":
             gevent.sleep(ERROR_PAUSE_S)  # an instant refusal would otherwise flood the records
+
+    def _budget_spent(self, stage: Any) -> bool:
+        return stage is not None and stage.iterations_per_user is not None and \
+            self.played.get(stage.name, 0) >= stage.iterations_per_user
 
     def on_stop(self) -> None:
         chat: Any = getattr(self, "chat", None)
