@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from k3load.sampler.fetch import redact_url
+
 TRANSPORTS = ("geventhttpclient", "httpx")
 
 
@@ -49,6 +51,7 @@ def _observation_options(group: Any) -> None:
                        help="read local GPUs through NVML when present")
     group.add_argument("--k3-sample-interval", type=float, default=1.0, env_var="K3_SAMPLE_INTERVAL",
                        help="seconds between /metrics, /health and GPU readings")
+    _metrics_source_options(group)
     group.add_argument("--k3-server-log", default="", env_var="K3_SERVER_LOG",
                        help="server log file to follow (OOM / NCCL / CUDA lines become events)")
     group.add_argument("--k3-server-log-cmd", default="", env_var="K3_SERVER_LOG_CMD",
@@ -57,6 +60,21 @@ def _observation_options(group: Any) -> None:
                        help="command that restarts the server after it went down (the restart check)")
     group.add_argument("--k3-max-restarts", type=int, default=3, env_var="K3_MAX_RESTARTS",
                        help="at most this many restart commands per run")
+
+
+def _metrics_source_options(group: Any) -> None:
+    """Where the engine's metrics are read when they are not at the target's own /metrics."""
+    group.add_argument("--k3-metrics-url", action="append", default=[], env_var="K3_METRICS_URL",
+                       help="vLLM /metrics to scrape, one per replica or rank (repeatable; default: the target's "
+                       "/metrics); the API key goes only to those on the target's host and port")
+    group.add_argument("--k3-scrape-timeout", type=float, default=0.0, env_var="K3_SCRAPE_TIMEOUT",
+                       help="per-request timeout of /metrics, /health and Prometheus queries in seconds "
+                       "(0: the sample interval, at least 2, at most 10)")
+    group.add_argument("--k3-prometheus-url", default="", env_var="K3_PROMETHEUS_URL",
+                       help="a Prometheus that scrapes the engines: their vllm:* series are read back over the run "
+                       "(never sent the API key)")
+    group.add_argument("--k3-prometheus-selector", default="", env_var="K3_PROMETHEUS_SELECTOR",
+                       help='label matchers narrowing that query, e.g. job="vllm",cluster="a"')
 
 
 SECRET_OPTIONS = ("k3_api_key",)
@@ -69,6 +87,9 @@ def public_options(parsed: Any) -> dict[str, Any]:
         secret = key in SECRET_OPTIONS or any(word in key.lower() for word in ("key", "token", "password"))
         if secret:
             out[key] = "***" if value else ""
+        elif key.endswith("_url") and _plain(value):  # a URL may carry user:password@
+            out[key] = [redact_url(v) for v in value] if isinstance(value, list) else \
+                redact_url(value) if isinstance(value, str) and value else value
         elif _plain(value):
             out[key] = value
     return out

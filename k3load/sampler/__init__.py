@@ -8,11 +8,14 @@ Usage (no Locust needed; inside a Locust process it runs as greenlets)::
     ...
     sampler.stop()          # final reading, files closed; returns counts
 
-or `k3load sample --metrics-url URL --out DIR [...]` (k3load/sampler/cli.py).
+or `k3load sample --metrics-url URL [--metrics-url URL2 ...] [--prometheus-url URL] --out DIR [...]`
+(k3load/sampler/cli.py). Several metrics URLs (replicas, data-parallel ranks) are scraped by one loop each;
+`/health` is polled on the target only (`health_url`, default next to the first metrics URL); the API key
+goes only to URLs on the target's scheme, host and port, never to Prometheus or a dcgm-exporter.
 
 Files (JSON lines, appended and flushed as they happen; `ts` is wall-clock epoch seconds):
 
-metrics.jsonl — one line per scrape of vLLM /metrics::
+metrics.jsonl — one line per scrape of vLLM /metrics, per source (`source`: the URL without credentials)::
 
     {"ts", "source": URL, "ok": true, "scrape_ms", "load_generator_cpu_pct",
      "vllm_series": N, "samples": {"vllm:name{label=\"v\",...}": value, ...},
@@ -20,6 +23,14 @@ metrics.jsonl — one line per scrape of vLLM /metrics::
      "process_start_ts": float | null, "types": {family: type}  (only when it changed: first line, after a change)}
     {"ts", "source", "ok": false, "scrape_ms", "load_generator_cpu_pct", "error": "connection refused" |
      "timeout after 2 s" | "HTTP 500" | "parse error: ...", "http_status": int | null}
+
+  From Prometheus (`prometheus_url`, k3load/sampler/promapi.py): the same shape, one line per query_range
+  step (ts = the evaluation time, on a grid of `interval_s` from the sampler's start) per `instance`, with
+  `"source": "prometheus:<instance>"`, `"scrape_ms": null`, `"load_generator_cpu_pct": null`, no `types`
+  (the query API has none), keys without Prometheus's `instance`/`job` labels (other target labels stay);
+  `{"ts", "source", "ok": false, "scrape_ms": null, "load_generator_cpu_pct": null, "error": "up=0: ..." |
+  "prometheus: <reason>", "http_status"}` when Prometheus's scrape failed (up=0) or the query failed (then
+  one line per instance known, or one with `"source": "prometheus:<Prometheus URL>"` when none is yet).
 
   `samples` holds every vllm:* sample (counters with `_total`, histograms as `_bucket{le=..}`/`_sum`/`_count`,
   gauges) keyed by name and sorted labels (`k3load.sampler.prom.split_key` splits a key); values are
@@ -40,14 +51,20 @@ gpu.jsonl — one line per GPU per reading (fields a source lacks are null)::
 
 events.jsonl — `{"ts", "event", ...}`, shared with the locust layer's run_start/stage_start/run_end:
 
-    sampler_start   metrics_url, health_url, gpu_metrics_urls, interval_s, timeout_s, nvml, server_log,
-                    server_log_cmd_program, api_key ("set"|null), host, pid
-    sampler_stop    scrapes, scrape_failures, gpu_rows, health_transitions, loop_errors, log_lines, log_flags
+    sampler_start   metrics_url (the first), metrics_urls, health_url, prometheus_url, prometheus_selector,
+                    gpu_metrics_urls, interval_s, timeout_s, nvml, server_log, server_log_cmd_program,
+                    api_key ("set"|null), host, pid
+    sampler_stop    scrapes, scrape_failures (all direct sources), sources {source: {scrapes, failures}},
+                    prometheus {url, queries, query_failures, instances, lines, read_to_ts} | null, gpu_rows,
+                    health_transitions, loop_errors, log_lines, log_flags
+    prometheus_error  source (Prometheus URL), reason, http_status: once per spell   prometheus_back  source,
+                    down_reason   prometheus_incomplete  source, unread_from_ts, unread_to_ts, reason (at stop)
     server_down     source, reason, http_status, first_poll, failed_polls, unanswered_s    server_up  source, down_s
                     (refused, reset or an HTTP error: at the first failed poll; polls that time out: only
                     after 3 failed polls over >= 5 s, stamped with the first failed poll's ts)
     health_slow     source, reason, failed_polls, unanswered_s: /health timed out, then answered before it
                     counted as down (ts: the first slow poll); not a crash, no restart
+    (counter_reset, metrics_missing/back, cache_config: also from Prometheus, source prometheus:<instance>)
     counter_reset   source, series_down, examples, process_start_ts_before, process_start_ts_after
     metrics_missing source, reason, absent: [required names], vllm_series   metrics_back  source, vllm_series
     cache_config    source, family, labels: [one label dict per engine]   (vllm_info: other vllm:*_info)

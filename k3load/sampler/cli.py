@@ -19,8 +19,19 @@ from k3load.sampler.loop import Sampler
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--metrics-url", required=True, help="vLLM /metrics URL, e.g. http://127.0.0.1:8000/metrics "
-                        "(/health is polled on the same host)")
+    parser.add_argument("--metrics-url", action="append", default=[], metavar="URL",
+                        help="vLLM /metrics URL, e.g. http://127.0.0.1:8000/metrics; repeatable (replicas, "
+                        "data-parallel ranks: one loop each)")
+    parser.add_argument("--health-url", metavar="URL",
+                        help="the API's /health (default: next to the first --metrics-url); the API key goes only "
+                        "to URLs on this URL's host and port")
+    parser.add_argument("--scrape-timeout", type=float, metavar="S",
+                        help="per-request timeout of /metrics, /health and Prometheus queries "
+                        "(default: the interval, at least 2 s, at most 10 s)")
+    parser.add_argument("--prometheus-url", metavar="URL",
+                        help="read the vllm:* series back from this Prometheus (its /api/v1/query_range)")
+    parser.add_argument("--prometheus-selector", default="", metavar="LABELS",
+                        help='extra label matchers for the Prometheus query, e.g. job="vllm",cluster="a"')
     parser.add_argument("--gpu-metrics-url", action="append", default=[], metavar="URL",
                         help="a dcgm-exporter /metrics URL, one per node (repeatable)")
     parser.add_argument("--nvml", choices=("auto", "off"), default="auto",
@@ -38,12 +49,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.interval <= 0:
-        print("k3load sample: --interval must be > 0")
+    problem = _problem(args)
+    if problem:
+        print(f"k3load sample: {problem}")
         return 2
     sampler = Sampler(args.out, args.metrics_url, gpu_metrics_urls=args.gpu_metrics_url, interval_s=args.interval,
                       nvml="auto" if args.nvml == "auto" else None, server_log=args.server_log,
-                      server_log_cmd=args.server_log_cmd, api_key=os.environ.get(args.api_key_env) or None)
+                      server_log_cmd=args.server_log_cmd, api_key=os.environ.get(args.api_key_env) or None,
+                      timeout_s=args.scrape_timeout, health_url=args.health_url,
+                      prometheus_url=args.prometheus_url, prometheus_selector=args.prometheus_selector)
     done = threading.Event()
     previous = signal.signal(signal.SIGTERM, _setter(done))
     try:
@@ -61,6 +75,16 @@ def run(args: argparse.Namespace) -> int:
           f"{summary.get('gpu_rows', 0)} GPU readings, {summary.get('health_transitions', 0)} health transitions "
           f"-> {args.out}", flush=True)
     return 0
+
+
+def _problem(args: argparse.Namespace) -> str | None:
+    if args.interval <= 0:
+        return "--interval must be > 0"
+    if args.scrape_timeout is not None and args.scrape_timeout <= 0:
+        return "--scrape-timeout must be > 0"
+    if not (args.metrics_url or args.prometheus_url):
+        return "give --metrics-url (repeatable) or --prometheus-url"
+    return None
 
 
 def _setter(done: threading.Event) -> Callable[[int, FrameType | None], None]:

@@ -19,11 +19,13 @@ import urllib.request
 from dataclasses import dataclass
 
 MAX_BODY_BYTES = 64 * 2**20  # a vLLM /metrics body is ~60 KB; dcgm-exporter ~100 KB per node
+ERROR_BODY_BYTES = 2048
 
 
 @dataclass(frozen=True)
 class Fetched:
-    """What one GET gave: `ok` means HTTP 2xx and a body read in full."""
+    """What one GET gave: `ok` means HTTP 2xx and a body read in full; on an HTTP error, `body` holds the
+    first bytes of the error page."""
 
     ok: bool
     status: int | None
@@ -47,8 +49,8 @@ def fetch(url: str, timeout_s: float, api_key: str | None = None, max_bytes: int
         if len(raw) > max_bytes:
             return _failed(status, f"body over {max_bytes} bytes", start)
         return Fetched(True, status, raw.decode("utf-8", errors="replace"), None, _ms(start))
-    except urllib.error.HTTPError as exc:
-        return _failed(exc.code, f"HTTP {exc.code}", start)
+    except urllib.error.HTTPError as exc:  # the start of the body kept: a Prometheus error says why in JSON
+        return Fetched(False, exc.code, _error_body(exc), f"HTTP {exc.code}", _ms(start))
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:  # no status line, cut body
         return _failed(status, reason(exc, timeout_s), start)
 
@@ -85,9 +87,32 @@ def health_url_for(metrics_url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path + "/health", "", ""))
 
 
+def _error_body(exc: urllib.error.HTTPError) -> str:
+    try:
+        return exc.read(ERROR_BODY_BYTES).decode("utf-8", errors="replace")
+    except (OSError, http.client.HTTPException):
+        return ""
+
+
 def _failed(status: int | None, error: str, start: float) -> Fetched:
     return Fetched(False, status, "", error, _ms(start))
 
 
 def _ms(start: float) -> float:
     return round((time.perf_counter() - start) * 1000, 3)
+
+
+def same_origin(url: str, other: str | None) -> bool:
+    """Same scheme, host and port: where the target's API key may travel (its own /metrics, /health), and
+    nowhere else (a gateway's other replicas, a dcgm-exporter, Prometheus)."""
+    if not other:
+        return False
+    a, b = urllib.parse.urlsplit(url), urllib.parse.urlsplit(other)
+    return (a.scheme, a.hostname, _port(a)) == (b.scheme, b.hostname, _port(b))
+
+
+def _port(parts: urllib.parse.SplitResult) -> int | None:
+    try:
+        return parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return None

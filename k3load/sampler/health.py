@@ -12,9 +12,10 @@ once, while polls that get no answer (a timeout, a gateway's 504) are down only 
 carries the first failed poll's ts, so the crash timing stays where the server stopped answering. A slow
 spell that ends in an answer is one `health_slow` event, never a crash.
 
-Why 3 polls over 5 s: the sampler polls /health once per metrics tick (`k3load/sampler/loop.py`), each
-fetch bounded by a timeout of at least 2 s, so against a hung server (both fetches timing out) 3 polls
-span about 8 s at the default 1 s interval: a hung engine is said within ~10 s, a single slow poll never.
+Why 3 polls over 5 s: the sampler polls /health in a loop of its own, once per interval
+(`k3load/sampler/loop.py`; the metrics sources have theirs, so a slow replica never delays it), each
+fetch bounded by a timeout of at least 2 s, so against a hung server polls end about 2 s apart and the
+4th failed poll (6 s after the first) says it: a hung engine is said within ~10 s, a single slow poll never.
 """
 
 from __future__ import annotations

@@ -20,13 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from k3load.rundir import JsonlLog
-from k3load.sampler.fetch import fetch, health_url_for, redact_url
+from k3load.sampler.fetch import fetch, health_url_for, redact_url, same_origin
 from k3load.sampler.gpu_poll import DcgmPoller, NvmlPoller
 from k3load.sampler.health import HealthWatch
 from k3load.sampler.logtail import LogTail
+from k3load.sampler.promapi import PrometheusReader
 from k3load.sampler.scrape import MetricsWatch
 
 MAX_ERROR_EVENTS = 20  # per loop: a bug that fails every tick must not flood events.jsonl
+PROMETHEUS_MIN_POLL_S = 2.0  # a shared Prometheus is asked at most every 2 s (each answer holds every step)
 
 
 class CpuMeter:
@@ -43,9 +45,13 @@ class CpuMeter:
         self._wall, self._cpu = time.monotonic(), time.process_time()
 
     def read(self) -> float | None:
+        """None for a window too short to mean anything (right after start(), or a tick that came just after a
+        late one); that window is not dropped: the next reading covers it."""
         wall, cpu = time.monotonic(), time.process_time()
         elapsed = wall - self._wall
-        value = None if elapsed < self.MIN_WINDOW_S else round((cpu - self._cpu) / elapsed * 100, 1)
+        if elapsed < self.MIN_WINDOW_S:
+            return None
+        value = round((cpu - self._cpu) / elapsed * 100, 1)
         self._wall, self._cpu = wall, cpu
         return value
 
@@ -77,30 +83,39 @@ class Periodic:
 class Sampler:
     """Samples a vLLM server (and its GPUs) into a run directory until `stop()`.
 
-    `metrics_url`: vLLM's /metrics (None: GPUs only, e.g. a GPU check with no server).
-    `nvml`: None (off), "auto" (the real pynvml when it loads and finds a driver) or a library object
-    (tests). `api_key` goes as a bearer header to /metrics and /health only, never to disk.
-    `events`: share the locust layer's events.jsonl writer (default: open DIR/events.jsonl).
-    `timeout_s`: per request (default: the interval, at least 2 s, at most 10 s); `stop()` returns
-    within about twice that plus the log tail's few seconds.
+    `metrics_url`: one /metrics URL or several (a gateway's replicas, data-parallel ranks), each scraped by
+    its own loop so a slow one never delays another; None or []: no direct scrape (GPUs only, or only
+    Prometheus). `health_url`: the API's /health (default: next to the first metrics URL), polled by a
+    loop of its own. `prometheus_url` (+ `prometheus_selector`): read the vllm:* series back from a
+    Prometheus (k3load/sampler/promapi.py). `nvml`: None (off), "auto" (the real pynvml when it loads and
+    finds a driver) or a library object (tests). `api_key` goes as a bearer header only to URLs on the
+    same scheme, host and port as `health_url` (the target itself: its /metrics and /health), never to
+    another replica, a dcgm-exporter or Prometheus, and never to disk. `events`: share the locust layer's
+    events.jsonl writer (default: open DIR/events.jsonl). `timeout_s`: per request (default: the
+    interval, at least 2 s, at most 10 s); `stop()` returns within about twice that plus the log tail's
+    few seconds (Prometheus's final read has `timeout_s` more).
     """
 
-    def __init__(self, out_dir: Path | str, metrics_url: str | None, gpu_metrics_urls: Sequence[str] = (),
-                 interval_s: float = 1.0, nvml: Any = None, server_log: Path | str | None = None,
-                 server_log_cmd: str | list[str] | None = None, api_key: str | None = None,
-                 clock: Callable[[], float] = time.time, *, timeout_s: float | None = None,
-                 health_url: str | None = None, events: JsonlLog | None = None) -> None:
+    def __init__(self, out_dir: Path | str, metrics_url: str | Sequence[str] | None,
+                 gpu_metrics_urls: Sequence[str] = (), interval_s: float = 1.0, nvml: Any = None,
+                 server_log: Path | str | None = None, server_log_cmd: str | list[str] | None = None,
+                 api_key: str | None = None, clock: Callable[[], float] = time.time, *,
+                 timeout_s: float | None = None, health_url: str | None = None, events: JsonlLog | None = None,
+                 prometheus_url: str | None = None, prometheus_selector: str = "") -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
         if server_log is not None and server_log_cmd is not None:
             raise ValueError("give server_log or server_log_cmd, not both")
-        self.out_dir, self.metrics_url = Path(out_dir), metrics_url
+        urls = [metrics_url] if isinstance(metrics_url, str) else list(metrics_url or [])
+        self.out_dir, self.metrics_urls = Path(out_dir), list(dict.fromkeys(u for u in urls if u))
+        self.metrics_url = self.metrics_urls[0] if self.metrics_urls else None
         self.gpu_metrics_urls = list(dict.fromkeys(gpu_metrics_urls))
         self.interval_s, self.nvml, self.clock = interval_s, nvml, clock
         self.server_log = Path(server_log) if server_log is not None else None
         self.server_log_cmd = server_log_cmd
         self.timeout_s = timeout_s or min(10.0, max(2.0, interval_s))
-        self.health_url = health_url or (health_url_for(metrics_url) if metrics_url else None)
+        self.health_url = health_url or (health_url_for(self.metrics_url) if self.metrics_url else None)
+        self.prometheus_url, self.prometheus_selector = prometheus_url or None, prometheus_selector or ""
         self._api_key, self._shared_events = api_key, events
         self._stop = threading.Event()
         self._loops: list[Periodic] = []
@@ -117,12 +132,10 @@ class Sampler:
         self._metrics_log = JsonlLog(self.out_dir / "metrics.jsonl")
         self._gpu_log = JsonlLog(self.out_dir / "gpu.jsonl")
         self.event("sampler_start", self.clock(), **self._describe())
-        self._cpu = CpuMeter()
         self._start_gpu()
-        self._watch: MetricsWatch | None = None
-        self._health: HealthWatch | None = None
-        if self.metrics_url:
-            self._start_metrics(self.metrics_url, self.health_url or health_url_for(self.metrics_url))
+        self._watches = [self._start_metrics(url, first=i == 0) for i, url in enumerate(self.metrics_urls)]
+        self._health = self._start_health(self.health_url) if self.health_url else None
+        self._prometheus = self._start_prometheus() if self.prometheus_url else None
         self._logtail = self._make_logtail()
         for loop in self._loops:
             loop.thread.start()
@@ -135,7 +148,8 @@ class Sampler:
         if not self.started or self._stop.is_set():
             return {}
         self._stop.set()
-        deadline = time.monotonic() + (timeout_s if timeout_s is not None else 2 * self.timeout_s + 3)
+        extra = self.timeout_s if self._prometheus is not None else 0.0
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else 2 * self.timeout_s + 3 + extra)
         for loop in self._loops:
             loop.thread.join(max(0.0, deadline - time.monotonic()))
         if self._logtail is not None:
@@ -156,35 +170,49 @@ class Sampler:
 
     # -- pieces ----------------------------------------------------------------------------------------
     def _fetch(self, url: str, with_key: bool) -> Any:
-        return fetch(url, self.timeout_s, self._api_key if with_key else None)
+        """One GET; the key only when asked for and only to the target's own scheme, host and port."""
+        key = self._api_key if with_key and same_origin(url, self.health_url or self.metrics_url) else None
+        return fetch(url, self.timeout_s, key)
 
     def _start_gpu(self) -> None:
         self._nvml = NvmlPoller(self.nvml, self.gpu, self.event, self.clock) if self.nvml is not None else None
         if self._nvml is not None and self._nvml.available:
             self._add_loop("nvml", lambda: self._nvml.tick(self.clock()))  # type: ignore[union-attr]
         for url in self.gpu_metrics_urls:
-            if url == self.metrics_url:
-                continue  # read from the same body by the metrics loop
+            if url in self.metrics_urls:
+                continue  # read from the same body by that source's metrics loop
             # No API key: a dcgm-exporter is another service; the vLLM key must not travel to it.
             poller = DcgmPoller(url, partial(self._fetch, with_key=False), self.gpu, self.event)
             self._add_loop(poller.name, lambda p=poller: p.tick(self.clock()))
 
-    def _start_metrics(self, metrics_url: str, health_url: str) -> None:
+    def _start_metrics(self, metrics_url: str, first: bool) -> MetricsWatch:
+        """One source, one loop, its own CPU window (so each line's CPU covers that loop's interval)."""
         notice = None  # what to say if the first body has no DCGM_FI_* series either
         if metrics_url in self.gpu_metrics_urls:
             notice = (f"dcgm:{redact_url(metrics_url)}", "no DCGM_FI_* series at this URL")
-        elif self._nvml is None and not self.gpu_metrics_urls:
+        elif first and self._nvml is None and not self.gpu_metrics_urls:
             notice = (None, "no GPU telemetry: NVML off, no dcgm-exporter URL, no DCGM_FI_* series on /metrics")
         watch = MetricsWatch(metrics_url, partial(self._fetch, with_key=True), self._metrics_log, self.event, self.gpu,
                              no_gpu_notice=notice)
+        cpu = CpuMeter()
+        name = "metrics" if len(self.metrics_urls) == 1 else f"metrics:{watch.source}"
+        self._add_loop(name, lambda: watch.tick(self.clock(), cpu.read()))
+        return watch
+
+    def _start_health(self, health_url: str) -> HealthWatch:
+        """The API's /health, apart from every metrics source: a crash is the target's, not a replica's."""
         health = HealthWatch(health_url, self.event, redact_url(health_url))
-        self._watch, self._health = watch, health
+        self._add_loop("health", lambda: health.observe(self._fetch(health_url, with_key=True), self.clock()))
+        return health
 
-        def tick() -> None:
-            watch.tick(self.clock(), self._cpu.read())
-            health.observe(self._fetch(health_url, with_key=True), self.clock())
-
-        self._add_loop("metrics", tick)
+    def _start_prometheus(self) -> PrometheusReader:
+        assert self.prometheus_url is not None
+        reader = PrometheusReader(self.prometheus_url, self.prometheus_selector, self.clock(), self.interval_s,
+                                  partial(self._fetch, with_key=False), self._metrics_log, self.event,
+                                  final_budget_s=self.timeout_s)
+        self._add_loop("prometheus", lambda: reader.tick(self.clock(), final=self._stop.is_set()),
+                       max(self.interval_s, PROMETHEUS_MIN_POLL_S))
+        return reader
 
     def _make_logtail(self) -> LogTail | None:
         if self.server_log is None and self.server_log_cmd is None:
@@ -192,8 +220,8 @@ class Sampler:
         return LogTail(self.out_dir / "server.log", self.event, self.clock, path=self.server_log,
                        cmd=self.server_log_cmd)
 
-    def _add_loop(self, name: str, tick: Callable[[], None]) -> None:
-        self._loops.append(Periodic(name, self.interval_s, tick, self._stop, self._loop_error))
+    def _add_loop(self, name: str, tick: Callable[[], None], interval_s: float | None = None) -> None:
+        self._loops.append(Periodic(name, interval_s or self.interval_s, tick, self._stop, self._loop_error))
 
     def _loop_error(self, loop: str, exc: BaseException) -> None:
         self._errors[loop] = self._errors.get(loop, 0) + 1
@@ -212,9 +240,12 @@ class Sampler:
         self.gpu_rows += len(rows)
 
     def summary(self) -> dict[str, Any]:
-        tail = self._logtail
-        watch, health = self._watch, self._health
-        return {"scrapes": watch.scrapes if watch else 0, "scrape_failures": watch.failures if watch else 0,
+        """Totals over the direct sources (and each source's own), Prometheus's reading, health, GPUs, log."""
+        tail, health, prometheus = self._logtail, self._health, self._prometheus
+        return {"scrapes": sum(w.scrapes for w in self._watches),
+                "scrape_failures": sum(w.failures for w in self._watches),
+                "sources": {w.source: {"scrapes": w.scrapes, "failures": w.failures} for w in self._watches},
+                "prometheus": prometheus.summary() if prometheus else None,
                 "gpu_rows": self.gpu_rows, "health_transitions": health.transitions if health else 0,
                 "loop_errors": dict(self._errors),
                 "log_lines": tail.lines if tail else None, "log_flags": dict(tail.flagged) if tail else None}
@@ -225,7 +256,10 @@ class Sampler:
         program = (shlex.split(cmd) if isinstance(cmd, str) else list(cmd))[0] if cmd else None
         metrics, health = self.metrics_url, self.health_url
         return {"metrics_url": redact_url(metrics) if metrics else None,
+                "metrics_urls": [redact_url(u) for u in self.metrics_urls],
                 "health_url": redact_url(health) if health else None,
+                "prometheus_url": redact_url(self.prometheus_url) if self.prometheus_url else None,
+                "prometheus_selector": self.prometheus_selector or None,
                 "gpu_metrics_urls": [redact_url(u) for u in self.gpu_metrics_urls], "interval_s": self.interval_s,
                 "timeout_s": self.timeout_s, "nvml": None if self.nvml is None else "auto" if self.nvml == "auto"
                 else "injected", "server_log": str(self.server_log) if self.server_log else None,

@@ -93,6 +93,39 @@ def _take_vllm(out: Parsed, name: str, kind: str, samples: Iterable) -> None:
         out.samples[sample_key(sample.name, sample.labels)] = _number(sample.value)
 
 
+def rebuild(readings: Iterable[tuple[str, Mapping[str, str], float | None]]) -> Parsed:
+    """A `Parsed` from (sample name, labels, value) readings that did not come as exposition text (a
+    Prometheus query answer), keyed exactly as `parse` keys a scrape so both lines subtract alike.
+
+    Why by suffix: the query API carries no TYPE lines, so `types` stays empty and the counters and
+    histogram parts (the only series a reset can concern) are known by their `_total`/`_bucket`/`_sum`/
+    `_count` suffix; `process_start_time_seconds` is kept for restarts, `*_info` series go to `infos`.
+    """
+    out = Parsed()
+    for name, labels, value in readings:
+        if name == "process_start_time_seconds":
+            out.process_start_ts = value
+        elif not name.startswith(VLLM_PREFIX) or name.endswith("_created"):
+            continue
+        elif name.endswith("_info"):
+            out.infos.setdefault(name, []).append(dict(labels))
+        else:
+            family = next((name.removesuffix(s) for s in _MONOTONIC_SUFFIXES if name.endswith(s)), name)
+            if family in LEGACY_FAMILIES:
+                out.legacy[family] = LEGACY_FAMILIES[family]
+            if name.endswith(_MONOTONIC_SUFFIXES):
+                out.monotonic.add(name)
+            out.samples[sample_key(name, labels)] = value
+    for label_sets in out.infos.values():
+        label_sets.sort(key=lambda labels: sorted(labels.items()))
+    return out
+
+
+def number(text: str | float) -> float | None:
+    """A sample value as JSON can hold it ("NaN", "+Inf" as Prometheus's API spells them: None)."""
+    return _number(float(text))
+
+
 def series_names(parsed: Parsed) -> dict[str, int]:
     """How many series each vllm:* sample name has (info gauges included), in the order first seen."""
     counts: dict[str, int] = {}

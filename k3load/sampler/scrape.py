@@ -27,10 +27,11 @@ REMAINING_EXAMPLES = 3
 class MetricsWatch:
     """Scrape, parse, write; remembers only the previous scrape (memory stays one body's worth)."""
 
-    def __init__(self, url: str, fetcher: Callable[[str], Fetched], lines: JsonlLog, event: EventSink,
-                 gpu_sink: GpuSink | None = None, no_gpu_notice: tuple[str | None, str] | None = None) -> None:
+    def __init__(self, url: str, fetcher: Callable[[str], Fetched] | None, lines: JsonlLog, event: EventSink,
+                 gpu_sink: GpuSink | None = None, no_gpu_notice: tuple[str | None, str] | None = None, *,
+                 source: str | None = None) -> None:
         self.url = url
-        self.source = redact_url(url)
+        self.source = source or redact_url(url)
         self._fetch, self._lines, self._event, self._gpu_sink = fetcher, lines, event, gpu_sink
         self._no_gpu_notice = no_gpu_notice  # (source, reason), said once if the first body has no DCGM_FI_*
         self.previous: dict[str, float | None] = {}
@@ -42,19 +43,26 @@ class MetricsWatch:
         self.scrapes = self.failures = 0
 
     def tick(self, ts: float, cpu_pct: float | None) -> None:
+        if self._fetch is None:
+            raise RuntimeError(f"{self.source}: fed by another reader (take/fail), it has no fetcher")
         result = self._fetch(self.url)
-        self.scrapes += 1
         base = {"ts": ts, "source": self.source, "ok": result.ok, "scrape_ms": result.elapsed_ms,
                 "load_generator_cpu_pct": cpu_pct}
         if not result.ok:
-            self._fail(base, result.error or "failed", result.status)
+            self.fail(base, result.error or "failed", result.status)
             return
         try:
             parsed = parse(result.body)
         except ValueError as exc:  # not the Prometheus text format (an HTML error page, garbage)
-            self._fail({**base, "ok": False}, f"parse error: {exc}"[:300], result.status)
+            self.fail({**base, "ok": False}, f"parse error: {exc}"[:300], result.status)
             return
         self._gpu(parsed, ts)
+        self.take(parsed, base, ts)
+
+    def take(self, parsed: Parsed, base: dict[str, Any], ts: float) -> None:
+        """One reading already parsed (a scrape here, or a Prometheus query rebuilt as one): the line and
+        the events. Why public: the Prometheus path feeds the same code so its events are the same."""
+        self.scrapes += 1
         absent = absent_required(parsed)
         if parsed.vllm_series == 0:
             self._missing(ts, parsed, absent)
@@ -69,7 +77,9 @@ class MetricsWatch:
         self._lines.append(self._line(base, parsed))
         self.previous, self.monotonic = parsed.samples, parsed.monotonic
 
-    def _fail(self, base: dict[str, Any], error: str, status: int | None) -> None:
+    def fail(self, base: dict[str, Any], error: str, status: int | None) -> None:
+        """A reading that did not happen: an `ok: false` line with the reason."""
+        self.scrapes += 1
         self.failures += 1
         self._lines.append({**base, "error": error, "http_status": status})
 
@@ -102,7 +112,7 @@ class MetricsWatch:
     def _line(self, base: dict[str, Any], parsed: Parsed) -> dict[str, Any]:
         line = {**base, "vllm_series": parsed.vllm_series, "samples": parsed.samples, "legacy": parsed.legacy,
                 "process_start_ts": parsed.process_start_ts}
-        if parsed.types != self.types:
+        if parsed.types and parsed.types != self.types:  # the query API has no types: none, never made up
             line["types"] = parsed.types
             self.types = parsed.types
         return line
