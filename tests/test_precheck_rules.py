@@ -22,8 +22,8 @@ KIMI = ROOT / "recipes" / "kimi-k3.yaml"
 K3_IMAGE = "vllm/vllm-openai:kimi-k3"
 CUSTOM_IMAGE = "registry.example.internal/ml/vllm-k3:cu129-5f3a9c1e2"
 GOOD_HOSTS = ("gb300-n01.json", "gb300-n02.json")
-PASSING = ("server_reachable", "target_not_sim", "vllm_version", "image_official", "cuda_build", "driver_branch",
-           "gpu_count", "gpu_model", "node_consistency", "serve_flags", "startup_log")
+PASSING = ("server_reachable", "metrics_reachable", "target_not_sim", "vllm_version", "image_official", "cuda_build",
+           "driver_branch", "gpu_count", "gpu_model", "node_consistency", "serve_flags", "startup_log")
 
 # case: inputs, overall status, {rule: (status, [words the reason must contain])}
 CASES: dict[str, dict[str, Any]] = {
@@ -148,6 +148,7 @@ def test_all_good_without_a_server_is_inconclusive_not_pass(tmp_path: Path) -> N
     rules = by_id(compat := judge_case(tmp_path / "run", case))
     assert compat["status"] == "inconclusive"
     assert {r["id"] for r in compat["rules"] if r["status"] == "inconclusive"} == {"server_reachable",
+                                                                                   "metrics_reachable",
                                                                                    "target_not_sim"}
     assert "no --base-url" in rules["server_reachable"]["reason"]
     assert rules["serve_flags"]["status"] == "pass"  # prefix caching read from the startup log's args

@@ -27,7 +27,8 @@ def precheck(session: Any) -> dict[str, Any] | None:
                               host_inventories=[Path(p) for p in opts.k3_host_inventory or []],
                               startup_log=_path(opts.k3_startup_log), image=opts.k3_image or None,
                               custom_build=_path(opts.k3_custom_build), api_key=opts.k3_api_key or None,
-                              use_local_nvml=opts.k3_nvml != "off")
+                              use_local_nvml=opts.k3_nvml != "off",
+                              metrics_url=next(iter(metrics_urls(opts, session.env.host)), None))
     except (OSError, ValueError) as exc:
         log.error("k3load precheck could not run: %s", exc)
         session.events.event("precheck_error", error=str(exc)[:500])
@@ -38,13 +39,23 @@ def precheck(session: Any) -> dict[str, Any] | None:
     return compat
 
 
+def metrics_urls(opts: Any, host: str | None) -> list[str]:
+    """--k3-metrics-url as given, else the target's own /metrics (the precheck reads the first)."""
+    given = list(getattr(opts, "k3_metrics_url", None) or [])
+    return given or ([f"{host.rstrip('/')}/metrics"] if host else [])
+
+
 def start_sampler(session: Any) -> Sampler:
-    opts = session.env.parsed_options
-    gpu_urls = list(opts.k3_gpu_metrics_url or []) or [f"{session.env.host}/metrics"]
-    return Sampler(session.run_dir, f"{session.env.host}/metrics", gpu_metrics_urls=gpu_urls,
+    """/health stays on the target (the API's health); metrics come from every source given."""
+    opts, host = session.env.parsed_options, session.env.host.rstrip("/")
+    gpu_urls = list(opts.k3_gpu_metrics_url or []) or [f"{host}/metrics"]
+    return Sampler(session.run_dir, metrics_urls(opts, host), gpu_metrics_urls=gpu_urls,
                    interval_s=opts.k3_sample_interval, nvml="auto" if opts.k3_nvml != "off" else None,
                    server_log=_path(opts.k3_server_log), server_log_cmd=opts.k3_server_log_cmd or None,
-                   api_key=opts.k3_api_key or None, events=session.events).start()
+                   api_key=opts.k3_api_key or None, events=session.events, health_url=f"{host}/health",
+                   timeout_s=getattr(opts, "k3_scrape_timeout", 0) or None,
+                   prometheus_url=getattr(opts, "k3_prometheus_url", "") or None,
+                   prometheus_selector=getattr(opts, "k3_prometheus_selector", "") or "").start()
 
 
 def _path(value: str | None) -> Path | None:

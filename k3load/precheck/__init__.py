@@ -54,8 +54,9 @@ def judge(out_dir: Path, recipe: Recipe) -> dict[str, Any]:
 def run_precheck(out_dir: Path, recipe_path: Path, base_url: str | None, *, container_info: Path | None = None,
                  host_inventories: list[Path] | tuple[Path, ...] = (), startup_log: Path | None = None,
                  image: str | None = None, custom_build: Path | None = None, api_key: str | None = None,
-                 use_local_nvml: bool = True) -> dict[str, Any]:
-    """Gather the evidence into DIR/evidence, judge it, write DIR/compat.json and return its content."""
+                 use_local_nvml: bool = True, metrics_url: str | None = None) -> dict[str, Any]:
+    """Gather the evidence into DIR/evidence, judge it, write DIR/compat.json and return its content.
+    `metrics_url`: where the engine's /metrics is when not at `base_url` (the first --k3-metrics-url)."""
     out_dir = Path(out_dir)
     recipe = load_recipe(recipe_path)  # first: a bad recipe must not leave a half-gathered record
     _check_inputs(out_dir, container_info=container_info, host_inventory=list(host_inventories),
@@ -69,7 +70,7 @@ def run_precheck(out_dir: Path, recipe_path: Path, base_url: str | None, *, cont
     else:
         g.note("no local NVML: --no-nvml")
     if base_url:
-        gather_server(g, base_url, api_key)
+        gather_server(g, base_url, api_key, metrics_url=metrics_url)
     g.finish()
     return judge(out_dir, recipe)
 

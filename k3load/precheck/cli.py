@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "recipes/local-dev.yaml for the sim and the CPU build); with --recheck, defaults to the "
                         "copy saved in DIR/evidence")
     parser.add_argument("--base-url", help="the server to check (http://HOST:PORT): /version, /v1/models, /metrics")
+    parser.add_argument("--metrics-url", help="the engine's /metrics when it is not at --base-url (behind a "
+                        "gateway); the key goes there only when it is on --base-url's host and port")
     parser.add_argument("--container-info", type=Path, help="saved `vllm collect-env` output from inside the "
                         "container (the only accepted source of the CUDA build)")
     parser.add_argument("--host-inventory", type=Path, action="append", default=[], metavar="FILE",
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                                   host_inventories=args.host_inventory, startup_log=args.startup_log,
                                   image=args.image, custom_build=args.custom_build,
                                   api_key=args.api_key or os.environ.get("K3_API_KEY") or None,
-                                  use_local_nvml=not args.no_nvml)
+                                  use_local_nvml=not args.no_nvml, metrics_url=args.metrics_url)
     except (RecipeError, PrecheckError) as exc:
         print(f"k3load precheck: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -10,7 +10,8 @@ Layout under DIR. Every path the record names (a rule's `evidence`, index.json, 
   evidence/server/fetch.json       base URL (no credentials), status and error of each endpoint
   evidence/server/version.json     GET /version body as received
   evidence/server/models.json      GET /v1/models body
-  evidence/server/metrics.txt      GET /metrics body (vllm:cache_config_info, k3load_sim_info)
+  evidence/server/metrics.txt      GET /metrics body (vllm:cache_config_info, k3load_sim_info), from the
+                                   first --k3-metrics-url when given; read only when it answered 200
   evidence/server/probe_chat.json  1-token chat answer, only when /metrics cannot tell sim from vLLM
   evidence/container/collect-env.txt   the saved `vllm collect-env` output (--container-info)
   evidence/container/image.json    {"image": TAG} from --image
@@ -50,6 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from k3load.precheck.collect_env import parse_collect_env
 from k3load.precheck.startup_log import parse_startup_log
 from k3load.rundir import write_atomic, write_json_atomic
+from k3load.sampler.fetch import same_origin
 
 EVIDENCE = "evidence"
 ENDPOINTS = {"version": ("/version", "version.json"), "models": ("/v1/models", "models.json"),
@@ -161,33 +163,42 @@ def gather_local_nvml(g: Gatherer, image: str | None) -> None:
     g.write("hosts/local-nvml.json", record, "k3load.sampler.nvml.inventory()")
 
 
-def _get(client: httpx.Client, url: str) -> tuple[int | None, bytes, str | None]:
+def _get(client: httpx.Client, url: str, headers: dict[str, str]) -> tuple[int | None, bytes, str | None]:
     try:
-        response = client.get(url)
+        response = client.get(url, headers=headers)
         return response.status_code, response.content, None
     except httpx.HTTPError as exc:
         return None, b"", f"{type(exc).__name__}: {exc}"
 
 
-def gather_server(g: Gatherer, base_url: str, api_key: str | None, timeout_s: float = 15.0) -> None:
-    """GET /version, /v1/models, /metrics; bodies saved as received. The key only travels in a header."""
+def gather_server(g: Gatherer, base_url: str, api_key: str | None, timeout_s: float = 15.0,
+                  metrics_url: str | None = None) -> None:
+    """GET /version, /v1/models, /metrics; bodies saved as received. The key only travels in a header, and
+    to `metrics_url` (an engine's /metrics apart from the API, e.g. behind a gateway) only when it is on
+    the API's own scheme, host and port. An error page's body is kept too (what a gateway said)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     fetch: dict[str, Any] = {"base_url": public_url(base_url), "fetched_ts": time.time(), "endpoints": {}}
     root = base_url.rstrip("/")
-    with httpx.Client(headers=headers, timeout=timeout_s) as client:
+    with httpx.Client(timeout=timeout_s) as client:
         for name, (path, rel) in ENDPOINTS.items():
-            status, body, error = _get(client, root + path)
+            url = metrics_url if name == "metrics" and metrics_url else root + path
+            keyed = name != "metrics" or same_origin(url, root)
+            status, body, error = _get(client, url, headers if keyed else {})
             fetch["endpoints"][name] = {"path": path, "status": status, "error": error,
                                         "file": f"server/{rel}" if error is None else None}
+            if url != root + path:
+                fetch["endpoints"][name]["url"] = public_url(url)
             if error is None:
-                g.write(f"server/{rel}", body, public_url(root + path))
-        metrics = _metrics_families(g.root / "server" / "metrics.txt")
+                g.write(f"server/{rel}", body, public_url(url))
+        read = fetch["endpoints"]["metrics"]["status"] == 200
+        metrics = _metrics_families(g.root / "server" / "metrics.txt") if read else {}
         if not ("k3load_sim_info" in metrics or any(m.startswith("vllm:") for m in metrics)):
-            _probe_chat(g, client, root, fetch)
+            _probe_chat(g, client, root, fetch, headers)
     g.write("server/fetch.json", fetch, "k3load precheck")
 
 
-def _probe_chat(g: Gatherer, client: httpx.Client, root: str, fetch: dict[str, Any]) -> None:
+def _probe_chat(g: Gatherer, client: httpx.Client, root: str, fetch: dict[str, Any],
+                headers: dict[str, str]) -> None:
     """One 1-token request whose system_fingerprint tells the sim apart when /metrics cannot."""
     models = _json_file(g.root / "server" / "models.json") or {}
     model = next((m.get("id") for m in models.get("data", []) if isinstance(m, dict)), None)
@@ -195,7 +206,7 @@ def _probe_chat(g: Gatherer, client: httpx.Client, root: str, fetch: dict[str, A
         return
     body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
     try:
-        response = client.post(root + "/v1/chat/completions", json=body)
+        response = client.post(root + "/v1/chat/completions", json=body, headers=headers)
     except httpx.HTTPError as exc:
         fetch["endpoints"]["probe_chat"] = {"path": "/v1/chat/completions", "status": None, "error": str(exc)}
         return
@@ -224,7 +235,9 @@ def _load_server(root: Path, ev: Evidence) -> None:
     fetch = _json_file(root / "server" / "fetch.json")
     if not isinstance(fetch, dict):
         return
-    families = _metrics_families(root / "server" / "metrics.txt")
+    metrics_status = (fetch.get("endpoints") or {}).get("metrics", {}).get("status")
+    # A 404 page is kept as evidence of what answered, never read as metrics.
+    families = _metrics_families(root / "server" / "metrics.txt") if metrics_status == 200 else {}
     version = _json_file(root / "server" / "version.json")
     models = _json_file(root / "server" / "models.json")
     probe = _json_file(root / "server" / "probe_chat.json")

@@ -17,71 +17,22 @@ from typing import Any
 from k3load.precheck.collect_env import major, parse_version, version_at_least
 from k3load.precheck.evidence import Evidence
 from k3load.precheck.recipe import Recipe
+from k3load.precheck.rule_base import FAIL, INCONCLUSIVE, NA, PASS, files_of, na_result, result
+from k3load.precheck.server_rules import metrics_gap, metrics_reachable, server_reachable, target_not_sim
 from k3load.precheck.startup_log import cuda_init_problems, quote
 
-PASS, FAIL, INCONCLUSIVE, NA = "pass", "fail", "inconclusive", "not_applicable"
 CUSTOM_REQUIRED = ("commit", "pytorch_deps", "build_time", "reproduction", "rollback_image")
 CUSTOM_OPTIONAL = ("image", "vllm_source", "cuda", "notes")
-
-
-def result(rule_id: str, status: str, reason: str, evidence: list[str] | tuple[str, ...] = (),
-           **details: Any) -> dict[str, Any]:
-    return {"id": rule_id, "status": status, "reason": reason, "evidence": sorted(set(evidence)),
-            "details": details}
-
-
-def _na(recipe: Recipe, rule_id: str, group: str) -> dict[str, Any] | None:
-    why = recipe.not_applicable(group)
-    return result(rule_id, NA, f"not_applicable: {why}") if why else None
+__all__ = ["FAIL", "INCONCLUSIVE", "NA", "PASS", "evaluate", "overall", "result"]
 
 
 def _host_files(ev: Evidence) -> list[str]:
     return [h["file"] for h in ev.hosts]
 
 
-def _files(ev: Evidence, *kinds: str) -> list[str]:
-    return [ev.files[k] for k in kinds if k in ev.files]
-
-
 def _no_hosts_why(ev: Evidence) -> str:
     nvml = next((n for n in ev.notes if n.startswith("no local NVML")), "local NVML not used (--no-nvml)")
     return f"no --host-inventory and {nvml}"
-
-
-# -- server and target ---------------------------------------------------------------------------------------
-def server_reachable(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
-    """The server answered the three read-only endpoints the precheck needs."""
-    if ev.server is None:
-        return result("server_reachable", INCONCLUSIVE, "no --base-url: /version, /v1/models, /metrics not read")
-    files = _files(ev, "server_fetch", "server_version", "server_models", "server_metrics")
-    endpoints = ev.server["endpoints"]
-    bad = [f"{e['path']}: {e['error'] or 'HTTP ' + str(e['status'])}"
-           for e in (endpoints.get(n, {"path": n, "error": "not fetched"}) for n in ("version", "models", "metrics"))
-           if e.get("error") or e.get("status") != 200]
-    if bad:
-        return result("server_reachable", FAIL, f"{ev.server['base_url']} did not answer: {'; '.join(bad)}", files)
-    models = ", ".join(f"{m.get('id')} (max_model_len {m.get('max_model_len')})" for m in ev.server["models"])
-    return result("server_reachable", PASS, f"{ev.server['base_url']} answered /version "
-                  f"({ev.server['version']}), /v1/models ({models or 'none'}), /metrics "
-                  f"({ev.server['vllm_series']} vllm:* families)", files)
-
-
-def target_not_sim(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
-    """The k3load sim marks itself; under a production recipe it is never evidence."""
-    if ev.server is None:
-        return result("target_not_sim", INCONCLUSIVE, "no server checked: cannot tell whether it is the k3load sim")
-    files = _files(ev, "server_metrics", "server_probe_chat")
-    marker = ev.server["sim_marker"]
-    if marker and recipe.section("target")["allow_sim"]:
-        return result("target_not_sim", PASS, f"target is the k3load sim ({marker}): accepted by the "
-                      f"{recipe.name} recipe for rehearsal; the sim is never evidence for production", files)
-    if marker:
-        return result("target_not_sim", FAIL, f"target is the k3load sim ({marker}): the sim is never evidence",
-                      files)
-    if not (ev.server["metrics_read"] or "server_probe_chat" in ev.files):
-        return result("target_not_sim", INCONCLUSIVE, "neither /metrics nor a probe answer could be read", files)
-    return result("target_not_sim", PASS, "not the k3load sim: no k3load_sim_info on /metrics, no k3loadsim "
-                  "fingerprint", files)
 
 
 # -- vLLM version --------------------------------------------------------------------------------------------
@@ -114,7 +65,7 @@ def _pin(version: dict[str, Any], text: str, ev: Evidence) -> tuple[bool, str]:
 def vllm_version(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     """Exact, agreed and recent enough: the same version everywhere it was seen, pinned, >= the minimum."""
     spec = recipe.section("vllm")
-    files = _files(ev, "server_version", "container", "startup")
+    files = files_of(ev, "server_version", "container", "startup")
     seen = _seen_versions(ev)
     if not seen:
         return result("vllm_version", FAIL, "vLLM version not recorded (no /version, collect-env or startup log)")
@@ -154,10 +105,10 @@ def _images(ev: Evidence) -> dict[str, str]:
 
 def image_official(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     """The deployed container is the recipe's image; a custom build never counts as it."""
-    if skip := _na(recipe, "image_official", "image"):
+    if skip := na_result(recipe, "image_official", "image"):
         return skip
     official = recipe.section("image")["official"]
-    files = _files(ev, "image", "custom_build") + _host_files(ev)
+    files = files_of(ev, "image", "custom_build") + _host_files(ev)
     if ev.custom_build is not None:
         return result("image_official", FAIL, f"custom build declared (evidence/{ev.custom_build['file']}): a custom "
                       f"build never passes as the official image {', '.join(official)}", files)
@@ -184,10 +135,10 @@ def _driver_max_hint(ev: Evidence) -> str:
 
 def cuda_build(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     """CUDA build from collect-env inside the container — never from nvidia-smi's 'CUDA Version'."""
-    if skip := _na(recipe, "cuda_build", "cuda"):
+    if skip := na_result(recipe, "cuda_build", "cuda"):
         return skip
     need = recipe.section("cuda")["build_major"]
-    files = _files(ev, "container", "custom_build")
+    files = files_of(ev, "container", "custom_build")
     custom = " (custom build declared: see custom_build)" if ev.custom_build is not None else ""
     c = ev.container
     if c is None:
@@ -214,10 +165,10 @@ def cuda_build(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
 # -- hosts: driver, GPUs, consistency ------------------------------------------------------------------------
 def driver_branch(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     """Every host's driver branch >= the recipe's (R580 for CUDA 13); the container must see the same."""
-    if skip := _na(recipe, "driver_branch", "driver"):
+    if skip := na_result(recipe, "driver_branch", "driver"):
         return skip
     need = recipe.section("driver")["min_branch"]
-    files = _host_files(ev) + _files(ev, "container")
+    files = _host_files(ev) + files_of(ev, "container")
     inside = (ev.container or {}).get("driver_version")
     if not ev.hosts:
         seen = f"; collect-env saw driver {inside} inside the container, but no host was inventoried" if inside else ""
@@ -241,7 +192,7 @@ def driver_branch(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
 
 def gpu_count(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     """At least the recipe's GPU count across the inventoried nodes."""
-    if skip := _na(recipe, "gpu_count", "gpu"):
+    if skip := na_result(recipe, "gpu_count", "gpu"):
         return skip
     need = recipe.section("gpu")["min_count"]
     files = _host_files(ev)
@@ -258,7 +209,7 @@ def gpu_count(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
 
 def gpu_model(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     """Every GPU is one of the recipe's models (GB300-class for K3)."""
-    if skip := _na(recipe, "gpu_model", "gpu"):
+    if skip := na_result(recipe, "gpu_model", "gpu"):
         return skip
     models = recipe.section("gpu")["models"]
     files = _host_files(ev)
@@ -274,9 +225,9 @@ def gpu_model(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
 
 def node_consistency(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     """All nodes run the same driver and the same container tag (and --image agrees with them)."""
-    if skip := _na(recipe, "node_consistency", "driver"):
+    if skip := na_result(recipe, "node_consistency", "driver"):
         return skip
-    files = _host_files(ev) + _files(ev, "image")
+    files = _host_files(ev) + files_of(ev, "image")
     if not ev.hosts:
         return result("node_consistency", INCONCLUSIVE, f"no nodes to compare: {_no_hosts_why(ev)}", files)
     problems = []
@@ -317,7 +268,7 @@ def _flag_value(flag: str, ev: Evidence) -> tuple[Any, str] | None:
 def serve_flags(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     """The recipe's server options are in effect: read from what the server reports, not from a launch script."""
     required = recipe.section("serve")["required"]
-    files = _files(ev, "server_metrics", "startup")
+    files = files_of(ev, "server_metrics", "startup")
     wrong, unknown, good = [], [], []
     for flag, want in required.items():
         seen = _flag_value(flag, ev)
@@ -331,7 +282,9 @@ def serve_flags(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     if wrong:
         return result("serve_flags", FAIL, "; ".join(wrong), files)
     if unknown:
-        return result("serve_flags", INCONCLUSIVE, f"not readable from /metrics or a startup log: "
+        gap = metrics_gap(ev) if ev.server is not None else None
+        return result("serve_flags", INCONCLUSIVE, (f"inconclusive, because {gap}; " if gap else "")
+                      + "not readable from /metrics or a startup log: "
                       f"{', '.join(unknown)}" + (f" (confirmed: {', '.join(good)})" if good else ""), files)
     return result("serve_flags", PASS, ", ".join(good), files)
 
@@ -343,7 +296,7 @@ def startup_log(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     if log is None:
         return result("startup_log", INCONCLUSIVE, "no startup log saved (--startup-log): CUDA initialisation, "
                       "communication backend and kernel loading not checked")
-    files = _files(ev, "startup")
+    files = files_of(ev, "startup")
     details = {"flagged": log["flagged"], "other_warnings": log["other_warnings"]}
     fails, gaps = cuda_init_problems(log) if recipe.platform == "cuda" else ([], [])
     if log["flagged"]:
@@ -384,15 +337,15 @@ def custom_build(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     commit = str(r["commit"])
     if sha and not (commit.startswith(sha) or sha.startswith(commit)):
         return result("custom_build", FAIL, f"the container's vLLM git sha {sha} is not the recorded commit {commit}",
-                      [cb["file"], *_files(ev, "container")])
+                      [cb["file"], *files_of(ev, "container")])
     return result("custom_build", PASS, f"custom build recorded (commit {r['commit']}, built {r['build_time']}, "
                   f"rollback image {r['rollback_image']}); judged apart from the official image: see "
                   "image_official", [cb["file"]])
 
 
 RULES: tuple[Callable[[Recipe, Evidence], dict[str, Any]], ...] = (
-    server_reachable, target_not_sim, vllm_version, image_official, cuda_build, driver_branch, gpu_count,
-    gpu_model, node_consistency, serve_flags, startup_log, custom_build)
+    server_reachable, metrics_reachable, target_not_sim, vllm_version, image_official, cuda_build, driver_branch,
+    gpu_count, gpu_model, node_consistency, serve_flags, startup_log, custom_build)
 
 
 def evaluate(recipe: Recipe, ev: Evidence) -> list[dict[str, Any]]:

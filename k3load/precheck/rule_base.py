@@ -1,0 +1,28 @@
+"""What every compat rule shares: the statuses and the result shape (rules.py, server_rules.py).
+
+Why apart: the rules are split by what they look at, and both halves build results the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from k3load.precheck.evidence import Evidence
+from k3load.precheck.recipe import Recipe
+
+PASS, FAIL, INCONCLUSIVE, NA = "pass", "fail", "inconclusive", "not_applicable"
+
+
+def result(rule_id: str, status: str, reason: str, evidence: list[str] | tuple[str, ...] = (),
+           **details: Any) -> dict[str, Any]:
+    return {"id": rule_id, "status": status, "reason": reason, "evidence": sorted(set(evidence)),
+            "details": details}
+
+
+def na_result(recipe: Recipe, rule_id: str, group: str) -> dict[str, Any] | None:
+    why = recipe.not_applicable(group)
+    return result(rule_id, NA, f"not_applicable: {why}") if why else None
+
+
+def files_of(ev: Evidence, *kinds: str) -> list[str]:
+    return [ev.files[k] for k in kinds if k in ev.files]
