@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.k3load-installed
 
-.PHONY: demo test lint clean browser
+.PHONY: demo test lint clean browser prometheus
 
 $(STAMP): pyproject.toml setup.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "k3load needs Python 3.11")'
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml setup.py
 demo: $(STAMP)
 	$(VENV)/bin/k3load demo
 
-test: $(STAMP) browser
+test: $(STAMP) browser prometheus
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -m "vllm or not vllm"
 
@@ -23,6 +23,12 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
 	  >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
 	  >/dev/null)) || echo "chromium unavailable: the report test skips outside CI"
+
+# Debian's prometheus scrapes the sim in a test (installed when missing and apt is usable).
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus \
+	  >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus \
+	  >/dev/null)) || echo "prometheus unavailable: the Prometheus test skips outside CI"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
