@@ -28,7 +28,7 @@ from locust.runners import MasterRunner, WorkerRunner
 import k3load
 from k3load.loadgen import observe, spools
 from k3load.loadgen.options import locust_late_outputs, public_options
-from k3load.long_input import estimate_tokens, long_context_for
+from k3load.long_input import LongInputFit, estimate_tokens, fit_long_input
 from k3load.plan import Plan, Stage, load_plan, resolve
 from k3load.records import Attempt
 from k3load.rundir import JsonlLog, set_aside_previous_run, write_atomic, write_json_atomic
@@ -67,7 +67,7 @@ class HarnessSession:
         self._spool: JsonlLog | None = None
         self.events: JsonlLog | None = None
         self._seen: set[str] = set()
-        self._long_context: dict[str, str | None] = {}
+        self._long_inputs: dict[str, LongInputFit] = {}
         self.attempts_written = 0
         self.sampler: Any = None
         self.fatal = ""  # why the run could not start (a dead server, a bad file); nothing is judged then
@@ -124,8 +124,8 @@ class HarnessSession:
         assert self.plan is not None
         write_atomic(self.run_dir / "plan.yaml", self.plan.source)
         write_json_atomic(self.run_dir / "run.json", self._run_info())
-        sums = write_samples([s for group in self.scenarios.values() for s in group], self.run_dir / "samples",
-                             self.model, self.long_context)
+        playable = [s for group in self.scenarios.values() for s in group if self.fits(s)]  # says each misfit
+        sums = write_samples(playable, self.run_dir / "samples", self.model, self.long_context)
         write_atomic(self.run_dir / "samples.sha256", "".join(f"{sha}  samples/{rel}\n"
                                                               for rel, sha in sorted(sums.items())))
         observe.precheck(self)
@@ -194,16 +194,36 @@ class HarnessSession:
 
     # -- during the run ----------------------------------------------------------------------------
     def long_context(self, scenario: Scenario) -> str | None:
-        if scenario.name not in self._long_context:
-            self._long_context[scenario.name] = long_context_for(scenario, self.max_model_len or 4096,
-                                                                 self._count_tokens(scenario))
-        return self._long_context[scenario.name]
+        """The reference document a long-input scenario carries (None for other scenarios)."""
+        return self._long_input(scenario).document if scenario.long_input else None
+
+    def fits(self, scenario: Scenario) -> bool:
+        """False for a long-input scenario that cannot fit the server's context at all (unknown when the
+        server does not say its max_model_len: then it is played, sized for 4,096 tokens, as before)."""
+        return not scenario.long_input or self._long_input(scenario).fits or not self.max_model_len
+
+    def _long_input(self, scenario: Scenario) -> LongInputFit:
+        """Sized once per process; a scenario that cannot fit is said once (`long_input_unfit`)."""
+        if scenario.name not in self._long_inputs:
+            fit = fit_long_input(scenario, self.max_model_len or 4096, self._count_tokens(scenario))
+            self._long_inputs[scenario.name] = fit
+            if not fit.fits and self.max_model_len:
+                self._say_unfit(fit)
+        return self._long_inputs[scenario.name]
+
+    def _say_unfit(self, fit: LongInputFit) -> None:
+        log.warning("k3load: long-input scenario %s does not fit: its fixed part (%d tokens) and answer budget "
+                    "(%d) exceed the server's max_model_len %d; none of its requests are sent", fit.scenario,
+                    fit.fixed_tokens, fit.max_tokens, fit.max_model_len)
+        if self.events is not None:
+            self.events.event("long_input_unfit", scenario=fit.scenario, fixed_tokens=fit.fixed_tokens,
+                              max_tokens=fit.max_tokens, max_model_len=fit.max_model_len)
 
     def playable(self, family: str) -> list[Scenario]:
         """The family's scenarios this stage plays: a prefix_control stage plays the cache-control pair
         scenarios (`prefix_salt: pair`), other stages the rest (each falls back to all while the family
-        has none of its kind)."""
-        group = self.scenarios.get(family, [])
+        has none of its kind); long-input scenarios that cannot fit the server are left out."""
+        group = [s for s in self.scenarios.get(family, []) if self.fits(s)]
         control = self.stage is not None and self.stage.kind == "prefix_control"
         chosen = [s for s in group if (s.prefix_salt == "pair") == control]
         return chosen or group
