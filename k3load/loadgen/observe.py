@@ -46,10 +46,12 @@ def metrics_urls(opts: Any, host: str | None) -> list[str]:
 
 
 def start_sampler(session: Any) -> Sampler:
-    """/health stays on the target (the API's health); metrics come from every source given."""
+    """/health stays on the target (the API's health); metrics (and DCGM_FI_* on them, unless
+    --k3-gpu-metrics-url) come from every source given."""
     opts, host = session.env.parsed_options, session.env.host.rstrip("/")
-    gpu_urls = list(opts.k3_gpu_metrics_url or []) or [f"{host}/metrics"]
-    return Sampler(session.run_dir, metrics_urls(opts, host), gpu_metrics_urls=gpu_urls,
+    sources = metrics_urls(opts, host)
+    gpu_urls = list(opts.k3_gpu_metrics_url or []) or sources  # DCGM_FI_* on a metrics body: read from it
+    return Sampler(session.run_dir, sources, gpu_metrics_urls=gpu_urls,
                    interval_s=opts.k3_sample_interval, nvml="auto" if opts.k3_nvml != "off" else None,
                    server_log=_path(opts.k3_server_log), server_log_cmd=opts.k3_server_log_cmd or None,
                    api_key=opts.k3_api_key or None, events=session.events, health_url=f"{host}/health",

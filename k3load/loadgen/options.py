@@ -46,7 +46,7 @@ def _observation_options(group: Any) -> None:
     group.add_argument("--k3-custom-build", default="", env_var="K3_CUSTOM_BUILD",
                        help="record of a custom build (commit, deps, build time, reproduction, rollback image)")
     group.add_argument("--k3-gpu-metrics-url", action="append", default=[], env_var="K3_GPU_METRICS_URL",
-                       help="dcgm-exporter /metrics, one per node (repeatable; default: the target's /metrics)")
+                       help="dcgm-exporter /metrics, one per node (repeatable; default: the metrics sources' bodies)")
     group.add_argument("--k3-nvml", default="auto", choices=("auto", "off"), env_var="K3_NVML",
                        help="read local GPUs through NVML when present")
     group.add_argument("--k3-sample-interval", type=float, default=1.0, env_var="K3_SAMPLE_INTERVAL",
