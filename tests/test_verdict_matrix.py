@@ -1,0 +1,138 @@
+"""The verdict matrix: whole runs against the sim in the ways real servers and gateways misbehave,
+each asserting the verdict, every pillar's status and the reason that decides it.
+
+Why a matrix: each row is a wrong verdict a user met on a server we did not write (a weak model's
+cache "fail", a scrape gap read as "no hits", a 502 storm sent to "buy GPUs", a gateway that hides
+/metrics judged `rebuild`, a too-small context called a transport failure). The healthy row runs
+under several seeds: the same deployment must get the same verdict every time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.scenario_edits import short_control_prompt
+from tests.test_verdicts import accept
+
+pytestmark = pytest.mark.slow
+
+ALL_PASS = {"compat": "pass", "resources": "pass", "prefix_cache": "pass", "agent_api": "pass"}
+
+
+@dataclass
+class Case:
+    sim: list[str]
+    verdict: str
+    statuses: dict[str, str]  # every pillar's status ("*": any)
+    reason: tuple[str, str]  # (pillar, or "verdict" for the next action's reasons; a substring)
+    options: Callable[[Any], list[str]] = lambda sim: []
+    thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
+    short_prompt: bool = False
+    check: Callable[[dict], None] = lambda verdict: None  # more to assert about this row
+
+
+def _oom_details(verdict: dict) -> None:
+    crashes = verdict["pillars"]["resources"]["numbers"]["crashes"]
+    assert crashes and crashes[0]["stage"] == "concurrency-c12" and "after a concurrency step" in crashes[0]["phase"]
+    assert crashes[0]["conditions"]["requests_in_flight"] > 0
+    assert crashes[0]["oom"] and "CUDA out of memory" in crashes[0]["log_lines"][0]  # from the tailed server log
+    assert crashes[0]["restart"]["recovered"] is False
+
+
+def _context_details(verdict: dict) -> None:
+    refusals = verdict["pillars"]["agent_api"]["numbers"]["context_length_refusals"]
+    assert refusals and all(v["max_model_len"] == 1024 and v["prompt_tokens_min"] > 1024 for v in refusals.values())
+    assert verdict["limits"]["max_model_len"] == 1024
+    assert verdict["pillars"]["agent_api"]["numbers"]["failed_by_layer"]["server"] > 0
+
+
+def _statuses(**changed: str) -> dict[str, str]:
+    return ALL_PASS | changed
+
+
+CASES = {
+    "healthy-seed-1": Case(["--seed", "1"], "go", ALL_PASS, ("prefix_cache", "cold/warm pairs")),
+    "healthy-seed-2": Case(["--seed", "2"], "go", ALL_PASS, ("agent_api", "attempts valid")),
+    "healthy-seed-3": Case(["--seed", "3"], "go", ALL_PASS, ("verdict", "all four pillars pass")),
+    "weak-model-cache-still-passes": Case(
+        ["--weak-answer-rate", "0.3"], "limited", _statuses(agent_api="fail"), ("agent_api", "model_output")),
+    "cache-never-hits": Case(["--prefix-cache-never-hits"], "limited", _statuses(prefix_cache="fail"),
+                             ("prefix_cache", "no prefix-cache hits")),
+    "prompt-under-one-block": Case(["--block-size", "256"], "limited", _statuses(prefix_cache="inconclusive"),
+                                   ("prefix_cache", "shorter than one cache block (block_size 256"),
+                                   short_prompt=True),
+    "parser-malformed-arguments": Case(["--malformed-tool-args-rate", "0.3"], "limited", _statuses(agent_api="fail"),
+                                       ("agent_api", "parser")),
+    "oom-at-a-concurrency-step": Case(["--oom-kv-demand-tokens", "9000"], "scale_up",
+                                      _statuses(resources="fail", prefix_cache="*", agent_api="*"),
+                                      ("verdict", "after a concurrency step"), check=_oom_details),
+    "html-502-storm-is-not-scale-up": Case(
+        ["--http-error-rate", "0.5", "--http-error-status", "502", "--http-error-style", "html"], "limited",
+        _statuses(resources="fail", prefix_cache="*", agent_api="fail"), ("verdict", "by layer gateway")),
+    "429-rate-limiter-is-the-gateway": Case(
+        ["--http-error-rate", "0.4", "--http-error-status", "429", "--http-error-retry-after-s", "2"], "limited",
+        _statuses(resources="fail", prefix_cache="*", agent_api="fail"), ("verdict", "by layer gateway")),
+    "vllm-503-storm-is-the-server": Case(
+        ["--http-error-rate", "0.4", "--http-error-status", "503"], "limited",
+        _statuses(resources="fail", prefix_cache="*", agent_api="fail"), ("verdict", "by layer server")),
+    "connection-resets": Case(["--connection-reset-rate", "0.3"], "limited",
+                              _statuses(resources="fail", prefix_cache="*", agent_api="fail"),
+                              ("verdict", "by layer gateway")),
+    "cut-streams": Case(["--midstream-reset-rate", "0.3"], "limited",
+                        _statuses(resources="fail", prefix_cache="*", agent_api="fail"), ("verdict", "gateway")),
+    "flapping-health-is-not-a-crash": Case(["--health-flap-period-s", "1.5"], "limited",
+                                           _statuses(resources="fail"), ("resources", "flapping health check")),
+    "metrics-404-behind-a-gateway-is-not-rebuild": Case(
+        ["--metrics-http-status", "404"], "limited",
+        _statuses(compat="*", resources="inconclusive", prefix_cache="inconclusive"),
+        ("prefix_cache", "metrics missing")),
+    "metrics-from-a-separate-port": Case(
+        ["--metrics-http-status", "404", "--metrics-port", "-1"], "go", ALL_PASS,
+        ("prefix_cache", "cold/warm pairs"), options=lambda sim: ["--k3-metrics-url", sim.metrics_url]),
+    "metrics-disabled": Case(["--metrics-disabled"], "limited",  # compat: serve flags cannot be read either
+                             _statuses(compat="inconclusive", resources="inconclusive", prefix_cache="inconclusive"),
+                             ("prefix_cache", "metrics missing")),
+    # Scrapes time out while the control runs; a good one right after it still brackets the window exactly.
+    "scrape-stall-during-the-control": Case(
+        ["--metrics-stall-ms", "4000", "--metrics-stall-after-requests", "1", "--metrics-stall-requests", "14"],
+        "go", ALL_PASS, ("prefix_cache", "cold/warm pairs"), options=lambda sim: ["--k3-scrape-timeout", "1"]),
+    # ... and when no good scrape comes for long after it, the window is unbracketed: inconclusive, never a fail.
+    "scrape-gap-after-the-control": Case(
+        ["--metrics-stall-ms", "4000", "--metrics-stall-after-requests", "1", "--metrics-stall-requests", "0"],
+        "limited", _statuses(resources="*", prefix_cache="inconclusive"),
+        ("prefix_cache", "do not cover the control window"), options=lambda sim: ["--k3-scrape-timeout", "1"]),
+    "context-too-small": Case(
+        ["--max-model-len", "1024"], "limited", _statuses(prefix_cache="*", agent_api="fail"),
+        ("verdict", "max_model_len 1024"), check=_context_details),
+    "latency-slo-without-a-queue": Case(
+        [], "limited", _statuses(resources="fail"), ("verdict", "resources: fail"),
+        thresholds={"slo": {"ttft_p95_ms": 1.0}}),
+    "production-recipe-on-the-sim": Case([], "rebuild", _statuses(compat="fail", resources="*", prefix_cache="*",
+                                                                  agent_api="*"), ("compat", "target_not_sim")),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_verdict_matrix(name: str, start_sim, tmp_path):
+    case = CASES[name]
+    scenarios = short_control_prompt(tmp_path / "scenarios") if case.short_prompt else "scenarios/*.yaml"
+    recipe = "recipes/kimi-k3.yaml" if name == "production-recipe-on-the-sim" else "recipes/local-dev.yaml"
+    verdict, code, _ = accept(start_sim, tmp_path, case.sim, recipe=recipe, scenarios=scenarios,
+                              options=case.options, thresholds=case.thresholds)
+    pillars = verdict["pillars"]
+    because = verdict["next_action"]["because"]
+    summary = {p: (v["status"], v["reasons"][:2]) for p, v in pillars.items()} | {"because": because}
+    assert verdict["verdict"] == case.verdict, summary
+    assert {p: v["status"] for p, v in pillars.items() if case.statuses[p] != "*"} == \
+        {p: s for p, s in case.statuses.items() if s != "*"}, summary
+    where, text = case.reason
+    reasons = because if where == "verdict" else pillars[where]["reasons"]
+    assert any(text in r for r in reasons), summary
+    assert code == {"go": 0, "limited": 3, "rebuild": 4, "scale_up": 5}[case.verdict]
+    case.check(verdict)
+    if case.verdict != "scale_up":
+        assert not any("more or larger GPUs" in b for b in because)
