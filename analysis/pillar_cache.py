@@ -210,10 +210,12 @@ def _answers_rule(pairs: list[tuple[Attempt, Attempt]]) -> RuleResult:
 def judge_prefix_cache(data: RunData, index: MetricIndex, limits: dict[str, float]) -> PillarResult:
     pairs = [(c, w) for c, w in control_pairs(data) if c.status == "ok" and w.status == "ok"]
     if not pairs:
-        sent = any(a.control_role for a in data.attempts)
-        return PillarResult(NOT_RUN if not sent else INCONCLUSIVE,
-                            ["no cold/warm control pair completed" + ("" if sent else
-                             " (the plan has no prefix_control stage, or it ran no pair)")])
+        if any(a.control_role for a in data.attempts):
+            failed = sorted({a.primary_layer or a.status for a in data.attempts if a.control_role and a.status != "ok"})
+            return PillarResult(INCONCLUSIVE, ["inconclusive, because no cold/warm control pair completed (every "
+                                               f"pair had a failed request: {', '.join(failed)})"])
+        return PillarResult(NOT_RUN, ["no cold/warm control pair was sent (the plan has no prefix_control stage, "
+                                      "or it ran no pair)"])
     t0, t1 = pairs[0][0].send_ts, pairs[-1][1].end_ts
     window, gaps = _window(index, t0, t1)
     config = cache_config(data)

