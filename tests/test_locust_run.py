@@ -104,7 +104,9 @@ def test_headless_run_writes_records_for_every_family(start_sim, tmp_path):
     assert {a.stage for a in attempts} >= {"prefix-control", "load", "long-input", "ramp-c2", "ramp-c6", "soak"}
     _assert_each_served_request_recorded_once(attempts, sim)
     control = [a for a in attempts if a.stage == "prefix-control"]
-    assert len(control) == 4 and len({a.prefix_sha256 for a in control}) == 1  # one user, one pass, sequential
+    # One user, one pass of 8 cold/warm pairs in sequence: a fresh prefix per pair, shared by its twins.
+    assert [a.control_role for a in control] == ["cold", "warm"] * 8 and len({a.prefix_sha256 for a in control}) == 8
+    assert all(c.request_sha256 == w.request_sha256 for c, w in zip(control[::2], control[1::2], strict=True))
     assert all(a.send_ts >= b.end_ts for a, b in zip(control[1:], control, strict=False))
     assert all(a.end_ts >= a.send_ts for a in attempts) and all(a.ttft_ms for a in attempts if a.status == "ok")
     drill = [a for a in attempts if a.scenario == "agent_timeout_retry" and a.turn == 0]
