@@ -1,0 +1,69 @@
+"""Agent-API rules on hand-made attempts (no sockets): intervals, one primary layer per failure,
+duplicate work from drill retries, context-length refusals per family."""
+
+from __future__ import annotations
+
+from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS
+from k3load.analysis.pillar_agent import judge_agent_api
+from k3load.records import Attempt, Finding
+
+LIMITS = {"min_attempts": 20, "min_valid_rate": 0.95}
+CONTEXT_400 = ('{"error":{"message":"This model\'s maximum context length is 1024 tokens. However, your prompt '
+               'contains 1532 input tokens and requested 64 output tokens.","type":"BadRequestError",'
+               '"param":"input_tokens","code":400}}')
+
+
+def _attempt(i: int, findings: list[Finding] | None = None, **kw) -> Attempt:
+    findings = findings or [Finding("transport", True)]
+    failed = [f for f in findings if not f.ok]
+    base = dict(run_id="r", attempt_id=f"a{i}", chain_id=f"c{i}", attempt=1, stage="load", scenario="s",
+                family="agent", turn=0, turn_kind="tool_call", user_id="u", request_sha256=f"q{i}",
+                prefix_sha256="p", transport="t", status="ok", send_ts=float(i), end_ts=i + 0.5,
+                findings=findings, valid=not failed, failed_layers=sorted({f.layer for f in failed}),
+                primary_layer=failed[0].layer if failed else None)
+    return Attempt(**(base | kw))
+
+
+def test_a_rate_at_the_threshold_is_inconclusive_with_how_many_more_attempts():
+    attempts = [_attempt(i) for i in range(30)]
+    result = judge_agent_api(attempts, LIMITS)
+    assert result.status == INCONCLUSIVE
+    assert "100.0% of 30 (95% CI 88.6%-100.0%)" in result.reasons[0]
+    assert "about 43 more attempts at this rate would decide" in result.reasons[0]
+    assert judge_agent_api([_attempt(i) for i in range(80)], LIMITS).status == PASS
+
+
+def test_a_parser_fault_is_counted_once_under_the_parser():
+    lost = [Finding("tool_call.present", False, "parser", "finish_reason tool_calls with no tool_calls"),
+            Finding("expect.tool_call", False, "model_output", "expected a tool call, got an answer")]
+    attempts = [_attempt(i, lost, primary_layer="parser", finish_reason="tool_calls") for i in range(10)] + \
+        [_attempt(i) for i in range(10, 30)]
+    result = judge_agent_api(attempts, LIMITS)
+    numbers = result.numbers
+    assert result.status == FAIL
+    assert numbers["failed_by_layer"]["parser"] == 10 and numbers["failed_by_layer"]["model_output"] == 0
+    assert numbers["failed_by_check"] == {"tool_call.present": 10}
+    assert numbers["secondary_failures_by_check"] == {"expect.tool_call": 10}
+    assert numbers["tool_call_schema_accuracy"] == 0.0 and numbers["tool_call_schema_accuracy_ci95"][1] < 0.35
+    assert numbers["check_failure_rates"]["tool_call.present"]["ci95"][0] > 0.15
+
+
+def test_timeout_drill_retries_are_duplicate_work_with_the_tokens_spent():
+    attempts = [_attempt(i) for i in range(25)]
+    for i in range(3):  # a drill: the short first deadline expires, the retry of the same bytes is answered
+        attempts.append(_attempt(100 + i, [Finding("transport", False, "client", "timeout")], chain_id=f"d{i}",
+                                 drill=True, will_retry=True, status="timeout", request_sha256=f"d{i}", chunks=4))
+        attempts.append(_attempt(200 + i, chain_id=f"d{i}", attempt=2, request_sha256=f"d{i}", prompt_tokens=900))
+    requests = judge_agent_api(attempts, LIMITS).numbers["requests"]
+    assert requests["duplicate_attempts"] == requests["duplicate_attempts_drill"] == 3
+    assert requests["abandoned_prompt_tokens"] == 2700 and requests["abandoned_output_chunks"] == 12
+
+
+def test_context_length_refusals_are_named_per_family_with_the_servers_limit():
+    refused = [_attempt(i, [Finding("request.context_length", False, "server", "too long")], status="http_error",
+                        http_status=400, error_body=CONTEXT_400, family="long_input") for i in range(5)]
+    result = judge_agent_api(refused + [_attempt(i) for i in range(5, 30)], LIMITS)
+    assert result.numbers["context_length_refusals"] == {"long_input": {
+        "refused": 5, "attempts": 5, "max_model_len": 1024, "prompt_tokens_min": 1532, "prompt_tokens_max": 1532}}
+    assert any("long_input 5 of 5 (prompts 1532-1532 tokens > max_model_len 1024)" in r for r in result.reasons)
+    assert result.numbers["failed_by_layer"]["server"] == 5
