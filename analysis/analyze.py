@@ -57,6 +57,7 @@ def judge(run_dir: Path) -> Judgment:
     pillars = {"compat": compat_pillar(data.compat), "resources": resources,
                "prefix_cache": judge_prefix_cache(data, index, limits["prefix_cache"] | limits["resources"]),
                "agent_api": judge_agent_api(data.attempts, limits["agent_api"])}
+    _server_aborts(pillars["agent_api"], data, index)
     ramp_table = ramp(stage_table)
     verdict, because, verdict_limits = decide(pillars, stage_table, ramp_table)
     if ((data.compat or {}).get("target") or {}).get("is_sim"):
@@ -65,6 +66,17 @@ def judge(run_dir: Path) -> Judgment:
         because = [*because, evidence_gaps(data.problems)]
     return Judgment(data, pillars, stage_table, ramp_table, verdict, because, verdict_limits,
                     build_checklist(data, pillars))
+
+
+def _server_aborts(agent: PillarResult, data: RunData, index: MetricIndex) -> None:
+    """The server's own count of requests it aborted over the run (abandoned attempts it worked on:
+    our deadlines, cut streams), next to the client's count of duplicate work; None when not scraped."""
+    requests = agent.numbers.get("requests")
+    if requests is None or not data.stages:
+        return
+    t0, t1 = data.stages[0].start_ts, data.stages[-1].end_ts
+    requests["server_aborted_requests"] = index.delta("vllm:request_success_total", t0, t1,
+                                                      {"finished_reason": "abort"})
 
 
 def evidence_gaps(problems: list[str], shown: int = 3) -> str:
