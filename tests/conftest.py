@@ -3,6 +3,7 @@
 import importlib.util
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import locust  # noqa: F401  (must stay the first import)
 import pytest
@@ -33,3 +34,13 @@ def start_sim(tmp_path: Path) -> Iterator[Callable[..., SimProcess]]:
 @pytest.fixture
 def sim(start_sim: Callable[..., SimProcess]) -> SimProcess:
     return start_sim()
+
+
+@pytest.fixture
+def client() -> Iterator[Any]:
+    """An HTTP client for probing a server directly (sim tests); the conformance suite has its own.
+    httpx is imported here, after locust's gevent patch above, never at the top of this file."""
+    import httpx
+
+    with httpx.Client(timeout=60) as c:
+        yield c

@@ -16,12 +16,6 @@ WEATHER = {"type": "function", "function": {
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture
-def client():
-    with httpx.Client(timeout=60) as c:
-        yield c
-
-
 def _t(sim) -> Target:
     return Target("sim", sim.base_url, "tiny")
 

@@ -21,12 +21,6 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 HI = [{"role": "user", "content": "hi"}]
 
 
-@pytest.fixture
-def client():
-    with httpx.Client(timeout=60) as c:
-        yield c
-
-
 def _t(sim) -> Target:
     return Target("sim", sim.base_url, "tiny")
 

@@ -10,7 +10,6 @@ import sys
 import time
 
 import httpx
-import pytest
 
 from k3load.sim.cli import HELP
 from k3load.sim.config import FaultProfile, SimConfig
@@ -24,12 +23,6 @@ ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 def _target(sim) -> Target:
     return Target("sim", sim.base_url, "tiny")
-
-
-@pytest.fixture
-def client():
-    with httpx.Client(timeout=60) as c:
-        yield c
 
 
 def test_help_documents_every_knob():
