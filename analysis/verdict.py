@@ -90,6 +90,9 @@ def _failing_layers(pillars: dict[str, PillarResult], stage_table: list[dict[str
     """Failures without a resource signal, by layer: what to fix instead of buying GPUs."""
     layers: dict[str, int] = {}
     for stage in stage_table:
+        ids = {p["id"] for p in stage["problems"]}
+        if "slo.error_rate" not in ids or _resource_breaches(stage):
+            continue  # errors under KV or queue pressure are that pressure's, said with it
         for layer, count in (stage.get("errors_by_layer") or {}).items():
             layers[layer] = layers.get(layer, 0) + count
     if not layers:
