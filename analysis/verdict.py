@@ -86,7 +86,7 @@ def _scale_up_reasons(resources: PillarResult, stage_table: list[dict[str, Any]]
     return reasons
 
 
-def _failing_layers(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]]) -> str | None:
+def _failing_layers(stage_table: list[dict[str, Any]]) -> str | None:
     """Failures without a resource signal, by layer: what to fix instead of buying GPUs."""
     layers: dict[str, int] = {}
     for stage in stage_table:
@@ -122,7 +122,7 @@ def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], 
     open_items = [f"{name}: {p.status}" + (f" ({p.reasons[0]})" if p.reasons else "")
                   for name, p in pillars.items() if p.status != PASS]
     if resources.status == FAIL:
-        layers = _failing_layers(pillars, stage_table)
+        layers = _failing_layers(stage_table)
         open_items += [layers] if layers else []
     context = _context_item(pillars)
     open_items += [context] if context else []
