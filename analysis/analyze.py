@@ -59,13 +59,28 @@ def judge(run_dir: Path) -> Judgment:
                "agent_api": judge_agent_api(data.attempts, limits["agent_api"])}
     _server_aborts(pillars["agent_api"], data, index)
     ramp_table = ramp(stage_table)
-    verdict, because, verdict_limits = decide(pillars, stage_table, ramp_table)
+    verdict, because, verdict_limits = decide(pillars, stage_table, ramp_table, unfinished_plan(data))
     if ((data.compat or {}).get("target") or {}).get("is_sim"):
         because = [*because, "the target is the k3load sim: a rehearsal, never evidence for a production verdict"]
     if data.problems:
         because = [*because, evidence_gaps(data.problems)]
     return Judgment(data, pillars, stage_table, ramp_table, verdict, because, verdict_limits,
                     build_checklist(data, pillars))
+
+
+def unfinished_plan(data: RunData) -> str | None:
+    """A run cut short (kill -9, power loss: no `run_end`) or stopped before its last stage proved less
+    than its plan asked: said with the verdict, which is then never `go`."""
+    if data.plan is None or not data.plan.stages:
+        return None
+    started = {e.get("stage") for e in data.events_named("stage_start")}
+    missing = [s.name for s in data.plan.stages if s.name not in started]
+    ended = bool(data.events_named("run_end"))
+    if not missing and ended:
+        return None
+    how = "the run was cut short (no run_end in events.jsonl)" if not ended else "the run was stopped early"
+    stages = f": stages {', '.join(missing)} not run" if missing else ": every stage started, the last one did not end"
+    return f"the plan did not finish, {how}{stages}"
 
 
 def _server_aborts(agent: PillarResult, data: RunData, index: MetricIndex) -> None:

@@ -108,9 +108,9 @@ def _context_item(pillars: dict[str, PillarResult]) -> str | None:
     return f"input length: {reason}" if reason else None
 
 
-def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], ramp: dict[str, Any]
-           ) -> tuple[str, list[str], dict[str, Any]]:
-    """(verdict, why, limits)."""
+def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], ramp: dict[str, Any],
+           unfinished: str | None = None) -> tuple[str, list[str], dict[str, Any]]:
+    """(verdict, why, limits). `unfinished`: the plan did not finish (never `go`)."""
     limits = _limits(stage_table, ramp, pillars["agent_api"].numbers.get("context_length_refusals"))
     if pillars["compat"].status == FAIL:
         return "rebuild", ["compatibility failed: " + "; ".join(pillars["compat"].reasons)], limits
@@ -118,7 +118,7 @@ def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], 
     if resources.status == FAIL:
         hard = _scale_up_reasons(resources, stage_table, ramp)
         if hard:
-            return "scale_up", hard, limits
+            return "scale_up", hard + ([unfinished] if unfinished else []), limits
     open_items = [f"{name}: {p.status}" + (f" ({p.reasons[0]})" if p.reasons else "")
                   for name, p in pillars.items() if p.status != PASS]
     if resources.status == FAIL:
@@ -126,6 +126,7 @@ def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], 
         open_items += [layers] if layers else []
     context = _context_item(pillars)
     open_items += [context] if context else []
+    open_items += [unfinished] if unfinished else []
     if open_items:
         if limits["max_concurrency"] is not None and resources.status == FAIL:
             above = (f"{limits['ran_out_first']} ran out above it" if limits["ran_out_first"]

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from k3load.analysis.analyze import analyze
 from k3load.analysis.input_size import input_tokens
@@ -157,3 +158,19 @@ def test_a_crash_names_the_requests_it_cut_not_those_that_had_finished():
                                    "max_max_tokens": 64}
     result, _ = judge_resources(data, MetricIndex([]), {})
     assert "2 requests in flight, largest prompt ~2000 tokens (estimated from the bytes sent)" in result.reasons[0]
+
+
+def test_a_run_cut_short_says_the_plan_did_not_finish_and_is_never_go(tmp_path: Path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.yaml").write_text(yaml.safe_dump({"name": "p", "stages": [
+        {"name": "load", "kind": "load", "duration_s": 5, "users": 1, "mix": {"agent": 1}},
+        {"name": "soak", "kind": "soak", "duration_s": 5, "users": 1, "mix": {"agent": 1}}]}))
+    (run / "events.jsonl").write_text(json.dumps({"ts": 1, "event": "stage_start", "stage": "load", "kind": "load",
+                                                  "users": 1}) + "\n")  # killed -9 during load: no run_end
+    judgment = analyze(run)
+    assert judgment.verdict != "go"
+    assert "the plan did not finish, the run was cut short (no run_end in events.jsonl): stages soak not run" \
+        in judgment.because
+    pillars = _pillars()
+    assert decide(pillars, [_step(2, [])], ramp([_step(2, [])]), "the plan did not finish, x")[0] == "limited"
