@@ -7,6 +7,7 @@ recording of the same sim answer for the K3-style one.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -16,7 +17,15 @@ import pytest
 
 from k3load.client.assemble import Assembler, AssemblyError, error_message
 from k3load.client.result import StreamResult
-from k3load.client.sse import DONE, SSEDecoder, SSEError, SSEEvent, SSEFormatError, SSEJSONError
+from k3load.client.sse import (
+    DONE,
+    SSEDecoder,
+    SSEError,
+    SSEEvent,
+    SSEFormatError,
+    SSEJSONError,
+    SSELineTooLong,
+)
 from tests.probes import WIRE, read_capture, read_sse_capture
 
 SIM_WIRE = Path(__file__).parent / "data" / "wire" / "sim"
@@ -124,12 +133,60 @@ def test_finish_dispatches_an_event_missing_its_blank_line_and_keeps_partial_lin
     (b"retry_later: 5\n", SSEFormatError, "retry_later"),
     (b'data: {"a":1,}\n\n', SSEJSONError, "invalid JSON"),
     (b"data: [1, 2]\n\n", SSEJSONError, "not an object"),
-    (b"data: {\"a\": \"\xff\xfe\"}\n\n", SSEJSONError, "invalid JSON"),
+    (b"data: {\"a\": \xff\xfe}\n\n", SSEJSONError, "invalid JSON"),  # not UTF-8, and not JSON either
 ])
 def test_malformed_input_is_a_typed_error_with_position(raw: bytes, error: type[SSEError], words: str) -> None:
     with pytest.raises(error) as caught:
         decode(raw, [3])
     assert isinstance(caught.value, ValueError) and words in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_invalid_utf8_is_kept_escaped_and_counted() -> None:
+    """Bytes that are not UTF-8 are kept as lone surrogates (the original bytes come back with
+    surrogateescape); the decoder counts the events, for the client to call the stream malformed."""
+    raw = b'data: {"a": "ok\xff\xfe"}\n\ndata: {"a": "\\ud83d"}\n\ndata: [DONE]\n\n'
+    decoder = SSEDecoder()
+    events = [e for cut in range(0, len(raw), 5) for e in decoder.feed(raw[cut:cut + 5])] + decoder.finish()
+    assert events == [{"a": "ok\udcff\udcfe"}, {"a": "\ud83d"}, DONE] and decoder.invalid_utf8 == 1
+    assert events[0]["a"].encode("utf-8", "surrogateescape") == b"ok\xff\xfe"
+
+
+def test_a_long_line_is_held_as_its_reads_never_rejoined() -> None:
+    """Linear by design: while a line is unfinished, each read is kept as the very object fed (no
+    re-join, no re-split of what came before) and only the new read is searched for the line end;
+    the line is joined once, when its end arrives. (bench/sse_long_line.py times it.)"""
+    payload = b'data: {"content": "' + b"x" * (20 << 20) + b'"}\n\ndata: [DONE]\n\n'
+    pieces = [payload[i:i + (64 << 10)] for i in range(0, len(payload), 64 << 10)]
+    decoder = SSEDecoder(max_line_bytes=32 << 20)
+    for piece in pieces[:-1]:
+        assert decoder.feed(piece) == []
+    assert all(a is b for a, b in zip(decoder._parts, pieces[:-1], strict=True))
+    assert decoder.pending_bytes == sum(map(len, pieces[:-1]))
+    (event, done) = decoder.feed(pieces[-1])
+    assert len(event["content"]) == 20 << 20 and done is DONE and decoder.pending_bytes == 0
+
+
+@pytest.mark.parametrize("read_bytes", [7, 64 << 10, 8 << 20])
+def test_a_line_over_the_cap_is_counted_and_hashed_not_held(read_bytes: int) -> None:
+    line = b'data: {"content": "' + b"y" * (3 << 20) + b'"}'
+    raw = b'data: {"a":1}\n\n' + line + b"\n\ndata: [DONE]\n\n"
+    decoder = SSEDecoder(max_line_bytes=1 << 20)
+    events: list[SSEEvent] = []
+    with pytest.raises(SSELineTooLong) as caught:
+        for cut in range(0, len(raw), read_bytes):
+            events += decoder.feed(raw[cut:cut + read_bytes])
+            assert decoder._held <= (1 << 20) + read_bytes  # never the whole line
+    assert f"line over {1 << 20} bytes ({len(line)} bytes, sha256 {hashlib.sha256(line).hexdigest()})" \
+        in str(caught.value)
+    assert "SSE line 3" in str(caught.value) and caught.value.excerpt.startswith(b'data: {"content": "yyy')
+    assert events == ([{"a": 1}] if read_bytes < len(raw) else [])
+
+
+def test_a_line_over_the_cap_cut_by_eof_is_too_long() -> None:
+    decoder = SSEDecoder(max_line_bytes=100)
+    assert decoder.feed(b"data: " + b"z" * 200) == [] and decoder.pending_bytes == 206
+    with pytest.raises(SSELineTooLong, match="206 bytes"):
+        decoder.finish()
 
 
 def test_a_json_error_body_read_as_sse_is_a_format_error() -> None:

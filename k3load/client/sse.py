@@ -12,10 +12,19 @@ field or a line without a colon is *garbage* (the spec says ignore it, which wou
 what a broken proxy or server sent), and every payload but `[DONE]` must be a JSON object.
 A lone `\\r` as a line end (allowed by the spec, sent by no OpenAI-compatible server) is not
 supported: it shows up as a JSON error.
+
+Linear in its input, whatever the line length: an unfinished line is kept as the list of reads that
+hold it, and only each new read is searched for the line end, so a 50 MB line costs one join, not
+one re-join per 64 KB read (which was quadratic: 14-21 s of CPU). A line longer than `max_line_bytes`
+is never held whole: past the cap its bytes are only counted and hashed, and the line's end raises
+SSELineTooLong with its length and sha256. Payloads that are not valid UTF-8 are decoded with
+`surrogateescape` (each bad byte kept as a lone surrogate U+DC80..U+DCFF, so the original bytes can
+be recovered) and counted in `invalid_utf8`, for the caller to report.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import json.scanner
 from typing import Any, Final
@@ -25,6 +34,7 @@ _KNOWN_FIELDS: Final = (b"event", b"id", b"retry")
 _LINE_STARTS: Final = (b"data:", b":", b"event:", b"id:", b"retry:")
 _EXCERPT_BYTES: Final = 120
 _SCAN: Final = json.scanner.make_scanner(json.JSONDecoder())  # C scanner: (text, index) -> (value, end)
+MAX_LINE_BYTES: Final = 1 << 20  # default cap on one SSE line (a vLLM chunk is well under 1 KiB)
 
 SSEEvent = dict[str, Any] | str  # a decoded JSON chunk, or DONE
 
@@ -54,33 +64,106 @@ class SSEJSONError(SSEError):
     kind = "json"
 
 
+class SSELineTooLong(SSEError):
+    """A line longer than the decoder's `max_line_bytes`: counted and hashed, never held whole."""
+
+    kind = "line_too_long"
+
+
+class _Overflow:
+    """A line past the cap: its length and sha256 so far, and its first bytes for the message."""
+
+    __slots__ = ("excerpt", "hash", "size")
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.hash = hashlib.sha256()
+        self.size = 0
+        self.excerpt = b"".join(parts)[:_EXCERPT_BYTES + 1]
+        for part in parts:
+            self.add(part)
+
+    def add(self, data: bytes) -> None:
+        self.hash.update(data)
+        self.size += len(data)
+
+
 class SSEDecoder:
     """Feed it every read as it arrives; it returns the events completed by that read.
 
     One decoder per response. `feed` never loses bytes: an incomplete trailing line waits in
-    `pending_bytes` for the next read, whatever byte it was cut at.
+    `pending_bytes` for the next read, whatever byte it was cut at (as the list of reads that hold
+    it: joined once, when its end arrives).
     """
 
-    __slots__ = ("_data", "_line", "_tail", "done", "events")
+    __slots__ = ("_data", "_held", "_line", "_over", "_parts", "done", "events", "invalid_utf8", "max_line_bytes")
 
-    def __init__(self) -> None:
-        self._tail = b""
+    def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        if max_line_bytes < 1:
+            raise ValueError(f"max_line_bytes must be positive, not {max_line_bytes!r}")
+        self.max_line_bytes = max_line_bytes
+        self._parts: list[bytes] = []  # the reads holding an unfinished line, in order
+        self._held = 0  # their total length
+        self._over: _Overflow | None = None  # the unfinished line is past the cap
         self._data: list[bytes] = []  # data lines of the event being built
         self._line = 0  # lines completed so far (for error positions)
         self.events = 0  # events dispatched so far
         self.done = False  # [DONE] seen
+        self.invalid_utf8 = 0  # payloads that were not valid UTF-8 (decoded with surrogateescape)
 
     @property
     def pending_bytes(self) -> int:
         """Bytes of an unfinished line held back (non-zero at EOF means the body ended mid-line)."""
-        return len(self._tail)
+        return self._over.size if self._over is not None else self._held
 
     def feed(self, data: bytes) -> list[SSEEvent]:
-        """Decode one read. Raises SSEFormatError / SSEJSONError on malformed input."""
-        if self._tail:
-            data = self._tail + data
+        """Decode one read. Raises SSEFormatError / SSEJSONError / SSELineTooLong on malformed input."""
+        if self._parts or self._over is not None:
+            end = data.find(b"\n")  # only the new read is searched: linear in the input
+            if end < 0:
+                self._hold(data)
+                return []
+            if self._over is not None or self._held + end > self.max_line_bytes:
+                self._hold(data[:end])
+                self._too_long()
+            self._parts.append(data)
+            data = b"".join(self._parts)
+            self._parts, self._held = [], 0
         lines = data.split(b"\n")
-        self._tail = lines.pop()
+        tail = lines.pop()
+        if len(data) > self.max_line_bytes and lines:
+            self._whole_lines_fit(lines)
+        if tail:
+            self._hold(tail)
+        return self._lines(lines)
+
+    def _hold(self, data: bytes) -> None:
+        """Keep a piece of the unfinished line; past the cap, only count and hash it."""
+        if self._over is None:
+            self._parts.append(data)
+            self._held += len(data)
+            if self._held <= self.max_line_bytes:
+                return
+            self._over = _Overflow(self._parts)
+            self._parts, self._held = [], 0
+        else:
+            self._over.add(data)
+
+    def _whole_lines_fit(self, lines: list[bytes]) -> None:
+        """A read bigger than the cap may hold a whole over-long line: refuse it too."""
+        longest = max(range(len(lines)), key=lambda i: len(lines[i]))
+        if len(lines[longest]) > self.max_line_bytes:
+            self._line += longest
+            self._hold(lines[longest])
+            self._too_long()
+
+    def _too_long(self) -> None:
+        over = self._over
+        assert over is not None
+        self._line += 1
+        raise SSELineTooLong(f"line over {self.max_line_bytes} bytes ({over.size} bytes, sha256 "
+                             f"{over.hash.hexdigest()})", self._line, over.excerpt)
+
+    def _lines(self, lines: list[bytes]) -> list[SSEEvent]:
         out: list[SSEEvent] = []
         pending = self._data
         for line in lines:
@@ -100,7 +183,9 @@ class SSEDecoder:
         """At EOF: dispatch an event whose blank line never came. An unfinished line that starts
         like a field is left out (see `pending_bytes`): a body cut mid-line is a truncation, not a
         malformed stream. One that cannot be SSE (a JSON error body, an HTML page) raises."""
-        tail = self._tail.rstrip(b"\r")
+        if self._over is not None:
+            self._too_long()
+        tail = b"".join(self._parts).rstrip(b"\r")
         if tail and not any(tail.startswith(p) or p.startswith(tail) for p in _LINE_STARTS):
             raise SSEFormatError("not an SSE field (unterminated last line)", self._line + 1, tail)
         return [self._dispatch()] if self._data else []
@@ -120,6 +205,11 @@ class SSEDecoder:
             return DONE
         event = _parse(payload)
         if type(event) is not dict:
+            if isinstance(event, _Escaped):
+                self.invalid_utf8 += 1
+                event = event.value
+                if type(event) is dict:
+                    return event
             if isinstance(event, _Invalid):
                 raise SSEJSONError(f"invalid JSON ({event.reason})", self._line, payload)
             raise SSEJSONError("data is JSON but not an object", self._line, payload)
@@ -131,6 +221,15 @@ class _Invalid:
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
+
+
+class _Escaped:
+    """A payload that parsed only once its invalid UTF-8 bytes were kept as lone surrogates."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
 
 def _parse(payload: bytes) -> Any:
@@ -147,5 +246,11 @@ def _parse(payload: bytes) -> Any:
         pass  # the slow path below says precisely what is wrong
     try:
         return json.loads(payload)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, deep nesting
+    except UnicodeDecodeError:
+        pass  # not UTF-8: parse with the bad bytes kept as lone surrogates
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, deep nesting
+        return _Invalid(str(exc))
+    try:
+        return _Escaped(json.loads(payload.decode("utf-8", "surrogateescape")))
+    except (ValueError, RecursionError) as exc:
         return _Invalid(str(exc))
