@@ -89,7 +89,7 @@ class Attempt:
     control_role: str | None = None  # "cold" | "warm"
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+        return json_line(asdict(self))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
@@ -97,6 +97,23 @@ class Attempt:
         data["findings"] = [Finding(**f) for f in data.get("findings", [])]
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def json_line(data: Any) -> str:
+    """One JSON line that any UTF-8 file or message can carry, whatever text the server sent.
+
+    Why not plain `ensure_ascii=False`: a lone surrogate (a JSON `"\\ud83d"` escape from the server,
+    or a byte that was not UTF-8, kept by the client as U+DC80..U+DCFF) cannot be encoded as UTF-8,
+    and the writer raised UnicodeEncodeError: the attempt had no record. Readable text stays as it is
+    (compact, greppable); only a line that cannot be encoded is written with every non-ASCII
+    character escaped, which `json.loads` reads back to the same string."""
+    line = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    if not line.isascii():
+        try:
+            line.encode()
+        except UnicodeEncodeError:
+            return json.dumps(data, ensure_ascii=True, separators=(",", ":"))
+    return line
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -124,7 +141,9 @@ class RecordWriter:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._file: IO[str] = path.open("a", encoding="utf-8")
+        # backslashreplace: a line from elsewhere that still holds a lone surrogate is written as its
+        # JSON escape (`\\udcff`), never raised (see json_line)
+        self._file: IO[str] = path.open("a", encoding="utf-8", errors="backslashreplace")
 
     def write(self, attempt: Attempt) -> None:
         self.write_line(attempt.to_json())

@@ -19,11 +19,17 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import IO, Any
 
+# How text files are written: a lone surrogate (a server's `"\\ud83d"`, or a byte that was not UTF-8,
+# kept by the client as U+DC80..U+DCFF) cannot be encoded as UTF-8; strict writing raised and lost
+# the line. backslashreplace writes it as `\\udcff`, which inside a JSON string is the very escape
+# that reads back to the same character (json.dumps only puts such characters inside strings).
+ENCODING_ERRORS = "backslashreplace"
+
 
 def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+    with os.fdopen(fd, "w", encoding="utf-8", errors=ENCODING_ERRORS) as handle:
         handle.write(text)
     os.replace(tmp, path)
 
@@ -39,7 +45,7 @@ class JsonlLog:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._file: IO[str] = path.open("a", encoding="utf-8")
+        self._file: IO[str] = path.open("a", encoding="utf-8", errors=ENCODING_ERRORS)
         self._lock = threading.Lock()
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
