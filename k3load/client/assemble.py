@@ -176,6 +176,12 @@ class Assembler:
     def content(self) -> str:
         return "".join(self._content)
 
+    def text_chars(self) -> int:
+        """Characters of text held so far (reasoning, content, tool arguments): what the body cap
+        bounds in a stream. Sums every piece, so the client calls it rarely."""
+        pieces = (*self._reasoning, *self._content, *(p for c in self._calls.values() for p in c.pieces))
+        return sum(map(len, pieces))
+
     @property
     def tool_calls(self) -> list[ToolCall]:
         return [ToolCall(p.index, p.id, p.name, "".join(p.pieces)) for _, p in sorted(self._calls.items())]

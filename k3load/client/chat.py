@@ -17,6 +17,14 @@ BaseException and is caught here by identity. httpx in a plain process bounds ea
 headers by the remaining time and has a watchdog thread shut the socket down at the deadline, so a
 read stalled mid-stream still ends on time.
 
+Limits: a whole body is kept up to `max_body_bytes` (default 8 MiB), a streamed answer's text up to
+as many characters, and one SSE line up to `max_line_bytes` (default 1 MiB); past a cap the attempt
+is `malformed` with an error that says so ("body over N bytes (M bytes, sha256 ...)", "line over N
+bytes (M bytes, sha256 ...)" or "streamed text over N characters ..."), and the rest is read, counted
+and dropped, so a runaway server costs neither memory nor a record. Bytes that are not UTF-8 are kept
+escaped (k3load/client/body.py) and make the attempt `malformed`, its text still kept. An HTTP
+error's `Retry-After` is read into `retry_after_s` (the runner's backoff honours it).
+
 The API key goes only into the Authorization header; it is replaced by "[redacted]" in every error
 text and body kept, and `repr` never shows it. A client is one connection pool: build it once per
 user (or share it), never per request. Without gevent patching, a geventhttpclient-based client
@@ -31,14 +39,23 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import gevent
 
 from k3load.client import result as res
 from k3load.client.assemble import Assembler, AssemblyError, error_message
+from k3load.client.body import (
+    INVALID_UTF8_NOTE,
+    MAX_BODY_BYTES,
+    decode_utf8,
+    over_cap_error,
+    parse_retry_after,
+    read_capped,
+)
 from k3load.client.result import StreamResult
-from k3load.client.sse import DONE, SSEDecoder, SSEError
+from k3load.client.sse import DONE, MAX_LINE_BYTES, SSEDecoder, SSEError
 from k3load.client.transport import TRANSPORTS, BodyCut, ResponseStream, Transport, TransportError, TransportTimeout
 
 Clock = Callable[[], float]
@@ -89,9 +106,13 @@ class ChatClient:
 
     def __init__(self, base_url: str, api_key: str | None = None, transport: str = "geventhttpclient",
                  connect_timeout_s: float = 10.0, max_connections: int = 1024, *,
-                 ssl_context: ssl.SSLContext | None = None, clock: Clock | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, clock: Clock | None = None,
+                 max_body_bytes: int = MAX_BODY_BYTES, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {sorted(TRANSPORTS)}, not {transport!r}")
+        if max_body_bytes < 1 or max_line_bytes < 1:
+            raise ValueError("max_body_bytes and max_line_bytes must be positive")
+        self._limits = _Limits(max_body_bytes, max_line_bytes)
         origin, self._path = chat_url(base_url)
         self.base_url = base_url.rstrip("/")
         self._secret = api_key or None
@@ -115,7 +136,7 @@ class ChatClient:
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be positive, not {deadline_s!r}")
         exchange = _Exchange(self._transport.name, self._clock, deadline_s, self._secret,
-                             wants_stream(body) if stream is None else stream)
+                             wants_stream(body) if stream is None else stream, self._limits)
         if not self._transport.cooperative:
             exchange.run(self._transport, self._path, body, self._headers, watchdog=True)
             return exchange.finish()
@@ -145,11 +166,20 @@ class ChatClient:
         return f"ChatClient({self.base_url!r}, transport={self.transport!r}, api_key={key})"
 
 
+@dataclass(frozen=True)
+class _Limits:
+    """How much of a response the client keeps (see the module docstring)."""
+
+    body_bytes: int
+    line_bytes: int
+
+
 class _Exchange:
     """The state of one attempt; the first failure recorded decides its status."""
 
     def __init__(self, transport: str, clock: Clock, deadline_s: float, secret: str | None,
-                 streaming: bool) -> None:
+                 streaming: bool, limits: _Limits) -> None:
+        self.limits = limits
         self.clock = clock
         now = clock()
         self.deadline = now + deadline_s
@@ -212,11 +242,19 @@ class _Exchange:
     def _stream(self, resp: ResponseStream) -> None:
         """THE hot loop: one clock read per socket read, events decoded from it, chunks applied."""
         clock, result, asm = self.clock, self.result, self.asm
-        decoder, add, chunk_ts = SSEDecoder(), asm.add, result.chunk_ts
+        decoder, add, chunk_ts = SSEDecoder(self.limits.line_bytes), asm.add, result.chunk_ts
+        received, check_at, text_cap = 0, self.limits.body_bytes, self.limits.body_bytes
         for data in resp.reads():
             t = clock()
+            received += len(data)
             if result.status:
                 continue  # already failed: drain to the end so the connection stays usable
+            if received > check_at:  # the text is at most the bytes received: summed rarely, so linear
+                check_at = received + text_cap
+                if asm.text_chars() > text_cap:
+                    self.fail(res.STATUS_MALFORMED, f"streamed text over {text_cap} characters after {received} "
+                              "body bytes (the rest read and dropped)")
+                    continue
             try:
                 for event in decoder.feed(data):
                     if event is not DONE and add(event):  # type: ignore[arg-type]
@@ -242,14 +280,22 @@ class _Exchange:
             self._malformed(exc)
         if self.asm.error is not None:
             self.fail(res.STATUS_STREAM_ERROR, "error event mid-stream: " + error_message(self.asm.error))
+        if decoder.invalid_utf8:
+            self.fail(res.STATUS_MALFORMED, f"{decoder.invalid_utf8} SSE events {INVALID_UTF8_NOTE}")
         if not decoder.done:
             cut = f", cut mid-line after {decoder.pending_bytes} bytes" if decoder.pending_bytes else ""
             self.fail(res.STATUS_TRUNCATED, f"stream ended without [DONE] after {decoder.events} events{cut}")
 
     def _whole(self, resp: ResponseStream) -> None:
-        data = b"".join(resp.reads())
+        body = read_capped(resp.reads(), self.limits.body_bytes, _ERROR_BODY_READ_BYTES)
+        data = body.data
+        if body.over_cap:
+            self.result.error_body = self._body_text(data)
+            self.fail(res.STATUS_MALFORMED, over_cap_error(body, self.limits.body_bytes))
+            return
+        text, valid_utf8 = decode_utf8(data)
         try:
-            self.asm.add_completion(json.loads(data))
+            self.asm.add_completion(json.loads(text))
         except (ValueError, RecursionError, AssemblyError) as exc:
             self.result.error_body = self._body_text(data)
             kind = "not a chat completion" if isinstance(exc, AssemblyError) else "not JSON"
@@ -258,16 +304,20 @@ class _Exchange:
         if self.asm.error is not None:
             self.result.error_body = self._body_text(data)
             self.fail(res.STATUS_STREAM_ERROR, "error object in a 2xx body: " + error_message(self.asm.error))
+        if not valid_utf8:
+            self.fail(res.STATUS_MALFORMED, f"response body is {INVALID_UTF8_NOTE}")
 
     def _http_error(self, resp: ResponseStream) -> None:
         self.fail(res.STATUS_HTTP_ERROR, f"HTTP {resp.status}")  # decided before the body: a cut body stays this
+        wait = self.result.retry_after_s = parse_retry_after(resp.headers.get("retry-after"), self.clock())
         data = _capped(resp.reads(), _ERROR_BODY_READ_BYTES)
         text = self._body_text(data)
         self.result.error_body = text
-        self.result.error = one_line(f"HTTP {resp.status}: {_error_detail(data, text)}", self.secret)
+        after = f" (Retry-After {wait:g} s)" if wait is not None else ""
+        self.result.error = one_line(f"HTTP {resp.status}: {_error_detail(data, text)}{after}", self.secret)
 
     def _body_text(self, data: bytes) -> str:
-        text = data.decode("utf-8", "replace")
+        text = data.decode("utf-8", "backslashreplace")  # bytes that are not UTF-8 kept, as \xNN
         if self.secret:
             text = text.replace(self.secret, "[redacted]")
         return text[:ERROR_BODY_CHARS]

@@ -55,6 +55,7 @@ class StreamResult:
     finish_reason: str | None = None
     response_id: str | None = None
     usage: dict[str, Any] | None = None  # exactly as the server reported it
+    retry_after_s: float | None = None  # an HTTP error's Retry-After, in seconds from its arrival
 
     @property
     def prompt_tokens(self) -> int | None:

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
+from k3load.client.body import MAX_BODY_BYTES
+from k3load.client.sse import MAX_LINE_BYTES
 from k3load.sampler.fetch import redact_url
 
 TRANSPORTS = ("geventhttpclient", "httpx")
+
+
+def positive_bytes(text: str) -> int:
+    """argparse type for a byte cap: an error names the option (argparse adds it) and the value."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of bytes > 0, got {text!r}")
+    return value
 
 
 def add_options(parser: Any) -> None:
@@ -29,6 +43,12 @@ def add_options(parser: Any) -> None:
     group.add_argument("--k3-run-id", default="", env_var="K3_RUN_ID", include_in_web_ui=False,
                        help="run id (default: generated); salts per-run prefixes")
     group.add_argument("--k3-judge", default="", env_var="K3_JUDGE", help="who signs the record (report field)")
+    group.add_argument("--k3-max-body-bytes", type=positive_bytes, default=MAX_BODY_BYTES, env_var="K3_MAX_BODY_BYTES",
+                       help="most bytes of a whole response body kept (a streamed answer: characters of its text); "
+                       "past it the attempt is malformed and the rest only counted and hashed")
+    group.add_argument("--k3-max-line-bytes", type=positive_bytes, default=MAX_LINE_BYTES, env_var="K3_MAX_LINE_BYTES",
+                       help="most bytes of one SSE line kept; a longer line makes the attempt malformed "
+                       "(its length and sha256 in the error)")
     group.add_argument("--k3-accept-limited", action="store_true", default=False, env_var="K3_ACCEPT_LIMITED",
                        help="exit 0 for a `limited` verdict as for `go`")
     _observation_options(group)

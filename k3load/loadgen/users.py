@@ -36,7 +36,8 @@ class K3User(User):
         session.wait_ready()
         opts = self.environment.parsed_options
         self.user_id = f"{self.family}-{os.getpid()}-{next(_numbers)}"
-        self.chat = ChatClient(self.host, api_key=opts.k3_api_key or None, transport=opts.k3_transport)
+        self.chat = ChatClient(self.host, api_key=opts.k3_api_key or None, transport=opts.k3_transport,
+                               max_body_bytes=opts.k3_max_body_bytes, max_line_bytes=opts.k3_max_line_bytes)
         self.ctx = RunContext(run_id=session.run_id, model=session.model, user_id=self.user_id,
                               stage=lambda: session.stage_name, long_context=session.long_context,
                               sleep=gevent.sleep)
