@@ -35,6 +35,24 @@ class Client(Protocol):
     def send(self, body: bytes, deadline_s: float) -> StreamResult: ...
 
 
+RETRY_AFTER_MAX_S = 30.0  # the longest wait a server's Retry-After can impose on one retry
+
+
+def retry_wait_s(policy: dict[str, Any], timeout_s: float, result: StreamResult) -> float:
+    """Seconds to wait before the next attempt: the scenario's `backoff_s`, or longer when the server
+    said so with `Retry-After`, but never more than RETRY_AFTER_MAX_S nor the turn's own `timeout_s`.
+
+    Why bounded: a rate limiter's Retry-After is the server's word on when a retry can succeed, and
+    retrying sooner only repeats the refusal (and counts as duplicate work); but a header of an hour
+    (or a date far ahead) must not park a user for the rest of a stage. The turn's timeout is the
+    time the scenario already grants one attempt, so the wait never exceeds what one more attempt
+    could have taken. A wait shorter than `backoff_s` is never taken: the scenario's pace holds."""
+    wait = float(policy["backoff_s"])
+    if result.retry_after_s is not None:
+        wait = max(wait, min(result.retry_after_s, RETRY_AFTER_MAX_S, timeout_s))
+    return wait
+
+
 def retry_reason(result: StreamResult, findings: list[Finding]) -> str | None:
     """The retry policy's name for what went wrong (None: nothing a retry could fix)."""
     if result.status == STATUS_TIMEOUT:
@@ -122,7 +140,7 @@ def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, sa
         attempts.append(attempt)
         if not will_retry:
             break
-        ctx.sleep(policy["backoff_s"])
+        ctx.sleep(retry_wait_s(policy, turn.settings["timeout_s"], result))
     return attempts
 
 
