@@ -101,8 +101,10 @@ def _restart_check(data: RunData, ts: float) -> dict[str, Any]:
     up = ups[0]["ts"]
     after = data.records[data.records["send_ts"] >= up]
     served = int((after["status"] == "ok").sum())
-    return {"recovered": served > 0, "down_s": up - ts, "ok_after_restart": served,
-            "detail": f"back after {up - ts:.0f} s, {served} requests served after it"}
+    during = int(((data.records["send_ts"] >= ts) & (data.records["send_ts"] < up)).sum())
+    return {"recovered": served > 0, "down_s": up - ts, "ok_after_restart": served, "sent_while_down": during,
+            "detail": f"back after {up - ts:.0f} s, {served} requests served after it ({during} sent while it "
+                      "was down, not counted as load errors)"}
 
 
 def _memory_evidence(oom: bool, curve: list[dict[str, Any]], data: RunData, headroom_pct: float) -> str | None:

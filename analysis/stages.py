@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from k3load.analysis.health import flap_times
+from k3load.analysis.health import DownSpell, down_spells
 from k3load.analysis.pillar import percentile
 from k3load.analysis.rules import breach
 from k3load.analysis.rundata import RunData, StageWindow
@@ -61,12 +61,25 @@ def _error_kinds(errors: pd.DataFrame) -> dict[str, int]:
     return {str(k): int(v) for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))}
 
 
-def _errors(frame: pd.DataFrame) -> dict[str, Any]:
-    mask = _load_errors(frame)
+def _while_down(frame: pd.DataFrame, spells: list[DownSpell]) -> pd.Series:
+    """Requests sent while the server was down (a crash, not a flap): refused because nobody was
+    listening. They are the crash's consequence, said with it, not load errors of their own."""
+    mask = pd.Series(False, index=frame.index)
+    for spell in spells:
+        if not spell.flap:
+            end = spell.up_ts if spell.up_ts is not None else float("inf")
+            mask |= (frame["send_ts"] >= spell.down_ts) & (frame["send_ts"] < end)
+    return mask
+
+
+def _errors(frame: pd.DataFrame, spells: list[DownSpell]) -> dict[str, Any]:
+    down = _while_down(frame, spells)
+    mask = _load_errors(frame) & ~down
     errors = frame[mask]
     layers = errors["primary_layer"].fillna("unknown").value_counts()
-    rate = wilson(int(mask.sum()), len(frame))
+    rate = wilson(int(mask.sum()), int((~down).sum()))
     return {"errors": int(mask.sum()), "error_rate": rate.value, "error_rate_ci95": [rate.low, rate.high],
+            "sent_while_down": int(down.sum()),
             "errors_by_layer": {str(k): int(v) for k, v in sorted(layers.items())},
             "error_kinds": _error_kinds(errors) if len(errors) else {}}
 
@@ -80,13 +93,14 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow) -> dict[s
     waiting = index.gauge("vllm:num_requests_waiting", t0, t1)
     running = index.gauge("vllm:num_requests_running", t0, t1)
     preemptions = index.delta("vllm:num_preemptions_total", t0, t1)
-    flaps = flap_times(data)
+    spells = down_spells(data)
+    flaps = {spell.down_ts for spell in spells if spell.flap}
     downs = [e for e in data.events_named("server_down") if t0 <= e["ts"] <= t1 and e["ts"] not in flaps]
     cpu = [m["load_generator_cpu_pct"] for m in data.metrics
            if t0 <= m.get("ts", 0) <= t1 and m.get("load_generator_cpu_pct") is not None]
     return {
         "stage": stage.name, "kind": stage.kind, "users": stage.users, "start_ts": t0, "duration_s": t1 - t0,
-        "attempts": len(frame), **_errors(frame),
+        "attempts": len(frame), **_errors(frame, spells),
         "requests_per_s": len(ok) / duration,
         "output_tokens_per_s": float(ok["completion_tokens"].fillna(0).sum()) / duration,
         "max_prompt_tokens_ok": int(ok["prompt_tokens"].max()) if ok["prompt_tokens"].notna().any() else None,

@@ -91,8 +91,8 @@ def _failing_layers(stage_table: list[dict[str, Any]]) -> str | None:
     layers: dict[str, int] = {}
     for stage in stage_table:
         ids = {p["id"] for p in stage["problems"]}
-        if "slo.error_rate" not in ids or _resource_breaches(stage):
-            continue  # errors under KV or queue pressure are that pressure's, said with it
+        if "slo.error_rate" not in ids or _resource_breaches(stage) or "stability.server_down" in ids:
+            continue  # errors under KV or queue pressure, or cut by a crash, are said with that cause
         for layer, count in (stage.get("errors_by_layer") or {}).items():
             layers[layer] = layers.get(layer, 0) + count
     if not layers:

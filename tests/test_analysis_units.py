@@ -12,12 +12,12 @@ import yaml
 from k3load.analysis.analyze import analyze
 from k3load.analysis.input_size import input_tokens
 from k3load.analysis.manifest import verify
-from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS, PillarResult
+from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS, PillarResult, thresholds
 from k3load.analysis.pillar_resources import classify_crashes, judge_resources
 from k3load.analysis.ramp import ramp
 from k3load.analysis.report_html import markdown_to_html
 from k3load.analysis.rules import breach
-from k3load.analysis.rundata import RunData
+from k3load.analysis.rundata import RECORD_COLUMNS, RunData, StageWindow
 from k3load.analysis.timeline import MetricIndex
 from k3load.analysis.verdict import decide
 
@@ -174,3 +174,26 @@ def test_a_run_cut_short_says_the_plan_did_not_finish_and_is_never_go(tmp_path: 
         in judgment.because
     pillars = _pillars()
     assert decide(pillars, [_step(2, [])], ramp([_step(2, [])]), "the plan did not finish, x")[0] == "limited"
+
+
+def test_requests_refused_while_the_server_was_down_are_the_crashs_not_load_errors():
+    rows = [_attempt_row("a", 0, "ok", t, t + 0.5, 100, 400) for t in range(0, 10)]
+    rows += [_attempt_row("a", 0, "truncated", 9.8, 10.1, None, 400)]  # cut by the crash
+    rows += [_attempt_row("a", 0, "transport_error", t + 0.5, t + 0.6, None, 400,
+                          error="ConnectionRefusedError: [Errno 111] Connection refused") for t in range(10, 30)]
+    rows += [_attempt_row("a", 0, "ok", t, t + 0.5, 100, 400) for t in range(30, 60)]
+    frame = pd.DataFrame(rows).assign(attempt_id=[str(i) for i in range(len(rows))], stage="restart", drill=False,
+                                      primary_layer=lambda f: [None if x == "ok" else "gateway" for x in f["status"]],
+                                      completion_tokens=10)
+    frame = frame.reindex(columns=[*RECORD_COLUMNS, "failed_layers"])
+    data = RunData(path=Path("."), records=frame,
+                   stages=[StageWindow("restart", "restart", 0, 60, 4)],
+                   events=[{"event": "server_down", "ts": 10.2, "reason": "connection refused"},
+                           {"event": "server_up", "ts": 30.0}])
+    result, table = judge_resources(data, MetricIndex([]), thresholds(None))
+    (stage,) = table
+    assert stage["sent_while_down"] == 20 and stage["errors"] == 1
+    assert [p["id"] for p in stage["problems"]] == ["stability.server_down"]  # 1 cut of 41: no error breach
+    assert "(20 sent while it was down, not counted as load errors)" in result.reasons[0]
+    verdict, because, _ = decide(_pillars(resources=FAIL), table, ramp(table))
+    assert verdict == "limited" and not any("without a resource signal" in b for b in because)
