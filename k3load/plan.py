@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
+
+from k3load.yamlfile import YamlFileError, read_yaml_file
 
 FAMILIES = ("agent", "shared_prefix", "cold", "long_input")
 
@@ -100,9 +101,9 @@ def parse_plan(data: Any, where: str, source: str = "") -> Plan:
 
 
 def load_plan(path: Path) -> Plan:
+    """One file; every failure (unreadable, YAML syntax, schema) is one line naming it."""
     try:
-        text = path.read_text(encoding="utf-8")
-        data = yaml.safe_load(text)
-    except (OSError, yaml.YAMLError) as exc:
-        raise PlanError(f"{path}: cannot read plan: {exc}") from exc
+        text, data = read_yaml_file(path, "plan")
+    except YamlFileError as exc:
+        raise PlanError(str(exc)) from None
     return parse_plan(data, str(path), text)

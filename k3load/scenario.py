@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
+
+from k3load.yamlfile import YamlFileError, read_yaml_file
 
 DEFAULT_RETRY = {"max_attempts": 1, "backoff_s": 0.0,
                  "when": ["timeout", "http_429", "http_5xx", "transport_error", "truncated", "stream_error"]}
@@ -154,10 +155,11 @@ def parse_scenario(data: Any, path: Path) -> Scenario:
 
 
 def load_scenario(path: Path) -> Scenario:
+    """One file; every failure (unreadable, YAML syntax, schema, references) is one line naming it."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ScenarioError(f"{path}: cannot read scenario: {exc}") from exc
+        _text, data = read_yaml_file(path, "scenario")
+    except YamlFileError as exc:
+        raise ScenarioError(str(exc)) from None
     return parse_scenario(data, path)
 
 
@@ -170,7 +172,7 @@ def load_scenarios(paths: list[Path]) -> list[Scenario]:
             raise ScenarioError(f"{s.path}: name {s.name!r} is already used by {seen[s.name]}")
         seen[s.name] = s.path
     if not scenarios:
-        raise ScenarioError("no scenario files matched")
+        raise ScenarioError("no scenario files given")  # callers name their option (--k3-scenarios)
     return scenarios
 
 

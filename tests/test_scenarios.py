@@ -87,8 +87,12 @@ def test_bad_scenarios_name_file_and_field(mutate, field):
 def test_unreadable_scenario_file(tmp_path):
     bad = tmp_path / "broken.yaml"
     bad.write_text("name: [unclosed\n")
-    with pytest.raises(ScenarioError, match=r"broken\.yaml: cannot read"):
+    with pytest.raises(ScenarioError) as err:
         load_scenario(bad)
+    assert str(err.value) == (f"{bad}:2:1: YAML error: expected ',' or ']', but got '<stream end>' "
+                              "(while parsing a flow sequence started at 1:7)")  # one line: file, line, column
+    with pytest.raises(ScenarioError, match=r"nope\.yaml: cannot read scenario: No such file or directory$"):
+        load_scenario(tmp_path / "nope.yaml")
 
 
 def test_executor_table_then_default():

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
+
+from k3load.yamlfile import YamlFileError, decode_text, load_yaml_text
 
 GPU_GROUPS = ("image", "cuda", "driver", "gpu")
 
@@ -104,10 +105,10 @@ def load_recipe(path: Path) -> Recipe:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise RecipeError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        raise RecipeError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(raw.decode("utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise RecipeError(f"{path}: not valid YAML: {exc}") from exc
+        data = load_yaml_text(decode_text(raw, path, "recipe"), path)
+    except YamlFileError as exc:
+        raise RecipeError(str(exc)) from None
     validate_recipe(data, path)
     return Recipe(data=data, path=path, sha256=hashlib.sha256(raw).hexdigest())
