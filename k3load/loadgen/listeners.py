@@ -1,6 +1,7 @@
 """`register(events)`: wires the session into Locust's events (the only seam into Locust).
 
-    init                      -> a HarnessSession on every process; message handlers; SIGTERM as Ctrl-C
+    init                      -> master/local: every input checked (a bad one: one line, exit 2, no load);
+                                 a HarnessSession on every process; message handlers; SIGTERM as Ctrl-C
     init_command_line_parser  -> the --k3-* options
     test_start                -> inputs loaded everywhere; the master/local runner opens the run dir
     test_stop                 -> a worker's users have stopped: its spool sealed, `k3_done` to the master
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import gevent
@@ -19,6 +21,7 @@ import gevent
 from k3load.analysis.analyze import analyze
 from k3load.analysis.cli import summary_line
 from k3load.loadgen import sigterm
+from k3load.loadgen.inputs import HARNESS_ERROR_EXIT, check_inputs
 from k3load.loadgen.options import add_options
 from k3load.loadgen.session import HarnessSession
 from k3load.rundir import write_json_atomic
@@ -26,12 +29,14 @@ from k3load.summary import format_summary, summarise
 
 log = logging.getLogger("k3load")
 DEFAULT_STOP_TIMEOUT_S = 30.0
-HARNESS_ERROR_EXIT = 2  # as Locust's own unexpected-error code: no verdict was reached
+PLANS_DIR = Path(__file__).resolve().parents[2] / "plans"
 WORKER_WAIT_MARGIN_S = 10.0  # on top of --stop-timeout: a worker's stop, last sends and spool seal
 
 
 def _on_init(environment: Any, **_kwargs: Any) -> None:
     session = HarnessSession(environment)
+    if session.role in ("local", "master"):
+        _check_inputs(environment.parsed_options, session)
     environment.k3_session = session
     if not environment.stop_timeout:
         environment.stop_timeout = DEFAULT_STOP_TIMEOUT_S  # let in-flight turns end and be recorded
@@ -47,6 +52,22 @@ def _on_init(environment: Any, **_kwargs: Any) -> None:
     elif session.role == "worker":
         runner.register_message("k3_run", lambda msg, **_kw: session.join_run(msg.data))
         runner.register_message("k3_stage", lambda msg, **_kw: session.set_stage_by_name(msg.data["name"]))
+
+
+def _check_inputs(opts: Any, session: HarnessSession) -> None:
+    """Master or local runner, at `init`: before any user, run directory or request, every input is
+    checked, and a bad one is said once as one line on stderr. A local runner exits 2 right here
+    (Locust's event hook lets SystemExit through). A master cannot: its workers (--processes forks them
+    first) only leave when it tells them to quit, so the run is marked fatal and its shape ends it at the
+    first tick, before any user spawns; `quitting` then exits 2."""
+    if opts is None or not hasattr(opts, "k3_plan"):
+        return  # an Environment built in-process without our options: nothing to check
+    try:
+        check_inputs(opts, PLANS_DIR)
+    except (ValueError, OSError) as exc:
+        session.fail(str(exc))
+        if session.role == "local":
+            raise SystemExit(HARNESS_ERROR_EXIT) from None
 
 
 def _on_record(session: HarnessSession, msg: Any) -> None:
@@ -90,8 +111,7 @@ def _wait_for_workers(environment: Any, session: HarnessSession) -> list[str]:
 def _on_quitting(environment: Any, **_kwargs: Any) -> None:
     session: HarnessSession = getattr(environment, "k3_session", None)
     if session is not None and session.fatal and session.role != "worker":
-        session.close()
-        print(f"k3load: no verdict: the run could not start: {session.fatal}", flush=True)
+        session.close()  # the error was said once when it happened (HarnessSession.fail): no verdict
         environment.process_exit_code = HARNESS_ERROR_EXIT
         return
     if session is None or session.role == "worker" or session.run_dir is None:

@@ -18,21 +18,19 @@ from k3load.sampler import Sampler
 log = logging.getLogger("k3load")
 
 
-def precheck(session: Any) -> dict[str, Any] | None:
-    """compat.json into the run directory; a failure is recorded, never fatal to the run itself."""
+def precheck(session: Any) -> dict[str, Any]:
+    """compat.json into the run directory, before the first request. A deployment that fails the
+    recipe's rules is a verdict (`rebuild`), recorded here; a precheck that cannot run (a recipe that is
+    not valid, an input file that cannot be read) raises: a harness error, the run stops before any load
+    (the recipe and the files are checked at `init` already; this is the web UI's and a race's path)."""
     opts = session.env.parsed_options
-    try:
-        compat = run_precheck(session.run_dir, Path(opts.k3_recipe), session.env.host,
-                              container_info=_path(opts.k3_container_info),
-                              host_inventories=[Path(p) for p in opts.k3_host_inventory or []],
-                              startup_log=_path(opts.k3_startup_log), image=opts.k3_image or None,
-                              custom_build=_path(opts.k3_custom_build), api_key=opts.k3_api_key or None,
-                              use_local_nvml=opts.k3_nvml != "off",
-                              metrics_url=next(iter(metrics_urls(opts, session.env.host)), None))
-    except (OSError, ValueError) as exc:
-        log.error("k3load precheck could not run: %s", exc)
-        session.events.event("precheck_error", error=str(exc)[:500])
-        return None
+    compat = run_precheck(session.run_dir, Path(opts.k3_recipe), session.env.host,
+                          container_info=_path(opts.k3_container_info),
+                          host_inventories=[Path(p) for p in opts.k3_host_inventory or []],
+                          startup_log=_path(opts.k3_startup_log), image=opts.k3_image or None,
+                          custom_build=_path(opts.k3_custom_build), api_key=opts.k3_api_key or None,
+                          use_local_nvml=opts.k3_nvml != "off",
+                          metrics_url=next(iter(metrics_urls(opts, session.env.host)), None))
     failed = [r["id"] for r in compat.get("rules", []) if r.get("status") == "fail"]
     session.events.event("precheck", status=compat.get("status"), failed=failed)
     log.warning("k3load precheck: %s%s", compat.get("status"), f" (failed: {', '.join(failed)})" if failed else "")

@@ -9,7 +9,6 @@ the master waits until every worker's users have stopped (k3load.loadgen.spools)
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import platform
@@ -27,13 +26,15 @@ from locust.runners import MasterRunner, WorkerRunner
 
 import k3load
 from k3load.loadgen import observe, spools
+from k3load.loadgen.inputs import harness_error_line, load_inputs
 from k3load.loadgen.options import locust_late_outputs, public_options
 from k3load.long_input import LongInputFit, estimate_tokens, fit_long_input
-from k3load.plan import Plan, Stage, load_plan, resolve
+from k3load.plan import Plan, Stage
 from k3load.records import Attempt
 from k3load.rundir import JsonlLog, set_aside_previous_run, write_atomic, write_json_atomic
 from k3load.samples import write_samples
-from k3load.scenario import Scenario, load_scenarios
+from k3load.scenario import Scenario
+from k3load.yamlfile import one_line
 
 log = logging.getLogger("k3load")
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,24 +97,17 @@ class HarnessSession:
                 self.env.runner.send_message("k3_run", self.run_message())
 
     def load_inputs(self) -> None:
-        opts = self.env.parsed_options
-        paths = [Path(p) for p in sorted(glob.glob(opts.k3_scenarios, recursive=True))]
-        by_family: dict[str, list[Scenario]] = {}
-        for scenario in load_scenarios(paths):
-            by_family.setdefault(scenario.family, []).append(scenario)
-        self.scenarios = by_family
-        self.plan = load_plan(resolve(opts.k3_plan, ROOT / "plans"))
-        missing = self.plan.families() - set(by_family)
-        if missing:
-            raise ValueError(f"plan {self.plan.name} needs scenario families with no scenario: {sorted(missing)}")
+        """Scenarios and plan (also checked at `init` on the master; loaded again here because the web UI
+        may change the options, and a worker gets them only now)."""
+        self.scenarios, self.plan = load_inputs(self.env.parsed_options, ROOT / "plans")
 
     def start_run(self) -> None:
         """Master/local: create the run directory and everything known before the first request."""
         opts = self.env.parsed_options
         self.run_id = opts.k3_run_id or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
         self.run_dir = Path(opts.k3_out).resolve()
+        self._discover_server()  # first: a server that does not answer leaves no run directory behind
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._discover_server()
         self.previous_run_moved_to = set_aside_previous_run(self.run_dir, self._files_in_use())
         if self.previous_run_moved_to is not None:
             log.warning("k3load: %s held an earlier run; moved it to %s", self.run_dir, self.previous_run_moved_to)
@@ -144,8 +138,14 @@ class HarnessSession:
                 | {Path(p).resolve() for p in inputs if p})
 
     def fail(self, why: str) -> None:
+        """The run cannot start: said once, now, as one line on stderr (the web UI's terminal too); the
+        master's `quitting` then exits 2 without a verdict."""
+        if self.fatal:
+            return
         self.fatal = why
-        log.error("k3load: the run cannot start: %s", why)
+        print(harness_error_line(why), file=sys.stderr, flush=True)
+        if self.events is not None:
+            self.events.event("harness_error", error=one_line(why)[:2000])
 
     def _discover_server(self) -> None:
         opts = self.env.parsed_options

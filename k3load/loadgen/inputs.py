@@ -1,0 +1,103 @@
+"""The run's inputs checked before any load: option values, the precheck's input files, the scenario
+files, the stage plan and the recipe.
+
+    check_inputs(parsed_options, plans_dir)        # raises ValueError: one line naming option or FILE:LINE
+    scenarios, plan = load_inputs(parsed_options, plans_dir)
+
+Why before any load: a bad input is the harness's error, not the deployment's. Found at `init` (before
+Locust starts a user, opens the run directory or sends the server anything) it stops the run with exit
+code 2 and one line that names the option, or the file, line and field; a run that went on would send
+load, spend the server's time and end in a verdict that judged nothing (a recipe that cannot be read
+used to leave the compat pillar unproven, and `--k3-accept-limited` then exited 0).
+"""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+from typing import Any
+
+from k3load.plan import Plan, load_plan, resolve
+from k3load.precheck.recipe import load_recipe
+from k3load.scenario import Scenario, load_scenarios
+from k3load.yamlfile import one_line
+
+HARNESS_ERROR_EXIT = 2  # as Locust's own unexpected-error code: no verdict was reached
+INPUT_FILES = (("--k3-container-info", "k3_container_info"), ("--k3-startup-log", "k3_startup_log"),
+               ("--k3-custom-build", "k3_custom_build"), ("--k3-host-inventory", "k3_host_inventory"))
+
+
+class HarnessError(ValueError):
+    """An option or input the harness cannot use; the message names the option or the path."""
+
+
+def harness_error_line(why: str) -> str:
+    """The one line printed for a harness error (stderr, exit code 2, no verdict)."""
+    return f"k3load: harness error: {one_line(why)}"
+
+
+def check_options(opts: Any) -> None:
+    """Numbers in range, paths that exist: each message names the option and the value given."""
+    if opts.k3_sample_interval <= 0:
+        raise HarnessError(f"--k3-sample-interval must be > 0, got {opts.k3_sample_interval:g}")
+    if opts.k3_scrape_timeout < 0:
+        raise HarnessError(f"--k3-scrape-timeout must be >= 0 (0: from the interval), got {opts.k3_scrape_timeout:g}")
+    if opts.k3_max_restarts < 0:
+        raise HarnessError(f"--k3-max-restarts must be >= 0, got {opts.k3_max_restarts}")
+    out = Path(opts.k3_out)
+    if out.exists() and not out.is_dir():
+        raise HarnessError(f"--k3-out {out}: not a directory")
+    _existing_file("--k3-recipe", opts.k3_recipe)
+    for flag, attr in INPUT_FILES:
+        value = getattr(opts, attr)
+        for path in value if isinstance(value, list) else [value]:
+            _existing_file(flag, path)
+
+
+def _existing_file(flag: str, value: str) -> None:
+    if not value:
+        return
+    path = Path(value)
+    if not path.exists():
+        raise HarnessError(f"{flag} {value}: no such file")
+    if not path.is_file():
+        raise HarnessError(f"{flag} {value}: not a file")
+
+
+def scenario_paths(pattern: str) -> list[Path]:
+    """The files `--k3-scenarios` matches; none is an error naming the option and the pattern."""
+    paths = [Path(p) for p in sorted(glob.glob(pattern, recursive=True))]
+    if not paths:
+        raise HarnessError(f"--k3-scenarios {pattern!r} matched no file")
+    return paths
+
+
+def plan_path(value: str, plans_dir: Path) -> Path:
+    """`--k3-plan` as a file: a name under plans/ or a path; one that does not exist names the option."""
+    path = resolve(value, plans_dir)
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in plans_dir.glob("*.yaml")))
+        where = "" if Path(value) == path else f" ({path}; plans: {known})"
+        raise HarnessError(f"--k3-plan {value}: no such file{where}")
+    return path
+
+
+def load_inputs(opts: Any, plans_dir: Path) -> tuple[dict[str, list[Scenario]], Plan]:
+    """Scenarios by family and the plan; a plan family with no scenario names both options."""
+    by_family: dict[str, list[Scenario]] = {}
+    for scenario in load_scenarios(scenario_paths(opts.k3_scenarios)):
+        by_family.setdefault(scenario.family, []).append(scenario)
+    path = plan_path(opts.k3_plan, plans_dir)
+    plan = load_plan(path)
+    missing = sorted(plan.families() - set(by_family))
+    if missing:
+        raise HarnessError(f"{path}: stages[].mix: families {', '.join(missing)} have no scenario in "
+                           f"--k3-scenarios {opts.k3_scenarios!r}")
+    return by_family, plan
+
+
+def check_inputs(opts: Any, plans_dir: Path) -> None:
+    """Everything a run needs before its first request, in the order an operator would fix it."""
+    check_options(opts)
+    load_inputs(opts, plans_dir)
+    load_recipe(Path(opts.k3_recipe))
