@@ -51,8 +51,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+RUN_DIR_COMMANDS = ("analyze", "verify")
+HARNESS_ERROR_EXIT = 2  # a usage or input error: nothing was judged (argparse's own code too)
+
+
+def _missing_run_dir(args: argparse.Namespace) -> str | None:
+    """`analyze` / `verify` on a path that is not a run directory: said before anything is read, naming
+    the path (a verdict or a "FAILED" on nothing would look like a judgment)."""
+    if args.command not in RUN_DIR_COMMANDS:
+        return None
+    if not args.run_dir.exists():
+        return f"k3load {args.command}: {args.run_dir}: no such directory"
+    if not args.run_dir.is_dir():
+        return f"k3load {args.command}: {args.run_dir}: not a directory"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    problem = _missing_run_dir(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        return HARNESS_ERROR_EXIT
     return args.func(args)
 
 

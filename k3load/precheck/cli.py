@@ -5,8 +5,9 @@
         --startup-log vllm-startup.log --image vllm/vllm-openai:kimi-k3 --out runs/r1
 
 Exit status: 0 pass, 1 fail, 2 inconclusive (nothing failed, but a rule could not decide), 3 the
-precheck could not run (invalid recipe, missing input file). argparse's own usage errors also exit 2,
-before anything is written: read DIR/compat.json, not only the exit status, when that matters.
+precheck could not run (invalid recipe, missing input file: one line on stderr naming the option, or the
+file, line and field). argparse's own usage errors also exit 2, before anything is written: read
+DIR/compat.json, not only the exit status, when that matters.
 The bearer key comes from $K3_API_KEY (or --api-key); it is sent as a header and never written.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from k3load.precheck import PrecheckError, RecipeError, recheck, run_precheck
 from k3load.precheck.report import COMPAT, summary_lines
+from k3load.yamlfile import one_line
 
 EXIT = {"pass": 0, "fail": 1, "inconclusive": 2}
 EXIT_ERROR = 3
@@ -48,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Gather (or recheck), print one line per rule, exit by status."""
     try:
+        _check_recipe_path(args.recipe)
         if args.recheck:
             compat = recheck(args.out, args.recipe)
         elif args.recipe is None:
@@ -59,10 +62,19 @@ def run(args: argparse.Namespace) -> int:
                                   api_key=args.api_key or os.environ.get("K3_API_KEY") or None,
                                   use_local_nvml=not args.no_nvml, metrics_url=args.metrics_url)
     except (RecipeError, PrecheckError) as exc:
-        print(f"k3load precheck: {exc}", file=sys.stderr)
+        print(f"k3load precheck: {one_line(str(exc))}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:  # an input that cannot be read, or DIR/evidence that cannot be written
+        print(f"k3load precheck: {exc.filename or args.out}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_ERROR
     print("\n".join(summary_lines(compat, args.out / COMPAT)))
     return EXIT[compat["status"]]
+
+
+def _check_recipe_path(recipe: Path | None) -> None:
+    """A recipe path that is not there is named with its option (the loader would say only the path)."""
+    if recipe is not None and not recipe.exists():
+        raise PrecheckError(f"--recipe {recipe}: no such file")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -51,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     problem = _problem(args)
     if problem:
-        print(f"k3load sample: {problem}")
+        print(f"k3load sample: {problem}", file=sys.stderr)
         return 2
     sampler = Sampler(args.out, args.metrics_url, gpu_metrics_urls=args.gpu_metrics_url, interval_s=args.interval,
                       nvml="auto" if args.nvml == "auto" else None, server_log=args.server_log,
@@ -78,12 +79,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _problem(args: argparse.Namespace) -> str | None:
+    """The first unusable option, named with the value given (one line, exit 2, nothing started)."""
     if args.interval <= 0:
-        return "--interval must be > 0"
+        return f"--interval must be > 0, got {args.interval:g}"
     if args.scrape_timeout is not None and args.scrape_timeout <= 0:
-        return "--scrape-timeout must be > 0"
+        return f"--scrape-timeout must be > 0, got {args.scrape_timeout:g}"
+    if args.duration is not None and args.duration <= 0:
+        return f"--duration must be > 0, got {args.duration:g}"
     if not (args.metrics_url or args.prometheus_url):
         return "give --metrics-url (repeatable) or --prometheus-url"
+    if args.out.exists() and not args.out.is_dir():
+        return f"--out {args.out}: not a directory"
     return None
 
 

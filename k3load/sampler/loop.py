@@ -103,7 +103,7 @@ class Sampler:
                  timeout_s: float | None = None, health_url: str | None = None, events: JsonlLog | None = None,
                  prometheus_url: str | None = None, prometheus_selector: str = "") -> None:
         if interval_s <= 0:
-            raise ValueError("interval_s must be > 0")
+            raise ValueError(f"interval_s must be > 0, got {interval_s!r}")  # the CLIs name their option first
         if server_log is not None and server_log_cmd is not None:
             raise ValueError("give server_log or server_log_cmd, not both")
         urls = [metrics_url] if isinstance(metrics_url, str) else list(metrics_url or [])
