@@ -112,6 +112,8 @@ def test_exit_codes_for_bad_inputs_and_recheck(start_sim, tmp_path: Path) -> Non
     done = precheck("--recipe", str(LOCAL), "--startup-log", str(tmp_path / "missing.log"), "--out",
                     str(tmp_path / "b"))
     assert done.returncode == 3 and "--startup-log" in done.stderr and "no such file" in done.stderr
+    done = precheck("--recipe", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "n"))
+    assert done.returncode == 3 and done.stderr == f"k3load precheck: --recipe {tmp_path / 'nope.yaml'}: no such file\n"
     sim = start_sim()
     out = tmp_path / "c"
     assert precheck("--recipe", str(LOCAL), "--base-url", sim.base_url, "--startup-log", str(sim.log_path),
