@@ -222,18 +222,18 @@ def test_a_yaml_error_is_one_line_with_file_line_and_column() -> None:
 
 
 def _options(**changes: object) -> SimpleNamespace:
-    opts = dict(k3_sample_interval=1.0, k3_scrape_timeout=0.0, k3_max_restarts=3, k3_out="runs/x",
-                k3_recipe="recipes/local-dev.yaml", k3_container_info="", k3_startup_log="", k3_custom_build="",
-                k3_host_inventory=[])
+    opts = dict(k3_sample_interval=1.0, k3_scrape_timeout=0.0, k3_max_restarts=3, k3_out="/nope/run",
+                k3_recipe=str(ROOT / "recipes" / "local-dev.yaml"), k3_container_info="", k3_startup_log="",
+                k3_custom_build="", k3_host_inventory=[])
     return SimpleNamespace(**{**opts, **changes})
 
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"k3_scrape_timeout": -1.0}, "--k3-scrape-timeout must be >= 0 (0: from the interval), got -1"),
     ({"k3_max_restarts": -2}, "--k3-max-restarts must be >= 0, got -2"),
-    ({"k3_host_inventory": ["recipes", "/nope/n2.json"]}, "--k3-host-inventory recipes: not a file"),
+    ({"k3_host_inventory": [str(ROOT), "/nope/n2.json"]}, f"--k3-host-inventory {ROOT}: not a file"),
     ({"k3_custom_build": "/nope/build.yaml"}, "--k3-custom-build /nope/build.yaml: no such file"),
-    ({"k3_out": "README.md"}, "--k3-out README.md: not a directory"),
+    ({"k3_out": str(ROOT / "README.md")}, f"--k3-out {ROOT / 'README.md'}: not a directory"),
 ])
 def test_option_errors_name_the_option_and_the_value(changes: dict, message: str) -> None:
     with pytest.raises(HarnessError) as err:
