@@ -102,8 +102,8 @@ class SSEDecoder:
             raise ValueError(f"max_line_bytes must be positive, not {max_line_bytes!r}")
         self.max_line_bytes = max_line_bytes
         self._parts: list[bytes] = []  # the reads holding an unfinished line, in order
-        self._held = 0  # their total length
-        self._over: _Overflow | None = None  # the unfinished line is past the cap
+        self._held = 0  # the unfinished line's length so far (held in _parts, or past the cap)
+        self._over: _Overflow | None = None  # the unfinished line is past the cap: counted and hashed
         self._data: list[bytes] = []  # data lines of the event being built
         self._line = 0  # lines completed so far (for error positions)
         self.events = 0  # events dispatched so far
@@ -113,40 +113,60 @@ class SSEDecoder:
     @property
     def pending_bytes(self) -> int:
         """Bytes of an unfinished line held back (non-zero at EOF means the body ended mid-line)."""
-        return self._over.size if self._over is not None else self._held
+        return self._held
 
     def feed(self, data: bytes) -> list[SSEEvent]:
         """Decode one read. Raises SSEFormatError / SSEJSONError / SSELineTooLong on malformed input."""
-        if self._parts or self._over is not None:
-            end = data.find(b"\n")  # only the new read is searched: linear in the input
-            if end < 0:
-                self._hold(data)
+        if self._held:
+            data = self._line_end(data)
+            if not data:
                 return []
-            if self._over is not None or self._held + end > self.max_line_bytes:
-                self._hold(data[:end])
-                self._too_long()
-            self._parts.append(data)
-            data = b"".join(self._parts)
-            self._parts, self._held = [], 0
         lines = data.split(b"\n")
         tail = lines.pop()
         if len(data) > self.max_line_bytes and lines:
             self._whole_lines_fit(lines)
         if tail:
             self._hold(tail)
-        return self._lines(lines)
+        out: list[SSEEvent] = []
+        pending = self._data
+        for line in lines:
+            self._line += 1
+            if line.startswith(b"data:"):
+                if line[-1] == 13:  # b"\r"
+                    line = line[:-1]
+                pending.append(line[6:] if len(line) > 5 and line[5] == 32 else line[5:])  # one b" " dropped
+            elif not line or line == b"\r":
+                if pending:
+                    out.append(self._dispatch())
+            elif line[0] != 58:  # b":" starts a comment
+                self._other_field(line.rstrip(b"\r"))
+        return out
+
+    def _line_end(self, data: bytes) -> bytes:
+        """With a line unfinished: b"" while it stays so (the read is held), else the line's reads
+        joined once with this one. Only the new read is searched: linear in the input."""
+        end = data.find(b"\n")
+        if end < 0:
+            self._hold(data)
+            return b""
+        if self._over is not None or self._held + end > self.max_line_bytes:
+            self._hold(data[:end])
+            self._too_long()
+        self._parts.append(data)
+        joined = b"".join(self._parts)
+        self._parts, self._held = [], 0
+        return joined
 
     def _hold(self, data: bytes) -> None:
         """Keep a piece of the unfinished line; past the cap, only count and hash it."""
-        if self._over is None:
-            self._parts.append(data)
-            self._held += len(data)
-            if self._held <= self.max_line_bytes:
-                return
-            self._over = _Overflow(self._parts)
-            self._parts, self._held = [], 0
-        else:
+        self._held += len(data)
+        if self._over is not None:
             self._over.add(data)
+            return
+        self._parts.append(data)
+        if self._held > self.max_line_bytes:
+            self._over = _Overflow(self._parts)
+            self._parts = []
 
     def _whole_lines_fit(self, lines: list[bytes]) -> None:
         """A read bigger than the cap may hold a whole over-long line: refuse it too."""
@@ -162,22 +182,6 @@ class SSEDecoder:
         self._line += 1
         raise SSELineTooLong(f"line over {self.max_line_bytes} bytes ({over.size} bytes, sha256 "
                              f"{over.hash.hexdigest()})", self._line, over.excerpt)
-
-    def _lines(self, lines: list[bytes]) -> list[SSEEvent]:
-        out: list[SSEEvent] = []
-        pending = self._data
-        for line in lines:
-            self._line += 1
-            if line.startswith(b"data:"):
-                if line[-1] == 13:  # b"\r"
-                    line = line[:-1]
-                pending.append(line[6:] if len(line) > 5 and line[5] == 32 else line[5:])  # one b" " dropped
-            elif not line or line == b"\r":
-                if pending:
-                    out.append(self._dispatch())
-            elif line[0] != 58:  # b":" starts a comment
-                self._other_field(line.rstrip(b"\r"))
-        return out
 
     def finish(self) -> list[SSEEvent]:
         """At EOF: dispatch an event whose blank line never came. An unfinished line that starts
