@@ -25,14 +25,18 @@ and dropped, so a runaway server costs neither memory nor a record. Bytes that a
 escaped (k3load/client/body.py) and make the attempt `malformed`, its text still kept. An HTTP
 error's `Retry-After` is read into `retry_after_s` (the runner's backoff honours it).
 
-The API key goes only into the Authorization header; it is replaced by "[redacted]" in every error
-text and body kept, and `repr` never shows it. A client is one connection pool: build it once per
-user (or share it), never per request. Without gevent patching, a geventhttpclient-based client
-belongs to the thread that made it; use transport="httpx" to share one across threads.
+The API key goes only into the Authorization header, gateway headers (`secrets=Secrets(...)`, see
+k3load/client/access.py) into their own; the key and every header value are replaced by "[redacted]"
+in every error text, body, answer text and tool call kept (a server may echo them anywhere), and
+`repr` never shows them. `tls=Tls(ca_bundle=...)` or `Tls(insecure=True)` sets the trust for https.
+A client is one connection pool: build it once per user (or share it), never per request. Without
+gevent patching, a geventhttpclient-based client belongs to the thread that made it; use
+transport="httpx" to share one across threads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import ssl
@@ -45,6 +49,7 @@ from urllib.parse import urlsplit
 import gevent
 
 from k3load.client import result as res
+from k3load.client.access import Secrets, Tls
 from k3load.client.assemble import Assembler, AssemblyError, error_message
 from k3load.client.body import (
     INVALID_UTF8_NOTE,
@@ -93,10 +98,10 @@ def chat_url(base_url: str) -> tuple[str, str]:
                                                          else "/v1/chat/completions")
 
 
-def one_line(text: str, secret: str | None, limit: int = ERROR_LINE_CHARS) -> str:
+def one_line(text: str, secrets: Secrets | None, limit: int = ERROR_LINE_CHARS) -> str:
     """Redact first (a cut must never leave half a key), then fold whitespace, then cut."""
-    if secret:
-        text = text.replace(secret, "[redacted]")
+    if secrets:
+        text = secrets.redact(text)
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -106,6 +111,7 @@ class ChatClient:
 
     def __init__(self, base_url: str, api_key: str | None = None, transport: str = "geventhttpclient",
                  connect_timeout_s: float = 10.0, max_connections: int = 1024, *,
+                 secrets: Secrets | None = None, tls: Tls | None = None,
                  ssl_context: ssl.SSLContext | None = None, clock: Clock | None = None,
                  max_body_bytes: int = MAX_BODY_BYTES, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         if transport not in TRANSPORTS:
@@ -115,14 +121,12 @@ class ChatClient:
         self._limits = _Limits(max_body_bytes, max_line_bytes)
         origin, self._path = chat_url(base_url)
         self.base_url = base_url.rstrip("/")
-        self._secret = api_key or None
-        self._headers = {"Content-Type": "application/json"}
-        if self._secret:
-            if not self._secret.isprintable() or not self._secret.isascii():
-                raise ValueError("api_key has characters an HTTP header cannot carry")  # never echo it
-            self._headers["Authorization"] = f"Bearer {self._secret}"
+        if secrets is not None and api_key:
+            raise ValueError("give api_key or secrets, not both")
+        self._secrets = secrets if secrets is not None else Secrets(api_key or None)
+        self._headers = {"Content-Type": "application/json", **self._secrets.request_headers()}
         self._transport: Transport = TRANSPORTS[transport](origin, connect_timeout_s, max_connections,
-                                                           ssl_context)
+                                                           ssl_context, tls)
         self._clock = clock or wall_clock()
 
     @property
@@ -135,7 +139,7 @@ class ChatClient:
         `stream` overrides reading the body's `"stream"` field (saves a parse of a big body)."""
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be positive, not {deadline_s!r}")
-        exchange = _Exchange(self._transport.name, self._clock, deadline_s, self._secret,
+        exchange = _Exchange(self._transport.name, self._clock, deadline_s, self._secrets,
                              wants_stream(body) if stream is None else stream, self._limits)
         if not self._transport.cooperative:
             exchange.run(self._transport, self._path, body, self._headers, watchdog=True)
@@ -162,8 +166,10 @@ class ChatClient:
         self.close()
 
     def __repr__(self) -> str:
-        key = "set" if self._secret else "none"
-        return f"ChatClient({self.base_url!r}, transport={self.transport!r}, api_key={key})"
+        key = "set" if self._secrets.api_key else "none"
+        names = [name for name, _ in self._secrets.headers]
+        extra = f", headers={names}" if names else ""
+        return f"ChatClient({self.base_url!r}, transport={self.transport!r}, api_key={key}{extra})"
 
 
 @dataclass(frozen=True)
@@ -177,14 +183,14 @@ class _Limits:
 class _Exchange:
     """The state of one attempt; the first failure recorded decides its status."""
 
-    def __init__(self, transport: str, clock: Clock, deadline_s: float, secret: str | None,
+    def __init__(self, transport: str, clock: Clock, deadline_s: float, secrets: Secrets,
                  streaming: bool, limits: _Limits) -> None:
         self.limits = limits
         self.clock = clock
         now = clock()
         self.deadline = now + deadline_s
         self.deadline_s = deadline_s
-        self.secret = secret
+        self.secrets = secrets
         self.streaming = streaming
         self.result = StreamResult(status="", transport=transport, send_ts=now, end_ts=now)
         self.asm = Assembler()
@@ -194,7 +200,7 @@ class _Exchange:
     def fail(self, status: str, error: str) -> None:
         if not self.result.status:
             self.result.status = status
-            self.result.error = one_line(error, self.secret)
+            self.result.error = one_line(error, self.secrets)
 
     def deadline_passed(self) -> None:
         got = len(self.result.chunk_ts)
@@ -314,13 +320,11 @@ class _Exchange:
         text = self._body_text(data)
         self.result.error_body = text
         after = f" (Retry-After {wait:g} s)" if wait is not None else ""
-        self.result.error = one_line(f"HTTP {resp.status}: {_error_detail(data, text)}{after}", self.secret)
+        self.result.error = one_line(f"HTTP {resp.status}: {_error_detail(data, text)}{after}", self.secrets)
 
     def _body_text(self, data: bytes) -> str:
         text = data.decode("utf-8", "backslashreplace")  # bytes that are not UTF-8 kept, as \xNN
-        if self.secret:
-            text = text.replace(self.secret, "[redacted]")
-        return text[:ERROR_BODY_CHARS]
+        return self.secrets.redact(text)[:ERROR_BODY_CHARS]
 
     def finish(self) -> StreamResult:
         result = self.result
@@ -330,7 +334,18 @@ class _Exchange:
             result.first_token_ts = result.chunk_ts[0]
         if not result.status:
             result.status = res.STATUS_OK
+        if self.secrets:
+            _redact_answer(result, self.secrets)
         return result
+
+
+def _redact_answer(result: StreamResult, secrets: Secrets) -> None:
+    """A server that echoes the request's headers in its answer (a debugging proxy, a test double) must
+    not put them in a record: the text and the tool calls are kept with every secret replaced."""
+    result.content, result.reasoning = secrets.redact(result.content), secrets.redact(result.reasoning)
+    result.tool_calls = [dataclasses.replace(call, name=secrets.redact(call.name) if call.name else call.name,
+                                             arguments=secrets.redact(call.arguments), id=secrets.redact(call.id)
+                                             if call.id else call.id) for call in result.tool_calls]
 
 
 def _error_detail(data: bytes, text: str) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import logging
 import socket
 import ssl
@@ -25,10 +24,11 @@ from collections.abc import Iterator, Mapping
 from typing import Protocol
 
 import gevent.monkey
-import gevent.ssl
 import httpx
 from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPParseError, HTTPSocketPoolResponse
+
+from k3load.client.access import Tls
 
 _GEVENT_BLOCK = 64 * 1024  # bytes per recv: one read takes whatever the kernel holds, up to this
 
@@ -75,17 +75,10 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-@functools.cache
-def shared_ssl_context(cooperative: bool) -> ssl.SSLContext:
-    """One verifying TLS context per process and kind (gevent's SSLContext wraps gevent sockets).
-
-    Falls back to certifi's CA bundle where the system store is empty (slim containers)."""
-    ctx = gevent.ssl.create_default_context() if cooperative else ssl.create_default_context()
-    if not ctx.cert_store_stats().get("x509_ca"):
-        import certifi
-
-        ctx.load_verify_locations(cafile=certifi.where())
-    return ctx
+def shared_ssl_context(cooperative: bool, tls: Tls | None = None) -> ssl.SSLContext:
+    """One TLS context per process, kind and trust settings (k3load.client.access.Tls): the system's
+    CAs (certifi's where the store is empty), plus a private CA bundle, or no verification at all."""
+    return (tls or Tls()).context(cooperative)
 
 
 def _describe(exc: BaseException) -> str:
@@ -158,10 +151,10 @@ class GeventTransport:
     cooperative = True
 
     def __init__(self, base_url: str, connect_timeout_s: float, max_connections: int,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, tls: Tls | None = None) -> None:
         options: dict[str, object] = {}
         if base_url.startswith("https:"):
-            ctx = ssl_context or shared_ssl_context(True)
+            ctx = ssl_context or shared_ssl_context(True, tls)
             options = {"ssl_context_factory": lambda *_a, **_k: ctx, "insecure": not ctx.check_hostname}
         # network_timeout=None: no socket timeout, so no gevent timer armed and cancelled around every
         # read; the caller's gevent.Timeout is the limit (this transport is always cooperative)
@@ -234,14 +227,14 @@ class HttpxTransport:
     name = "httpx"
 
     def __init__(self, base_url: str, connect_timeout_s: float, max_connections: int,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, tls: Tls | None = None) -> None:
         self.cooperative = gevent.monkey.is_module_patched("socket")
         self._connect_timeout_s = connect_timeout_s
         httpx_log = logging.getLogger("httpx")
         if httpx_log.level == logging.NOTSET:
             httpx_log.setLevel(logging.WARNING)  # httpx logs every request at INFO
         # httpx builds a context for every Client even for http:// URLs (23-33 ms each): always share one
-        verify = ssl_context or shared_ssl_context(self.cooperative)
+        verify = ssl_context or shared_ssl_context(self.cooperative, tls)
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._client = httpx.Client(base_url=base_url, limits=limits, verify=verify,
                                     timeout=httpx.Timeout(None, connect=connect_timeout_s))

@@ -1,0 +1,163 @@
+"""How the harness reaches a protected target: its API key, a gateway's headers, and TLS trust.
+
+    secrets = Secrets(api_key="sk-...", headers=(("X-Gateway-Token", "gw-..."),))
+    secrets.request_headers()        # {"Authorization": "Bearer sk-...", "X-Gateway-Token": "gw-..."}
+    secrets.redact(text)             # every key and header value replaced by [redacted]
+    Tls(ca_bundle="ca.pem").context(cooperative=True)   # one verifying SSLContext per process and settings
+
+Why one object for the key and the headers: both go on every request to the target's own API (chat,
+/v1/models, /tokenize, /version, and /health and /metrics on the same scheme, host and port) and never
+to another host, and both must never reach a file of the run directory, whatever a server echoes back
+(a 401 page repeating the Authorization header). Header names are not secret; their values are (a
+gateway header usually carries a token). A value is redacted as sent and as JSON escapes it, so an
+echo inside a JSON string is caught too.
+
+Why TLS settings here: the same trust (a private CA added to the system's, or no verification at all)
+must hold for both streaming transports, the sampler's urllib GETs and the precheck's httpx GETs;
+building a context costs 23-33 ms of CPU, so one is built per process, kind and settings.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import ssl
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+REDACTED = "[redacted]"
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110 token)
+RESERVED_HEADERS = frozenset({"host", "content-length", "content-type", "transfer-encoding", "connection"})
+
+
+def parse_header(text: str) -> tuple[str, str]:
+    """`"Name: value"` -> (name, value). Errors name the header, never its value (it is a secret)."""
+    name, sep, value = text.partition(":")
+    name, value = name.strip(), value.strip()
+    if not sep or not name:
+        raise ValueError("must be 'Name: value'")
+    if not _TOKEN.match(name):
+        raise ValueError(f"{name!r} is not an HTTP header name")
+    if name.lower() in RESERVED_HEADERS:
+        raise ValueError(f"{name} is set by the harness itself")
+    if not value or not value.isascii() or not value.isprintable():
+        raise ValueError(f"the value of {name} is empty or has characters a header cannot carry")
+    return name, value
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """The key and the gateway headers: sent to the target, redacted from everything written."""
+
+    api_key: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        key = self.api_key
+        if key and (not key.isascii() or not key.isprintable()):
+            raise ValueError("api_key has characters an HTTP header cannot carry")  # never echo it
+        if key and any(name.lower() == "authorization" for name, _ in self.headers):
+            raise ValueError("an Authorization header and an API key: give one")
+
+    @classmethod
+    def parse(cls, api_key: str | None, headers: Iterable[str] = ()) -> Secrets:
+        return cls(api_key or None, tuple(parse_header(h) for h in headers))
+
+    def request_headers(self) -> dict[str, str]:
+        """What every request to the target carries (Authorization first)."""
+        out = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        out.update(self.headers)
+        return out
+
+    @functools.cached_property
+    def values(self) -> tuple[str, ...]:
+        """Each secret as sent and as a JSON string carries it, longest first (a value inside another
+        is replaced after it)."""
+        raw = [v for v in [self.api_key or "", *(value for _, value in self.headers)] if v]
+        forms = {form for v in raw for form in (v, json.dumps(v)[1:-1])}
+        return tuple(sorted(forms, key=len, reverse=True))
+
+    def redact(self, text: str) -> str:
+        for value in self.values:
+            if value in text:
+                text = text.replace(value, REDACTED)
+        return text
+
+    def redact_bytes(self, data: bytes) -> bytes:
+        for value in self.values:
+            raw = value.encode()
+            if raw in data:
+                data = data.replace(raw, REDACTED.encode())
+        return data
+
+    def __bool__(self) -> bool:
+        return bool(self.values)
+
+    def __repr__(self) -> str:
+        return f"Secrets(api_key={'set' if self.api_key else 'none'}, headers={[n for n, _ in self.headers]})"
+
+
+@dataclass(frozen=True)
+class Tls:
+    """TLS trust for every HTTPS request of a run: `ca_bundle` (a PEM file of CA certificates, added to
+    the system's) or `insecure` (no certificate or host name check at all)."""
+
+    ca_bundle: str | None = None
+    insecure: bool = False
+
+    def context(self, cooperative: bool) -> ssl.SSLContext:
+        """The shared context for this process and kind (gevent's SSLContext wraps gevent sockets)."""
+        return _context(cooperative, self.ca_bundle, self.insecure)
+
+    def describe(self) -> dict[str, object]:
+        """For run.json: what was trusted (the bundle's path is not a secret)."""
+        return {"verify": not self.insecure, "ca_bundle": self.ca_bundle}
+
+
+def check_ca_bundle(path: str) -> str | None:
+    """None when `path` loads as PEM CA certificates, else why not (for a harness error line)."""
+    try:
+        ssl.create_default_context(cafile=path)
+    except (OSError, ssl.SSLError) as exc:
+        return f"not a PEM CA file ({exc.__class__.__name__}: {getattr(exc, 'reason', None) or exc})"
+    return None
+
+
+@functools.cache
+def _context(cooperative: bool, ca_bundle: str | None, insecure: bool) -> ssl.SSLContext:
+    """Falls back to certifi's CA bundle where the system store is empty (slim containers)."""
+    if cooperative:
+        import gevent.ssl
+
+        ctx = gevent.ssl.create_default_context()
+    else:
+        ctx = ssl.create_default_context()
+    if not ctx.cert_store_stats().get("x509_ca"):
+        import certifi
+
+        ctx.load_verify_locations(cafile=certifi.where())
+    if ca_bundle:
+        ctx.load_verify_locations(cafile=ca_bundle)
+    if insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def gevent_patched() -> bool:
+    """Inside Locust (gevent's patch) sockets and ssl are gevent's: a TLS context must be too."""
+    import gevent.monkey
+
+    return gevent.monkey.is_module_patched("socket")
+
+
+def tls_hint(text: str) -> str:
+    """What to do about a TLS failure, appended to its one line ("" for any other failure)."""
+    low = text.lower()
+    if "certificate_verify_failed" in low or "certificate verify failed" in low:
+        return " (TLS: the server's certificate is not trusted: give --k3-ca-bundle PATH with the CA that signed " \
+               "it, or --k3-insecure)"
+    if "wrong_version_number" in low or "wrong version number" in low:
+        return " (TLS: the server does not speak TLS there: is the URL http:// ?)"
+    return ""
