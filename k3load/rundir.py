@@ -4,6 +4,12 @@ Why these two ways of writing: a reader (or a crash) must never see half a file.
 (`run.json`, `plan.yaml`) are written to a temp file and renamed; timelines (`events.jsonl`) are
 appended a line at a time and flushed as they happen. A directory that already holds a run is first
 emptied into a sibling (`set_aside_previous_run`), so one directory never mixes two runs.
+
+Why the writers redact: a run's secrets (the API key, gateway header values) must never reach a file,
+whatever a server echoes and whichever module writes (records, events, the sampler's lines, the server
+log tail, run.json, reports). Each source redacts what it receives; `redact_in_files(secrets)` is the
+net under all of them: once a process knows a secret, every line and document written here has it
+replaced. Secrets are only ever added (a value once secret stays redacted for the process's life).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import IO, Any
 
+from k3load.client.access import Secrets
+
 # How text files are written: a lone surrogate (a server's `"\\ud83d"`, or a byte that was not UTF-8,
 # kept by the client as U+DC80..U+DCFF) cannot be encoded as UTF-8; strict writing raised and lost
 # the line. backslashreplace writes it as `\\udcff`, which inside a JSON string is the very escape
@@ -26,7 +34,24 @@ from typing import IO, Any
 ENCODING_ERRORS = "backslashreplace"
 
 
+_redactors: list[Secrets] = []
+
+
+def redact_in_files(secrets: Secrets) -> None:
+    """From now on, every file written through this module has these secrets redacted."""
+    if secrets and secrets not in _redactors:
+        _redactors.append(secrets)
+
+
+def scrub(text: str) -> str:
+    """`text` with every secret this process knows replaced (unchanged, and free, when none)."""
+    for secrets in _redactors:
+        text = secrets.redact(text)
+    return text
+
+
 def write_atomic(path: Path, text: str) -> None:
+    text = scrub(text)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w", encoding="utf-8", errors=ENCODING_ERRORS) as handle:
@@ -55,6 +80,7 @@ class JsonlLog:
             listener(record)
 
     def append_line(self, line: str) -> None:
+        line = scrub(line)
         with self._lock:
             self._file.write(line + "\n")
             self._file.flush()

@@ -8,7 +8,8 @@
 
 Why two steps (gather, then judge the copies): everything read is saved under DIR/evidence first and
 the rules see only those copies, so `recheck(DIR)` gives the same rule results offline, on any machine.
-Writes DIR/evidence/ and DIR/compat.json (atomically). The API key is only ever sent as a header.
+Writes DIR/evidence/ and DIR/compat.json (atomically). The API key (and gateway headers: `secrets=`)
+is only ever sent as a header and redacted from everything saved; `tls=` sets the trust for https.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from k3load.client.access import Secrets, Tls
 from k3load.precheck.evidence import EVIDENCE, Gatherer, gather_files, gather_local_nvml, gather_server, load_evidence
 from k3load.precheck.recipe import Recipe, RecipeError, load_recipe
 from k3load.precheck.report import build_compat, write_compat
@@ -54,14 +56,16 @@ def judge(out_dir: Path, recipe: Recipe) -> dict[str, Any]:
 def run_precheck(out_dir: Path, recipe_path: Path, base_url: str | None, *, container_info: Path | None = None,
                  host_inventories: list[Path] | tuple[Path, ...] = (), startup_log: Path | None = None,
                  image: str | None = None, custom_build: Path | None = None, api_key: str | None = None,
-                 use_local_nvml: bool = True, metrics_url: str | None = None) -> dict[str, Any]:
+                 use_local_nvml: bool = True, metrics_url: str | None = None, secrets: Secrets | None = None,
+                 tls: Tls | None = None) -> dict[str, Any]:
     """Gather the evidence into DIR/evidence, judge it, write DIR/compat.json and return its content.
     `metrics_url`: where the engine's /metrics is when not at `base_url` (the first --k3-metrics-url)."""
     out_dir = Path(out_dir)
     recipe = load_recipe(recipe_path)  # first: a bad recipe must not leave a half-gathered record
     _check_inputs(out_dir, container_info=container_info, host_inventory=list(host_inventories),
                   startup_log=startup_log, custom_build=custom_build)
-    g = Gatherer(out_dir)
+    secrets = secrets or Secrets(api_key)
+    g = Gatherer(out_dir, secrets)
     g.copy(recipe.path, SAVED_RECIPE)
     gather_files(g, container_info=container_info, host_inventories=host_inventories, startup_log=startup_log,
                  image=image, custom_build=custom_build)
@@ -70,7 +74,7 @@ def run_precheck(out_dir: Path, recipe_path: Path, base_url: str | None, *, cont
     else:
         g.note("no local NVML: --no-nvml")
     if base_url:
-        gather_server(g, base_url, api_key, metrics_url=metrics_url)
+        gather_server(g, base_url, None, metrics_url=metrics_url, secrets=secrets, tls=tls)
     g.finish()
     return judge(out_dir, recipe)
 

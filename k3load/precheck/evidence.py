@@ -8,7 +8,7 @@ Layout under DIR. Every path the record names (a rule's `evidence`, index.json, 
 `evidence` hashes) is relative to DIR/evidence/, e.g. "startup.log", "hosts/00-gb300-n01.json":
   evidence/index.json              what was gathered: source path or URL, sha256, notes
   evidence/server/fetch.json       base URL (no credentials), status and error of each endpoint
-  evidence/server/version.json     GET /version body as received
+  evidence/server/version.json     GET /version body as received (every secret sent redacted, as in all below)
   evidence/server/models.json      GET /v1/models body
   evidence/server/metrics.txt      GET /metrics body (vllm:cache_config_info, k3load_sim_info), from the
                                    first --k3-metrics-url when given; read only when it answered 200
@@ -19,6 +19,11 @@ Layout under DIR. Every path the record names (a rule's `evidence`, index.json, 
   evidence/hosts/local-nvml.json   this host's NVML inventory (k3load.sampler.nvml.inventory)
   evidence/startup.log             the vLLM startup log (--startup-log)
   evidence/custom-build.yaml|json  the custom build record (--custom-build)
+
+Secrets: the API key and gateway header values (k3load.client.access.Secrets) go in the headers of the
+requests to the target and are replaced by "[redacted]" in everything saved here, the operator's copied
+files included (a vLLM startup log prints its own --api-key); a copy that had to be changed says so in
+index.json's notes, and its sha256 is the redacted copy's.
 
 Host inventory JSON (one file per node): exactly what `k3load.sampler.nvml.inventory()` returns on
 that node, plus `node` and `container_image` (the tag that node runs). Read here:
@@ -48,6 +53,7 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from k3load.client.access import Secrets, Tls, gevent_patched, tls_hint
 from k3load.precheck.collect_env import parse_collect_env
 from k3load.precheck.startup_log import parse_startup_log
 from k3load.rundir import write_atomic, write_json_atomic
@@ -93,8 +99,9 @@ def public_url(url: str) -> str:
 class Gatherer:
     """Copies inputs under DIR/evidence and keeps the index of what came from where."""
 
-    def __init__(self, out_dir: Path) -> None:
+    def __init__(self, out_dir: Path, secrets: Secrets | None = None) -> None:
         self.out_dir = out_dir
+        self.secrets = secrets or Secrets()
         self.root = out_dir / EVIDENCE
         if self.root.exists():
             shutil.rmtree(self.root)  # a record must hold only this run's evidence
@@ -109,17 +116,22 @@ class Gatherer:
     def copy(self, src: Path, rel: str) -> None:
         (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, self.root / rel)
+        if self.secrets:
+            data = (self.root / rel).read_bytes()
+            if (clean := redact_body(data, self.secrets)) != data:
+                (self.root / rel).write_bytes(clean)
+                self.note(f"{rel}: secrets redacted from the copy of {Path(src).resolve()}")
         self._record(rel, str(Path(src).resolve()))
 
     def write(self, rel: str, content: bytes | str | Any, source: str) -> None:
         path = self.root / rel
         if isinstance(content, bytes):
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
+            path.write_bytes(redact_body(content, self.secrets))
         elif isinstance(content, str):
-            write_atomic(path, content)
+            write_atomic(path, self.secrets.redact(content))
         else:
-            write_json_atomic(path, content)
+            write_json_atomic(path, json.loads(self.secrets.redact(json.dumps(content))))
         self._record(rel, source)
 
     def note(self, text: str) -> None:
@@ -163,27 +175,45 @@ def gather_local_nvml(g: Gatherer, image: str | None) -> None:
     g.write("hosts/local-nvml.json", record, "k3load.sampler.nvml.inventory()")
 
 
+def redact_body(data: bytes, secrets: Secrets) -> bytes:
+    """Every secret replaced, also one a JSON body hides behind escapes (`\\u0073k-...`): such a body is
+    saved re-serialised, its secrets replaced."""
+    if not secrets:
+        return data
+    data = secrets.redact_bytes(data)
+    try:
+        text = json.dumps(json.loads(data), ensure_ascii=False)
+    except (ValueError, RecursionError):
+        return data
+    clean = secrets.redact(text)
+    return clean.encode() if clean != text else data
+
+
 def _get(client: httpx.Client, url: str, headers: dict[str, str]) -> tuple[int | None, bytes, str | None]:
     try:
         response = client.get(url, headers=headers)
         return response.status_code, response.content, None
     except httpx.HTTPError as exc:
-        return None, b"", f"{type(exc).__name__}: {exc}"
+        return None, b"", f"{type(exc).__name__}: {exc}{tls_hint(str(exc))}"
 
 
 def gather_server(g: Gatherer, base_url: str, api_key: str | None, timeout_s: float = 15.0,
-                  metrics_url: str | None = None) -> None:
-    """GET /version, /v1/models, /metrics; bodies saved as received. The key only travels in a header, and
-    to `metrics_url` (an engine's /metrics apart from the API, e.g. behind a gateway) only when it is on
-    the API's own scheme, host and port. An error page's body is kept too (what a gateway said)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+                  metrics_url: str | None = None, *, secrets: Secrets | None = None, tls: Tls | None = None) -> None:
+    """GET /version, /v1/models, /metrics; bodies saved as received, secrets redacted. The key (and the
+    gateway headers of `secrets`) only travel in headers, and to `metrics_url` (an engine's /metrics apart
+    from the API, e.g. behind a gateway) only when it is on the API's own scheme, host and port. An error
+    page's body is kept too (what a gateway said). `tls`: the run's trust for an https target."""
+    secrets = secrets or Secrets(api_key)
+    headers = secrets.request_headers()
     fetch: dict[str, Any] = {"base_url": public_url(base_url), "fetched_ts": time.time(), "endpoints": {}}
     root = base_url.rstrip("/")
-    with httpx.Client(timeout=timeout_s) as client:
+    verify: Any = tls.context(gevent_patched()) if tls is not None else True
+    with httpx.Client(timeout=timeout_s, verify=verify) as client:
         for name, (path, rel) in ENDPOINTS.items():
             url = metrics_url if name == "metrics" and metrics_url else root + path
             keyed = name != "metrics" or same_origin(url, root)
             status, body, error = _get(client, url, headers if keyed else {})
+            error = secrets.redact(error) if error else error
             fetch["endpoints"][name] = {"path": path, "status": status, "error": error,
                                         "file": f"server/{rel}" if error is None else None}
             if url != root + path:
@@ -208,7 +238,8 @@ def _probe_chat(g: Gatherer, client: httpx.Client, root: str, fetch: dict[str, A
     try:
         response = client.post(root + "/v1/chat/completions", json=body, headers=headers)
     except httpx.HTTPError as exc:
-        fetch["endpoints"]["probe_chat"] = {"path": "/v1/chat/completions", "status": None, "error": str(exc)}
+        fetch["endpoints"]["probe_chat"] = {"path": "/v1/chat/completions", "status": None,
+                                            "error": g.secrets.redact(str(exc))}
         return
     g.write("server/probe_chat.json", response.content, public_url(root + "/v1/chat/completions"))
     fetch["endpoints"]["probe_chat"] = {"path": "/v1/chat/completions", "status": response.status_code,

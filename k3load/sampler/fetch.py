@@ -12,11 +12,15 @@ from __future__ import annotations
 import errno
 import http.client
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from k3load.client.access import Secrets
 
 MAX_BODY_BYTES = 64 * 2**20  # a vLLM /metrics body is ~60 KB; dcgm-exporter ~100 KB per node
 ERROR_BODY_BYTES = 2048
@@ -34,16 +38,24 @@ class Fetched:
     elapsed_ms: float
 
 
-def fetch(url: str, timeout_s: float, api_key: str | None = None, max_bytes: int = MAX_BODY_BYTES) -> Fetched:
-    """GET `url`; the API key travels as a bearer header and is never part of what is returned."""
-    headers = {"Accept": "text/plain, */*", "User-Agent": "k3load-sampler"}
+def fetch(url: str, timeout_s: float, api_key: str | None = None, max_bytes: int = MAX_BODY_BYTES, *,
+          headers: Mapping[str, str] | None = None, context: ssl.SSLContext | None = None) -> Fetched:
+    """GET `url`; the API key travels as a bearer header, `headers` (a gateway's) as given, and none of
+    their values is part of what is returned, even when the server echoes them. `context`: the run's TLS
+    trust (k3load.client.access.Tls), for https URLs."""
+    sent = {"Accept": "text/plain, */*", "User-Agent": "k3load-sampler", **(headers or {})}
     if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    request = urllib.request.Request(url, headers=headers, method="GET")
+        sent["Authorization"] = f"Bearer {api_key}"
+    got = _get(urllib.request.Request(url, headers=sent, method="GET"), timeout_s, max_bytes, context)
+    secrets = [v for name, v in sent.items() if name == "Authorization" or name in (headers or {})]
+    return _redacted(got, [v.removeprefix("Bearer ") for v in secrets])
+
+
+def _get(request: urllib.request.Request, timeout_s: float, max_bytes: int, context: ssl.SSLContext | None) -> Fetched:
     start = time.perf_counter()
     status: int | None = None
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
             status = response.status
             raw = response.read(max_bytes + 1)
         if len(raw) > max_bytes:
@@ -53,6 +65,13 @@ def fetch(url: str, timeout_s: float, api_key: str | None = None, max_bytes: int
         return Fetched(False, exc.code, _error_body(exc), f"HTTP {exc.code}", _ms(start))
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:  # no status line, cut body
         return _failed(status, reason(exc, timeout_s), start)
+
+
+def _redacted(got: Fetched, secrets: list[str]) -> Fetched:
+    """Every value sent replaced in the body and the reason (a 401 page may repeat the header)."""
+    redact = Secrets(None, tuple(("x", v) for v in secrets if v)).redact
+    body, error = redact(got.body), redact(got.error) if got.error else got.error
+    return got if (body, error) == (got.body, got.error) else Fetched(got.ok, got.status, body, error, got.elapsed_ms)
 
 
 def reason(exc: BaseException, timeout_s: float) -> str:

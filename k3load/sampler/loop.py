@@ -14,11 +14,12 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from k3load.client.access import Tls, gevent_patched
 from k3load.rundir import JsonlLog
 from k3load.sampler.fetch import fetch, health_url_for, redact_url, same_origin
 from k3load.sampler.gpu_poll import DcgmPoller, NvmlPoller
@@ -90,10 +91,11 @@ class Sampler:
     Prometheus (k3load/sampler/promapi.py). `nvml`: None (off), "auto" (the real pynvml when it loads and
     finds a driver) or a library object (tests). `api_key` goes as a bearer header only to URLs on the
     same scheme, host and port as `health_url` (the target itself: its /metrics and /health), never to
-    another replica, a dcgm-exporter or Prometheus, and never to disk. `events`: share the locust layer's
-    events.jsonl writer (default: open DIR/events.jsonl). `timeout_s`: per request (default: the
-    interval, at least 2 s, at most 10 s); `stop()` returns within about twice that plus the log tail's
-    few seconds (Prometheus's final read has `timeout_s` more).
+    another replica, a dcgm-exporter or Prometheus, and never to disk; `headers` (a gateway's) go with it.
+    `tls`: the run's TLS trust for every https URL (a private CA bundle, or no verification). `events`:
+    share the locust layer's events.jsonl writer (default: open DIR/events.jsonl). `timeout_s`: per
+    request (default: the interval, at least 2 s, at most 10 s); `stop()` returns within about twice
+    that plus the log tail's few seconds (Prometheus's final read has `timeout_s` more).
     """
 
     def __init__(self, out_dir: Path | str, metrics_url: str | Sequence[str] | None,
@@ -101,7 +103,8 @@ class Sampler:
                  server_log: Path | str | None = None, server_log_cmd: str | list[str] | None = None,
                  api_key: str | None = None, clock: Callable[[], float] = time.time, *,
                  timeout_s: float | None = None, health_url: str | None = None, events: JsonlLog | None = None,
-                 prometheus_url: str | None = None, prometheus_selector: str = "") -> None:
+                 prometheus_url: str | None = None, prometheus_selector: str = "",
+                 headers: Mapping[str, str] | None = None, tls: Tls | None = None) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s!r}")  # the CLIs name their option first
         if server_log is not None and server_log_cmd is not None:
@@ -116,7 +119,8 @@ class Sampler:
         self.timeout_s = timeout_s or min(10.0, max(2.0, interval_s))
         self.health_url = health_url or (health_url_for(self.metrics_url) if self.metrics_url else None)
         self.prometheus_url, self.prometheus_selector = prometheus_url or None, prometheus_selector or ""
-        self._api_key, self._shared_events = api_key, events
+        self._api_key, self._shared_events, self._headers = api_key, events, dict(headers or {})
+        self._tls = tls
         self._stop = threading.Event()
         self._loops: list[Periodic] = []
         self._errors: dict[str, int] = {}
@@ -171,8 +175,10 @@ class Sampler:
     # -- pieces ----------------------------------------------------------------------------------------
     def _fetch(self, url: str, with_key: bool) -> Any:
         """One GET; the key only when asked for and only to the target's own scheme, host and port."""
-        key = self._api_key if with_key and same_origin(url, self.health_url or self.metrics_url) else None
-        return fetch(url, self.timeout_s, key)
+        target = with_key and same_origin(url, self.health_url or self.metrics_url)
+        context = self._tls.context(gevent_patched()) if self._tls is not None and url.startswith("https:") else None
+        return fetch(url, self.timeout_s, self._api_key if target else None, headers=self._headers if target else None,
+                     context=context)
 
     def _start_gpu(self) -> None:
         self._nvml = NvmlPoller(self.nvml, self.gpu, self.event, self.clock) if self.nvml is not None else None
@@ -264,4 +270,5 @@ class Sampler:
                 "timeout_s": self.timeout_s, "nvml": None if self.nvml is None else "auto" if self.nvml == "auto"
                 else "injected", "server_log": str(self.server_log) if self.server_log else None,
                 "server_log_cmd_program": program, "api_key": "set" if self._api_key else None,
+                "headers": sorted(self._headers) or None, "tls": self._tls.describe() if self._tls else None,
                 "host": socket.gethostname(), "pid": os.getpid()}
