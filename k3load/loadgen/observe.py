@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from k3load.loadgen.options import run_access
 from k3load.precheck import run_precheck
 from k3load.sampler import Sampler
 
@@ -24,11 +25,12 @@ def precheck(session: Any) -> dict[str, Any]:
     not valid, an input file that cannot be read) raises: a harness error, the run stops before any load
     (the recipe and the files are checked at `init` already; this is the web UI's and a race's path)."""
     opts = session.env.parsed_options
+    secrets, tls = run_access(opts)
     compat = run_precheck(session.run_dir, Path(opts.k3_recipe), session.env.host,
                           container_info=_path(opts.k3_container_info),
                           host_inventories=[Path(p) for p in opts.k3_host_inventory or []],
                           startup_log=_path(opts.k3_startup_log), image=opts.k3_image or None,
-                          custom_build=_path(opts.k3_custom_build), api_key=opts.k3_api_key or None,
+                          custom_build=_path(opts.k3_custom_build), secrets=secrets, tls=tls,
                           use_local_nvml=opts.k3_nvml != "off",
                           metrics_url=next(iter(metrics_urls(opts, session.env.host)), None))
     failed = [r["id"] for r in compat.get("rules", []) if r.get("status") == "fail"]
@@ -47,12 +49,14 @@ def start_sampler(session: Any) -> Sampler:
     """/health stays on the target (the API's health); metrics (and DCGM_FI_* on them, unless
     --k3-gpu-metrics-url) come from every source given."""
     opts, host = session.env.parsed_options, session.env.host.rstrip("/")
+    secrets, tls = run_access(opts)
     sources = metrics_urls(opts, host)
     gpu_urls = list(opts.k3_gpu_metrics_url or []) or sources  # DCGM_FI_* on a metrics body: read from it
     return Sampler(session.run_dir, sources, gpu_metrics_urls=gpu_urls,
                    interval_s=opts.k3_sample_interval, nvml="auto" if opts.k3_nvml != "off" else None,
                    server_log=_path(opts.k3_server_log), server_log_cmd=opts.k3_server_log_cmd or None,
-                   api_key=opts.k3_api_key or None, events=session.events, health_url=f"{host}/health",
+                   api_key=secrets.api_key, headers=dict(secrets.headers), tls=tls, events=session.events,
+                   health_url=f"{host}/health",
                    timeout_s=getattr(opts, "k3_scrape_timeout", 0) or None,
                    prometheus_url=getattr(opts, "k3_prometheus_url", "") or None,
                    prometheus_selector=getattr(opts, "k3_prometheus_selector", "") or "").start()

@@ -1,13 +1,20 @@
-"""k3load's Locust options (also settable in `[tool.locust]`, a locust.conf or `LOCUST_*`/K3_* env)."""
+"""k3load's Locust options (also settable in `[tool.locust]`, a locust.conf or `LOCUST_*`/K3_* env).
+
+`run_access(parsed)` turns the access options into what every request needs (the key, gateway headers,
+TLS trust) and makes the process's file writers and log handlers redact those secrets.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import Any
 
+from k3load.client.access import Secrets, Tls, parse_header
 from k3load.client.body import MAX_BODY_BYTES
 from k3load.client.sse import MAX_LINE_BYTES
+from k3load.rundir import redact_in_files, scrub
 from k3load.sampler.fetch import redact_url
 
 TRANSPORTS = ("geventhttpclient", "httpx")
@@ -24,6 +31,16 @@ def positive_bytes(text: str) -> int:
     return value
 
 
+def header(text: str) -> str:
+    """argparse type for --k3-header: checked here, kept as given (it travels to workers as a string);
+    the error names the header, never its value."""
+    try:
+        parse_header(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def add_options(parser: Any) -> None:
     group = parser  # Locust's own parser: its is_secret / include_in_web_ui work only there, not in groups
     group.add_argument("--k3-out", default="runs/latest", env_var="K3_OUT",
@@ -36,6 +53,7 @@ def add_options(parser: Any) -> None:
                        help="seed for scenario choice (same seed, same sequence per user)")
     group.add_argument("--k3-api-key", default="", env_var="K3_API_KEY", is_secret=True,
                        help="API key sent as a bearer token; never written to logs, records or reports")
+    _access_options(group)
     group.add_argument("--k3-model", default="", env_var="K3_MODEL",
                        help="served model name (default: the first of the server's /v1/models)")
     group.add_argument("--k3-transport", default="geventhttpclient", choices=TRANSPORTS, env_var="K3_TRANSPORT",
@@ -52,6 +70,19 @@ def add_options(parser: Any) -> None:
     group.add_argument("--k3-accept-limited", action="store_true", default=False, env_var="K3_ACCEPT_LIMITED",
                        help="exit 0 for a `limited` verdict as for `go`")
     _observation_options(group)
+
+
+def _access_options(group: Any) -> None:
+    """How to reach a protected target: a gateway's headers and TLS trust (the key is --k3-api-key)."""
+    group.add_argument("--k3-header", action="append", default=[], type=header, env_var="K3_HEADER",
+                       is_secret=True, metavar="'NAME: VALUE'",
+                       help="extra header on every request to the target (repeatable), e.g. a gateway's token; "
+                       "its value is a secret: never written to logs, records or reports")
+    group.add_argument("--k3-ca-bundle", default="", env_var="K3_CA_BUNDLE",
+                       help="PEM file of CA certificates trusted for an https target, on top of the system's "
+                       "(a private CA)")
+    group.add_argument("--k3-insecure", action="store_true", default=False, env_var="K3_INSECURE",
+                       help="no TLS certificate verification at all (said in the log and in run.json)")
 
 
 def _observation_options(group: Any) -> None:
@@ -98,6 +129,7 @@ def _metrics_source_options(group: Any) -> None:
 
 
 SECRET_OPTIONS = ("k3_api_key",)
+SECRET_VALUE_OPTIONS = ("k3_header",)  # "Name: value": the name is kept, the value masked
 
 
 def public_options(parsed: Any) -> dict[str, Any]:
@@ -105,7 +137,9 @@ def public_options(parsed: Any) -> dict[str, Any]:
     out = {}
     for key, value in sorted(vars(parsed).items()):
         secret = key in SECRET_OPTIONS or any(word in key.lower() for word in ("key", "token", "password"))
-        if secret:
+        if key in SECRET_VALUE_OPTIONS:
+            out[key] = [f"{parse_header(v)[0]}: ***" for v in value or []]
+        elif secret:
             out[key] = "***" if value else ""
         elif key.endswith("_url") and _plain(value):  # a URL may carry user:password@
             out[key] = [redact_url(v) for v in value] if isinstance(value, list) else \
@@ -119,6 +153,42 @@ def _plain(value: Any) -> bool:
     if isinstance(value, list):
         return all(isinstance(v, (str, int, float)) for v in value)
     return isinstance(value, (str, int, float, bool, type(None)))
+
+
+def run_access(parsed: Any) -> tuple[Secrets, Tls]:
+    """The key, the gateway headers and the TLS trust of this run, from the options; from here on this
+    process's file writers (k3load.rundir) and log handlers redact those secrets, whatever a server
+    echoes. Idempotent: called wherever a client is built."""
+    secrets = Secrets.parse(getattr(parsed, "k3_api_key", "") or None, getattr(parsed, "k3_header", None) or [])
+    tls = Tls(getattr(parsed, "k3_ca_bundle", "") or None, bool(getattr(parsed, "k3_insecure", False)))
+    if secrets:
+        redact_in_files(secrets)
+        _redact_logs()
+    return secrets, tls
+
+
+class _RedactingFilter(logging.Filter):
+    """A handler filter: a log line (and its traceback) with every secret the process knows replaced."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if (clean := scrub(message)) != message:
+            record.msg, record.args = clean, ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+_FILTER = _RedactingFilter()
+
+
+def _redact_logs() -> None:
+    """On every handler configured now (Locust's console and --logfile handlers included)."""
+    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(v, logging.Logger))]
+    for handler in {h for logger in loggers for h in logger.handlers}:
+        if _FILTER not in handler.filters:
+            handler.addFilter(_FILTER)
 
 
 LOCUST_CSV_SUFFIXES = ("_stats.csv", "_stats_history.csv", "_failures.csv", "_exceptions.csv")

@@ -25,9 +25,10 @@ from locust.exception import RPCError, RPCSendError
 from locust.runners import MasterRunner, WorkerRunner
 
 import k3load
+from k3load.client.access import gevent_patched, tls_hint
 from k3load.loadgen import observe, spools
 from k3load.loadgen.inputs import harness_error_line, load_inputs
-from k3load.loadgen.options import locust_late_outputs, public_options
+from k3load.loadgen.options import locust_late_outputs, public_options, run_access
 from k3load.long_input import LongInputFit, estimate_tokens, fit_long_input
 from k3load.plan import Plan, Stage
 from k3load.records import Attempt
@@ -106,6 +107,9 @@ class HarnessSession:
         opts = self.env.parsed_options
         self.run_id = opts.k3_run_id or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
         self.run_dir = Path(opts.k3_out).resolve()
+        if getattr(opts, "k3_insecure", False):
+            log.warning("k3load: TLS certificate verification is OFF (--k3-insecure): the target's identity is "
+                        "not checked; run.json says so")
         self._discover_server()  # first: a server that does not answer leaves no run directory behind
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.previous_run_moved_to = set_aside_previous_run(self.run_dir, self._files_in_use())
@@ -147,14 +151,26 @@ class HarnessSession:
         if self.events is not None:
             self.events.event("harness_error", error=one_line(why)[:2000])
 
+    def _api_client(self) -> httpx.Client:
+        """For the target's own API outside chat (/v1/models, /tokenize): the key, the gateway headers and
+        the run's TLS trust, like every chat request."""
+        secrets, tls = run_access(self.env.parsed_options)
+        return httpx.Client(headers=secrets.request_headers(), verify=tls.context(gevent_patched()), timeout=30)
+
     def _discover_server(self) -> None:
         opts = self.env.parsed_options
-        headers = {"Authorization": f"Bearer {opts.k3_api_key}"} if opts.k3_api_key else {}
+        url = f"{self.env.host.rstrip('/')}/v1/models"
         try:
-            cards = httpx.get(f"{self.env.host}/v1/models", headers=headers, timeout=30).json()["data"]
-        except (httpx.HTTPError, KeyError, ValueError) as exc:
-            raise RuntimeError(f"the server at {self.env.host} does not answer /v1/models ({type(exc).__name__}): "
-                               "is it running, and is --host right?") from None
+            with self._api_client() as client:
+                resp = client.get(url)
+            if resp.status_code in (401, 403):
+                raise RuntimeError(f"the server at {self.env.host} refused /v1/models (HTTP {resp.status_code}): "
+                                   "is --k3-api-key (K3_API_KEY) or --k3-header right?")
+            cards = resp.json()["data"]
+        except (httpx.HTTPError, KeyError, ValueError, TypeError) as exc:
+            hint = tls_hint(str(exc))
+            raise RuntimeError(f"the server at {self.env.host} does not answer /v1/models ({type(exc).__name__})"
+                               + (hint or ": is it running, and is --host right?")) from None
         card = next((c for c in cards if c["id"] == opts.k3_model), cards[0]) if cards else {}
         self.model = opts.k3_model or card.get("id", "")
         self.max_model_len = card.get("max_model_len")
@@ -164,6 +180,7 @@ class HarnessSession:
                 "max_model_len": self.max_model_len, "plan": self.plan.name if self.plan else None,
                 "k3load_version": k3load.__version__, "python": sys.version.split()[0],
                 "platform": platform.platform(), "options": public_options(self.env.parsed_options),
+                "tls": run_access(self.env.parsed_options)[1].describe(),
                 "scenarios": sorted(s.name for group in self.scenarios.values() for s in group),
                 "unsigned_files": locust_late_outputs(self.env.parsed_options, self.run_dir),
                 "previous_run_moved_to": _str_or_none(self.previous_run_moved_to)}
@@ -233,7 +250,9 @@ class HarnessSession:
 
         def count(text: str) -> int:
             try:
-                resp = httpx.post(f"{self.env.host}/tokenize", json={"model": self.model, "prompt": text}, timeout=30)
+                with self._api_client() as client:
+                    resp = client.post(f"{self.env.host.rstrip('/')}/tokenize", json={"model": self.model,
+                                                                                      "prompt": text})
                 return int(resp.json()["count"])
             except (httpx.HTTPError, KeyError, ValueError, TypeError):
                 return fallback(text)

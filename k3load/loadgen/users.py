@@ -15,6 +15,7 @@ import gevent
 from locust import User, constant, task
 
 from k3load.client.chat import ChatClient
+from k3load.loadgen.options import run_access
 from k3load.runner import RunContext, ScenarioPlay
 
 _numbers = itertools.count(1)
@@ -36,7 +37,8 @@ class K3User(User):
         session.wait_ready()
         opts = self.environment.parsed_options
         self.user_id = f"{self.family}-{os.getpid()}-{next(_numbers)}"
-        self.chat = ChatClient(self.host, api_key=opts.k3_api_key or None, transport=opts.k3_transport,
+        secrets, tls = run_access(opts)
+        self.chat = ChatClient(self.host, secrets=secrets, tls=tls, transport=opts.k3_transport,
                                max_body_bytes=opts.k3_max_body_bytes, max_line_bytes=opts.k3_max_line_bytes)
         self.ctx = RunContext(run_id=session.run_id, model=session.model, user_id=self.user_id,
                               stage=lambda: session.stage_name, long_context=session.long_context,
