@@ -33,6 +33,7 @@ from k3load.records import Attempt
 
 WINDOW_SLACK_S = 2.5  # gauges: let the window's last scrape land
 ALPHA = 0.05
+MIN_PAIRS = 5  # the fewest pairs an exact one-sided sign test can decide at ALPHA (1/32 < 0.05 < 1/16)
 SOURCES_AGREE = 0.10  # /metrics hits and the records' cached_tokens may differ by this share (or a block a request)
 
 
@@ -175,6 +176,10 @@ def _latency_rule(pairs: list[tuple[Attempt, Attempt]], limits: dict[str, float]
     if len(ratios) < 2:
         return RuleResult("cache.latency", "prefix_cache", INCONCLUSIVE, "inconclusive, because fewer than two "
                           "pairs have a first-token time on both sides", None, bound, evidence=evidence)
+    if len(ratios) < MIN_PAIRS:
+        return RuleResult("cache.latency", "prefix_cache", INCONCLUSIVE, f"inconclusive, because only {len(ratios)} "
+                          f"pairs completed: a sign test needs at least {MIN_PAIRS} to decide at 5% (lengthen the "
+                          "prefix_control stage)", statistics.median(ratios), bound, evidence=evidence)
     median = statistics.median(ratios)
     ci = bootstrap_median_ci(ratios)
     faster = sign_test_less(ratios, bound)

@@ -113,4 +113,4 @@ def test_no_latency_effect_fails_on_the_pairs_not_one_request():
     assert status == FAIL and any(r.startswith("no latency effect") and "sign test" in r for r in reasons)
     few = _pairs(n=3)
     status, reasons, _ = _judge(few, _metrics(3 * 1536, counted_at=14))
-    assert status == INCONCLUSIVE and "not significant" in reasons[0]  # 3 pairs cannot decide at 5%
+    assert status == INCONCLUSIVE and "only 3 pairs completed: a sign test needs at least 5" in reasons[0]

@@ -101,7 +101,7 @@ def test_sample_command_takes_several_sources_and_a_scrape_timeout(start_sim, si
     assert events(tmp_path / "a", "sampler_start")[0]["timeout_s"] == 0.3
     bad = subprocess.run([sys.executable, "-c", _CLI, "--out", str(tmp_path / "b")], capture_output=True, text=True,
                          timeout=30)
-    assert bad.returncode == 2 and "give --metrics-url (repeatable) or --prometheus-url" in bad.stdout
+    assert bad.returncode == 2 and "give --metrics-url (repeatable) or --prometheus-url" in bad.stderr
 
 
 # -- the Prometheus reader against a fake query API ------------------------------------------------------

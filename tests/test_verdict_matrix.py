@@ -20,6 +20,17 @@ from tests.test_verdicts import accept
 
 pytestmark = pytest.mark.slow
 
+# test_verdicts.STAGES with each stage a little shorter: 22 runs, CI's time counts (about 17 s of stages).
+STAGES = [
+    {"name": "prefix-control", "kind": "prefix_control", "duration_s": 5, "users": 1, "mix": {"shared_prefix": 1},
+     "iterations_per_user": 1},  # room for 8 pairs on a busy machine (the sign test needs 5)
+    {"name": "load", "kind": "load", "duration_s": 3, "users": 4, "mix": {"agent": 3, "shared_prefix": 1}},
+    {"name": "long-input", "kind": "long_input", "duration_s": 2, "users": 1, "mix": {"long_input": 1}},
+    {"name": "concurrency", "kind": "concurrency", "duration_s": 2, "steps": [2, 12],
+     "mix": {"agent": 2, "shared_prefix": 1}},
+    {"name": "soak", "kind": "soak", "duration_s": 3, "users": 4,
+     "mix": {"agent": 2, "shared_prefix": 1, "cold": 1, "long_input": 1}},
+]
 ALL_PASS = {"compat": "pass", "resources": "pass", "prefix_cache": "pass", "agent_api": "pass"}
 
 
@@ -121,7 +132,7 @@ def test_verdict_matrix(name: str, start_sim, tmp_path):
     case = CASES[name]
     scenarios = short_control_prompt(tmp_path / "scenarios") if case.short_prompt else "scenarios/*.yaml"
     recipe = "recipes/kimi-k3.yaml" if name == "production-recipe-on-the-sim" else "recipes/local-dev.yaml"
-    verdict, code, _ = accept(start_sim, tmp_path, case.sim, recipe=recipe, scenarios=scenarios,
+    verdict, code, _ = accept(start_sim, tmp_path, case.sim, recipe=recipe, scenarios=scenarios, stages=STAGES,
                               options=case.options, thresholds=case.thresholds)
     pillars = verdict["pillars"]
     because = verdict["next_action"]["because"]
