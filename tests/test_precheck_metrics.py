@@ -20,6 +20,8 @@ LOCAL = ROOT / "recipes" / "local-dev.yaml"
 SECRET = "sk-k3load-precheck-metrics-secret"
 ENGINE_METRICS = (
     "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\",model_name=\"tiny\"} 0.0\n"
+    "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\",model_name=\"tiny\"} 0.0\n"
+    "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine=\"0\",model_name=\"tiny\"} 0.0\n"
     "# TYPE vllm:cache_config_info gauge\n"
     "vllm:cache_config_info{block_size=\"16\",enable_prefix_caching=\"True\",engine=\"0\"} 1.0\n")
 
@@ -98,10 +100,22 @@ def test_metrics_read_from_a_separate_url_and_the_key_stays_on_the_api_host(serv
                           metrics_url=engine_url + "/metrics")
     rules = _by_id(compat)
     assert rules["metrics_reachable"]["status"] == "pass"
-    assert rules["metrics_reachable"]["reason"] == f"{engine_url}/metrics answered (2 vllm:* families)"
+    assert rules["metrics_reachable"]["reason"] == f"{engine_url}/metrics answered (4 vllm:* families)"
     assert rules["serve_flags"]["status"] == "pass"  # enable_prefix_caching from that engine's cache_config_info
     assert engine.seen == [("/metrics", None)]  # another host:port: never the key
     assert {auth for path, auth in gateway.seen} == {f"Bearer {SECRET}"} and ("/metrics", None) not in gateway.seen
     fetch = json.loads((tmp_path / "run" / "evidence" / "server" / "fetch.json").read_text())
     assert fetch["endpoints"]["metrics"]["url"] == engine_url + "/metrics"
     assert not any(SECRET.encode() in p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file())
+
+
+def test_metrics_without_the_engines_gauges_is_not_monitoring(start_sim, tmp_path: Path) -> None:
+    """vLLM with --disable-log-stats answers /metrics, but with no queue or KV gauge (the sim's
+    --metrics-disabled keeps only the tool-parser counter, as vLLM 0.32 does): not monitorable."""
+    sim = start_sim("--metrics-disabled")
+    compat = run_precheck(tmp_path / "run", LOCAL, sim.base_url, use_local_nvml=False)
+    rule = _by_id(compat)["metrics_reachable"]
+    assert rule["status"] == "inconclusive", rule
+    assert "has no engine gauges (vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc"\
+        in rule["reason"] and "monitoring is not possible" in rule["reason"]
+    assert _by_id(compat)["server_reachable"]["status"] == "pass" and compat["status"] != "fail"

@@ -500,7 +500,10 @@ def test_stats_disabled_reports_metrics_missing_never_a_pass(vllm_pool, tmp_path
     finally:
         vllm_pool.stop("stats_off")
     got = statuses(verdict)
-    assert got["prefix_cache"] == "inconclusive" and got["compat"] == "pass", got
+    # The precheck says it too: /metrics answers, but without the engine's gauges nothing can be monitored.
+    assert got["prefix_cache"] == "inconclusive" and got["compat"] == "inconclusive", got
+    assert "metrics_reachable: inconclusive, because /metrics at " in reasons(verdict, "compat")
+    assert "has no engine gauges (vllm:num_requests_running" in reasons(verdict, "compat")
     assert reasons(verdict, "prefix_cache") == (
         "inconclusive, because metrics missing: vllm:prefix_cache_queries / hits were not scraped during the "
         "control (is --disable-log-stats set, or /metrics not reachable? see --k3-metrics-url)")

@@ -58,6 +58,7 @@ from k3load.precheck.collect_env import parse_collect_env
 from k3load.precheck.startup_log import parse_startup_log
 from k3load.rundir import write_atomic, write_json_atomic
 from k3load.sampler.fetch import same_origin
+from k3load.sampler.prom import LEGACY_FAMILIES, REQUIRED_SERIES
 
 EVIDENCE = "evidence"
 ENDPOINTS = {"version": ("/version", "version.json"), "models": ("/v1/models", "models.json"),
@@ -262,6 +263,13 @@ def _metrics_families(path: Path) -> dict[str, list[dict[str, str]]]:
         return {}
 
 
+def _engine_gauges_absent(families: dict[str, Any]) -> list[str]:
+    """The scheduler and KV gauges a readable /metrics lacks (vLLM 0.32 with --disable-log-stats keeps
+    only its tool-parser counter): without them there is nothing to monitor the engine by."""
+    present = set(families) | {LEGACY_FAMILIES[name] for name in families if name in LEGACY_FAMILIES}
+    return [name for name in REQUIRED_SERIES if name not in present]
+
+
 def _load_server(root: Path, ev: Evidence) -> None:
     fetch = _json_file(root / "server" / "fetch.json")
     if not isinstance(fetch, dict):
@@ -285,6 +293,7 @@ def _load_server(root: Path, ev: Evidence) -> None:
         "models": [m for m in models.get("data", []) if isinstance(m, dict)] if isinstance(models, dict) else [],
         "cache_config": cache[0], "vllm_series": sum(name.startswith("vllm:") for name in families),
         "sim_marker": sim_marker, "metrics_read": bool(families),
+        "engine_gauges_absent": _engine_gauges_absent(families) if families else [],
     }
     for name in ("version", "models", "metrics", "probe_chat"):
         file = ev.server["endpoints"].get(name, {}).get("file")

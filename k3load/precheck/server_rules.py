@@ -45,6 +45,9 @@ def metrics_gap(ev: Evidence) -> str | None:
         return f"/metrics answered {endpoint.get('status')} at {where}"
     if not ev.server["metrics_read"]:
         return f"/metrics at {where} was not in the Prometheus text format"
+    if ev.server.get("engine_gauges_absent"):
+        return (f"/metrics at {where} has no engine gauges ({', '.join(ev.server['engine_gauges_absent'])}; "
+                f"only {ev.server['vllm_series']} vllm:* families: is --disable-log-stats set?)")
     return None
 
 
