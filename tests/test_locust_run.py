@@ -208,7 +208,11 @@ def test_processes_master_waits_for_every_worker_turn(start_sim, tmp_path, how):
                 time.sleep(0.2)
             assert _lines(out / "records.jsonl") >= 6, log_path.read_text()[-3000:]
             os.killpg(proc.pid, signal.SIGINT)
-        returncode = proc.wait(90)
+        try:
+            returncode = proc.wait(90)
+        except subprocess.TimeoutExpired:  # seen once in 15 runs (Dec 3): keep what the master said
+            raise AssertionError("the run did not stop within 90 s of the signal:\n"
+                                 + log_path.read_text()[-6000:]) from None
     output = log_path.read_text()
     assert returncode in VERDICT_CODES, output[-3000:]
     attempts = read_records(out / "records.jsonl")
