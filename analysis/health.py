@@ -54,8 +54,3 @@ def down_spells(data: RunData) -> list[DownSpell]:
         near = sum(1 for ts in logs if abs(ts - down) <= LOG_NEAR_S)
         spells.append(DownSpell(down, up, served, cut, near))
     return spells
-
-
-def flap_times(data: RunData) -> set[float]:
-    """`server_down` timestamps that were health-check flaps, not crashes."""
-    return {s.down_ts for s in down_spells(data) if s.flap}

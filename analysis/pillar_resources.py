@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from k3load.analysis.health import down_spells, flap_times
+from k3load.analysis.health import CUT_STATUSES, DETECTION_S, DownSpell, down_spells
 from k3load.analysis.input_size import input_tokens
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResult
 from k3load.analysis.rules import texts
@@ -29,8 +29,6 @@ PHASES = {
     "restart": "during the restart check: the server did not hold the same load after restarting",
 }
 CRASH_EVENTS = ("server_down", "log_oom", "log_engine_dead")
-CUT_STATUSES = ("truncated", "stream_error", "transport_error")  # how a request the crash caught ends
-DETECTION_S = 5.0  # how long before the crash was seen a cut request may have ended
 SATURATED_CPU_PCT = 95.0
 
 
@@ -38,11 +36,11 @@ def _only_latency(problems: list[dict[str, Any]]) -> bool:
     return all(p["signal"] in ("latency", "queue_latency") for p in problems)
 
 
-def _crash_times(data: RunData) -> list[dict[str, Any]]:
+def _crash_times(data: RunData, spells: list[DownSpell]) -> list[dict[str, Any]]:
     """One crash per burst of crash events (a down + its OOM line within 30 s are one crash); a
     health-check flap (requests answered while /health said down) is not a crash."""
     crashes: list[dict[str, Any]] = []
-    flaps = flap_times(data)
+    flaps = {spell.down_ts for spell in spells if spell.flap}
     for event in data.events_named(*CRASH_EVENTS):
         if event["event"] == "server_down" and event["ts"] in flaps:
             continue
@@ -123,9 +121,10 @@ def _memory_evidence(oom: bool, curve: list[dict[str, Any]], data: RunData, head
     return None
 
 
-def classify_crashes(data: RunData, headroom_pct: float = 5.0) -> list[dict[str, Any]]:
+def classify_crashes(data: RunData, headroom_pct: float = 5.0, spells: list[DownSpell] | None = None
+                     ) -> list[dict[str, Any]]:
     out = []
-    for crash in _crash_times(data):
+    for crash in _crash_times(data, down_spells(data) if spells is None else spells):
         stage = data.stage_of(crash["ts"])
         kinds = sorted({e["event"] for e in crash["events"]})
         lines = [e.get("line") for e in crash["events"] if e.get("line")]
@@ -144,14 +143,15 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
     """The pillar, and the per-stage table (the ramp report and the limits read it too)."""
     if data.records.empty:
         return PillarResult(NOT_RUN, ["no request was recorded"]), []
+    spells = down_spells(data)  # once: the stages, the crashes and the numbers read the same spells
     table = []
     for stage in data.stages:
-        stats = stage_stats(data, index, stage)
+        stats = stage_stats(data, index, stage, spells)
         stats["problems"] = stage_problems(stats, limits)
         table.append(stats)
-    crashes = classify_crashes(data, (limits.get("resources") or {}).get("min_gpu_headroom_pct", 5.0))
+    crashes = classify_crashes(data, (limits.get("resources") or {}).get("min_gpu_headroom_pct", 5.0), spells)
     numbers: dict[str, Any] = {"stages": table, "crashes": crashes,
-                               "health_spells": [s.to_dict() for s in down_spells(data)]}
+                               "health_spells": [s.to_dict() for s in spells]}
     reasons = []
     for crash in crashes:
         what = "OOM crash" if crash["oom"] else "server crash" + ("" if crash["memory_evidence"] else

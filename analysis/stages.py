@@ -84,7 +84,8 @@ def _errors(frame: pd.DataFrame, spells: list[DownSpell]) -> dict[str, Any]:
             "error_kinds": _error_kinds(errors) if len(errors) else {}}
 
 
-def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow) -> dict[str, Any]:
+def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: list[DownSpell] | None = None
+                ) -> dict[str, Any]:
     t0, t1 = stage.start_ts, stage.end_ts
     frame = data.records[(data.records["stage"] == stage.name) & ~data.records["drill"].astype(bool)]
     duration = max(t1 - t0, 1e-9)
@@ -93,7 +94,7 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow) -> dict[s
     waiting = index.gauge("vllm:num_requests_waiting", t0, t1)
     running = index.gauge("vllm:num_requests_running", t0, t1)
     preemptions = index.delta("vllm:num_preemptions_total", t0, t1)
-    spells = down_spells(data)
+    spells = down_spells(data) if spells is None else spells
     flaps = {spell.down_ts for spell in spells if spell.flap}
     downs = [e for e in data.events_named("server_down") if t0 <= e["ts"] <= t1 and e["ts"] not in flaps]
     cpu = [m["load_generator_cpu_pct"] for m in data.metrics
