@@ -7,7 +7,7 @@ this machine under this load; the harness's growth after the warm-up is printed 
 ratio. Issue 11 asks for under 50 MB of harness growth after the first minutes of an hour at about
 50 requests/s (`--duration-s 3600`); shorter runs are rehearsals of the script, not that figure.
 
-    .venv/bin/python bench/harness_soak.py [--duration-s 3600] [--users 6] [--warmup-s 120]
+    .venv/bin/python bench/harness_soak.py [--duration-s 3600] [--users 4] [--warmup-s 120]
 """
 
 from __future__ import annotations
@@ -65,15 +65,17 @@ def _sample(harness: subprocess.Popen[bytes], sim_pid: int, every_s: float) -> l
     return rows
 
 
-def _growth(rows: list[tuple[float, float, float]], warmup_s: float, column: int) -> float | None:
-    after = [r[column] for r in rows if r[0] >= warmup_s]
-    return max(after) - after[0] if len(after) >= 2 else None
+def _growth(rows: list[tuple[float, float, float]], warmup_s: float, load_end_s: float, column: int) -> float | None:
+    """Growth over the load after the warm-up. Samples after the load's end are left out: the harness then
+    judges the run (pandas reads every record), a one-off peak that is not a leak; it is printed apart."""
+    during = [r[column] for r in rows if warmup_s <= r[0] <= load_end_s]
+    return max(during) - during[0] if len(during) >= 2 else None
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration-s", type=float, default=3600.0)
-    parser.add_argument("--users", type=int, default=6)
+    parser.add_argument("--users", type=int, default=4)
     parser.add_argument("--warmup-s", type=float, default=120.0)
     parser.add_argument("--every-s", type=float, default=10.0)
     parser.add_argument("--keep", type=Path, help="keep the run directory and the sim's log here")
@@ -90,7 +92,8 @@ def main() -> int:
             sim.stop()
         records = (work / "run" / "records.jsonl").read_text().splitlines()
         verdict = json.loads((work / "run" / "verdict.json").read_text())["verdict"]
-    mine, ref = _growth(rows, args.warmup_s, 1), _growth(rows, args.warmup_s, 2)
+    mine, ref = (_growth(rows, args.warmup_s, args.duration_s, column) for column in (1, 2))
+    judging = [r[1] for r in rows if r[0] > args.duration_s]
     rate = len(records) / args.duration_s
     print(f"soak of {args.duration_s:.0f} s, {args.users} users: {len(records)} attempts ({rate:.1f}/s), "
           f"verdict {verdict}, {len(rows)} samples")
@@ -100,6 +103,9 @@ def main() -> int:
               f"{growth if growth is not None else float('nan'):>26.1f}")
     if mine is not None and ref:
         print(f"harness growth / sim growth: {mine / ref:.2f}")
+    if judging:
+        print(f"harness peak while judging the run after the load: {max(judging):.1f} MiB "
+              f"({len(judging)} samples; a one-off, not growth)")
     return 0
 
 

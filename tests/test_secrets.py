@@ -278,27 +278,7 @@ def test_sampler_fetch_over_tls_and_its_redacted_bodies(tls_echo: EchoServer, ce
     assert unkeyed.status == 401 and "None" in unkeyed.body  # nothing sent, nothing to redact
 
 
-# -- whole runs -------------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_a_run_against_an_echoing_server_writes_no_secret_anywhere(echo: EchoServer, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("K3_API_KEY", KEY)
-    out = tmp_path / "run"
-    run = run_locust(echo.url, out, _plan(tmp_path, ONE_STAGE), "--k3-header", GATEWAY_HEADER, timeout_s=240)
-    assert run.returncode in VERDICT_CODES, run.stderr[-3000:]
-    assert not _leaks(out, run.stdout, run.stderr)
-    keyed = echo.paths_with(2, f"Bearer {KEY}")
-    assert {"/v1/models", "/tokenize", "/version", "/health", "/metrics", "/v1/chat/completions"} <= keyed, echo.seen
-    assert {s[1] for s in echo.seen} == keyed  # nothing was ever sent without the key
-    assert "/v1/chat/completions" in echo.paths_with(3, GATEWAY)
-    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
-    assert any(REDACTED in (r.get("content") or "") for r in records)
-    assert any(REDACTED in (r.get("error_body") or "") for r in records if r["status"] == "http_error")
-    assert REDACTED in json.loads((out / "evidence" / "server" / "version.json").read_text())["echo"]
-    info = json.loads((out / "run.json").read_text())
-    assert info["options"]["k3_header"] == ["X-Gateway-Token: ***"] and info["tls"]["verify"] is True
-
-
+# -- whole runs (the run against the echoing server is a row of tests/test_reliability_matrix.py) -----
 @needs_openssl
 def test_a_run_against_an_untrusted_tls_server_is_one_harness_error_line(tls_echo: EchoServer,
                                                                          tmp_path: Path) -> None:
