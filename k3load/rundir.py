@@ -43,6 +43,11 @@ def redact_in_files(secrets: Secrets) -> None:
         _redactors.append(secrets)
 
 
+def secret_values() -> tuple[str, ...]:
+    """Every secret value this process redacts, longest first (for a helper process that must too)."""
+    return tuple(sorted({v for secrets in _redactors for v in secrets.values}, key=len, reverse=True))
+
+
 def scrub(text: str) -> str:
     """`text` with every secret this process knows replaced (unchanged, and free, when none)."""
     for secrets in _redactors:

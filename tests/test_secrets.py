@@ -11,10 +11,13 @@ error bodies), served over plain HTTP or over TLS with a CA made here by the `op
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import ssl
 import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -28,9 +31,11 @@ from k3load.client.access import REDACTED, Secrets, Tls, parse_header
 from k3load.client.chat import ChatClient
 from k3load.client.transport import TRANSPORTS
 from k3load.loadgen.inputs import HarnessError, check_options
+from k3load.loadgen.observe import Restarter
 from k3load.loadgen.options import public_options
 from k3load.precheck import run_precheck
 from k3load.precheck.evidence import redact_body
+from k3load.rundir import JsonlLog, redact_in_files
 from k3load.sampler.fetch import fetch
 from tests.test_locust_run import VERDICT_CODES, _plan, run_locust
 
@@ -276,6 +281,60 @@ def test_sampler_fetch_over_tls_and_its_redacted_bodies(tls_echo: EchoServer, ce
         assert GATEWAY not in got.body
     unkeyed = fetch(tls_echo.url + "/version", 5.0, context=Tls(ca_bundle=certs.ca).context(cooperative=True))
     assert unkeyed.status == 401 and "None" in unkeyed.body  # nothing sent, nothing to redact
+
+
+def test_a_restart_commands_output_is_logged_redacted_and_outlives_the_harness_copy(tmp_path: Path) -> None:
+    """The command prints the key it starts a server with; its log holds the line, redacted. The copier
+    is a process of its own, so what the command prints after the Restarter is gone is logged too."""
+    redact_in_files(Secrets.parse(KEY, [GATEWAY_HEADER]))
+    session = SimpleNamespace(run_dir=tmp_path, events=JsonlLog(tmp_path / "events.jsonl"))
+    restarter = Restarter(session, f"echo serve --api-key {KEY} --header {GATEWAY}; sleep 0.5; echo later {KEY}", 1)
+    restarter({"event": "server_down"})
+    del restarter  # nothing of the harness side holds the output any more
+    log = tmp_path / "restart-1.log"
+    deadline = time.monotonic() + 20
+    while "later" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert log.read_text() == f"serve --api-key {REDACTED} --header {REDACTED}\nlater {REDACTED}\n"
+    assert not _leaks(tmp_path)
+
+
+# -- the `k3load` subcommands that reach the target ---------------------------------------------------
+def _k3load(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "K3_API_KEY": KEY}
+    return subprocess.run([sys.executable, "-m", "k3load", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout_s)
+
+
+@needs_openssl
+def test_precheck_and_sample_commands_reach_a_tls_gateway_with_its_header_and_write_no_secret(
+        tls_echo: EchoServer, certs: SimpleNamespace, tmp_path: Path) -> None:
+    access = ["--header", GATEWAY_HEADER, "--ca-bundle", certs.ca]
+    pre = _k3load("precheck", "--recipe", str(LOCAL), "--base-url", tls_echo.url, "--no-nvml", *access,
+                  "--out", str(tmp_path / "pre"))
+    assert pre.returncode in (0, 2), pre.stderr  # pass or inconclusive (no startup log): it ran
+    reachable = next(r for r in json.loads((tmp_path / "pre" / "compat.json").read_text())["rules"]
+                     if r["id"] == "server_reachable")
+    assert reachable["status"] == "pass", reachable
+    sample = _k3load("sample", "--metrics-url", f"{tls_echo.url}/metrics", "--nvml", "off", "--interval", "0.2",
+                     "--duration", "1", *access, "--out", str(tmp_path / "sample"))
+    assert sample.returncode == 0, sample.stderr
+    assert "0 failed" in sample.stdout and "health transitions" in sample.stdout, sample.stdout
+    keyed = tls_echo.paths_with(2, f"Bearer {KEY}") & tls_echo.paths_with(3, GATEWAY)
+    assert {"/version", "/v1/models", "/metrics", "/health"} <= keyed, tls_echo.seen
+    assert {s[1] for s in tls_echo.seen} == keyed  # nothing went without the key and the header
+    assert not _leaks(tmp_path, pre.stdout, pre.stderr, sample.stdout, sample.stderr)
+
+
+@pytest.mark.parametrize(("command", "code"), [("precheck", 3), ("sample", 2)])
+def test_the_subcommands_name_a_bad_access_option(tmp_path: Path, command: str, code: int) -> None:
+    target = (["--recipe", str(LOCAL), "--base-url", "http://127.0.0.1:9", "--no-nvml"] if command == "precheck"
+              else ["--metrics-url", "http://127.0.0.1:9/metrics"])
+    for bad, line in ((["--ca-bundle", str(tmp_path / "nope.pem")], f"--ca-bundle {tmp_path / 'nope.pem'}: no such "
+                       "file"), (["--header", f"X-Token {GATEWAY}"], "--header: must be 'Name: value'")):
+        done = _k3load(command, *target, *bad, "--out", str(tmp_path / command))
+        assert done.returncode == code and done.stderr.strip() == f"k3load {command}: {line}", done.stderr
+        assert not (tmp_path / command).exists() and GATEWAY not in done.stderr
 
 
 # -- whole runs (the run against the echoing server is a row of tests/test_reliability_matrix.py) -----

@@ -19,12 +19,14 @@ building a context costs 23-33 ms of CPU, so one is built per process, kind and 
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import re
 import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 REDACTED = "[redacted]"
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110 token)
@@ -113,6 +115,39 @@ class Tls:
     def describe(self) -> dict[str, object]:
         """For run.json: what was trusted (the bundle's path is not a secret)."""
         return {"verify": not self.insecure, "ca_bundle": self.ca_bundle}
+
+
+def access_problem(api_key: str | None, headers: Iterable[str], ca_bundle: str | None, insecure: bool,
+                   prefix: str = "--k3-") -> str | None:
+    """The first unusable access option, named as the command spells it (`prefix`: "--k3-" in Locust,
+    "--" in the `k3load` subcommands); None when the key, headers and trust can be used. Never shows a
+    header's value nor the key."""
+    if ca_bundle:
+        path = Path(ca_bundle)
+        if not path.exists():
+            return f"{prefix}ca-bundle {ca_bundle}: no such file"
+        if not path.is_file():
+            return f"{prefix}ca-bundle {ca_bundle}: not a file"
+        if why := check_ca_bundle(ca_bundle):
+            return f"{prefix}ca-bundle {ca_bundle}: {why}"
+        if insecure:
+            return f"{prefix}ca-bundle and {prefix}insecure: give one (verify with the bundle, or not at all)"
+    try:
+        Secrets.parse(api_key, headers)
+    except ValueError as exc:
+        return f"{prefix}header: {exc}"
+    return None
+
+
+def add_access_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--header`, `--ca-bundle`, `--insecure` for the `k3load` subcommands that reach the target, with
+    the meaning of Locust's `--k3-header`, `--k3-ca-bundle`, `--k3-insecure`."""
+    parser.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+                        help="extra header on every request to the target (repeatable), e.g. a gateway's token; "
+                        "its value is a secret: never written")
+    parser.add_argument("--ca-bundle", metavar="PEM", help="CA certificates trusted for an https target, on top of "
+                        "the system's (a private CA)")
+    parser.add_argument("--insecure", action="store_true", help="no TLS certificate verification at all")
 
 
 def check_ca_bundle(path: str) -> str | None:

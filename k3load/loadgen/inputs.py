@@ -17,7 +17,7 @@ import glob
 from pathlib import Path
 from typing import Any
 
-from k3load.client.access import Secrets, check_ca_bundle
+from k3load.client.access import access_problem
 from k3load.plan import Plan, load_plan, resolve
 from k3load.precheck.recipe import load_recipe
 from k3load.scenario import Scenario, load_scenarios
@@ -58,16 +58,10 @@ def check_options(opts: Any) -> None:
 
 def _check_access(opts: Any) -> None:
     """A CA bundle that exists and loads; headers that can go with the key (errors never show a value)."""
-    bundle = getattr(opts, "k3_ca_bundle", "") or ""
-    _existing_file("--k3-ca-bundle", bundle)
-    if bundle and (why := check_ca_bundle(bundle)):
-        raise HarnessError(f"--k3-ca-bundle {bundle}: {why}")
-    if bundle and getattr(opts, "k3_insecure", False):
-        raise HarnessError("--k3-ca-bundle and --k3-insecure: give one (verify with the bundle, or not at all)")
-    try:
-        Secrets.parse(getattr(opts, "k3_api_key", "") or None, getattr(opts, "k3_header", None) or [])
-    except ValueError as exc:
-        raise HarnessError(f"--k3-header: {exc}") from None
+    problem = access_problem(getattr(opts, "k3_api_key", "") or None, getattr(opts, "k3_header", None) or [],
+                             getattr(opts, "k3_ca_bundle", "") or None, bool(getattr(opts, "k3_insecure", False)))
+    if problem:
+        raise HarnessError(problem)
 
 
 def _existing_file(flag: str, value: str) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from k3load.loadgen.options import run_access
+from k3load.loadgen.redact_lines import copy_redacted
 from k3load.precheck import run_precheck
 from k3load.sampler import Sampler
 
@@ -83,9 +84,9 @@ class Restarter:
             return
         self.started += 1
         log_path = self.session.run_dir / f"restart-{self.started}.log"
-        with log_path.open("wb") as out:
-            self._running = subprocess.Popen(["bash", "-c", self.command], stdout=out, stderr=subprocess.STDOUT,
-                                             start_new_session=True)
+        self._running = subprocess.Popen(["bash", "-c", self.command], stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        copy_redacted(self._running, log_path)
         self.session.events.event("restart_command", attempt=self.started, pid=self._running.pid,
                                   log=log_path.name)
         log.warning("k3load: server down, restart command started (%d of %d)", self.started, self.max_restarts)

@@ -8,7 +8,9 @@ Exit status: 0 pass, 1 fail, 2 inconclusive (nothing failed, but a rule could no
 precheck could not run (invalid recipe, missing input file: one line on stderr naming the option, or the
 file, line and field). argparse's own usage errors also exit 2, before anything is written: read
 DIR/compat.json, not only the exit status, when that matters.
-The bearer key comes from $K3_API_KEY (or --api-key); it is sent as a header and never written.
+The bearer key comes from $K3_API_KEY (or --api-key); it is sent as a header and never written, nor
+are the values of --header (a gateway's token). --ca-bundle PEM trusts a private CA for an https target;
+--insecure turns verification off.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 
+from k3load.client.access import Secrets, Tls, access_problem, add_access_arguments
 from k3load.precheck import PrecheckError, RecipeError, recheck, run_precheck
 from k3load.precheck.report import COMPAT, summary_lines
 from k3load.yamlfile import one_line
@@ -43,14 +46,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "build_time, reproduction, rollback_image")
     parser.add_argument("--no-nvml", action="store_true", help="do not inventory this host through NVML")
     parser.add_argument("--api-key", default=None, help="bearer key (prefer $K3_API_KEY: a flag shows in ps)")
+    add_access_arguments(parser)
     parser.add_argument("--recheck", action="store_true", help="judge DIR/evidence again without gathering")
     parser.add_argument("--out", type=Path, required=True, help="run directory: writes evidence/ and compat.json")
 
 
 def run(args: argparse.Namespace) -> int:
     """Gather (or recheck), print one line per rule, exit by status."""
+    api_key = args.api_key or os.environ.get("K3_API_KEY") or None
     try:
         _check_recipe_path(args.recipe)
+        if problem := access_problem(api_key, args.header, args.ca_bundle, args.insecure, prefix="--"):
+            raise PrecheckError(problem)
         if args.recheck:
             compat = recheck(args.out, args.recipe)
         elif args.recipe is None:
@@ -59,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             compat = run_precheck(args.out, args.recipe, args.base_url, container_info=args.container_info,
                                   host_inventories=args.host_inventory, startup_log=args.startup_log,
                                   image=args.image, custom_build=args.custom_build,
-                                  api_key=args.api_key or os.environ.get("K3_API_KEY") or None,
+                                  secrets=Secrets.parse(api_key, args.header), tls=Tls(args.ca_bundle, args.insecure),
                                   use_local_nvml=not args.no_nvml, metrics_url=args.metrics_url)
     except (RecipeError, PrecheckError) as exc:
         print(f"k3load precheck: {one_line(str(exc))}", file=sys.stderr)

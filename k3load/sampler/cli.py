@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from k3load.client.access import Secrets, Tls, access_problem, add_access_arguments
 from k3load.sampler.loop import Sampler
 
 
@@ -46,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-env", default="K3_API_KEY", metavar="VAR",
                         help="environment variable holding the bearer token for /metrics and /health "
                         "(default: K3_API_KEY; read from the environment so it never shows in ps or logs)")
+    add_access_arguments(parser)
     parser.add_argument("--out", type=Path, required=True, help="run directory to write into")
 
 
@@ -54,9 +56,11 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"k3load sample: {problem}", file=sys.stderr)
         return 2
+    secrets = Secrets.parse(os.environ.get(args.api_key_env) or None, args.header)
     sampler = Sampler(args.out, args.metrics_url, gpu_metrics_urls=args.gpu_metrics_url, interval_s=args.interval,
                       nvml="auto" if args.nvml == "auto" else None, server_log=args.server_log,
-                      server_log_cmd=args.server_log_cmd, api_key=os.environ.get(args.api_key_env) or None,
+                      server_log_cmd=args.server_log_cmd, api_key=secrets.api_key, headers=dict(secrets.headers),
+                      tls=Tls(args.ca_bundle, args.insecure),
                       timeout_s=args.scrape_timeout, health_url=args.health_url,
                       prometheus_url=args.prometheus_url, prometheus_selector=args.prometheus_selector)
     done = threading.Event()
@@ -88,6 +92,9 @@ def _problem(args: argparse.Namespace) -> str | None:
         return f"--duration must be > 0, got {args.duration:g}"
     if not (args.metrics_url or args.prometheus_url):
         return "give --metrics-url (repeatable) or --prometheus-url"
+    if problem := access_problem(os.environ.get(args.api_key_env) or None, args.header, args.ca_bundle,
+                                 args.insecure, prefix="--"):
+        return problem
     if args.out.exists() and not args.out.is_dir():
         return f"--out {args.out}: not a directory"
     return None

@@ -1,0 +1,52 @@
+"""A restart command's output, copied to its log with every secret of the run replaced.
+
+    python -m k3load.loadgen.redact_lines FILE     # stdin -> FILE, secrets from $K3LOAD_REDACT_VALUES
+
+Why a process of its own rather than a thread of the harness: the command usually starts a server that
+outlives the run (`--k3-restart-cmd "exec vllm serve ..."`), and a server often prints the arguments it
+was started with, key included. A copier inside the harness would stop when the run ends and leave the
+server writing into a closed pipe; this one lives as long as the server's output does, and writes only
+redacted lines. The values travel in the environment, never on a command line (`ps` shows those).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from k3load.client.access import REDACTED
+from k3load.rundir import secret_values
+
+VALUES_ENV = "K3LOAD_REDACT_VALUES"
+
+
+def copy_redacted(proc: subprocess.Popen[bytes], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start the copier on `proc`'s stdout (then closed here: the copier holds the only reader)."""
+    assert proc.stdout is not None
+    env = {**os.environ, VALUES_ENV: json.dumps(list(secret_values()))}
+    copier = subprocess.Popen([sys.executable, "-m", "k3load.loadgen.redact_lines", str(log_path)],
+                              stdin=proc.stdout, env=env, start_new_session=True)
+    proc.stdout.close()
+    return copier
+
+
+def redact_line(line: bytes, values: list[str]) -> bytes:
+    for value in values:  # longest first, as Secrets.values orders them
+        line = line.replace(value.encode(), REDACTED.encode())
+    return line
+
+
+def main(argv: list[str]) -> int:
+    values = json.loads(os.environ.pop(VALUES_ENV, "[]"))
+    with open(argv[0], "ab") as out:
+        for line in sys.stdin.buffer:
+            out.write(redact_line(line, values))
+            out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
