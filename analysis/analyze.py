@@ -14,7 +14,7 @@ from typing import Any
 
 from k3load.analysis.checklist import build_checklist
 from k3load.analysis.pillar import PillarResult, rounded, thresholds
-from k3load.analysis.pillar_agent import judge_agent_api
+from k3load.analysis.pillar_agent import judge_agent_api, tool_turns_reason
 from k3load.analysis.pillar_cache import judge_prefix_cache
 from k3load.analysis.pillar_resources import judge_resources
 from k3load.analysis.ramp import ramp
@@ -56,12 +56,15 @@ def judge(run_dir: Path) -> Judgment:
     resources, stage_table = judge_resources(data, index, limits)
     pillars = {"compat": compat_pillar(data.compat), "resources": resources,
                "prefix_cache": judge_prefix_cache(data, index, limits["prefix_cache"] | limits["resources"]),
-               "agent_api": judge_agent_api(data.attempts, limits["agent_api"])}
+               "agent_api": judge_agent_api(data.attempts, limits["agent_api"],
+                                            data.plan.tool_turns if data.plan else "auto")}
     _server_aborts(pillars["agent_api"], data, index)
     ramp_table = ramp(stage_table)
     verdict, because, verdict_limits = decide(pillars, stage_table, ramp_table, unfinished_plan(data))
     if ((data.compat or {}).get("target") or {}).get("is_sim"):
         because = [*because, "the target is the k3load sim: a rehearsal, never evidence for a production verdict"]
+    if data.plan and (steered := tool_turns_reason(data.plan.tool_turns)):
+        because = [*because, steered]
     if data.problems:
         because = [*because, evidence_gaps(data.problems)]
     return Judgment(data, pillars, stage_table, ramp_table, verdict, because, verdict_limits,

@@ -125,11 +125,20 @@ def _valid_rule(numbers: dict[str, Any], threshold: float) -> RuleResult:
                       evidence=("records.jsonl (drill attempts excluded)",), interval=(rate.low, rate.high))
 
 
-def judge_agent_api(attempts: list[Attempt], limits: dict[str, float]) -> PillarResult:
+def tool_turns_reason(tool_turns: str) -> str | None:
+    """What a plan that steered tool turns did not test (None for the scenarios as written)."""
+    if tool_turns == "auto":
+        return None
+    how = "with the expected tool named" if tool_turns == "named" else 'with tool_choice "required"'
+    return (f"tool-call turns were sent {how} (the plan's tool_turns: {tool_turns}): calls were checked, the "
+            "model's own choice to call a tool (auto) was not tested")
+
+
+def judge_agent_api(attempts: list[Attempt], limits: dict[str, float], tool_turns: str = "auto") -> PillarResult:
     if not attempts:
         return PillarResult(NOT_RUN, ["no request was recorded"])
     judged = [a for a in attempts if not a.drill]
-    numbers = _rates(judged) | {"requests": _chains(attempts)}
+    numbers = _rates(judged) | {"requests": _chains(attempts), "tool_turns": tool_turns}
     drill, drill_reasons = _drill(attempts)
     numbers["timeout_drill"] = drill
     numbers["context_length_refusals"] = refusals = context_refusals(judged)
@@ -140,7 +149,7 @@ def judge_agent_api(attempts: list[Attempt], limits: dict[str, float]) -> Pillar
     rule = _valid_rule(numbers, limits["min_valid_rate"])
     numbers["rules"] = [rule.to_dict()]
     reasons = [rule.reason] if rule.status != PASS else []
-    reasons += [r for r in [context_reason(refusals)] if r] + drill_reasons
+    reasons += [r for r in [context_reason(refusals), tool_turns_reason(tool_turns)] if r] + drill_reasons
     if rule.status == FAIL or drill_reasons:
         return PillarResult(FAIL, reasons, numbers)
     if rule.status == INCONCLUSIVE:

@@ -46,6 +46,7 @@ class Plan:
     stages: tuple[Stage, ...]
     source: str  # the plan as written (saved into the run directory)
     thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
+    tool_turns: str = "auto"  # how turns that expect a tool call are sent (k3load.scenario.with_tool_turns)
 
     @property
     def duration_s(self) -> float:
@@ -97,7 +98,8 @@ def parse_plan(data: Any, where: str, source: str = "") -> Plan:
     duplicates = {n for n in names if names.count(n) > 1}
     if duplicates:
         raise PlanError(f"{where}: stage names must be unique: {sorted(duplicates)}")
-    return Plan(name=data["name"], stages=tuple(stages), source=source, thresholds=data.get("thresholds", {}))
+    return Plan(name=data["name"], stages=tuple(stages), source=source, thresholds=data.get("thresholds", {}),
+                tool_turns=data.get("tool_turns", "auto"))
 
 
 def load_plan(path: Path) -> Plan:

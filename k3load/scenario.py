@@ -9,7 +9,7 @@ The format is documented field by field in `k3load/schemas/scenario.schema.json`
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -152,6 +152,35 @@ def parse_scenario(data: Any, path: Path) -> Scenario:
                     prefix_salt=data.get("prefix_salt", "none"), context=tuple(data.get("context", [])),
                     tools=tuple(data.get("tools", [])), executors=data.get("executors", {}),
                     long_input=data.get("long_input"))
+
+
+TOOL_TURN_CHOICES = ("auto", "required", "named")
+
+
+def with_tool_turns(scenario: Scenario, choice: str) -> Scenario:
+    """The scenario with its tool-call turns sent as `choice` says (a plan's `tool_turns`).
+
+    Why a plan setting and not copies of the scenarios: a small real model cannot be expected to pick
+    tools on its own (`auto`), but it can fill a call vLLM constrains to the tool's schema (`required`,
+    or the tool named). The prompts, tools, histories and expectations stay the production ones; only
+    the tool_choice of turns that expect a call and do not set one themselves changes, and the body
+    (so the stored sample and its hash) says so. `named` names the expected tool when the turn allows
+    exactly one, else falls back to `required`. Answer and JSON turns keep their own choice.
+    """
+    if choice == "auto":
+        return scenario
+    turns = tuple(
+        replace(t, settings={**t.settings, "tool_choice": _tool_choice(t, choice)})
+        if t.kind == "tool_call" and "tool_choice" not in t.settings else t
+        for t in scenario.turns)
+    return replace(scenario, turns=turns)
+
+
+def _tool_choice(turn: Turn, choice: str) -> str | dict[str, Any]:
+    tools = turn.expect.get("tools") or []
+    if choice == "named" and len(tools) == 1:
+        return {"type": "function", "function": {"name": tools[0]}}
+    return "required"
 
 
 def load_scenario(path: Path) -> Scenario:

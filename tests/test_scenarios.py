@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from k3load.analysis.pillar_agent import tool_turns_reason
 from k3load.long_input import document, estimate_tokens, long_context_for, size_document
 from k3load.plan import PlanError, load_plan, parse_plan
 from k3load.samples import build_request, canonical, check_samples
-from k3load.scenario import ScenarioError, execute_tool, load_scenario, load_scenarios, parse_scenario
+from k3load.scenario import ScenarioError, execute_tool, load_scenario, load_scenarios, parse_scenario, with_tool_turns
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
@@ -156,3 +157,36 @@ def test_plan_expands_concurrency_steps_and_rejects_bad_plans(tmp_path):
     bad.write_text(yaml.safe_dump({"name": "p", "stages": []}))
     with pytest.raises(PlanError, match=r"bad\.yaml"):
         load_plan(bad)
+
+
+@pytest.mark.parametrize(("tool_turns", "first", "fourth"), [
+    ("auto", "auto", "auto"),
+    ("required", "required", "required"),
+    ("named", {"type": "function", "function": {"name": "get_current_weather"}},
+     {"type": "function", "function": {"name": "uber.ride"}}),
+])
+def test_a_plans_tool_turns_steer_only_the_tool_call_turns(tool_turns, first, fourth):
+    """The weather trip: turns 0 and 2 expect a call (set no choice), 1 and 3 an answer, 4 sets none."""
+    scenario = load_scenario(ROOT / "scenarios" / "agent_weather_trip.yaml")
+    steered = with_tool_turns(scenario, tool_turns)
+    choices = [json.loads(build_request(steered, i, "m").body)["tool_choice"] for i in range(len(steered.turns))]
+    assert [t.kind for t in steered.turns] == ["tool_call", "answer", "tool_call", "answer", "answer"]
+    assert choices == [first, "auto", fourth, "auto", "none"]
+    assert [t.expect for t in steered.turns] == [t.expect for t in scenario.turns]  # expectations unchanged
+    plan = parse_plan({"name": "p", "tool_turns": tool_turns, "stages": [
+        {"name": "a", "kind": "load", "duration_s": 1, "users": 1, "mix": {"agent": 1}}]}, "p.yaml")
+    assert plan.tool_turns == tool_turns
+    reason = tool_turns_reason(tool_turns)
+    assert (reason is None) == (tool_turns == "auto")
+    assert reason is None or ("auto" in reason and "was not tested" in reason)
+
+
+def test_named_tool_turns_fall_back_to_required_where_a_turn_allows_several_tools():
+    data = _minimal()
+    data["turns"][0]["expect"] = {"kind": "tool_call", "tools": ["f", "g"]}
+    data["tools"].append({"type": "function", "function": {"name": "g", "parameters": {"type": "object"}}})
+    steered = with_tool_turns(parse_scenario(data, Path("t.yaml")), "named")
+    assert steered.turns[0].settings["tool_choice"] == "required"
+    with pytest.raises(PlanError, match="tool_turns"):
+        parse_plan({"name": "p", "tool_turns": "sometimes", "stages": [
+            {"name": "a", "kind": "load", "duration_s": 1, "users": 1, "mix": {"agent": 1}}]}, "p.yaml")

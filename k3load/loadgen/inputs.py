@@ -20,7 +20,7 @@ from typing import Any
 from k3load.client.access import access_problem
 from k3load.plan import Plan, load_plan, resolve
 from k3load.precheck.recipe import load_recipe
-from k3load.scenario import Scenario, load_scenarios
+from k3load.scenario import Scenario, load_scenarios, with_tool_turns
 from k3load.yamlfile import one_line
 
 HARNESS_ERROR_EXIT = 2  # as Locust's own unexpected-error code: no verdict was reached
@@ -94,11 +94,12 @@ def plan_path(value: str, plans_dir: Path) -> Path:
 
 def load_inputs(opts: Any, plans_dir: Path) -> tuple[dict[str, list[Scenario]], Plan]:
     """Scenarios by family and the plan; a plan family with no scenario names both options."""
-    by_family: dict[str, list[Scenario]] = {}
-    for scenario in load_scenarios(scenario_paths(opts.k3_scenarios)):
-        by_family.setdefault(scenario.family, []).append(scenario)
+    scenarios = load_scenarios(scenario_paths(opts.k3_scenarios))
     path = plan_path(opts.k3_plan, plans_dir)
     plan = load_plan(path)
+    by_family: dict[str, list[Scenario]] = {}
+    for scenario in scenarios:
+        by_family.setdefault(scenario.family, []).append(with_tool_turns(scenario, plan.tool_turns))
     missing = sorted(plan.families() - set(by_family))
     if missing:
         raise HarnessError(f"{path}: stages[].mix: families {', '.join(missing)} have no scenario in "
