@@ -4,6 +4,8 @@ Loaded by ``tests/conftest.py`` (``pytest_plugins = ["tests.target_fixtures"]``)
 
 - ``vllm_venv``: the vLLM venv (``ensure_venv``; ~4 min from nothing, instant when cached).
 - ``tiny_model_dir``: the tiny model built by that venv (~10 s, cached by tiny_model.py's hash).
+- ``real_model_dir``: SmolLM2-135M-Instruct converted by that venv (~45 s from nothing, cached;
+  k3load/targets/real_model.py).
 - ``vllm_server``: ONE server for the whole session, started on first request, stopped at the end.
   It runs with ``--num-gpu-blocks-override 24`` (3,072 KV tokens in blocks of 128), so the same
   server shows prefix-cache hits on sequential requests sharing a ~1,000-token prefix and
@@ -12,7 +14,8 @@ Loaded by ``tests/conftest.py`` (``pytest_plugins = ["tests.target_fixtures"]``)
   ``log_path``, ``max_model_len`` and the underlying ``server``.
 - ``vllm_compile_cache``: torch.compile caches shared by every server of the session.
 - ``vllm_pool``: a ``VllmPool`` per test module for servers configured otherwise (a recipe flag
-  dropped, an extra flag), compiled like the session's. ``pool.start(name=ServerConfig(...), ...)``
+  dropped, an extra flag, the real model: ``ServerConfig(model="smollm2-135m")``), compiled like the
+  session's. ``pool.start(name=ServerConfig(...), ...)``
   starts several at once in the background; ``pool.get(name)`` waits until that one is healthy;
   ``pool.stop(name)`` frees one early
   (memory: about 3 GB each); ``pool.kill(name)`` SIGKILLs one's whole process group (a crash). Every
@@ -37,12 +40,13 @@ from pathlib import Path
 import gevent
 import pytest
 
-from k3load.targets.vllm_cpu import VllmCpuServer, ensure_tiny_model, ensure_venv
+from k3load.targets.real_model import ensure_real_model
+from k3load.targets.vllm_cpu import VllmCpuServer, ensure_model, ensure_tiny_model, ensure_venv, model_server
 
 REPO = Path(__file__).resolve().parents[1]
 # Small enough that 32 x 256 tokens preempt, large enough for one 2,048-token context (16 blocks).
 SERVER_ARGS = ("--num-gpu-blocks-override", "24")
-VLLM_FIXTURES = {"vllm_server", "vllm_venv", "tiny_model_dir", "vllm_pool", "vllm_compile_cache"}
+VLLM_FIXTURES = {"vllm_server", "vllm_venv", "tiny_model_dir", "real_model_dir", "vllm_pool", "vllm_compile_cache"}
 
 
 def cache_dir() -> Path:
@@ -85,6 +89,11 @@ def tiny_model_dir(vllm_venv: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def real_model_dir(vllm_venv: Path) -> Path:
+    return ensure_real_model(vllm_venv, cache_dir())
+
+
+@pytest.fixture(scope="session")
 def vllm_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """torch.compile caches shared by every server of the session (removed at its end): the first
     server compiles (about a minute on two cores), later ones reuse dynamo/inductor's caches."""
@@ -113,7 +122,7 @@ def vllm_server(
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """How one extra server differs from the recipe: flags left out and flags added."""
+    """How one extra server differs from the recipe: the model, flags left out and flags added."""
 
     drop_flags: Sequence[str] = ()
     extra_args: Sequence[str] = ()
@@ -121,11 +130,14 @@ class ServerConfig:
     # judged (k3load/precheck/startup_log.py NOTICES). The suite's servers stay compiled, as the
     # recipe's deployments are, so the verdicts are about the configuration a user would ship.
     enforce_eager: bool = False
+    # A served model name from vllm_cpu.MODELS: "tiny" (random weights) or "smollm2-135m" (real).
+    model: str = "tiny"
 
     def flags(self) -> list[str]:
         """What differs from the recipe, as a reader would type it (for reports)."""
         return [f"without {f}" for f in self.drop_flags] + list(self.extra_args) + \
-            (["--enforce-eager"] if self.enforce_eager else [])
+            (["--enforce-eager"] if self.enforce_eager else []) + \
+            ([f"model {self.model}"] if self.model != "tiny" else [])
 
 
 @dataclass
@@ -152,12 +164,17 @@ class VllmPool:
         for name, config in configs.items():
             if name in self.servers:
                 continue
-            server = VllmCpuServer(self.venv, self.model_dir, run_dir=self.tmp.mktemp(f"vllm-{name}"),
-                                   extra_args=config.extra_args, drop_flags=config.drop_flags,
-                                   enforce_eager=config.enforce_eager, compile_cache=self.compile_cache)
+            server = model_server(config.model, self.venv, self._model_dir(config.model),
+                                  run_dir=self.tmp.mktemp(f"vllm-{name}"), extra_args=config.extra_args,
+                                  drop_flags=config.drop_flags, enforce_eager=config.enforce_eager,
+                                  compile_cache=self.compile_cache)
             self._all.append(server)
             self.servers[name], self.configs[name] = server, config
             self._starting[name] = gevent.spawn(server.start)
+
+    def _model_dir(self, model: str) -> Path:
+        """``model_dir`` for the tiny model; another one is built (or found cached) on first use."""
+        return self.model_dir if model == "tiny" else ensure_model(model, self.venv, cache_dir())
 
     def get(self, name: str) -> VllmTarget:
         """The named server once healthy (its start's error, if it failed)."""
