@@ -29,8 +29,9 @@ def rules(judgment: Any) -> list[dict[str, Any]]:
     return [
         _rule("K3KVCachePressure", f"max(vllm:kv_cache_usage_perc) > {kv_ceiling:.2f}", "5m", "warning",
               f"KV cache usage above the accepted ceiling ({kv_ceiling:.0%}) for 5 minutes"),
-        _rule("K3RequestsWaiting", "sum(vllm:num_requests_waiting) > 0", f"{int(res['max_waiting_sustained_s'])}s",
-              "warning", "requests are queueing (sustained waiting)"),
+        _rule("K3RequestsWaiting", "sum(vllm:num_requests_waiting) > 0 and sum(vllm:num_requests_running) > 0",
+              f"{int(res['max_waiting_sustained_s'])}s", "warning",
+              "requests are queueing behind running ones (sustained waiting)"),
         _rule("K3Preemptions", f"sum(rate(vllm:num_preemptions_total[5m])) * 60 > {res['max_preemptions_per_min']}",
               "5m", "warning", "preemptions above the accepted rate: KV pressure"),
         _rule("K3PrefixCacheHitRatioLow", "sum(rate(vllm:prefix_cache_hits_total[15m])) / "

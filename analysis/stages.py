@@ -110,7 +110,7 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
         "kv_usage_max_by_source": {src or "target": g["max"] for src, g in
                                    index.gauge_by_source("vllm:kv_cache_usage_perc", t0, t1).items()},
         "waiting_max": waiting["max"] if waiting else None,
-        "waiting_sustained_s": index.sustained_positive_s("vllm:num_requests_waiting", t0, t1),
+        "waiting_sustained_s": index.sustained_queue_s(t0, t1),
         "running_max": running["max"] if running else None,
         "load_generator_cpu_max_pct": max(cpu) if cpu else None,
         "preemptions": preemptions, "preemptions_per_min": preemptions / duration * 60 if preemptions is not None

@@ -171,9 +171,17 @@ class MetricIndex:
                 out[source] = {"mean": sum(values) / len(values), "max": max(values), "samples": len(values)}
         return out
 
-    def sustained_positive_s(self, name: str, t0: float, t1: float) -> float | None:
-        """Longest stretch during which the gauge stayed above zero (a queue, not one blip), worst source."""
-        values = [self._sustained(self.points(name, t0, t1, source=s)) for s in self.sources]
+    def sustained_queue_s(self, t0: float, t1: float) -> float | None:
+        """Longest stretch during which requests waited BEHIND running ones (waiting > 0 and running > 0 in
+        the same scrape), worst source. Why not waiting alone: vLLM's gauges are the scheduler's state
+        a step behind, and on a slow server one step is long: a single 2,000-token prefill on a 2-core
+        CPU read as waiting 1, running 0 for 8 s with nothing else in the server. With none running,
+        nothing holds the batch or the KV cache, so a waiting request there is not queueing for them."""
+        values = []
+        for source in self.sources:
+            running = dict(self.points("vllm:num_requests_running", t0, t1, source=source))
+            waiting = self.points("vllm:num_requests_waiting", t0, t1, source=source)
+            values.append(self._sustained([(ts, w if running.get(ts, 0) > 0 else 0) for ts, w in waiting]))
         known = [v for v in values if v is not None]
         return max(known) if known else None
 

@@ -100,13 +100,23 @@ def check_tool_calls(result: StreamResult, scenario: Scenario) -> list[Finding]:
         try:
             arguments = json.loads(call.arguments or "")
         except json.JSONDecodeError as exc:
-            findings.append(_fail("tool_call.arguments_json", "parser", f"{where}: {exc}: {call.arguments!r}"))
+            findings.append(_arguments_not_json(result, where, exc, call.arguments))
             continue
         if not isinstance(arguments, dict):
             findings.append(_fail("tool_call.arguments_schema", "model_output", f"{where}: not an object"))
             continue
         findings.append(_schema_finding("tool_call.arguments_schema", arguments, schema, where))
     return findings
+
+
+def _arguments_not_json(result: StreamResult, where: str, exc: json.JSONDecodeError, text: str | None) -> Finding:
+    """Arguments that do not parse: the parser's fault, unless the model ran out of tokens mid-call
+    (finish_reason `length`). A small model looping inside a string argument ("...-task-to-add-to-...")
+    until max_tokens leaves cut JSON that no parser could mend: that is the model's output."""
+    if result.finish_reason == "length":
+        return _fail("tool_call.arguments_json", "model_output",
+                     f"{where}: cut at max_tokens (finish_reason length) mid-arguments: {exc}: {text!r}")
+    return _fail("tool_call.arguments_json", "parser", f"{where}: {exc}: {text!r}")
 
 
 def _schema_finding(check: str, value: Any, schema: dict[str, Any], where: str) -> Finding:
@@ -161,6 +171,9 @@ def _check_json(result: StreamResult, turn: Turn) -> Finding:
     try:
         value = json.loads(result.content)
     except json.JSONDecodeError as exc:
+        if result.finish_reason == "length":  # cut by max_tokens: no grammar or parser can close it
+            return _fail("expect.json", "model_output", f"content cut at max_tokens (finish_reason length), not "
+                         f"JSON ({exc}): {result.content[:200]!r}")
         layer = "parser" if "response_format" in turn.settings else "model_output"
         return _fail("expect.json", layer, f"content is not JSON ({exc}): {result.content[:200]!r}")
     return _schema_finding("expect.json", value, schema, "content")

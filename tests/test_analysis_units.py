@@ -23,6 +23,7 @@ from k3load.analysis.verdict import decide
 
 KEY = 'vllm:prefix_cache_hits_total{engine="0",model_name="m"}'
 WAIT = 'vllm:num_requests_waiting{engine="0",model_name="m"}'
+RUN = 'vllm:num_requests_running{engine="0",model_name="m"}'
 
 
 def _line(ts: float, **samples: float) -> dict:
@@ -42,10 +43,18 @@ def test_metrics_missing_is_none_not_zero():
     assert not index.present(0, 2) and index.gauge("vllm:num_requests_waiting", 0, 2) is None
 
 
-def test_sustained_waiting_is_the_longest_stretch_not_a_blip():
+def test_sustained_waiting_is_the_longest_stretch_behind_running_requests_not_a_blip():
     values = [0, 3, 0, 0, 2, 2, 2, 2, 0]
-    index = MetricIndex([_line(t, **{WAIT: v}) for t, v in enumerate(values)])
-    assert index.sustained_positive_s("vllm:num_requests_waiting", 0, 10) == 4  # ts 4..8
+    index = MetricIndex([_line(t, **{WAIT: v, RUN: 1}) for t, v in enumerate(values)])
+    assert index.sustained_queue_s(0, 10) == 4  # ts 4..8
+
+
+def test_one_slow_step_read_as_waiting_with_nothing_running_is_no_queue():
+    """Seen on SmolLM2 on a 2-core CPU: one request's 2,000-token prefill read as waiting 1, running 0 for
+    8 s (the gauges are a step behind); later, with two users, waiting 1 behind running 1 for real."""
+    rows = [_line(t, **{WAIT: 1, RUN: 0}) for t in range(9)] + \
+        [_line(t, **{WAIT: 1, RUN: 1}) for t in range(9, 12)] + [_line(12, **{WAIT: 0, RUN: 1})]
+    assert MetricIndex(rows).sustained_queue_s(0, 20) == 3  # ts 9..12 only
 
 
 def _step(users: int, problems: list[tuple[str, str]]) -> dict:

@@ -49,6 +49,10 @@ def _failed(findings) -> set[tuple[str, str]]:
      set()),
     (CALL, _result(tool_calls=[ToolCall(0, "x", "get", '{"id": 1')], finish_reason="tool_calls"),
      {("tool_call.arguments_json", "parser")}),
+    # A model looping inside an argument until max_tokens: cut JSON no parser could mend (seen on SmolLM2).
+    (CALL, _result(tool_calls=[ToolCall(0, "x", "get", '{"id": 1, "note": "to-add-to-add-to')], finish_reason="length"),
+     {("tool_call.arguments_json", "model_output")}),
+    (JSON, _result(content='{"n": 3, "more": "and and and', finish_reason="length"), {("expect.json", "model_output")}),
     (CALL, _result(tool_calls=[ToolCall(0, "x", "get", '{"id": 99}')], finish_reason="tool_calls"),
      {("tool_call.arguments_schema", "model_output")}),
     (CALL, _result(tool_calls=[ToolCall(0, "x", "delete_all", "{}")], finish_reason="tool_calls"),
