@@ -63,29 +63,60 @@ def _chains(attempts: list[Attempt]) -> dict[str, Any]:
 
 
 def context_refusals(attempts: list[Attempt]) -> dict[str, Any]:
-    """vLLM's context-length 400s per family: the prompts' tokens against the server's max_model_len."""
+    """vLLM's context-length 400s per family: the prompts' tokens against the server's max_model_len.
+
+    vLLM counts a refused prompt only up to max_model_len + 1 ("at least N"), so the size the operator
+    needs (how much context to give) is estimated from the bytes each refused request sent, at the
+    tokens per byte of the run's answered requests, and marked as an estimate."""
+    per_byte = _tokens_per_byte(attempts)
     out: dict[str, Any] = {}
     for attempt in attempts:
         found = context_length(attempt.error_body) if attempt.http_status == 400 else None
         if not found:
             continue
-        family = out.setdefault(attempt.family, {"refused": 0, "attempts": 0, "max_model_len": found[0],
-                                                 "prompt_tokens_min": found[1], "prompt_tokens_max": found[1]})
+        family = out.setdefault(attempt.family, {"refused": 0, "attempts": 0, "max_model_len": found.max_model_len,
+                                                 "prompt_tokens_min": None, "prompt_tokens_max": None,
+                                                 "counted_only_to_the_limit": False, "prompt_tokens_estimated": None})
         family["refused"] += 1
-        family["prompt_tokens_min"] = min(family["prompt_tokens_min"], found[1])
-        family["prompt_tokens_max"] = max(family["prompt_tokens_max"], found[1])
+        if found.prompt_tokens is not None:
+            family["prompt_tokens_min"] = min(filter(None, (family["prompt_tokens_min"], found.prompt_tokens)))
+            family["prompt_tokens_max"] = max(family["prompt_tokens_max"] or 0, found.prompt_tokens)
+        family["counted_only_to_the_limit"] |= found.at_least
+        if per_byte and attempt.request_bytes:
+            estimate = round(attempt.request_bytes * per_byte)
+            family["prompt_tokens_estimated"] = max(family["prompt_tokens_estimated"] or 0, estimate)
     for attempt in attempts:
         if attempt.family in out:
             out[attempt.family]["attempts"] += 1
     return out
 
 
+def _tokens_per_byte(attempts: list[Attempt]) -> float | None:
+    """Prompt tokens per body byte over the answered requests (None when none reports both)."""
+    pairs = [(a.prompt_tokens, a.request_bytes) for a in attempts
+             if a.status == "ok" and a.prompt_tokens and a.request_bytes]
+    return sum(t for t, _ in pairs) / sum(b for _, b in pairs) if pairs else None
+
+
 def context_reason(refusals: dict[str, Any]) -> str | None:
     if not refusals:
         return None
-    parts = [f"{family} {v['refused']} of {v['attempts']} (prompts {v['prompt_tokens_min']}-{v['prompt_tokens_max']} "
-             f"tokens > max_model_len {v['max_model_len']})" for family, v in sorted(refusals.items())]
+    parts = [f"{family} {v['refused']} of {v['attempts']} ({_sizes(v)} > max_model_len {v['max_model_len']})"
+             for family, v in sorted(refusals.items())]
     return "the server refused prompts longer than its context (vLLM's context-length 400): " + "; ".join(parts)
+
+
+def _sizes(v: dict[str, Any]) -> str:
+    """What is known of the refused prompts' size: vLLM's count (a floor when it stopped counting at the
+    limit) and the estimate from the bytes sent."""
+    low, high = v["prompt_tokens_min"], v["prompt_tokens_max"]
+    counted = None if low is None else f"{low}-{high}" if low != high else f"{low}"
+    if v["counted_only_to_the_limit"]:
+        counted = f"at least {counted}" if counted else "not counted"
+    said = f"prompts {counted} tokens" if counted != "not counted" else "prompts not counted"
+    if v["prompt_tokens_estimated"]:
+        said += f", ~{v['prompt_tokens_estimated']} estimated from the bytes sent"
+    return said
 
 
 def _drill(attempts: list[Attempt]) -> tuple[dict[str, Any], list[str]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import jsonschema
 
@@ -53,11 +53,41 @@ def vllm_error(body: str | None) -> dict[str, Any] | None:
     return error if error and isinstance(error.get("message"), str) else None
 
 
-def context_length(body: str | None) -> tuple[int, int] | None:
-    """(max_model_len, prompt tokens) from vLLM's context-length 400, or None."""
+class ContextRefusal(NamedTuple):
+    """vLLM's context-length 400, read. Why `at_least`: vLLM 0.32 tokenizes a prompt only up to
+    max_model_len + 1 tokens and then says "at least N" (vllm/renderers/params.py), so a 1,400-token
+    prompt against a 1,024-token context reads 1,025: a floor, never the prompt's size. A prompt far
+    over is refused on its characters before tokenizing (`prompt_chars`, no token count at all)."""
+
+    max_model_len: int
+    prompt_tokens: int | None
+    at_least: bool = False
+    prompt_chars: int | None = None
+
+
+_CHARACTERS = re.compile(r"contains (\d+) characters", re.IGNORECASE)
+
+
+def context_length(body: str | None) -> ContextRefusal | None:
+    """The refusal's numbers from vLLM's context-length 400 (its JSON body or stream error), or None."""
     error = vllm_error(body)
-    match = CONTEXT_LENGTH.search(error["message"]) if error else None
-    return (int(match.group(1)), int(match.group(2))) if match else None
+    message = error["message"] if error else ""
+    match = CONTEXT_LENGTH.search(message)
+    if not match:
+        return None
+    limit = int(match.group(1))
+    if chars := _CHARACTERS.search(message):
+        return ContextRefusal(limit, None, True, int(chars.group(1)))
+    tokens = int(match.group(2))
+    at_least = "at least" in message[max(0, match.start(2) - 12):match.start(2)] or tokens == limit + 1
+    return ContextRefusal(limit, tokens, at_least)
+
+
+def refusal_text(refusal: ContextRefusal) -> str:
+    """`prompt 1532 tokens`, `prompt at least 1025 tokens`, or `prompt of 90000 characters`."""
+    if refusal.prompt_tokens is None:
+        return f"prompt of {refusal.prompt_chars} characters (not tokenized)"
+    return f"prompt {'at least ' if refusal.at_least else ''}{refusal.prompt_tokens} tokens"
 
 
 def transport_layer(result: StreamResult) -> str:
@@ -77,10 +107,10 @@ def transport_layer(result: StreamResult) -> str:
 def check_transport(result: StreamResult) -> list[Finding]:
     if result.status == STATUS_OK:
         return [Finding("transport", True)]
-    limits = context_length(result.error_body) if result.http_status == 400 else None
-    if limits:
-        return [_fail("request.context_length", "server", f"prompt {limits[1]} tokens > max_model_len {limits[0]} "
-                      f"(vLLM's context-length 400: {result.error_body or ''})")]
+    refusal = context_length(result.error_body) if result.http_status == 400 else None
+    if refusal:
+        return [_fail("request.context_length", "server", f"{refusal_text(refusal)} > max_model_len "
+                      f"{refusal.max_model_len} (vLLM's context-length 400: {result.error_body or ''})")]
     detail = f"{result.status}: {result.error or ''}"
     if result.http_status is not None:
         detail = f"HTTP {result.http_status}: {result.error_body or result.error or ''}"

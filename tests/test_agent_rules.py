@@ -64,6 +64,20 @@ def test_context_length_refusals_are_named_per_family_with_the_servers_limit():
                         http_status=400, error_body=CONTEXT_400, family="long_input") for i in range(5)]
     result = judge_agent_api(refused + [_attempt(i) for i in range(5, 30)], LIMITS)
     assert result.numbers["context_length_refusals"] == {"long_input": {
-        "refused": 5, "attempts": 5, "max_model_len": 1024, "prompt_tokens_min": 1532, "prompt_tokens_max": 1532}}
-    assert any("long_input 5 of 5 (prompts 1532-1532 tokens > max_model_len 1024)" in r for r in result.reasons)
+        "refused": 5, "attempts": 5, "max_model_len": 1024, "prompt_tokens_min": 1532, "prompt_tokens_max": 1532,
+        "counted_only_to_the_limit": False, "prompt_tokens_estimated": None}}
+    assert any("long_input 5 of 5 (prompts 1532 tokens > max_model_len 1024)" in r for r in result.reasons)
     assert result.numbers["failed_by_layer"]["server"] == 5
+
+
+def test_a_refusal_counted_only_to_the_limit_is_a_floor_with_the_size_estimated_from_the_bytes():
+    """Seen on SmolLM2 with --max-model-len 1024: ~1,400-token prompts read "at least 1025" in vLLM's 400."""
+    floor = CONTEXT_400.replace("contains 1532 input tokens", "contains at least 1025 input tokens")
+    refused = [_attempt(i, [Finding("request.context_length", False, "server", "too long")], status="http_error",
+                        http_status=400, error_body=floor, family="cold", request_bytes=5600) for i in range(5)]
+    answered = [_attempt(i, prompt_tokens=250, request_bytes=1000) for i in range(5, 30)]  # 0.25 tokens a byte
+    result = judge_agent_api(refused + answered, LIMITS)
+    cold = result.numbers["context_length_refusals"]["cold"]
+    assert cold["counted_only_to_the_limit"] and cold["prompt_tokens_estimated"] == 1400
+    assert any("cold 5 of 5 (prompts at least 1025 tokens, ~1400 estimated from the bytes sent > max_model_len "
+               "1024)" in r for r in result.reasons), result.reasons

@@ -57,6 +57,8 @@ def _oom_details(verdict: dict) -> None:
 def _context_details(verdict: dict) -> None:
     refusals = verdict["pillars"]["agent_api"]["numbers"]["context_length_refusals"]
     assert refusals and all(v["max_model_len"] == 1024 and v["prompt_tokens_min"] > 1024 for v in refusals.values())
+    # The sim says "at least 1025", as vLLM 0.32 does: the size a lead needs is the estimate from the bytes.
+    assert all(v["counted_only_to_the_limit"] and v["prompt_tokens_estimated"] > 1024 for v in refusals.values())
     assert verdict["limits"]["max_model_len"] == 1024
     assert verdict["pillars"]["agent_api"]["numbers"]["failed_by_layer"]["server"] > 0
 
