@@ -138,7 +138,7 @@ class ServerConfig:
 
     def flags(self) -> list[str]:
         """What differs from the recipe, as a reader would type it (for reports)."""
-        return [f"without {f}" for f in self.drop_flags] + list(self.extra_args) + \
+        return [f"without {f}" for f in self.drop_flags] + ([" ".join(self.extra_args)] if self.extra_args else []) + \
             (["--enforce-eager"] if self.enforce_eager else []) + \
             ([f"model {self.model}"] if self.model != "tiny" else [])
 

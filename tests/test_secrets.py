@@ -10,9 +10,11 @@ error bodies), served over plain HTTP or over TLS with a CA made here by the `op
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -297,6 +299,33 @@ def test_a_restart_commands_output_is_logged_redacted_and_outlives_the_harness_c
         time.sleep(0.05)
     assert log.read_text() == f"serve --api-key {REDACTED} --header {REDACTED}\nlater {REDACTED}\n"
     assert not _leaks(tmp_path)
+
+
+def test_a_restarted_server_does_not_hold_the_harness_console_open(tmp_path: Path) -> None:
+    """The restart command's server outlives the harness; neither it nor the log copier may keep the
+    harness's stdout open (found by the real-server suite: the run's `communicate()` hung until its
+    timeout while the restarted server lived)."""
+    pidfile = tmp_path / "server.pid"
+    code = (f"from pathlib import Path; from types import SimpleNamespace\n"
+            f"from k3load.loadgen.observe import Restarter; from k3load.rundir import JsonlLog\n"
+            f"d = Path({str(tmp_path)!r})\n"
+            f"Restarter(SimpleNamespace(run_dir=d, events=JsonlLog(d / 'events.jsonl')), "
+            f"'echo $$ > {pidfile}; echo up; exec sleep 30', 1)({{'event': 'server_down'}})\n"
+            f"print('harness done')\n")
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        out, err = proc.communicate(timeout=25)
+        assert "harness done" in out and time.monotonic() - started < 15, err
+    finally:
+        proc.kill()
+        deadline = time.monotonic() + 5
+        while not pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if pidfile.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
 
 
 # -- the `k3load` subcommands that reach the target ---------------------------------------------------

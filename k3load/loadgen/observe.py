@@ -84,8 +84,8 @@ class Restarter:
             return
         self.started += 1
         log_path = self.session.run_dir / f"restart-{self.started}.log"
-        self._running = subprocess.Popen(["bash", "-c", self.command], stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self._running = subprocess.Popen(["bash", "-c", self.command], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         copy_redacted(self._running, log_path)
         self.session.events.event("restart_command", attempt=self.started, pid=self._running.pid,
                                   log=log_path.name)

@@ -27,8 +27,11 @@ def copy_redacted(proc: subprocess.Popen[bytes], log_path: Path) -> subprocess.P
     """Start the copier on `proc`'s stdout (then closed here: the copier holds the only reader)."""
     assert proc.stdout is not None
     env = {**os.environ, VALUES_ENV: json.dumps(list(secret_values()))}
+    # Its own stdout and stderr go nowhere: inheriting the harness's would hold the pipe of whoever reads
+    # the run's console (a CI step, `communicate()`) open as long as the restarted server lives.
     copier = subprocess.Popen([sys.executable, "-m", "k3load.loadgen.redact_lines", str(log_path)],
-                              stdin=proc.stdout, env=env, start_new_session=True)
+                              stdin=proc.stdout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                              start_new_session=True)
     proc.stdout.close()
     return copier
 
