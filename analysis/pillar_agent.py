@@ -79,8 +79,9 @@ def context_refusals(attempts: list[Attempt]) -> dict[str, Any]:
                                                  "counted_only_to_the_limit": False, "prompt_tokens_estimated": None})
         family["refused"] += 1
         if found.prompt_tokens is not None:
-            family["prompt_tokens_min"] = min(filter(None, (family["prompt_tokens_min"], found.prompt_tokens)))
-            family["prompt_tokens_max"] = max(family["prompt_tokens_max"] or 0, found.prompt_tokens)
+            known = [t for t in (family["prompt_tokens_min"], family["prompt_tokens_max"]) if t is not None]
+            family["prompt_tokens_min"] = min([*known, found.prompt_tokens])
+            family["prompt_tokens_max"] = max([*known, found.prompt_tokens])
         family["counted_only_to_the_limit"] |= found.at_least
         if per_byte and attempt.request_bytes:
             estimate = round(attempt.request_bytes * per_byte)
@@ -110,10 +111,11 @@ def _sizes(v: dict[str, Any]) -> str:
     """What is known of the refused prompts' size: vLLM's count (a floor when it stopped counting at the
     limit) and the estimate from the bytes sent."""
     low, high = v["prompt_tokens_min"], v["prompt_tokens_max"]
-    counted = None if low is None else f"{low}-{high}" if low != high else f"{low}"
-    if v["counted_only_to_the_limit"]:
-        counted = f"at least {counted}" if counted else "not counted"
-    said = f"prompts {counted} tokens" if counted != "not counted" else "prompts not counted"
+    if low is None:
+        said = "prompts not counted"
+    else:
+        floor = "at least " if v["counted_only_to_the_limit"] else ""
+        said = f"prompts {floor}{low}{'' if high == low else f'-{high}'} tokens"
     if v["prompt_tokens_estimated"]:
         said += f", ~{v['prompt_tokens_estimated']} estimated from the bytes sent"
     return said

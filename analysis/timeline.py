@@ -181,7 +181,9 @@ class MetricIndex:
         for source in self.sources:
             running = dict(self.points("vllm:num_requests_running", t0, t1, source=source))
             waiting = self.points("vllm:num_requests_waiting", t0, t1, source=source)
-            values.append(self._sustained([(ts, w if running.get(ts, 0) > 0 else 0) for ts, w in waiting]))
+            if running:  # a source without the running gauge is judged on waiting alone, never as no queue
+                waiting = [(ts, w if running.get(ts, 0) > 0 else 0) for ts, w in waiting]
+            values.append(self._sustained(waiting))
         known = [v for v in values if v is not None]
         return max(known) if known else None
 

@@ -55,6 +55,9 @@ def test_one_slow_step_read_as_waiting_with_nothing_running_is_no_queue():
     rows = [_line(t, **{WAIT: 1, RUN: 0}) for t in range(9)] + \
         [_line(t, **{WAIT: 1, RUN: 1}) for t in range(9, 12)] + [_line(12, **{WAIT: 0, RUN: 1})]
     assert MetricIndex(rows).sustained_queue_s(0, 20) == 3  # ts 9..12 only
+    # A source that serves waiting but not running (a trimmed exporter) is judged on waiting alone.
+    waiting_only = [_line(t, **{WAIT: 1}) for t in range(9)] + [_line(9, **{WAIT: 0})]
+    assert MetricIndex(waiting_only).sustained_queue_s(0, 20) == 9
 
 
 def _step(users: int, problems: list[tuple[str, str]]) -> dict:
