@@ -87,6 +87,21 @@ class Attempt:
     # same bytes), so answers and latency compare like for like. None outside the control.
     control_pair: int | None = None
     control_role: str | None = None  # "cold" | "warm"
+    stream: bool = True  # sent with `stream: true` (False: the whole body at once)
+    # Tool-call cadence (streamed answers with a tool call; None otherwise): from the first chunk that
+    # carried a tool-call part to the last one (the arguments' end), the longest silence inside the call,
+    # the silence leading into its first delta included (a parser that holds a K3 call back until its
+    # end marker streams nothing for that long), and how many chunks carried tool-call parts.
+    tool_call_span_ms: float | None = None
+    tool_call_max_gap_ms: float | None = None
+    tool_call_deltas: int | None = None
+    # Silence before the attempt ended: from the last token-bearing chunk (or the first event, the first
+    # byte, the send) to the end; what tells a stall cut by our deadline from a deadline that was short.
+    last_silence_ms: float | None = None
+    # Streaming-equivalence drill: the same turn sent streamed and whole at once; both twins share
+    # `stream_pair`, `stream_role` is "stream" or "whole". None outside the drill.
+    stream_pair: str | None = None
+    stream_role: str | None = None
 
     def to_json(self) -> str:
         return json_line(asdict(self))

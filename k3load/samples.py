@@ -116,6 +116,8 @@ def _body(scenario: Scenario, turn: Turn, model: str, messages: list[dict[str, A
         body["tool_choice"] = s.get("tool_choice", "auto")
     if "response_format" in s:
         body["response_format"] = s["response_format"]
+    if "parallel_tool_calls" in s and tools:
+        body["parallel_tool_calls"] = s["parallel_tool_calls"]
     return body
 
 

@@ -21,7 +21,7 @@ from k3load.yamlfile import YamlFileError, read_yaml_file
 DEFAULT_RETRY = {"max_attempts": 1, "backoff_s": 0.0,
                  "when": ["timeout", "http_429", "http_5xx", "transport_error", "truncated", "stream_error"]}
 DEFAULT_SETTINGS: dict[str, Any] = {"max_tokens": 256, "timeout_s": 60.0, "temperature": 0.0, "stream": True}
-TURN_SETTINGS = ("max_tokens", "timeout_s", "tool_choice", "response_format", "retry")
+TURN_SETTINGS = ("max_tokens", "timeout_s", "tool_choice", "response_format", "parallel_tool_calls", "retry")
 
 
 class ScenarioError(ValueError):
@@ -99,9 +99,10 @@ def _check_references(data: dict[str, Any], path: Path) -> None:
             raise ScenarioError(f"{path}: executors.{name}: no tool of that name")
     for i, turn in enumerate(data["turns"]):
         where = f"{path}: turns[{i}]"
-        for name in turn["expect"].get("tools", []):
-            if name not in tools:
-                raise ScenarioError(f"{where}.expect.tools: unknown tool {name!r}")
+        for key in ("tools", "calls"):
+            for name in turn["expect"].get(key, []):
+                if name not in tools:
+                    raise ScenarioError(f"{where}.expect.{key}: unknown tool {name!r}")
         for j, call in enumerate((turn.get("reply") or {}).get("tool_calls", [])):
             if call["name"] not in tools:
                 raise ScenarioError(f"{where}.reply.tool_calls[{j}].name: unknown tool {call['name']!r}")
@@ -117,6 +118,11 @@ def _check_references(data: dict[str, Any], path: Path) -> None:
 def _check_turn_order(data: dict[str, Any], i: int, turn: dict[str, Any], where: str) -> None:
     if turn["expect"]["kind"] == "json" and "schema" not in turn["expect"] and "response_format" not in turn:
         raise ScenarioError(f"{where}.expect.schema: a json turn needs a schema or a response_format")
+    calls, allowed = turn["expect"].get("calls"), turn["expect"].get("tools")
+    if calls and turn["expect"]["kind"] != "tool_call":
+        raise ScenarioError(f"{where}.expect.calls: only a tool_call turn expects calls")
+    if calls and allowed and set(calls) - set(allowed):
+        raise ScenarioError(f"{where}.expect.calls: {sorted(set(calls) - set(allowed))} not in expect.tools")
     if turn["expect"]["kind"] == "tool_call" and not data.get("tools"):
         raise ScenarioError(f"{where}.expect.kind: tool_call but the scenario has no tools")
     conversation = data.get("mode", "conversation") == "conversation"
