@@ -56,8 +56,7 @@ def judge(run_dir: Path) -> Judgment:
     resources, stage_table = judge_resources(data, index, limits)
     pillars = {"compat": compat_pillar(data.compat), "resources": resources,
                "prefix_cache": judge_prefix_cache(data, index, limits["prefix_cache"] | limits["resources"]),
-               "agent_api": judge_agent_api(data.attempts, limits["agent_api"],
-                                            data.plan.tool_turns if data.plan else "auto")}
+               "agent_api": judge_agent_api(data.attempts, limits["agent_api"], data.plan)}
     _server_aborts(pillars["agent_api"], data, index)
     ramp_table = ramp(stage_table)
     verdict, because, verdict_limits = decide(pillars, stage_table, ramp_table, unfinished_plan(data))

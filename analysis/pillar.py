@@ -12,7 +12,8 @@ from typing import Any
 PASS, FAIL, INCONCLUSIVE, NOT_RUN = "pass", "fail", "inconclusive", "not_run"
 
 DEFAULT_THRESHOLDS: dict[str, dict[str, float]] = {
-    "agent_api": {"min_attempts": 20, "min_valid_rate": 0.95},
+    "agent_api": {"min_attempts": 20, "min_valid_rate": 0.95, "max_tool_call_gap_ms": 30000.0,
+                  "min_stream_pairs": 10},
     "slo": {"ttft_p95_ms": 3000.0, "itl_p95_ms": 250.0, "e2e_p95_ms": 60000.0, "max_error_rate": 0.02},
     "resources": {"max_waiting_sustained_s": 10.0, "max_preemptions_per_min": 5.0, "max_kv_usage": 0.98,
                   "min_gpu_headroom_pct": 5.0},

@@ -14,6 +14,8 @@ from typing import Any
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResult
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.stats import decide_rate, more_attempts_to_decide, wilson
+from k3load.analysis.tool_calls import known_failures
+from k3load.plan import Plan
 from k3load.records import LAYERS, Attempt
 from k3load.validate import context_length
 
@@ -167,11 +169,17 @@ def tool_turns_reason(tool_turns: str) -> str | None:
             "model's own choice to call a tool (auto) was not tested")
 
 
-def judge_agent_api(attempts: list[Attempt], limits: dict[str, float], tool_turns: str = "auto") -> PillarResult:
+def judge_agent_api(attempts: list[Attempt], limits: dict[str, float], plan: Plan | None = None) -> PillarResult:
+    """The valid rate over every judged attempt, and beside it Kimi's known tool-calling failures
+    (analysis/tool_calls.py): a streaming path wrong where the whole body is right, tool calls held back
+    for long silences, answers left in the reasoning. Any of those failing fails the pillar."""
     if not attempts:
         return PillarResult(NOT_RUN, ["no request was recorded"])
+    tool_turns = plan.tool_turns if plan else "auto"
     judged = [a for a in attempts if not a.drill]
     numbers = _rates(judged) | {"requests": _chains(attempts), "tool_turns": tool_turns}
+    known, known_rules, known_reasons = known_failures(judged, limits, plan)
+    numbers |= known
     drill, drill_reasons = _drill(attempts)
     numbers["timeout_drill"] = drill
     numbers["context_length_refusals"] = refusals = context_refusals(judged)
@@ -180,12 +188,15 @@ def judge_agent_api(attempts: list[Attempt], limits: dict[str, float], tool_turn
                                            f"least {int(limits['min_attempts'])} are needed: one success is not "
                                            "evidence)"], numbers)
     rule = _valid_rule(numbers, limits["min_valid_rate"])
-    numbers["rules"] = [rule.to_dict()]
-    reasons = [rule.reason] if rule.status != PASS else []
+    rules = [rule, *known_rules]
+    numbers["rules"] = [r.to_dict() for r in rules]
+    reasons = ([rule.reason] if rule.status != PASS else []) + known_reasons
     reasons += [r for r in [context_reason(refusals), tool_turns_reason(tool_turns)] if r] + drill_reasons
-    if rule.status == FAIL or drill_reasons:
+    statuses = {r.status for r in rules}
+    if FAIL in statuses or drill_reasons:
         return PillarResult(FAIL, reasons, numbers)
-    if rule.status == INCONCLUSIVE:
+    if INCONCLUSIVE in statuses:
         return PillarResult(INCONCLUSIVE, reasons, numbers)
+    passed = [r.reason for r in known_rules if r.status == PASS]
     return PillarResult(PASS, [f"{rule.reason} (tool calls, structured output, reasoning/content separation, "
-                               "expectations)", *reasons], numbers)
+                               "expectations)", *passed, *reasons], numbers)

@@ -47,6 +47,7 @@ class Plan:
     source: str  # the plan as written (saved into the run directory)
     thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
     tool_turns: str = "auto"  # how turns that expect a tool call are sent (k3load.scenario.with_tool_turns)
+    stream_equivalence: dict[str, Any] | None = None  # the drill's settings (turns, share); None: not run
 
     @property
     def duration_s(self) -> float:
@@ -99,7 +100,14 @@ def parse_plan(data: Any, where: str, source: str = "") -> Plan:
     if duplicates:
         raise PlanError(f"{where}: stage names must be unique: {sorted(duplicates)}")
     return Plan(name=data["name"], stages=tuple(stages), source=source, thresholds=data.get("thresholds", {}),
-                tool_turns=data.get("tool_turns", "auto"))
+                tool_turns=data.get("tool_turns", "auto"), stream_equivalence=_drill(data.get("stream_equivalence")))
+
+
+def _drill(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The streaming-equivalence drill with its defaults filled in (None when the plan has none)."""
+    if raw is None:
+        return None
+    return {"turns": list(raw.get("turns", ["tool_call"])), "share": float(raw.get("share", 0.5))}
 
 
 def load_plan(path: Path) -> Plan:

@@ -8,10 +8,11 @@ moment it ends (the Locust glue turns it into events and a JSONL line).
 from __future__ import annotations
 
 import itertools
+import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from k3load.client.result import (
@@ -26,6 +27,7 @@ from k3load.client.result import (
 from k3load.records import Attempt, Finding, timing_fields
 from k3load.samples import PreparedRequest, build_request
 from k3load.scenario import Scenario, Turn
+from k3load.stream_equivalence import compare_twins
 from k3load.validate import primary_layer, validate
 
 
@@ -70,6 +72,30 @@ def retry_reason(result: StreamResult, findings: list[Finding]) -> str | None:
     return None
 
 
+def one_after_other(first: Callable[[], Any], second: Callable[[], Any]) -> tuple[Any, Any]:
+    """Run both, in order: the fallback where nothing can run them at once (a plain thread)."""
+    return first(), second()
+
+
+@dataclass
+class StreamDrill:
+    """The streaming-equivalence drill of one user: which turns it plays both ways (a plan's
+    `stream_equivalence`, drawn from the user's seeded RNG) and how the two twins run at once
+    (`concurrently`: gevent under Locust, so both are in flight inside the stage's concurrency)."""
+
+    turns: tuple[str, ...] = ("tool_call",)
+    share: float = 0.5
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    concurrently: Callable[[Callable[[], Any], Callable[[], Any]], tuple[Any, Any]] = one_after_other
+
+    def chooses(self, scenario: Scenario, turn: Turn) -> bool:
+        """Only turns whose two answers must agree: temperature 0, streamed as written, neither a
+        control pair (its cold/warm timing is the point) nor a timeout drill (its deadline is)."""
+        eligible = turn.kind in self.turns and scenario.prefix_salt != "pair" and turn.settings["stream"] and \
+            not turn.settings["temperature"] and not turn.retry.get("first_timeout_s")
+        return eligible and self.rng.random() < self.share
+
+
 @dataclass
 class RunContext:
     """Who is sending, in which run and stage; `stage` is read at send time (the shape moves it)."""
@@ -80,6 +106,8 @@ class RunContext:
     stage: Callable[[], str] = lambda: "default"
     long_context: Callable[[Scenario], str | None] = lambda scenario: None
     sleep: Callable[[float], None] = time.sleep
+    max_tool_call_gap_ms: float | None = None  # the plan's silence limit inside a streamed tool call
+    drill: StreamDrill | None = None  # the streaming-equivalence drill (None: not played)
     _requests: itertools.count = field(default_factory=itertools.count)
     _pairs: itertools.count = field(default_factory=lambda: itertools.count(1))
 
@@ -98,7 +126,8 @@ class RunContext:
 
 
 def make_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest, result: StreamResult,
-                 findings: list[Finding], chain_id: str, number: int, will_retry: bool) -> Attempt:
+                 findings: list[Finding], chain_id: str, number: int, will_retry: bool,
+                 timing: dict[str, Any] | None = None) -> Attempt:
     failed = sorted({f.layer for f in findings if not f.ok and f.layer})
     return Attempt(
         run_id=ctx.run_id, attempt_id=uuid.uuid4().hex, chain_id=chain_id, attempt=number, stage=ctx.stage(),
@@ -114,8 +143,8 @@ def make_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: Prep
         reasoning=result.reasoning, content=result.content,
         tool_calls=[c.as_message() for c in result.tool_calls], findings=findings,
         valid=all(f.ok for f in findings), failed_layers=failed, primary_layer=primary_layer(findings),
-        will_retry=will_retry,
-        **timing_fields(result))
+        will_retry=will_retry, stream=turn.settings["stream"],
+        **(timing if timing is not None else timing_fields(result)))
 
 
 def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, salt: str,
@@ -129,10 +158,11 @@ def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, sa
     for number in range(1, policy["max_attempts"] + 1):
         drill = number == 1 and bool(policy.get("first_timeout_s"))
         result = client.send(prepared.body, policy["first_timeout_s"] if drill else turn.settings["timeout_s"])
-        findings = validate(result, scenario, turn)
+        timing = timing_fields(result)
+        findings = validate(result, scenario, turn, timing, ctx.max_tool_call_gap_ms)
         reason = retry_reason(result, findings)
         will_retry = reason in policy["when"] and number < policy["max_attempts"]
-        attempt = make_attempt(ctx, scenario, turn, prepared, result, findings, chain_id, number, will_retry)
+        attempt = make_attempt(ctx, scenario, turn, prepared, result, findings, chain_id, number, will_retry, timing)
         attempt.drill = drill
         if control is not None:
             attempt.control_pair, attempt.control_role = control
@@ -141,6 +171,40 @@ def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, sa
         if not will_retry:
             break
         ctx.sleep(retry_wait_s(policy, turn.settings["timeout_s"], result))
+    return attempts
+
+
+def _send_once(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest
+               ) -> tuple[StreamResult, list[Finding], dict[str, Any]]:
+    result = client.send(prepared.body, turn.settings["timeout_s"])
+    timing = timing_fields(result)
+    return result, validate(result, scenario, turn, timing, ctx.max_tool_call_gap_ms), timing
+
+
+def run_turn_both_ways(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, salt: str,
+                       sink: Callable[[Attempt], Any]) -> list[Attempt]:
+    """The streaming-equivalence drill: the turn sent streamed (the bytes it always sends) and whole
+    (the same body with `stream: false`) at once, one attempt each, no retries (the first answers are
+    compared). The streamed attempt carries the comparison as its `stream.equivalence` finding, so both
+    are recorded when the later one ends."""
+    whole_turn = replace(turn, settings={**turn.settings, "stream": False})
+    whole_scenario = replace(scenario, turns=tuple(whole_turn if t.index == turn.index else t
+                                                   for t in scenario.turns))
+    context = ctx.long_context(scenario)
+    streamed = build_request(scenario, turn.index, ctx.model, salt, context)
+    whole = build_request(whole_scenario, turn.index, ctx.model, salt, context)
+    assert ctx.drill is not None
+    (s_result, s_findings, s_timing), (w_result, w_findings, w_timing) = ctx.drill.concurrently(
+        lambda: _send_once(client, ctx, scenario, turn, streamed),
+        lambda: _send_once(client, ctx, whole_scenario, whole_turn, whole))
+    s_findings.append(compare_twins(s_result, s_findings, w_result, w_findings))
+    pair = uuid.uuid4().hex
+    attempts = [make_attempt(ctx, scenario, turn, streamed, s_result, s_findings, uuid.uuid4().hex, 1, False, s_timing),
+                make_attempt(ctx, whole_scenario, whole_turn, whole, w_result, w_findings, uuid.uuid4().hex, 1, False,
+                             w_timing)]
+    for attempt, role in zip(attempts, ("stream", "whole"), strict=True):
+        attempt.stream_pair, attempt.stream_role = pair, role
+        sink(attempt)
     return attempts
 
 
@@ -167,6 +231,8 @@ class ScenarioPlay:
         if self.scenario.prefix_salt == "pair":
             return self._pair(turn, sink)
         salt = self.ctx.salt(self.scenario) if self.scenario.prefix_salt == "request" else self._salt
+        if self.ctx.drill is not None and self.ctx.drill.chooses(self.scenario, turn):
+            return run_turn_both_ways(self.client, self.ctx, self.scenario, turn, salt, sink)
         return run_turn(self.client, self.ctx, self.scenario, turn, salt, sink)
 
     def _pair(self, turn: Turn, sink: Callable[[Attempt], Any]) -> list[Attempt]:

@@ -171,7 +171,8 @@ def with_tool_turns(scenario: Scenario, choice: str) -> Scenario:
     or the tool named). The prompts, tools, histories and expectations stay the production ones; only
     the tool_choice of turns that expect a call and do not set one themselves changes, and the body
     (so the stored sample and its hash) says so. `named` names the expected tool when the turn allows
-    exactly one, else falls back to `required`. Answer and JSON turns keep their own choice.
+    exactly one and expects a single call (a named choice yields one call; parallel calls need
+    `required`), else falls back to `required`. Answer and JSON turns keep their own choice.
     """
     if choice == "auto":
         return scenario
@@ -184,7 +185,7 @@ def with_tool_turns(scenario: Scenario, choice: str) -> Scenario:
 
 def _tool_choice(turn: Turn, choice: str) -> str | dict[str, Any]:
     tools = turn.expect.get("tools") or []
-    if choice == "named" and len(tools) == 1:
+    if choice == "named" and len(tools) == 1 and len(turn.expect.get("calls") or []) <= 1:
         return {"type": "function", "function": {"name": tools[0]}}
     return "required"
 

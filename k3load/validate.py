@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import jsonschema
 
 from k3load.client.result import STATUS_HTTP_ERROR, STATUS_OK, STATUS_STREAM_ERROR, STATUS_TIMEOUT, StreamResult
-from k3load.records import Finding
+from k3load.records import Finding, timing_fields
 from k3load.scenario import Scenario, Turn
 
 # Markup that must never reach `content`: K2 and K3 tool sections, hermes tags, reasoning tags.
@@ -104,6 +104,25 @@ def transport_layer(result: StreamResult) -> str:
     return "gateway"
 
 
+def stall(result: StreamResult, turn: Turn, timing: dict[str, Any], max_gap_ms: float | None) -> Finding | None:
+    """A timeout that was a stall, not our deadline: the server had begun answering (its first event
+    came) and then sent nothing for at least the plan's `max_tool_call_gap_ms` before our deadline cut
+    it. Why it matters: with a client deadline of 60 s, a parser that holds a K3 call back for minutes
+    (vllm#50604) would otherwise read as our own timeout. A timeout drill whose first deadline is
+    shorter than the limit can never meet this: its silence is at most its deadline."""
+    silence = timing.get("last_silence_ms")
+    if result.status != STATUS_TIMEOUT or max_gap_ms is None or silence is None or \
+            getattr(result, "first_event_ts", None) is None or silence < max_gap_ms:
+        return None
+    tool_turn = turn.kind == "tool_call"
+    why = ("a parser holding a tool call back until its end (vllm#50604) looks like this" if tool_turn else
+           "the server stopped streaming")
+    return _fail("stream.stall", "parser" if tool_turn else "server",
+                 f"no token for {silence / 1000:.1f} s before our deadline cut the answer ({len(result.chunk_ts)} "
+                 f"token chunks before it; limit {max_gap_ms / 1000:g} s, thresholds.agent_api.max_tool_call_gap_ms): "
+                 f"a stall, not a slow answer; {why}")
+
+
 def check_transport(result: StreamResult) -> list[Finding]:
     if result.status == STATUS_OK:
         return [Finding("transport", True)]
@@ -121,6 +140,12 @@ def check_tool_calls(result: StreamResult, scenario: Scenario) -> list[Finding]:
     findings: list[Finding] = []
     if result.finish_reason == "tool_calls" and not result.tool_calls:
         findings.append(_fail("tool_call.present", "parser", "finish_reason tool_calls with no tool_calls"))
+    ids = [c.id for c in result.tool_calls if c.id]
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:  # the model writes arguments, the server assigns ids: a repeated id is the parser's
+        findings.append(_fail("tool_call.unique_ids", "parser", f"call id {repeated[0]!r} appears "
+                              f"{ids.count(repeated[0])} times among {len(result.tool_calls)} calls: the parser "
+                              "emitted one call twice (vllm#24478)"))
     for call in result.tool_calls:
         where = f"call {call.index} ({call.name})"
         schema = scenario.tool_schema(call.name or "")
@@ -159,6 +184,37 @@ def _schema_finding(check: str, value: Any, schema: dict[str, Any], where: str) 
     return Finding(check, True)
 
 
+def check_cadence(timing: dict[str, Any], max_gap_ms: float | None) -> list[Finding]:
+    """A streamed tool call with a silence past the plan's limit inside it (the silence leading into
+    its first delta included): the model generated the arguments (decoding went on) but the parser
+    sent nothing until the call was whole (vllm#50604); a client shows nothing, or times out."""
+    gap = timing.get("tool_call_max_gap_ms")
+    if gap is None or max_gap_ms is None:
+        return []
+    if gap <= max_gap_ms:
+        return [Finding("tool_call.cadence", True)]
+    deltas = timing.get("tool_call_deltas")
+    return [_fail("tool_call.cadence", "parser", f"{gap / 1000:.1f} s without a token inside a tool call (limit "
+                  f"{max_gap_ms / 1000:g} s, thresholds.agent_api.max_tool_call_gap_ms); the call came in {deltas} "
+                  "delta(s): arguments held back until the call was whole (vllm#50604), not slow decoding")]
+
+
+def check_transition(result: StreamResult, turn: Turn) -> list[Finding]:
+    """Reasoning present, content and calls empty: the answer never left the reasoning. With the
+    tool-call markup inside the reasoning (or finish_reason tool_calls), the model wrote its call but
+    omitted the think-to-answer transition and the reasoning parser kept everything (vllm#53246):
+    the parser's. Without that evidence the model thought and then said nothing: the model's."""
+    if not result.reasoning.strip() or result.content.strip() or result.tool_calls or turn.kind == "any":
+        return []
+    markup = [m for m in TOOL_MARKUP if m in result.reasoning]
+    if markup or result.finish_reason == "tool_calls":
+        evidence = f"tool-call markup {markup} inside reasoning" if markup else "finish_reason tool_calls"
+        return [_fail("reasoning.no_transition", "parser", f"reasoning present, content and calls empty, {evidence}:"
+                      " the answer never left the reasoning (no think-to-answer transition, vllm#53246)")]
+    return [_fail("reasoning.no_transition", "model_output", "reasoning present, content and calls empty, no "
+                  "tool-call markup in the reasoning: the model thought and then said nothing")]
+
+
 def check_separation(result: StreamResult) -> list[Finding]:
     findings = []
     tool_markup = [m for m in TOOL_MARKUP if m in result.content]
@@ -182,8 +238,9 @@ def check_expectation(result: StreamResult, turn: Turn) -> list[Finding]:
             return [_fail("expect.tool_call", "model_output", "expected a tool call, got an answer")]
         allowed = expect.get("tools")
         wrong = [c.name for c in result.tool_calls if allowed and c.name not in allowed]
-        return [_fail("expect.tool_call", "model_output", f"called {wrong}, expected one of {allowed}")
-                if wrong else Finding("expect.tool_call", True)]
+        findings = [_fail("expect.tool_call", "model_output", f"called {wrong}, expected one of {allowed}")
+                    if wrong else Finding("expect.tool_call", True)]
+        return findings + ([_check_calls(result, expect["calls"])] if expect.get("calls") else [])
     if kind == "answer":
         if result.tool_calls:
             return [_fail("expect.answer", "model_output", "expected an answer without tools, got a tool call")]
@@ -193,6 +250,29 @@ def check_expectation(result: StreamResult, turn: Turn) -> list[Finding]:
     if kind == "json":
         return [_check_json(result, turn)]
     return []
+
+
+def _check_calls(result: StreamResult, expected: list[str]) -> Finding:
+    """The calls one answer must carry (parallel calls), by name, in any order. A shortfall reads as
+    the model's unless another check found the parser's hand (merged arguments, a repeated id) or the
+    streaming-equivalence drill's non-streamed twin got them all."""
+    got = sorted(c.name or "" for c in result.tool_calls)
+    if got == sorted(expected):
+        return Finding("expect.calls", True)
+    missing = _minus(sorted(expected), got)
+    extra = _minus(got, sorted(expected))
+    parts = [f"{len(got)} calls {got}, expected {len(expected)} {sorted(expected)}"]
+    parts += [f"missing {missing}"] if missing else []
+    parts += [f"extra {extra}"] if extra else []
+    return _fail("expect.calls", "model_output", "; ".join(parts))
+
+
+def _minus(items: list[str], taken: list[str]) -> list[str]:
+    left = list(items)
+    for item in taken:
+        if item in left:
+            left.remove(item)
+    return left
 
 
 def _check_json(result: StreamResult, turn: Turn) -> Finding:
@@ -209,13 +289,18 @@ def _check_json(result: StreamResult, turn: Turn) -> Finding:
     return _schema_finding("expect.json", value, schema, "content")
 
 
-def validate(result: StreamResult, scenario: Scenario, turn: Turn) -> list[Finding]:
-    """All findings for one attempt; when the transport failed, nothing else can be judged."""
+def validate(result: StreamResult, scenario: Scenario, turn: Turn, timing: dict[str, Any] | None = None,
+             max_tool_call_gap_ms: float | None = None) -> list[Finding]:
+    """All findings for one attempt; when the transport failed, nothing else can be judged (a stall
+    cut by our deadline is said as the stall, not as our timeout). `timing` is the attempt's
+    `timing_fields` (computed once by the runner); `max_tool_call_gap_ms` the plan's silence limit."""
+    timing = timing if timing is not None else timing_fields(result)
     transport = check_transport(result)
     if not transport[0].ok:
-        return transport
-    return transport + check_tool_calls(result, scenario) + check_separation(result) + \
-        check_expectation(result, turn)
+        stalled = stall(result, turn, timing, max_tool_call_gap_ms)
+        return [stalled] if stalled else transport
+    return transport + check_tool_calls(result, scenario) + check_cadence(timing, max_tool_call_gap_ms) + \
+        check_separation(result) + check_transition(result, turn) + check_expectation(result, turn)
 
 
 # Upstream first: a failure there makes every later judgment of the same attempt a consequence

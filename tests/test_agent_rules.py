@@ -3,11 +3,11 @@ duplicate work from drill retries, context-length refusals per family."""
 
 from __future__ import annotations
 
-from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS
+from k3load.analysis.pillar import DEFAULT_THRESHOLDS, FAIL, INCONCLUSIVE, PASS
 from k3load.analysis.pillar_agent import judge_agent_api
 from k3load.records import Attempt, Finding
 
-LIMITS = {"min_attempts": 20, "min_valid_rate": 0.95}
+LIMITS = DEFAULT_THRESHOLDS["agent_api"]
 CONTEXT_400 = ('{"error":{"message":"This model\'s maximum context length is 1024 tokens. However, your prompt '
                'contains 1532 input tokens and requested 64 output tokens.","type":"BadRequestError",'
                '"param":"input_tokens","code":400}}')

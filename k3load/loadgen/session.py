@@ -25,6 +25,7 @@ from locust.exception import RPCError, RPCSendError
 from locust.runners import MasterRunner, WorkerRunner
 
 import k3load
+from k3load.analysis.pillar import thresholds
 from k3load.client.access import gevent_patched, tls_hint
 from k3load.loadgen import observe, spools
 from k3load.loadgen.inputs import harness_error_line, load_inputs
@@ -78,6 +79,11 @@ class HarnessSession:
     @property
     def role(self) -> str:
         return _role(self.env.runner)
+
+    @property
+    def limits(self) -> dict[str, dict[str, float]]:
+        """The plan's thresholds over the defaults (the run needs a few: the tool-call silence limit)."""
+        return thresholds(self.plan.thresholds if self.plan else None)
 
     @property
     def stage_name(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import gevent
@@ -16,7 +17,7 @@ from locust import User, constant, task
 
 from k3load.client.chat import ChatClient
 from k3load.loadgen.options import run_access
-from k3load.runner import RunContext, ScenarioPlay
+from k3load.runner import RunContext, ScenarioPlay, StreamDrill
 
 _numbers = itertools.count(1)
 DEAD_SERVER_PAUSE_S = 1.0
@@ -40,10 +41,11 @@ class K3User(User):
         secrets, tls = run_access(opts)
         self.chat = ChatClient(self.host, secrets=secrets, tls=tls, transport=opts.k3_transport,
                                max_body_bytes=opts.k3_max_body_bytes, max_line_bytes=opts.k3_max_line_bytes)
+        self.rng = random.Random(f"{opts.k3_seed}:{self.user_id}")
         self.ctx = RunContext(run_id=session.run_id, model=session.model, user_id=self.user_id,
                               stage=lambda: session.stage_name, long_context=session.long_context,
-                              sleep=gevent.sleep)
-        self.rng = random.Random(f"{opts.k3_seed}:{self.user_id}")
+                              sleep=gevent.sleep, max_tool_call_gap_ms=session.limits["agent_api"]
+                              ["max_tool_call_gap_ms"], drill=self._drill(session, opts))
         self.played: dict[str, int] = {}
         self.current: ScenarioPlay | None = None
 
@@ -68,6 +70,15 @@ class K3User(User):
         elif attempts and attempts[-1].status == "http_error":
             gevent.sleep(ERROR_PAUSE_S)  # an instant refusal would otherwise flood the records
 
+    def _drill(self, session: Any, opts: Any) -> StreamDrill | None:
+        """The plan's streaming-equivalence drill for this user, its twins in flight together."""
+        drill = session.plan.stream_equivalence if session.plan else None
+        if not drill:
+            return None
+        return StreamDrill(turns=tuple(drill["turns"]), share=drill["share"],
+                           rng=random.Random(f"{opts.k3_seed}:{self.user_id}:stream-equivalence"),
+                           concurrently=_concurrently)
+
     def _budget_spent(self, stage: Any) -> bool:
         return stage is not None and stage.iterations_per_user is not None and \
             self.played.get(stage.name, 0) >= stage.iterations_per_user
@@ -76,6 +87,16 @@ class K3User(User):
         chat: Any = getattr(self, "chat", None)
         if chat is not None:
             chat.close()
+
+
+def _concurrently(first: Callable[[], Any], second: Callable[[], Any]) -> tuple[Any, Any]:
+    """Both at once on this user's connection pool (the second in its own greenlet)."""
+    other = gevent.spawn(second)
+    try:
+        mine = first()
+    finally:
+        other.join()
+    return mine, other.get()
 
 
 class AgentUser(K3User):
