@@ -11,31 +11,15 @@ import hashlib
 import time
 from typing import Any
 
+from k3load.analysis import report_tool_calls
+from k3load.analysis.markdown import fmt, table
+
 LABELS = {"go": "導入可 — go", "limited": "制限付き観察 — limited", "rebuild": "環境再構築 — rebuild",
           "scale_up": "リソース増強 — scale_up"}
 STAGE_COLUMNS = ("stage", "kind", "users", "attempts", "error_rate", "requests_per_s", "ttft_p95_ms", "itl_p95_ms",
                  "e2e_p95_ms", "kv_usage_max", "waiting_sustained_s", "preemptions", "gpu_memory_peak_mib")
 CONTROL_COLUMNS = ("pair", "role", "turn", "status", "prompt_tokens", "cached_tokens", "ttft_ms", "e2e_ms", "valid",
                    "failed_checks")
-
-
-def fmt(value: Any) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-    if isinstance(value, list):
-        return ", ".join(str(v) for v in value) or "–"
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
-    if not rows:
-        return "none\n"
-    head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
-    return head + "".join("| " + " | ".join(fmt(r.get(c)) for c in columns) + " |\n" for r in rows)
 
 
 def header(j: Any) -> dict[str, str]:
@@ -73,7 +57,7 @@ def _sections(j: Any) -> list[str]:
                + table([cache.get("window") or {}], tuple((cache.get("window") or {"window": None}).keys())))
     out.append("## Stages\n\n" + table(j.stage_table, STAGE_COLUMNS)
                + "".join(f"\n- {s['stage']}: " + _breaches(s["problems"]) for s in j.stage_table if s["problems"]))
-    out.append(_ramp(j) + _crashes(j) + _agent(j))
+    out.append(_ramp(j) + _crashes(j) + _agent(j) + report_tool_calls.markdown(j.pillars["agent_api"].numbers))
     out.append(f"## Signature\n\n| field | value |\n|---|---|\n| judge | {h['judge'] or '________'} |\n"
                f"| date | {h['date']} |\n| samples used | samples.sha256 (sha256 {h['samples']}…) |\n"
                f"| next action | {fmt(j.verdict_json()['next_action']['action'])} |\n\n"
@@ -128,3 +112,4 @@ def _ci(bounds: list[float] | None) -> str | None:
 
 def render(judgment: Any) -> str:
     return "\n".join(_sections(judgment))
+
