@@ -158,6 +158,27 @@ def test_the_healthy_real_model_earns_its_verdict_with_model_output_the_only_fai
     assert all(a.status == "ok" for a in judged(attempts))
 
 
+def test_the_healthy_real_server_shows_none_of_kimis_known_tool_call_failures(healthy_run) -> None:
+    """Issue 13's other half: what the sim's faults inject must not appear on a healthy real server. The
+    drill compared streamed and whole twins (no streaming-path failure; a model's other values are not
+    the parser's), no tool call went silent past the limit, no answer stayed in the reasoning."""
+    verdict, _code, attempts = healthy_run
+    numbers = verdict["pillars"]["agent_api"]["numbers"]
+    equivalence = numbers["stream_equivalence"]
+    assert equivalence["compared"] >= 3, equivalence  # the drill ran under real concurrency
+    assert equivalence["outcomes"]["streaming path wrong"] == 0, equivalence
+    twins = [a for a in attempts if a.stream_pair]
+    assert {a.stream_role for a in twins} == {"stream", "whole"} and not any(a.stream for a in twins
+                                                                             if a.stream_role == "whole")
+    cadence = numbers["tool_call_cadence"]
+    assert cadence["streamed_tool_calls"] > 0 and cadence["over_limit"] == 0 and cadence["stalls"] == 0, cadence
+    assert cadence["max_gap_ms"]["max"] < cadence["limit_ms"]
+    assert not numbers["no_transition"]["by_layer"].get("parser"), numbers["no_transition"]
+    checks = failures(attempts)
+    assert not [key for key in checks if key[0] in ("stream.equivalence", "tool_call.unique_ids",
+                                                    "tool_call.cadence", "stream.stall")], checks
+
+
 def test_the_healthy_real_models_prefix_cache_passes_on_reuse_and_latency_over_several_pairs(healthy_run) -> None:
     verdict, _, attempts = healthy_run
     cache = verdict["pillars"]["prefix_cache"]

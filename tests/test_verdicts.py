@@ -29,6 +29,7 @@ STAGES = [
     {"name": "soak", "kind": "soak", "duration_s": 4, "users": 4,
      "mix": {"agent": 2, "shared_prefix": 1, "cold": 1, "long_input": 1}},
 ]
+DRILL = {"turns": ["tool_call"], "share": 0.5}  # as plans/smoke.yaml plays it
 SIM = ["--time-scale", "0.05", "--prefill-ms-per-token", "0.2", "--max-model-len", "8192"]
 
 pytestmark = pytest.mark.slow
@@ -41,7 +42,7 @@ def accept(start_sim, tmp_path: Path, sim_args: list[str], recipe: str = "recipe
     """One whole run against a sim started with `sim_args`; `options(sim)` adds locust options."""
     sim = start_sim(*SIM, *sim_args)
     plan = tmp_path / "plan.yaml"
-    plan.write_text(yaml.safe_dump({"name": "verdict-test", "stages": stages or STAGES}
+    plan.write_text(yaml.safe_dump({"name": "verdict-test", "stages": stages or STAGES, "stream_equivalence": DRILL}
                                    | ({"thresholds": thresholds} if thresholds else {})))
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "agent.py"), "--headless",
