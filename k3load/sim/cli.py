@@ -73,6 +73,24 @@ HELP: dict[str, str] = {
                                     "were received",
     "metrics_stall_requests": "fault: the /metrics stall window closes once this many more chat requests were "
                               "received (0: never closes)",
+    "stream_empty_tool_calls_rate": "fault: streamed answers only: every tool-call delta is sent as an empty "
+                                    "'\"tool_calls\": []', finish_reason still tool_calls (vllm#54701); the "
+                                    "stream:false twin stays right",
+    "stream_empty_tool_calls_min_running": "fault: --stream-empty-tool-calls-rate applies only when the engine "
+                                           "holds at least this many requests (running + waiting, this one "
+                                           "included) when the request arrives",
+    "tool_args_burst_rate": "fault: streamed answers only: arguments do not stream; each call comes whole in "
+                            "one delta after a silence of --tool-args-burst-ms (vllm#50604)",
+    "tool_args_burst_ms": "fault: the silence before the first tool-call delta, model ms",
+    "parallel_call_drop_rate": "fault: streamed answers with 2+ calls: the last call is never sent, "
+                               "finish_reason stays tool_calls (vllm#24478)",
+    "parallel_call_merge_rate": "fault: streamed answers with 2+ calls: the second call's header is lost and its "
+                                "arguments follow the first's under its index ('{...}{...}', one call fewer)",
+    "parallel_call_duplicate_rate": "fault: streamed answers with calls: one call is sent again, whole, under a "
+                                    "new index with the same id",
+    "missing_think_transition_rate": "fault: no think-to-answer transition: the call (as K3 markup) or the answer "
+                                     "stays in reasoning; content empty, no calls, finish_reason stop "
+                                     "(vllm#53246; needs --reasoning-tokens > 0)",
     "oom_kv_demand_tokens": "fault: crash with a CUDA-OOM line when queued+running KV demand passes this (0: off)",
 }
 

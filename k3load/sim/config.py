@@ -50,6 +50,15 @@ class FaultProfile:
     metrics_stall_ms: float = 0.0  # wall ms every /metrics response waits while the stall window is open
     metrics_stall_after_requests: int = 0  # the window opens once this many chat requests were received
     metrics_stall_requests: int = 0  # ... and closes once this many more arrived (0: never closes)
+    # Kimi's known tool-call failures (parser layer); the streamed-only ones leave stream:false right
+    stream_empty_tool_calls_rate: float = 0.0  # streamed: every tool-call delta is `"tool_calls": []` (vllm#54701)
+    stream_empty_tool_calls_min_running: int = 0  # ... only with at least this many requests in the engine
+    tool_args_burst_rate: float = 0.0  # streamed: each call whole in one delta after a silence (vllm#50604)
+    tool_args_burst_ms: float = 0.0  # that silence before the first tool-call delta, model ms
+    parallel_call_drop_rate: float = 0.0  # streamed, 2+ calls: the last call is never sent (vllm#24478)
+    parallel_call_merge_rate: float = 0.0  # streamed, 2+ calls: the second's arguments under the first's index
+    parallel_call_duplicate_rate: float = 0.0  # streamed: one call sent again, same id, new index
+    missing_think_transition_rate: float = 0.0  # no think-to-answer transition: all left in reasoning (vllm#53246)
 
 
 @dataclass
@@ -133,6 +142,9 @@ def validate(config: SimConfig) -> None:
     if f.http_error_style not in ("vllm", "gateway", "html"):
         raise ProfileError("faults.http_error_style must be 'vllm', 'gateway' or 'html'")
     _validate_wire(config)
+    for name in ("stream_empty_tool_calls_min_running", "tool_args_burst_ms"):
+        if getattr(f, name) < 0:
+            raise ProfileError(f"faults.{name} must not be negative, got {getattr(f, name)}")
     if config.tool_call_style not in ("k2", "k3"):
         raise ProfileError("tool_call_style must be 'k2' or 'k3'")
     if config.hybrid_block_size and config.hybrid_block_size % config.block_size:

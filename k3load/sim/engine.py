@@ -81,6 +81,11 @@ class Engine:
         self._check_oom()
         self._wake.set()
 
+    @property
+    def held(self) -> int:
+        """Requests in the engine (running + waiting), as vLLM's two gauges add up."""
+        return len(self.running) + len(self.waiting)
+
     def abort(self, seq: Sequence) -> None:
         """Client went away: release everything the request holds."""
         if seq.finished:

@@ -8,12 +8,17 @@ bad JSON yields unparsable arguments), so that the harness's layer attribution i
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
+import re
 from dataclasses import dataclass
+from typing import Any
 
 from k3load.sim.config import FaultProfile
 from k3load.sim.generate import OutputPlan, Piece
 from k3load.sim.tokenizer import tokenize
+
+_K3_MARKER = re.compile(r"(<\|(?:open|close|sep)\|>)")
 
 
 @dataclass(frozen=True)
@@ -30,12 +35,20 @@ class FaultDecision:
     connection_reset: bool = False
     midstream_reset: bool = False
     weak_answer: bool = False
+    # Kimi's known tool-call failures (vllm#54701, #50604, #24478, #53246); the streamed-only ones
+    # are applied by stream_parser.py, missing_think_transition here (both paths share the parser).
+    stream_empty_tool_calls: bool = False
+    tool_args_burst_s: float = 0.0
+    parallel_call_drop: bool = False
+    parallel_call_merge: bool = False
+    parallel_call_duplicate: bool = False
+    missing_think_transition: bool = False
 
 
 def decide(profile: FaultProfile, rng: random.Random, time_scale: float) -> FaultDecision:
-    """Draw every fault once, in a fixed order, so one seed gives one decision. The wire resets are
-    drawn last and only when their rate is set, so a profile without them draws (and answers) exactly
-    as before they existed."""
+    """Draw every fault once, in a fixed order, so one seed gives one decision. The wire resets, then
+    Kimi's tool-call failures, are drawn last and only when their rate is set, so a profile without
+    them draws (and answers) exactly as before they existed."""
 
     def hit(rate: float) -> bool:
         return rng.random() < rate
@@ -55,9 +68,17 @@ def decide(profile: FaultProfile, rng: random.Random, time_scale: float) -> Faul
         if hit(profile.slow_first_token_rate) else 0.0,
         slow_drip_s=profile.slow_drip_ms * time_scale / 1000 if hit(profile.slow_drip_rate) else 0.0,
     )
-    return dataclasses.replace(decision, connection_reset=hit_if_set(profile.connection_reset_rate),
-                               midstream_reset=hit_if_set(profile.midstream_reset_rate),
-                               weak_answer=hit_if_set(profile.weak_answer_rate))
+    decision = dataclasses.replace(decision, connection_reset=hit_if_set(profile.connection_reset_rate),
+                                   midstream_reset=hit_if_set(profile.midstream_reset_rate),
+                                   weak_answer=hit_if_set(profile.weak_answer_rate))
+    return dataclasses.replace(  # keyword arguments are evaluated in order: the draws keep this order
+        decision, stream_empty_tool_calls=hit_if_set(profile.stream_empty_tool_calls_rate),
+        tool_args_burst_s=profile.tool_args_burst_ms * time_scale / 1000
+        if hit_if_set(profile.tool_args_burst_rate) else 0.0,
+        parallel_call_drop=hit_if_set(profile.parallel_call_drop_rate),
+        parallel_call_merge=hit_if_set(profile.parallel_call_merge_rate),
+        parallel_call_duplicate=hit_if_set(profile.parallel_call_duplicate_rate),
+        missing_think_transition=hit_if_set(profile.missing_think_transition_rate))
 
 
 def _as_content(text: str) -> list[Piece]:
@@ -65,31 +86,24 @@ def _as_content(text: str) -> list[Piece]:
 
 
 def apply_to_plan(plan: OutputPlan, fault: FaultDecision) -> OutputPlan:
-    """The plan as a faulty model/parser would have produced it."""
+    """The plan as a faulty model/parser would have produced it (both the streamed and whole paths)."""
     pieces = list(plan.pieces)
     calls = [dict(c) for c in plan.tool_calls]
     finish = plan.finish_reason
     if fault.weak_answer:  # a weak model: thinks, then says nothing and calls nothing (well-formed, wrong)
         return OutputPlan([p for p in pieces if p.kind == "reasoning"] + [Piece("none")], "stop", [])
+    if fault.missing_think_transition and any(p.kind == "reasoning" for p in pieces):
+        return _no_transition(plan)
     if fault.reasoning_leak:  # no reasoning parser: K3's think markup and text stay in content
         thinking = [Piece("content", p.text) for p in pieces if p.kind == "reasoning"]
         rest = [p for p in pieces if p.kind != "reasoning"]
         pieces = [*_as_content("<|open|>think<|sep|>"), *thinking, *_as_content("<|close|>think<|sep|>"), *rest]
     if calls and fault.malformed_tool_args:
-        bad = calls[0]["arguments"][:-1] + ', "note": unquoted text'
-        calls[0]["arguments"] = bad
-        args = tokenize(bad)
-        whole = _is_k3(plan)
-        pieces = [p for p in pieces if p.kind not in ("tool_args", "tool_whole", "none")]
-        if whole:
-            pieces += [Piece("none")] * len(args) + [Piece("tool_whole", bad)]
-        else:
-            pieces += [Piece("tool_args", t) for t in args]
-        pieces.append(Piece("none"))  # EOS
+        pieces = _malformed_first_call(pieces, calls, _is_k3(plan))
     if calls and fault.raw_tool_markup:
-        markup = (f"<|tool_calls_section_begin|><|tool_call_begin|>{calls[0]['id']}"
-                  f"<|tool_call_argument_begin|>{calls[0]['arguments']}<|tool_call_end|>"
-                  "<|tool_calls_section_end|>")
+        markup = "".join(f"<|tool_call_begin|>{c['id']}<|tool_call_argument_begin|>{c['arguments']}<|tool_call_end|>"
+                         for c in calls)
+        markup = f"<|tool_calls_section_begin|>{markup}<|tool_calls_section_end|>"
         pieces = [p for p in pieces if p.kind in ("reasoning", "content")] + _as_content(markup)
         pieces.append(Piece("content", ""))  # EOS
         return OutputPlan(pieces, "stop", [])
@@ -97,6 +111,65 @@ def apply_to_plan(plan: OutputPlan, fault: FaultDecision) -> OutputPlan:
         pieces = [p for p in pieces if p.kind in ("reasoning", "content")] + [Piece("none")]
         return OutputPlan(pieces, "tool_calls", [])
     return OutputPlan(pieces, finish, calls)
+
+
+def _malformed_first_call(pieces: list[Piece], calls: list[dict[str, Any]], whole: bool) -> list[Piece]:
+    """The first call's arguments cut short and followed by unquoted text (a model writing bad JSON);
+    any further calls keep their tokens."""
+    bad = calls[0]["arguments"][:-1] + ', "note": unquoted text'
+    calls[0]["arguments"] = bad
+    args = tokenize(bad)
+    tool_kinds = ("tool_header", "tool_args", "tool_whole", "none")
+    head = [p for p in pieces if p.kind not in tool_kinds]
+    first = [p for p in pieces if p.kind == "tool_header" and p.tool_index == 0]
+    if whole:
+        first += [*[Piece("none")] * len(args), Piece("tool_whole", bad)]
+    else:
+        first += [Piece("tool_args", t) for t in args]
+    later = [p for p in pieces[:-1] if p.kind in tool_kinds and p.tool_index > 0]
+    return [*head, *first, *later, Piece("none")]  # EOS
+
+
+def _no_transition(plan: OutputPlan) -> OutputPlan:
+    """vllm#53246: the model never writes the think-to-answer transition (`<|close|>think<|sep|>`), so
+    the reasoning parser never ends the reasoning and what follows stays in it as K3 markup: the
+    `tools` channel with each call (the tool parser never sees it) or the `response` channel with the
+    answer. Content empty, no calls, finish_reason "stop"."""
+    reasoning = [p for p in plan.pieces if p.kind == "reasoning"]
+    if plan.tool_calls:
+        text = "<|open|>tools<|sep|>" + "".join(_k3_call(i, c) for i, c in enumerate(plan.tool_calls)) + \
+            "<|close|>tools<|sep|>"
+    else:
+        answer = "".join(p.text for p in plan.pieces if p.kind == "content")
+        text = f"<|open|>response<|sep|>{answer}<|close|>response<|sep|>"
+    return OutputPlan([*reasoning, *_k3_pieces("reasoning", text), Piece("none")], "stop", [])
+
+
+def _k3_pieces(kind: str, text: str) -> list[Piece]:
+    """K3's markers (`<|open|>`, `<|sep|>`, `<|close|>`) are one special token each; the rest is text."""
+    return [Piece(kind, t) for part in _K3_MARKER.split(text) if part
+            for t in ([part] if _K3_MARKER.fullmatch(part) else tokenize(part))]
+
+
+def _k3_call(index: int, call: dict[str, Any]) -> str:
+    """One call in K3's XTML (vllm/tool_parsers/kimi_k3_tool_parser.py): strings raw, the rest JSON."""
+    try:
+        arguments = json.loads(call["arguments"])
+    except json.JSONDecodeError:
+        arguments = {}
+    parts = "".join(
+        f'<|open|>argument key="{key}" type="{_xtml_type(value)}"<|sep|>'
+        f"{value if isinstance(value, str) else json.dumps(value, separators=(',', ':'))}<|close|>argument<|sep|>"
+        for key, value in (arguments.items() if isinstance(arguments, dict) else []))
+    return f'<|open|>call tool="{call["name"]}" index="{index + 1}"<|sep|>{parts}<|close|>call<|sep|>'
+
+
+def _xtml_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return {str: "string", int: "integer", float: "number", dict: "object", list: "array"}.get(type(value), "string")
 
 
 def _is_k3(plan: OutputPlan) -> bool:

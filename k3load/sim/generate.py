@@ -4,7 +4,9 @@ Why a plan: the engine only needs one piece per decode step, while the server ne
 each piece means on the wire (reasoning, content, a tool-call header, argument text). Deciding the
 whole answer up front from a seeded RNG makes every answer reproducible for identical requests.
 The 'intent' rule for tool_choice=auto is lexical on purpose: scenario authors can write a turn
-that must call a tool (it names the tool's words) and a turn that must not (it does not).
+that must call a tool (it names the tool's words) and a turn that must not (it does not). With
+`parallel_tool_calls: true` the same rule runs per clause (`choose_tools`), so a turn can ask for
+several calls in one answer by naming them in one sentence.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ _ANSWER_WORDS = (
 class Piece:
     """One generated token and what it adds to the response ('none' adds nothing visible yet)."""
 
-    kind: str  # "reasoning" | "content" | "tool_header" | "tool_args" | "tool_whole" | "none"
+    kind: str  # "reasoning" | "content" | "tool_header" | "tool_args" | "tool_whole" | "tool_empty" | "none"
     text: str = ""
     tool_index: int = 0
 
@@ -79,17 +81,71 @@ def choose_tool(request: dict[str, Any]) -> dict[str, Any] | None:
     if choice == "auto" and messages and messages[-1].get("role") == "tool":
         return None  # a tool result came back: answer it
     words = set(re.findall(r"[a-z]+", _last_user_text(messages).lower()))
-    scored = [(len(words & _tool_words(t)), i) for i, t in enumerate(tools)]
-    best, index = max(scored, key=lambda s: (s[0], -s[1]))
+    best, index = _best_tool(words, tools)
     if best == 0 and choice == "auto":
         return None
     return tools[index]
 
 
-def kimi_call_id(name: str, messages: list[dict[str, Any]]) -> str:
-    """`functions.NAME:IDX`, IDX continuing the count of calls already in the history (Kimi form)."""
+_CLAUSE_RE = re.compile(r"\b(and|also)\b|(;)|[?.]")
+MAX_PARALLEL_CALLS = 8
+
+
+def _best_tool(words: set[str], tools: list[dict[str, Any]]) -> tuple[int, int]:
+    """(score, index) of the tool sharing most words with `words`; ties go to the earlier tool."""
+    scored = [(len(words & _tool_words(t)), i) for i, t in enumerate(tools)]
+    return max(scored, key=lambda s: (s[0], -s[1]))
+
+
+def _clauses(text: str) -> list[tuple[str, bool]]:
+    """(clause, joined) pairs: `joined` when a list joint (and, also, ';') precedes the clause rather
+    than a sentence end ('?', '.') or the start of the text."""
+    out: list[tuple[str, bool]] = []
+    joined, start = False, 0
+    for match in _CLAUSE_RE.finditer(text):
+        out.append((text[start:match.start()], joined))
+        joined = match.group(1) is not None or match.group(2) is not None
+        start = match.end()
+    out.append((text[start:], joined))
+    return out
+
+
+def choose_tools(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tools this request calls, in order (one entry per call; empty for a plain answer).
+
+    One call, by `choose_tool`, unless the body says `"parallel_tool_calls": true` and tool_choice
+    is auto or required (absent or false keeps one call; a named tool is always one call). Then the
+    rule is lexical, like choose_tool's, applied to the last user message cut into clauses at "and",
+    "also", ";", "?" and ".": a clause whose words score > 0 for some tool calls its best tool (the
+    same word scoring as choose_tool); a clause with no tool words that is joined by "and", "also"
+    or ";" to a clause that made a call repeats that call's tool ("weather for Boston, MA and also
+    for San Francisco": two weather calls), while one after "?" or "." does not (a trailing "Thanks."
+    is not a call). Clauses without letters are skipped. At most MAX_PARALLEL_CALLS; no call at all
+    falls back to choose_tool.
+    """
+    choice = request.get("tool_choice", "auto" if request.get("tools") else "none")
+    single = choose_tool(request)
+    if request.get("parallel_tool_calls") is not True or choice not in ("auto", "required") or single is None:
+        return [single] if single is not None else []
+    tools = request.get("tools") or []
+    calls: list[dict[str, Any]] = []
+    previous: dict[str, Any] | None = None
+    for clause, joined in _clauses(_last_user_text(request.get("messages") or []).lower()):
+        words = set(re.findall(r"[a-z]+", clause))
+        if not words:
+            continue
+        score, index = _best_tool(words, tools)
+        previous = tools[index] if score > 0 else previous if joined else None
+        if previous is not None:
+            calls.append(previous)
+    return calls[:MAX_PARALLEL_CALLS] or [single]
+
+
+def kimi_call_id(name: str, messages: list[dict[str, Any]], position: int = 0) -> str:
+    """`functions.NAME:IDX`, IDX continuing the count of calls already in the history (Kimi form);
+    `position` is the call's place among the calls of this answer."""
     previous = sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
-    return f"functions.{name}:{previous}"
+    return f"functions.{name}:{previous + position}"
 
 
 def _answer_text(request: dict[str, Any], rng: random.Random, length: int) -> str:
@@ -105,28 +161,36 @@ def _answer_text(request: dict[str, Any], rng: random.Random, length: int) -> st
     return _words(rng, length).capitalize() + "."
 
 
+def call_pieces(index: int, arguments: str, tool_call_style: str) -> list[Piece]:
+    """The tokens of one call. K3: the parser holds the call (one silent token per argument token and
+    one for its open marker) and emits it whole; K2: a header delta, then the argument pieces."""
+    args = _pieces("tool_args", arguments, index)
+    if tool_call_style == "k3":
+        return [Piece("none", "", index)] * (len(args) + 1) + [Piece("tool_whole", arguments, index)]
+    return [Piece("tool_header", "", index), *args]
+
+
 def plan_output(request: dict[str, Any], rng: random.Random, reasoning_tokens: int, answer_len: int,
                 tool_call_style: str) -> OutputPlan:
-    """The full answer before any max_tokens cut: reasoning, then a tool call or an answer."""
+    """The full answer before any max_tokens cut: reasoning, then tool call(s) or an answer."""
     pieces: list[Piece] = []
     if reasoning_tokens:
         pieces += _pieces("reasoning", "Let me think. " + _words(rng, max(reasoning_tokens - 3, 1)))
-    tool = choose_tool(request)
-    if tool is None:
+    tools = choose_tools(request)
+    if not tools:
         pieces += [*_pieces("content", _answer_text(request, rng, answer_len)), Piece("content", "")]  # EOS
         return OutputPlan(pieces, "stop")
-    fn = tool["function"]
-    arguments = json.dumps(instance(fn.get("parameters") or {}, rng), separators=(",", ":"))
-    call = {"id": kimi_call_id(fn["name"], request.get("messages") or []), "name": fn["name"],
-            "arguments": arguments}
-    arg_pieces = _pieces("tool_args", arguments)
-    if tool_call_style == "k3":  # the parser emits the call whole once its close marker arrives
-        pieces += [Piece("none")] * (len(arg_pieces) + 1) + [Piece("tool_whole", arguments)]
-    else:
-        pieces += [Piece("tool_header"), *arg_pieces]
+    messages = request.get("messages") or []
+    calls = []
+    for position, tool in enumerate(tools):
+        fn = tool["function"]
+        arguments = json.dumps(instance(fn.get("parameters") or {}, rng), separators=(",", ":"))
+        calls.append({"id": kimi_call_id(fn["name"], messages, position), "name": fn["name"],
+                      "arguments": arguments})
+        pieces += call_pieces(position, arguments, tool_call_style)
     named = isinstance(request.get("tool_choice"), dict)  # vLLM finishes a named call with "stop"
     pieces.append(Piece("tool_args", "") if named else Piece("none"))  # EOS: adds nothing to the call
-    return OutputPlan(pieces, "stop" if named else "tool_calls", [call])
+    return OutputPlan(pieces, "stop" if named else "tool_calls", calls)
 
 
 def truncate(plan: OutputPlan, max_tokens: int, ignore_eos: bool, rng: random.Random) -> OutputPlan:
@@ -139,5 +203,5 @@ def truncate(plan: OutputPlan, max_tokens: int, ignore_eos: bool, rng: random.Ra
     if len(pieces) <= max_tokens:
         return plan
     kept = pieces[:max_tokens]
-    calls = plan.tool_calls if any(p.kind == "tool_whole" for p in kept) else []
-    return OutputPlan(kept, "length", calls)
+    started = {p.tool_index for p in kept if p.kind in ("tool_header", "tool_whole")}
+    return OutputPlan(kept, "length", plan.tool_calls[: len(started)])  # the calls begun before the cut

@@ -101,6 +101,8 @@ def piece_delta(piece: Piece, plan: OutputPlan, named_tool: bool = False) -> dic
     if piece.kind == "tool_args":
         function = {"arguments": piece.text} if named_tool else {"name": None, "arguments": piece.text}
         return {"tool_calls": [{"index": piece.tool_index, "function": function}]}
+    if piece.kind == "tool_empty":  # a streaming parser that lost the call (vllm#54701)
+        return {"tool_calls": []}
     return None
 
 

@@ -20,7 +20,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from k3load.sim import faults as fault_rules
-from k3load.sim import gateway
+from k3load.sim import gateway, stream_parser
 from k3load.sim.config import SimConfig
 from k3load.sim.engine import Engine, Sequence
 from k3load.sim.generate import Piece, plan_output, truncate
@@ -123,6 +123,19 @@ class SimServer:
             self._seen.popitem(last=False)
         return random.Random(f"{self.config.seed}:{digest}:{nth}")
 
+    def _plan_rng(self, body: dict[str, Any], fault_rng: random.Random) -> random.Random:
+        """The generator the answer is planned from. At temperature 0 a model is greedy: the answer
+        depends only on the request, so it is seeded from (seed, the body without `stream` and
+        `stream_options`, canonical): a streamed request and its whole twin, and every retry, plan the
+        same answer, while faults stay drawn per attempt (a retry can escape one). Otherwise the
+        answer follows the attempt's draws, as it always did."""
+        temperature = body.get("temperature")
+        if type(temperature) not in (int, float) or temperature != 0:
+            return fault_rng
+        twin = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        text = json.dumps(twin, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return random.Random(f"{self.config.seed}:greedy:{hashlib.sha256(text.encode()).hexdigest()}")
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
         self.front.saw_chat()
         raw = await request.read()
@@ -143,9 +156,13 @@ class SimServer:
             return web.Response(status=499)  # never reaches the client: the socket is gone
         if fault.http_error:
             return gateway.injected_error(self.config.faults)
+        rng = self._plan_rng(body, rng)
         answer_len = rng.randint(self.config.answer_tokens_min, self.config.answer_tokens_max)
         plan = plan_output(body, rng, self.config.reasoning_tokens, answer_len, self.config.tool_call_style)
         plan = truncate(fault_rules.apply_to_plan(plan, fault), max_tokens, bool(body.get("ignore_eos")), rng)
+        if body.get("stream"):  # the streaming parser's own failures; the whole twin never has them
+            crowded = self.engine.held + 1 >= self.config.faults.stream_empty_tool_calls_min_running
+            plan = stream_parser.apply_streaming(plan, fault, crowded)
         seq = Sequence(request_id="", prompt_ids=prompt_ids, plan=plan, max_tokens=max_tokens)
         self.engine.submit(seq)
         writer = ChunkWriter(self.config.model, self.config.vllm_version,
@@ -188,6 +205,7 @@ class SimServer:
         last = len(seq.plan.pieces)
         cut_at = max(last // 2, 1)
         count = 0
+        burst_s = fault.tool_args_burst_s  # vllm#50604: silence before the first tool-call delta
         while (piece := (await seq.queue.get())[0]) is not None:
             if count == 0:
                 if fault.slow_first_token_s:
@@ -195,6 +213,9 @@ class SimServer:
                 await _send(resp, writer.role())
             elif fault.slow_drip_s:
                 await asyncio.sleep(fault.slow_drip_s)
+            if burst_s and piece.kind in stream_parser.TOOL_DELTA_KINDS:
+                await asyncio.sleep(burst_s)
+                burst_s = 0.0
             count += 1
             if count == cut_at and (fault.midstream_error or fault.truncate_stream or fault.midstream_reset):
                 return await self._break_stream(request, resp, fault)
