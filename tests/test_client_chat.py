@@ -55,6 +55,7 @@ def assert_timeline(r: StreamResult) -> None:
     assert r.first_byte_ts is not None and r.first_token_ts is not None, r
     assert r.send_ts <= r.first_byte_ts <= r.first_token_ts <= r.end_ts, r
     assert r.chunk_ts == sorted(r.chunk_ts) and r.chunk_ts[0] == r.first_token_ts and r.chunk_ts[-1] <= r.end_ts
+    assert r.first_event_ts is not None and r.first_byte_ts <= r.first_event_ts <= r.first_token_ts, r
     assert abs(r.send_ts - time.time()) < 60  # epoch seconds
 
 
@@ -161,9 +162,11 @@ def test_k3_stream_and_whole_answer(start_sim: SimFactory, transport: str) -> No
         assert call.name == "get_weather" and json.loads(call.arguments)["city"] and got.finish_reason == "tool_calls"
         assert got.reasoning.startswith("Let me think.") and got.response_id.startswith("chatcmpl-")
         assert got.reasoning_tokens > 0 and len(got.chunk_ts) <= got.completion_tokens and got.prompt_tokens > 16
+        assert got.tool_chunk_idx == [len(got.chunk_ts) - 1]  # K3: the call whole, in the last token chunk
     assert r.cached_tokens == 0 and again.cached_tokens > 0  # same prompt: the sim's prefix cache hits
     assert whole.status == res.STATUS_OK and whole.tool_calls and whole.reasoning and whole.usage
     assert whole.first_token_ts is None and whole.chunk_ts == [] and whole.first_byte_ts <= whole.end_ts
+    assert whole.first_event_ts is None and whole.tool_chunk_idx == []
 
 
 def test_k2_split_arguments_and_plain_text(start_sim: SimFactory) -> None:
@@ -172,6 +175,8 @@ def test_k2_split_arguments_and_plain_text(start_sim: SimFactory) -> None:
         r = send(sim.base_url, transport, body(tools=[WEATHER]))
         assert r.status == res.STATUS_OK and json.loads(r.tool_calls[0].arguments)["city"], (transport, r)
         assert len(r.chunk_ts) > len(r.reasoning.split())  # header + one chunk per argument piece
+        first = r.tool_chunk_idx[0]  # after the reasoning, every token chunk to the end is the call's
+        assert first > 0 and r.tool_chunk_idx == list(range(first, len(r.chunk_ts))), (transport, r)
         text = send(sim.base_url, transport, body(messages=[{"role": "user", "content": "hi"}]))
         assert text.status == res.STATUS_OK and text.content and text.finish_reason in ("stop", "length")
         assert_timeline(text)

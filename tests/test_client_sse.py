@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from k3load.client.assemble import Assembler, AssemblyError, error_message
+from k3load.client.assemble import TEXT, TOOL_PART, Assembler, AssemblyError, error_message
 from k3load.client.result import StreamResult
 from k3load.client.sse import (
     DONE,
@@ -33,7 +33,8 @@ VLLM_OK_STREAMS = sorted(p.name for p in WIRE.glob("stream_*.sse"))
 SIM_STREAMS = sorted(p.name for p in SIM_WIRE.glob("*.sse"))
 # streamed capture -> non-streamed capture of the same request (checked in test_capture_pairs_are_same_request)
 PAIRS = {"stream_text.sse": "nonstream_text.json", "stream_tool_named.sse": "nonstream_tool.json",
-         "stream_tool_auto.sse": "nonstream_tool_auto.json", "stream_tool_required.sse": "nonstream_tool_required.json"}
+         "stream_tool_auto.sse": "nonstream_tool_auto.json", "stream_tool_required.sse": "nonstream_tool_required.json",
+         "stream_tool_parallel_required.sse": "nonstream_tool_parallel_required.json"}
 
 
 def decode(raw: bytes, cuts: list[int] | None = None) -> list[SSEEvent]:
@@ -58,7 +59,7 @@ def random_cuts(raw: bytes, rng: random.Random) -> list[int]:
 def assemble(events: list[SSEEvent]) -> tuple[Assembler, int]:
     """(assembler, number of token-bearing chunks)."""
     asm = Assembler()
-    tokens = sum(asm.add(e) for e in events if e is not DONE)  # type: ignore[arg-type]
+    tokens = sum(bool(asm.add(e)) for e in events if e is not DONE)  # type: ignore[arg-type]
     return asm, tokens
 
 
@@ -215,10 +216,12 @@ def test_streamed_answer_equals_the_non_streamed_one(name: str) -> None:
     reasoning, content, arguments = plain_concat(read_sse_capture(name))
     assert (asm.reasoning, asm.content) == (reasoning, content) == (message["reasoning"] or "", whole.content)
     assert "".join(c.arguments for c in asm.tool_calls) == arguments
-    if message.get("tool_calls"):  # tool_choice=required never closed its array: no calls in the message
-        assert [(c.name, c.arguments) for c in asm.tool_calls] == [(c.name, c.arguments) for c in whole.tool_calls]
-        json.loads(asm.tool_calls[0].arguments)
     meta = json.loads((WIRE / name.replace(".sse", ".meta.json")).read_text())
+    if message.get("tool_calls"):  # the tiny model's required array never closed: no calls in the message
+        assert [(c.name, json.loads(c.arguments)) for c in asm.tool_calls] == [
+            (c.name, json.loads(c.arguments)) for c in whole.tool_calls]
+        if meta["request"]["tool_choice"] != "required":  # required: vLLM re-serialises the whole answer's
+            assert [c.arguments for c in asm.tool_calls] == [c.arguments for c in whole.tool_calls]
     if not (meta["request"].get("stream_options") or {}).get("include_usage"):
         assert asm.usage is None
         return
@@ -241,6 +244,25 @@ def test_required_tool_call_with_null_names_and_cached_tokens() -> None:
     assert call.id == "chatcmpl-tool-a822ddc52bd6584f" and call.name == "get_weather"
     assert call.arguments == plain_concat(read_sse_capture("stream_tool_required.sse"))[2]
     assert asm.finish_reason == "length" and asm.usage["prompt_tokens_details"]["cached_tokens"] == 256
+
+
+def test_real_parallel_calls_reassemble_to_the_non_streamed_calls() -> None:
+    """SmolLM2 behind vLLM 0.32, tool_choice required: two calls, each a header delta (id, name, the
+    first argument token) then one delta per argument token; index 1 opens once index 0 is done."""
+    events = decode((WIRE / "stream_tool_parallel_required.sse").read_bytes())
+    asm = Assembler()
+    added = [asm.add(e) for e in events if e is not DONE]  # type: ignore[arg-type]
+    whole = read_capture("nonstream_tool_parallel_required.json")["body"]["choices"][0]["message"]["tool_calls"]
+    got = [(c.index, c.name, json.loads(c.arguments)) for c in asm.tool_calls]
+    assert got == [(i, c["function"]["name"], json.loads(c["function"]["arguments"])) for i, c in enumerate(whole)]
+    assert [a["city"] for _, _, a in got] == ["Paris", "Oslo"] and asm.finish_reason == "tool_calls"
+    assert len({c.id for c in asm.tool_calls}) == 2 and asm.content == asm.reasoning == ""
+    indices = [t["index"] for e in read_sse_capture("stream_tool_parallel_required.sse") if e.get("choices")
+               for t in e["choices"][0]["delta"].get("tool_calls") or []]
+    assert indices == sorted(indices) and (indices.count(0), indices.count(1)) == (12, 13)  # one after the other
+    assert added.count(TOOL_PART) == 25 == len(indices) and set(added) == {0, TOOL_PART}  # role, finish, usage: 0
+    # the whole answer's arguments are re-serialised (json.dumps spacing), the streamed ones are the tokens
+    assert asm.tool_calls[0].arguments == '{"city":"Paris","unit":"celsius"}' != whole[0]["function"]["arguments"]
 
 
 def test_no_usage_when_not_asked() -> None:
@@ -297,28 +319,70 @@ def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
     return {"id": "c1", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
 
-def test_parallel_calls_k3_whole_and_k2_interleaved() -> None:
-    k3 = Assembler()
-    for i, city in enumerate(("Paris", "Oslo")):
-        k3.add(_chunk({"tool_calls": [{"index": i, "id": f"functions.w:{i}", "type": "function",
-                                        "function": {"name": "w", "arguments": json.dumps({"city": city})}}]}))
-    k2 = Assembler()
-    k2.add(_chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "w"}},
-                                  {"index": 1, "id": "b", "function": {"name": "w", "arguments": ""}}]}))
-    for piece, index in (('{"city":', 1), ('{"city":', 0), ('"Oslo"}', 1), ('"Paris"}', 0)):
-        assert k2.add(_chunk({"tool_calls": [{"index": index, "function": {"name": None, "arguments": piece}}]}))
-    assert [json.loads(c.arguments)["city"] for c in k3.tool_calls] == ["Paris", "Oslo"]
-    got = [(c.index, c.id, json.loads(c.arguments)["city"]) for c in k2.tool_calls]
-    assert got == [(0, "a", "Paris"), (1, "b", "Oslo")]
+def _call(index: int, *, call_id: str | None = None, name: str | None = None,
+          arguments: str | None = None) -> dict[str, Any]:
+    function = {"arguments": arguments} if name is None else {"name": name, "arguments": arguments}
+    return {"index": index, **({"id": call_id, "type": "function"} if call_id else {}), "function": function}
 
 
-def test_token_bearing_chunks() -> None:
+def _calls(asm: Assembler) -> list[tuple[int, str | None, str | None, dict[str, Any]]]:
+    return [(c.index, c.id, c.name, json.loads(c.arguments)) for c in asm.tool_calls]
+
+
+PARIS, OSLO = (0, "a", "w", {"city": "Paris"}), (1, "b", "w", {"city": "Oslo"})
+
+
+def _k2_pieces(index: int, city: str) -> list[dict[str, Any]]:
+    return [_call(index, arguments=p) for p in ('{"ci', 'ty": "', city, '"}')]
+
+
+@pytest.mark.parametrize(("name", "deltas"), [
+    ("K2, one call after the other", [
+        _call(0, call_id="a", name="w", arguments=""), *_k2_pieces(0, "Paris"),
+        _call(1, call_id="b", name="w", arguments=""), *_k2_pieces(1, "Oslo")]),
+    ("K2, argument deltas interleaved 0, 1, 0, 1", [
+        _call(0, call_id="a", name="w"), _call(1, call_id="b", name="w"),
+        *(d for pair in zip(_k2_pieces(0, "Paris"), _k2_pieces(1, "Oslo"), strict=True) for d in pair)]),
+    ("K3, each call whole in one delta", [
+        _call(0, call_id="a", name="w", arguments='{"city": "Paris"}'),
+        _call(1, call_id="b", name="w", arguments='{"city": "Oslo"}')]),
+])
+def test_parallel_calls_merge_by_index(name: str, deltas: list[dict[str, Any]]) -> None:
+    one_per_chunk, all_in_one = Assembler(), Assembler()
+    assert all(one_per_chunk.add(_chunk({"tool_calls": [d]})) == TOOL_PART for d in deltas), name
+    assert all_in_one.add(_chunk({"tool_calls": deltas})) == TOOL_PART
+    assert _calls(one_per_chunk) == _calls(all_in_one) == [PARIS, OSLO], name
+
+
+def test_what_each_chunk_adds() -> None:
     asm = Assembler()
-    assert not asm.add(_chunk({"role": "assistant", "content": ""}))
-    assert asm.add(_chunk({"reasoning": "hm"}))
-    assert not asm.add(_chunk({}, "stop"))
-    assert not asm.add({"id": "c1", "choices": [], "usage": {"completion_tokens": 1}})
-    assert asm.add(_chunk({"content": "last"}, "length")) and asm.finish_reason == "length"
+    assert asm.add(_chunk({"role": "assistant", "content": ""})) == 0  # vLLM's role chunk
+    assert asm.add(_chunk({"reasoning": "hm"})) == TEXT
+    assert asm.add(_chunk({"content": "", "tool_calls": []})) == 0  # an empty array adds nothing
+    assert asm.add(_chunk({"tool_calls": [_call(0, call_id="a", name="w")]})) == TOOL_PART  # the header alone
+    assert asm.add(_chunk({"tool_calls": [_call(0, arguments="")]})) == 0  # empty arguments
+    assert asm.add(_chunk({"tool_calls": [_call(0, call_id="a", name="w", arguments="")]})) == 0  # repeated
+    assert asm.add(_chunk({"tool_calls": [{"index": 0, "function": {"name": None, "arguments": "{}"}}]})) == TOOL_PART
+    assert asm.add(_chunk({"content": "x", "tool_calls": [_call(1, call_id="b", name="v")]})) == TEXT | TOOL_PART
+    assert asm.add(_chunk({}, "stop")) == 0 and asm.add({"id": "c1", "choices": [], "usage": {}}) == 0
+    assert asm.add(_chunk({"content": "last"}, "length")) == TEXT and asm.finish_reason == "length"
+    assert [(c.index, c.id, c.name, c.arguments) for c in asm.tool_calls] == [(0, "a", "w", "{}"), (1, "b", "v", "")]
+
+
+def test_an_empty_tool_calls_stream_has_no_calls() -> None:
+    asm = Assembler()
+    added = [asm.add(_chunk({"tool_calls": []})) for _ in range(3)] + [asm.add(_chunk({"content": "no call"}, "stop"))]
+    assert added == [0, 0, 0, TEXT] and asm.tool_calls == [] and asm.content == "no call"
+
+
+def test_a_duplicate_call_under_a_new_index_is_kept_as_sent() -> None:
+    """The same id (and call) again under index 1: two calls, as the server sent them; a duplicate is
+    validation's to judge, not the assembler's to hide."""
+    asm = Assembler()
+    whole = '{"city": "Paris"}'
+    for index in (0, 1):
+        assert asm.add(_chunk({"tool_calls": [_call(index, call_id="a", name="w", arguments=whole)]})) == TOOL_PART
+    assert _calls(asm) == [PARIS, (1, "a", "w", {"city": "Paris"})]
 
 
 @pytest.mark.parametrize("chunk", [

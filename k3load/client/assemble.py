@@ -12,6 +12,10 @@ are tested here on real captures without any socket. Rules, each from a real wir
 - usage comes in the final chunk with `choices: []` (or in every chunk with continuous usage
   stats): the last one seen wins. An in-band error is `{"error": {...}}` (or the older
   `{"object": "error", "message": ...}`).
+- What a chunk added is told apart (`add` returns TEXT, TOOL_PART, both or 0): the client keeps the
+  arrival of every chunk that carried a tool-call part (an id, a name or argument text), so a call
+  held back and sent whole after a silence (vllm#50604) shows as such. A `"tool_calls": []` array,
+  an empty `"arguments": ""`, or an id or name repeated (vLLM's `"name": null`) adds nothing.
 Shapes that break the protocol raise AssemblyError (a typed error the client reports as malformed),
 never a KeyError or TypeError.
 """
@@ -22,6 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from k3load.client.result import StreamResult, ToolCall
+
+# What Assembler.add says a chunk added (bits; 0 for nothing): reasoning or content text, a tool-call part.
+TEXT = 1
+TOOL_PART = 2
 
 
 class AssemblyError(ValueError):
@@ -51,12 +59,12 @@ class Assembler:
         self.error: dict[str, Any] | None = None  # the first in-band error object
 
     # -- streaming --------------------------------------------------------------------------------
-    def add(self, chunk: dict[str, Any]) -> bool:
-        """Apply one chunk; True when it added text or a tool call (a token-bearing chunk)."""
+    def add(self, chunk: dict[str, Any]) -> int:
+        """Apply one chunk; what it added: TEXT | TOOL_PART bits, 0 for nothing (true: token-bearing)."""
         if "error" in chunk or chunk.get("object") == "error":
             if self.error is None:
                 self.error = _error_object(chunk)
-            return False
+            return 0
         if self.response_id is None:
             self.response_id = chunk.get("id")
         usage = chunk.get("usage")
@@ -64,40 +72,40 @@ class Assembler:
             self.usage = usage
         choices = chunk.get("choices")
         if not choices:
-            return False
+            return 0
         if type(choices) is not list:
             raise AssemblyError(f"choices is {type(choices).__name__}, not a list")
-        token = False
+        token = 0
         for choice in choices:
             if type(choice) is not dict or choice.get("index", 0) != 0:
                 raise AssemblyError(f"choice {choice!r:.80}: only one choice (n=1, index 0) is assembled")
             delta = choice.get("delta")
-            if delta and self._delta(delta):  # the delta first: it may carry the last token
-                token = True
+            if delta:  # the delta first: it may carry the last token
+                token |= self._delta(delta)
             reason = choice.get("finish_reason")
             if reason is not None:
                 self.finish_reason = reason
         return token
 
-    def _delta(self, delta: dict[str, Any]) -> bool:
-        token = False
+    def _delta(self, delta: dict[str, Any]) -> int:
+        token = 0
         text = delta.get("reasoning")
         if text is None:
             text = delta.get("reasoning_content")
         if text:
             self._reasoning.append(_text(text, "reasoning"))
-            token = True
+            token = TEXT
         text = delta.get("content")
         if text:
             self._content.append(_text(text, "content"))
-            token = True
+            token = TEXT
         calls = delta.get("tool_calls")
         if calls:
             if type(calls) is not list:
                 raise AssemblyError(f"delta.tool_calls is {type(calls).__name__}, not a list")
             for item in calls:
                 if self._tool_delta(item):
-                    token = True
+                    token |= TOOL_PART
         return token
 
     def _tool_delta(self, item: Any) -> bool:

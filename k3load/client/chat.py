@@ -9,7 +9,9 @@ Timing: every `*_ts` is epoch seconds from one perf_counter clock anchored once 
 intervals between them are monotonic and exact while the values still join with other wall-clock
 timelines. One timestamp per socket read: every token-bearing chunk decoded from a read gets the
 time of that read (`chunk_ts`); `first_token_ts` is the first of them; `first_byte_ts` is when the
-status line and headers were in.
+status line and headers were in; `first_event_ts` the read that held the stream's first SSE event
+(vLLM's role chunk: prefill done). `tool_chunk_idx` marks the chunks that carried a tool-call part,
+so a call held back and sent whole after a silence is told from one streamed piece by piece.
 
 Deadline: `deadline_s` bounds the whole request, stream included. Cooperative transports (always
 geventhttpclient; httpx under gevent's monkey-patching) run inside a `gevent.Timeout`, which is a
@@ -50,7 +52,7 @@ import gevent
 
 from k3load.client import result as res
 from k3load.client.access import Secrets, Tls
-from k3load.client.assemble import Assembler, AssemblyError, error_message
+from k3load.client.assemble import TOOL_PART, Assembler, AssemblyError, error_message
 from k3load.client.body import (
     INVALID_UTF8_NOTE,
     MAX_BODY_BYTES,
@@ -246,9 +248,14 @@ class _Exchange:
             self.fail(res.STATUS_TRANSPORT_ERROR, str(exc))
 
     def _stream(self, resp: ResponseStream) -> None:
-        """THE hot loop: one clock read per socket read, events decoded from it, chunks applied."""
+        """THE hot loop: one clock read per socket read, events decoded from it, chunks applied.
+
+        Per token-bearing chunk it adds one test of what the chunk added (a tool-call part or not);
+        per read, one test of whether the first event is still to come (bench/client_cost.py: no change
+        beyond its noise)."""
         clock, result, asm = self.clock, self.result, self.asm
         decoder, add, chunk_ts = SSEDecoder(self.limits.line_bytes), asm.add, result.chunk_ts
+        tool_idx, tool_part, no_event = result.tool_chunk_idx, TOOL_PART, True
         received, check_at, text_cap = 0, self.limits.body_bytes, self.limits.body_bytes
         for data in resp.reads():
             t = clock()
@@ -262,8 +269,13 @@ class _Exchange:
                               "body bytes (the rest read and dropped)")
                     continue
             try:
-                for event in decoder.feed(data):
-                    if event is not DONE and add(event):  # type: ignore[arg-type]
+                events = decoder.feed(data)
+                if no_event and events:
+                    result.first_event_ts, no_event = t, False
+                for event in events:
+                    if event is not DONE and (got := add(event)):  # type: ignore[arg-type]
+                        if got & tool_part:
+                            tool_idx.append(len(chunk_ts))
                         chunk_ts.append(t)
             except (SSEError, AssemblyError) as exc:
                 self._malformed(exc)
@@ -277,11 +289,15 @@ class _Exchange:
         self.fail(res.STATUS_MALFORMED, f"{exc} (content-type {content_type!r})")
 
     def _stream_end(self, decoder: SSEDecoder) -> None:
-        t = self.clock()
+        t, result = self.clock(), self.result
         try:
-            for event in decoder.finish():
-                if event is not DONE and self.asm.add(event):  # type: ignore[arg-type]
-                    self.result.chunk_ts.append(t)
+            for event in decoder.finish():  # an event whose blank line never came
+                if result.first_event_ts is None:
+                    result.first_event_ts = t
+                if event is not DONE and (got := self.asm.add(event)):  # type: ignore[arg-type]
+                    if got & TOOL_PART:
+                        result.tool_chunk_idx.append(len(result.chunk_ts))
+                    result.chunk_ts.append(t)
         except (SSEError, AssemblyError) as exc:
             self._malformed(exc)
         if self.asm.error is not None:

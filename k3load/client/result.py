@@ -46,6 +46,14 @@ class StreamResult:
     first_byte_ts: float | None = None
     first_token_ts: float | None = None  # first chunk adding reasoning, content or a tool call
     chunk_ts: list[float] = field(default_factory=list)  # arrival of every token-bearing chunk
+    # Indices into chunk_ts of the chunks that added a tool-call part (an id, a name or argument text):
+    # one per argument piece when a parser streams a call (K2), one per call when it holds each call
+    # back until it is whole (K3, vllm#50604). Empty for a non-streamed answer.
+    tool_chunk_idx: list[int] = field(default_factory=list)
+    # Arrival of the stream's first SSE data event: vLLM's role chunk (`"role": "assistant",
+    # "content": ""`), sent once prefill is done and the first token is out, so the silence before a
+    # first token-bearing chunk is measured from the end of prefill. None when not streamed (or no event).
+    first_event_ts: float | None = None
     http_status: int | None = None
     error: str | None = None  # one line: what went wrong
     error_body: str | None = None  # the server's body (truncated), for attribution
