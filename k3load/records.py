@@ -7,6 +7,7 @@ Fields carry units; timestamps are wall-clock epoch seconds (`*_ts`); unknown is
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -136,9 +137,14 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[index]
 
 
-def timing_fields(result: StreamResult) -> dict[str, float | None]:
-    """TTFT, inter-token stats and decode time from the chunk arrival times (ms)."""
-    out: dict[str, float | None] = {"e2e_ms": (result.end_ts - result.send_ts) * 1000}
+def timing_fields(result: StreamResult) -> dict[str, float | int | None]:
+    """TTFT, inter-token stats, decode time, tool-call cadence and the last silence (ms), keyed by
+    Attempt field name. A field that cannot be known for this attempt is left out (None in the record,
+    never 0). Why the cadence beside the inter-token stats: a parser that holds a K3 call back until it
+    is whole (vllm#50604) sends it in one delta after a long silence, which the averages hide and a
+    client reads as slow decoding; `tool_call_max_gap_ms` is that silence, `tool_call_deltas` shows
+    the call came in one piece."""
+    out: dict[str, float | int | None] = {"e2e_ms": (result.end_ts - result.send_ts) * 1000}
     if result.first_token_ts is not None:
         out["ttft_ms"] = (result.first_token_ts - result.send_ts) * 1000
         out["decode_ms"] = (result.end_ts - result.first_token_ts) * 1000
@@ -147,7 +153,45 @@ def timing_fields(result: StreamResult) -> dict[str, float | None]:
         out["itl_mean_ms"] = statistics.fmean(gaps)
         out["itl_p50_ms"] = _percentile(gaps, 0.50)
         out["itl_p99_ms"] = _percentile(gaps, 0.99)
+    out.update(tool_call_cadence(result))
+    out["last_silence_ms"] = last_silence_ms(result)
     return out
+
+
+def tool_call_cadence(result: StreamResult) -> dict[str, float | int]:
+    """`tool_call_deltas`, `tool_call_span_ms`, `tool_call_max_gap_ms`; empty without a tool chunk.
+
+    The span runs from the first chunk that carried a tool-call part to the last one. The longest gap
+    is taken over the token-bearing chunks from the one just before the first tool chunk up to the
+    last tool chunk, so the silence leading into a call counts: a K3 call held back by the parser is
+    one delta after a long silence, and its span is 0. When the call is the answer's first token
+    chunk, the lead-in is measured from the first SSE event (vLLM's role chunk, sent once prefill is
+    done: prefill time is not the parser's); it is 0 when that event came in the same read as the call
+    (a streamed result always has a first event: the call's own chunk is one)."""
+    idx = result.tool_chunk_idx
+    if not idx:
+        return {}
+    ts = result.chunk_ts
+    first, last = idx[0], idx[-1]
+    times = ts[first - 1:last + 1] if first else ts[:last + 1]
+    lead_in = result.first_event_ts
+    if not first and lead_in is not None and lead_in < ts[0]:
+        times = [lead_in, *times]
+    gap = max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+    return {"tool_call_deltas": len(idx), "tool_call_span_ms": (ts[last] - ts[first]) * 1000,
+            "tool_call_max_gap_ms": gap * 1000}
+
+
+def last_silence_ms(result: StreamResult) -> float:
+    """From the last sign of life to the attempt's end: the last token-bearing chunk, else the first
+    SSE event (the stream began, no token came), else the response headers, else the send. Why: an
+    attempt cut by our deadline after a long silence is a stall (the server stopped sending), not a
+    deadline too short for a slow answer; a non-streamed answer's is the time its body took."""
+    if result.chunk_ts:
+        since = result.chunk_ts[-1]
+    else:
+        since = next((t for t in (result.first_event_ts, result.first_byte_ts) if t is not None), result.send_ts)
+    return (result.end_ts - since) * 1000
 
 
 class RecordWriter:
