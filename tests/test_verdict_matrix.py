@@ -63,6 +63,27 @@ def _context_details(verdict: dict) -> None:
     assert verdict["pillars"]["agent_api"]["numbers"]["failed_by_layer"]["server"] > 0
 
 
+def _streaming_path_under_concurrency(verdict: dict) -> None:
+    """The streaming parser's fault shows only where 6+ requests were in flight: never at c2."""
+    by_stage = verdict["pillars"]["agent_api"]["numbers"]["stream_equivalence"]["by_stage"]
+    assert by_stage["concurrency-c2"]["streaming path wrong"] == 0, by_stage["concurrency-c2"]
+    assert by_stage["concurrency-c12"]["streaming path wrong"] > 0, by_stage["concurrency-c12"]
+    assert by_stage["concurrency-c12"]["stream_path_failure_rate"]["ci95"][0] > 0
+
+
+def _parallel_details(verdict: dict) -> None:
+    numbers = verdict["pillars"]["agent_api"]["numbers"]
+    failed = numbers["parallel_calls"]["failed_checks"]
+    assert {"expect.calls", "tool_call.unique_ids", "tool_call.arguments_json"} <= set(failed), failed
+    assert numbers["parallel_calls"]["by_primary_layer"].get("parser", 0) > 0
+    assert numbers["stream_equivalence"]["outcomes"]["streaming path wrong"] > 0  # the dropped call, named
+
+
+def _cadence_details(verdict: dict) -> None:
+    cadence = verdict["pillars"]["agent_api"]["numbers"]["tool_call_cadence"]
+    assert cadence["over_limit"] > 0 and cadence["max_gap_ms"]["max"] > 900, cadence  # 20,000 model ms at 0.05
+
+
 def _statuses(**changed: str) -> dict[str, str]:
     return ALL_PASS | changed
 
@@ -77,6 +98,22 @@ CASES = {
                                             ("agent_api", "parser")),
     "weak-model-cache-still-passes": Case(
         ["--weak-answer-rate", "0.3"], "limited", _statuses(agent_api="fail"), ("agent_api", "model_output")),
+    # Kimi's known tool-call failures (issue 13): each ends in the parser layer with a reason naming it.
+    "streaming-parser-empties-calls-under-concurrency": Case(  # vllm#54701
+        ["--stream-empty-tool-calls-rate", "0.5", "--stream-empty-tool-calls-min-running", "6"], "limited",
+        _statuses(agent_api="fail"), ("agent_api", "parser (streaming path)"),
+        check=_streaming_path_under_concurrency),
+    "parallel-calls-dropped-merged-duplicated": Case(  # vllm#24478
+        ["--parallel-call-drop-rate", "0.3", "--parallel-call-merge-rate", "0.3", "--parallel-call-duplicate-rate",
+         "0.3"], "limited", _statuses(agent_api="fail"), ("agent_api", "parser (streaming path)"),
+        check=_parallel_details),
+    "tool-arguments-held-back-then-one-burst": Case(  # vllm#50604
+        ["--tool-args-burst-rate", "0.3", "--tool-args-burst-ms", "20000"], "limited",
+        _statuses(agent_api="fail"), ("agent_api", "tool-call cadence"),
+        thresholds={"agent_api": {"max_tool_call_gap_ms": 500}}, check=_cadence_details),
+    "no-think-to-answer-transition": Case(  # vllm#53246
+        ["--missing-think-transition-rate", "0.3"], "limited", _statuses(agent_api="fail"),
+        ("agent_api", "never left the reasoning")),
     "cache-never-hits": Case(["--prefix-cache-never-hits"], "limited", _statuses(prefix_cache="fail"),
                              ("prefix_cache", "no prefix-cache hits")),
     "prompt-under-one-block": Case(["--block-size", "256"], "limited", _statuses(prefix_cache="inconclusive"),
