@@ -10,11 +10,15 @@ under several seeds: the same deployment must get the same verdict every time.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from k3load.sim.process import SimProcess
+from tests.conftest import FAST_SIM
 from tests.scenario_edits import short_control_prompt
 from tests.test_verdicts import accept
 
@@ -121,7 +125,7 @@ CASES = {
                                    short_prompt=True),
     "parser-malformed-arguments": Case(["--malformed-tool-args-rate", "0.3"], "limited", _statuses(agent_api="fail"),
                                        ("agent_api", "parser")),
-    "oom-at-a-concurrency-step": Case(["--oom-kv-demand-tokens", "9000"], "scale_up",
+    "oom-at-a-concurrency-step": Case(["--oom-kv-demand-tokens", "13000"], "scale_up",
                                       _statuses(resources="fail", prefix_cache="*", agent_api="*"),
                                       ("verdict", "after a concurrency step"), check=_oom_details),
     "html-502-storm-is-not-scale-up": Case(
@@ -170,13 +174,50 @@ CASES = {
 }
 
 
+ROWS_AT_ONCE = 2  # two rows share the two cores (CI's time counts); each row's timings keep their margins
+
+
+def _run_case(name: str, case: Case, base: Path) -> tuple[dict, int]:
+    """One row: its own sim and run directory, the sim stopped whatever happens."""
+    tmp_path = base / name
+    tmp_path.mkdir()
+    sims: list[SimProcess] = []
+
+    def start_sim(*args: str) -> SimProcess:
+        sim = SimProcess([*FAST_SIM, *args], tmp_path / f"sim-{len(sims)}.log").start()
+        sims.append(sim)
+        return sim
+
+    try:
+        scenarios = short_control_prompt(tmp_path / "scenarios") if case.short_prompt else "scenarios/*.yaml"
+        recipe = "recipes/kimi-k3.yaml" if name == "production-recipe-on-the-sim" else "recipes/local-dev.yaml"
+        verdict, code, _ = accept(start_sim, tmp_path, case.sim, recipe=recipe, scenarios=scenarios, stages=STAGES,
+                                  options=case.options, thresholds=case.thresholds)
+        return verdict, code
+    finally:
+        for sim in sims:
+            sim.stop()
+
+
+@pytest.fixture(scope="module")
+def verdicts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+             ) -> dict[str, Future[tuple[dict, int]]]:
+    """The selected rows' runs (all, or those `-k` chose), ROWS_AT_ONCE at a time (gevent-patched
+    threads: the runs are subprocesses)."""
+    chosen = {item.callspec.params["name"] for item in request.session.items
+              if item.module is request.module and hasattr(item, "callspec")}
+    base = tmp_path_factory.mktemp("matrix")
+    with ThreadPoolExecutor(max_workers=ROWS_AT_ONCE) as pool:
+        futures = {name: pool.submit(_run_case, name, case, base) for name, case in CASES.items() if name in chosen}
+        for future in futures.values():
+            future.exception()  # wait for all: the sims are stopped before any row is judged
+        return futures
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_verdict_matrix(name: str, start_sim, tmp_path):
+def test_verdict_matrix(name: str, verdicts: dict[str, Future[tuple[dict, int]]]):
     case = CASES[name]
-    scenarios = short_control_prompt(tmp_path / "scenarios") if case.short_prompt else "scenarios/*.yaml"
-    recipe = "recipes/kimi-k3.yaml" if name == "production-recipe-on-the-sim" else "recipes/local-dev.yaml"
-    verdict, code, _ = accept(start_sim, tmp_path, case.sim, recipe=recipe, scenarios=scenarios, stages=STAGES,
-                              options=case.options, thresholds=case.thresholds)
+    verdict, code = verdicts[name].result()
     pillars = verdict["pillars"]
     because = verdict["next_action"]["because"]
     summary = {p: (v["status"], v["reasons"][:2]) for p, v in pillars.items()} | {"because": because}
