@@ -350,7 +350,9 @@ def _fire_request_events(env: Any, attempt: Attempt) -> None:
         f"{attempt.status}: " + "; ".join(f"{f.check}[{f.layer}]" for f in attempt.findings if not f.ok))
     base = {"request_type": "K3", "context": {"scenario": attempt.scenario, "stage": attempt.stage},
             "start_time": attempt.send_ts}
-    env.events.request.fire(name=f"{attempt.family}: e2e", response_time=attempt.e2e_ms or 0,
+    # the drill's stream:false twin is its own entry: a whole body's e2e is not a streamed one's
+    e2e = f"{attempt.family}: e2e" + (" (stream: false twin)" if attempt.stream_role == "whole" else "")
+    env.events.request.fire(name=e2e, response_time=attempt.e2e_ms or 0,
                             response_length=attempt.completion_tokens or 0, exception=failure, **base)
     if attempt.ttft_ms is not None:
         env.events.request.fire(name=f"{attempt.family}: ttft", response_time=attempt.ttft_ms,
