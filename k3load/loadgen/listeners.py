@@ -1,10 +1,13 @@
 """`register(events)`: wires the session into Locust's events (the only seam into Locust).
 
     init                      -> master/local: every input checked (a bad one: one line, exit 2, no load);
-                                 a HarnessSession on every process; message handlers; SIGTERM as Ctrl-C
+                                 a HarnessSession on every process; message handlers; SIGTERM as Ctrl-C;
+                                 under a web UI the k3load tab and GET /k3load/state (k3load.loadgen.webui)
     init_command_line_parser  -> the --k3-* options
-    test_start                -> inputs loaded everywhere; the master/local runner opens the run dir
-    test_stop                 -> a worker's users have stopped: its spool sealed, `k3_done` to the master
+    test_start                -> inputs loaded everywhere; the master/local runner opens the run dir (a new
+                                 one per test the web UI starts); no plan shape: the first stage manual-1
+    test_stop                 -> a worker's users have stopped: its spool sealed, `k3_done` to the master;
+                                 under the web UI the master/local runner judges the run (in the background)
     quitting                  -> the master waits for every worker to be done (bounded), reconciles the
                                  spools; validation summary written and printed
 """
@@ -20,7 +23,7 @@ import gevent
 
 from k3load.analysis.analyze import analyze
 from k3load.analysis.cli import summary_line
-from k3load.loadgen import sigterm
+from k3load.loadgen import sigterm, webui
 from k3load.loadgen.inputs import HARNESS_ERROR_EXIT, check_inputs
 from k3load.loadgen.options import add_options
 from k3load.loadgen.session import HarnessSession
@@ -38,9 +41,13 @@ def _on_init(environment: Any, **_kwargs: Any) -> None:
     if session.role in ("local", "master"):
         _check_inputs(environment.parsed_options, session)
     environment.k3_session = session
+    if getattr(environment.parsed_options, "k3_manual", False):
+        environment.shape_class = None  # the web UI's user count (or -u) drives the users: stages manual-N
     if not environment.stop_timeout:
         environment.stop_timeout = DEFAULT_STOP_TIMEOUT_S  # let in-flight turns end and be recorded
     sigterm.register(environment)  # a headless shape run: SIGTERM stops it as Ctrl-C does (verdict written)
+    if getattr(environment, "web_ui", None) is not None and session.role in ("local", "master"):
+        webui.register(environment)  # the k3load tab, its live page and GET /k3load/state
     runner = environment.runner
     if runner is None:
         return
@@ -51,7 +58,8 @@ def _on_init(environment: Any, **_kwargs: Any) -> None:
         runner.register_message("k3_done", lambda msg, **_kw: session.workers.done.add(msg.node_id))
     elif session.role == "worker":
         runner.register_message("k3_run", lambda msg, **_kw: session.join_run(msg.data))
-        runner.register_message("k3_stage", lambda msg, **_kw: session.set_stage_by_name(msg.data["name"]))
+        runner.register_message("k3_stage", lambda msg, **_kw: session.set_stage_by_name(msg.data["name"],
+                                                                                            msg.data.get("stage")))
 
 
 def _check_inputs(opts: Any, session: HarnessSession) -> None:
@@ -84,12 +92,31 @@ def _on_test_start(environment: Any, **_kwargs: Any) -> None:
         session.ensure_started()
     except (RuntimeError, ValueError, OSError) as exc:
         session.fail(str(exc))
+        return
+    if session.role != "worker" and session.manual.active and not session.manual.stages:
+        opts = environment.parsed_options
+        session.enter_manual_stage(opts.num_users or 0, opts.spawn_rate or 1.0)
 
 
 def _on_test_stop(environment: Any, **_kwargs: Any) -> None:
+    """A worker seals its spool. Under the web UI the master/local runner judges the run now, in a
+    greenlet (the analysis itself in a native thread), so the UI keeps answering and the next test
+    started from it is a new run."""
     session = getattr(environment, "k3_session", None)
-    if session is not None and session.role == "worker":
+    if session is None:
+        return
+    if session.role == "worker":
         session.seal_spool()
+        return
+    if session.run_dir is None or session.finished or session.fatal or not judges_at_stop(environment):
+        return
+    session.finished = True  # no new test joins this run; records still in flight are written
+    session.finisher = gevent.spawn(finish_run, environment, session, True)
+
+
+def judges_at_stop(environment: Any) -> bool:
+    """The web UI runs one test after another in one process: each is judged when it stops."""
+    return environment.web_ui is not None and not getattr(environment.parsed_options, "headless", False)
 
 
 def _wait_for_workers(environment: Any, session: HarnessSession) -> list[str]:
@@ -116,22 +143,46 @@ def _on_quitting(environment: Any, **_kwargs: Any) -> None:
         return
     if session is None or session.role == "worker" or session.run_dir is None:
         return
+    if session.finisher is not None:
+        session.finisher.join()  # the web UI's last test, judged at its stop
+    judgment = session.judgment if session.finished else finish_run(environment, session)
+    if judgment is None:
+        return
+    accept = judgment.verdict == "limited" and environment.parsed_options.k3_accept_limited
+    environment.process_exit_code = 0 if accept else judgment.exit_code
+
+
+def finish_run(environment: Any, session: HarnessSession, in_thread: bool = False) -> Any:
+    """Master/local: the run's last records in, `run_end`, files closed, then the validation summary
+    and the judgment (verdict.json, reports, alerts, manifest). `in_thread`: the CPU-bound part runs in
+    gevent's native thread pool, so this greenlet waits while the hub (the web UI) keeps serving."""
+    session.finished = True
+    run_dir = session.run_dir
+    assert run_dir is not None
     problems = _wait_for_workers(environment, session) if session.role == "master" else []
     added = session.reconcile_spools()
     if added:
         log.warning("k3load: %d attempt(s) recovered from worker spools", added)
+    session.end_manual_stages()
     if session.events is not None:
         session.events.event("run_end", attempts=session.attempts_written)
     session.close()
-    summary = summarise(session.run_dir / "records.jsonl")
+    if in_thread:
+        summary, judgment = gevent.get_hub().threadpool.apply(_summarise_and_judge, (run_dir, problems))
+    else:
+        summary, judgment = _summarise_and_judge(run_dir, problems)
+    print(format_summary(summary, run_dir), flush=True)
+    print(summary_line(judgment, run_dir), flush=True)
+    session.judgment = judgment
+    return judgment
+
+
+def _summarise_and_judge(run_dir: Path, problems: list[str]) -> tuple[dict[str, Any], Any]:
+    summary = summarise(run_dir / "records.jsonl")
     if problems:
         summary["problems"] = problems
-    write_json_atomic(session.run_dir / "validation_summary.json", summary)
-    print(format_summary(summary, session.run_dir), flush=True)
-    judgment = analyze(session.run_dir)
-    print(summary_line(judgment, session.run_dir), flush=True)
-    accept = judgment.verdict == "limited" and environment.parsed_options.k3_accept_limited
-    environment.process_exit_code = 0 if accept else judgment.exit_code
+    write_json_atomic(run_dir / "validation_summary.json", summary)
+    return summary, analyze(run_dir)
 
 
 def register(events: Any) -> None:

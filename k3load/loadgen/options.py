@@ -67,6 +67,10 @@ def add_options(parser: Any) -> None:
     group.add_argument("--k3-max-line-bytes", type=positive_bytes, default=MAX_LINE_BYTES, env_var="K3_MAX_LINE_BYTES",
                        help="most bytes of one SSE line kept; a longer line makes the attempt malformed "
                        "(its length and sha256 in the error)")
+    group.add_argument("--k3-manual", action="store_true", default=False, env_var="K3_MANUAL",
+                       include_in_web_ui=False,
+                       help="no plan shape: the user count set in the web UI (or -u) drives the load, each change "
+                       "a stage manual-N; the plan gives only its thresholds and settings")
     group.add_argument("--k3-accept-limited", action="store_true", default=False, env_var="K3_ACCEPT_LIMITED",
                        help="exit 0 for a `limited` verdict as for `go`")
     _observation_options(group)

@@ -9,6 +9,7 @@ the master waits until every worker's users have stopped (k3load.loadgen.spools)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import platform
@@ -29,6 +30,7 @@ from k3load.analysis.pillar import thresholds
 from k3load.client.access import gevent_patched, tls_hint
 from k3load.loadgen import observe, spools
 from k3load.loadgen.inputs import harness_error_line, load_inputs
+from k3load.loadgen.manual import LiveCounts, ManualStages
 from k3load.loadgen.options import locust_late_outputs, public_options, run_access
 from k3load.long_input import LongInputFit, estimate_tokens, fit_long_input
 from k3load.plan import Plan, Stage
@@ -75,6 +77,12 @@ class HarnessSession:
         self.sampler: Any = None
         self.fatal = ""  # why the run could not start (a dead server, a bad file); nothing is judged then
         self.previous_run_moved_to: Path | None = None  # an earlier run found in the run directory went here
+        self.tests = 0  # runs this process opened: the web UI opens one per test it starts
+        self.finished = False  # master/local: this run's records are closed (the web UI judges it at test stop)
+        self.finisher: Any = None  # the greenlet judging the last run (web UI); a new run waits for it
+        self.judgment: Any = None  # the last finished run's Judgment
+        self.manual = ManualStages()  # stages `manual-N` when no plan shape drives the users
+        self.live = LiveCounts()  # per-run counts the web UI shows (attempts, failures by layer)
 
     @property
     def role(self) -> str:
@@ -98,7 +106,7 @@ class HarnessSession:
             self.load_inputs()
             if self._pending_stage is not None:
                 self.set_stage_by_name(self._pending_stage)
-        if self.role in ("master", "local") and self.run_dir is None:
+        if self.role in ("master", "local") and (self.run_dir is None or self.finished):
             self.start_run()
             if self.role == "master":
                 self.env.runner.send_message("k3_run", self.run_message())
@@ -109,9 +117,15 @@ class HarnessSession:
         self.scenarios, self.plan = load_inputs(self.env.parsed_options, ROOT / "plans")
 
     def start_run(self) -> None:
-        """Master/local: create the run directory and everything known before the first request."""
+        """Master/local: create the run directory and everything known before the first request. A test
+        started again from the web UI is a new run: the last one's judging is waited for, then it is
+        set aside like any earlier run found in the directory."""
         opts = self.env.parsed_options
-        self.run_id = opts.k3_run_id or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+        if self.finisher is not None:
+            self.finisher.join()
+        self._new_run_state()
+        generated = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+        self.run_id = (opts.k3_run_id + (f"-{self.tests}" if self.tests > 1 else "")) if opts.k3_run_id else generated
         self.run_dir = Path(opts.k3_out).resolve()
         if getattr(opts, "k3_insecure", False):
             log.warning("k3load: TLS certificate verification is OFF (--k3-insecure): the target's identity is "
@@ -126,7 +140,9 @@ class HarnessSession:
         self.events.event("run_start", run_id=self.run_id, role=self.role,
                           previous_run_moved_to=_str_or_none(self.previous_run_moved_to))
         assert self.plan is not None
-        write_atomic(self.run_dir / "plan.yaml", self.plan.source)
+        self.manual.active = self.env.shape_class is None  # no plan shape: the user count set by hand
+        write_atomic(self.run_dir / "plan.yaml", self.manual.plan_source(self.plan) if self.manual.active
+                     else self.plan.source)
         write_json_atomic(self.run_dir / "run.json", self._run_info())
         playable = [s for group in self.scenarios.values() for s in group if self.fits(s)]  # says each misfit
         sums = write_samples(playable, self.run_dir / "samples", self.model, self.long_context)
@@ -136,6 +152,14 @@ class HarnessSession:
         observe.watch_restarts(self)
         self.sampler = observe.start_sampler(self)
         self.ready.set()
+
+    def _new_run_state(self) -> None:
+        self.tests += 1
+        self.finished, self.judgment, self.stage, self.previous_run_moved_to = False, None, None, None
+        self._seen, self.attempts_written = set(), 0
+        self.workers.done.clear()
+        self.manual = ManualStages()
+        self.live = LiveCounts()
 
     def _files_in_use(self) -> set[Path]:
         """Files this run already uses that may sit in the run directory, left there when an earlier
@@ -199,6 +223,9 @@ class HarnessSession:
         """Worker: the master's run identity; a spool when the run directory is reachable."""
         self.run_id, self.model, self.max_model_len = data["run_id"], data["model"], data["max_model_len"]
         run_dir = Path(data["run_dir"])
+        if self._spool is not None:  # a new test from the web UI: the last run's spool was sealed
+            self._spool.close()
+            self._spool = None
         if run_dir.is_dir():
             self._spool = JsonlLog(run_dir / "spool" / f"worker-{os.getpid()}.jsonl")
         self.env.runner.send_message("k3_spool", {"spool": self._spool.path.name if self._spool else None})
@@ -274,11 +301,26 @@ class HarnessSession:
             self.events.event("stage_start", stage=stage.name, kind=stage.kind, users=stage.users,
                               mix=stage.mix)
         if self.role == "master":
-            self.env.runner.send_message("k3_stage", {"name": stage.name})
+            manual = dataclasses.asdict(stage) if self.manual.active else None
+            self.env.runner.send_message("k3_stage", {"name": stage.name, "stage": manual})
 
-    def set_stage_by_name(self, name: str) -> None:
+    def enter_manual_stage(self, users: int, spawn_rate: float) -> None:
+        """Master/local, no plan shape: the user count was set (a test started, or changed from the
+        web UI): a new stage `manual-N` of kind concurrency, so the ramp report judges each step."""
+        if not self.manual.active or self.run_dir is None or self.finished:
+            return
+        mix = {getattr(c, "family", c.__name__): int(c.weight) for c in self.env.user_classes}
+        self.enter_stage(self.manual.next(users, spawn_rate, mix))
+        assert self.plan is not None
+        write_atomic(self.run_dir / "plan.yaml", self.manual.plan_source(self.plan))
+
+    def set_stage_by_name(self, name: str, spec: dict[str, Any] | None = None) -> None:
         """Worker: the master's shape entered `name`. The master announces a stage before the spawn
-        that fires a worker's test_start, so before the plan is loaded it is kept until then."""
+        that fires a worker's test_start, so before the plan is loaded it is kept until then. A manual
+        stage comes whole (`spec`): it is in no plan."""
+        if spec is not None:
+            self.stage, self.stage_started = Stage(**spec), time.monotonic()
+            return
         if self.plan is None:
             self._pending_stage = name
             return
@@ -306,6 +348,7 @@ class HarnessSession:
         self._seen.add(attempt_id)
         self._records.append_line(line)
         self.attempts_written += 1
+        self.live.add(line)
 
     def reconcile_spools(self) -> int:
         """Master at the end: attempts that reached a spool of this run's workers but not the master are
@@ -324,6 +367,12 @@ class HarnessSession:
             raise RuntimeError("k3load: run identity never arrived from the master")
         gevent.idle()
 
+    def end_manual_stages(self) -> None:
+        """At the run's end: the last manual stage ends now; plan.yaml holds the stages as they ran."""
+        if self.manual.active and self.run_dir is not None and self.plan is not None:
+            self.manual.stop()
+            write_atomic(self.run_dir / "plan.yaml", self.manual.plan_source(self.plan))
+
     def close(self) -> None:
         if self.sampler is not None:
             self.sampler.stop()
@@ -331,6 +380,7 @@ class HarnessSession:
         for handle in (self._records, self._spool, self.events):
             if handle is not None:
                 handle.close()
+        self._records = None  # a record arriving after the end is not this run's to write
 
 
 def _str_or_none(path: Path | None) -> str | None:

@@ -22,7 +22,7 @@ class PlanShape(LoadTestShape):
         if session.fatal:
             return None
         try:
-            if session.run_dir is None and session.role != "worker":
+            if (session.run_dir is None or session.finished) and session.role != "worker":  # a new test: a new run
                 session.ensure_started()
                 self.reset_time()  # the plan's clock starts when the run directory and observers are ready
             session.ensure_started()

@@ -1,0 +1,192 @@
+"""The web UI's k3load parts over HTTP (the browser test is test_webui_browser.py): one run per test
+started from the UI, judged at its stop while the UI keeps answering, `GET /k3load/state`, the tab's
+rows, manual stages `manual-N`, and the pure parts (manual plan, live counts, tab rows)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from k3load.loadgen.manual import LiveCounts, ManualStages
+from k3load.loadgen.webui import tab_rows
+from k3load.plan import parse_plan
+from k3load.records import read_records
+from tests.test_locust_run import ROOT, _free_port, _locust_group, _plan
+
+STATE_KEYS = {"run_id", "run_dir", "stage", "signals", "pillars", "verdict"}
+
+
+class WebUI:
+    """`locust -f locustfiles/agent.py` with its web UI on a free loopback port, driven over HTTP."""
+
+    def __init__(self, base: str, out: Path) -> None:
+        import httpx
+
+        self.base, self.out = base, out
+        self.http = httpx.Client(timeout=10)
+
+    def wait_up(self, timeout_s: float = 30) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if self.http.get(self.base + "/").status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise AssertionError("the web UI never answered")
+
+    def state(self) -> dict[str, Any]:
+        return self.http.get(self.base + "/k3load/state").json()
+
+    def swarm(self, users: int, host: str) -> None:
+        answer = self.http.post(self.base + "/swarm", data={"user_count": users, "spawn_rate": 10, "host": host})
+        assert answer.json()["success"], answer.text
+
+    def wait_for(self, ok: Any, timeout_s: float, what: str) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        state = self.state()
+        while not ok(state):
+            assert time.monotonic() < deadline, f"{what}: never came; last state {json.dumps(state)[:2000]}"
+            time.sleep(0.3)
+            state = self.state()
+        return state
+
+
+def web_ui_cmd(host: str, port: int, out: Path, plan: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "agent.py"), "--host", host,
+            "--web-host", "127.0.0.1", "--web-port", str(port), "--k3-out", str(out), "--k3-plan", str(plan),
+            "--k3-recipe", "recipes/local-dev.yaml", "--stop-timeout", "5", "--k3-sample-interval", "0.5", *extra]
+
+
+@pytest.fixture
+def web_ui(start_sim, tmp_path) -> Iterator[Any]:
+    """Factory: web_ui(*extra) -> (WebUI, sim); the Locust process group is killed after the test."""
+    import contextlib
+
+    stack = contextlib.ExitStack()
+
+    def start(*extra: str, plan_stages: list[dict] | None = None) -> tuple[WebUI, Any]:
+        sim = start_sim("--time-scale", "0.05")
+        port, out = _free_port(), tmp_path / "run"
+        plan = _plan(tmp_path, plan_stages or [{"name": "load", "kind": "load", "duration_s": 600, "users": 2,
+                                                "mix": {"agent": 1}}])
+        log = stack.enter_context((tmp_path / "locust.log").open("w"))
+        stack.enter_context(_locust_group(web_ui_cmd(sim.base_url, port, out, plan, *extra), log, log))
+        ui = WebUI(f"http://127.0.0.1:{port}", out)
+        ui.wait_up()
+        return ui, sim
+
+    with stack:
+        yield start
+
+
+def test_each_test_from_the_ui_is_its_own_run_judged_at_its_stop(web_ui):
+    ui, sim = web_ui("--k3-manual")
+    idle = ui.state()
+    assert set(idle) >= STATE_KEYS and idle["run_id"] is None and idle["verdict"] is None
+    ui.swarm(2, sim.base_url)
+    first = ui.wait_for(lambda s: (s["signals"].get("attempts") or 0) >= 3 and s["signals"].get("kv_usage")
+                        is not None, 30, "attempts and a KV reading")
+    assert first["stage"]["name"] == "manual-1" and first["stage"]["users"] == 2
+    assert first["stage"]["left_s"] is None
+    ui.swarm(4, sim.base_url)  # a change of the user count while running: a new stage
+    ui.wait_for(lambda s: s["stage"]["name"] == "manual-2" and (s["signals"].get("users") or 0) == 4, 20,
+                "stage manual-2 at 4 users")
+    ui.wait_for(lambda s: s["pillars"] is not None, 20, "provisional pillars")
+    time.sleep(1.5)  # a few attempts in manual-2
+    started = time.monotonic()
+    assert ui.http.post(ui.base + "/stop").json()["success"]
+    judged = ui.wait_for(lambda s: s["verdict"] is not None, 60, "the verdict")
+    assert time.monotonic() - started < 60
+    assert ui.http.get(ui.base + "/stats/requests").status_code == 200  # the UI answers after judging
+    verdict = judged["verdict"]
+    assert verdict["verdict"] in ("go", "limited", "scale_up", "rebuild") and verdict["because"]
+    report = ui.http.get(ui.base + verdict["links"]["report.html"])
+    assert report.status_code == 200 and "<html" in report.text.lower()
+    run_dir = Path(first["run_dir"])
+    stages = {a.stage for a in read_records(run_dir / "records.jsonl")}
+    assert {"manual-1", "manual-2"} <= stages, stages
+    plan = yaml.safe_load((run_dir / "plan.yaml").read_text())
+    assert [s["name"] for s in plan["stages"]] == ["manual-1", "manual-2"]
+    assert [s["users"] for s in plan["stages"]] == [2, 4]
+    ramp = json.loads((run_dir / "verdict.json").read_text())
+    assert ramp["verdict"] == verdict["verdict"]
+
+    ui.swarm(1, sim.base_url)  # a second test: a new run, the first one set aside and kept whole
+    second = ui.wait_for(lambda s: s["run_id"] not in (None, first["run_id"]) and s["stage"] is not None, 30,
+                         "a new run")
+    assert second["verdict"] is None and second["stage"]["name"] == "manual-1"
+    assert second["run_dir"] == first["run_dir"]
+    moved = [p for p in run_dir.parent.iterdir() if p.name.startswith("run.previous-")]
+    assert len(moved) == 1 and (moved[0] / "verdict.json").exists()
+    assert json.loads((run_dir / "run.json").read_text())["run_id"] == second["run_id"]
+    ui.http.post(ui.base + "/stop")
+    ui.wait_for(lambda s: s["verdict"] is not None, 60, "the second verdict")
+
+
+def test_the_tab_is_declared_and_its_rows_come_with_the_stats(web_ui):
+    ui, sim = web_ui()
+    page = ui.http.get(ui.base + "/").text
+    assert '"extended_tabs": [{"key": "k3load", "title": "k3load"}]' in page or "extended_tabs" in page
+    ui.swarm(1, sim.base_url)  # the plan shape drives this one
+    state = ui.wait_for(lambda s: s["stage"] is not None and (s["signals"].get("attempts") or 0) >= 1, 30,
+                        "the plan's stage")
+    assert state["stage"]["name"] == "load" and state["stage"]["left_s"] is not None
+    stats = ui.http.get(ui.base + "/stats/requests").json()
+    rows = {r["signal"]: r["value"] for r in stats["extended_stats"][0]["data"]}
+    assert stats["extended_stats"][0]["key"] == "k3load"
+    assert rows["stage"].startswith("load (load, 2 users)") and "KV cache usage" in rows
+    live = ui.http.get(ui.base + "/k3load/")
+    assert live.status_code == 200 and "/k3load/state" not in live.text and "fetch('state'" in live.text
+    ui.http.post(ui.base + "/stop")
+    ui.wait_for(lambda s: s["verdict"] is not None, 60, "the verdict")
+
+
+def _plan_of(text: str):
+    return parse_plan(yaml.safe_load(text), "test", text)
+
+
+def test_manual_stages_make_a_valid_plan_as_they_ran():
+    clock = iter([100.0, 110.0, 130.0, 140.0]).__next__
+    base = _plan_of(yaml.safe_dump({"name": "x", "stages": [{"name": "a", "kind": "load", "duration_s": 5,
+                                                             "users": 1, "mix": {"agent": 1}}],
+                                    "thresholds": {"agent_api": {"min_attempts": 3}}}))
+    manual = ManualStages(active=True)
+    assert [s["name"] for s in yaml.safe_load(manual.plan_source(base))["stages"]] == ["manual-1"]  # placeholder
+    assert manual.next(2, 1.0, {"agent": 1, "cold": 0}, clock=clock).name == "manual-1"
+    assert manual.next(0, 1.0, {"agent": 1}, clock=clock).name == "manual-2"
+    third = manual.next(6, 2.0, {"agent": 2}, clock=clock)
+    assert (third.name, third.kind, third.start_s) == ("manual-3", "concurrency", 30.0)
+    manual.stop(clock=clock)
+    plan = _plan_of(manual.plan_source(base))
+    assert plan.name == "manual" and plan.thresholds == {"agent_api": {"min_attempts": 3}}
+    assert [(s.name, s.users, s.duration_s, s.mix) for s in plan.stages] == [
+        ("manual-1", 2, 10.0, {"agent": 1}), ("manual-3", 6, 10.0, {"agent": 2})]  # 0 users: no plan stage
+
+
+def test_live_counts_and_tab_rows():
+    counts = LiveCounts()
+    for line in ('{"valid": true}', '{"valid": false, "primary_layer": "parser"}', '{"valid": false}',
+                 '{"valid": false, "drill": true}', "torn"):
+        counts.add(line)
+    assert (counts.attempts, counts.valid, dict(counts.failed_by_layer)) == (3, 1, {"parser": 1, "unknown": 1})
+    rows = {r["signal"]: r["value"] for r in tab_rows({
+        "run_id": "r1", "run_dir": "/x", "stage": {"name": "manual-2", "kind": "concurrency", "users": 4,
+                                                   "left_s": None},
+        "signals": {"users": 4, "kv_usage": 0.5, "gpus": [{"node": "n1", "gpu": 0, "memory_used_mib": 10.0,
+                                                            "memory_total_mib": 20.0, "simulated": True}],
+                    "failed_by_layer": {"parser": 2}, "load_generator_cpu_pct": {"local": 12.0}},
+        "pillars": {"agent_api": {"status": "inconclusive", "reason": "too few attempts"}},
+        "verdict": {"verdict": "limited", "because": ["x"]}})}
+    assert rows["stage"] == "manual-2 (concurrency, 4 users), set by hand" and rows["KV cache usage"] == "50.0%"
+    assert rows["GPU memory n1 #0 (simulated)"] == "10 / 20 MiB" and rows["failures by layer"] == "parser 2"
+    assert rows["agent_api so far"] == "inconclusive: too few attempts" and rows["verdict"] == "limited: x"
