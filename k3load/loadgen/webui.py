@@ -11,6 +11,8 @@
       GET /k3load/            the live page: the same values, charts of KV usage, waiting and GPU memory
                               with the user count, the verdict with links to the run's files (Locust's
                               extended tabs render plain-text tables only: no charts, no links)
+      GET /k3load/tab.js      added to Locust's index page (an `after_request` hook): while the k3load tab
+                              is open, the live page in an iframe under its table (charts and links)
       GET /k3load/run/NAME    the current run's report.html, report.md, verdict.json, records.jsonl,
                               alerts.yaml, validation_summary.json
       "Download Data" tab     links to the live page and the run's report (`extended_csv_files`)
@@ -26,7 +28,7 @@ from flask import Response, abort, request, send_file
 from locust.runners import STATE_RUNNING, STATE_SPAWNING
 
 from k3load.loadgen.live import LINKS, LiveState
-from k3load.loadgen.webui_page import PAGE
+from k3load.loadgen.webui_page import PAGE, TAB_JS
 
 TAB = "k3load"
 
@@ -54,6 +56,11 @@ def register(environment: Any, live: LiveState | None = None) -> LiveState:
     def k3load_page() -> Response:
         return Response(PAGE, mimetype="text/html")
 
+    @app.route("/k3load/tab.js")
+    @auth
+    def k3load_tab_js() -> Response:
+        return Response(TAB_JS, mimetype="text/javascript")
+
     @app.route("/k3load/run/<name>")
     @auth
     def k3load_run_file(name: str) -> Response:
@@ -75,6 +82,10 @@ def register(environment: Any, live: LiveState | None = None) -> LiveState:
 
     @app.after_request
     def k3load_tab_rows(response: Response) -> Response:
+        if request.path == "/" and response.status_code == 200 and response.mimetype == "text/html":
+            html = response.get_data(as_text=True)  # the tab's charts: the live page under the table
+            response.set_data(html.replace("</body>", '<script src="./k3load/tab.js"></script></body>', 1))
+            return response
         if request.path != "/stats/requests" or response.status_code != 200 or not response.is_json:
             return response
         body = response.get_json()

@@ -1,4 +1,5 @@
-"""The live page served at `/k3load/` (no build step, no external asset: it polls `/k3load/state`)."""
+"""The live page served at `/k3load/` (no build step, no external asset: it polls `/k3load/state`), and
+the small script that shows it inside Locust's k3load tab, under the tab's table (`TAB_JS`)."""
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>k3load live</title>
@@ -12,17 +13,20 @@ td:first-child{color:#555} .charts{display:flex;flex-wrap:wrap;gap:14px}
 .go{background:#d8f5d8!important}.limited{background:#fff3c4!important}
 .scale_up,.rebuild{background:#fbd5d5!important}
 svg text{font-size:10px;fill:#666}
+body.embed{margin:0 .5em} body.embed .full{display:none}
 </style></head><body>
 <h1>k3load live &mdash; <span id="run">no run yet</span></h1>
-<div><a href="../">&larr; Locust</a> &middot; <a href="state">state (JSON)</a></div>
+<div class="full"><a href="../" target="_top">&larr; Locust</a> &middot; <a href="state">state (JSON)</a>
+ &middot; <a href="./" target="_blank">this page alone</a></div>
 <h2>Verdict</h2><div id="verdict">at the test's stop</div><div id="links"></div>
-<h2>Now</h2><table id="signals"></table>
+<div class="full"><h2>Now</h2><table id="signals"></table></div>
 <h2>KV usage, waiting and GPU memory, with the user count (dashed)</h2>
 <div class="charts"><div class="chart"><b>KV cache usage (%)</b><svg id="c-kv" width="360" height="140"></svg></div>
 <div class="chart"><b>waiting requests</b><svg id="c-waiting" width="360" height="140"></svg></div>
 <div class="chart"><b>GPU memory used (MiB)</b><svg id="c-gpu" width="360" height="140"></svg></div></div>
 <h2>Pillars so far (the final analysis's functions over the run so far)</h2><table id="pillars"></table>
 <script>
+if(new URLSearchParams(location.search).has('embed'))document.body.classList.add('embed');
 function esc(s){return String(s).replace(/[&<>"]/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]))}
 function num(v,d){return v===null||v===undefined?'\\u2013':Number(v).toFixed(d)}
 function line(pts,w,h,max,dash,color){if(!pts.length)return '';
@@ -62,11 +66,31 @@ async function tick(){let s;try{s=await (await fetch('state',{cache:'no-store'})
  const v=document.getElementById('verdict'),l=document.getElementById('links');
  if(s.verdict){v.className=s.verdict.verdict;v.innerHTML=`<b>${esc(s.verdict.verdict)}</b>: `+
   s.verdict.because.map(esc).join('; ');l.innerHTML=Object.entries(s.verdict.links).map(([k,u])=>
-  `<a id="link-${esc(k.replace('.','-'))}" href="..${esc(u)}">${esc(k)}</a>`).join(' &middot; ')}
+  `<a id="link-${esc(k.replace('.','-'))}" target="_blank" href="..${esc(u)}">${esc(k)}</a>`).join(' &middot; ')}
  else{v.className='';v.textContent=s.state==='running'||s.state==='spawning'?'running: judged at the test\\'s stop':
   (s.run_id?'judging\\u2026':'no run yet');l.innerHTML=''}
  const h=s.history||[];chart('c-kv',h,'kv_usage',100);chart('c-waiting',h,'waiting',1);
  chart('c-gpu',h,'gpu_memory_used_mib',1)}
 tick();setInterval(tick,2000);
 </script></body></html>
+"""
+
+# Locust 2.47's extended tab renders only a text table; this script (added to Locust's index page by an
+# `after_request` hook) puts the live page, with its charts and links, in an iframe under that table
+# while the k3load tab is open, and removes it when another tab is chosen.
+TAB_JS = """(function(){
+function onTab(){return new URLSearchParams(location.search).get('tab')==='k3load'}
+setInterval(function(){
+ var frame=document.getElementById('k3load-live');
+ if(!onTab()){if(frame)frame.remove();return}
+ var table=document.querySelector('main table')||document.querySelector('table');
+ if(!table)return;
+ var box=table.closest('.MuiTableContainer-root')||table;
+ if(frame&&frame.previousElementSibling===box)return;
+ if(frame)frame.remove();
+ frame=document.createElement('iframe');frame.id='k3load-live';frame.src='./k3load/?embed=1';
+ frame.title='k3load live';frame.style.cssText='width:100%;height:760px;border:0;margin-top:8px';
+ box.insertAdjacentElement('afterend',frame);
+},500);
+})();
 """
