@@ -18,11 +18,15 @@ test: $(STAMP) browser prometheus
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -m "vllm or not vllm"
 
-# Debian's chromium renders the HTML report in a test (installed when missing and apt is usable).
+# Debian's chromium renders the HTML report in a test, and with Debian's chromium-driver (selenium, from the
+# dev extra, drives it) the web UI's k3load tab in another (each installed when missing and apt is usable).
 browser:
 	@command -v chromium >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
 	  >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
 	  >/dev/null)) || echo "chromium unavailable: the report test skips outside CI"
+	@command -v chromedriver >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	  chromium-driver >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install \
+	  -y -qq chromium-driver >/dev/null)) || echo "chromium-driver unavailable: the web UI browser test skips outside CI"
 
 # Debian's prometheus scrapes the sim in a test (installed when missing and apt is usable).
 prometheus:
