@@ -53,6 +53,9 @@ def test_each_test_from_the_ui_is_its_own_run_judged_at_its_stop(web_ui):
     second = ui.wait_for(lambda s: s["run_id"] not in (None, first["run_id"]) and s["stage"] is not None, 30,
                          "a new run")
     assert second["verdict"] is None and second["stage"]["name"] == "manual-1"
+    ui.wait_for(lambda s: s["signals"].get("kv_usage") is not None and len(s["history"]) >= 2
+                and s["history"][0]["ts"] >= json.loads((run_dir / "run.json").read_text())["started_ts"], 20,
+                "the second run's own scrapes")
     assert second["run_dir"] == first["run_dir"]
     moved = [p for p in run_dir.parent.iterdir() if p.name.startswith("run.previous-")]
     assert len(moved) == 1 and (moved[0] / "verdict.json").exists()

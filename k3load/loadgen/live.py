@@ -128,6 +128,7 @@ class LiveState:
                  judge: Callable[[Path], Any] | None = None) -> None:
         self.session, self.judge_every_s, self.clock = session, judge_every_s, clock
         self._judge = judge
+        self._run: tuple[str, Path | None] = ("", None)
         self._run_dir: Path | None = None
         self.signals: Signals | None = None
         self.pillars: dict[str, Any] | None = None
@@ -137,9 +138,10 @@ class LiveState:
         self._judging: Any = None
 
     def _follow_run(self) -> Signals | None:
-        run_dir = self.session.run_dir
-        if run_dir != self._run_dir:
-            self._run_dir, self.signals = run_dir, Signals(run_dir) if run_dir else None
+        """A new run (its id: a new test writes into the same directory) starts its reading afresh."""
+        run_dir, run = self.session.run_dir, (self.session.run_id, self.session.run_dir)
+        if run != self._run:
+            self._run, self._run_dir, self.signals = run, run_dir, Signals(run_dir) if run_dir else None
             self.pillars, self.stage_row, self._judged_at = None, {}, float("-inf")
         return self.signals
 
@@ -185,11 +187,11 @@ class LiveState:
         self._judging = gevent.spawn(self._judge_now, self._run_dir)
 
     def _judge_now(self, run_dir: Path) -> None:
-        started = time.monotonic()
+        started, run = time.monotonic(), self._run
         try:
             pillars, row = gevent.get_hub().threadpool.apply(_provisional, (run_dir, self._judge,
                                                                             self.session.stage_name))
-            if run_dir == self._run_dir:
+            if run == self._run:
                 self.pillars, self.stage_row = pillars, row
         except Exception as exc:  # a judgment of a half-written run must never take the UI down
             log.warning("k3load: provisional judgment failed: %s", exc)
