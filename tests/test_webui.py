@@ -121,3 +121,18 @@ def test_live_counts_and_tab_rows():
     assert rows["stage"] == "manual-2 (concurrency, 4 users), set by hand" and rows["KV cache usage"] == "50.0%"
     assert rows["GPU memory n1 #0 (simulated)"] == "10 / 20 MiB" and rows["failures by layer"] == "parser 2"
     assert rows["agent_api so far"] == "inconclusive: too few attempts" and rows["verdict"] == "limited: x"
+
+
+def test_the_class_pickers_default_shape_is_a_manual_ramp_of_the_chosen_classes(web_ui):
+    ui, sim = web_ui("--class-picker")
+    answer = ui.http.post(ui.base + "/swarm", data={"user_count": 2, "spawn_rate": 10, "host": sim.base_url,
+                                                    "shape_class": "Default", "user_classes": "AgentUser"})
+    assert answer.json()["success"], answer.text
+    state = ui.wait_for(lambda s: s["stage"] is not None and (s["signals"].get("attempts") or 0) >= 2, 30,
+                        "stage manual-1")
+    assert state["stage"]["name"] == "manual-1" and state["stage"]["left_s"] is None
+    ui.http.post(ui.base + "/stop")
+    ui.wait_for(lambda s: s["verdict"] is not None, 60, "the verdict")
+    run_dir = Path(state["run_dir"])
+    assert {(a.family, a.stage) for a in read_records(run_dir / "records.jsonl")} == {("agent", "manual-1")}
+    assert yaml.safe_load((run_dir / "plan.yaml").read_text())["stages"][0]["mix"] == {"agent": 1}
