@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -136,3 +137,55 @@ def test_the_class_pickers_default_shape_is_a_manual_ramp_of_the_chosen_classes(
     run_dir = Path(state["run_dir"])
     assert {(a.family, a.stage) for a in read_records(run_dir / "records.jsonl")} == {("agent", "manual-1")}
     assert yaml.safe_load((run_dir / "plan.yaml").read_text())["stages"][0]["mix"] == {"agent": 1}
+
+
+def _fake_session(run_dir: Path) -> Any:
+    from types import SimpleNamespace
+
+    runner = SimpleNamespace(state="running", user_count=3, stats=None, current_cpu_usage=12.5)
+    return SimpleNamespace(env=SimpleNamespace(runner=runner), run_id="r1", run_dir=run_dir, stage=None,
+                           stage_started=0.0, stage_name="manual-1", finished=False, judgment=None,
+                           live=LiveCounts())
+
+
+def _scrape(ts: float, kv: float, waiting: float, hits: float, queries: float) -> str:
+    return json.dumps({"ts": ts, "source": "http://s/metrics", "ok": True, "samples": {
+        'vllm:kv_cache_usage_perc{engine="0"}': kv, 'vllm:num_requests_waiting{engine="0"}': waiting,
+        'vllm:num_requests_running{engine="0"}': 2.0, 'vllm:prefix_cache_hits_total{engine="0"}': hits,
+        'vllm:prefix_cache_queries_total{engine="0"}': queries, 'vllm:num_preemptions_total{engine="0"}': 5.0}})
+
+
+def test_live_state_reads_the_run_incrementally_and_judges_it_provisionally(tmp_path):
+    import gevent
+
+    from k3load.analysis.pillar import PillarResult
+    from k3load.loadgen.live import LiveState
+
+    (tmp_path / "metrics.jsonl").write_text(_scrape(1.0, 0.25, 0.0, 100, 1000) + "\n" + _scrape(2.0, 0.5, 3, 400, 2000)
+                                            + "\n" + '{"ts": 3.0, "torn')
+    (tmp_path / "gpu.jsonl").write_text(json.dumps({"ts": 2.0, "node": "n1", "gpu": 0, "memory_used_mib": 70.0,
+                                                    "memory_total_mib": 80.0, "simulated": True}) + "\n")
+    judged = []
+
+    def judge(run_dir: Path) -> Any:
+        from types import SimpleNamespace
+
+        judged.append(run_dir)
+        return SimpleNamespace(pillars={"agent_api": PillarResult("pass", ["agent so far 97.1% valid"])},
+                               stage_table=[{"stage": "manual-1", "ttft_p95_ms": 42.0}])
+
+    live = LiveState(_fake_session(tmp_path), judge=judge)
+    state = live.state()
+    sig = state["signals"]
+    assert (sig["kv_usage"], sig["waiting"], sig["running"], sig["preemptions"]) == (0.5, 3.0, 2.0, 0.0)
+    assert sig["prefix_cache_hit_ratio"] == 0.3  # (400 - 100) / (2000 - 1000): over this run only
+    assert sig["gpus"] == [{"node": "n1", "gpu": 0, "memory_used_mib": 70.0, "memory_total_mib": 80.0,
+                            "simulated": True}]
+    assert [p["kv_usage"] for p in state["history"]] == [0.25, 0.5]  # the torn line waits for its end
+    gevent.sleep(0.5)
+    state = live.state()
+    assert state["pillars"] == {"agent_api": {"status": "pass", "reason": "agent so far 97.1% valid"}}
+    assert state["signals"]["ttft_p95_ms"] == 42.0 and len(judged) == 1  # cached: not judged again so soon
+    (tmp_path / "records.jsonl").write_text("x" * 10)
+    paused = LiveState(_fake_session(tmp_path), judge=judge, max_records_bytes=5).state()
+    assert paused["pillars"]["all"]["status"] == "paused" and len(judged) == 1

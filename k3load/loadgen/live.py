@@ -13,8 +13,9 @@
 
 Why the same `judge`: a provisional pillar must mean what the final one means. It reads the whole run
 directory, so it runs in gevent's native thread pool, at most every `judge_every_s` (and never more
-often than 5 times its own last duration), and its result is cached; the scrape lines are read
-incrementally from metrics.jsonl and gpu.jsonl.
+often than 5 times its own last duration), and its result is cached; past `MAX_RECORDS_BYTES` of
+records it pauses until the test stops. The scrape lines are read incrementally from metrics.jsonl and
+gpu.jsonl.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from k3load.sampler.prom import split_key
 
 log = logging.getLogger("k3load")
 HISTORY_POINTS = 3600
+# The provisional judgment reads the whole run (pandas held 2.27 GB judging an hour of 4 users): past this
+# size it pauses until the test stops, rather than spike the load generator's memory every few seconds.
+MAX_RECORDS_BYTES = 64 << 20
 LINKS = ("report.html", "report.md", "verdict.json", "records.jsonl", "alerts.yaml", "validation_summary.json")
 
 
@@ -125,8 +129,9 @@ class LiveState:
     """One per master/local process with a web UI; follows the session's current run."""
 
     def __init__(self, session: Any, judge_every_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
-                 judge: Callable[[Path], Any] | None = None) -> None:
+                 judge: Callable[[Path], Any] | None = None, max_records_bytes: int = MAX_RECORDS_BYTES) -> None:
         self.session, self.judge_every_s, self.clock = session, judge_every_s, clock
+        self.max_records_bytes = max_records_bytes
         self._judge = judge
         self._run: tuple[str, Path | None] = ("", None)
         self._run_dir: Path | None = None
@@ -183,6 +188,10 @@ class LiveState:
         every = max(self.judge_every_s, 5 * self._judge_cost_s)
         if self._judging is not None or now - self._judged_at < every or self.session.finished:
             return
+        if _size(self._run_dir, "records.jsonl") > self.max_records_bytes:  # judging it would cost GBs each time
+            self.pillars = {"all": {"status": "paused", "reason": f"records.jsonl over "
+                                    f"{self.max_records_bytes >> 20} MiB: judged when the test stops"}}
+            return
         self._judged_at = now
         self._judging = gevent.spawn(self._judge_now, self._run_dir)
 
@@ -212,6 +221,13 @@ def _provisional(run_dir: Path, judge: Callable[[Path], Any] | None, stage: str)
                for name, p in judgment.pillars.items()}
     row = next((r for r in judgment.stage_table if r.get("stage") == stage), {})
     return pillars, row
+
+
+def _size(run_dir: Path | None, name: str) -> int:
+    try:
+        return (run_dir / name).stat().st_size if run_dir else 0
+    except OSError:
+        return 0
 
 
 def _requests_per_s(runner: Any) -> float | None:
