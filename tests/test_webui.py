@@ -9,12 +9,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from k3load.loadgen.manual import LiveCounts, ManualStages
 from k3load.loadgen.webui import tab_rows
 from k3load.plan import parse_plan
 from k3load.records import read_records
+from tests.test_locust_run import _processes
 from tests.webui_fixtures import STATE_KEYS, web_ui_fixture  # noqa: F401  (the web_ui fixture)
 
 
@@ -189,3 +191,39 @@ def test_live_state_reads_the_run_incrementally_and_judges_it_provisionally(tmp_
     (tmp_path / "records.jsonl").write_text("x" * 10)
     paused = LiveState(_fake_session(tmp_path), judge=judge, max_records_bytes=5).state()
     assert paused["pillars"]["all"]["status"] == "paused" and len(judged) == 1
+
+
+def _wait_for_workers_ready(ui: Any, count: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        workers = ui.http.get(ui.base + "/stats/requests").json().get("workers") or []
+        if len(workers) == count and all(w["state"] == "ready" for w in workers):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"{count} workers never ready again")
+
+
+@pytest.mark.slow
+def test_under_a_master_each_ui_test_is_its_own_run_with_every_workers_records(web_ui):
+    ui, sim = web_ui("--k3-manual", *_processes(2))
+    ui.swarm(2, sim.base_url)
+    first = ui.wait_for(lambda s: (s["signals"].get("attempts") or 0) >= 3, 40, "workers' attempts")
+    ui.swarm(4, sim.base_url)
+    ui.wait_for(lambda s: s["stage"]["name"] == "manual-2" and (s["signals"].get("users") or 0) == 4, 20,
+                "manual-2 on the workers")
+    time.sleep(1.5)
+    ui.http.post(ui.base + "/stop")
+    ui.wait_for(lambda s: s["verdict"] is not None, 60, "the verdict")
+    _wait_for_workers_ready(ui, 2)  # Locust's workers leave and join again after a stop (a few seconds)
+    ui.swarm(2, sim.base_url)
+    second = ui.wait_for(lambda s: s["run_id"] not in (None, first["run_id"])
+                         and (s["signals"].get("attempts") or 0) >= 2, 40, "a new run with attempts")
+    ui.http.post(ui.base + "/stop")
+    ui.wait_for(lambda s: s["verdict"] is not None, 60, "the second verdict")
+    run_dir = Path(second["run_dir"])
+    previous = next(p for p in run_dir.parent.iterdir() if p.name.startswith("run.previous-"))
+    for directory, stages in ((previous, {"manual-1", "manual-2"}), (run_dir, {"manual-1"})):
+        attempts = read_records(directory / "records.jsonl")
+        ids = [a.attempt_id for a in attempts]
+        assert len(ids) == len(set(ids)) and {a.stage for a in attempts} == stages, directory
+        assert {a.run_id for a in attempts} == {json.loads((directory / "run.json").read_text())["run_id"]}

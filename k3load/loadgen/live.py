@@ -7,7 +7,7 @@
                         ratio (this run), GPU memory per GPU and node, the load generator's CPU per process,
                         attempts, valid, failures by layer
     pillars             {pillar: {status, reason}}: provisional, by `k3load.analysis.analyze.judge` over the
-                        run directory as it is (null before the first judgment)
+                        run directory as it is (null before the first judgment); the verdict's once judged
     verdict             null until the run is judged at its stop, then {verdict, because, exit_code, links}
     history             [{ts, users, kv_usage, waiting, running, gpu_memory_used_mib}], one per scrape
 
@@ -164,7 +164,7 @@ class LiveState:
                             **(signals.snapshot() if signals else {}),
                             "load_generator_cpu_pct": _cpu(runner), "attempts": session.live.attempts,
                             "valid": session.live.valid, "failed_by_layer": dict(session.live.failed_by_layer)},
-                "pillars": self.pillars, "verdict": self._verdict(),
+                "pillars": self._pillars(), "verdict": self._verdict(),
                 "history": signals.history if signals else []}
 
     def _stage(self) -> dict[str, Any] | None:
@@ -175,6 +175,12 @@ class LiveState:
         manual = stage.name.startswith("manual-")
         return {"name": stage.name, "kind": stage.kind, "users": stage.users, "elapsed_s": round(elapsed, 1),
                 "left_s": None if manual else round(max(stage.duration_s - elapsed, 0.0), 1)}
+
+    def _pillars(self) -> dict[str, Any] | None:
+        """Provisional while the run goes on; once judged, the verdict's own."""
+        if self._verdict() is None:
+            return self.pillars
+        return _pillar_summary(self.session.judgment.pillars)
 
     def _verdict(self) -> dict[str, Any] | None:
         judgment, session = self.session.judgment, self.session
@@ -217,10 +223,12 @@ def _provisional(run_dir: Path, judge: Callable[[Path], Any] | None, stage: str)
     if judge is None:
         from k3load.analysis.analyze import judge
     judgment = judge(run_dir)
-    pillars = {name: {"status": p.status, "reason": p.reasons[0] if p.reasons else ""}
-               for name, p in judgment.pillars.items()}
     row = next((r for r in judgment.stage_table if r.get("stage") == stage), {})
-    return pillars, row
+    return _pillar_summary(judgment.pillars), row
+
+
+def _pillar_summary(pillars: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {name: {"status": p.status, "reason": p.reasons[0] if p.reasons else ""} for name, p in pillars.items()}
 
 
 def _size(run_dir: Path | None, name: str) -> int:
