@@ -147,7 +147,7 @@ def _fake_session(run_dir: Path) -> Any:
     runner = SimpleNamespace(state="running", user_count=3, stats=None, current_cpu_usage=12.5)
     return SimpleNamespace(env=SimpleNamespace(runner=runner), run_id="r1", run_dir=run_dir, stage=None,
                            stage_started=0.0, stage_name="manual-1", finished=False, judgment=None,
-                           live=LiveCounts())
+                           live=LiveCounts(), fatal="")
 
 
 def _scrape(ts: float, kv: float, waiting: float, hits: float, queries: float) -> str:

@@ -1,6 +1,7 @@
 """The run so far, for the web UI: `LiveState(session).state()` is the JSON of `GET /k3load/state`.
 
     run_id, run_dir     the current run (a new one per test started from the UI)
+    error               the harness error that stopped the run before any load (then no verdict), or null
     stage               {name, kind, users, elapsed_s, left_s (null for a manual stage)} or null
     signals             users, requests_per_s, the current stage's TTFT / ITL / e2e p50 and p95 (ms, from the
                         provisional judgment), kv_usage, running, waiting, preemptions (this run), prefix hit
@@ -158,7 +159,7 @@ class LiveState:
             signals.update(users)
             self._maybe_judge()
         return {"run_id": session.run_id or None, "run_dir": str(session.run_dir) if session.run_dir else None,
-                "state": getattr(runner, "state", None), "stage": self._stage(),
+                "state": getattr(runner, "state", None), "error": session.fatal or None, "stage": self._stage(),
                 "signals": {"users": users, "requests_per_s": _requests_per_s(runner),
                             **{k: self.stage_row.get(k) for k in LATENCY_KEYS},
                             **(signals.snapshot() if signals else {}),

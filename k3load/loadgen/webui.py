@@ -129,6 +129,8 @@ def tab_rows(state: dict[str, Any]) -> list[dict[str, str]]:
     for name, pillar in (state.get("pillars") or {}).items():
         rows.append((f"{name} so far", f"{pillar['status']}: {pillar['reason']}".rstrip(": ")))
     verdict = state.get("verdict")
+    if state.get("error"):
+        rows.append(("harness error", f"{state['error']} (no verdict; restart Locust once it is fixed)"))
     if verdict:
         rows.append(("verdict", f"{verdict['verdict']}: " + "; ".join(verdict["because"])))
         rows.append(("report", "open the live page /k3load/ or /k3load/run/report.html"))

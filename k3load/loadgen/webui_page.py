@@ -67,6 +67,7 @@ async function tick(){let s;try{s=await (await fetch('state',{cache:'no-store'})
  if(s.verdict){v.className=s.verdict.verdict;v.innerHTML=`<b>${esc(s.verdict.verdict)}</b>: `+
   s.verdict.because.map(esc).join('; ');l.innerHTML=Object.entries(s.verdict.links).map(([k,u])=>
   `<a id="link-${esc(k.replace('.','-'))}" target="_blank" href="..${esc(u)}">${esc(k)}</a>`).join(' &middot; ')}
+ else if(s.error){v.className='rebuild';v.textContent='harness error (no verdict): '+s.error;l.innerHTML=''}
  else{v.className='';v.textContent=s.state==='running'||s.state==='spawning'?'running: judged at the test\\'s stop':
   (s.run_id?'judging\\u2026':'no run yet');l.innerHTML=''}
  const h=s.history||[];chart('c-kv',h,'kv_usage',100);chart('c-waiting',h,'waiting',1);
