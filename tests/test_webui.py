@@ -16,7 +16,7 @@ from k3load.loadgen.manual import LiveCounts, ManualStages
 from k3load.loadgen.webui import tab_rows
 from k3load.plan import parse_plan
 from k3load.records import read_records
-from tests.test_locust_run import _processes
+from tests.test_locust_run import _free_port, _processes
 from tests.webui_fixtures import STATE_KEYS, web_ui_fixture  # noqa: F401  (the web_ui fixture)
 
 
@@ -227,3 +227,13 @@ def test_under_a_master_each_ui_test_is_its_own_run_with_every_workers_records(w
         ids = [a.attempt_id for a in attempts]
         assert len(ids) == len(set(ids)) and {a.stage for a in attempts} == stages, directory
         assert {a.run_id for a in attempts} == {json.loads((directory / "run.json").read_text())["run_id"]}
+
+
+def test_a_dead_server_is_said_in_the_state_and_the_tab(web_ui):
+    ui, _sim = web_ui()
+    ui.swarm(1, f"http://127.0.0.1:{_free_port()}")  # nobody listens there
+    state = ui.wait_for(lambda s: s["error"] is not None, 30, "the harness error")
+    assert "does not answer /v1/models" in state["error"] and state["verdict"] is None
+    rows = {r["signal"]: r["value"] for r in ui.http.get(ui.base + "/stats/requests").json()["extended_stats"][0]
+            ["data"]}
+    assert rows["harness error"].startswith(state["error"][:40])
