@@ -237,3 +237,21 @@ def test_a_dead_server_is_said_in_the_state_and_the_tab(web_ui):
     rows = {r["signal"]: r["value"] for r in ui.http.get(ui.base + "/stats/requests").json()["extended_stats"][0]
             ["data"]}
     assert rows["harness error"].startswith(state["error"][:40])
+
+
+def test_the_pages_scripts_parse(tmp_path):
+    """A syntax error in the live page's script leaves the tab without charts or verdict: caught here in a
+    second where node is installed (the browser test catches it everywhere)."""
+    import shutil
+    import subprocess
+
+    from k3load.loadgen.webui_page import PAGE, TAB_JS
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (the browser test still runs the scripts)")
+    page_js = PAGE.split("<script>", 1)[1].split("</script>", 1)[0]
+    for name, source in (("page.js", page_js), ("tab.js", TAB_JS)):
+        (tmp_path / name).write_text(source)
+        checked = subprocess.run([node, "--check", str(tmp_path / name)], capture_output=True, text=True)
+        assert checked.returncode == 0, f"{name}: {checked.stderr}"

@@ -135,5 +135,5 @@ def tab_rows(state: dict[str, Any]) -> list[dict[str, str]]:
         rows.append(("verdict", f"{verdict['verdict']}: " + "; ".join(verdict["because"])))
         rows.append(("report", "open the live page /k3load/ or /k3load/run/report.html"))
     else:
-        rows.append(("verdict", "at the test's stop (charts and links: /k3load/)"))
+        rows.append(("verdict", "judged when the test stops: shown below (Locust stops refreshing this table then)"))
     return [{"signal": k, "value": v} for k, v in rows]

@@ -24,7 +24,8 @@ body.embed{margin:0 .5em} body.embed .full{display:none}
 <div class="charts"><div class="chart"><b>KV cache usage (%)</b><svg id="c-kv" width="360" height="140"></svg></div>
 <div class="chart"><b>waiting requests</b><svg id="c-waiting" width="360" height="140"></svg></div>
 <div class="chart"><b>GPU memory used (MiB)</b><svg id="c-gpu" width="360" height="140"></svg></div></div>
-<h2>Pillars so far (the final analysis's functions over the run so far)</h2><table id="pillars"></table>
+<h2 id="pillars-title">Pillars so far (the final analysis's functions over the run so far)</h2>
+<table id="pillars"></table>
 <script>
 if(new URLSearchParams(location.search).has('embed'))document.body.classList.add('embed');
 function esc(s){return String(s).replace(/[&<>"]/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]))}
@@ -64,6 +65,8 @@ async function tick(){let s;try{s=await (await fetch('state',{cache:'no-store'})
  document.getElementById('pillars').innerHTML=Object.entries(s.pillars||{}).map(([k,p])=>
   `<tr><td>${esc(k)}</td><td><b>${esc(p.status)}</b> ${esc(p.reason)}</td></tr>`).join('');
  const v=document.getElementById('verdict'),l=document.getElementById('links');
+ document.getElementById('pillars-title').textContent=s.verdict?"Pillars (the verdict's)":
+  "Pillars so far (the final analysis's functions over the run so far)";
  if(s.verdict){v.className=s.verdict.verdict;v.innerHTML=`<b>${esc(s.verdict.verdict)}</b>: `+
   s.verdict.because.map(esc).join('; ');l.innerHTML=Object.entries(s.verdict.links).map(([k,u])=>
   `<a id="link-${esc(k.replace('.','-'))}" target="_blank" href="..${esc(u)}">${esc(k)}</a>`).join(' &middot; ')}
@@ -84,11 +87,10 @@ function onTab(){return new URLSearchParams(location.search).get('tab')==='k3loa
 setInterval(function(){
  var frame=document.getElementById('k3load-live');
  if(!onTab()){if(frame)frame.remove();return}
+ if(frame&&frame.isConnected)return;  // once placed it stays (re-placing it would reload the page)
  var table=document.querySelector('main table')||document.querySelector('table');
  if(!table)return;
  var box=table.closest('.MuiTableContainer-root')||table;
- if(frame&&frame.previousElementSibling===box)return;
- if(frame)frame.remove();
  frame=document.createElement('iframe');frame.id='k3load-live';frame.src='./k3load/?embed=1';
  frame.title='k3load live';frame.style.cssText='width:100%;height:760px;border:0;margin-top:8px';
  box.insertAdjacentElement('afterend',frame);
