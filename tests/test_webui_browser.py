@@ -83,9 +83,8 @@ def _tab_rows(chrome: Any) -> dict[str, str]:
 def _click_text(chrome: Any, text: str, tag: str = "button") -> None:
     from selenium.webdriver.common.by import By
 
-    buttons = [b for b in chrome.find_elements(By.TAG_NAME, tag)  # MUI upper-cases labels on screen
-               if b.text.strip().lower() == text.lower() and b.is_enabled()]
-    assert buttons, f"no enabled {tag} {text!r}"
+    buttons = _until(f"an enabled {tag} {text!r}", lambda: [  # MUI upper-cases labels on screen
+        b for b in chrome.find_elements(By.TAG_NAME, tag) if b.text.strip().lower() == text.lower() and b.is_enabled()])
     buttons[0].click()
 
 
@@ -120,7 +119,8 @@ def test_the_k3load_tab_follows_a_manual_ramp_and_each_test_is_its_own_run(web_u
     assert "tab=k3load" in driver.current_url
 
     rows = _until("the tab's KV usage and stage manual-1", lambda: (r := _tab_rows(driver)) and
-                  r.get("KV cache usage", "–").endswith("%") and r.get("stage", "").startswith("manual-1") and r)
+                  r.get("KV cache usage", "–").endswith("%") and r.get("stage", "").startswith("manual-1")
+                  and "attempts (valid)" in r and r)  # all read in one pass of a table React may be redrawing
     first_run = rows["run"].split()[0]
     attempts = int(rows["attempts (valid)"].split()[0])
     _until("the tab updating (attempts growing)",
