@@ -155,12 +155,14 @@ CASES = {
                              _statuses(compat="inconclusive", resources="inconclusive", prefix_cache="inconclusive"),
                              ("prefix_cache", "metrics missing")),
     # Scrapes time out while the control runs; a good one right after it still brackets the window exactly.
+    # The stall opens after the third request: after the first, a busy machine (two rows at once) could
+    # let the sampler's first scrape reach the sim after the first chat request, and nothing was bracketed.
     "scrape-stall-during-the-control": Case(
-        ["--metrics-stall-ms", "4000", "--metrics-stall-after-requests", "1", "--metrics-stall-requests", "14"],
+        ["--metrics-stall-ms", "4000", "--metrics-stall-after-requests", "3", "--metrics-stall-requests", "12"],
         "go", ALL_PASS, ("prefix_cache", "cold/warm pairs"), options=lambda sim: ["--k3-scrape-timeout", "1"]),
     # ... and when no good scrape comes for long after it, the window is unbracketed: inconclusive, never a fail.
     "scrape-gap-after-the-control": Case(
-        ["--metrics-stall-ms", "4000", "--metrics-stall-after-requests", "1", "--metrics-stall-requests", "0"],
+        ["--metrics-stall-ms", "4000", "--metrics-stall-after-requests", "3", "--metrics-stall-requests", "0"],
         "limited", _statuses(resources="*", prefix_cache="inconclusive"),
         ("prefix_cache", "do not cover the control window"), options=lambda sim: ["--k3-scrape-timeout", "1"]),
     "context-too-small": Case(
