@@ -112,7 +112,7 @@ def stall(result: StreamResult, turn: Turn, timing: dict[str, Any], max_gap_ms: 
     shorter than the limit can never meet this: its silence is at most its deadline."""
     silence = timing.get("last_silence_ms")
     if result.status != STATUS_TIMEOUT or max_gap_ms is None or silence is None or \
-            getattr(result, "first_event_ts", None) is None or silence < max_gap_ms:
+            result.first_event_ts is None or silence < max_gap_ms:
         return None
     tool_turn = turn.kind == "tool_call"
     why = ("a parser holding a tool call back until its end (vllm#50604) looks like this" if tool_turn else
@@ -184,19 +184,35 @@ def _schema_finding(check: str, value: Any, schema: dict[str, Any], where: str) 
     return Finding(check, True)
 
 
-def check_cadence(timing: dict[str, Any], max_gap_ms: float | None) -> list[Finding]:
+def check_cadence(result: StreamResult, timing: dict[str, Any], max_gap_ms: float | None) -> list[Finding]:
     """A streamed tool call with a silence past the plan's limit inside it (the silence leading into
     its first delta included): the model generated the arguments (decoding went on) but the parser
-    sent nothing until the call was whole (vllm#50604); a client shows nothing, or times out."""
+    sent nothing until the call was whole (vllm#50604); a client shows nothing, or times out. When the
+    stream went as long without a token outside the call too, the silences are the path's (a proxy
+    that buffers the stream and flushes it in lumps), not the parser's: `gateway`."""
     gap = timing.get("tool_call_max_gap_ms")
     if gap is None or max_gap_ms is None:
         return []
     if gap <= max_gap_ms:
         return [Finding("tool_call.cadence", True)]
     deltas = timing.get("tool_call_deltas")
-    return [_fail("tool_call.cadence", "parser", f"{gap / 1000:.1f} s without a token inside a tool call (limit "
-                  f"{max_gap_ms / 1000:g} s, thresholds.agent_api.max_tool_call_gap_ms); the call came in {deltas} "
-                  "delta(s): arguments held back until the call was whole (vllm#50604), not slow decoding")]
+    said = f"{gap / 1000:.1f} s without a token inside a tool call (limit {max_gap_ms / 1000:g} s, " \
+        "thresholds.agent_api.max_tool_call_gap_ms)"
+    outside = _longest_gap_outside_calls(result)
+    if outside >= max_gap_ms:
+        return [_fail("tool_call.cadence", "gateway", f"{said}, and {outside / 1000:.1f} s outside it too: the whole "
+                      "stream arrived in lumps (a buffering proxy), not a parser holding the call back")]
+    return [_fail("tool_call.cadence", "parser", f"{said}; the call came in {deltas} delta(s): arguments held "
+                  "back until the call was whole (vllm#50604), not slow decoding")]
+
+
+def _longest_gap_outside_calls(result: StreamResult) -> float:
+    """The longest interval (ms) between token chunks that ends outside the tool-call window (from the
+    chunk before the first tool delta to the last one)."""
+    ts, idx = result.chunk_ts, result.tool_chunk_idx
+    first, last = (idx[0], idx[-1]) if idx else (len(ts), len(ts))
+    gaps = [(ts[i] - ts[i - 1]) * 1000 for i in range(1, len(ts)) if not first <= i <= last]
+    return max(gaps, default=0.0)
 
 
 def check_transition(result: StreamResult, turn: Turn) -> list[Finding]:
@@ -299,7 +315,7 @@ def validate(result: StreamResult, scenario: Scenario, turn: Turn, timing: dict[
     if not transport[0].ok:
         stalled = stall(result, turn, timing, max_tool_call_gap_ms)
         return [stalled] if stalled else transport
-    return transport + check_tool_calls(result, scenario) + check_cadence(timing, max_tool_call_gap_ms) + \
+    return transport + check_tool_calls(result, scenario) + check_cadence(result, timing, max_tool_call_gap_ms) + \
         check_separation(result) + check_transition(result, turn) + check_expectation(result, turn)
 
 

@@ -98,6 +98,18 @@ def test_a_silence_inside_a_tool_call_past_the_limit_is_a_finding_of_its_own():
     assert not _failed(validate(_result(TWO), SCENARIO, CALL_TURN, calm, max_tool_call_gap_ms=30_000))
 
 
+def test_silences_as_long_outside_the_call_are_a_buffering_proxys_not_the_parsers():
+    """A proxy that flushes the stream in lumps: reasoning chunks 40 s apart as well as the call's."""
+    lumps = _result(TWO, chunk_ts=[1.0, 41.0, 81.0], tool_chunk_idx=[2], first_event_ts=1.0)
+    timing = {"tool_call_max_gap_ms": 40_000.0, "tool_call_deltas": 1}
+    findings = validate(lumps, SCENARIO, CALL_TURN, timing, max_tool_call_gap_ms=30_000)
+    assert _failed(findings) == {"tool_call.cadence": "gateway"}
+    assert "buffering proxy" in next(f.detail for f in findings if f.check == "tool_call.cadence")
+    held = _result(TWO, chunk_ts=[1.0, 1.05, 41.0], tool_chunk_idx=[2], first_event_ts=1.0)  # only the call waited
+    assert _failed(validate(held, SCENARIO, CALL_TURN, timing, max_tool_call_gap_ms=30_000)) == \
+        {"tool_call.cadence": "parser"}
+
+
 def test_a_stall_cut_by_our_deadline_is_told_apart_from_a_short_deadline():
     stalled = _result(status="timeout", finish=None, first_event_ts=0.2, chunk_ts=[0.2, 0.3])
     long_silence = {"last_silence_ms": 40_000.0}
