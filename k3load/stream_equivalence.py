@@ -72,12 +72,13 @@ def compare_twins(stream: StreamResult, stream_findings: list[Finding], whole: S
     """The `stream.equivalence` finding of the streamed twin (its `detail` one of OUTCOMES when ok)."""
     if stream.status != STATUS_OK or whole.status != STATUS_OK:
         return Finding(CHECK, True, None, NOT_COMPARED)
-    diff = differences(answer_shape(stream), answer_shape(whole))
+    stream_shape, whole_shape = answer_shape(stream), answer_shape(whole)
+    diff = differences(stream_shape, whole_shape)
     if not diff:
         return Finding(CHECK, True, None, SAME)
     stream_ok = all(f.ok for f in stream_findings)
     whole_ok = all(f.ok for f in whole_findings)
-    structural = _structural(answer_shape(stream), answer_shape(whole)) or \
+    structural = _structural(stream_shape, whole_shape) or \
         any(not f.ok and f.layer == "parser" for f in stream_findings)
     if whole_ok and not stream_ok and not structural:
         return Finding(CHECK, True, None, VALUES_WRONG)
