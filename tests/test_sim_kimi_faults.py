@@ -172,6 +172,29 @@ def test_temperature_zero_twins_and_retries_answer_identically(start_sim):
     assert len(set(warm)) > 1  # sampling: a repeat of the same body draws again
 
 
+def test_a_weak_model_at_temperature_zero_fails_the_same_request_every_time(start_sim):
+    """The weak answer is the model's: a control pair's warm twin (the cold one's bytes again) and a
+    streamed/whole pair fail together, so a cache is never blamed for a weak model; sampled requests
+    draw per attempt."""
+    sim = start_sim("--weak-answer-rate", "0.5")
+
+    def weak(got: StreamResult) -> bool:
+        return not got.content and not got.tool_calls
+
+    outcomes = []
+    for salt in range(12):
+        body = _body(f"Session {salt}. Summarise the plan for the week", tools=None, tool_choice=None)
+        body = {k: v for k, v in body.items() if v is not None}
+        cold, warm = _send(sim, body), _send(sim, body)
+        whole = _send(sim, {**{k: v for k, v in body.items() if k != "stream_options"}, "stream": False})
+        assert weak(cold) == weak(warm) == weak(whole), salt
+        outcomes.append(weak(cold))
+    assert 0 < sum(outcomes) < len(outcomes), outcomes  # the rate still applies across requests
+    sampled = _body("Summarise the plan", tools=None, tool_choice=None, temperature=0.7)
+    sampled = {k: v for k, v in sampled.items() if v is not None}
+    assert len({weak(_send(sim, sampled)) for _ in range(12)}) == 2  # per attempt: 0.5**11 to fail by chance
+
+
 # -- each fault: the streamed symptom, the whole twin right ----------------------------------------
 
 def test_stream_empty_tool_calls(start_sim):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -123,18 +124,35 @@ class SimServer:
             self._seen.popitem(last=False)
         return random.Random(f"{self.config.seed}:{digest}:{nth}")
 
-    def _plan_rng(self, body: dict[str, Any], fault_rng: random.Random) -> random.Random:
-        """The generator the answer is planned from. At temperature 0 a model is greedy: the answer
-        depends only on the request, so it is seeded from (seed, the body without `stream` and
-        `stream_options`, canonical): a streamed request and its whole twin, and every retry, plan the
-        same answer, while faults stay drawn per attempt (a retry can escape one). Otherwise the
-        answer follows the attempt's draws, as it always did."""
+    def _greedy_key(self, body: dict[str, Any]) -> str | None:
+        """At temperature 0 a model is greedy: what it writes depends only on the request. The key is
+        (seed, the body without `stream` and `stream_options`, canonical), so a streamed request and its
+        whole twin, every retry, and a control pair's warm twin (the cold one's bytes again) share it.
+        None at any other temperature."""
         temperature = body.get("temperature")
         if type(temperature) not in (int, float) or temperature != 0:
-            return fault_rng
+            return None
         twin = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         text = json.dumps(twin, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        return random.Random(f"{self.config.seed}:greedy:{hashlib.sha256(text.encode()).hexdigest()}")
+        return f"{self.config.seed}:greedy:{hashlib.sha256(text.encode()).hexdigest()}"
+
+    def _plan_rng(self, body: dict[str, Any], fault_rng: random.Random) -> random.Random:
+        """The generator the answer is planned from: the greedy key's at temperature 0 (the same request
+        plans the same answer, while the stack's faults stay drawn per attempt, so a retry can escape
+        one); otherwise the attempt's draws, as it always did."""
+        key = self._greedy_key(body)
+        return fault_rng if key is None else random.Random(key)
+
+    def _greedy_model_faults(self, body: dict[str, Any], fault: fault_rules.FaultDecision) -> fault_rules.FaultDecision:
+        """A weak model is the model: at temperature 0 it fails the same request the same way every time,
+        cold or warm, streamed or whole, so the draw comes from the greedy key (its own generator, so the
+        answer's draws are unchanged). Drawn per attempt, a cached twin would break at random where its
+        cold twin did not, and the cache would be blamed for the model."""
+        key = self._greedy_key(body)
+        rate = self.config.faults.weak_answer_rate
+        if key is None or rate <= 0:
+            return fault
+        return dataclasses.replace(fault, weak_answer=random.Random(f"{key}:weak").random() < rate)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         self.front.saw_chat()
@@ -156,6 +174,7 @@ class SimServer:
             return web.Response(status=499)  # never reaches the client: the socket is gone
         if fault.http_error:
             return gateway.injected_error(self.config.faults)
+        fault = self._greedy_model_faults(body, fault)
         rng = self._plan_rng(body, rng)
         answer_len = rng.randint(self.config.answer_tokens_min, self.config.answer_tokens_max)
         plan = plan_output(body, rng, self.config.reasoning_tokens, answer_len, self.config.tool_call_style)
