@@ -67,8 +67,14 @@ def test_each_test_from_the_ui_is_its_own_run_judged_at_its_stop(web_ui):
     ui.wait_for(lambda s: s["verdict"] is not None, 60, "the second verdict")
 
 
+SHORT_PLAN = [{"name": "load", "kind": "load", "duration_s": 8, "users": 2, "mix": {"agent": 1}},
+              {"name": "soak", "kind": "soak", "duration_s": 3, "users": 1, "mix": {"agent": 1}}]
+
+
 def test_the_tab_is_declared_and_its_rows_come_with_the_stats(web_ui):
-    ui, sim = web_ui()
+    """With a plan shape: the tab's rows come with the stats; the shape's end stops the test and judges it;
+    a second test from the UI runs the plan again from its first stage, as a new run."""
+    ui, sim = web_ui(plan_stages=SHORT_PLAN)
     page = ui.http.get(ui.base + "/").text
     assert '"extended_tabs": [{"key": "k3load", "title": "k3load"}]' in page or "extended_tabs" in page
     ui.swarm(1, sim.base_url)  # the plan shape drives this one
@@ -81,8 +87,15 @@ def test_the_tab_is_declared_and_its_rows_come_with_the_stats(web_ui):
     assert rows["stage"].startswith("load (load, 2 users)") and "KV cache usage" in rows
     live = ui.http.get(ui.base + "/k3load/")
     assert live.status_code == 200 and "/k3load/state" not in live.text and "fetch('state'" in live.text
+    first = ui.wait_for(lambda s: s["verdict"] is not None, 60, "the verdict at the plan's end (no /stop)")
+    ran = {a.stage for a in read_records(Path(first["run_dir"]) / "records.jsonl")}
+    assert ran == {"load", "soak"}, ran
+    ui.swarm(1, sim.base_url)  # the same plan again: a new run from its first stage
+    second = ui.wait_for(lambda s: s["run_id"] not in (None, first["run_id"]) and s["stage"] is not None, 30,
+                         "a new run of the plan")
+    assert second["stage"]["name"] == "load" and second["verdict"] is None
     ui.http.post(ui.base + "/stop")
-    ui.wait_for(lambda s: s["verdict"] is not None, 60, "the verdict")
+    ui.wait_for(lambda s: s["verdict"] is not None, 60, "the second verdict")
 
 
 def _plan_of(text: str):
