@@ -54,6 +54,9 @@ HELP: dict[str, str] = {
     "connection_reset_rate": "fault: the connection is reset (TCP RST) before any response byte",
     "midstream_reset_rate": "fault: streaming connection reset (TCP RST) halfway, not a clean close",
     "weak_answer_rate": "fault: a weak model, answering with nothing (no content, no tool call): model_output",
+    "skip_tool_call_rate": "fault: a model that skips tool calls: with tool_choice auto it answers in prose where "
+                           "it should call a tool (finish_reason stop, no calls): model_output; at temperature 0 "
+                           "the same request is skipped every time",
     "midstream_error_rate": "fault: streaming error event halfway through the answer",
     "truncate_stream_rate": "fault: stream closed halfway without finish chunk or [DONE]",
     "slow_first_token_rate": "fault: share of requests with a stalled first token",

@@ -43,6 +43,7 @@ class FaultDecision:
     parallel_call_merge: bool = False
     parallel_call_duplicate: bool = False
     missing_think_transition: bool = False
+    skip_tool_call: bool = False  # the model answers in prose where it should call a tool
 
 
 def decide(profile: FaultProfile, rng: random.Random, time_scale: float) -> FaultDecision:
@@ -78,7 +79,8 @@ def decide(profile: FaultProfile, rng: random.Random, time_scale: float) -> Faul
         parallel_call_drop=hit_if_set(profile.parallel_call_drop_rate),
         parallel_call_merge=hit_if_set(profile.parallel_call_merge_rate),
         parallel_call_duplicate=hit_if_set(profile.parallel_call_duplicate_rate),
-        missing_think_transition=hit_if_set(profile.missing_think_transition_rate))
+        missing_think_transition=hit_if_set(profile.missing_think_transition_rate),
+        skip_tool_call=hit_if_set(profile.skip_tool_call_rate))
 
 
 def _as_content(text: str) -> list[Piece]:
@@ -92,6 +94,9 @@ def apply_to_plan(plan: OutputPlan, fault: FaultDecision) -> OutputPlan:
     finish = plan.finish_reason
     if fault.weak_answer:  # a weak model: thinks, then says nothing and calls nothing (well-formed, wrong)
         return OutputPlan([p for p in pieces if p.kind == "reasoning"] + [Piece("none")], "stop", [])
+    if calls and fault.skip_tool_call and finish == "tool_calls":  # the model's choice: prose, no call
+        prose = _as_content("I can answer that without looking anything up: it should be fine.")
+        return OutputPlan([p for p in pieces if p.kind == "reasoning"] + prose + [Piece("content", "")], "stop", [])
     if fault.missing_think_transition and any(p.kind == "reasoning" for p in pieces):
         return _no_transition(plan)
     if fault.reasoning_leak:  # no reasoning parser: K3's think markup and text stay in content

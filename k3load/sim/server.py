@@ -147,12 +147,18 @@ class SimServer:
         """A weak model is the model: at temperature 0 it fails the same request the same way every time,
         cold or warm, streamed or whole, so the draw comes from the greedy key (its own generator, so the
         answer's draws are unchanged). Drawn per attempt, a cached twin would break at random where its
-        cold twin did not, and the cache would be blamed for the model."""
+        cold twin did not, and the cache would be blamed for the model. A model that skips tool calls is
+        the model's choice too (the same request answered in prose every time), and only under tool_choice
+        auto: required and named choices force the call."""
         key = self._greedy_key(body)
-        rate = self.config.faults.weak_answer_rate
-        if key is None or rate <= 0:
-            return fault
-        return dataclasses.replace(fault, weak_answer=random.Random(f"{key}:weak").random() < rate)
+        rate, skip = self.config.faults.weak_answer_rate, self.config.faults.skip_tool_call_rate
+        if key is not None and rate > 0:
+            fault = dataclasses.replace(fault, weak_answer=random.Random(f"{key}:weak").random() < rate)
+        if key is not None and skip > 0:  # a model that skips a call skips it for the same request every time
+            fault = dataclasses.replace(fault, skip_tool_call=random.Random(f"{key}:skip").random() < skip)
+        if body.get("tool_choice", "auto") != "auto":  # required / named: decoding forces the call
+            fault = dataclasses.replace(fault, skip_tool_call=False)
+        return fault
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         self.front.saw_chat()
