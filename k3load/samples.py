@@ -48,9 +48,11 @@ def _tools(scenario: Scenario, salt: str) -> list[dict[str, Any]]:
     """The tool definitions as sent. Kimi's chat template renders tool declarations before the system
     prompt, so a control pair's cold request would still hit the previous pair's tool head: for
     `pair` the salt also opens the first tool's description (its first key as sent), making the whole
-    prefix new to the cache while the warm twin, same salt, repeats it byte for byte."""
+    prefix new to the cache while the warm twin, same salt, repeats it byte for byte. `request` (the
+    cold family) is salted there too: with the salt only in the system prompt, every cold request
+    shared the whole tool head with every other (23% of its prompt reused, issue 15)."""
     tools = [dict(t) for t in scenario.tools]
-    if scenario.prefix_salt == "pair" and tools:
+    if scenario.prefix_salt in ("pair", "request") and tools:
         function = dict(tools[0]["function"])
         function["description"] = f"[session {salt}] {function.get('description', '')}".rstrip()
         tools[0] = {**tools[0], "function": function}
