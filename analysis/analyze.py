@@ -12,18 +12,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from k3load.analysis.agreement import read_reference
 from k3load.analysis.checklist import build_checklist
 from k3load.analysis.pillar import PillarResult, rounded, thresholds
 from k3load.analysis.pillar_agent import judge_agent_api, tool_turns_reason
-from k3load.analysis.pillar_cache import judge_prefix_cache
+from k3load.analysis.pillar_cache import cache_config, judge_prefix_cache
 from k3load.analysis.pillar_resources import judge_resources
 from k3load.analysis.ramp import ramp
+from k3load.analysis.reuse import apply_reuse
 from k3load.analysis.rundata import RunData, load_run
 from k3load.analysis.timeline import MetricIndex
 from k3load.analysis.verdict import EXIT_CODES, NEXT_ACTION, compat_pillar, decide
 from k3load.rundir import write_atomic
 
-OUTPUTS = ("verdict.json", "report.md", "report.html", "alerts.yaml", "manifest.sha256")
+OUTPUTS = ("verdict.json", "report.md", "report.html", "alerts.yaml", "dashboard.json", "manifest.sha256")
 
 
 @dataclass
@@ -56,8 +58,11 @@ def judge(run_dir: Path) -> Judgment:
     resources, stage_table = judge_resources(data, index, limits)
     pillars = {"compat": compat_pillar(data.compat), "resources": resources,
                "prefix_cache": judge_prefix_cache(data, index, limits["prefix_cache"] | limits["resources"]),
-               "agent_api": judge_agent_api(data.attempts, limits["agent_api"], data.plan)}
+               "agent_api": judge_agent_api(data.attempts, limits["agent_api"], data.plan,
+                                            read_reference(run_dir, data.problems))}
     _server_aborts(pillars["agent_api"], data, index)
+    apply_reuse(pillars["prefix_cache"], data, index, limits["prefix_cache"] | limits["resources"],
+                cache_config(data))  # designed vs achieved reuse per family (issue 15)
     ramp_table = ramp(stage_table)
     verdict, because, verdict_limits = decide(pillars, stage_table, ramp_table, unfinished_plan(data))
     if ((data.compat or {}).get("target") or {}).get("is_sim"):
@@ -104,7 +109,7 @@ def evidence_gaps(problems: list[str], shown: int = 3) -> str:
 
 def analyze(run_dir: Path) -> Judgment:
     """Judge and write every output (atomically); the manifest is written last and covers the rest."""
-    from k3load.analysis import alerts, manifest, report_html, report_md
+    from k3load.analysis import alerts, dashboard, manifest, report_html, report_md
 
     judgment = judge(run_dir)
     text = json.dumps(judgment.verdict_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
@@ -112,5 +117,6 @@ def analyze(run_dir: Path) -> Judgment:
     write_atomic(run_dir / "report.md", report_md.render(judgment))
     write_atomic(run_dir / "report.html", report_html.render(judgment))
     write_atomic(run_dir / "alerts.yaml", alerts.render(judgment))
+    write_atomic(run_dir / "dashboard.json", dashboard.render(judgment))
     manifest.write(run_dir)
     return judgment

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from k3load.analysis.verdict import EXIT_CODES
@@ -11,6 +12,10 @@ from k3load.analysis.verdict import EXIT_CODES
 def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, help="a run directory written by locustfiles/agent.py")
     parser.add_argument("--accept-limited", action="store_true", help="exit 0 for `limited` as for `go`")
+    parser.add_argument("--reference", type=Path, metavar="DIR",
+                        help="judge the agent pillar also on agreement with this judged run (tool-call trigger F1, "
+                        "schema accuracy; thresholds in the plan's agent_api): its run id, manifest hash and "
+                        "profile are written to DIR/reference.json, so later `k3load analyze` re-judges the same")
 
 
 def run_analyze(args: argparse.Namespace) -> int:
@@ -19,11 +24,27 @@ def run_analyze(args: argparse.Namespace) -> int:
     if not args.run_dir.is_dir():
         print(f"k3load analyze: {args.run_dir} is not a directory")
         return 2
+    if getattr(args, "reference", None) is not None and not _set_reference(args.run_dir, args.reference):
+        return 2
     judgment = analyze(args.run_dir)
     print(summary_line(judgment, args.run_dir))
     if judgment.verdict == "limited" and args.accept_limited:
         return 0
     return judgment.exit_code
+
+
+def _set_reference(run_dir: Path, reference: Path) -> bool:
+    """Write the reference's record into the run directory (the analysis reads nothing outside it)."""
+    from k3load.analysis.agreement import REFERENCE_FILE, ReferenceRunError, reference_record
+    from k3load.rundir import write_json_atomic
+
+    try:
+        record = reference_record(reference)
+    except ReferenceRunError as exc:
+        print(f"k3load analyze: {exc}", file=sys.stderr)
+        return False
+    write_json_atomic(run_dir / REFERENCE_FILE, record)
+    return True
 
 
 def summary_line(judgment: object, run_dir: Path) -> str:

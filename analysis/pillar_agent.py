@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from k3load.analysis.agreement import reference_rules
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResult
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.stats import decide_rate, more_attempts_to_decide, wilson
@@ -169,10 +170,12 @@ def tool_turns_reason(tool_turns: str) -> str | None:
             "model's own choice to call a tool (auto) was not tested")
 
 
-def judge_agent_api(attempts: list[Attempt], limits: dict[str, float], plan: Plan | None = None) -> PillarResult:
+def judge_agent_api(attempts: list[Attempt], limits: dict[str, float], plan: Plan | None = None,
+                    reference: dict[str, Any] | None = None) -> PillarResult:
     """The valid rate over every judged attempt, and beside it Kimi's known tool-calling failures
     (analysis/tool_calls.py): a streaming path wrong where the whole body is right, tool calls held back
-    for long silences, answers left in the reasoning. Any of those failing fails the pillar."""
+    for long silences, answers left in the reasoning. Any of those failing fails the pillar. With a
+    reference run (reference.json, analysis/agreement.py), agreement with it is judged too."""
     if not attempts:
         return PillarResult(NOT_RUN, ["no request was recorded"])
     tool_turns = plan.tool_turns if plan else "auto"
@@ -180,6 +183,10 @@ def judge_agent_api(attempts: list[Attempt], limits: dict[str, float], plan: Pla
     numbers = _rates(judged) | {"requests": _chains(attempts), "tool_turns": tool_turns}
     known, known_rules, known_reasons = known_failures(judged, limits, plan)
     numbers |= known
+    if reference is not None:  # the tool-call choices and schema accuracy against a trusted run
+        numbers["reference"], reference_found = reference_rules(reference, judged, limits)
+        known_rules += reference_found
+        known_reasons += [r.reason for r in reference_found if r.status != PASS]
     drill, drill_reasons = _drill(attempts)
     numbers["timeout_drill"] = drill
     numbers["context_length_refusals"] = refusals = context_refusals(judged)

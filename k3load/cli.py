@@ -7,6 +7,7 @@ import sys
 
 from k3load import __version__, demo, samples_cli
 from k3load.analysis import cli as analysis_cli
+from k3load.analysis import diff as diff_cli
 from k3load.analysis.verdict import EXIT_CODES
 from k3load.precheck import cli as precheck_cli
 from k3load.sampler import cli as sampler_cli
@@ -32,6 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
                              + ", ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + ".")
     analysis_cli.add_analyze_arguments(analyze)
     analyze.set_defaults(func=analysis_cli.run_analyze)
+    diff = sub.add_parser("diff", help="compare run B with reference run A; non-zero exit when B is worse",
+                          description=diff_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                          epilog=f"Exit codes: 0 no regression beyond the thresholds, {diff_cli.DIFF_WORSE_EXIT} B "
+                          "worse than A beyond the thresholds of B's plan (thresholds.diff), 2 bad input.")
+    diff_cli.add_arguments(diff)
+    diff.set_defaults(func=diff_cli.run)
     verify = sub.add_parser("verify", help="re-check a run directory against its manifest.sha256")
     analysis_cli.add_verify_arguments(verify)
     verify.set_defaults(func=analysis_cli.run_verify)

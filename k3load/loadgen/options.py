@@ -73,6 +73,10 @@ def add_options(parser: Any) -> None:
                        "a stage manual-N; the plan gives only its thresholds and settings")
     group.add_argument("--k3-accept-limited", action="store_true", default=False, env_var="K3_ACCEPT_LIMITED",
                        help="exit 0 for a `limited` verdict as for `go`")
+    group.add_argument("--k3-reference", default="", env_var="K3_REFERENCE", metavar="DIR",
+                       help="a judged run directory to agree with: the agent pillar is judged also on tool-call "
+                       "trigger F1 and schema accuracy against it (thresholds: the plan's agent_api); its run id, "
+                       "manifest hash and profile go to reference.json in the run directory")
     _observation_options(group)
 
 

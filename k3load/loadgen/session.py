@@ -26,6 +26,7 @@ from locust.exception import RPCError, RPCSendError
 from locust.runners import MasterRunner, WorkerRunner
 
 import k3load
+from k3load.analysis.agreement import REFERENCE_FILE, reference_record
 from k3load.analysis.pillar import thresholds
 from k3load.client.access import gevent_patched, tls_hint
 from k3load.loadgen import observe, spools
@@ -35,6 +36,7 @@ from k3load.loadgen.options import locust_late_outputs, public_options, run_acce
 from k3load.long_input import LongInputFit, estimate_tokens, fit_long_input
 from k3load.plan import Plan, Stage
 from k3load.records import Attempt
+from k3load.reuse_design import http_tokenizer, measure_into
 from k3load.rundir import JsonlLog, set_aside_previous_run, write_atomic, write_json_atomic
 from k3load.samples import write_samples
 from k3load.scenario import Scenario
@@ -75,6 +77,7 @@ class HarnessSession:
         self._long_inputs: dict[str, LongInputFit] = {}
         self.attempts_written = 0
         self.sampler: Any = None
+        self.reuse_design: Any = None  # the greenlet measuring the designed prefix reuse (reuse_design.json)
         self.fatal = ""  # why the run could not start (a dead server, a bad file); nothing is judged then
         self.previous_run_moved_to: Path | None = None  # an earlier run found in the run directory went here
         self.tests = 0  # runs this process opened: the web UI opens one per test it starts
@@ -130,6 +133,7 @@ class HarnessSession:
         if getattr(opts, "k3_insecure", False):
             log.warning("k3load: TLS certificate verification is OFF (--k3-insecure): the target's identity is "
                         "not checked; run.json says so")
+        reference = reference_record(Path(opts.k3_reference)) if getattr(opts, "k3_reference", "") else None
         self._discover_server()  # first: a server that does not answer leaves no run directory behind
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.previous_run_moved_to = set_aside_previous_run(self.run_dir, self._files_in_use())
@@ -144,10 +148,15 @@ class HarnessSession:
         write_atomic(self.run_dir / "plan.yaml", self.manual.plan_source(self.plan) if self.manual.active
                      else self.plan.source)
         write_json_atomic(self.run_dir / "run.json", self._run_info())
+        if reference is not None:  # read before the run directory opened: the reference may be an earlier run there
+            write_json_atomic(self.run_dir / REFERENCE_FILE, reference)
         playable = [s for group in self.scenarios.values() for s in group if self.fits(s)]  # says each misfit
         sums = write_samples(playable, self.run_dir / "samples", self.model, self.long_context)
         write_atomic(self.run_dir / "samples.sha256", "".join(f"{sha}  samples/{rel}\n"
                                                               for rel, sha in sorted(sums.items())))
+        # designed prefix reuse, tokenized by the server beside the load, never before it (issue 15)
+        self.reuse_design = gevent.spawn(measure_into, self.run_dir, playable, self.run_id, self.model,
+                                         self.long_context, http_tokenizer(self._api_client, self.env.host, self.model))
         observe.precheck(self)
         observe.watch_restarts(self)
         self.sampler = observe.start_sampler(self)
@@ -374,6 +383,9 @@ class HarnessSession:
             write_atomic(self.run_dir / "plan.yaml", self.manual.plan_source(self.plan))
 
     def close(self) -> None:
+        if self.reuse_design is not None:  # reuse_design.json is written before the run is judged
+            self.reuse_design.join(timeout=120)
+            self.reuse_design = None
         if self.sampler is not None:
             self.sampler.stop()
             self.sampler = None

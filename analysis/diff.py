@@ -1,0 +1,336 @@
+"""`k3load diff A B [--json]`: run B judged against reference run A, so CI can gate a new deployment.
+
+    k3load diff runs/accepted runs/candidate          # Markdown-ish tables
+    k3load diff runs/accepted runs/candidate --json   # one JSON object
+
+What it compares: the two verdicts, pillar statuses and limits side by side; per stage (matched by
+name) throughput and TTFT / ITL / e2e p50 and p95 with 95% intervals and a "changed beyond noise" flag;
+per scenario and turn, with A as the reference, tool-call trigger precision / recall / F1, tool-name
+agreement, argument schema accuracy, structured-output validity and the finish-reason mix
+(analysis/agreement.py defines each). Exit code 0 when no rule shows B worse than A beyond the
+thresholds of B's plan (`thresholds.diff`, defaults in analysis/pillar.py), DIFF_WORSE_EXIT when one
+does, 2 for input that is not two run directories with records.
+
+Why these intervals. A percentile's interval is the distribution-free order-statistic interval: the
+sorted values between which the true percentile lies with 95% probability, from the binomial count of
+values below it. It is what a percentile bootstrap of the stage's records approximates by resampling,
+but exact, instant and the same bytes on every machine. Throughput (answered requests per second of
+the stage) gets the Poisson score interval of the count; output tokens/s the same relative interval
+(the count of answers carries the noise; tokens per answer of the same scenarios vary little).
+"Changed beyond noise" means the two 95% intervals do not overlap: a conservative two-sample test (for
+equal widths it rejects at about p < 0.006), chosen because dozens of figures are compared at once and
+a flag should mean something. A gating rule fails only when B is worse beyond the plan's margin AND
+beyond noise; inconclusive rules are printed but never gate (too little evidence is not a regression).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from k3load.analysis.agreement import agreement, profile
+from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS, percentile, rounded, thresholds
+from k3load.analysis.rules import RuleResult
+from k3load.analysis.stats import Z95, decide_rate, wilson
+
+if TYPE_CHECKING:  # pandas is imported only when a diff runs, not by every `k3load` command
+    from k3load.analysis.rundata import RunData
+
+DIFF_WORSE_EXIT = 6  # B worse than A beyond the plan's thresholds (the verdict codes are 0, 3, 4, 5; errors 2)
+LATENCIES = (("ttft_ms", "ttft"), ("itl_mean_ms", "itl"), ("e2e_ms", "e2e"))
+QUANTILES = (0.5, 0.95)
+
+
+class DiffInputError(ValueError):
+    """Not a run directory with records: said with the path, exit 2."""
+
+
+@dataclass
+class Side:
+    """One run as the diff reads it: its data and its verdict (verdict.json, or judged now when absent)."""
+
+    data: RunData
+    verdict: dict[str, Any]
+    judged_now: bool
+
+
+def load_side(path: Path) -> Side:
+    from k3load.analysis.rundata import load_run
+
+    if not path.is_dir():
+        raise DiffInputError(f"{path}: not a run directory")
+    if not (path / "records.jsonl").is_file():
+        raise DiffInputError(f"{path}: no records.jsonl (not a run directory, or the run never sent a request)")
+    data = load_run(path)
+    if not data.attempts:
+        raise DiffInputError(f"{path}: records.jsonl holds no attempt")
+    if (path / "verdict.json").is_file():
+        return Side(data, json.loads((path / "verdict.json").read_text()), False)
+    from k3load.analysis.analyze import judge  # only when the run was never judged: judged now, not written
+
+    return Side(data, judge(path).verdict_json(), True)
+
+
+# -- per stage -----------------------------------------------------------------------------------------
+
+def quantile_interval(values: list[float], q: float) -> tuple[float, float] | None:
+    """The 95% order-statistic interval of the q-quantile (module docstring); None under 2 values."""
+    xs = sorted(values)
+    n = len(xs)
+    if n < 2:
+        return None
+    log_q, log_p = math.log(q), math.log1p(-q)
+    cdf, cumulative = [], 0.0
+    for k in range(n + 1):
+        cumulative += math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+                               + k * log_q + (n - k) * log_p)
+        cdf.append(cumulative)
+    r = max([k + 1 for k in range(n + 1) if cdf[k] <= 0.025], default=0)  # P(B < r) <= 2.5%
+    s = min([k + 1 for k in range(n + 1) if cdf[k] >= 0.975], default=n)  # P(B >= s) <= 2.5%
+    return xs[max(r, 1) - 1], xs[min(s, n) - 1]
+
+
+def poisson_interval(count: int, duration_s: float) -> tuple[float, float] | None:
+    """95% score interval of a rate from a count over a duration."""
+    if duration_s <= 0:
+        return None
+    half = Z95 * math.sqrt(count + Z95 * Z95 / 4)
+    centre = count + Z95 * Z95 / 2
+    return max(centre - half, 0.0) / duration_s, (centre + half) / duration_s
+
+
+def _figure(value: float | None, interval: tuple[float, float] | None) -> dict[str, Any]:
+    return {"value": value, "ci95": list(interval) if interval else None}
+
+
+def stage_figures(data: RunData) -> dict[str, dict[str, Any]]:
+    """Per stage name: answered requests/s and output tokens/s, latency p50/p95, each with its interval."""
+    out: dict[str, dict[str, Any]] = {}
+    frame = data.records[~data.records["drill"].astype(bool) & (data.records["status"] == "ok")]
+    for name in dict.fromkeys(s.name for s in data.stages):
+        duration = sum(s.end_ts - s.start_ts for s in data.stages if s.name == name)
+        ok = frame[frame["stage"] == name]
+        rps = poisson_interval(len(ok), duration)
+        tokens = float(ok["completion_tokens"].fillna(0).sum())
+        per_answer = tokens / len(ok) if len(ok) else 0.0
+        figures = {"answers": len(ok), "duration_s": duration,
+                   "requests_per_s": _figure(len(ok) / duration if duration > 0 else None, rps),
+                   "output_tokens_per_s": _figure(tokens / duration if duration > 0 else None,
+                                                  (rps[0] * per_answer, rps[1] * per_answer) if rps else None)}
+        for column, label in LATENCIES:
+            values = [float(v) for v in ok[column].dropna()]
+            for q in QUANTILES:
+                figures[f"{label}_p{round(q * 100)}_ms"] = _figure(percentile(values, q),
+                                                                  quantile_interval(values, q))
+        out[name] = figures
+    return out
+
+
+MEASURES = ("requests_per_s", "output_tokens_per_s", *(f"{label}_p{round(q * 100)}_ms" for _, label in LATENCIES
+                                                        for q in QUANTILES))
+
+
+def changed(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """'higher' / 'lower' when B's interval lies wholly above / below A's; None when they overlap or
+    either is missing."""
+    if not a["ci95"] or not b["ci95"]:
+        return None
+    if b["ci95"][0] > a["ci95"][1]:
+        return "higher"
+    if b["ci95"][1] < a["ci95"][0]:
+        return "lower"
+    return None
+
+
+def compare_stages(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for name in [*a, *(n for n in b if n not in a)]:
+        row: dict[str, Any] = {"stage": name, "in": "both" if name in a and name in b else "a" if name in a else "b"}
+        if row["in"] == "both":
+            row["answers"] = {"a": a[name]["answers"], "b": b[name]["answers"]}
+            row["measures"] = {m: {"a": a[name][m], "b": b[name][m], "changed_beyond_noise": changed(a[name][m],
+                                                                                                    b[name][m])}
+                               for m in MEASURES}
+        rows.append(row)
+    return rows
+
+
+def _stage_rules(stages: list[dict[str, Any]], limits: dict[str, float]) -> list[RuleResult]:
+    """Per stage in both runs: p95 latencies up by more than the margin beyond noise, throughput down."""
+    rules = []
+    up, down = limits["max_latency_p95_increase"], limits["max_throughput_drop"]
+    for row in (r for r in stages if r["in"] == "both"):
+        for measure, figures in row["measures"].items():
+            a, b = figures["a"], figures["b"]
+            latency = measure.endswith("_p95_ms")
+            if not latency and not measure.endswith("_per_s"):
+                continue
+            rule_id = f"diff.{'latency' if latency else 'throughput'}.{row['stage']}.{measure}"
+            if not a["ci95"] or not b["ci95"]:
+                rules.append(RuleResult(rule_id, "diff", INCONCLUSIVE, f"{row['stage']} {measure}: inconclusive, "
+                                        "because a run has fewer than 2 answers in the stage", evidence=("records",)))
+                continue
+            worse = b["ci95"][0] > a["ci95"][1] * (1 + up) if latency else b["ci95"][1] < a["ci95"][0] * (1 - down)
+            margin = f"+{up:.0%}" if latency else f"-{down:.0%}"
+            rules.append(RuleResult(
+                rule_id, "diff", FAIL if worse else PASS,
+                f"{row['stage']} {measure}: A {_ci(a)}, B {_ci(b)} ({'beyond' if worse else 'within'} {margin} of A "
+                "and noise)", b["value"], a["value"], evidence=("records.jsonl", "events.jsonl stage windows"),
+                interval=tuple(b["ci95"])))
+    return rules
+
+
+def _ci(figure: dict[str, Any]) -> str:
+    if figure["value"] is None:
+        return "–"
+    text = f"{figure['value']:.3g}"
+    return text + (f" [{figure['ci95'][0]:.3g}, {figure['ci95'][1]:.3g}]" if figure["ci95"] else "")
+
+
+# -- agreement rules -----------------------------------------------------------------------------------
+
+def _agreement_rules(n: dict[str, Any], limits: dict[str, float]) -> list[RuleResult]:
+    need = int(limits["min_comparable_attempts"])
+    evidence = ("A records.jsonl (labels)", "B records.jsonl (predictions)")
+    if n["comparable"] < need:
+        return [RuleResult("diff.agreement", "diff", INCONCLUSIVE, f"tool-call agreement inconclusive, because only "
+                           f"{n['comparable']} of B's answers are comparable with A (at least {need} are needed)",
+                           n["comparable"], need, evidence=evidence)]
+    trig, rules = n["trigger"], []
+    if trig["f1"] is None:
+        rules.append(RuleResult("diff.trigger_f1", "diff", INCONCLUSIVE, "trigger F1 inconclusive, because neither "
+                                "run called a tool on a comparable turn", evidence=evidence))
+    else:
+        low, high = trig["f1_ci95"]
+        floor = limits["min_trigger_f1"]
+        status = PASS if low >= floor else FAIL if high < floor else INCONCLUSIVE
+        recall = trig["recall"]
+        rules.append(RuleResult("diff.trigger_f1", "diff", status, f"trigger F1 {trig['f1']:.3f} [{low:.3f}, "
+                                f"{high:.3f}] against {floor:g} required; recall {_rate(recall)} ({trig['fn']} of A's "
+                                f"tool calls answered without one), precision {_rate(trig['precision'])}",
+                                trig["f1"], floor, evidence=evidence, interval=(low, high)))
+    names = n["tool_name_agreement"]
+    floor = limits["min_tool_name_agreement"]
+    status = decide_rate(wilson(names["k"], names["n"]), floor) if names["n"] else INCONCLUSIVE
+    rules.append(RuleResult("diff.tool_name_agreement", "diff", status, f"tool-name agreement {_rate(names)} against "
+                            f"{floor:.0%} required" + ("" if names["n"] else ": inconclusive, because no tool call "
+                                                       "of B's met one of A's"), names["rate"], floor,
+                            evidence=evidence))
+    for key, limit_key in (("schema_accuracy", "max_schema_accuracy_drop"),
+                           ("structured_output_validity", "max_structured_output_drop")):
+        rules.append(_drop_rule(key, n[key], limits[limit_key]))
+    return rules
+
+
+def _drop_rule(key: str, compared: dict[str, Any], limit: float) -> RuleResult:
+    label = key.replace("_", " ")
+    if compared["drop"] is None:
+        return RuleResult(f"diff.{key}", "diff", INCONCLUSIVE, f"{label} inconclusive, because "
+                          f"{'A' if not compared['reference']['n'] else 'B'} has no answer to judge it on",
+                          None, limit)
+    low, high = compared["drop_ci95"]
+    status = FAIL if low > limit else PASS if high <= limit else INCONCLUSIVE
+    text = (f"{label}: A {_rate(compared['reference'])}, B {_rate(compared['run'])}, drop {compared['drop']:+.1%} "
+            f"[{low:+.1%}, {high:+.1%}] against at most {limit:.0%}")
+    if status == INCONCLUSIVE:
+        text = f"{label} inconclusive, because the drop's interval straddles the limit: {text}"
+    return RuleResult(f"diff.{key}", "diff", status, text, compared["drop"], limit, interval=(low, high))
+
+
+def _rate(rate: dict[str, Any]) -> str:
+    if not rate["n"]:
+        return "– of 0"
+    return f"{rate['rate']:.1%} [{rate['ci95'][0]:.1%}, {rate['ci95'][1]:.1%}] of {rate['n']}"
+
+
+# -- the whole comparison ------------------------------------------------------------------------------
+
+def _identity(side: Side) -> dict[str, Any]:
+    return {"path": str(side.data.path), "run_id": side.data.run.get("run_id"),
+            "plan": side.data.run.get("plan"), "judged_now": side.judged_now}
+
+
+def diff(a_dir: Path, b_dir: Path) -> dict[str, Any]:
+    """The comparison as one JSON-ready object; `exit_code` says whether B regressed."""
+    a, b = load_side(a_dir), load_side(b_dir)
+    limits = thresholds(b.data.plan.thresholds if b.data.plan else None)["diff"]
+    pillars = sorted(set(a.verdict.get("pillars") or {}) | set(b.verdict.get("pillars") or {}))
+    limit_keys = sorted(set(a.verdict.get("limits") or {}) | set(b.verdict.get("limits") or {}))
+    stages = compare_stages(stage_figures(a.data), stage_figures(b.data))
+    agreed = agreement(profile(a.data.attempts), b.data.attempts)
+    rules = _agreement_rules(agreed, limits) + _stage_rules(stages, limits)
+    failed = [r for r in rules if r.status == FAIL]
+    return rounded({
+        "a": _identity(a), "b": _identity(b),
+        "verdicts": {"a": a.verdict.get("verdict"), "b": b.verdict.get("verdict")},
+        "pillars": {p: {"a": ((a.verdict.get("pillars") or {}).get(p) or {}).get("status"),
+                        "b": ((b.verdict.get("pillars") or {}).get(p) or {}).get("status")} for p in pillars},
+        "limits": {k: {"a": (a.verdict.get("limits") or {}).get(k), "b": (b.verdict.get("limits") or {}).get(k)}
+                   for k in limit_keys},
+        "stages": stages, "agreement": agreed, "thresholds": limits,
+        "rules": [r.to_dict() for r in rules], "worse": [r.reason for r in failed],
+        "inconclusive": [r.reason for r in rules if r.status == INCONCLUSIVE],
+        "exit_code": DIFF_WORSE_EXIT if failed else 0,
+    })
+
+
+# -- output --------------------------------------------------------------------------------------------
+
+def render_text(result: dict[str, Any]) -> str:
+    """Markdown-ish tables, in the order a reviewer reads: the outcome, what moved, then why."""
+    from k3load.analysis.markdown import table
+    from k3load.analysis.report_reference import finish_rows, summary_rows, turn_rows
+
+    a, b = result["a"], result["b"]
+    worse = result["worse"]
+    out = [f"# k3load diff: B `{b['run_id']}` against A `{a['run_id']}`\n",
+           (f"**B is worse than A beyond the plan's thresholds (exit {result['exit_code']}):**\n\n"
+            + "".join(f"- {w}\n" for w in worse)) if worse else
+           "**No regression of B beyond the plan's thresholds and noise (exit 0).**\n"]
+    if result["inconclusive"]:
+        out.append("Inconclusive (not gating):\n\n" + "".join(f"- {w}\n" for w in result["inconclusive"]))
+    rows = [{"": "verdict", "A": result["verdicts"]["a"], "B": result["verdicts"]["b"]}]
+    rows += [{"": f"pillar {p}", "A": v["a"], "B": v["b"]} for p, v in result["pillars"].items()]
+    rows += [{"": f"limit {k}", "A": v["a"], "B": v["b"]} for k, v in result["limits"].items()]
+    out.append("## Verdicts, pillars and limits\n\n" + table(rows, ("", "A", "B")))
+    stage_rows = []
+    for row in result["stages"]:
+        if row["in"] != "both":
+            stage_rows.append({"stage": row["stage"], "measure": f"only in {row['in'].upper()}"})
+            continue
+        stage_rows += [{"stage": row["stage"], "measure": m, "A": _ci(f["a"]), "B": _ci(f["b"]),
+                        "changed beyond noise": f["changed_beyond_noise"] or ""} for m, f in row["measures"].items()]
+    out.append("## Stages (95% intervals; changed beyond noise: the intervals do not overlap)\n\n"
+               + table(stage_rows, ("stage", "measure", "A", "B", "changed beyond noise")))
+    n = result["agreement"]
+    out.append(f"## Tool calls, A as the reference\n\n{n['comparable']} of B's answers compared by scenario and turn "
+               f"(A's majority behaviour as the label); {n['not_comparable']} not comparable.\n\n"
+               + table(summary_rows(n), ("measure", "run", "reference", "drop")).replace(
+                   "| measure | run | reference | drop |", "| measure | B | A | drop (A - B) |")
+               + "\n" + table(turn_rows(n["by_turn"]), ("scenario", "turn", "reference_label", "reference_calls",
+                                                        "answers", "triggered", "tp", "fp", "fn", "recall"))
+               + "\n" + table(finish_rows(n["finish_reasons"]), ("finish_reason", "reference", "run"))
+               .replace("| finish_reason | reference | run |", "| finish_reason | A | B |"))
+    return "\n".join(out)
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("a", type=Path, metavar="A", help="the reference run directory (the one trusted)")
+    parser.add_argument("b", type=Path, metavar="B",
+                        help="the run judged against it (its plan's thresholds.diff apply)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+
+
+def run(args: Any) -> int:
+    import sys
+
+    try:
+        result = diff(args.a, args.b)
+    except DiffInputError as exc:
+        print(f"k3load diff: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2, sort_keys=True, ensure_ascii=False) if args.json else render_text(result))
+    return int(result["exit_code"])
