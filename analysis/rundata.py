@@ -46,6 +46,7 @@ class RunData:
     gpu: pd.DataFrame = field(default_factory=pd.DataFrame)
     events: list[dict[str, Any]] = field(default_factory=list)
     compat: dict[str, Any] | None = None
+    reuse_design: dict[str, Any] | None = None  # reuse_design.json: designed prefix reuse (None: not measured)
     stages: list[StageWindow] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # unreadable lines or files, reported not hidden
 
@@ -124,5 +125,7 @@ def load_run(path: Path) -> RunData:
                      for worker in event.get("not_final") or []]
     if (path / "compat.json").exists():
         data.compat = json.loads((path / "compat.json").read_text())
+    if (path / "reuse_design.json").exists():
+        data.reuse_design = json.loads((path / "reuse_design.json").read_text())
     data.stages = _stage_windows(data.events, data.attempts)
     return data

@@ -86,6 +86,8 @@ class HarnessSession:
         self.judgment: Any = None  # the last finished run's Judgment
         self.manual = ManualStages()  # stages `manual-N` when no plan shape drives the users
         self.live = LiveCounts()  # per-run counts the web UI shows (attempts, failures by layer)
+        self.drain: Any = None  # master/local: the drain window after each plan stage (k3load.loadgen.drain)
+        self.restart_drill: Any = None  # master/local with --k3-restart-cmd: the restart stage's drill
 
     @property
     def role(self) -> str:
@@ -160,6 +162,7 @@ class HarnessSession:
         observe.precheck(self)
         observe.watch_restarts(self)
         self.sampler = observe.start_sampler(self)
+        self.drain, self.restart_drill = observe.stage_ends(self)
         self.ready.set()
 
     def _new_run_state(self) -> None:

@@ -1,0 +1,331 @@
+"""Designed vs achieved prefix reuse, per family and for the run: numbers for pillar 3.
+
+Why: a cache that "hits" proves little unless the hits are the ones the samples were built to get.
+`reuse_design.json` (k3load.reuse_design, measured at run start with the server's tokenizer) holds each
+request variant's prompt length and the token prefix it shares with every other. Replayed over the
+run's send order it gives each request's designed reuse: the longest prefix it shares with a request
+whose prefill had finished (its first token arrived) before it was sent, capped at its prompt minus
+one token and floored to whole cache blocks (and to the hybrid state-checkpoint grid, when the server
+has one): what a perfect prefix cache without eviction must reuse. Achieved reuse is what the server
+reports: each response's `usage.prompt_tokens_details.cached_tokens` per family (the /metrics
+counters cannot be split by family on a mixed stage), and the /metrics hit/query delta for the run.
+
+Salts decide which variants two requests are: every request of an unsalted or run-salted scenario
+carries the same salt (variant A against A); a `request`-salted request shares its salt only with its
+retries and its streaming-drill twin, a `pair` only with its twin; other pairs of requests compare
+variant A against variant B. A server still warm from an earlier run may reuse more than designed for
+unsalted scenarios (their prefixes do not change between runs).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from k3load.analysis.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, wilson
+from k3load.records import Attempt
+
+DEFAULT_BLOCK = 16  # vLLM's default block size, used only when vllm:cache_config_info was not scraped
+REACHED = 0.9  # an attempt "reached its design" when it reused at least this share of it
+METRICS_SLACK_S = 2.5  # let the scrape after the last request land
+
+
+@dataclass
+class Geometry:
+    """How the server can reuse: whole blocks, and for a hybrid model only up to a checkpoint."""
+
+    block: int
+    align: int | None = None
+    block_known: bool = True
+
+    def floor(self, tokens: int) -> int:
+        tokens -= tokens % self.block
+        if self.align:
+            tokens -= tokens % self.align
+        return max(tokens, 0)
+
+
+def salt_key(attempt: Attempt, kind: str) -> tuple[Any, ...]:
+    """Requests with equal keys carry the same salt (see the module doc)."""
+    if kind == "request":
+        return ("request", attempt.stream_pair or attempt.chain_id)
+    if kind == "pair":
+        return ("pair", attempt.user_id, attempt.control_pair)
+    return (kind,)
+
+
+def _ready_ts(attempt: Attempt) -> float | None:
+    """When the attempt's prompt was in the cache: its first token (or a whole answer's end)."""
+    if attempt.first_token_ts is not None:
+        return attempt.first_token_ts
+    return attempt.end_ts if attempt.status == "ok" else None
+
+
+def designed_tokens(attempts: list[Attempt], design: dict[str, Any], geometry: Geometry) -> dict[str, int]:
+    """attempt_id -> designed reused tokens, for the attempts whose scenario and turn were measured."""
+    index = {key: i for i, key in enumerate(design.get("variants") or [])}
+    matrix: list[list[int]] = design.get("shared_prefix_tokens") or []
+    lengths: list[int] = design.get("prompt_tokens") or []
+    kinds = {name: s.get("prefix_salt", "none") for name, s in (design.get("scenarios") or {}).items()}
+    other = {i: index.get(key[:-1] + "B", i) for key, i in index.items()}  # variant A -> its B (or itself)
+    seen_same: dict[tuple[Any, ...], set[int]] = {}
+    seen_keys: dict[int, set[tuple[Any, ...]]] = {}  # variant -> up to two salt keys it was seen with
+    pending: list[tuple[float, int, int, tuple[Any, ...]]] = []
+    out: dict[str, int] = {}
+    for order, attempt in enumerate(sorted(attempts, key=lambda a: (a.send_ts, a.attempt_id))):
+        while pending and pending[0][0] <= attempt.send_ts:
+            _, _, variant, key = heapq.heappop(pending)
+            seen_same.setdefault(key, set()).add(variant)
+            keys = seen_keys.setdefault(variant, set())
+            if len(keys) < 2:
+                keys.add(key)
+        me = index.get(f"{attempt.scenario}/{attempt.turn}/A")
+        if me is None or attempt.scenario not in kinds:
+            continue
+        key = salt_key(attempt, kinds[attempt.scenario])
+        best = max((matrix[me][v] for v in seen_same.get(key, ())), default=0)
+        best = max([best, *(matrix[me][other[v]] for v, keys in seen_keys.items() if keys - {key})])
+        prompt = attempt.prompt_tokens if attempt.prompt_tokens is not None else lengths[me]
+        out[attempt.attempt_id] = geometry.floor(min(best, prompt - 1))
+        ready = _ready_ts(attempt)
+        if ready is not None:
+            heapq.heappush(pending, (ready, order, me, key))
+    return out
+
+
+def ratio_ci(numerators: list[int], denominators: list[int], resamples: int = BOOTSTRAP_RESAMPLES
+             ) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of sum(numerators)/sum(denominators), resampling attempts (a
+    request's tokens are not independent of each other, so tokens are never the unit); seeded."""
+    n = len(numerators)
+    if n < 2 or not sum(denominators):
+        return None
+    num, den = np.asarray(numerators, dtype=float), np.asarray(denominators, dtype=float)
+    rng = np.random.Generator(np.random.PCG64(BOOTSTRAP_SEED))
+    ratios: list[float] = []
+    chunk = max(1, min(resamples, 2_000_000 // n))
+    while len(ratios) < resamples:
+        picks = rng.integers(0, n, size=(min(chunk, resamples - len(ratios)), n))
+        sums = den[picks].sum(axis=1)
+        ratios += [float(x) for x in (num[picks].sum(axis=1)[sums > 0] / sums[sums > 0])]
+        if not sums.any():
+            break
+    if not ratios:
+        return None
+    ratios.sort()
+    return ratios[int(0.025 * (len(ratios) - 1))], ratios[int(np.ceil(0.975 * (len(ratios) - 1)))]
+
+
+def family_row(attempts: list[Attempt], design: dict[str, int]) -> dict[str, Any]:
+    """One family's figures: token sums, shares of the prompt, achieved/designed with intervals."""
+    rows = [a for a in attempts if a.attempt_id in design and a.prompt_tokens]
+    used = [a for a in rows if a.cached_tokens is not None]
+    prompt = [a.prompt_tokens or 0 for a in used]
+    designed = [design[a.attempt_id] for a in used]
+    achieved = [a.cached_tokens or 0 for a in used]
+    with_design = [(d, c) for d, c in zip(designed, achieved, strict=True) if d > 0]
+    reached = wilson(sum(1 for d, c in with_design if c >= REACHED * d), len(with_design))
+    out: dict[str, Any] = {
+        "attempts": len(rows), "attempts_with_usage": len(used), "attempts_with_design": len(with_design),
+        "prompt_tokens": sum(prompt), "designed_tokens": sum(designed), "achieved_tokens": sum(achieved),
+        "designed_share": sum(designed) / sum(prompt) if sum(prompt) else None,
+        "achieved_share": sum(achieved) / sum(prompt) if sum(prompt) else None,
+        "achieved_share_ci95": _list(ratio_ci(achieved, prompt)),
+        "achieved_of_design": sum(achieved) / sum(designed) if sum(designed) else None,
+        "achieved_of_design_ci95": _list(ratio_ci(achieved, designed)) if sum(designed) else None,
+        "reached_design": reached.to_dict()}
+    return out
+
+
+def _list(pair: tuple[float, float] | None) -> list[float] | None:
+    return list(pair) if pair else None
+
+
+def scenario_design(design: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per scenario, what its samples share by design: across requests (turn 0 against another request's
+    turn 1, or the same turn under another salt) and along a conversation (turn n+1 against turn n)."""
+    index = {key: i for i, key in enumerate(design.get("variants") or [])}
+    matrix, lengths = design.get("shared_prefix_tokens") or [], design.get("prompt_tokens") or []
+    out = {}
+    for name, info in sorted((design.get("scenarios") or {}).items()):
+        a0 = index.get(f"{name}/0/A")
+        if a0 is None:
+            continue
+        other = index.get(f"{name}/0/B", index.get(f"{name}/1/A", a0))
+        chain = [matrix[index[f"{name}/{t + 1}/A"]][index[f"{name}/{t}/A"]] for t in range(info.get("turns", 0) - 1)
+                 if f"{name}/{t + 1}/A" in index] if info.get("mode") == "conversation" else []
+        out[name] = {"family": info.get("family"), "prefix_salt": info.get("prefix_salt"),
+                     "prompt_tokens_turn_0": lengths[a0], "shared_across_requests_tokens": matrix[a0][other],
+                     "shared_along_chain_tokens": chain,
+                     **{k: info[k] for k in ("salt_at_token", "tools_tokens", "tools_before_salt") if k in info}}
+    return out
+
+
+# -- judging -----------------------------------------------------------------------------------------
+
+COLD_SHARE = 0.05  # a family designed to reuse at most this share of its prompt is cold
+NOT_COLD_MARGIN = 0.10  # achieved share (95% lower bound) this far above the design: not cold
+MIN_WITH_DESIGN = 10  # requests with a designed reuse before a shortfall can fail
+
+
+@dataclass
+class Finding:
+    """One reuse finding: `layer` says whose it is (harness: the samples' design; server: the cache);
+    `fails` only for a server finding with enough evidence."""
+
+    family: str
+    status: str  # pass | fail | inconclusive | finding
+    layer: str | None
+    reason: str
+    fails: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"family": self.family, "status": self.status, "layer": self.layer, "reason": self.reason}
+
+
+def _cause(scenarios: dict[str, dict[str, Any]], family: str) -> str:
+    """Why a cold family's requests share a prefix by design, from the design measurement."""
+    for name, s in scenarios.items():
+        if s.get("family") != family:
+            continue
+        if s.get("prefix_salt") not in ("request", "pair"):
+            return f"{name} is not salted per request (prefix_salt: {s.get('prefix_salt')})"
+        shared = s.get("salt_at_token") or 0
+        if s.get("tools_before_salt"):
+            return (f"salt after the tools in {name}: the first {shared:,} tokens (the tool declarations, which the "
+                    "chat template renders before the system prompt) are identical across users")
+        return f"the salt of {name} sits at token {shared:,}: the tokens before it are identical across requests"
+    return "the family's samples share a prefix"
+
+
+def judge_family(family: str, row: dict[str, Any], scenarios: dict[str, dict[str, Any]], limits: dict[str, float],
+                 thin: list[str]) -> Finding:
+    """Cold families must stay cold, shared ones must reach their design (see the module doc)."""
+    designed, achieved = row["designed_share"], row["achieved_share"]
+    if designed is None or not row["attempts_with_usage"]:
+        return Finding(family, "inconclusive", None, f"inconclusive, because no {family} response carried "
+                       "usage.prompt_tokens_details.cached_tokens (is --enable-prompt-tokens-details set?)")
+    share_ci = row["achieved_share_ci95"] or [achieved, achieved]
+    if family == "cold" and designed > COLD_SHARE:
+        return Finding(family, "finding", "harness", f"cold family is not cold by design (the samples' design, the "
+                       f"harness's finding, not the server's; pillar status unchanged): {designed:.0%} of its prompt "
+                       f"tokens reusable by design, {achieved:.0%} reused; cause: {_cause(scenarios, family)}")
+    if designed <= COLD_SHARE:
+        if share_ci[0] > designed + NOT_COLD_MARGIN:
+            return Finding(family, "finding", "server", f"{family} family is not cold on the server: it reused "
+                           f"{achieved:.0%} of its prompt (95% CI {share_ci[0]:.0%}-{share_ci[1]:.0%}) although no "
+                           f"earlier request of the run shared more than {designed:.0%} with it by the server's own "
+                           "tokenizer: cached_tokens over-reported, or the chat path renders prompts differently "
+                           "from /tokenize (pillar status unchanged)")
+        return Finding(family, "pass", None, f"{family}: {achieved:.0%} reused, {designed:.0%} by design")
+    ratio, ci = row["achieved_of_design"], row["achieved_of_design_ci95"] or [row["achieved_of_design"]] * 2
+    bound = limits.get("min_reuse_of_design", 0.5)
+    text = (f"{family} family reused {ratio:.0%} of its designed reuse (95% CI {ci[0]:.0%}-{ci[1]:.0%}; "
+            f"{row['achieved_tokens']:,} of {row['designed_tokens']:,} tokens over {row['attempts_with_usage']} "
+            f"requests; at least {bound:.0%} expected)")
+    if ci[0] >= bound:
+        return Finding(family, "pass", None, text)
+    if row["attempts_with_design"] < MIN_WITH_DESIGN:
+        return Finding(family, "inconclusive", None, f"inconclusive, because only {row['attempts_with_design']} "
+                       f"{family} requests could reuse a prefix by design (at least {MIN_WITH_DESIGN} needed): {text}")
+    if ci[1] < bound and not thin:
+        return Finding(family, "fail", "server", f"the prefix cache missed what the samples share: {text}", fails=True)
+    if ci[1] < bound:
+        return Finding(family, "inconclusive", "server", f"inconclusive, because {'; '.join(thin)}: {text}")
+    return Finding(family, "inconclusive", None, f"inconclusive, because the interval straddles the bound: {text}")
+
+
+def geometry_of(config: dict[str, str]) -> Geometry:
+    """Block size and hybrid checkpoint grid from vllm:cache_config_info (as the cache pillar reads it)."""
+    def number(key: str) -> int | None:
+        try:
+            value = config.get(key)
+            return int(value) if value not in (None, "", "None") else None
+        except ValueError:
+            return None
+
+    block = number("block_size")
+    align = max(filter(None, [number("cache_hit_alignment_tokens"), number("mamba_block_size")]), default=None)
+    return Geometry(block or DEFAULT_BLOCK, align, block is not None)
+
+
+def _thin(data: Any, index: Any, limits: dict[str, float], config: dict[str, str], t0: float, t1: float,
+          rows: list[Attempt]) -> list[str]:
+    """Why a shortfall may say nothing about the cache: eviction under capacity, an unknown geometry."""
+    why = []
+    kv = index.gauge("vllm:kv_cache_usage_perc", t0, t1)
+    if kv and kv["max"] >= limits.get("max_kv_usage", 0.98):
+        why.append(f"the KV cache was saturated (usage up to {kv['max']:.0%}): prefixes may have been evicted")
+    geometry = geometry_of(config)
+    blocks = config.get("num_gpu_blocks")
+    running = index.gauge("vllm:num_requests_running", t0, t1)
+    prompts = [a.prompt_tokens for a in rows if a.prompt_tokens]
+    if blocks and blocks.isdigit() and running and prompts:
+        capacity = int(blocks) * geometry.block
+        demand = (running["max"] + 1) * sum(prompts) / len(prompts)
+        if demand > capacity:
+            why.append(f"the KV cache holds {capacity:,} tokens, less than the requests in flight need (up to "
+                       f"{running['max']:.0f} running, {sum(prompts) / len(prompts):,.0f} prompt tokens each): "
+                       "prefixes are evicted between requests")
+    if not geometry.block_known:
+        why.append(f"the block size is unknown (vllm:cache_config_info not scraped; {DEFAULT_BLOCK} assumed)")
+    return why
+
+
+def judge_reuse(data: Any, index: Any, limits: dict[str, float], config: dict[str, str]
+                ) -> tuple[dict[str, Any], list[Finding]]:
+    """numbers.reuse of the prefix_cache pillar and the findings (see the module doc)."""
+    design = data.reuse_design
+    if not any(a.status == "ok" for a in data.attempts):
+        return {"status": "not_run", "reason": "no request completed"}, []
+    if design is None:
+        why = "reuse_design.json is missing (the run predates it, or ended before the measurement)"
+        return {"status": "inconclusive", "reason": f"inconclusive, because {why}"}, \
+            [Finding("*", "inconclusive", None, f"inconclusive, because {why}")]
+    if design.get("error"):
+        why = f"the server's tokenizer was not reachable ({design['error']})"
+        return {"status": "inconclusive", "reason": f"inconclusive, because {why}"}, \
+            [Finding("*", "inconclusive", None, f"inconclusive, because {why}")]
+    geometry = geometry_of(config)
+    attempts = [a for a in data.attempts if a.status == "ok"]
+    designed = designed_tokens(data.attempts, design, geometry)
+    t0 = data.stages[0].start_ts if data.stages else min((a.send_ts for a in attempts), default=0.0)
+    t1 = data.stages[-1].end_ts if data.stages else max((a.end_ts for a in attempts), default=0.0)
+    thin = _thin(data, index, limits, config, t0, t1, attempts)
+    scenarios = scenario_design(design)
+    families: dict[str, dict[str, Any]] = {}
+    findings = []
+    for family in sorted({a.family for a in attempts}):
+        row = family_row([a for a in attempts if a.family == family], designed)
+        if not row["attempts"]:
+            continue
+        finding = judge_family(family, row, scenarios, limits, thin)
+        families[family] = row | {"finding": finding.to_dict()}
+        findings.append(finding)
+    total = family_row(attempts, designed)
+    m0 = min([t0, *(a.send_ts for a in attempts)])  # the counters cover every request, in flight at the edges too
+    m1 = max([t1, *(a.end_ts for a in attempts)]) + METRICS_SLACK_S
+    hits = index.delta("vllm:prefix_cache_hits_total", m0, m1)
+    queries = index.delta("vllm:prefix_cache_queries_total", m0, m1)
+    total["metrics"] = {"prefix_cache_hits": hits, "prefix_cache_queries": queries,
+                        "hit_share": hits / queries if hits is not None and queries else None}
+    numbers = {"status": "measured", "block_size": geometry.block, "block_size_known": geometry.block_known,
+               "checkpoint_tokens": geometry.align, "families": families, "run": total, "design": scenarios,
+               "evidence_gaps": thin}
+    return numbers, findings
+
+
+def apply_reuse(pillar: Any, data: Any, index: Any, limits: dict[str, float], config: dict[str, str]) -> None:
+    """Adds numbers.reuse to the prefix_cache pillar, its findings as reasons; a server finding with enough
+    evidence fails the pillar (the samples' own design never does: that is the harness's to fix)."""
+    numbers, findings = judge_reuse(data, index, limits, config)
+    pillar.numbers["reuse"] = numbers
+    said = [f for f in findings if f.status in ("fail", "finding", "inconclusive")]
+    pillar.reasons += [f"reuse: {f.reason}" for f in said]
+    if any(f.fails for f in findings) and pillar.status != "fail":
+        pillar.status = "fail"
+        pillar.reasons = [f"reuse: {f.reason}" for f in findings if f.fails] + \
+            [r for r in pillar.reasons if not any(r == f"reuse: {f.reason}" for f in findings if f.fails)]
