@@ -95,6 +95,8 @@ HELP: dict[str, str] = {
                                      "stays in reasoning; content empty, no calls, finish_reason stop "
                                      "(vllm#53246; needs --reasoning-tokens > 0)",
     "oom_kv_demand_tokens": "fault: crash with a CUDA-OOM line when queued+running KV demand passes this (0: off)",
+    "ignore_disconnect_rate": "fault: the request keeps decoding to its end after the client went away (a "
+                              "gateway that does not pass the disconnect on): KV and batch seat stay taken, no abort",
 }
 
 

@@ -59,6 +59,7 @@ class FaultProfile:
     parallel_call_merge_rate: float = 0.0  # streamed, 2+ calls: the second's arguments under the first's index
     parallel_call_duplicate_rate: float = 0.0  # streamed: one call sent again, same id, new index
     missing_think_transition_rate: float = 0.0  # no think-to-answer transition: all left in reasoning (vllm#53246)
+    ignore_disconnect_rate: float = 0.0  # the engine keeps decoding after its client left (a gateway not passing it on)
     skip_tool_call_rate: float = 0.0  # a model answering in prose where it should call a tool (model_output)
 
 

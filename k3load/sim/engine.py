@@ -210,6 +210,8 @@ class Engine:
             piece = seq.plan.pieces[seq.generated]
             seq.generated += 1
             self._time_token(seq, now)
+            if self.metrics.enabled:  # per token, as vLLM counts each step's: it rises while a request decodes
+                self.metrics.labels(self.metrics.gen_tokens).inc()
             seq.queue.put_nowait((piece, now))
             if seq.generated >= len(seq.plan.pieces):
                 self._finish(seq, now)
@@ -255,7 +257,6 @@ class Engine:
         m.labels(m.req_max_gen).observe(seq.max_tokens)
         m.labels(m.req_n).observe(1)
         m.labels(m.req_preemptions).observe(seq.preemptions)
-        m.labels(m.gen_tokens).inc(seq.generated)
         m.labels(m.e2e).observe(now - seq.arrival_ts)
         m.labels(m.req_prompt).observe(prompt)
         m.labels(m.req_gen).observe(seq.generated)

@@ -44,6 +44,7 @@ class FaultDecision:
     parallel_call_duplicate: bool = False
     missing_think_transition: bool = False
     skip_tool_call: bool = False  # the model answers in prose where it should call a tool
+    ignore_disconnect: bool = False  # the engine keeps decoding after the client left (no abort)
 
 
 def decide(profile: FaultProfile, rng: random.Random, time_scale: float) -> FaultDecision:
@@ -72,7 +73,7 @@ def decide(profile: FaultProfile, rng: random.Random, time_scale: float) -> Faul
     decision = dataclasses.replace(decision, connection_reset=hit_if_set(profile.connection_reset_rate),
                                    midstream_reset=hit_if_set(profile.midstream_reset_rate),
                                    weak_answer=hit_if_set(profile.weak_answer_rate))
-    return dataclasses.replace(  # keyword arguments are evaluated in order: the draws keep this order
+    decision = dataclasses.replace(  # keyword arguments are evaluated in order: the draws keep this order
         decision, stream_empty_tool_calls=hit_if_set(profile.stream_empty_tool_calls_rate),
         tool_args_burst_s=profile.tool_args_burst_ms * time_scale / 1000
         if hit_if_set(profile.tool_args_burst_rate) else 0.0,
@@ -81,6 +82,8 @@ def decide(profile: FaultProfile, rng: random.Random, time_scale: float) -> Faul
         parallel_call_duplicate=hit_if_set(profile.parallel_call_duplicate_rate),
         missing_think_transition=hit_if_set(profile.missing_think_transition_rate),
         skip_tool_call=hit_if_set(profile.skip_tool_call_rate))
+    # the serving side: a disconnect that never reaches the engine (drawn after every model fault)
+    return dataclasses.replace(decision, ignore_disconnect=hit_if_set(profile.ignore_disconnect_rate))
 
 
 def _as_content(text: str) -> list[Piece]:

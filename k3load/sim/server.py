@@ -14,6 +14,7 @@ import json
 import logging
 import random
 import signal
+import sys
 from collections import OrderedDict
 from typing import Any
 
@@ -199,7 +200,9 @@ class SimServer:
             self._count_parser(body, seq, streaming=False)
             return response
         finally:
-            self.engine.abort(seq)  # no-op when it finished; frees KV when the client went away
+            if not (fault.ignore_disconnect and sys.exc_info()[0] is not None):
+                self.engine.abort(seq)  # no-op when it finished; frees KV when the client went away
+            # else the fault: the client went away and the engine never hears of it, decoding on to the end
 
     def _usage(self, seq: Sequence) -> dict[str, Any]:
         cache = None
