@@ -1,0 +1,155 @@
+"""`k3load diff A B` and a reference run, on three short real runs against the sim (issue 15, parts 1-2).
+
+Why three runs once per module: A and B are the same healthy sim run side by side (at the same time,
+so they share the machine's noise), C is a sim whose model skips a share of tool calls, run with
+`--k3-reference A`. Every test reads those three directories: the diff of a healthy pair (F1 near 1,
+nothing changed beyond noise, exit 0), the diff against the skipping model (recall down, exit 6), the
+reference judged inside C's acceptance, and `k3load analyze --reference` re-judging without new runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from k3load.sim.process import SimProcess
+from tests.conftest import FAST_SIM
+from tests.test_verdicts import ROOT, accept
+
+pytestmark = pytest.mark.slow
+
+# Short: about 8 s of stages per run; the agent family only (its tool-call turns are what is compared).
+STAGES = [
+    {"name": "load", "kind": "load", "duration_s": 4, "users": 4, "mix": {"agent": 1}},
+    {"name": "concurrency", "kind": "concurrency", "duration_s": 2, "steps": [2, 6], "mix": {"agent": 1}},
+]
+SKIP = ["--skip-tool-call-rate", "0.5"]
+
+
+def _run(base: Path, name: str, sim_args: list[str], reference: Path | None = None) -> Path:
+    """One acceptance run in its own directory, its sim stopped whatever happens."""
+    where = base / name
+    where.mkdir()
+    sims: list[SimProcess] = []
+
+    def start_sim(*args: str) -> SimProcess:
+        sims.append(SimProcess([*FAST_SIM, *args], where / f"sim-{len(sims)}.log").start())
+        return sims[-1]
+
+    options = (lambda sim: ["--k3-reference", str(reference)]) if reference else (lambda sim: [])
+    try:
+        return accept(start_sim, where, sim_args, stages=STAGES, options=options)[2]
+    finally:
+        for sim in sims:
+            sim.stop()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A and B (healthy, side by side), then C (skips tool calls) judged against A as its reference."""
+    base = tmp_path_factory.mktemp("diff")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        a, b = pool.submit(_run, base, "a", []), pool.submit(_run, base, "b", [])
+        dirs = {"a": a.result(), "b": b.result()}
+    dirs["c"] = _run(base, "c", SKIP, reference=dirs["a"])
+    return dirs
+
+
+def _diff(a: Path, b: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "k3load", "diff", str(a), str(b), *extra], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_healthy_pair_agrees_with_nothing_changed_beyond_noise(runs):
+    done = _diff(runs["a"], runs["b"], "--json")
+    result = json.loads(done.stdout)
+    assert done.returncode == 0 and result["exit_code"] == 0 and result["worse"] == [], result["worse"]
+    trigger = result["agreement"]["trigger"]
+    assert result["agreement"]["comparable"] >= 20 and trigger["tp"] > 0 and trigger["tn"] > 0
+    assert trigger["f1"] >= 0.99 and trigger["f1_ci95"][0] >= 0.9 and trigger["recall"]["rate"] >= 0.99, trigger
+    assert result["agreement"]["tool_name_agreement"]["rate"] == 1.0
+    schema = result["agreement"]["schema_accuracy"]
+    assert schema["reference"]["n"] > 0 and schema["drop_ci95"][0] <= 0 <= schema["drop_ci95"][1]
+    assert result["verdicts"]["a"] == result["verdicts"]["b"]
+    assert {p: v["a"] for p, v in result["pillars"].items()} == {p: v["b"] for p, v in result["pillars"].items()}
+    stages = {row["stage"]: row for row in result["stages"]}
+    assert set(stages) == {"load", "concurrency-c2", "concurrency-c6"} and all(r["in"] == "both" for r in stages.values())
+    for row in stages.values():
+        moved = {m: f for m, f in row["measures"].items() if f["changed_beyond_noise"]}
+        assert not moved, (row["stage"], moved)
+        assert row["measures"]["ttft_p95_ms"]["a"]["ci95"][0] <= row["measures"]["ttft_p95_ms"]["a"]["value"]
+    text = _diff(runs["a"], runs["b"])
+    assert text.returncode == 0 and "No regression of B" in text.stdout
+    assert "| tool-call trigger F1 | 1.000" in text.stdout and "| load | ttft_p95_ms |" in text.stdout
+
+
+def test_a_model_that_skips_tool_calls_loses_recall_and_fails_the_diff(runs):
+    done = _diff(runs["a"], runs["c"], "--json")
+    result = json.loads(done.stdout)
+    assert done.returncode == 6 == result["exit_code"], result["worse"]
+    trigger = result["agreement"]["trigger"]
+    assert trigger["fn"] > 0 and trigger["recall"]["ci95"][1] < 0.9 and trigger["precision"]["rate"] == 1.0, trigger
+    assert any("trigger F1" in w for w in result["worse"])
+    skipped = [t for t in result["agreement"]["by_turn"] if t["reference_label"] == "tool_call" and t["fn"]]
+    assert skipped and result["agreement"]["disagreeing_by_layer"] == {"model_output": trigger["fn"]}
+    assert result["agreement"]["finish_reasons"]["run"]["stop"]["rate"] > \
+        result["agreement"]["finish_reasons"]["reference"]["stop"]["rate"]
+    text = _diff(runs["a"], runs["c"])
+    assert text.returncode == 6 and "B is worse than A beyond the plan's thresholds (exit 6)" in text.stdout
+    assert "| trigger recall |" in text.stdout
+
+
+def test_the_reference_run_is_judged_in_the_acceptance_and_named(runs):
+    """C ran with --k3-reference A: reference.json names A; the agent pillar fails on recall, layer
+    model_output; `k3load analyze` on a copy re-judges from the directory alone, byte for byte."""
+    a, c = runs["a"], runs["c"]
+    record = json.loads((c / "reference.json").read_text())
+    assert record["run_id"] == json.loads((a / "run.json").read_text())["run_id"]
+    assert record["manifest_sha256"] == hashlib.sha256((a / "manifest.sha256").read_bytes()).hexdigest()
+    verdict = json.loads((c / "verdict.json").read_text())
+    agent = verdict["pillars"]["agent_api"]
+    assert agent["status"] == "fail"
+    assert any(r.startswith(f"model_output: against reference {record['run_id']}: trigger F1") for r in agent["reasons"])
+    reference = agent["numbers"]["reference"]
+    assert reference["run_id"] == record["run_id"] and reference["trigger"]["fn"] > 0
+    assert {r["id"]: r["status"] for r in agent["numbers"]["rules"]}["agent.reference_trigger_f1"] == "fail"
+    assert "## Agreement with the reference run" in (c / "report.md").read_text()
+    assert "Agreement with the reference run" in (c / "report.html").read_text()
+    copy = c.parent / "c-copy"
+    shutil.copytree(c, copy)
+    before = (copy / "verdict.json").read_bytes()
+    (copy / "verdict.json").unlink()
+    again = subprocess.run([sys.executable, "-m", "k3load", "analyze", str(copy)], cwd=ROOT, capture_output=True,
+                           text=True)
+    codes = {"go": 0, "limited": 3, "rebuild": 4, "scale_up": 5}
+    assert again.returncode == codes[verdict["verdict"]] and (copy / "verdict.json").read_bytes() == before
+
+
+def test_analyze_reference_rejudges_a_run_without_running_it_again(runs, tmp_path):
+    b = tmp_path / "b"
+    shutil.copytree(runs["b"], b)
+    done = subprocess.run([sys.executable, "-m", "k3load", "analyze", str(b), "--reference", str(runs["a"])],
+                          cwd=ROOT, capture_output=True, text=True)
+    agent = json.loads((b / "verdict.json").read_text())["pillars"]["agent_api"]
+    rules = {r["id"]: r for r in agent["numbers"]["rules"]}
+    assert rules["agent.reference_trigger_f1"]["status"] == "pass", done.stdout
+    assert rules["agent.reference_trigger_f1"]["interval"][0] >= 0.9
+    assert agent["numbers"]["reference"]["path"] == str(runs["a"].resolve())
+    assert "reference.json" in (b / "manifest.sha256").read_text()  # the reference record is signed with the run
+    bad = subprocess.run([sys.executable, "-m", "k3load", "analyze", str(b), "--reference", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "not a judged run directory" in bad.stderr
+
+
+def test_diff_refuses_what_is_not_a_run_directory(runs, tmp_path):
+    missing = _diff(tmp_path / "nowhere", runs["b"])
+    assert missing.returncode == 2 and "not a run directory" in missing.stderr
+    empty = _diff(runs["a"], tmp_path)
+    assert empty.returncode == 2 and "no records.jsonl" in empty.stderr and not empty.stdout
