@@ -25,7 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from k3load.analysis.pillar import PillarResult
+from k3load.analysis.rundata import RunData
 from k3load.analysis.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, wilson
+from k3load.analysis.timeline import MetricIndex
 from k3load.records import Attempt
 
 DEFAULT_BLOCK = 16  # vLLM's default block size, used only when vllm:cache_config_info was not scraped
@@ -252,7 +255,7 @@ def geometry_of(config: dict[str, str]) -> Geometry:
     return Geometry(block or DEFAULT_BLOCK, align, block is not None)
 
 
-def _thin(data: Any, index: Any, limits: dict[str, float], config: dict[str, str], t0: float, t1: float,
+def _thin(index: MetricIndex, limits: dict[str, float], config: dict[str, str], t0: float, t1: float,
           rows: list[Attempt]) -> list[str]:
     """Why a shortfall may say nothing about the cache: eviction under capacity, an unknown geometry."""
     why = []
@@ -275,7 +278,7 @@ def _thin(data: Any, index: Any, limits: dict[str, float], config: dict[str, str
     return why
 
 
-def judge_reuse(data: Any, index: Any, limits: dict[str, float], config: dict[str, str]
+def judge_reuse(data: RunData, index: MetricIndex, limits: dict[str, float], config: dict[str, str]
                 ) -> tuple[dict[str, Any], list[Finding]]:
     """numbers.reuse of the prefix_cache pillar and the findings (see the module doc)."""
     design = data.reuse_design
@@ -294,7 +297,7 @@ def judge_reuse(data: Any, index: Any, limits: dict[str, float], config: dict[st
     designed = designed_tokens(data.attempts, design, geometry)
     t0 = data.stages[0].start_ts if data.stages else min((a.send_ts for a in attempts), default=0.0)
     t1 = data.stages[-1].end_ts if data.stages else max((a.end_ts for a in attempts), default=0.0)
-    thin = _thin(data, index, limits, config, t0, t1, attempts)
+    thin = _thin(index, limits, config, t0, t1, attempts)
     scenarios = scenario_design(design)
     families: dict[str, dict[str, Any]] = {}
     findings = []
@@ -318,7 +321,8 @@ def judge_reuse(data: Any, index: Any, limits: dict[str, float], config: dict[st
     return numbers, findings
 
 
-def apply_reuse(pillar: Any, data: Any, index: Any, limits: dict[str, float], config: dict[str, str]) -> None:
+def apply_reuse(pillar: PillarResult, data: RunData, index: MetricIndex, limits: dict[str, float],
+                config: dict[str, str]) -> None:
     """Adds numbers.reuse to the prefix_cache pillar, its findings as reasons; a server finding with enough
     evidence fails the pillar (the samples' own design never does: that is the harness's to fix)."""
     numbers, findings = judge_reuse(data, index, limits, config)
