@@ -48,7 +48,8 @@ def attempt(scenario: str, turn: int, called: bool, *, status: str = "ok", drill
                    scenario=scenario, family="agent", turn=turn, turn_kind="tool_call", user_id="u",
                    request_sha256="x", prefix_sha256="p", transport="t", status=status, send_ts=0.0, end_ts=1.0,
                    finish_reason=("tool_calls" if called else "stop") if status == "ok" else None,
-                   tool_calls=calls if called and status == "ok" else [], findings=findings, primary_layer=layer, drill=drill)
+                   tool_calls=calls if called and status == "ok" else [], findings=findings, primary_layer=layer,
+                   drill=drill)
 
 
 def reference_attempts() -> list[Attempt]:
@@ -149,3 +150,17 @@ def test_sim_skip_tool_call_draws_last_and_answers_in_prose():
     assert {p.kind for p in prose.pieces} == {"reasoning", "content"}
     answer = OutputPlan([Piece("content", "hi"), Piece("content", "")], "stop")
     assert apply_to_plan(answer, FaultDecision(skip_tool_call=True)) == answer  # nothing to skip
+
+
+def test_plans_carry_the_diff_and_reference_thresholds_and_reject_unknown_ones():
+    from k3load.plan import PlanError, parse_plan
+
+    stages = [{"name": "load", "kind": "load", "duration_s": 1, "users": 1, "mix": {"agent": 1}}]
+    plan = parse_plan({"name": "p", "stages": stages, "thresholds": {
+        "diff": {"min_trigger_f1": 0.8, "max_latency_p95_increase": 1.0},
+        "agent_api": {"min_reference_trigger_f1": 0.95, "min_reference_attempts": 50}}}, "p.yaml", "")
+    limits = thresholds(plan.thresholds)
+    assert limits["diff"]["min_trigger_f1"] == 0.8 and limits["diff"]["max_throughput_drop"] == 0.3
+    assert limits["agent_api"]["min_reference_trigger_f1"] == 0.95
+    with pytest.raises(PlanError, match="min_trigger_recall"):
+        parse_plan({"name": "p", "stages": stages, "thresholds": {"diff": {"min_trigger_recall": 0.9}}}, "p.yaml", "")
