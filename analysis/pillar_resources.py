@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from k3load.analysis.drain import drain_audit, drain_reasons
 from k3load.analysis.health import CUT_STATUSES, DETECTION_S, DownSpell, down_spells
 from k3load.analysis.input_size import input_tokens
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResult
+from k3load.analysis.restart_drill import drill_reason, planned_down, planned_windows, restart_drill
 from k3load.analysis.rules import texts
 from k3load.analysis.rundata import RunData
 from k3load.analysis.stages import stage_problems, stage_stats
@@ -41,8 +43,9 @@ def _crash_times(data: RunData, spells: list[DownSpell]) -> list[dict[str, Any]]
     health-check flap (requests answered while /health said down) is not a crash."""
     crashes: list[dict[str, Any]] = []
     flaps = {spell.down_ts for spell in spells if spell.flap}
+    planned = planned_windows(data)  # the restart drill's own down spell is no crash
     for event in data.events_named(*CRASH_EVENTS):
-        if event["event"] == "server_down" and event["ts"] in flaps:
+        if (event["event"] == "server_down" and event["ts"] in flaps) or planned_down(event["ts"], planned):
             continue
         if crashes and event["ts"] - crashes[-1]["last_ts"] < 30:
             crashes[-1]["events"].append(event)
@@ -167,6 +170,12 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
             saturated.append(stats["stage"])  # our own client was the bottleneck: not the server's latency
             continue
         reasons.append(f"stage {stats['stage']} ({stats['users']} users): " + "; ".join(texts(stats["problems"])))
+    numbers["drain"] = drain_audit(data, index, limits)  # after every stage: was everything let go?
+    numbers["restart_drill"] = restart_drill(data, table)
+    reasons += drain_reasons(numbers["drain"])
+    drill = drill_reason(numbers["restart_drill"])
+    if numbers["restart_drill"]["status"] == FAIL and drill:
+        reasons.append(drill)
     if reasons:
         return PillarResult(FAIL, reasons, numbers), table
     if saturated:
@@ -180,4 +189,4 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
     gpu_note = "" if any(s["gpu_memory_peak_mib"] is not None for s in table) else \
         " (GPU telemetry unavailable: memory headroom not judged)"
     return PillarResult(PASS, [f"all {len(table)} stages within the SLOs and resource limits, no crash"
-                               + gpu_note], numbers), table
+                               + gpu_note] + ([drill] if drill else []), numbers), table

@@ -11,7 +11,7 @@ import hashlib
 import time
 from typing import Any
 
-from k3load.analysis import report_reference, report_reuse, report_tool_calls
+from k3load.analysis import report_drain, report_reference, report_reuse, report_tool_calls
 from k3load.analysis.markdown import fmt, table
 
 LABELS = {"go": "導入可 — go", "limited": "制限付き観察 — limited", "rebuild": "環境再構築 — rebuild",
@@ -58,7 +58,8 @@ def _sections(j: Any) -> list[str]:
     out.append(report_reuse.markdown(cache))
     out.append("## Stages\n\n" + table(j.stage_table, STAGE_COLUMNS)
                + "".join(f"\n- {s['stage']}: " + _breaches(s["problems"]) for s in j.stage_table if s["problems"]))
-    out.append(_ramp(j) + _crashes(j) + _agent(j) + report_tool_calls.markdown(j.pillars["agent_api"].numbers)
+    out.append(_ramp(j) + _crashes(j) + report_drain.markdown(j.pillars["resources"].numbers)
+               + _agent(j) + report_tool_calls.markdown(j.pillars["agent_api"].numbers)
                + report_reference.markdown(j.pillars["agent_api"].numbers))
     out.append(f"## Signature\n\n| field | value |\n|---|---|\n| judge | {h['judge'] or '________'} |\n"
                f"| date | {h['date']} |\n| samples used | samples.sha256 (sha256 {h['samples']}…) |\n"

@@ -13,6 +13,7 @@ import pandas as pd
 
 from k3load.analysis.health import DownSpell, down_spells
 from k3load.analysis.pillar import percentile
+from k3load.analysis.restart_drill import planned_down, planned_windows
 from k3load.analysis.rules import breach
 from k3load.analysis.rundata import RunData, StageWindow
 from k3load.analysis.stats import wilson
@@ -96,7 +97,9 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
     preemptions = index.delta("vllm:num_preemptions_total", t0, t1)
     spells = down_spells(data) if spells is None else spells
     flaps = {spell.down_ts for spell in spells if spell.flap}
-    downs = [e for e in data.events_named("server_down") if t0 <= e["ts"] <= t1 and e["ts"] not in flaps]
+    planned = planned_windows(data)  # the restart drill's down on purpose is not the stage's
+    downs = [e for e in data.events_named("server_down") if t0 <= e["ts"] <= t1 and e["ts"] not in flaps
+             and not planned_down(e["ts"], planned)]
     cpu = [m["load_generator_cpu_pct"] for m in data.metrics
            if t0 <= m.get("ts", 0) <= t1 and m.get("load_generator_cpu_pct") is not None]
     return {

@@ -80,6 +80,8 @@ class Restarter:
     def __call__(self, record: dict[str, Any]) -> None:
         if record.get("event") != "server_down" or record.get("first_poll"):
             return
+        if getattr(self.session.restart_drill, "active", False):
+            return  # the restart drill took the server down on purpose and is bringing it back itself
         if self.started >= self.max_restarts or (self._running and self._running.poll() is None):
             return
         self.started += 1
@@ -99,3 +101,15 @@ def watch_restarts(session: Any) -> Restarter | None:
     restarter = Restarter(session, opts.k3_restart_cmd, opts.k3_max_restarts)
     session.events.listeners.append(restarter)
     return restarter
+
+
+def stage_ends(session: Any) -> tuple[Any, Any]:
+    """Master/local: the drain window after each plan stage (bounded by the plan's resources.max_drain_s)
+    and, with --k3-restart-cmd, the restart stage's drill (bounded by resources.max_restart_s)."""
+    from k3load.loadgen.drain import StageDrain
+    from k3load.loadgen.restart_drill import RestartDrill
+
+    limits = session.limits["resources"]
+    command = session.env.parsed_options.k3_restart_cmd
+    drill = RestartDrill(session, command, limits["max_restart_s"]) if command else None
+    return StageDrain(session, limits["max_drain_s"]), drill

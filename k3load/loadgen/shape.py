@@ -29,17 +29,36 @@ class PlanShape(LoadTestShape):
         except (RuntimeError, ValueError, OSError) as exc:
             session.fail(str(exc))  # a dead server or a bad scenario/plan: say so and end the run cleanly
             return None
-        stage = session.plan.stage_at(self.get_run_time()) if session.plan else None
+        stage = self._planned(session)
+        drain = session.drain
+        if drain is not None and drain.due(session.stage, stage):
+            if self.runner.user_count > 0:
+                return 0, max(stage.users if stage else 0, 100), None  # every client of the stage leaves first
+            drain.run(session.stage)  # bounded; the plan's clock waits
+            stage = self._planned(session)
         if stage is None:
             return None
-        classes = [USER_CLASSES[family] for family in sorted(stage.mix)]
         if session.stage is None or session.stage.name != stage.name:
-            if self._must_drain(session.stage, stage) and self.runner.user_count > 0:
+            drill = session.restart_drill
+            drills = drill is not None and drill.due(stage)
+            if (self._must_drain(session.stage, stage) or drills) and self.runner.user_count > 0:
                 return 0, max(stage.users, 100), None  # finish the old mix's turns first
-            session.enter_stage(stage)
+            if drills:
+                before, stage = session.stage, drill.held(stage, session.stage)
+                session.enter_stage(stage)
+                drill.run(stage, before)  # restart on purpose, then hold the load before it; the clock waits
+            else:
+                session.enter_stage(stage)
+        stage = session.stage  # as entered (a drilled restart stage holds the load before it)
+        classes = [USER_CLASSES[family] for family in sorted(stage.mix)]
         for user_class in classes:
             user_class.weight = stage.mix[user_class.family]
         return stage.users, stage.spawn_rate, classes
+
+    def _planned(self, session: Any) -> Any:
+        """The plan's stage now, on a clock that stood still during drain windows and restart drills."""
+        paused = sum(getattr(x, "paused_s", 0.0) for x in (session.drain, session.restart_drill) if x is not None)
+        return session.plan.stage_at(self.get_run_time() - paused) if session.plan else None
 
     @staticmethod
     def _must_drain(old: Any, new: Any) -> bool:

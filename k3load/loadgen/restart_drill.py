@@ -1,0 +1,125 @@
+"""The restart drill: at the `restart` stage, with --k3-restart-cmd, the server is restarted on purpose
+and then has to hold the load that ran before it.
+
+Why on purpose: "it came back once after a crash" proves little, and a run without a crash proved
+nothing about restarts at all. The spec's restart check is that after a restart the server recovers
+under the same load; so the drill drains (the stage before it ends with its drain window and every
+user stopped), runs the restart command while the server is up, watches /health and /v1/models until
+both answer again (bounded by `resources.max_restart_s`), and only then starts the users again: the
+stage before's users and family mix, for the stage's own duration_s (the plan's clock stands still
+during the restart). The analysis (k3load.analysis.restart_drill) judges the hold with the stage's
+SLO and error checks and reads the time to the first good answer from the records.
+
+The restart command must restart a RUNNING server (`systemctl restart vllm`, `docker restart NAME`,
+a script that stops the pidfile's process then starts it again) and start a stopped one (the crash
+path, k3load.loadgen.observe.Restarter, runs the same command after a crash). It may return at once
+or keep running in the foreground (an `exec`ed server); its output goes to DIR/restart-drill.log,
+redacted. While the drill runs, a `server_down` does not start the crash path's restart.
+
+Events (events.jsonl): restart_drill_start {stage, held_from, users, mix, up_before, log, pid},
+restart_drill_down {down_s} (when /health first failed), restart_drill_ready {time_to_ready_s,
+down_seen, command_rc} or restart_drill_failed {why, waited_s, command_rc}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gevent
+import httpx
+
+from k3load.loadgen.redact_lines import copy_redacted
+
+log = logging.getLogger("k3load")
+POLL_S = 0.25
+PROBE_TIMEOUT_S = 2.0
+EXIT_GRACE_S = 10.0  # a command that signals the server and returns: the server may take this long to stop
+
+
+class RestartDrill:
+    """Master/local, one per run. `probe()` says whether the server answers (tests inject one)."""
+
+    def __init__(self, session: Any, command: str, bound_s: float, probe: Callable[[], bool] | None = None,
+                 poll_s: float = POLL_S, clock: Callable[[], float] = time.time) -> None:
+        self.session, self.command, self.bound_s, self.poll_s, self.clock = session, command, bound_s, poll_s, clock
+        self.probe = probe or self._probe
+        self.active = False  # the crash path stays out while this is set
+        self.paused_s = 0.0
+        self.ran: set[str] = set()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def held(self, stage: Any, before: Any) -> Any:
+        """The restart stage as it is held: the users, spawn rate and mix of the stage before it."""
+        if before is None:
+            return stage
+        return dataclasses.replace(stage, users=before.users, spawn_rate=before.spawn_rate, mix=dict(before.mix))
+
+    def due(self, stage: Any) -> bool:
+        return stage.kind == "restart" and stage.name not in self.ran
+
+    def run(self, stage: Any, before: Any) -> bool:
+        """Restart now (every user has stopped); True when the server answered again within the bound."""
+        self.ran.add(stage.name)
+        self.active = True
+        start = self.clock()
+        try:
+            return self._drill(stage, before, start)
+        finally:
+            self.paused_s += self.clock() - start
+            self.active = False
+
+    def _drill(self, stage: Any, before: Any, start: float) -> bool:
+        events = self.session.events
+        up_before = self.probe()
+        log_path = self.session.run_dir / "restart-drill.log"
+        self.process = subprocess.Popen(["bash", "-c", self.command], stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        copy_redacted(self.process, log_path)
+        events.event("restart_drill_start", stage=stage.name, held_from=before.name if before else None,
+                     users=stage.users, mix=stage.mix, up_before=up_before, log=log_path.name, pid=self.process.pid)
+        log.warning("k3load: restart drill: restart command started (stage %s)", stage.name)
+        down_ts: float | None = None
+        exited_ts: float | None = None
+        while self.clock() - start < self.bound_s:
+            up = self.probe()
+            if not up and down_ts is None:
+                down_ts = self.clock()
+                events.event("restart_drill_down", down_s=round(down_ts - start, 3))
+            rc = self.process.poll()
+            if up and (down_ts is not None or not up_before):
+                events.event("restart_drill_ready", time_to_ready_s=round(self.clock() - start, 3),
+                             down_seen=down_ts is not None, command_rc=rc)
+                return True
+            if up and rc is not None and rc != 0:
+                return self._failed(start, f"the restart command exited {rc} and the server never went down: "
+                                    "it was not restarted (see restart-drill.log)", rc)
+            exited_ts = exited_ts or (self.clock() if rc is not None else None)
+            if up and exited_ts is not None and self.clock() - exited_ts > EXIT_GRACE_S:
+                return self._failed(start, f"the restart command finished {EXIT_GRACE_S:.0f} s ago and the server "
+                                    "never went down: it was not restarted (the command must restart a running "
+                                    "server)", rc)
+            gevent.sleep(self.poll_s)
+        why = ("the server never went down" if down_ts is None
+               else f"the server did not answer /health and /v1/models again within {self.bound_s:.0f} s")
+        return self._failed(start, why + f" (resources.max_restart_s {self.bound_s:.0f})", self.process.poll())
+
+    def _failed(self, start: float, why: str, rc: int | None) -> bool:
+        self.session.events.event("restart_drill_failed", why=why, waited_s=round(self.clock() - start, 3),
+                                  command_rc=rc)
+        log.error("k3load: restart drill failed: %s", why)
+        return False
+
+    def _probe(self) -> bool:
+        """/health and /v1/models both answer 200 (vLLM serves /v1/models only once the engine is up)."""
+        host = self.session.env.host.rstrip("/")
+        try:
+            with self.session._api_client() as client:
+                return all(client.get(f"{host}{path}", timeout=PROBE_TIMEOUT_S).status_code == 200
+                           for path in ("/health", "/v1/models"))
+        except httpx.HTTPError:
+            return False

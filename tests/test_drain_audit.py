@@ -1,0 +1,84 @@
+"""The drain audit on the sim: a healthy server lets go of everything after each stage; a server that
+keeps decoding for clients that left (a gateway not passing the disconnect on) is caught, with the
+tokens it spent for nobody, as a resources failure of the server layer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_verdicts import accept
+
+pytestmark = pytest.mark.slow
+
+# Two plan stages with different mixes (a drain window after each); the agent family plays the timeout drill.
+HEALTHY_STAGES = [
+    {"name": "load", "kind": "load", "duration_s": 4, "users": 4, "mix": {"agent": 3, "shared_prefix": 1}},
+    {"name": "soak", "kind": "soak", "duration_s": 3, "users": 3, "mix": {"agent": 1, "cold": 1}},
+]
+# Long answers whose client leaves after 0.4 s; the engine at model speed (time scale 1) decodes each for ~5 s.
+LONG_ANSWER = """name: long_answer_left
+family: cold
+description: A long answer whose client leaves after 0.4 s (the drain audit's departed clients).
+system_prompt: |
+  You are a patient writer of long answers.
+defaults:
+  max_tokens: 1500
+  timeout_s: 0.4
+turns:
+  - user: Write a long essay about rivers.
+    expect: {kind: answer}
+"""
+
+
+def _events(out: Path, name: str) -> list[dict]:
+    return [e for e in map(json.loads, (out / "events.jsonl").read_text().splitlines()) if e["event"] == name]
+
+
+def test_healthy_sim_drains_after_every_stage(start_sim, tmp_path):
+    verdict, _, out = accept(start_sim, tmp_path, [], stages=HEALTHY_STAGES)
+    resources = verdict["pillars"]["resources"]
+    rows = {r["stage"]: r for r in resources["numbers"]["drain"]}
+    assert set(rows) == {"load", "soak"}
+    for row in rows.values():
+        assert row["status"] == "drained", row
+        assert row["running_after"] == 0 and row["waiting_after"] == 0, row
+        assert row["waited_s"] < 1.0 and row["bound_s"] == 10.0, row
+        assert row["kv_usage_after"] <= row["kv_usage_baseline"] + 0.02, row
+        assert row["tokens_after_clients_left"] is not None and row["tokens_after_clients_left"] < 50, row
+        assert row["server_aborts"] is not None, row
+    assert rows["load"]["timeout_drills"] > 0  # the agent family's timeout drill ran in the stage
+    assert resources["status"] == "pass", resources["reasons"]
+    assert not any("drain audit" in r for r in resources["reasons"])
+    drains = _events(out, "stage_drain")
+    assert [d["stage"] for d in drains] == ["load", "soak"] and all(d["drained"] for d in drains)
+    starts = {e["stage"]: e["ts"] for e in _events(out, "stage_start")}
+    assert drains[0]["ts"] < starts["soak"]  # the window comes before the next stage starts
+    report = (out / "report.md").read_text()
+    assert "## Drain audit" in report and "| load | drained |" in report
+    assert "Drain audit" in (out / "report.html").read_text()
+
+
+def test_server_decoding_for_departed_clients_does_not_drain(start_sim, tmp_path):
+    scenarios = tmp_path / "scenarios"
+    scenarios.mkdir()
+    (scenarios / "long_answer_left.yaml").write_text(LONG_ANSWER)
+    sim = ["--ignore-disconnect-rate", "1", "--time-scale", "1", "--answer-tokens-min", "1200",
+           "--answer-tokens-max", "1400", "--reasoning-tokens", "0"]
+    stages = [{"name": "orphans", "kind": "load", "duration_s": 3, "users": 2, "mix": {"cold": 1}}]
+    verdict, code, out = accept(start_sim, tmp_path, sim, scenarios=str(scenarios / "*.yaml"), stages=stages,
+                                thresholds={"resources": {"max_drain_s": 1.5}})
+    resources = verdict["pillars"]["resources"]
+    (row,) = resources["numbers"]["drain"]
+    assert row["status"] == "not_drained", row
+    assert row["clients_left_early"] > 0 and row["running_when_clients_left"] > 0, row
+    assert row["running_after"] > 0 and 1.5 <= row["waited_s"] < 3, row
+    assert row["tokens_after_clients_left"] > 100, row  # decoded for nobody while the window was open
+    assert row["server_aborts"] == 0, row  # the server never heard that its clients left
+    assert resources["status"] == "fail"
+    reason = next(r for r in resources["reasons"] if "drain audit" in r)
+    assert "(server layer)" in reason and "tokens generated after every client had left" in reason, reason
+    assert verdict["verdict"] == "limited" and code == 3  # fix the gateway, not the GPUs
+    assert "| orphans | not_drained |" in (out / "report.md").read_text()
