@@ -80,7 +80,8 @@ def test_healthy_pair_agrees_with_nothing_changed_beyond_noise(runs):
     assert result["verdicts"]["a"] == result["verdicts"]["b"]
     assert {p: v["a"] for p, v in result["pillars"].items()} == {p: v["b"] for p, v in result["pillars"].items()}
     stages = {row["stage"]: row for row in result["stages"]}
-    assert set(stages) == {"load", "concurrency-c2", "concurrency-c6"} and all(r["in"] == "both" for r in stages.values())
+    assert set(stages) == {"load", "concurrency-c2", "concurrency-c6"}
+    assert all(r["in"] == "both" for r in stages.values())
     for row in stages.values():
         moved = {m: f for m, f in row["measures"].items() if f["changed_beyond_noise"]}
         assert not moved, (row["stage"], moved)
@@ -116,7 +117,8 @@ def test_the_reference_run_is_judged_in_the_acceptance_and_named(runs):
     verdict = json.loads((c / "verdict.json").read_text())
     agent = verdict["pillars"]["agent_api"]
     assert agent["status"] == "fail"
-    assert any(r.startswith(f"model_output: against reference {record['run_id']}: trigger F1") for r in agent["reasons"])
+    said = f"model_output: against reference {record['run_id']}: trigger F1"
+    assert any(r.startswith(said) for r in agent["reasons"])
     reference = agent["numbers"]["reference"]
     assert reference["run_id"] == record["run_id"] and reference["trigger"]["fn"] > 0
     assert {r["id"]: r["status"] for r in agent["numbers"]["rules"]}["agent.reference_trigger_f1"] == "fail"
@@ -153,3 +155,15 @@ def test_diff_refuses_what_is_not_a_run_directory(runs, tmp_path):
     assert missing.returncode == 2 and "not a run directory" in missing.stderr
     empty = _diff(runs["a"], tmp_path)
     assert empty.returncode == 2 and "no records.jsonl" in empty.stderr and not empty.stdout
+
+
+def test_a_reference_that_is_not_a_judged_run_stops_the_run_before_any_request(tmp_path):
+    """Read before the server is even asked: exit 2, one line naming the reference, no run directory."""
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "agent.py"), "--headless",
+                           "--host", "http://127.0.0.1:9", "--k3-out", str(out), "--k3-recipe",
+                           "recipes/local-dev.yaml", "--k3-reference", str(tmp_path), "--only-summary"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"k3load: harness error: reference {tmp_path}: not a judged run directory" in \
+        done.stderr, done.stderr[-2000:]
+    assert not out.exists()
