@@ -1,18 +1,134 @@
 """`alerts.yaml`: Prometheus alerting rules for after go-live, from the limits this run accepted.
 
-Why generated: the thresholds that were proven here (KV ceiling, queue, TTFT SLO, GPU headroom) are
-exactly what must page someone when production drifts past them; the spec's rollback conditions
-(recurring OOM, persistent cache pressure, tool-call failures, leaving the official requirements)
-become rules too. Series names are vLLM's and dcgm-exporter's.
+Why generated: the thresholds that were proven here (KV ceiling, concurrency, input length, queue,
+TTFT SLO, GPU headroom) are exactly what must page someone when production drifts past them; the
+spec's rollback conditions (recurring OOM, persistent cache pressure, tool-call failures, leaving the
+official requirements) become rules too. Series names are vLLM's and dcgm-exporter's.
+
+Why the KV alert sits at the measured ceiling: the acceptance proved the deployment only up to the
+highest KV usage a stage within limits reached; above it is unproven. (It used to be clamped to at
+least 50%, which put the alert above what was ever seen.) A run that never loaded the KV cache has no
+ceiling: the plan's `max_kv_usage` is used and the file says so. A limit the run did not establish
+(no concurrency step held, no input length measured) gives no alert, with a comment saying why.
+`analysis/dashboard.py` draws the same figures (`accepted()`), so the panels and the pages agree.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from prometheus_client.utils import floatToGoString
 
-from k3load.analysis.pillar import thresholds
+from k3load.analysis.pillar import rounded, thresholds
+from k3load.sampler.prom import split_key
+
+PROMPT_BUCKET = "vllm:request_prompt_tokens_bucket"
+HIT_RATIO_FLOOR = 0.1  # production prefix-cache hit ratio under which the cache has collapsed
+PARSER_NO_CALL_CEILING = 0.5  # share of parser invocations that extract no tool call
+
+
+@dataclass(frozen=True)
+class PromptBucket:
+    """The histogram bucket a prompt-length limit is checked against: its bound and the `le` spellings
+    that may carry it (vLLM writes `10000.0`, Prometheus 3 may normalise, Go writes `1e+06`)."""
+
+    le: float
+    spellings: tuple[str, ...]
+
+    def matcher(self) -> str:
+        """`le=~"..."` without backslashes (`[.]`, `[+]`), so YAML and PromQL quoting need no escapes."""
+        forms = "|".join(s.replace(".", "[.]").replace("+", "[+]") for s in self.spellings)
+        return f'le=~"{forms}"'
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The limits the hand-over draws, each with where it comes from (`*_note`, said in the files)."""
+
+    limits: dict[str, dict[str, float]]  # the plan's thresholds, defaults filled in
+    kv_ceiling: float
+    kv_measured: bool
+    kv_note: str
+    max_concurrency: int | None
+    concurrency_note: str
+    max_input_tokens: int | None
+    input_bucket: PromptBucket | None
+    input_note: str
+    notes: list[str] = field(default_factory=list)  # YAML comments: fallbacks and omitted alerts
+
+
+def _kv(judgment: Any, plan_max: float) -> tuple[float, bool, str]:
+    measured = judgment.limits.get("kv_cache_usage_ceiling")
+    if measured is not None and measured > 0:
+        ceiling = min(rounded(float(measured)), plan_max)  # rounded as verdict.json states it
+        return ceiling, True, (f"the measured ceiling: the highest KV usage a stage within limits reached "
+                               f"({ceiling:.1%}); above it the deployment is unproven")
+    why = ("no stage within limits read vllm:kv_cache_usage_perc (metrics missing, or no stage held)"
+           if measured is None else "KV usage stayed at 0% in every stage within limits: the run never "
+           "loaded the KV cache")
+    return plan_max, False, f"no measured ceiling ({why}); the plan's max_kv_usage ({plan_max:.0%}) instead"
+
+
+def _concurrency(judgment: Any) -> tuple[int | None, str]:
+    users = judgment.limits.get("max_concurrency")
+    stepped = bool(judgment.ramp.get("steps"))
+    if users is None:
+        return None, ("no concurrency step held within limits" if stepped else "no stage held within limits")
+    ran_out = judgment.limits.get("ran_out_first")
+    where = (f"the largest concurrency step within limits ({users} users, one request in flight each"
+             + (f"; {ran_out} ran out above it)" if ran_out else ")")) if stepped else \
+        f"the largest stage within limits ({users} users; no concurrency ramp was run)"
+    return int(users), where
+
+
+def _bucket_bounds(metrics: list[dict[str, Any]]) -> dict[float, set[str]]:
+    """The prompt-length buckets the server exposed, from the last scrape that carried them."""
+    for line in reversed(metrics):
+        bounds: dict[float, set[str]] = {}
+        for key in line.get("samples") or {}:
+            if key.startswith(PROMPT_BUCKET + "{"):
+                le = split_key(key)[1].get("le")
+                if le is not None:
+                    bounds.setdefault(float(le), set()).add(le)
+        if bounds:
+            return bounds
+    return {}
+
+
+def _input(judgment: Any) -> tuple[int | None, PromptBucket | None, str]:
+    limit = judgment.limits.get("max_input_tokens")
+    if limit is None:
+        return None, None, "no input length was measured within limits (no answered request in a stage within " \
+                           "limits carried the server's prompt_tokens)"
+    bounds = _bucket_bounds(judgment.data.metrics)
+    if not bounds:
+        return int(limit), None, f"the run never scraped {PROMPT_BUCKET}: the server's bucket bounds are unknown"
+    above = [b for b in bounds if limit <= b < float("inf")]
+    if not above:
+        top = max((b for b in bounds if b < float("inf")), default=0)
+        return int(limit), None, (f"the server's largest finite prompt-length bucket ({top:.0f} tokens) is below the "
+                                  f"accepted {limit} tokens: its histogram cannot tell longer prompts apart")
+    le = min(above)
+    spellings = set(bounds[le]) | {floatToGoString(le), repr(le)} | ({str(int(le))} if le.is_integer() else set())
+    rounding = ("exactly at the limit" if le == limit else f"the nearest bound at or above it: prompts of "
+                f"{limit + 1}-{le:.0f} tokens pass unseen")
+    return int(limit), PromptBucket(le, tuple(sorted(spellings))), \
+        f"the accepted {limit} tokens, read from vLLM's prompt-length bucket le={le:.0f} ({rounding})"
+
+
+def accepted(judgment: Any) -> Accepted:
+    limits = thresholds(judgment.data.plan.thresholds if judgment.data.plan else None)
+    kv, measured, kv_note = _kv(judgment, limits["resources"]["max_kv_usage"])
+    users, users_note = _concurrency(judgment)
+    tokens, bucket, input_note = _input(judgment)
+    notes = [f"K3KVCachePressure: {kv_note}."]
+    if users is None:
+        notes.append(f"K3ConcurrencyAboveAccepted omitted: {users_note}, so no concurrency was accepted.")
+    if bucket is None:
+        notes.append(f"K3InputAboveAccepted omitted: {input_note}.")
+    return Accepted(limits, kv, measured, kv_note, users, users_note, tokens, bucket, input_note, notes)
 
 
 def _rule(name: str, expr: str, duration: str, severity: str, summary: str) -> dict[str, Any]:
@@ -20,22 +136,37 @@ def _rule(name: str, expr: str, duration: str, severity: str, summary: str) -> d
             "annotations": {"summary": summary}}
 
 
-def rules(judgment: Any) -> list[dict[str, Any]]:
-    limits = thresholds(judgment.data.plan.thresholds if judgment.data.plan else None)
-    res, slo = limits["resources"], limits["slo"]
-    kv_ceiling = judgment.limits.get("kv_cache_usage_ceiling") or res["max_kv_usage"]
-    kv_ceiling = min(max(kv_ceiling, 0.5), res["max_kv_usage"])
+def _limit_rules(acc: Accepted) -> list[dict[str, Any]]:
+    """The accepted concurrency and input length, where the run established them."""
+    out = []
+    if acc.max_concurrency is not None:
+        out.append(_rule("K3ConcurrencyAboveAccepted", "sum by (model_name) (vllm:num_requests_running) + "
+                         f"sum by (model_name) (vllm:num_requests_waiting) > {acc.max_concurrency}", "5m", "warning",
+                         f"requests running + waiting above the accepted concurrency ({acc.max_concurrency}: "
+                         f"{acc.concurrency_note}) for 5 minutes"))
+    if acc.input_bucket is not None:
+        bucket = f"{PROMPT_BUCKET}{{{acc.input_bucket.matcher()}}}"
+        out.append(_rule("K3InputAboveAccepted", "sum by (model_name) (increase(vllm:request_prompt_tokens_count[5m])) "
+                         f"- sum by (model_name) (increase({bucket}[5m])) > 0", "0m", "warning",
+                         f"prompts longer than the accepted input length: {acc.input_note}"))
+    return out
+
+
+def rules(judgment: Any, acc: Accepted | None = None) -> list[dict[str, Any]]:
+    acc = acc or accepted(judgment)
+    res, slo = acc.limits["resources"], acc.limits["slo"]
     headroom = res["min_gpu_headroom_pct"] / 100
     return [
-        _rule("K3KVCachePressure", f"max(vllm:kv_cache_usage_perc) > {kv_ceiling:.2f}", "5m", "warning",
-              f"KV cache usage above the accepted ceiling ({kv_ceiling:.0%}) for 5 minutes"),
+        _rule("K3KVCachePressure", f"max(vllm:kv_cache_usage_perc) > {acc.kv_ceiling:g}", "5m", "warning",
+              f"KV cache usage above {acc.kv_ceiling:.1%} for 5 minutes: {acc.kv_note}"),
+        *_limit_rules(acc),
         _rule("K3RequestsWaiting", "sum(vllm:num_requests_waiting) > 0 and sum(vllm:num_requests_running) > 0",
               f"{int(res['max_waiting_sustained_s'])}s", "warning",
               "requests are queueing behind running ones (sustained waiting)"),
         _rule("K3Preemptions", f"sum(rate(vllm:num_preemptions_total[5m])) * 60 > {res['max_preemptions_per_min']}",
               "5m", "warning", "preemptions above the accepted rate: KV pressure"),
         _rule("K3PrefixCacheHitRatioLow", "sum(rate(vllm:prefix_cache_hits_total[15m])) / "
-              "sum(rate(vllm:prefix_cache_queries_total[15m])) < 0.1", "30m", "warning",
+              f"sum(rate(vllm:prefix_cache_queries_total[15m])) < {HIT_RATIO_FLOOR}", "30m", "warning",
               "prefix-cache hit ratio collapsed (persistent cache pressure is a rollback condition)"),
         _rule("K3TTFTAboveSLO", "histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket"
               f"[5m]))) > {slo['ttft_p95_ms'] / 1000:.3f}", "10m", "warning", "TTFT p95 above the accepted SLO"),
@@ -44,8 +175,8 @@ def rules(judgment: Any) -> list[dict[str, Any]]:
         _rule("K3ServerRestarts", "changes(process_start_time_seconds{job=~\".*vllm.*\"}[1h]) > 1", "0m", "critical",
               "the server restarted more than once in an hour: recurring OOM or crash is a rollback condition"),
         _rule("K3ToolCallParserNoCalls", "sum(rate(vllm:tool_call_parser_invocations_total{outcome=\"no_tool_call\"}"
-              "[15m])) / sum(rate(vllm:tool_call_parser_invocations_total[15m])) > 0.5", "30m", "warning",
-              "the tool-call parser extracts no call from most outputs: check tool-call schema failures "
+              f"[15m])) / sum(rate(vllm:tool_call_parser_invocations_total[15m])) > {PARSER_NO_CALL_CEILING}", "30m",
+              "warning", "the tool-call parser extracts no call from most outputs: check tool-call schema failures "
               "(re-run the k3load agent scenarios); non-reproducible tool calls are a rollback condition"),
         _rule("K3CacheConfigDiffers", "count(group by (block_size, num_gpu_blocks, enable_prefix_caching, "
               "mamba_block_size) (vllm:cache_config_info)) > 1", "0m", "warning",
@@ -55,8 +186,10 @@ def rules(judgment: Any) -> list[dict[str, Any]]:
 
 
 def render(judgment: Any) -> str:
-    doc = {"groups": [{"name": "k3load-accepted-limits",
-                       "rules": rules(judgment)}]}
+    acc = accepted(judgment)
+    doc = {"groups": [{"name": "k3load-accepted-limits", "rules": rules(judgment, acc)}]}
     head = (f"# Generated by k3load from run {judgment.data.run.get('run_id', '?')} (verdict {judgment.verdict}).\n"
-            "# Load into Prometheus as a rule file; thresholds are the limits this run accepted.\n")
-    return head + yaml.safe_dump(doc, sort_keys=False, width=120)
+            "# Load into Prometheus as a rule file; thresholds are the limits this run accepted.\n"
+            "# dashboard.json beside this file draws the same limits for Grafana.\n")
+    notes = "".join(f"# {note}\n" for note in acc.notes)
+    return head + notes + yaml.safe_dump(doc, sort_keys=False, width=120)
