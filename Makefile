@@ -28,9 +28,10 @@ browser:
 	  chromium-driver >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install \
 	  -y -qq chromium-driver >/dev/null)) || echo "chromium-driver unavailable: the web UI browser test skips outside CI"
 
-# Debian's prometheus scrapes the sim in a test (installed when missing and apt is usable).
+# Debian's prometheus scrapes the sim in a test, and its promtool checks alerts.yaml (installed when missing and
+# apt is usable).
 prometheus:
-	@command -v prometheus >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus \
+	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus \
 	  >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus \
 	  >/dev/null)) || echo "prometheus unavailable: the Prometheus test skips outside CI"
 

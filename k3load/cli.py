@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     samples.set_defaults(func=samples_cli.run)
     analyze = sub.add_parser("analyze", help="judge a run directory: verdict.json, reports, alerts, manifest",
                              description="Judge a run directory (the whole evidence) into verdict.json, "
-                             "report.md/html, alerts.yaml and manifest.sha256. Exit codes: "
+                             "report.md/html, alerts.yaml, dashboard.json and manifest.sha256. Exit codes: "
                              + ", ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + ".")
     analysis_cli.add_analyze_arguments(analyze)
     analyze.set_defaults(func=analysis_cli.run_analyze)

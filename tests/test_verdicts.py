@@ -62,7 +62,7 @@ def test_healthy_sim_is_go_reproducible_and_signed(start_sim, tmp_path):
     assert "cold/warm pairs" in verdict["pillars"]["prefix_cache"]["reasons"][0]
     assert any("k3load sim" in b for b in verdict["next_action"]["because"])
     for name in ("metrics.jsonl", "gpu.jsonl", "events.jsonl", "compat.json", "report.md", "report.html",
-                 "alerts.yaml", "manifest.sha256"):
+                 "alerts.yaml", "dashboard.json", "manifest.sha256"):
         assert (out / name).exists(), name
     records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
     for name in ("metrics.jsonl", "gpu.jsonl", "events.jsonl"):  # the timelines overlap the records'

@@ -37,7 +37,8 @@ HISTORY_POINTS = 3600
 # The provisional judgment reads the whole run (pandas held 2.27 GB judging an hour of 4 users): past this
 # size it pauses until the test stops, rather than spike the load generator's memory every few seconds.
 MAX_RECORDS_BYTES = 64 << 20
-LINKS = ("report.html", "report.md", "verdict.json", "records.jsonl", "alerts.yaml", "validation_summary.json")
+LINKS = ("report.html", "report.md", "verdict.json", "records.jsonl", "alerts.yaml", "dashboard.json",
+         "validation_summary.json")
 
 
 class Tail:
