@@ -137,10 +137,10 @@ def _mix(counts: dict[str, int]) -> dict[str, Any]:
     return {reason: wilson(k, total).to_dict() for reason, k in sorted(counts.items())}
 
 
-def agreement(reference: dict[str, Any], attempts: list[Attempt]) -> dict[str, Any]:
-    """The judged run's answers against the reference profile (module docstring for the definitions)."""
-    turns = {_key(t["scenario"], t["turn"]): t for t in reference.get("turns") or []}
-    answers = [a for a in attempts if answered(a)]
+def _tally(turns: dict[str, dict[str, Any]], answers: list[Attempt]
+           ) -> tuple[dict[str, dict[str, Any]], Counter[str], Counter[str], Counter[str]]:
+    """Each answer scored against its turn's label: rows per turn, totals (tp/fp/fn/tn, not_comparable),
+    the primary layers of the disagreeing answers, and the tool-name checks of the agreeing calls."""
     rows: dict[str, dict[str, Any]] = {}
     totals = Counter[str]()
     layers = Counter[str]()
@@ -168,6 +168,14 @@ def agreement(reference: dict[str, Any], attempts: list[Attempt]) -> dict[str, A
             row["names_compared"] += 1
             names["same"] += same
             names["compared"] += 1
+    return rows, totals, layers, names
+
+
+def agreement(reference: dict[str, Any], attempts: list[Attempt]) -> dict[str, Any]:
+    """The judged run's answers against the reference profile (module docstring for the definitions)."""
+    turns = {_key(t["scenario"], t["turn"]): t for t in reference.get("turns") or []}
+    answers = [a for a in attempts if answered(a)]
+    rows, totals, layers, names = _tally(turns, answers)
     tp, fp, fn, tn = (totals[k] for k in ("tp", "fp", "fn", "tn"))
     f1, f1_ci = f1_interval(tp, fp, fn)
     for row in rows.values():
