@@ -63,7 +63,7 @@ def _kv(judgment: Any, plan_max: float) -> tuple[float, bool, str]:
     measured = judgment.limits.get("kv_cache_usage_ceiling")
     if measured is not None and measured > 0:
         ceiling = min(rounded(float(measured)), plan_max)  # rounded as verdict.json states it
-        return ceiling, True, (f"the measured ceiling: the highest KV usage a stage within limits reached "
+        return ceiling, True, (f"the measured ceiling, the highest KV usage a stage within limits reached "
                                f"({ceiling:.1%}); above it the deployment is unproven")
     why = ("no stage within limits read vllm:kv_cache_usage_perc (metrics missing, or no stage held)"
            if measured is None else "KV usage stayed at 0% in every stage within limits: the run never "
@@ -142,8 +142,8 @@ def _limit_rules(acc: Accepted) -> list[dict[str, Any]]:
     if acc.max_concurrency is not None:
         out.append(_rule("K3ConcurrencyAboveAccepted", "sum by (model_name) (vllm:num_requests_running) + "
                          f"sum by (model_name) (vllm:num_requests_waiting) > {acc.max_concurrency}", "5m", "warning",
-                         f"requests running + waiting above the accepted concurrency ({acc.max_concurrency}: "
-                         f"{acc.concurrency_note}) for 5 minutes"))
+                         f"requests running + waiting above {acc.max_concurrency} for 5 minutes; the accepted "
+                         f"concurrency is {acc.concurrency_note}"))
     if acc.input_bucket is not None:
         bucket = f"{PROMPT_BUCKET}{{{acc.input_bucket.matcher()}}}"
         out.append(_rule("K3InputAboveAccepted", "sum by (model_name) (increase(vllm:request_prompt_tokens_count[5m])) "
