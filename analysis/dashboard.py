@@ -39,8 +39,10 @@ def _panel(title: str, description: str, unit: str, targets: list[tuple[str, str
            limits: list[tuple[float, str]], below_is_bad: bool = False) -> dict[str, Any]:
     custom = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10, "showPoints": "never", "spanNulls": False,
               "thresholdsStyle": {"mode": "dashed" if limits else "off"}}
+    if limits and not below_is_bad:
+        custom["axisSoftMax"] = max(v for v, _ in limits)  # the axis reaches the limit even when traffic is low
     return {"type": "timeseries", "title": title, "description": description, "datasource": DATASOURCE,
-            "fieldConfig": {"defaults": {"unit": unit, "min": 0, "custom": custom,
+            "fieldConfig": {"defaults": {"unit": unit, "min": 0, "color": {"mode": "palette-classic"}, "custom": custom,
                                          "thresholds": _steps(limits, below_is_bad)}, "overrides": []},
             "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
                         "tooltip": {"mode": "multi", "sort": "desc"}},
