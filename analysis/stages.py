@@ -118,7 +118,7 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
         "load_generator_cpu_max_pct": max(cpu) if cpu else None,
         "preemptions": preemptions, "preemptions_per_min": preemptions / duration * 60 if preemptions is not None
         else None, "server_down_events": len(downs),
-        "health_flaps": sum(1 for ts in flaps if t0 <= ts <= t1),
+        "health_flaps": sum(1 for ts in flaps if t0 <= ts <= t1 and not planned_down(ts, planned)),
         # The engine's own gauges, not any vllm:* series: with --disable-log-stats vLLM 0.32 still
         # serves vllm:tool_call_parser_invocations_total, and KV, queue and preemptions are unknown.
         "metrics_present": kv is not None or waiting is not None or running is not None,

@@ -111,5 +111,7 @@ def stage_ends(session: Any) -> tuple[Any, Any]:
 
     limits = session.limits["resources"]
     command = session.env.parsed_options.k3_restart_cmd
-    drill = RestartDrill(session, command, limits["max_restart_s"]) if command else None
+    crash = next((x for x in session.events.listeners if isinstance(x, Restarter)), None)
+    drill = RestartDrill(session, command, limits["max_restart_s"],
+                         crash_restarts=lambda: crash.started if crash else 0) if command else None
     return StageDrain(session, limits["max_drain_s"]), drill

@@ -45,8 +45,10 @@ class RestartDrill:
     """Master/local, one per run. `probe()` says whether the server answers (tests inject one)."""
 
     def __init__(self, session: Any, command: str, bound_s: float, probe: Callable[[], bool] | None = None,
-                 poll_s: float = POLL_S, clock: Callable[[], float] = time.time) -> None:
+                 poll_s: float = POLL_S, clock: Callable[[], float] = time.time,
+                 crash_restarts: Callable[[], int] = lambda: 0) -> None:
         self.session, self.command, self.bound_s, self.poll_s, self.clock = session, command, bound_s, poll_s, clock
+        self.crash_restarts = crash_restarts
         self.probe = probe or self._probe
         self.active = False  # the crash path stays out while this is set
         self.paused_s = 0.0
@@ -60,7 +62,17 @@ class RestartDrill:
         return dataclasses.replace(stage, users=before.users, spawn_rate=before.spawn_rate, mix=dict(before.mix))
 
     def due(self, stage: Any) -> bool:
-        return stage.kind == "restart" and stage.name not in self.ran
+        """A restart stage not drilled yet. Not after the crash path already restarted the server in this
+        run: that restart is the stage's check (the crash's `restart`), and restarting a server that just
+        came back proves nothing more; said once (`restart_drill_skipped`)."""
+        if stage.kind != "restart" or stage.name in self.ran:
+            return False
+        if self.crash_restarts():
+            self.ran.add(stage.name)
+            self.session.events.event("restart_drill_skipped", stage=stage.name, crash_restarts=self.crash_restarts(),
+                                      why="the server was already restarted after a crash in this run")
+            return False
+        return True
 
     def run(self, stage: Any, before: Any) -> bool:
         """Restart now (every user has stopped); True when the server answered again within the bound."""
