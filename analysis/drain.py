@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from k3load.analysis.pillar import DEFAULT_THRESHOLDS
 from k3load.analysis.rundata import RunData, StageWindow
 from k3load.analysis.timeline import MetricIndex
 
@@ -122,7 +123,7 @@ def _not_drained(row: dict[str, Any]) -> str:
 
 def drain_audit(data: RunData, index: MetricIndex, limits: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
     """One row per stage, in order; `status` drained / not_drained / kv_held / inconclusive / not_audited."""
-    bound = float(limits["resources"].get("max_drain_s", 0.0))
+    bound = float((limits.get("resources") or DEFAULT_THRESHOLDS["resources"]).get("max_drain_s", 0.0))
     events = {e.get("stage"): e for e in data.events_named("stage_drain")}
     rows, previous = [], None
     for stage in data.stages:

@@ -80,7 +80,7 @@ class Restarter:
     def __call__(self, record: dict[str, Any]) -> None:
         if record.get("event") != "server_down" or record.get("first_poll"):
             return
-        if getattr(self.session.restart_drill, "active", False):
+        if getattr(getattr(self.session, "restart_drill", None), "active", False):
             return  # the restart drill took the server down on purpose and is bringing it back itself
         if self.started >= self.max_restarts or (self._running and self._running.poll() is None):
             return
