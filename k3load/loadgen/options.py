@@ -116,7 +116,9 @@ def _observation_options(group: Any) -> None:
     group.add_argument("--k3-server-log-cmd", default="", env_var="K3_SERVER_LOG_CMD",
                        help="command whose output is the server log (e.g. kubectl logs -f POD)")
     group.add_argument("--k3-restart-cmd", default="", env_var="K3_RESTART_CMD",
-                       help="command that restarts the server after it went down (the restart check)")
+                       help="command that restarts the server: after a crash (it went down), and on purpose at "
+                            "the restart stage (the restart drill, the server up: it must restart a RUNNING server, "
+                            "e.g. systemctl restart vllm, docker restart NAME)")
     group.add_argument("--k3-max-restarts", type=int, default=3, env_var="K3_MAX_RESTARTS",
                        help="at most this many restart commands per run")
 

@@ -3,6 +3,10 @@
 Each tick returns the current stage's user count, spawn rate and user classes (weighted by the
 stage's family mix); a new stage is announced to the session (records are tagged with it and the
 master tells its workers). The shape ends the run when the plan ends.
+
+After each plan stage the users stop and the server is given a bounded drain window
+(k3load.loadgen.drain); a `restart` stage with --k3-restart-cmd restarts the server on purpose first
+(k3load.loadgen.restart_drill). The plan's clock stands still during both, so no stage is cut short.
 """
 
 from __future__ import annotations
