@@ -19,8 +19,11 @@ the stage) gets the Poisson score interval of the count; output tokens/s the sam
 (the count of answers carries the noise; tokens per answer of the same scenarios vary little).
 "Changed beyond noise" means the two 95% intervals do not overlap: a conservative two-sample test (for
 equal widths it rejects at about p < 0.006), chosen because dozens of figures are compared at once and
-a flag should mean something. A gating rule fails only when B is worse beyond the plan's margin AND
-beyond noise; inconclusive rules are printed but never gate (too little evidence is not a regression).
+a flag should mean something; and the figure moved by at least the plan's `min_relative_change`,
+because within-run intervals cannot see run-to-run variation (another tenant on the host, a different
+warm-up): two healthy runs side by side differ by a few milliseconds beyond their intervals. A gating
+rule fails only when B is worse beyond the plan's margin AND beyond noise; inconclusive rules are
+printed but never gate (too little evidence is not a regression).
 """
 
 from __future__ import annotations
@@ -133,10 +136,12 @@ MEASURES = ("requests_per_s", "output_tokens_per_s", *(f"{label}_p{round(q * 100
                                                         for q in QUANTILES))
 
 
-def changed(a: dict[str, Any], b: dict[str, Any]) -> str | None:
-    """'higher' / 'lower' when B's interval lies wholly above / below A's; None when they overlap or
-    either is missing."""
-    if not a["ci95"] or not b["ci95"]:
+def changed(a: dict[str, Any], b: dict[str, Any], min_relative: float = 0.0) -> str | None:
+    """'higher' / 'lower' when B's interval lies wholly above / below A's and B moved by at least
+    `min_relative` of A's value; None when they overlap, the move is smaller, or a figure is missing."""
+    if not a["ci95"] or not b["ci95"] or not a["value"] or b["value"] is None:
+        return None
+    if abs(b["value"] - a["value"]) < min_relative * abs(a["value"]):
         return None
     if b["ci95"][0] > a["ci95"][1]:
         return "higher"
@@ -145,14 +150,15 @@ def changed(a: dict[str, Any], b: dict[str, Any]) -> str | None:
     return None
 
 
-def compare_stages(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def compare_stages(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], min_relative: float = 0.0
+                   ) -> list[dict[str, Any]]:
     rows = []
     for name in [*a, *(n for n in b if n not in a)]:
         row: dict[str, Any] = {"stage": name, "in": "both" if name in a and name in b else "a" if name in a else "b"}
         if row["in"] == "both":
             row["answers"] = {"a": a[name]["answers"], "b": b[name]["answers"]}
-            row["measures"] = {m: {"a": a[name][m], "b": b[name][m], "changed_beyond_noise": changed(a[name][m],
-                                                                                                    b[name][m])}
+            row["measures"] = {m: {"a": a[name][m], "b": b[name][m],
+                                   "changed_beyond_noise": changed(a[name][m], b[name][m], min_relative)}
                                for m in MEASURES}
         rows.append(row)
     return rows
@@ -259,7 +265,7 @@ def diff(a_dir: Path, b_dir: Path) -> dict[str, Any]:
     limits = thresholds(b.data.plan.thresholds if b.data.plan else None)["diff"]
     pillars = sorted(set(a.verdict.get("pillars") or {}) | set(b.verdict.get("pillars") or {}))
     limit_keys = sorted(set(a.verdict.get("limits") or {}) | set(b.verdict.get("limits") or {}))
-    stages = compare_stages(stage_figures(a.data), stage_figures(b.data))
+    stages = compare_stages(stage_figures(a.data), stage_figures(b.data), limits["min_relative_change"])
     agreed = agreement(profile(a.data.attempts), b.data.attempts)
     rules = _agreement_rules(agreed, limits) + _stage_rules(stages, limits)
     failed = [r for r in rules if r.status == FAIL]
@@ -303,7 +309,9 @@ def render_text(result: dict[str, Any]) -> str:
             continue
         stage_rows += [{"stage": row["stage"], "measure": m, "A": _ci(f["a"]), "B": _ci(f["b"]),
                         "changed beyond noise": f["changed_beyond_noise"] or ""} for m, f in row["measures"].items()]
-    out.append("## Stages (95% intervals; changed beyond noise: the intervals do not overlap)\n\n"
+    floor = result["thresholds"]["min_relative_change"]
+    out.append(f"## Stages (95% intervals; changed beyond noise: the intervals do not overlap and the figure "
+               f"moved by at least {floor:.0%})\n\n"
                + table(stage_rows, ("stage", "measure", "A", "B", "changed beyond noise")))
     n = result["agreement"]
     out.append(f"## Tool calls, A as the reference\n\n{n['comparable']} of B's answers compared by scenario and turn "

@@ -102,6 +102,7 @@ def test_newcombe_difference_and_order_statistic_intervals_match_published_examp
     assert low < 10.0 < high and high - low == pytest.approx(2 * 1.96 * (100 + 1.96 ** 2 / 4) ** 0.5 / 10, rel=1e-3)
     a, b = {"value": 1.0, "ci95": [0.9, 1.1]}, {"value": 1.5, "ci95": [1.2, 1.8]}
     assert changed(a, b) == "higher" and changed(b, a) == "lower" and changed(a, a) is None
+    assert changed(a, b, 0.25) == "higher" and changed(a, b, 0.6) is None  # a 50% move: flagged only past 25%
 
 
 def test_reference_rules_fail_on_skipped_calls_and_are_inconclusive_on_too_little():
