@@ -45,12 +45,12 @@ def restart_drill(data: RunData, stage_table: list[dict[str, Any]]) -> dict[str,
     """The drill's numbers and status (pass / fail / not_run / inconclusive), with `why`."""
     restart = next((s for s in stage_table if s["kind"] == "restart"), None)
     start = next(iter(data.events_named("restart_drill_start")), None)
-    if restart is None and start is None:
-        return {"status": NOT_RUN, "why": "not run, because the plan has no restart stage"}
     skipped = next(iter(data.events_named("restart_drill_skipped")), None)
     if start is None and skipped is not None:
         return {"status": NOT_RUN, "why": f"not run, because {skipped['why']} (the crash path's restart command): "
                 "recovery is judged on that restart (crashes[].restart)"}
+    if restart is None and start is None:
+        return {"status": NOT_RUN, "why": "not run, because the plan has no restart stage"}
     if start is None:
         return {"status": NOT_RUN, "why": "not run, because no --k3-restart-cmd was given: the restart stage only "
                 "held load on a server that was never restarted, so recovery after a restart is unproven"}

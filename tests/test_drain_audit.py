@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from k3load.loadgen.drain import StageDrain, reading_of
+from k3load.plan import Stage
+from k3load.rundir import JsonlLog
 from tests.test_verdicts import accept
-
-pytestmark = pytest.mark.slow
 
 # Two plan stages with different mixes (a drain window after each); the agent family plays the timeout drill.
 HEALTHY_STAGES = [
@@ -37,6 +39,7 @@ def _events(out: Path, name: str) -> list[dict]:
     return [e for e in map(json.loads, (out / "events.jsonl").read_text().splitlines()) if e["event"] == name]
 
 
+@pytest.mark.slow
 def test_healthy_sim_drains_after_every_stage(start_sim, tmp_path):
     verdict, _, out = accept(start_sim, tmp_path, [], stages=HEALTHY_STAGES)
     resources = verdict["pillars"]["resources"]
@@ -61,6 +64,7 @@ def test_healthy_sim_drains_after_every_stage(start_sim, tmp_path):
     assert "Drain audit" in (out / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_server_decoding_for_departed_clients_does_not_drain(start_sim, tmp_path):
     scenarios = tmp_path / "scenarios"
     scenarios.mkdir()
@@ -82,3 +86,39 @@ def test_server_decoding_for_departed_clients_does_not_drain(start_sim, tmp_path
     assert "(server layer)" in reason and "tokens generated after every client had left" in reason, reason
     assert verdict["verdict"] == "limited" and code == 3  # fix the gateway, not the GPUs
     assert "| orphans | not_drained |" in (out / "report.md").read_text()
+
+
+# -- the window's own logic, no server: injected readings ------------------------------------------------
+def _reading(ts: float, running: float, tokens: float) -> dict:
+    return {"ts": ts, "running": running, "waiting": 0.0, "kv_usage": 0.01 * running, "generation_tokens": tokens,
+            "aborted": 0.0}
+
+
+def test_the_window_waits_for_the_server_within_its_bound_and_stops_the_plan_clock(tmp_path):
+    session = SimpleNamespace(events=JsonlLog(tmp_path / "events.jsonl"))
+    readings = iter([_reading(0, 2, 100), _reading(1, 1, 150), _reading(2, 0, 170)])
+    drain = StageDrain(session, 5.0, read=lambda: next(readings), poll_s=0.01)
+    load = Stage("load", "load", 0, 5, 4, 4.0, {"agent": 1})
+    step2, step8 = (Stage(f"ramp-c{n}", "concurrency", 5, 5, n, 4.0, {"agent": 1}) for n in (2, 8))
+    assert drain.due(load, step2) and drain.due(load, None) and not drain.due(load, load)
+    assert not drain.due(step2, step8) and drain.due(step8, None)  # never between the steps of one ramp
+    event = drain.run(load)
+    assert event["drained"] is True and event["polls"] == 3 and event["first"]["running"] == 2
+    assert event["last"]["generation_tokens"] - event["first"]["generation_tokens"] == 70
+    assert not drain.due(load, None) and 0 < drain.paused_s < 1  # once per stage; the clock waited that long
+    stuck = StageDrain(session, 0.05, read=lambda: _reading(0, 1, 0), poll_s=0.01).run(load)
+    assert stuck["drained"] is False and stuck["waited_s"] >= 0.05
+    blind = StageDrain(session, 5.0, read=lambda: None).run(load)  # no /metrics: no wait, nothing judged
+    assert blind["drained"] is None and blind["polls"] == 1 and "no reading" in blind["error"]
+    assert StageDrain(session, 0.0).due(load, None) is False  # max_drain_s 0: no window
+
+
+def test_a_reading_sums_the_sources_and_takes_the_worst_kv():
+    body = ('vllm:num_requests_running{{engine="0"}} {r}\nvllm:num_requests_waiting{{engine="0"}} 0\n'
+            'vllm:kv_cache_usage_perc{{engine="0"}} {kv}\n# TYPE vllm:generation_tokens counter\n'
+            'vllm:generation_tokens_total{{engine="0"}} {g}\n# TYPE vllm:request_success counter\n'
+            'vllm:request_success_total{{engine="0",finished_reason="abort"}} {a}\n'
+            'vllm:request_success_total{{engine="0",finished_reason="stop"}} 50\n')
+    reading = reading_of([body.format(r=1, kv=0.2, g=10, a=2), body.format(r=2, kv=0.5, g=5, a=1), "not metrics"], 7)
+    assert reading == {"ts": 7, "running": 3, "waiting": 0, "kv_usage": 0.5, "generation_tokens": 15, "aborted": 3}
+    assert reading_of(["# nothing\n"], 7) is None

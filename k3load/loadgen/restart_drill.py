@@ -117,8 +117,8 @@ class RestartDrill:
                                     "server)", rc)
             gevent.sleep(self.poll_s)
         why = ("the server never went down" if down_ts is None
-               else f"the server did not answer /health and /v1/models again within {self.bound_s:.0f} s")
-        return self._failed(start, why + f" (resources.max_restart_s {self.bound_s:.0f})", self.process.poll())
+               else f"the server did not answer /health and /v1/models again within {self.bound_s:g} s")
+        return self._failed(start, why + f" (resources.max_restart_s {self.bound_s:g})", self.process.poll())
 
     def _failed(self, start: float, why: str, rc: int | None) -> bool:
         self.session.events.event("restart_drill_failed", why=why, waited_s=round(self.clock() - start, 3),
