@@ -20,7 +20,7 @@ from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS
 from k3load.analysis.rules import texts
 from k3load.analysis.rundata import RunData
 
-PLANNED_MARGIN_S = 5.0  # the sampler sees a down up to a few polls late, and an up a poll late
+PLANNED_MARGIN_S = 1.0  # a down the sampler saw began before ready; a second for clocks and log lines
 
 
 def planned_windows(data: RunData) -> list[tuple[float, float]]:
