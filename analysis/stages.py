@@ -89,7 +89,9 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
                 ) -> dict[str, Any]:
     t0, t1 = stage.start_ts, stage.end_ts
     frame = data.records[(data.records["stage"] == stage.name) & ~data.records["drill"].astype(bool)]
-    duration = max(t1 - t0, 1e-9)
+    planned = planned_windows(data)  # the restart drill's down on purpose is not the stage's
+    # rates over the time load was offered: a restart drill's wait for the server is no load time
+    duration = max(t1 - t0 - sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in planned), 1e-9)
     ok = frame[frame["status"] == "ok"]
     kv = index.gauge("vllm:kv_cache_usage_perc", t0, t1)
     waiting = index.gauge("vllm:num_requests_waiting", t0, t1)
@@ -97,7 +99,6 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
     preemptions = index.delta("vllm:num_preemptions_total", t0, t1)
     spells = down_spells(data) if spells is None else spells
     flaps = {spell.down_ts for spell in spells if spell.flap}
-    planned = planned_windows(data)  # the restart drill's down on purpose is not the stage's
     downs = [e for e in data.events_named("server_down") if t0 <= e["ts"] <= t1 and e["ts"] not in flaps
              and not planned_down(e["ts"], planned)]
     cpu = [m["load_generator_cpu_pct"] for m in data.metrics
