@@ -272,6 +272,7 @@ class KilledRun:
     killed_ts: float
     served_by_restarted: float | None
     restart_log: str
+    drill: tuple[dict[str, Any], list[dict[str, Any]]] | None  # the restart drill's run, on the restarted server
 
     @property
     def down_ts(self) -> float:
@@ -310,13 +311,38 @@ def killed_run(vllm_pool: VllmPool, healthy: VllmTarget, tmp_path_factory: pytes
         assert (out / "verdict.json").exists(), output[-3000:]
         restart_log = (out / "restart-1.log").read_text() if (out / "restart-1.log").exists() else ""
         served = _served(healthy.base_url) if "healthy after" in restart_log else None
+        drill = _restart_drill(healthy, vllm_pool.compile_cache, pidfile, tmp_path / "drill") if served else None
     finally:
         if proc.poll() is None:
             proc.kill()
+        _stop_restarted(pidfile, tmp_path / "drill" / "run" / "restart-drill.log")
         _stop_restarted(pidfile, out / "restart-1.log")
     keep("7-killed-mid-soak", ["SIGKILL of the process group mid-soak", "--k3-restart-cmd: the same server"], out)
     return KilledRun(json.loads((out / "verdict.json").read_text()), read_records(out / "records.jsonl"),
-                     events(out), killed_ts, served, restart_log)
+                     events(out), killed_ts, served, restart_log, drill)
+
+
+# The drill's run: a short load, then the restart stage, which restarts the (restarted) server on purpose
+# and holds the load stage's users and mix for its duration once it answers again.
+DRILL_STAGES = [{**STAGES[1], "duration_s": 8},
+                {"name": "restart", "kind": "restart", "duration_s": 15, "users": 1, "mix": {"cold": 1}}]
+
+
+def _restart_drill(target: VllmTarget, compile_cache: Path | None, pidfile: Path, tmp_path: Path
+                   ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """An operator's restart hook for a running server: stop the pidfile's wrapper (its SIGTERM stops its
+    vLLM), wait until it is gone, start the same server on the same port."""
+    tmp_path.mkdir()
+    stop = (f"pid=$(cat {pidfile}); kill $pid; while s=$(awk '{{print $3}}' /proc/$pid/stat 2>/dev/null) && "
+            f"[ -n \"$s\" ] && [ \"$s\" != Z ]; do sleep 0.5; done; ")
+    out = tmp_path / "run"
+    cmd = locust_cmd(target, out, write_plan(tmp_path, DRILL_STAGES), "--k3-restart-cmd",
+                     stop + _restart_command(target.server.port, compile_cache, pidfile))
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert (out / "verdict.json").exists(), run.stdout[-3000:] + run.stderr[-3000:]
+    keep("7b-restart-drill", ["--k3-restart-cmd: stop the running server, start the same one"], out)
+    return json.loads((out / "verdict.json").read_text()), events(out)
 
 
 def test_crash_mid_soak_is_recorded_with_its_phase_and_the_restart_check(killed_run):
@@ -344,6 +370,29 @@ def test_crash_mid_soak_is_recorded_with_its_phase_and_the_restart_check(killed_
     # It came back and served the same load: not scale_up; the steps before the crash all held.
     assert verdict["verdict"] == "limited", because(verdict)
     assert verdict["next_action"]["because"][0] == "hold concurrency at 4 users (the largest step run; every step held)"
+    drill = verdict["pillars"]["resources"]["numbers"]["restart_drill"]
+    assert drill["status"] == "not_run" and "already restarted after a crash" in drill["why"], drill
+
+
+def test_the_restart_drill_restarts_a_running_real_server_and_holds_the_load_before_it(killed_run):
+    """Issue 15: the restart stage stops and starts the real server on purpose (after the load stage drained),
+    then holds the load stage's users and mix; time to ready and to the first good answer are recorded,
+    and both stages drained on the server's own gauges, KV back to its baseline."""
+    assert killed_run.drill is not None, killed_run.restart_log[-2000:]
+    verdict, seen = killed_run.drill
+    numbers = verdict["pillars"]["resources"]["numbers"]
+    drill = numbers["restart_drill"]
+    assert drill["status"] == "pass" and drill["recovered"] is True, drill
+    assert drill["down_seen"] is True and drill["up_before"] is True, drill
+    assert 5 < drill["time_to_ready_s"] < 240 and drill["time_to_first_good_answer_s"] > drill["time_to_ready_s"], drill
+    assert drill["held_from"] == "load" and drill["users"] == 2 and drill["held_attempts"] > 0, drill
+    assert drill["held_problems"] == [], drill
+    assert numbers["crashes"] == [] and not [e for e in seen if e["event"] == "restart_command"]
+    drained = {row["stage"]: row for row in numbers["drain"]}
+    for stage in ("load", "restart"):
+        row = drained[stage]
+        assert row["status"] == "drained", row
+        assert row["kv_usage_after"] <= row["kv_usage_baseline"] + 0.02, row
 
 
 def test_no_finished_record_is_lost_across_the_crash_and_restart(killed_run):
