@@ -68,9 +68,10 @@ STAGES: list[dict[str, Any]] = [
 # The defaults are a GPU deployment's SLOs; here a cold 2,000-token prefill on two shared cores takes
 # seconds (3-27 s TTFT p95 seen while other jobs ran), so judging latency against them would make
 # `resources` a coin toss of the machine's load. KV, preemption, error and crash limits keep their
-# defaults; sustained waiting is scaled to steps of 6-10 s (the default 10 s could never be reached).
+# defaults; sustained waiting is scaled to steps of 6-10 s (the default 10 s could never be reached), and
+# so is the drain bound (an abort lands after the step in progress: two such steps).
 THRESHOLDS = {"slo": {"ttft_p95_ms": 30000, "itl_p95_ms": 2000, "e2e_p95_ms": 120000},
-              "resources": {"max_waiting_sustained_s": 5}}
+              "resources": {"max_waiting_sustained_s": 5, "max_drain_s": 20}}
 # Setup 3: agents only above the KV capacity (300-1,000-token prompts that grow while decoding:
 # admitted, then short of blocks), for long enough to count as sustained.
 KV_STAGES = [*STAGES[:3], {**STAGES[3], "duration_s": 10, "steps": [2, 8], "mix": {"agent": 1}}, STAGES[4]]
