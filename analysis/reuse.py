@@ -293,7 +293,12 @@ def judge_reuse(data: RunData, index: MetricIndex, limits: dict[str, float], con
         return {"status": "inconclusive", "reason": f"inconclusive, because {why}"}, \
             [Finding("*", "inconclusive", None, f"inconclusive, because {why}")]
     geometry = geometry_of(config)
-    attempts = [a for a in data.attempts if a.status == "ok"]
+    # The streaming drill's twins are the same bytes sent at the same instant: which of them reuses the
+    # other's blocks (or neither, prefilled in one step) is the scheduler's draw, so they have no design
+    # to be held to. Left out of the rows (a real server gave one cold twin 1,408 cached tokens of 1,436),
+    # they still count as prefixes later requests may reuse.
+    twins = sum(1 for a in data.attempts if a.status == "ok" and a.stream_pair)
+    attempts = [a for a in data.attempts if a.status == "ok" and not a.stream_pair]
     designed = designed_tokens(data.attempts, design, geometry)
     t0 = data.stages[0].start_ts if data.stages else min((a.send_ts for a in attempts), default=0.0)
     t1 = data.stages[-1].end_ts if data.stages else max((a.end_ts for a in attempts), default=0.0)
@@ -317,7 +322,7 @@ def judge_reuse(data: RunData, index: MetricIndex, limits: dict[str, float], con
                         "hit_share": hits / queries if hits is not None and queries else None}
     numbers = {"status": "measured", "block_size": geometry.block, "block_size_known": geometry.block_known,
                "checkpoint_tokens": geometry.align, "families": families, "run": total, "design": scenarios,
-               "evidence_gaps": thin}
+               "evidence_gaps": thin, "drill_twins_left_out": twins}
     return numbers, findings
 
 
@@ -327,6 +332,8 @@ def apply_reuse(pillar: PillarResult, data: RunData, index: MetricIndex, limits:
     evidence fails the pillar (the samples' own design never does: that is the harness's to fix)."""
     numbers, findings = judge_reuse(data, index, limits, config)
     pillar.numbers["reuse"] = numbers
+    if config.get("enable_prefix_caching") == "False":
+        return  # the cache is off and the pillar says so: what it did not reuse adds nothing to that
     said = [f for f in findings if f.status in ("fail", "finding", "inconclusive")]
     pillar.reasons += [f"reuse: {f.reason}" for f in said]
     if any(f.fails for f in findings) and pillar.status != "fail":

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from k3load.client.access import Secrets
+from k3load.clock import now
 
 # How text files are written: a lone surrogate (a server's `"\\ud83d"`, or a byte that was not UTF-8,
 # kept by the client as U+DC80..U+DCFF) cannot be encoded as UTF-8; strict writing raised and lost
@@ -91,8 +92,8 @@ class JsonlLog:
             self._file.flush()
 
     def event(self, event: str, **fields: Any) -> None:
-        """An events.jsonl line: wall-clock time, the event name, its fields."""
-        self.append({"ts": time.time(), "event": event, **fields})
+        """An events.jsonl line: the run's clock (k3load.clock), the event name, its fields."""
+        self.append({"ts": now(), "event": event, **fields})
 
     def close(self) -> None:
         with self._lock:

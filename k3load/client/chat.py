@@ -39,12 +39,11 @@ transport="httpx" to share one across threads.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -64,19 +63,11 @@ from k3load.client.body import (
 from k3load.client.result import StreamResult
 from k3load.client.sse import DONE, MAX_LINE_BYTES, SSEDecoder, SSEError
 from k3load.client.transport import TRANSPORTS, BodyCut, ResponseStream, Transport, TransportError, TransportTimeout
+from k3load.clock import Clock, wall_clock
 
-Clock = Callable[[], float]
 ERROR_LINE_CHARS = 300  # `error` is one line, at most this long
 ERROR_BODY_CHARS = 4000  # `error_body` keeps the start of the server's body
 _ERROR_BODY_READ_BYTES = 64 * 1024  # an error body is read to its end but only this much kept
-
-
-@functools.cache
-def wall_clock() -> Clock:
-    """Epoch seconds from perf_counter, anchored to time.time() once per process."""
-    offset = time.time() - time.perf_counter()
-    perf_counter = time.perf_counter
-    return lambda: perf_counter() + offset
 
 
 def wants_stream(body: bytes) -> bool:
@@ -331,7 +322,9 @@ class _Exchange:
 
     def _http_error(self, resp: ResponseStream) -> None:
         self.fail(res.STATUS_HTTP_ERROR, f"HTTP {resp.status}")  # decided before the body: a cut body stays this
-        wait = self.result.retry_after_s = parse_retry_after(resp.headers.get("retry-after"), self.clock())
+        # An HTTP-date is the server's wall clock: read against ours, not the run's anchored clock (k3load.clock),
+        # which a stepped wall clock leaves behind (seen: 20 s read as 53 s after a 28 s step).
+        wait = self.result.retry_after_s = parse_retry_after(resp.headers.get("retry-after"), time.time())
         data = _capped(resp.reads(), _ERROR_BODY_READ_BYTES)
         text = self._body_text(data)
         self.result.error_body = text

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from k3load.clock import wall_clock
 from k3load.loadgen.options import run_access
 from k3load.loadgen.redact_lines import copy_redacted
 from k3load.precheck import run_precheck
@@ -53,7 +54,7 @@ def start_sampler(session: Any) -> Sampler:
     secrets, tls = run_access(opts)
     sources = metrics_urls(opts, host)
     gpu_urls = list(opts.k3_gpu_metrics_url or []) or sources  # DCGM_FI_* on a metrics body: read from it
-    return Sampler(session.run_dir, sources, gpu_metrics_urls=gpu_urls,
+    return Sampler(session.run_dir, sources, gpu_metrics_urls=gpu_urls, clock=wall_clock(),
                    interval_s=opts.k3_sample_interval, nvml="auto" if opts.k3_nvml != "off" else None,
                    server_log=_path(opts.k3_server_log), server_log_cmd=opts.k3_server_log_cmd or None,
                    api_key=secrets.api_key, headers=dict(secrets.headers), tls=tls, events=session.events,

@@ -29,6 +29,7 @@ import k3load
 from k3load.analysis.agreement import REFERENCE_FILE, reference_record
 from k3load.analysis.pillar import thresholds
 from k3load.client.access import gevent_patched, tls_hint
+from k3load.clock import now
 from k3load.loadgen import observe, spools
 from k3load.loadgen.inputs import harness_error_line, load_inputs
 from k3load.loadgen.manual import LiveCounts, ManualStages
@@ -218,7 +219,7 @@ class HarnessSession:
         self.max_model_len = card.get("max_model_len")
 
     def _run_info(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "started_ts": time.time(), "host": self.env.host, "model": self.model,
+        return {"run_id": self.run_id, "started_ts": now(), "host": self.env.host, "model": self.model,
                 "max_model_len": self.max_model_len, "plan": self.plan.name if self.plan else None,
                 "k3load_version": k3load.__version__, "python": sys.version.split()[0],
                 "platform": platform.platform(), "options": public_options(self.env.parsed_options),

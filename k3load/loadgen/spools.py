@@ -17,11 +17,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from k3load.clock import now
+
 FINAL_KEY = "k3_spool_final"
 
 
 def final_line() -> dict[str, float | bool]:
-    return {FINAL_KEY: True, "ts": time.time()}
+    return {FINAL_KEY: True, "ts": now()}
 
 
 def is_final(path: Path) -> bool:
