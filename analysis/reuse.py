@@ -318,8 +318,10 @@ def judge_reuse(data: RunData, index: MetricIndex, limits: dict[str, float], con
     m1 = max([t1, *(a.end_ts for a in attempts)]) + METRICS_SLACK_S
     hits = index.delta("vllm:prefix_cache_hits_total", m0, m1)
     queries = index.delta("vllm:prefix_cache_queries_total", m0, m1)
+    every = [a for a in data.attempts if a.status == "ok"]  # what /metrics counted: the drill's twins too
     total["metrics"] = {"prefix_cache_hits": hits, "prefix_cache_queries": queries,
-                        "hit_share": hits / queries if hits is not None and queries else None}
+                        "hit_share": hits / queries if hits is not None and queries else None,
+                        "responses_cached_tokens": sum(a.cached_tokens or 0 for a in every), "responses": len(every)}
     numbers = {"status": "measured", "block_size": geometry.block, "block_size_known": geometry.block_known,
                "checkpoint_tokens": geometry.align, "families": families, "run": total, "design": scenarios,
                "evidence_gaps": thin, "drill_twins_left_out": twins}
@@ -334,7 +336,9 @@ def apply_reuse(pillar: PillarResult, data: RunData, index: MetricIndex, limits:
     pillar.numbers["reuse"] = numbers
     if config.get("enable_prefix_caching") == "False":
         return  # the cache is off and the pillar says so: what it did not reuse adds nothing to that
-    said = [f for f in findings if f.status in ("fail", "finding", "inconclusive")]
+    # A family too thin to judge says so in numbers.reuse and the report's table; only the measurement as a
+    # whole being impossible (family "*") joins the pillar's reasons, beside the findings.
+    said = [f for f in findings if f.status in ("fail", "finding") or (f.status == "inconclusive" and f.family == "*")]
     pillar.reasons += [f"reuse: {f.reason}" for f in said]
     if any(f.fails for f in findings) and pillar.status != "fail":
         pillar.status = "fail"
