@@ -150,13 +150,18 @@ class SimServer:
         answer's draws are unchanged). Drawn per attempt, a cached twin would break at random where its
         cold twin did not, and the cache would be blamed for the model. A model that skips tool calls is
         the model's choice too (the same request answered in prose every time), and only under tool_choice
-        auto: required and named choices force the call."""
+        auto: required and named choices force the call. So is K3 leaving out its think-to-answer transition
+        (vllm#53246): the matrix's cache rule failed on its coin flips as it had on the weak model's."""
         key = self._greedy_key(body)
         rate, skip = self.config.faults.weak_answer_rate, self.config.faults.skip_tool_call_rate
         if key is not None and rate > 0:
             fault = dataclasses.replace(fault, weak_answer=random.Random(f"{key}:weak").random() < rate)
         if key is not None and skip > 0:  # a model that skips a call skips it for the same request every time
             fault = dataclasses.replace(fault, skip_tool_call=random.Random(f"{key}:skip").random() < skip)
+        missing = self.config.faults.missing_think_transition_rate
+        if key is not None and missing > 0:  # K3 omitting its think-to-answer transition is the model too
+            fault = dataclasses.replace(fault, missing_think_transition=random.Random(f"{key}:think").random()
+                                        < missing)
         if body.get("tool_choice", "auto") != "auto":  # required / named: decoding forces the call
             fault = dataclasses.replace(fault, skip_tool_call=False)
         return fault
