@@ -287,10 +287,8 @@ def _f1_rule(numbers: dict[str, Any], threshold: float, who: str, evidence: tupl
     said = (f"{who}: trigger F1 {trig['f1']:.3f} [{low:.3f}, {high:.3f}] {'<' if status == FAIL else 'vs'} "
             f"{threshold:g} (recall {recall.text()}: {trig['fn']} tool calls the reference made were answered "
             f"without one; precision {precision.text()}: {trig['fp']} calls where it answered)")
-    if status == FAIL:
-        said = f"{_layer(numbers)}: {said}: the model's choice to call a tool differs from the reference's"
-    elif status == INCONCLUSIVE:
-        said = f"inconclusive, because {said}: the interval straddles the threshold"
+    said = _phrased(status, said, f"{_layer(numbers)}: {said}: the model's choice to call a tool differs from the "
+                    "reference's", "threshold")
     return RuleResult("agent.reference_trigger_f1", "agent_api", status, said, trig["f1"], threshold,
                       evidence=evidence, interval=(low, high))
 
@@ -307,12 +305,18 @@ def _schema_rule(numbers: dict[str, Any], max_drop: float, who: str, evidence: t
     ref, run = Rate(**_kn(schema["reference"])), Rate(**_kn(schema["run"]))
     said = (f"{who}: tool-call argument schema accuracy {run.text()} against the reference's {ref.text()}: drop "
             f"{schema['drop']:.1%} [{low:.1%}, {high:.1%}], at most {max_drop:.0%} allowed")
-    if status == FAIL:
-        said = f"model_output: {said}"
-    elif status == INCONCLUSIVE:
-        said = f"inconclusive, because {said}: the interval straddles the limit"
+    said = _phrased(status, said, f"model_output: {said}", "limit")
     return RuleResult("agent.reference_schema_accuracy", "agent_api", status, said, schema["drop"], max_drop,
                       evidence=evidence, interval=(low, high))
+
+
+def _phrased(status: str, said: str, failed: str, bound: str) -> str:
+    """A rule's reason as its status reads: the failing wording, or why it could not decide."""
+    if status == FAIL:
+        return failed
+    if status == INCONCLUSIVE:
+        return f"inconclusive, because {said}: the interval straddles the {bound}"
+    return said
 
 
 def _kn(rate: dict[str, Any]) -> dict[str, Any]:
