@@ -68,10 +68,10 @@ def http_tokenizer(client_factory: Callable[[], httpx.Client], host: str, model:
         try:
             tokens = resp.json()["tokens"]
         except (ValueError, KeyError, TypeError):
-            raise TokenizerUnavailable("POST /tokenize answered without a `tokens` list") from None
-        if not isinstance(tokens, list):
-            raise TokenizerUnavailable("POST /tokenize answered without a `tokens` list")
-        return [int(t) for t in tokens]
+            raise TokenizerUnavailable("POST /tokenize answered without a `tokens` list of integers") from None
+        if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+            raise TokenizerUnavailable("POST /tokenize answered without a `tokens` list of integers")
+        return tokens
 
     return tokenize
 

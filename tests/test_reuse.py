@@ -200,3 +200,38 @@ def test_without_the_servers_tokenizer_reuse_is_inconclusive(run: Path, tmp_path
     assert cache["numbers"]["reuse"]["status"] == "inconclusive"
     assert "reuse: inconclusive, because the server's tokenizer was not reachable (POST /tokenize answered HTTP " \
            "404)" in cache["reasons"]
+
+
+def test_a_gateway_page_or_odd_tokens_from_tokenize_is_a_clear_reason_never_a_crash():
+    """Servers we did not write: a gateway's HTML page with 200, or a token list that is not integers, end
+    the measurement with a reason (the analysis then says "inconclusive, because ..."), not a dead greenlet
+    and a missing file."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from k3load.reuse_design import TokenizerUnavailable
+
+    class Gateway(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            html = not self.path.startswith("/odd")
+            body = b"<html><body>502 Bad Gateway</body></html>" if html else b'{"tokens": [1, "x", null]}'
+            self.send_response(200)
+            self.send_header("content-type", "text/html" if html else "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_port}"
+        for host in (base, base + "/odd"):
+            tokenize = http_tokenizer(_client, host, "tiny")
+            with pytest.raises(TokenizerUnavailable, match="without a `tokens` list of integers"):
+                tokenize({"messages": [{"role": "user", "content": "hi"}]})
+    finally:
+        server.shutdown()
