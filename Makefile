@@ -16,7 +16,7 @@ demo: $(STAMP)
 
 test: $(STAMP) browser prometheus
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -m "vllm or not vllm"
+	$(VENV)/bin/python -m pytest -m "vllm or not vllm" --durations=40
 
 # Debian's chromium renders the HTML report in a test, and with Debian's chromium-driver (selenium, from the
 # dev extra, drives it) the web UI's k3load tab in another (each installed when missing and apt is usable).
