@@ -1,10 +1,12 @@
 """`k3load diff A B` and a reference run, on three short real runs against the sim (issue 15, parts 1-2).
 
-Why three runs once per module: A and B are the same healthy sim run side by side (at the same time,
-so they share the machine's noise), C is a sim whose model skips a share of tool calls, run with
-`--k3-reference A`. Every test reads those three directories: the diff of a healthy pair (F1 near 1,
-nothing changed beyond noise, exit 0), the diff against the skipping model (recall down, exit 6), the
-reference judged inside C's acceptance, and `k3load analyze --reference` re-judging without new runs.
+Why three runs once per module, one after the other: A and B are the same healthy sim run, C is a sim
+whose model skips a share of tool calls, run with `--k3-reference A`. Not side by side: on two cores
+two runs' stages never line up (their prechecks end a second apart), so one run's short c2 step
+met the other's c6 step and its ITL doubled, a real change the diff rightly flagged (CI, stop 21).
+Every test reads those three directories: the diff of a healthy pair (F1 near 1, nothing changed
+beyond noise, exit 0), the diff against the skipping model (recall down, exit 6), the reference judged
+inside C's acceptance, and `k3load analyze --reference` re-judging without new runs.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import json
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -53,11 +54,9 @@ def _run(base: Path, name: str, sim_args: list[str], reference: Path | None = No
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A and B (healthy, side by side), then C (skips tool calls) judged against A as its reference."""
+    """A and B (healthy, one after the other), then C (skips tool calls) judged against A as its reference."""
     base = tmp_path_factory.mktemp("diff")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        a, b = pool.submit(_run, base, "a", []), pool.submit(_run, base, "b", [])
-        dirs = {"a": a.result(), "b": b.result()}
+    dirs = {"a": _run(base, "a", []), "b": _run(base, "b", [])}
     dirs["c"] = _run(base, "c", SKIP, reference=dirs["a"])
     return dirs
 
