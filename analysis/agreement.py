@@ -33,10 +33,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from k3load.analysis.lean import AnyAttempt, call_name
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS
 from k3load.analysis.rules import RuleResult
+from k3load.analysis.rundata import read_attempts
 from k3load.analysis.stats import Rate, wilson
-from k3load.records import Attempt, read_records
 
 REFERENCE_FILE = "reference.json"
 TOOL_CALL, ANSWER = "tool_call", "answer"
@@ -46,25 +47,25 @@ class ReferenceRunError(ValueError):
     """A reference that cannot be used (not a run directory, no records, never signed): names the path."""
 
 
-def answered(attempt: Attempt) -> bool:
+def answered(attempt: AnyAttempt) -> bool:
     return attempt.status == "ok" and not attempt.drill
 
 
-def triggered(attempt: Attempt) -> bool:
+def triggered(attempt: AnyAttempt) -> bool:
     return bool(attempt.tool_calls) or attempt.finish_reason == "tool_calls"
 
 
-def tool_names(attempt: Attempt) -> list[str]:
+def tool_names(attempt: AnyAttempt) -> list[str]:
     """The called tools' names, sorted (a parallel answer's calls as a multiset)."""
-    return sorted(str((c.get("function") or {}).get("name") or c.get("name") or "") for c in attempt.tool_calls)
+    return sorted(call_name(c) for c in attempt.tool_calls)
 
 
-def schema_ok(attempt: Attempt) -> bool:
+def schema_ok(attempt: AnyAttempt) -> bool:
     """As the agent pillar counts schema accuracy: no failed `tool_call.*` finding."""
     return not any(not f.ok and f.check.startswith("tool_call.") for f in attempt.findings)
 
 
-def json_valid(attempt: Attempt) -> bool | None:
+def json_valid(attempt: AnyAttempt) -> bool | None:
     """Structured output (`expect.json`) held; None when the turn asked for none."""
     found = next((f for f in attempt.findings if f.check == "expect.json"), None)
     return None if found is None else found.ok
@@ -80,7 +81,7 @@ def _label(answers: int, hits: int) -> str | None:
     return TOOL_CALL if hits * 2 > answers else ANSWER
 
 
-def profile(attempts: list[Attempt]) -> dict[str, Any]:
+def profile(attempts: list[AnyAttempt]) -> dict[str, Any]:
     """The behaviour of a run per scenario and turn, and its overall rates, as plain JSON data (what
     reference.json keeps, so a run judged against a reference needs only its own directory)."""
     answers = [a for a in attempts if answered(a)]
@@ -137,7 +138,7 @@ def _mix(counts: dict[str, int]) -> dict[str, Any]:
     return {reason: wilson(k, total).to_dict() for reason, k in sorted(counts.items())}
 
 
-def _tally(turns: dict[str, dict[str, Any]], answers: list[Attempt]
+def _tally(turns: dict[str, dict[str, Any]], answers: list[AnyAttempt]
            ) -> tuple[dict[str, dict[str, Any]], Counter[str], Counter[str], Counter[str]]:
     """Each answer scored against its turn's label: rows per turn, totals (tp/fp/fn/tn, not_comparable),
     the primary layers of the disagreeing answers, and the tool-name checks of the agreeing calls."""
@@ -171,7 +172,7 @@ def _tally(turns: dict[str, dict[str, Any]], answers: list[Attempt]
     return rows, totals, layers, names
 
 
-def agreement(reference: dict[str, Any], attempts: list[Attempt]) -> dict[str, Any]:
+def agreement(reference: dict[str, Any], attempts: list[AnyAttempt]) -> dict[str, Any]:
     """The judged run's answers against the reference profile (module docstring for the definitions)."""
     turns = {_key(t["scenario"], t["turn"]): t for t in reference.get("turns") or []}
     answers = [a for a in attempts if answered(a)]
@@ -217,7 +218,7 @@ def reference_record(ref_dir: Path) -> dict[str, Any]:
                                 "run `k3load analyze` on it first)")
     try:
         run = json.loads((ref_dir / "run.json").read_text())
-        attempts = read_records(ref_dir / "records.jsonl")
+        attempts = read_attempts(ref_dir / "records.jsonl")
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise ReferenceRunError(f"reference {ref_dir}: unreadable ({type(exc).__name__}: {exc})") from None
     found = profile(attempts)
@@ -256,7 +257,7 @@ def _layer(numbers: dict[str, Any]) -> str:
     return max(sorted(layers), key=lambda k: layers[k]) if layers else "model_output"
 
 
-def reference_rules(record: dict[str, Any], attempts: list[Attempt], limits: dict[str, float]
+def reference_rules(record: dict[str, Any], attempts: list[AnyAttempt], limits: dict[str, float]
                     ) -> tuple[dict[str, Any], list[RuleResult]]:
     """Trigger F1 against `min_reference_trigger_f1` and the schema-accuracy drop against
     `max_reference_schema_accuracy_drop`; inconclusive below `min_reference_attempts` comparable answers."""

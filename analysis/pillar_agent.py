@@ -12,16 +12,17 @@ from collections import Counter
 from typing import Any
 
 from k3load.analysis.agreement import reference_rules
+from k3load.analysis.lean import AnyAttempt
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResult
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.stats import decide_rate, more_attempts_to_decide, wilson
 from k3load.analysis.tool_calls import known_failures
 from k3load.plan import Plan
-from k3load.records import LAYERS, Attempt
+from k3load.records import LAYERS
 from k3load.validate import context_length
 
 
-def _rates(attempts: list[Attempt]) -> dict[str, Any]:
+def _rates(attempts: list[AnyAttempt]) -> dict[str, Any]:
     """Each failed attempt counted once, under its primary layer; a check failing only as the
     consequence of another layer's fault (a parser that lost the call fails `expect.tool_call`
     too) is counted apart, as secondary."""
@@ -46,10 +47,10 @@ def _rates(attempts: list[Attempt]) -> dict[str, Any]:
     }
 
 
-def _chains(attempts: list[Attempt]) -> dict[str, Any]:
+def _chains(attempts: list[AnyAttempt]) -> dict[str, Any]:
     """Retries are duplicate work the server really did, drill retries included; the prompt tokens
     spent on abandoned attempts are read from a sibling of the same bytes that the server answered."""
-    by_chain: dict[str, list[Attempt]] = {}
+    by_chain: dict[str, list[AnyAttempt]] = {}
     for attempt in attempts:
         by_chain.setdefault(attempt.chain_id, []).append(attempt)
     finals = [max(chain, key=lambda a: a.attempt) for chain in by_chain.values()]
@@ -65,7 +66,7 @@ def _chains(attempts: list[Attempt]) -> dict[str, Any]:
             "abandoned_output_chunks": sum(a.chunks for a in abandoned)}
 
 
-def context_refusals(attempts: list[Attempt]) -> dict[str, Any]:
+def context_refusals(attempts: list[AnyAttempt]) -> dict[str, Any]:
     """vLLM's context-length 400s per family: the prompts' tokens against the server's max_model_len.
 
     vLLM counts a refused prompt only up to max_model_len + 1 ("at least N"), so the size the operator
@@ -95,7 +96,7 @@ def context_refusals(attempts: list[Attempt]) -> dict[str, Any]:
     return out
 
 
-def _tokens_per_byte(attempts: list[Attempt]) -> float | None:
+def _tokens_per_byte(attempts: list[AnyAttempt]) -> float | None:
     """Prompt tokens per body byte over the answered requests (None when none reports both)."""
     pairs = [(a.prompt_tokens, a.request_bytes) for a in attempts
              if a.status == "ok" and a.prompt_tokens and a.request_bytes]
@@ -124,13 +125,13 @@ def _sizes(v: dict[str, Any]) -> str:
     return said
 
 
-def _drill(attempts: list[Attempt]) -> tuple[dict[str, Any], list[str]]:
+def _drill(attempts: list[AnyAttempt]) -> tuple[dict[str, Any], list[str]]:
     """Chains whose deliberately short first deadline expired must be answered on retry. A drill
     answered within its deadline proves nothing either way (not a failure); a chain the run's end cut
     before its retry is left out."""
     drills = [a for a in attempts if a.drill]
     timed_out = {a.chain_id for a in drills if a.status == "timeout"}
-    finals: dict[str, Attempt] = {}
+    finals: dict[str, AnyAttempt] = {}
     for attempt in attempts:
         if attempt.chain_id in timed_out and attempt.attempt > getattr(finals.get(attempt.chain_id), "attempt", 0):
             finals[attempt.chain_id] = attempt
@@ -170,7 +171,7 @@ def tool_turns_reason(tool_turns: str) -> str | None:
             "model's own choice to call a tool (auto) was not tested")
 
 
-def judge_agent_api(attempts: list[Attempt], limits: dict[str, float], plan: Plan | None = None,
+def judge_agent_api(attempts: list[AnyAttempt], limits: dict[str, float], plan: Plan | None = None,
                     reference: dict[str, Any] | None = None) -> PillarResult:
     """The valid rate over every judged attempt, and beside it Kimi's known tool-calling failures
     (analysis/tool_calls.py): a streaming path wrong where the whole body is right, tool calls held back

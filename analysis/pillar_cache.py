@@ -24,12 +24,12 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from k3load.analysis.lean import AnyAttempt
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResult
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.rundata import RunData
 from k3load.analysis.stats import bootstrap_median_ci, mcnemar_one_sided, sign_test_less
 from k3load.analysis.timeline import MetricIndex
-from k3load.records import Attempt
 
 WINDOW_SLACK_S = 2.5  # gauges: let the window's last scrape land
 ALPHA = 0.05
@@ -37,12 +37,13 @@ MIN_PAIRS = 5  # the fewest pairs an exact one-sided sign test can decide at ALP
 SOURCES_AGREE = 0.10  # /metrics hits and the records' cached_tokens may differ by this share (or a block a request)
 
 
-def control_pairs(data: RunData) -> list[tuple[Attempt, Attempt]]:
+def control_pairs(data: RunData) -> list[tuple[AnyAttempt, AnyAttempt]]:
     """(cold, warm) twins in pair order: the last attempt of each role (a retry replaces its try)."""
-    by_pair: dict[int, dict[str, Attempt]] = {}
-    for attempt in sorted(data.attempts, key=lambda a: (a.send_ts, a.attempt)):
-        if attempt.control_pair is not None and attempt.control_role in ("cold", "warm") and not attempt.drill:
-            by_pair.setdefault(attempt.control_pair, {})[attempt.control_role] = attempt
+    by_pair: dict[int, dict[str, AnyAttempt]] = {}
+    control = [a for a in data.attempts if a.control_pair is not None and a.control_role in ("cold", "warm")
+               and not a.drill]  # filtered before the (stable) sort: the same order, without sorting the soak
+    for attempt in sorted(control, key=lambda a: (a.send_ts, a.attempt)):
+        by_pair.setdefault(attempt.control_pair, {})[attempt.control_role] = attempt
     return [(p["cold"], p["warm"]) for _, p in sorted(by_pair.items()) if "cold" in p and "warm" in p]
 
 
@@ -62,7 +63,7 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-def _table(pairs: list[tuple[Attempt, Attempt]]) -> list[dict[str, Any]]:
+def _table(pairs: list[tuple[AnyAttempt, AnyAttempt]]) -> list[dict[str, Any]]:
     rows = []
     for number, pair in enumerate(pairs, start=1):
         for a in pair:
@@ -95,7 +96,7 @@ def _window(index: MetricIndex, t0: float, t1: float) -> tuple[dict[str, Any], d
     return numbers, gaps
 
 
-def _inconclusive(pairs: list[tuple[Attempt, Attempt]], config: dict[str, str], window: dict[str, Any],
+def _inconclusive(pairs: list[tuple[AnyAttempt, AnyAttempt]], config: dict[str, str], window: dict[str, Any],
                   gaps: dict[str, str], limits: dict[str, float], metrics_seen: bool) -> list[str]:
     reasons = []
     if not metrics_seen:
@@ -130,7 +131,7 @@ def _inconclusive(pairs: list[tuple[Attempt, Attempt]], config: dict[str, str], 
     return reasons
 
 
-def _hits_rule(pairs: list[tuple[Attempt, Attempt]], window: dict[str, Any], config: dict[str, str],
+def _hits_rule(pairs: list[tuple[AnyAttempt, AnyAttempt]], window: dict[str, Any], config: dict[str, str],
                limits: dict[str, float]) -> RuleResult:
     hits = window.get("prefix_cache_hits")
     evidence = ("metrics.jsonl control window", "records.jsonl control pairs (cached_tokens)")
@@ -169,7 +170,7 @@ def _hits_rule(pairs: list[tuple[Attempt, Attempt]], window: dict[str, Any], con
                       evidence=evidence)
 
 
-def _latency_rule(pairs: list[tuple[Attempt, Attempt]], limits: dict[str, float]) -> RuleResult:
+def _latency_rule(pairs: list[tuple[AnyAttempt, AnyAttempt]], limits: dict[str, float]) -> RuleResult:
     bound = 1 - limits["min_latency_gain"]
     ratios = [w.ttft_ms / c.ttft_ms for c, w in pairs if c.ttft_ms and w.ttft_ms is not None]
     evidence = ("records.jsonl control pairs (ttft_ms)",)
@@ -197,7 +198,7 @@ def _latency_rule(pairs: list[tuple[Attempt, Attempt]], limits: dict[str, float]
                       median, bound, evidence=evidence, interval=ci)
 
 
-def _answers_rule(pairs: list[tuple[Attempt, Attempt]]) -> RuleResult:
+def _answers_rule(pairs: list[tuple[AnyAttempt, AnyAttempt]]) -> RuleResult:
     broke = [w for c, w in pairs if c.valid and not w.valid]
     mended = [w for c, w in pairs if not c.valid and w.valid]
     p = mcnemar_one_sided(len(broke), len(mended))

@@ -20,16 +20,17 @@ unsalted scenarios (their prefixes do not change between runs).
 from __future__ import annotations
 
 import heapq
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
-import numpy as np
-
+from k3load.analysis.lean import AnyAttempt
 from k3load.analysis.pillar import PillarResult
 from k3load.analysis.rundata import RunData
-from k3load.analysis.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, wilson
+from k3load.analysis.stats import ratio_cis, wilson
 from k3load.analysis.timeline import MetricIndex
-from k3load.records import Attempt
 
 DEFAULT_BLOCK = 16  # vLLM's default block size, used only when vllm:cache_config_info was not scraped
 REACHED = 0.9  # an attempt "reached its design" when it reused at least this share of it
@@ -51,7 +52,7 @@ class Geometry:
         return max(tokens, 0)
 
 
-def salt_key(attempt: Attempt, kind: str) -> tuple[Any, ...]:
+def salt_key(attempt: AnyAttempt, kind: str) -> tuple[Any, ...]:
     """Requests with equal keys carry the same salt (see the module doc)."""
     if kind == "request":
         return ("request", attempt.stream_pair or attempt.chain_id)
@@ -60,37 +61,104 @@ def salt_key(attempt: Attempt, kind: str) -> tuple[Any, ...]:
     return (kind,)
 
 
-def _ready_ts(attempt: Attempt) -> float | None:
+def _ready_ts(attempt: AnyAttempt) -> float | None:
     """When the attempt's prompt was in the cache: its first token (or a whole answer's end)."""
     if attempt.first_token_ts is not None:
         return attempt.first_token_ts
     return attempt.end_ts if attempt.status == "ok" else None
 
 
-def designed_tokens(attempts: list[Attempt], design: dict[str, Any], geometry: Geometry) -> dict[str, int]:
+SaltKey = tuple[Any, ...]
+SMALL_GROUP = 8  # a salt key seen with this many variants or fewer is scanned, not cached
+
+
+class _Seen:
+    """The variants whose prompts were in the cache when a request was sent, by salt key, and the best
+    prefix a request can share with them: under its own salt (the same variant family), or with a
+    variant seen under another salt (its B twin). Why the maxima are cached: a request is compared
+    with every variant seen so far, and an hour's soak sends 360,000 requests against a few dozen
+    variants whose salt keys change only when a variant is first seen under a new key."""
+
+    def __init__(self, matrix: list[list[int]], other: dict[int, int]) -> None:
+        self.matrix, self.other = matrix, other
+        self.same: dict[SaltKey, set[int]] = {}
+        self.keys: dict[int, set[SaltKey]] = {}  # variant -> up to two salt keys it was seen with
+        self.version = 0  # bumped whenever a variant's keys change: the maxima below are then recomputed
+        self._across: dict[int, tuple[int, int | None, int | None, SaltKey | None, int | None]] = {}
+        self._within: dict[tuple[SaltKey, int], tuple[int, int]] = {}
+
+    def add(self, variant: int, key: SaltKey) -> None:
+        self.same.setdefault(key, set()).add(variant)
+        keys = self.keys.setdefault(variant, set())
+        if len(keys) < 2 and key not in keys:
+            keys.add(key)
+            self.version += 1
+
+    def within(self, me: int, key: SaltKey) -> int:
+        """The longest prefix `me` shares with a variant seen under the same salt key (0: none)."""
+        group = self.same.get(key)
+        if not group:
+            return 0
+        if len(group) <= SMALL_GROUP:
+            return max(self.matrix[me][v] for v in group)
+        cached = self._within.get((key, me))
+        if cached is None or cached[0] != len(group):  # a set only grows: its size names its content
+            cached = self._within[(key, me)] = (len(group), max(self.matrix[me][v] for v in group))
+        return cached[1]
+
+    def across(self, me: int, key: SaltKey) -> int | None:
+        """The longest prefix `me` shares with the B twin of a variant seen under a key other than `key`
+        (None: no such variant)."""
+        cached = self._across.get(me)
+        if cached is None or cached[0] != self.version:
+            cached = self._across[me] = (self.version, *self._maxima(me))
+        _, multi, single, single_key, second = cached
+        found = single if single_key != key else second
+        if multi is None:
+            return found
+        return multi if found is None else max(multi, found)
+
+    def _maxima(self, me: int) -> tuple[int | None, int | None, SaltKey | None, int | None]:
+        """Over the variants seen under two keys (one of them differs from any key), and over those seen
+        under one: the best, its key, and the best under any other key."""
+        row, multi, single = self.matrix[me], None, {}
+        for variant, keys in self.keys.items():
+            value = row[self.other[variant]]
+            if len(keys) > 1:
+                multi = value if multi is None else max(multi, value)
+                continue
+            (key,) = keys
+            if key not in single or value > single[key]:
+                single[key] = value
+        if not single:
+            return multi, None, None, None
+        best_key = max(single, key=single.__getitem__)
+        second = max((v for k, v in single.items() if k != best_key), default=None)
+        return multi, single[best_key], best_key, second
+
+
+def designed_tokens(attempts: list[AnyAttempt], design: dict[str, Any], geometry: Geometry) -> dict[str, int]:
     """attempt_id -> designed reused tokens, for the attempts whose scenario and turn were measured."""
     index = {key: i for i, key in enumerate(design.get("variants") or [])}
     matrix: list[list[int]] = design.get("shared_prefix_tokens") or []
     lengths: list[int] = design.get("prompt_tokens") or []
     kinds = {name: s.get("prefix_salt", "none") for name, s in (design.get("scenarios") or {}).items()}
     other = {i: index.get(key[:-1] + "B", i) for key, i in index.items()}  # variant A -> its B (or itself)
-    seen_same: dict[tuple[Any, ...], set[int]] = {}
-    seen_keys: dict[int, set[tuple[Any, ...]]] = {}  # variant -> up to two salt keys it was seen with
-    pending: list[tuple[float, int, int, tuple[Any, ...]]] = []
+    seen = _Seen(matrix, other)
+    pending: list[tuple[float, int, int, SaltKey]] = []
     out: dict[str, int] = {}
-    for order, attempt in enumerate(sorted(attempts, key=lambda a: (a.send_ts, a.attempt_id))):
+    for order, attempt in enumerate(sorted(attempts, key=attrgetter("send_ts", "attempt_id"))):
         while pending and pending[0][0] <= attempt.send_ts:
             _, _, variant, key = heapq.heappop(pending)
-            seen_same.setdefault(key, set()).add(variant)
-            keys = seen_keys.setdefault(variant, set())
-            if len(keys) < 2:
-                keys.add(key)
+            seen.add(variant, key)
         me = index.get(f"{attempt.scenario}/{attempt.turn}/A")
         if me is None or attempt.scenario not in kinds:
             continue
         key = salt_key(attempt, kinds[attempt.scenario])
-        best = max((matrix[me][v] for v in seen_same.get(key, ())), default=0)
-        best = max([best, *(matrix[me][other[v]] for v, keys in seen_keys.items() if keys - {key})])
+        best = seen.within(me, key)
+        across = seen.across(me, key)
+        if across is not None:
+            best = max(best, across)
         prompt = attempt.prompt_tokens if attempt.prompt_tokens is not None else lengths[me]
         out[attempt.attempt_id] = geometry.floor(min(best, prompt - 1))
         ready = _ready_ts(attempt)
@@ -99,46 +167,54 @@ def designed_tokens(attempts: list[Attempt], design: dict[str, Any], geometry: G
     return out
 
 
-def ratio_ci(numerators: list[int], denominators: list[int], resamples: int = BOOTSTRAP_RESAMPLES
-             ) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of sum(numerators)/sum(denominators), resampling attempts (a
-    request's tokens are not independent of each other, so tokens are never the unit); seeded."""
-    n = len(numerators)
-    if n < 2 or not sum(denominators):
-        return None
-    num, den = np.asarray(numerators, dtype=float), np.asarray(denominators, dtype=float)
-    rng = np.random.Generator(np.random.PCG64(BOOTSTRAP_SEED))
-    ratios: list[float] = []
-    chunk = max(1, min(resamples, 2_000_000 // n))
-    while len(ratios) < resamples:
-        picks = rng.integers(0, n, size=(min(chunk, resamples - len(ratios)), n))
-        sums = den[picks].sum(axis=1)
-        ratios += [float(x) for x in (num[picks].sum(axis=1)[sums > 0] / sums[sums > 0])]
-        if not sums.any():
-            break
-    if not ratios:
-        return None
-    ratios.sort()
-    return ratios[int(0.025 * (len(ratios) - 1))], ratios[int(np.ceil(0.975 * (len(ratios) - 1)))]
+@dataclass
+class _Tokens:
+    """A family's attempts with a design (`rows`) and, of those with usage, the token columns."""
+
+    rows: int
+    prompt: list[int]
+    designed: list[int]
+    achieved: list[int]
 
 
-def family_row(attempts: list[Attempt], design: dict[str, int]) -> dict[str, Any]:
-    """One family's figures: token sums, shares of the prompt, achieved/designed with intervals."""
+def _tokens(attempts: list[AnyAttempt], design: dict[str, int]) -> _Tokens:
     rows = [a for a in attempts if a.attempt_id in design and a.prompt_tokens]
     used = [a for a in rows if a.cached_tokens is not None]
-    prompt = [a.prompt_tokens or 0 for a in used]
-    designed = [design[a.attempt_id] for a in used]
-    achieved = [a.cached_tokens or 0 for a in used]
+    return _Tokens(len(rows), [a.prompt_tokens or 0 for a in used], [design[a.attempt_id] for a in used],
+                   [a.cached_tokens or 0 for a in used])
+
+
+def family_rows(groups: list[list[AnyAttempt]], design: dict[str, int]) -> list[dict[str, Any]]:
+    """`family_row` of each group. Their bootstrap intervals are drawn in threads, the largest first:
+    numpy draws and sums with the GIL released, and at an hour's soak they are most of the analysis's
+    time. Each interval has its own seeded generator, so the threads change no number."""
+    parts = [_tokens(group, design) for group in groups]
+    order = sorted(range(len(parts)), key=lambda i: -len(parts[i].achieved))
+    with ThreadPoolExecutor(max_workers=max(1, min(len(parts), os.cpu_count() or 1))) as pool:
+        drawn = dict(zip(order, pool.map(lambda i: ratio_cis(parts[i].achieved, [parts[i].prompt,
+                                                                                  parts[i].designed]), order),
+                         strict=True))
+    return [_row(part, *drawn[i]) for i, part in enumerate(parts)]
+
+
+def family_row(attempts: list[AnyAttempt], design: dict[str, int]) -> dict[str, Any]:
+    """One family's figures: token sums, shares of the prompt, achieved/designed with intervals."""
+    return family_rows([attempts], design)[0]
+
+
+def _row(tokens: _Tokens, share_ci: tuple[float, float] | None, design_ci: tuple[float, float] | None
+         ) -> dict[str, Any]:
+    prompt, designed, achieved = tokens.prompt, tokens.designed, tokens.achieved
     with_design = [(d, c) for d, c in zip(designed, achieved, strict=True) if d > 0]
     reached = wilson(sum(1 for d, c in with_design if c >= REACHED * d), len(with_design))
     out: dict[str, Any] = {
-        "attempts": len(rows), "attempts_with_usage": len(used), "attempts_with_design": len(with_design),
+        "attempts": tokens.rows, "attempts_with_usage": len(achieved), "attempts_with_design": len(with_design),
         "prompt_tokens": sum(prompt), "designed_tokens": sum(designed), "achieved_tokens": sum(achieved),
         "designed_share": sum(designed) / sum(prompt) if sum(prompt) else None,
         "achieved_share": sum(achieved) / sum(prompt) if sum(prompt) else None,
-        "achieved_share_ci95": _list(ratio_ci(achieved, prompt)),
+        "achieved_share_ci95": _list(share_ci),
         "achieved_of_design": sum(achieved) / sum(designed) if sum(designed) else None,
-        "achieved_of_design_ci95": _list(ratio_ci(achieved, designed)) if sum(designed) else None,
+        "achieved_of_design_ci95": _list(design_ci) if sum(designed) else None,
         "reached_design": reached.to_dict()}
     return out
 
@@ -256,7 +332,7 @@ def geometry_of(config: dict[str, str]) -> Geometry:
 
 
 def _thin(index: MetricIndex, limits: dict[str, float], config: dict[str, str], t0: float, t1: float,
-          rows: list[Attempt]) -> list[str]:
+          rows: list[AnyAttempt]) -> list[str]:
     """Why a shortfall may say nothing about the cache: eviction under capacity, an unknown geometry."""
     why = []
     kv = index.gauge("vllm:kv_cache_usage_perc", t0, t1)
@@ -306,14 +382,14 @@ def judge_reuse(data: RunData, index: MetricIndex, limits: dict[str, float], con
     scenarios = scenario_design(design)
     families: dict[str, dict[str, Any]] = {}
     findings = []
-    for family in sorted({a.family for a in attempts}):
-        row = family_row([a for a in attempts if a.family == family], designed)
+    names = sorted({a.family for a in attempts})
+    *rows, total = family_rows([*([a for a in attempts if a.family == f] for f in names), attempts], designed)
+    for family, row in zip(names, rows, strict=True):
         if not row["attempts"]:
             continue
         finding = judge_family(family, row, scenarios, limits, thin)
         families[family] = row | {"finding": finding.to_dict()}
         findings.append(finding)
-    total = family_row(attempts, designed)
     m0 = min([t0, *(a.send_ts for a in attempts)])  # the counters cover every request, in flight at the edges too
     m1 = max([t1, *(a.end_ts for a in attempts)]) + METRICS_SLACK_S
     hits = index.delta("vllm:prefix_cache_hits_total", m0, m1)

@@ -3,11 +3,18 @@
 Why one loader: `k3load analyze DIR` must judge a directory copied from a GPU cluster exactly as the
 run that wrote it did, so nothing downstream reads files or the clock on its own. Missing files are
 empty tables (a pillar then says `not_run` or `inconclusive`, with the reason), never an error.
+
+Why streamed and lean: an hour at 100 requests/s is 360,000 records (about 650 MB of JSON lines). Each
+line is read, reduced to what the rules read (`analysis/lean.py`: the attempts) and the stage table's
+columns (`RunData.records`), and dropped, so neither the file's text nor its parsed dicts are held. The
+format is read here only (`_record_lines`, `_jsonl`): a compressed or columnar records file plugs in
+there, and everything downstream reads `RunData`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,9 +22,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from k3load.analysis.lean import DEFAULTS, AnyAttempt, Interner, lean_attempt
 from k3load.plan import Plan, PlanError, parse_plan
-from k3load.records import Attempt, read_records
-from k3load.validate import primary_layer
 
 RECORD_COLUMNS = ("attempt_id", "chain_id", "attempt", "stage", "scenario", "family", "turn", "turn_kind",
                   "status", "send_ts", "first_token_ts", "end_ts", "ttft_ms", "itl_mean_ms", "e2e_ms",
@@ -40,7 +46,7 @@ class RunData:
     path: Path
     run: dict[str, Any] = field(default_factory=dict)
     plan: Plan | None = None
-    attempts: list[Attempt] = field(default_factory=list)
+    attempts: list[AnyAttempt] = field(default_factory=list)  # file order; LeanAttempt when loaded from disk
     records: pd.DataFrame = field(default_factory=pd.DataFrame)
     metrics: list[dict[str, Any]] = field(default_factory=list)
     gpu: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -60,37 +66,97 @@ class RunData:
         return None
 
 
-def _jsonl(path: Path, problems: list[str]) -> list[dict[str, Any]]:
+def _lines(path: Path, errors: str = "strict") -> Iterator[tuple[int, str, bool]]:
+    """(number, line, is_last) of the non-blank lines, streamed; lines end at "\\n" only (a record's
+    text may hold U+2028 or U+0085, which `str.splitlines` would cut)."""
+    with path.open(encoding="utf-8", errors=errors, newline="\n") as handle:
+        previous: tuple[int, str] | None = None
+        for number, line in enumerate(handle, start=1):
+            if previous is not None:
+                yield previous[0], previous[1], False
+                previous = None
+            if line.strip():
+                previous = (number, line)
+            else:
+                yield number, line, False  # a blank line after a torn one: that one was not the last
+        if previous is not None:
+            yield previous[0], previous[1], True
+
+
+def _jsonl(path: Path, problems: list[str], shared: Interner | None = None) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     rows = []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    for number, line in enumerate(lines, start=1):
+    for number, line, last in _lines(path, errors="replace"):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
-            if number != len(lines):  # a torn last line is expected after a crash
+            if not last:  # a torn last line is expected after a crash
                 problems.append(f"{path.name}:{number}: unreadable line skipped")
+            continue
+        if shared is not None and isinstance(row, dict) and isinstance(row.get("samples"), dict):
+            row["samples"] = {shared(k): v for k, v in row["samples"].items()}  # series keys: one object each
+        rows.append(row)
     return rows
 
 
-def _with_primary_layer(attempts: list[Attempt]) -> None:
-    """Records written before `primary_layer` existed: the same rule, from the findings they carry."""
-    for attempt in attempts:
-        if attempt.primary_layer is None and not attempt.valid:
-            attempt.primary_layer = primary_layer(attempt.findings)
+def _record_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) of records.jsonl; a torn last line (the writer was killed mid-write) is
+    skipped, any other unreadable line is an error (as `k3load.records.read_records` says it)."""
+    for number, line, last in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if last:
+                return
+            raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
+        yield number, record
 
 
-def _records_frame(attempts: list[Attempt]) -> pd.DataFrame:
-    rows = [{c: getattr(a, c) for c in RECORD_COLUMNS} | {"failed_layers": list(a.failed_layers)}
-            for a in attempts]
-    frame = pd.DataFrame(rows, columns=[*RECORD_COLUMNS, "failed_layers"])
+# Columns of RunData.records that no rule reads from the attempts: taken from the line as it passes.
+FRAME_ONLY = ("turn_kind", "itl_mean_ms", "completion_tokens", "max_tokens", "error", "failed_layers")
+
+
+def _read_records(path: Path) -> tuple[list[AnyAttempt], dict[str, list[Any]]]:
+    """The lean attempts and the frame-only columns, one line at a time."""
+    shared = Interner()
+    attempts: list[AnyAttempt] = []
+    columns: dict[str, list[Any]] = {name: [] for name in FRAME_ONLY}
+    keep = [(columns[name].append, name, DEFAULTS.get(name)) for name in FRAME_ONLY if name != "failed_layers"]
+    layers, layer_lists = columns["failed_layers"].append, {}
+    for number, record in _record_lines(path):
+        try:
+            if not isinstance(record, dict):
+                raise TypeError(f"a JSON {type(record).__name__}, not an object")
+            attempts.append(lean_attempt(record, shared))
+        except TypeError as exc:
+            raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
+        for append, name, default in keep:
+            append(shared(record.get(name, default)) if name in ("turn_kind", "error") else record.get(name, default))
+        failed = tuple(record.get("failed_layers") or ())
+        layers(layer_lists.setdefault(failed, list(failed)))  # one list per distinct value, as today's frame holds
+    return attempts, columns
+
+
+def read_attempts(path: Path) -> list[AnyAttempt]:
+    """The lean attempts of a records.jsonl alone (a reference run's, for its profile)."""
+    return _read_records(path)[0]
+
+
+def _records_frame(attempts: list[AnyAttempt], frame_only: dict[str, list[Any]]) -> pd.DataFrame:
+    """The stage table's view: RECORD_COLUMNS and failed_layers, in send order (the values, and so the
+    dtypes pandas infers, are those the frame of whole Attempts had)."""
+    data = {c: frame_only[c] if c in frame_only else [getattr(a, c) for a in attempts] for c in RECORD_COLUMNS}
+    data["failed_layers"] = frame_only["failed_layers"]
+    frame = pd.DataFrame(data, columns=[*RECORD_COLUMNS, "failed_layers"])
     return frame.sort_values(["send_ts", "attempt_id"], kind="mergesort").reset_index(drop=True)
 
 
-def _stage_windows(events: list[dict[str, Any]], attempts: list[Attempt]) -> list[StageWindow]:
+def _stage_windows(events: list[dict[str, Any]], attempts: list[AnyAttempt]) -> list[StageWindow]:
     starts = sorted((e for e in events if e.get("event") == "stage_start"), key=lambda e: e["ts"])
     ends = [e["ts"] for e in events if e.get("event") == "run_end"]
     last = max([*ends, *(a.end_ts for a in attempts)], default=None)
@@ -113,11 +179,13 @@ def load_run(path: Path) -> RunData:
             data.plan = parse_plan(yaml.safe_load(text), str(path / "plan.yaml"), text)
         except (PlanError, yaml.YAMLError) as exc:
             problems.append(f"plan.yaml: {exc}")
+    attempts: list[AnyAttempt] = []
+    frame_only: dict[str, list[Any]] = {name: [] for name in FRAME_ONLY}
     if (path / "records.jsonl").exists():
-        data.attempts = read_records(path / "records.jsonl")
-        _with_primary_layer(data.attempts)
-    data.records = _records_frame(data.attempts)
-    data.metrics = sorted(_jsonl(path / "metrics.jsonl", problems), key=lambda r: r.get("ts", 0))
+        attempts, frame_only = _read_records(path / "records.jsonl")
+    data.attempts = attempts
+    data.records = _records_frame(attempts, frame_only)
+    data.metrics = sorted(_jsonl(path / "metrics.jsonl", problems, Interner()), key=lambda r: r.get("ts", 0))
     data.gpu = pd.DataFrame(_jsonl(path / "gpu.jsonl", problems))
     data.events = sorted(_jsonl(path / "events.jsonl", problems), key=lambda r: r.get("ts", 0))
     for event in data.events_named("worker_spools"):  # the master gave up waiting for a worker's records

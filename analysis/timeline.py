@@ -47,6 +47,9 @@ class MetricIndex:
     """The ok scrapes of one run, indexed by series name once (keys are parsed a single time)."""
 
     def __init__(self, lines: list[dict[str, Any]]) -> None:
+        # A key is parsed once however many scrapes carry it: an hour at 1 Hz repeats each of a few
+        # hundred series 3,600 times. The labels are shared between scrapes and only ever read.
+        keys: dict[str, tuple[str, dict[str, str]]] = {}
         self.scrapes: list[Scrape] = []  # every source, in time order
         self.by_source: dict[str, list[Scrape]] = defaultdict(list)
         self.failed: dict[str, list[tuple[float, str]]] = defaultdict(list)  # source -> [(ts, why)]
@@ -61,8 +64,10 @@ class MetricIndex:
             for key, value in (line.get("samples") or {}).items():
                 if value is None:
                     continue
-                name, labels = split_key(key)
-                values[name].append((labels, value))
+                parsed = keys.get(key)
+                if parsed is None:
+                    parsed = keys[key] = split_key(key)
+                values[parsed[0]].append((parsed[1], value))
             scrape = Scrape(line["ts"], dict(values))
             self.scrapes.append(scrape)
             self.by_source[source].append(scrape)

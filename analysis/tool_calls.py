@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from k3load.analysis.lean import AnyAttempt
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS, percentile
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.stats import wilson
 from k3load.plan import Plan
-from k3load.records import Attempt
 from k3load.stream_equivalence import BOTH_VALID, NOT_COMPARED, OUTCOMES
 from k3load.stream_equivalence import CHECK as EQUIVALENCE
 
@@ -25,18 +25,18 @@ PILLAR = "agent_api"
 STREAM_PATH_WRONG = OUTCOMES[-1]
 
 
-def _finding(attempt: Attempt, check: str) -> Any:
+def _finding(attempt: AnyAttempt, check: str) -> Any:
     return next((f for f in attempt.findings if f.check == check), None)
 
 
-def _outcome(attempt: Attempt) -> str | None:
+def _outcome(attempt: AnyAttempt) -> str | None:
     found = _finding(attempt, EQUIVALENCE)
     if found is None:
         return None
     return found.detail if found.ok else STREAM_PATH_WRONG
 
 
-def stream_equivalence(attempts: list[Attempt], limits: dict[str, float], plan: Plan | None
+def stream_equivalence(attempts: list[AnyAttempt], limits: dict[str, float], plan: Plan | None
                        ) -> tuple[dict[str, Any], RuleResult | None]:
     """Per stage (a concurrency level) and in all: the pairs compared and how many times the streamed
     answer was wrong where its whole twin was right, with an interval."""
@@ -88,7 +88,7 @@ def _distribution(values: list[float]) -> dict[str, float | int | None]:
             "max": max(values) if values else None}
 
 
-def cadence(attempts: list[Attempt], limits: dict[str, float]) -> tuple[dict[str, Any], RuleResult | None]:
+def cadence(attempts: list[AnyAttempt], limits: dict[str, float]) -> tuple[dict[str, Any], RuleResult | None]:
     """Streamed tool calls: the span from the first tool-call delta to the arguments' end, the longest
     silence inside the call, the deltas per call; silences past the plan's limit and stalls that our
     deadline cut (each a finding on its attempt) with their rate."""
@@ -120,7 +120,7 @@ def cadence(attempts: list[Attempt], limits: dict[str, float]) -> tuple[dict[str
                                f"(limit {limit:.0f} ms)", longest, limit, None, evidence, (rate.low, rate.high))
 
 
-def parallel_calls(attempts: list[Attempt]) -> dict[str, Any]:
+def parallel_calls(attempts: list[AnyAttempt]) -> dict[str, Any]:
     """Turns that expect several calls in one answer (`expect.calls`): how many answers carried exactly
     the calls asked for, and how the others went wrong (short, merged arguments, a call emitted twice)."""
     asked = [a for a in attempts if _finding(a, "expect.calls") is not None]
@@ -134,7 +134,7 @@ def parallel_calls(attempts: list[Attempt]) -> dict[str, Any]:
     return numbers
 
 
-def no_transition(attempts: list[Attempt]) -> tuple[dict[str, Any], str | None]:
+def no_transition(attempts: list[AnyAttempt]) -> tuple[dict[str, Any], str | None]:
     """Answers that never left the reasoning (reasoning present, content and calls empty), split by
     the evidence: tool-call markup inside the reasoning (the parser's, vllm#53246) or none (the model's)."""
     found = [f for a in attempts for f in a.findings if f.check == "reasoning.no_transition" and not f.ok]
@@ -147,7 +147,7 @@ def no_transition(attempts: list[Attempt]) -> tuple[dict[str, Any], str | None]:
                      "think-to-answer transition and the reasoning parser kept everything (vllm#53246)")
 
 
-def known_failures(attempts: list[Attempt], limits: dict[str, float], plan: Plan | None
+def known_failures(attempts: list[AnyAttempt], limits: dict[str, float], plan: Plan | None
                    ) -> tuple[dict[str, Any], list[RuleResult], list[str]]:
     """Every section's numbers, its rules and the reasons to say beside the valid rate."""
     equivalence, equivalence_rule = stream_equivalence(attempts, limits, plan)

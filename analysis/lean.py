@@ -1,0 +1,133 @@
+"""What the judgment keeps of one attempt record: the fields its rules read, nothing else.
+
+Why not the whole `k3load.records.Attempt`: an hour at 100 requests/s is 360,000 records of about
+1.8 KB each, and a dataclass per record holding its reasoning, content, tool-call arguments and every
+finding took 2.8 GiB. `LeanAttempt` has the same attribute names and meanings as `Attempt` for the
+fields it keeps (rules written against one read the other unchanged; the unit tests still hand them
+real `Attempt`s), in slots, with the repeated values shared:
+
+- `findings`: a tuple of shared `Finding`s, the same tuple for every record with the same findings
+  (most records of a scenario turn fail nothing, and say so identically);
+- `tool_calls`: the calls' function names only (`agreement.tool_names` reads a name from either shape),
+  the arguments having been checked by the runner already (the findings say how they fared);
+- `error_body`: kept only where the rules read it, on HTTP 400 (vLLM's context-length refusal);
+- repeated strings (stage, scenario, status, layers, hashes, user ids) are one object each.
+
+Dropped: the text (reasoning, content), the transport, the per-attempt inter-token percentiles and
+decode time, which no rule reads (the stage table reads `itl_mean_ms` from `RunData.records`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+
+from k3load.records import Attempt, Finding
+from k3load.validate import primary_layer
+
+REQUIRED = frozenset(f.name for f in fields(Attempt) if f.default is MISSING and f.default_factory is MISSING)
+DEFAULTS = {f.name: (f.default if f.default is not MISSING else f.default_factory())  # type: ignore[misc]
+             for f in fields(Attempt) if f.name not in REQUIRED}
+
+
+@dataclass(slots=True, eq=False)
+class LeanAttempt:
+    """One attempt as the rules read it (field meanings: `k3load.records.Attempt`)."""
+
+    attempt_id: str
+    chain_id: str
+    attempt: int
+    stage: str
+    scenario: str
+    family: str
+    turn: int
+    user_id: str
+    request_sha256: str
+    prefix_sha256: str
+    status: str
+    send_ts: float
+    end_ts: float
+    first_token_ts: float | None
+    ttft_ms: float | None
+    e2e_ms: float | None
+    chunks: int
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    request_bytes: int | None
+    finish_reason: str | None
+    http_status: int | None
+    error_body: str | None  # only on HTTP 400: the one body a rule reads (context-length refusals)
+    tool_calls: tuple[str, ...]  # the calls' function names, in the answer's order
+    findings: tuple[Finding, ...]
+    valid: bool
+    will_retry: bool
+    drill: bool
+    primary_layer: str | None
+    control_pair: int | None
+    control_role: str | None
+    stream_pair: str | None
+    stream_role: str | None
+    tool_call_span_ms: float | None
+    tool_call_max_gap_ms: float | None
+    tool_call_deltas: int | None
+    last_silence_ms: float | None
+
+
+AnyAttempt = Attempt | LeanAttempt
+SHARED = ("stage", "scenario", "family", "user_id", "request_sha256", "prefix_sha256", "status", "finish_reason",
+          "primary_layer", "control_role", "stream_role")
+
+
+def call_name(call: Any) -> str:
+    """A tool call's function name, from a recorded call (a dict) or a lean record's name."""
+    if isinstance(call, str):
+        return call
+    return str((call.get("function") or {}).get("name") or call.get("name") or "")
+
+
+class Interner:
+    """One object per distinct value across a run's records (strings, findings tuples, name tuples)."""
+
+    def __init__(self) -> None:
+        self.values: dict[Any, Any] = {}
+        self.findings: dict[tuple[tuple[Any, ...], ...], tuple[Finding, ...]] = {}
+
+    def __call__(self, value: Any) -> Any:
+        return self.values.setdefault(value, value) if value is not None else None
+
+    def finding_tuple(self, raw: list[dict[str, Any]]) -> tuple[Finding, ...]:
+        key = tuple((f.get("check"), f.get("ok"), f.get("layer"), f.get("detail", ""), len(f)) for f in raw)
+        found = self.findings.get(key)
+        if found is None:
+            found = self.findings[key] = tuple(self._finding(f) for f in raw)
+        return found
+
+    def _finding(self, raw: dict[str, Any]) -> Finding:
+        finding = Finding(**raw)  # a malformed finding fails here as it does in Attempt.from_dict
+        finding.check, finding.layer, finding.detail = self(finding.check), self(finding.layer), self(finding.detail)
+        return finding
+
+
+def lean_attempt(record: dict[str, Any], shared: Interner) -> LeanAttempt:
+    """The record's lean form; a record missing a required field raises TypeError like `Attempt(**record)`."""
+    if not record.keys() >= REQUIRED:
+        missing = sorted(REQUIRED - record.keys())
+        raise TypeError(f"Attempt.__init__() missing required arguments: {', '.join(map(repr, missing))}")
+    get = record.get
+    findings = shared.finding_tuple(get("findings") or [])
+    layer = get("primary_layer")
+    valid = get("valid", True)
+    if layer is None and not valid:  # written before primary_layer existed: the same rule, from its findings
+        layer = primary_layer(list(findings))
+    http_status = get("http_status")
+    return LeanAttempt(
+        record["attempt_id"], record["chain_id"], record["attempt"], shared(record["stage"]),
+        shared(record["scenario"]), shared(record["family"]), record["turn"], shared(record["user_id"]),
+        shared(record["request_sha256"]), shared(record["prefix_sha256"]), shared(record["status"]),
+        record["send_ts"], record["end_ts"], get("first_token_ts"), get("ttft_ms"), get("e2e_ms"),
+        get("chunks", 0), get("prompt_tokens"), get("cached_tokens"), get("request_bytes"),
+        shared(get("finish_reason")), http_status, get("error_body") if http_status == 400 else None,
+        shared(tuple(shared(call_name(c)) for c in get("tool_calls") or ())), findings, valid,
+        get("will_retry", False), get("drill", False), shared(layer), get("control_pair"),
+        shared(get("control_role")), get("stream_pair"), shared(get("stream_role")), get("tool_call_span_ms"),
+        get("tool_call_max_gap_ms"), get("tool_call_deltas"), get("last_silence_ms"))

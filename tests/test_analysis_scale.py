@@ -1,0 +1,234 @@
+"""Analysis at scale judges exactly as the straightforward path does (issue 16, item 4).
+
+Why: the loader (lean records, streamed), the bootstrap (shared picks, threads), the reuse replay
+(cached maxima) and the percentile (selection) were rewritten for an hour's soak (360,000 records), and
+a verdict is a pure function of the run directory: the same files must give the same verdict.json byte
+for byte. The reference path is the code as first written, kept here: whole `Attempt`s and the frame of
+their fields, `ratio_ci` per interval, every request compared with every variant, a sorted pick. It runs
+in the same tree, so a change elsewhere that alters verdicts on purpose moves both sides alike.
+`tests/data/scale-run` is a small acceptance run against the sim (743 records: control pairs, a
+streaming drill, drains, reuse design); it is judged as stored and multiplied four times by
+`bench/analysis_scale.py`. No timing here: the bench prints time and memory against the commit before.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import random
+import shutil
+import sys
+from dataclasses import fields
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from k3load.analysis import rundata
+from k3load.analysis.analyze import analyze
+from k3load.analysis.lean import LeanAttempt, call_name
+from k3load.analysis.pillar import percentile
+from k3load.analysis.reuse import Geometry, _ready_ts, designed_tokens, salt_key
+from k3load.analysis.stats import ratio_ci, ratio_cis
+from k3load.records import Attempt, Finding, read_records
+from k3load.validate import primary_layer
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "scale-run"
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("analysis_scale", ROOT / "bench" / "analysis_scale.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _unpack(dest: Path) -> Path:
+    dest.mkdir()
+    for path in DATA.iterdir():
+        if path.name.endswith(".gz"):
+            (dest / path.name[:-3]).write_bytes(gzip.decompress(path.read_bytes()))
+        elif not path.name.endswith(".golden.json"):
+            shutil.copy(path, dest / path.name)
+    return dest
+
+
+def _attempts_frame(path: Path) -> tuple[list[Attempt], pd.DataFrame]:
+    """The loading path as it was: whole Attempts, primary layers filled in, a frame of their fields."""
+    attempts = read_records(path / "records.jsonl")
+    for a in attempts:
+        if a.primary_layer is None and not a.valid:
+            a.primary_layer = primary_layer(a.findings)
+    rows = [{c: getattr(a, c) for c in rundata.RECORD_COLUMNS} | {"failed_layers": list(a.failed_layers)}
+            for a in attempts]
+    frame = pd.DataFrame(rows, columns=[*rundata.RECORD_COLUMNS, "failed_layers"])
+    return attempts, frame.sort_values(["send_ts", "attempt_id"], kind="mergesort").reset_index(drop=True)
+
+
+def _verdicts(run: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bytes, bytes]:
+    """verdict.json as judged now, and as judged by the straightforward path."""
+    analyze(run)
+    now = (run / "verdict.json").read_bytes()
+    with monkeypatch.context() as patch:
+        def load_whole(path: Path) -> rundata.RunData:
+            data = load_run(path)
+            data.attempts, data.records = _attempts_frame(path)  # type: ignore[assignment]
+            return data
+
+        load_run = rundata.load_run
+        patch.setattr("k3load.analysis.analyze.load_run", load_whole)
+        patch.setattr("k3load.analysis.reuse.designed_tokens", _replay)
+        patch.setattr("k3load.analysis.reuse.ratio_cis", lambda num, dens: [ratio_ci(num, d) for d in dens])
+        for module in ("stages", "tool_calls"):
+            patch.setattr(f"k3load.analysis.{module}.percentile", _sorted_percentile)
+        analyze(run)
+    return now, (run / "verdict.json").read_bytes()
+
+
+def test_small_run_is_judged_as_by_the_straightforward_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    now, reference = _verdicts(_unpack(tmp_path / "run"), monkeypatch)
+    assert json.loads(now)["verdict"] == "go"
+    assert now == reference
+
+
+def test_multiplied_run_is_judged_as_by_the_straightforward_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """Four copies in a stretched soak: the cached reuse replay meets salt keys shared by many variants,
+    the bootstrap thousands of attempts per family, the percentiles thousands of latencies."""
+    big = tmp_path / "x4"
+    assert _bench().build_run(_unpack(tmp_path / "run"), big, 4 * 743, 300.0) == 4 * 743
+    now, reference = _verdicts(big, monkeypatch)
+    assert now == reference
+
+
+def _sorted_percentile(values: list[float], q: float) -> float | None:
+    clean = sorted(v for v in values if v is not None)
+    return clean[min(round(q * (len(clean) - 1)), len(clean) - 1)] if clean else None
+
+
+def test_lean_records_carry_what_the_attempts_did(tmp_path: Path) -> None:
+    run = _unpack(tmp_path / "run")
+    whole, frame = _attempts_frame(run)
+    data = rundata.load_run(run)
+    pd.testing.assert_frame_equal(data.records, frame, check_exact=True)
+    assert len(data.attempts) == len(whole)
+    for a, lean in zip(whole, data.attempts, strict=True):
+        for f in fields(LeanAttempt):
+            value = getattr(a, f.name)
+            if f.name == "tool_calls":
+                value = tuple(call_name(c) for c in value)
+            elif f.name == "findings":
+                value = tuple(value)
+            elif f.name == "error_body" and a.http_status != 400:
+                value = None
+            assert getattr(lean, f.name) == value, f.name
+
+
+def _record(i: int, **extra: Any) -> dict[str, Any]:
+    return Attempt(run_id="r", attempt_id=f"a{i}", chain_id=f"c{i}", attempt=1, stage="s", scenario="x",
+                   family="f", turn=0, turn_kind="answer", user_id="u", request_sha256="h", prefix_sha256="p",
+                   transport="t", status="ok", send_ts=float(i), end_ts=i + 0.5, **extra).__dict__ | {
+                       "findings": [Finding("transport", True).__dict__]}
+
+
+def test_records_reader_skips_only_a_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    lines = [json.dumps(_record(1, content="a\u2028b\x85c")), json.dumps(_record(2)), '{"run_id": "r", "att']
+    path.write_text("\n".join(lines), encoding="utf-8")
+    assert [a.attempt_id for a in rundata.read_attempts(path)] == ["a1", "a2"]  # U+2028 ends no line
+    path.write_text("\n".join([lines[0], lines[2], lines[1]]) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"records.jsonl:2: not an attempt record"):
+        rundata.read_attempts(path)
+    path.write_text(json.dumps({k: v for k, v in _record(3).items() if k != "stage"}) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="stage"):
+        rundata.read_attempts(path)
+
+
+def _replay(attempts: list[Attempt], design: dict[str, Any], geometry: Geometry) -> dict[str, int]:
+    """designed_tokens as first written: every request compared with every variant seen so far."""
+    import heapq
+
+    index = {key: i for i, key in enumerate(design.get("variants") or [])}
+    matrix, lengths = design["shared_prefix_tokens"], design["prompt_tokens"]
+    kinds = {name: s.get("prefix_salt", "none") for name, s in design["scenarios"].items()}
+    other = {i: index.get(key[:-1] + "B", i) for key, i in index.items()}
+    seen_same: dict[Any, set[int]] = {}
+    seen_keys: dict[int, set[Any]] = {}
+    pending: list[Any] = []
+    out = {}
+    for order, attempt in enumerate(sorted(attempts, key=lambda a: (a.send_ts, a.attempt_id))):
+        while pending and pending[0][0] <= attempt.send_ts:
+            _, _, variant, key = heapq.heappop(pending)
+            seen_same.setdefault(key, set()).add(variant)
+            keys = seen_keys.setdefault(variant, set())
+            if len(keys) < 2:
+                keys.add(key)
+        me = index.get(f"{attempt.scenario}/{attempt.turn}/A")
+        if me is None or attempt.scenario not in kinds:
+            continue
+        key = salt_key(attempt, kinds[attempt.scenario])
+        best = max((matrix[me][v] for v in seen_same.get(key, ())), default=0)
+        best = max([best, *(matrix[me][other[v]] for v, keys in seen_keys.items() if keys - {key})])
+        prompt = attempt.prompt_tokens if attempt.prompt_tokens is not None else lengths[me]
+        out[attempt.attempt_id] = geometry.floor(min(best, prompt - 1))
+        ready = _ready_ts(attempt)
+        if ready is not None:
+            heapq.heappush(pending, (ready, order, me, key))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reuse_replay_is_the_straightforward_one(seed: int) -> None:
+    """Random designs and traffic: salts per request, per pair, per run and none, chains, retries and
+    streaming twins, with few and many variants per salt key (the cache's small-group scan and its
+    cached maxima both run)."""
+    rng = random.Random(seed)
+    scenarios = {f"s{k}": {"prefix_salt": rng.choice(["request", "pair", "run", "none"]), "turns": 3}
+                 for k in range(4)}
+    variants = [f"{s}/{t}/{v}" for s in scenarios for t in range(3) for v in "AB"]
+    size = len(variants)
+    matrix = [[rng.randrange(0, 3000) for _ in range(size)] for _ in range(size)]
+    design = {"variants": variants, "shared_prefix_tokens": matrix,
+              "prompt_tokens": [rng.randrange(500, 4000) for _ in range(size)], "scenarios": scenarios}
+    attempts = []
+    for i in range(1500):
+        chain = rng.randrange(0, 400)
+        send = rng.uniform(0, 300)
+        attempts.append(Attempt(
+            run_id="r", attempt_id=f"a{i}", chain_id=f"c{chain}", attempt=rng.randint(1, 2), stage="soak",
+            scenario=rng.choice([*scenarios, "unmeasured"]), family="f", turn=rng.randrange(0, 4),
+            turn_kind="answer", user_id=f"u{rng.randrange(0, 5)}", request_sha256="h", prefix_sha256="p",
+            transport="t", status=rng.choice(["ok", "ok", "ok", "timeout"]), send_ts=send,
+            end_ts=send + rng.uniform(0.1, 20), first_token_ts=rng.choice([None, send + rng.uniform(0.05, 5)]),
+            prompt_tokens=rng.choice([None, rng.randrange(100, 4000)]), control_pair=rng.choice([None, 1, 2]),
+            stream_pair=rng.choice([None, None, f"p{rng.randrange(0, 50)}"])))
+    geometry = Geometry(16, rng.choice([None, 64]))
+    assert designed_tokens(attempts, design, geometry) == _replay(attempts, design, geometry)
+
+
+def test_shared_bootstrap_draws_ratio_ci_intervals() -> None:
+    rng = random.Random(7)
+    for n in (0, 1, 2, 3, 40, 3000):
+        num = [rng.randrange(0, 2000) for _ in range(n)]
+        dens = [[x + rng.randrange(0, 500) for x in num], [rng.choice([0, 0, rng.randrange(1, 900)]) for _ in num],
+                [0] * n, [x * 0.37 for x in num]]
+        assert ratio_cis(num, dens) == [ratio_ci(num, d) for d in dens]
+    parting = [[0, 0, 5], [1, 1, 1]]  # a resample summing to 0 shortens the first one's chunks
+    assert ratio_cis([1, 2, 3], parting) == [ratio_ci([1, 2, 3], d) for d in parting]
+
+
+def test_percentile_by_selection_is_the_sorted_pick() -> None:
+    rng = random.Random(3)
+    for n in (1, 10, 5000, 20000):
+        values = [rng.choice([rng.uniform(0, 100), float(rng.randrange(0, 4)), None]) for _ in range(n)]
+        clean = sorted(v for v in values if v is not None)
+        for q in (0.0, 0.5, 0.95, 0.99, 1.0):
+            assert percentile(values, q) == clean[min(round(q * (len(clean) - 1)), len(clean) - 1)]
+    assert str(percentile([0.0, -0.0] * 3000, 0.5)) == str(sorted([0.0, -0.0] * 3000)[3000])
