@@ -92,8 +92,10 @@ class Interner:
         self.values: dict[Any, Any] = {}
         self.findings: dict[tuple[tuple[Any, ...], ...], tuple[Finding, ...]] = {}
 
+        self.intern = self.values.setdefault  # intern(v, v): the hot loops call the bound method directly
+
     def __call__(self, value: Any) -> Any:
-        return self.values.setdefault(value, value) if value is not None else None
+        return self.values.setdefault(value, value)
 
     def finding_tuple(self, raw: list[dict[str, Any]]) -> tuple[Finding, ...]:
         key = tuple((f.get("check"), f.get("ok"), f.get("layer"), f.get("detail", ""), len(f)) for f in raw)
@@ -113,21 +115,27 @@ def lean_attempt(record: dict[str, Any], shared: Interner) -> LeanAttempt:
     if not record.keys() >= REQUIRED:
         missing = sorted(REQUIRED - record.keys())
         raise TypeError(f"Attempt.__init__() missing required arguments: {', '.join(map(repr, missing))}")
-    get = record.get
+    get, intern = record.get, shared.intern
     findings = shared.finding_tuple(get("findings") or [])
     layer = get("primary_layer")
     valid = get("valid", True)
     if layer is None and not valid:  # written before primary_layer existed: the same rule, from its findings
         layer = primary_layer(list(findings))
     http_status = get("http_status")
+    calls = get("tool_calls") or ()
+    names = intern(names, names) if calls and (names := tuple(intern(n, n) for n in map(call_name, calls))) else ()
+    stage, scenario, family, user, status = (record["stage"], record["scenario"], record["family"],
+                                             record["user_id"], record["status"])
+    request, prefix, finish, role = (record["request_sha256"], record["prefix_sha256"], get("finish_reason"),
+                                     get("control_role"))
+    stream_role = get("stream_role")
     return LeanAttempt(
-        record["attempt_id"], record["chain_id"], record["attempt"], shared(record["stage"]),
-        shared(record["scenario"]), shared(record["family"]), record["turn"], shared(record["user_id"]),
-        shared(record["request_sha256"]), shared(record["prefix_sha256"]), shared(record["status"]),
+        record["attempt_id"], record["chain_id"], record["attempt"], intern(stage, stage),
+        intern(scenario, scenario), intern(family, family), record["turn"], intern(user, user),
+        intern(request, request), intern(prefix, prefix), intern(status, status),
         record["send_ts"], record["end_ts"], get("first_token_ts"), get("ttft_ms"), get("e2e_ms"),
         get("chunks", 0), get("prompt_tokens"), get("cached_tokens"), get("request_bytes"),
-        shared(get("finish_reason")), http_status, get("error_body") if http_status == 400 else None,
-        shared(tuple(shared(call_name(c)) for c in get("tool_calls") or ())), findings, valid,
-        get("will_retry", False), get("drill", False), shared(layer), get("control_pair"),
-        shared(get("control_role")), get("stream_pair"), shared(get("stream_role")), get("tool_call_span_ms"),
-        get("tool_call_max_gap_ms"), get("tool_call_deltas"), get("last_silence_ms"))
+        intern(finish, finish), http_status, get("error_body") if http_status == 400 else None,
+        names, findings, valid, get("will_retry", False), get("drill", False), intern(layer, layer),
+        get("control_pair"), intern(role, role), get("stream_pair"), intern(stream_role, stream_role),
+        get("tool_call_span_ms"), get("tool_call_max_gap_ms"), get("tool_call_deltas"), get("last_silence_ms"))

@@ -4,7 +4,8 @@ Why: the loader (lean records, streamed), the bootstrap (shared picks, threads),
 (cached maxima) and the percentile (selection) were rewritten for an hour's soak (360,000 records), and
 a verdict is a pure function of the run directory: the same files must give the same verdict.json byte
 for byte. The reference path is the code as first written, kept here: whole `Attempt`s and the frame of
-their fields, `ratio_ci` per interval, every request compared with every variant, a sorted pick. It runs
+their fields, `ratio_ci` per interval, every request compared with every variant, a sorted pick, every
+/metrics query a walk over the whole run. It runs
 in the same tree, so a change elsewhere that alters verdicts on purpose moves both sides alike.
 `tests/data/scale-run` is a small acceptance run against the sim (743 records: control pairs, a
 streaming drill, drains, reuse design); it is judged as stored and multiplied four times by
@@ -33,6 +34,7 @@ from k3load.analysis.lean import LeanAttempt, call_name
 from k3load.analysis.pillar import percentile
 from k3load.analysis.reuse import Geometry, _ready_ts, designed_tokens, salt_key
 from k3load.analysis.stats import ratio_ci, ratio_cis
+from k3load.analysis.timeline import MetricIndex
 from k3load.records import Attempt, Finding, read_records
 from k3load.validate import primary_layer
 
@@ -87,6 +89,13 @@ def _verdicts(run: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bytes, bytes]
         patch.setattr("k3load.analysis.reuse.ratio_cis", lambda num, dens: [ratio_ci(num, d) for d in dens])
         for module in ("stages", "tool_calls"):
             patch.setattr(f"k3load.analysis.{module}.percentile", _sorted_percentile)
+        index_init = MetricIndex.__init__
+
+        def walking(self: MetricIndex, lines: list[dict[str, Any]]) -> None:
+            index_init(self, lines)
+            self._times = {}  # every query walks the whole run, as first written
+
+        patch.setattr(MetricIndex, "__init__", walking)
         analyze(run)
     return now, (run / "verdict.json").read_bytes()
 
@@ -232,3 +241,14 @@ def test_percentile_by_selection_is_the_sorted_pick() -> None:
         for q in (0.0, 0.5, 0.95, 0.99, 1.0):
             assert percentile(values, q) == clean[min(round(q * (len(clean) - 1)), len(clean) - 1)]
     assert str(percentile([0.0, -0.0] * 3000, 0.5)) == str(sorted([0.0, -0.0] * 3000)[3000])
+
+
+def test_send_order_is_the_stable_sort_on_both_keys() -> None:
+    rng = random.Random(5)
+    for _ in range(200):
+        n = rng.randint(0, 40)
+        frame = pd.DataFrame({"send_ts": [float(rng.randint(0, 6)) for _ in range(n)],
+                              "attempt_id": [rng.choice("abcdef") + str(rng.randint(0, 3)) for _ in range(n)],
+                              "row": range(n)})
+        want = frame.sort_values(["send_ts", "attempt_id"], kind="mergesort").reset_index(drop=True)
+        pd.testing.assert_frame_equal(frame.take(rundata.send_order(frame)).reset_index(drop=True), want)
