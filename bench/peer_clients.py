@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.paced_server import stamp  # noqa: E402
-from k3load.targets.cache import VLLM_VERSION, default_cache_dir, models_dir  # noqa: E402
+from k3load.targets.cache import VLLM_VERSION, models_dir  # noqa: E402
 
 INSTALL_TIMEOUT_S = 1200
 FirstTokens = list[tuple[float, float]]  # (server write time, client receive time), epoch seconds
@@ -67,7 +67,8 @@ class Client:
 
 # -- venvs -------------------------------------------------------------------------------------------
 def cache_dir() -> Path:
-    return Path(os.environ.get("K3LOAD_CACHE") or default_cache_dir())
+    """`$K3LOAD_CACHE`, else the checkout's .cache/k3load: where the test fixtures build the vLLM venv."""
+    return Path(os.environ.get("K3LOAD_CACHE") or ROOT / ".cache" / "k3load")
 
 
 def vllm_bin() -> Path:
@@ -303,13 +304,13 @@ def baseline_clients(base: Path) -> list[Client]:
 def clients() -> dict[str, Client]:
     """Every client, k3load's two first (the ones measured against the peers)."""
     ready: Callable[[], str | None] = lambda: None  # noqa: E731
-    guidellm_extra = _torch_cpu_wheel
+    offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # no hub here
     table = [
         Client("k3load-locust", "k3load", ready, _locust_command, _locust_first_tokens, "kill"),
         Client("k3load-client", "k3load", ready, _bare_command, _bare_first_tokens, "term"),
-        Client("vllm-bench", "peer", _vllm_prepare, _vllm_command, _vllm_first_tokens, "wait"),
-        Client("guidellm", "peer", _venv_prepare(GUIDELLM, guidellm_extra), _guidellm_command,
-               _guidellm_first_tokens, "wait", {"GUIDELLM__LOGGING__CONSOLE_LOG_LEVEL": "WARNING"}),
-        Client("aiperf", "peer", _venv_prepare(AIPERF), _aiperf_command, _aiperf_first_tokens, "wait"),
+        Client("vllm-bench", "peer", _vllm_prepare, _vllm_command, _vllm_first_tokens, "wait", offline),
+        Client("guidellm", "peer", _venv_prepare(GUIDELLM, _torch_cpu_wheel), _guidellm_command,
+               _guidellm_first_tokens, "wait", offline),
+        Client("aiperf", "peer", _venv_prepare(AIPERF), _aiperf_command, _aiperf_first_tokens, "wait", offline),
     ]
     return {c.name: c for c in table}

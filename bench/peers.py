@@ -76,6 +76,7 @@ class Sample:
 class Result:
     client: str
     streams: int
+    tokens: int
     us_per_chunk: float | None = None
     ms_per_request: float | None = None
     late_p50_ms: float | None = None
@@ -90,13 +91,13 @@ class Result:
 
 # -- one server per stream count -------------------------------------------------------------------
 @contextlib.contextmanager
-def paced_server(streams: int, args: argparse.Namespace, work: Path, cpu: int | None
+def paced_server(streams: int, tokens: int, args: argparse.Namespace, work: Path, cpu: int | None
                  ) -> Iterator[tuple[str, mmap.mmap, int]]:
-    """(url, stats map, pid) of a paced server for `streams`; stopped at exit."""
-    stats_path, log = work / f"server-{streams}.stats", work / f"server-{streams}.log"
+    """(url, stats map, pid) of a paced server for `streams` and `tokens`; stopped at exit."""
+    stats_path, log = work / f"server-{streams}-{tokens}.stats", work / f"server-{streams}-{tokens}.log"
     step_ms = streams / args.rate * 1000
     cmd = [sys.executable, str(ROOT / "bench" / "paced_server.py"), "--step-ms", f"{step_ms:.4f}",
-           "--tokens", str(args.tokens), "--stats", str(stats_path)]
+           "--tokens", str(tokens), "--stats", str(stats_path)]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_pin(cpu))
     try:
@@ -129,7 +130,7 @@ def _pin(cpu: int | None) -> Callable[[], None] | None:
 def measure(client: Client, load: Load, args: argparse.Namespace, stats: mmap.mmap, server_pid: int,
             cpu: int | None) -> Result:
     """Start the client, find its measured interval while it runs, stop it (or let it finish)."""
-    result = Result(client.name, load.streams)
+    result = Result(client.name, load.streams, load.tokens)
     log = load.out / "client.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(client.env or {})}
     with log.open("wb") as out:
@@ -239,20 +240,21 @@ def _tail(log: Path) -> str:
 
 # -- the run and its table -------------------------------------------------------------------------
 def run_all(args: argparse.Namespace, chosen: list[Client], work: Path, cpus: tuple[int | None, int | None]
-            ) -> dict[int, list[Result]]:
-    """Every chosen client at every stream count, one server per stream count."""
-    results: dict[int, list[Result]] = {}
+            ) -> dict[tuple[int, int], list[Result]]:
+    """Every chosen client at every stream count and token count, one server for each pair."""
+    results: dict[tuple[int, int], list[Result]] = {}
     for streams in args.streams:
-        results[streams] = []
-        with paced_server(streams, args, work, cpus[0]) as (url, stats, server_pid):
-            for client in chosen:
-                out = work / f"{client.name}-{streams}"
-                out.mkdir(parents=True, exist_ok=True)
-                run_s = args.warmup_s + args.duration_s + 2.0  # + the ramp to full streams and a margin
-                load = Load(url, streams, args.tokens, run_s, args.rate, out, tokenizer_dir())
-                print(f"  {client.name} at {streams} streams ...", flush=True)
-                results[streams].append(measure(client, load, args, stats, server_pid, cpus[1]))
-                _wait_idle(stats)
+        for tokens in args.tokens:
+            rows = results[streams, tokens] = []
+            with paced_server(streams, tokens, args, work, cpus[0]) as (url, stats, server_pid):
+                for client in chosen:
+                    out = work / f"{client.name}-{streams}-{tokens}"
+                    out.mkdir(parents=True, exist_ok=True)
+                    run_s = args.warmup_s + args.duration_s + 2.0  # + the ramp to full streams and a margin
+                    load = Load(url, streams, tokens, run_s, args.rate, out, tokenizer_dir())
+                    print(f"  {client.name} at {streams} streams, {tokens} tokens ...", flush=True)
+                    rows.append(measure(client, load, args, stats, server_pid, cpus[1]))
+                    _wait_idle(stats)
     return results
 
 
@@ -267,21 +269,40 @@ def _num(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def report(results: dict[int, list[Result]], skipped: dict[str, str]) -> None:
+def report(results: dict[tuple[int, int], list[Result]], skipped: dict[str, str]) -> None:
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
-    head = (f"{'client':<19} {'streams':>7} {'µs CPU/chunk':>12} {'ms CPU/req':>10} {'late p50 ms':>11} "
-            f"{'late p99 ms':>11} {'client CPU':>10} {'server CPU':>10} {'chunks/s':>9} {'window s':>8}")
-    for streams, rows in results.items():
-        print(f"\n{streams} streams\n{head}")
+    head = (f"{'client':<19} {'µs CPU/chunk':>12} {'ms CPU/req':>10} {'late p50 ms':>11} {'late p99 ms':>11} "
+            f"{'client CPU':>10} {'server CPU':>10} {'chunks/s':>9} {'window s':>8}")
+    for (streams, tokens), rows in results.items():
+        print(f"\n{streams} streams, {tokens} tokens/request\n{head}")
         for r in rows:
             if r.error:
-                print(f"{r.client:<19} {streams:>7}  failed: {r.error}")
+                print(f"{r.client:<19}  failed: {r.error}")
                 continue
-            print(f"{r.client:<19} {streams:>7} {_num(r.us_per_chunk, '12.1f')} {_num(r.ms_per_request, '10.2f')} "
+            print(f"{r.client:<19} {_num(r.us_per_chunk, '12.1f')} {_num(r.ms_per_request, '10.2f')} "
                   f"{_num(r.late_p50_ms, '11.2f')} {_num(r.late_p99_ms, '11.2f')} {r.client_cpu:>10.0%} "
                   f"{r.server_cpu:>10.0%} {r.chunks_per_s:>9,.0f} {r.window_s:>8.1f}  {r.late_note}")
         _ratios(rows)
+    _fixed_overhead(results)
+
+
+def _fixed_overhead(results: dict[tuple[int, int], list[Result]]) -> None:
+    """With two or more token counts: CPU per request = fixed + tokens x marginal per chunk, fitted by least
+    squares per client and stream count (the issue's "fixed overhead per request")."""
+    by: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    for (streams, tokens), rows in results.items():
+        for r in rows:
+            if r.ms_per_request is not None:
+                by.setdefault((r.client, streams), []).append((tokens, r.ms_per_request))
+    fits = {key: pts for key, pts in by.items() if len({t for t, _ in pts}) >= 2}
+    if fits:
+        print("\nper-request CPU = fixed + tokens x marginal (least squares over the token counts)")
+    for (client, streams), pts in fits.items():
+        mean_t, mean_c = sum(t for t, _ in pts) / len(pts), sum(c for _, c in pts) / len(pts)
+        slope = sum((t - mean_t) * (c - mean_c) for t, c in pts) / sum((t - mean_t) ** 2 for t, _ in pts)
+        print(f"  {client:<19} {streams:>4} streams: fixed {mean_c - slope * mean_t:6.3f} ms/request, "
+              f"marginal {slope * 1000:6.1f} µs/chunk")
 
 
 def _ratios(rows: list[Result]) -> None:
@@ -307,7 +328,8 @@ def _ratio(mine: float | None, ref: float | None) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, nargs="+", default=[16, 256], help="concurrent streams")
-    parser.add_argument("--tokens", type=int, default=128, help="token chunks per response")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[128],
+                        help="token chunks per response (two or more: the fixed per-request cost is fitted)")
     parser.add_argument("--rate", type=float, default=10000, help="offered token chunks/s over all streams")
     parser.add_argument("--duration-s", type=float, default=15.0, help="measured interval per client")
     parser.add_argument("--warmup-s", type=float, default=3.0, help="after the streams are full, before measuring")
@@ -321,7 +343,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.duration_s, args.warmup_s = 3.0, 1.0
-    if min(args.streams) < 1 or args.tokens < 2 or args.rate <= 0 or args.duration_s <= 0:
+    if min(args.streams) < 1 or min(args.tokens) < 2 or args.rate <= 0 or args.duration_s <= 0:
         parser.error("streams, rate and duration must be positive, tokens at least 2")
     return args
 
@@ -340,9 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     chosen, skipped = [], {}
     for client in wanted:
         why = client.prepare()
-        (skipped.__setitem__(client.name, why) if why else chosen.append(client))
+        if why:
+            skipped[client.name] = why
+        else:
+            chosen.append(client)
     where = f"server on CPU {cpus[0]}, clients on CPU {cpus[1]}" if pin else "unpinned"
-    print(f"paced server: {args.rate:,.0f} token chunks/s offered over all streams, {args.tokens} tokens/request, "
+    tokens = "/".join(map(str, args.tokens))
+    print(f"paced server: {args.rate:,.0f} token chunks/s offered over all streams, {tokens} tokens/request, "
           f"{args.warmup_s:g} s warm-up + {args.duration_s:g} s measured per client; {where}; load average "
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
     with tempfile.TemporaryDirectory(prefix="k3load-peers-") as tmp:
