@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_peers_bench_prints_its_table_in_a_tiny_mode(tmp_path):
     cmd = [sys.executable, str(ROOT / "bench" / "peers.py"), "--peers", "k3load-locust", "k3load-client",
-           "--streams", "4", "--tokens", "16", "--rate", "1000", "--duration-s", "0.4", "--warmup-s", "0.2",
+           "--streams", "4", "--tokens", "48", "--rate", "1000", "--duration-s", "0.4", "--warmup-s", "0.2",
            "--keep", str(tmp_path)]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr[-3000:]
