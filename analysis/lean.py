@@ -19,6 +19,7 @@ decode time, which no rule reads (the stage table reads `itl_mean_ms` from `RunD
 
 from __future__ import annotations
 
+import json
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
@@ -91,6 +92,7 @@ class Interner:
     def __init__(self) -> None:
         self.values: dict[Any, Any] = {}
         self.findings: dict[tuple[tuple[Any, ...], ...], tuple[Finding, ...]] = {}
+        self.findings_text: dict[str, tuple[Finding, ...]] = {}  # a findings array's JSON -> its tuple
 
         self.intern = self.values.setdefault  # intern(v, v): the hot loops call the bound method directly
 
@@ -104,19 +106,33 @@ class Interner:
             found = self.findings[key] = tuple(self._finding(f) for f in raw)
         return found
 
+    def findings_of_text(self, text: str) -> tuple[Finding, ...]:
+        """The findings of a record's `"findings"` array, from its JSON text: a run repeats a few dozen
+        arrays (the checks of a scenario turn, all passed) over hundreds of thousands of records."""
+        found = self.findings_text.get(text)
+        if found is None:
+            raw = json.loads(text)
+            if not isinstance(raw, list) or not all(isinstance(f, dict) for f in raw):
+                raise ValueError("findings is not an array of objects")
+            found = self.findings_text[text] = self.finding_tuple(raw)
+        return found
+
     def _finding(self, raw: dict[str, Any]) -> Finding:
         finding = Finding(**raw)  # a malformed finding fails here as it does in Attempt.from_dict
         finding.check, finding.layer, finding.detail = self(finding.check), self(finding.layer), self(finding.detail)
         return finding
 
 
-def lean_attempt(record: dict[str, Any], shared: Interner) -> LeanAttempt:
-    """The record's lean form; a record missing a required field raises TypeError like `Attempt(**record)`."""
+def lean_attempt(record: dict[str, Any], shared: Interner, findings: tuple[Finding, ...] | None = None
+                 ) -> LeanAttempt:
+    """The record's lean form (`findings`: already read from the line, else from the record); a record
+    missing a required field raises TypeError like `Attempt(**record)`."""
     if not record.keys() >= REQUIRED:
         missing = sorted(REQUIRED - record.keys())
         raise TypeError(f"Attempt.__init__() missing required arguments: {', '.join(map(repr, missing))}")
     get, intern = record.get, shared.intern
-    findings = shared.finding_tuple(get("findings") or [])
+    if findings is None:
+        findings = shared.finding_tuple(get("findings") or [])
     layer = get("primary_layer")
     valid = get("valid", True)
     if layer is None and not valid:  # written before primary_layer existed: the same rule, from its findings

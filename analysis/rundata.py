@@ -121,11 +121,42 @@ def _jsonl(path: Path, problems: list[str], shared: Interner | None = None) -> l
     return rows
 
 
-def _record_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, record) of records.jsonl; a torn last line (the writer was killed mid-write) is
-    skipped, any other unreadable line is an error (as `k3load.records.read_records` says it)."""
+FINDINGS, AFTER_FINDINGS = ',"findings":[', '],"valid":'
+
+
+def _split_findings(line: str, shared: Interner) -> tuple[dict[str, Any], tuple[Any, ...]] | None:
+    """The record without its findings array, and the findings read through the run's memo of arrays;
+    None when the line is not laid out as the harness writes it (then it is read whole).
+
+    Why it is safe to cut the text: in JSON a quote inside a string is always escaped, so `,"findings":[`
+    and `],"valid":` occur only as structure; the harness writes `findings` then `valid` (Attempt's field
+    order) and a finding holds no array, so the first `],"valid":` after the key closes it. A line laid
+    out otherwise either has no such cut, fails to parse once cut, or keeps a top-level `findings`: each
+    sends it to the whole-line reading."""
+    start = line.find(FINDINGS)
+    end = line.find(AFTER_FINDINGS, start) if start >= 0 else -1
+    if end < 0:
+        return None
+    try:
+        record = json.loads(line[:start] + line[end + 1:])
+        findings = shared.findings_of_text(line[start + len(FINDINGS) - 1:end + 1])
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(record, dict) or "findings" in record:
+        return None
+    return record, findings
+
+
+def _record_lines(path: Path, shared: Interner) -> Iterator[tuple[int, dict[str, Any], tuple[Any, ...] | None]]:
+    """(line number, record, its findings when read apart) of records.jsonl; a torn last line (the
+    writer was killed mid-write) is skipped, any other unreadable line is an error (as
+    `k3load.records.read_records` says it)."""
     for number, line, last in _lines(path):
         if not line.strip():
+            continue
+        split = _split_findings(line, shared)
+        if split is not None:
+            yield number, split[0], split[1]
             continue
         try:
             record = json.loads(line)
@@ -133,7 +164,7 @@ def _record_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if last:
                 return
             raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
-        yield number, record
+        yield number, record, None
 
 
 # Columns of RunData.records that no rule reads from the attempts: taken from the line as it passes.
@@ -147,11 +178,11 @@ def _read_records(path: Path) -> tuple[list[AnyAttempt], dict[str, list[Any]]]:
     columns: dict[str, list[Any]] = {name: [] for name in FRAME_ONLY}
     keep = [(columns[name].append, name, DEFAULTS.get(name)) for name in FRAME_ONLY if name != "failed_layers"]
     layers, layer_lists, intern = columns["failed_layers"].append, {}, shared.intern
-    for number, record in _record_lines(path):
+    for number, record, findings in _record_lines(path, shared):
         try:
             if not isinstance(record, dict):
                 raise TypeError(f"a JSON {type(record).__name__}, not an object")
-            attempts.append(lean_attempt(record, shared))
+            attempts.append(lean_attempt(record, shared, findings))
         except TypeError as exc:
             raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
         for append, name, default in keep:

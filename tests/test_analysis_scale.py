@@ -252,3 +252,20 @@ def test_send_order_is_the_stable_sort_on_both_keys() -> None:
                               "row": range(n)})
         want = frame.sort_values(["send_ts", "attempt_id"], kind="mergesort").reset_index(drop=True)
         pd.testing.assert_frame_equal(frame.take(rundata.send_order(frame)).reset_index(drop=True), want)
+
+
+def test_findings_read_apart_only_where_the_cut_is_exact(tmp_path: Path) -> None:
+    """The findings array is read through a memo of its text when the line is laid out as the harness
+    writes it; strings that spell the cut, another key order, or a nested `findings` are read whole."""
+    tricky = Finding("expect.json", False, "model_output", 'said ],"valid": and ,"findings":[ in "quotes"')
+    records = [_record(1) | {"findings": [tricky.__dict__], "valid": False},
+               _record(2) | {"tool_calls": [{"function": {"name": "f", "findings": [1]}, "valid": 2}]},
+               dict(reversed(list(_record(3).items()))),
+               _record(4) | {"findings": []}]
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records), encoding="utf-8")
+    lean = rundata.read_attempts(path)
+    for whole, read in zip(read_records(path), lean, strict=True):
+        assert read.findings == tuple(whole.findings)
+        assert read.tool_calls == tuple(call_name(c) for c in whole.tool_calls)
+    assert lean[0].primary_layer == "model_output"
