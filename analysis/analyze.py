@@ -21,7 +21,7 @@ from k3load.analysis.pillar_resources import judge_resources
 from k3load.analysis.ramp import ramp
 from k3load.analysis.reuse import apply_reuse
 from k3load.analysis.rundata import RunData, load_run
-from k3load.analysis.timeline import MetricIndex
+from k3load.analysis.timeline import MetricIndex, shared_indexes
 from k3load.analysis.verdict import EXIT_CODES, NEXT_ACTION, compat_pillar, decide
 from k3load.rundir import write_atomic
 
@@ -111,11 +111,12 @@ def analyze(run_dir: Path) -> Judgment:
     """Judge and write every output (atomically); the manifest is written last and covers the rest."""
     from k3load.analysis import alerts, dashboard, manifest, report_html, report_md
 
-    judgment = judge(run_dir)
-    text = json.dumps(judgment.verdict_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-    write_atomic(run_dir / "verdict.json", text)
-    write_atomic(run_dir / "report.md", report_md.render(judgment))
-    write_atomic(run_dir / "report.html", report_html.render(judgment))
+    with shared_indexes():  # the report's plots read the metrics index the verdict built
+        judgment = judge(run_dir)
+        text = json.dumps(judgment.verdict_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        write_atomic(run_dir / "verdict.json", text)
+        write_atomic(run_dir / "report.md", report_md.render(judgment))
+        write_atomic(run_dir / "report.html", report_html.render(judgment))
     write_atomic(run_dir / "alerts.yaml", alerts.render(judgment))
     write_atomic(run_dir / "dashboard.json", dashboard.render(judgment))
     manifest.write(run_dir)

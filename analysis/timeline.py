@@ -19,6 +19,9 @@ import itertools
 import statistics
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +48,36 @@ class Bracketed:
     evidence: list[str] = field(default_factory=list)
 
 
+# Inside `shared_indexes()`, the index built of a list of lines: built again of the same (unchanged)
+# list, it is the same index. Why: the verdict and the HTML report's plots each index the run's
+# metrics, and at an hour of 1 Hz scrapes that is seconds and a million tuples each time.
+_SHARED: ContextVar[dict[int, tuple[list[dict[str, Any]], int, MetricIndex]] | None] = ContextVar(
+    "k3load_shared_metric_indexes", default=None)
+
+
+@contextmanager
+def shared_indexes() -> Iterator[None]:
+    """One MetricIndex per metrics list within the block (one analysis); forgotten when it ends."""
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
 class MetricIndex:
     """The ok scrapes of one run, indexed by series name once (keys are parsed a single time)."""
 
+    def __new__(cls, lines: list[dict[str, Any]]) -> MetricIndex:
+        shared = _SHARED.get()
+        found = shared.get(id(lines)) if shared is not None else None
+        if found is not None and found[0] is lines and found[1] == len(lines):
+            return found[2]
+        return super().__new__(cls)
+
     def __init__(self, lines: list[dict[str, Any]]) -> None:
+        if "_times" in self.__dict__:
+            return  # the shared index of these lines, already built
         self.scrapes: list[Scrape] = []  # every source, in time order
         self.by_source: dict[str, list[Scrape]] = defaultdict(list)
         self.failed: dict[str, list[tuple[float, str]]] = defaultdict(list)  # source -> [(ts, why)]
@@ -61,6 +90,9 @@ class MetricIndex:
             times = [s.ts for s in scrapes]
             if all(a <= b for a, b in itertools.pairwise(times)):
                 self._times[source] = times
+        shared = _SHARED.get()
+        if shared is not None:
+            shared[id(lines)] = (lines, len(lines), self)
 
     def _index(self, lines: list[dict[str, Any]]) -> None:
         # A key is parsed once however many scrapes carry it: an hour at 1 Hz repeats each of a few
