@@ -17,7 +17,12 @@ Each analysis runs in a fresh Python process (imports included, as `k3load analy
 imports k3load from the tree under test only, so the two trees never mix.
 
     .venv/bin/python bench/analysis_scale.py [--records 360000 | --quick] [--source runs/demo]
-        [--reference-commit REV | --no-reference] [--keep DIR] [--profile]
+        [--reference-commit REV [--overlay] | --no-reference] [--this-commit REV] [--keep DIR] [--profile]
+
+`--this-commit HEAD` measures the committed tree instead of the working tree (other work in progress in
+the checkout then changes nothing); `--overlay` makes the reference the measured tree with only the
+analysis-at-scale files (SCALE_FILES) put back as they were at the reference commit, so verdict changes
+committed since by others are on both sides and the byte comparison still isolates this work.
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ from k3load.sampler.prom import split_key
 ROOT = Path(__file__).resolve().parents[1]
 # The last commit before the analysis-at-scale work: the reference the speed-up is measured against.
 REFERENCE_COMMIT = "68d6d888d0f89b4a20ab21b8b1e083e91677623f"
+# The files the analysis-at-scale work changed (put back for `--overlay`).
+SCALE_FILES = ("analysis/lean.py", "analysis/rundata.py", "analysis/agreement.py", "analysis/pillar.py",
+               "analysis/pillar_agent.py", "analysis/pillar_cache.py", "analysis/reuse.py", "analysis/stats.py",
+               "analysis/timeline.py", "analysis/tool_calls.py", "analysis/analyze.py")
 OUTPUTS = ("verdict.json", "report.md", "report.html", "alerts.yaml", "dashboard.json", "manifest.sha256",
            "report.png")
 GENERATED = ("records.jsonl", "metrics.jsonl", "gpu.jsonl", "events.jsonl", "plan.yaml")
@@ -335,16 +344,27 @@ def analyze(tree: Path, run_dir: Path, profile: Path | None = None) -> Measured:
 
 
 @contextmanager
-def worktree(commit: str, parent: Path) -> Iterator[Path]:
-    """The reference code, checked out read-only into a temporary worktree removed afterwards."""
-    path = parent / "reference-tree"
+def worktree(commit: str, path: Path, overlay_from: str | None = None) -> Iterator[Path]:
+    """A commit's code checked out into a temporary worktree (removed afterwards); with `overlay_from`,
+    the SCALE_FILES replaced there by their content at that commit (absent there: removed)."""
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), commit], check=True,
                    capture_output=True)
     try:
+        for name in SCALE_FILES if overlay_from else ():
+            shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{overlay_from}:{name}"], capture_output=True)
+            if shown.returncode == 0:
+                (path / name).write_bytes(shown.stdout)
+            else:
+                (path / name).unlink(missing_ok=True)
         yield path
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], check=False,
                        capture_output=True)
+
+
+def _rev(name: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", name], check=True, capture_output=True,
+                          text=True).stdout.strip()
 
 
 def _warm(run_dir: Path) -> None:
@@ -368,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", type=Path, default=ROOT / "runs" / "demo", help="the small run to repeat")
     parser.add_argument("--soak-s", type=float, default=3600.0, help="the stretched soak's length")
     parser.add_argument("--reference-commit", default=REFERENCE_COMMIT, help="the code measured against")
+    parser.add_argument("--overlay", action="store_true",
+                        help="reference: the measured tree with SCALE_FILES as at --reference-commit")
+    parser.add_argument("--this-commit", help="measure this commit (default: the working tree)")
     parser.add_argument("--no-reference", action="store_true", help="measure this tree only")
     parser.add_argument("--keep", type=Path, help="build (and keep) the run directories here")
     parser.add_argument("--profile", action="store_true", help="also write cProfile stats next to each run dir")
@@ -393,17 +416,23 @@ def _run(args: argparse.Namespace, total: int, work: Path) -> int:
     print(f"built {mine}: {written} records ({size / written:.0f} B each, {size / 2**20:.0f} MiB), "
           f"{args.soak_s:.0f} s soak, in {time.perf_counter() - began:.1f} s")
     rows: list[tuple[str, Measured]] = []
+    this = args.this_commit and _rev(args.this_commit)
     if not args.no_reference:
         link_copy(mine, theirs)
-        with worktree(args.reference_commit, work) as tree:
+        base = this or "HEAD" if args.overlay else args.reference_commit
+        with worktree(base, work / "reference-tree", args.reference_commit if args.overlay else None) as tree:
             _warm(theirs)
-            rows.append((f"reference {args.reference_commit[:10]}",
-                         analyze(tree, theirs, work / "reference.prof" if args.profile else None)))
+            name = f"reference {args.reference_commit[:10]}" + (" overlay" if args.overlay else "")
+            rows.append((name, analyze(tree, theirs, work / "reference.prof" if args.profile else None)))
     _warm(mine)
-    rows.append(("this tree", analyze(ROOT, mine, work / "this.prof" if args.profile else None)))
-    print(f"\n{'code':<22}{'records':>9}{'wall s':>9}{'peak MiB':>10}{'exit':>6}")
+    if this:
+        with worktree(this, work / "this-tree") as tree:
+            rows.append((f"this {this[:10]}", analyze(tree, mine, work / "this.prof" if args.profile else None)))
+    else:
+        rows.append(("this tree", analyze(ROOT, mine, work / "this.prof" if args.profile else None)))
+    print(f"\n{'code':<30}{'records':>9}{'wall s':>9}{'peak MiB':>10}{'exit':>6}")
     for name, m in rows:
-        print(f"{name:<22}{written:>9}{m.wall_s:>9.2f}{m.peak_mib:>10.0f}{m.code:>6}")
+        print(f"{name:<30}{written:>9}{m.wall_s:>9.2f}{m.peak_mib:>10.0f}{m.code:>6}")
     print(f"verdict: {json.loads((mine / 'verdict.json').read_text())['verdict']}")
     if len(rows) == 2:
         ref, new = rows[0][1], rows[1][1]
