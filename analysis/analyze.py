@@ -20,7 +20,7 @@ from k3load.analysis.pillar_cache import cache_config, judge_prefix_cache
 from k3load.analysis.pillar_resources import judge_resources
 from k3load.analysis.ramp import ramp
 from k3load.analysis.reuse import apply_reuse
-from k3load.analysis.rundata import RunData, load_run
+from k3load.analysis.rundata import RunData, gc_paused, load_run
 from k3load.analysis.timeline import MetricIndex, shared_indexes
 from k3load.analysis.verdict import EXIT_CODES, NEXT_ACTION, compat_pillar, decide
 from k3load.rundir import write_atomic
@@ -52,6 +52,11 @@ class Judgment:
 
 
 def judge(run_dir: Path) -> Judgment:
+    with gc_paused():  # the rules build lists and tuples by the million and no reference cycle
+        return _judge(run_dir)
+
+
+def _judge(run_dir: Path) -> Judgment:
     data = load_run(run_dir)
     limits = thresholds(data.plan.thresholds if data.plan else None)
     index = MetricIndex(data.metrics)
