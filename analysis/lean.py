@@ -123,10 +123,10 @@ class Interner:
         return finding
 
 
-def lean_attempt(record: dict[str, Any], shared: Interner, findings: tuple[Finding, ...] | None = None
-                 ) -> LeanAttempt:
-    """The record's lean form (`findings`: already read from the line, else from the record); a record
-    missing a required field raises TypeError like `Attempt(**record)`."""
+def lean_attempt(record: dict[str, Any], shared: Interner, findings: tuple[Finding, ...] | None = None,
+                 names: tuple[str, ...] | None = None) -> LeanAttempt:
+    """The record's lean form (`findings`, `names`: already read from the line, else from the record); a
+    record missing a required field raises TypeError like `Attempt(**record)`."""
     if not record.keys() >= REQUIRED:
         missing = sorted(REQUIRED - record.keys())
         raise TypeError(f"Attempt.__init__() missing required arguments: {', '.join(map(repr, missing))}")
@@ -138,8 +138,9 @@ def lean_attempt(record: dict[str, Any], shared: Interner, findings: tuple[Findi
     if layer is None and not valid:  # written before primary_layer existed: the same rule, from its findings
         layer = primary_layer(list(findings))
     http_status = get("http_status")
-    calls = get("tool_calls") or ()
-    names = intern(names, names) if calls and (names := tuple(intern(n, n) for n in map(call_name, calls))) else ()
+    if names is None:
+        names = tuple(map(call_name, get("tool_calls") or ()))
+    names = intern(names, names) if names else ()  # one tuple (and one string per name) across the run
     stage, scenario, family, user, status = (record["stage"], record["scenario"], record["family"],
                                              record["user_id"], record["status"])
     request, prefix, finish, role = (record["request_sha256"], record["prefix_sha256"], get("finish_reason"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -121,42 +122,75 @@ def _jsonl(path: Path, problems: list[str], shared: Interner | None = None) -> l
     return rows
 
 
-FINDINGS, AFTER_FINDINGS = ',"findings":[', '],"valid":'
+TOOL_CALLS, FINDINGS, AFTER_FINDINGS = ',"tool_calls":[', ',"findings":[', '],"valid":'
+_STRING = r'"[^"\\]*(?:\\.[^"\\]*)*"'  # a JSON string: runs of plain characters between escapes
+# One recorded tool call as the harness writes it (k3load.client.result.ToolCall.as_message).
+_CALL = re.compile(r'\{"id":(?:null|' + _STRING + r'),"type":"function","function":\{"name":(null|' + _STRING
+                   + r'),"arguments":' + _STRING + r'\}\}')
 
 
-def _split_findings(line: str, shared: Interner) -> tuple[dict[str, Any], tuple[Any, ...]] | None:
-    """The record without its findings array, and the findings read through the run's memo of arrays;
-    None when the line is not laid out as the harness writes it (then it is read whole).
+def _call_names(line: str, start: int) -> tuple[tuple[str, ...], int] | None:
+    """The names of the tool calls in the array opening at `start`, and where it ends; None unless every
+    call is laid out as the harness writes it."""
+    names, pos = [], start + 1
+    if line.startswith("]", pos):
+        return (), pos + 1
+    while True:
+        found = _CALL.match(line, pos)
+        if found is None:
+            return None
+        raw = found.group(1)
+        names.append("" if raw == "null" else json.loads(raw) if "\\" in raw else raw[1:-1])
+        pos = found.end()
+        if line.startswith("]", pos):
+            return tuple(names), pos + 1
+        if not line.startswith(",", pos):
+            return None
+        pos += 1
 
-    Why it is safe to cut the text: in JSON a quote inside a string is always escaped, so `,"findings":[`
-    and `],"valid":` occur only as structure; the harness writes `findings` then `valid` (Attempt's field
-    order) and a finding holds no array, so the first `],"valid":` after the key closes it. A line laid
-    out otherwise either has no such cut, fails to parse once cut, or keeps a top-level `findings`: each
-    sends it to the whole-line reading."""
-    start = line.find(FINDINGS)
-    end = line.find(AFTER_FINDINGS, start) if start >= 0 else -1
+
+def _split_line(line: str, shared: Interner) -> tuple[dict[str, Any], tuple[Any, ...], tuple[str, ...]] | None:
+    """The record without its tool calls and findings, the calls' names (read by a pattern, not parsed)
+    and the findings (read through the run's memo of arrays); None when the line is not laid out as the
+    harness writes it (then it is read whole).
+
+    Why it is safe to cut the text: in JSON a quote inside a string is always escaped, so the keys
+    looked for occur only as structure; the harness writes `tool_calls`, `findings`, `valid` in that
+    order (Attempt's fields) after scalars only, each call matches the one shape it writes up to its
+    closing brace, and a finding holds no array, so the first `],"valid":` after the key closes the
+    findings. A line laid out otherwise has no such cut, fails to match or to parse once cut, or keeps a
+    top-level `tool_calls` or `findings`: each sends it to the whole-line reading."""
+    start = line.find(TOOL_CALLS)
+    calls = _call_names(line, start + len(TOOL_CALLS) - 1) if start >= 0 else None
+    if calls is None or not line.startswith(FINDINGS, calls[1]):
+        return None
+    opened = calls[1] + len(FINDINGS) - 1
+    end = line.find(AFTER_FINDINGS, opened)
     if end < 0:
         return None
     try:
         record = json.loads(line[:start] + line[end + 1:])
-        findings = shared.findings_of_text(line[start + len(FINDINGS) - 1:end + 1])
+        findings = shared.findings_of_text(line[opened:end + 1])
     except (ValueError, TypeError):
         return None
-    if not isinstance(record, dict) or "findings" in record:
+    if not isinstance(record, dict) or "findings" in record or "tool_calls" in record:
         return None
-    return record, findings
+    return record, findings, calls[0]
 
 
-def _record_lines(path: Path, shared: Interner) -> Iterator[tuple[int, dict[str, Any], tuple[Any, ...] | None]]:
-    """(line number, record, its findings when read apart) of records.jsonl; a torn last line (the
-    writer was killed mid-write) is skipped, any other unreadable line is an error (as
+Split = tuple[dict[str, Any], tuple[Any, ...] | None, tuple[str, ...] | None]
+
+
+def _record_lines(path: Path, shared: Interner) -> Iterator[tuple[int, Split]]:
+    """(line number, (record, its findings and call names when read apart)) of records.jsonl; a torn
+    last line (the writer was killed mid-write) is skipped, any other unreadable line is an error (as
     `k3load.records.read_records` says it)."""
     for number, line, last in _lines(path):
         if not line.strip():
             continue
-        split = _split_findings(line, shared)
+        split = _split_line(line, shared)
         if split is not None:
-            yield number, split[0], split[1]
+            yield number, split
             continue
         try:
             record = json.loads(line)
@@ -164,7 +198,7 @@ def _record_lines(path: Path, shared: Interner) -> Iterator[tuple[int, dict[str,
             if last:
                 return
             raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
-        yield number, record, None
+        yield number, (record, None, None)
 
 
 # Columns of RunData.records that no rule reads from the attempts: taken from the line as it passes.
@@ -178,11 +212,11 @@ def _read_records(path: Path) -> tuple[list[AnyAttempt], dict[str, list[Any]]]:
     columns: dict[str, list[Any]] = {name: [] for name in FRAME_ONLY}
     keep = [(columns[name].append, name, DEFAULTS.get(name)) for name in FRAME_ONLY if name != "failed_layers"]
     layers, layer_lists, intern = columns["failed_layers"].append, {}, shared.intern
-    for number, record, findings in _record_lines(path, shared):
+    for number, (record, findings, names) in _record_lines(path, shared):
         try:
             if not isinstance(record, dict):
                 raise TypeError(f"a JSON {type(record).__name__}, not an object")
-            attempts.append(lean_attempt(record, shared, findings))
+            attempts.append(lean_attempt(record, shared, findings, names))
         except TypeError as exc:
             raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
         for append, name, default in keep:

@@ -269,3 +269,20 @@ def test_findings_read_apart_only_where_the_cut_is_exact(tmp_path: Path) -> None
         assert read.findings == tuple(whole.findings)
         assert read.tool_calls == tuple(call_name(c) for c in whole.tool_calls)
     assert lean[0].primary_layer == "model_output"
+
+
+def test_tool_call_names_read_by_pattern_are_the_parsed_names() -> None:
+    """Names with quotes, escapes, control characters, U+2028, none at all, ASCII-escaped or not."""
+    rng = random.Random(1)
+    chars = "ab \"\\\x00\x1f\u00e9\u2028\u0085{}[],:"
+    for _ in range(1500):
+        calls = [{"id": rng.choice([None, 'x"y', "id1"]), "type": "function",
+                  "function": {"name": rng.choice([None, "", "".join(rng.choices(chars, k=rng.randint(0, 8)))]),
+                               "arguments": "".join(rng.choices(chars, k=rng.randint(0, 30)))}}
+                 for _ in range(rng.randint(0, 3))]
+        line = json.dumps({"a": 1, "tool_calls": calls, "findings": [], "valid": True},
+                          ensure_ascii=rng.random() < 0.3, separators=(",", ":"))
+        split = rundata._split_line(line, rundata.Interner())
+        assert split is not None and split[2] == tuple(call_name(c) for c in calls)
+    assert rundata._split_line('{"tool_calls":[{"id":null,"type":"function","function":{"name":"f",'
+                               '"arguments":"{}"},"index":0}],"findings":[],"valid":true}', rundata.Interner()) is None
