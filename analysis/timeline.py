@@ -34,8 +34,11 @@ MIN_EDGE_S = 2.5
 
 @dataclass
 class Scrape:
+    """One good scrape: per series name, the label sets (one tuple shared by every scrape that carried the
+    same ones) and their values, in the order scraped."""
+
     ts: float
-    values: dict[str, list[tuple[dict[str, str], float]]]  # name -> [(labels, value)]
+    values: dict[str, tuple[tuple[dict[str, str], ...], tuple[float, ...]]]  # name -> (labels, values)
 
 
 @dataclass
@@ -98,6 +101,7 @@ class MetricIndex:
         # A key is parsed once however many scrapes carry it: an hour at 1 Hz repeats each of a few
         # hundred series 3,600 times. The labels are shared between scrapes and only ever read.
         keys: dict[str, tuple[str, dict[str, str]]] = {}
+        label_sets: dict[tuple[str, ...], tuple[dict[str, str], ...]] = {}
         for line in lines:
             source = str(line.get("source") or "")
             if not line.get("ok"):
@@ -105,15 +109,27 @@ class MetricIndex:
                 continue
             if not line.get("vllm_series"):
                 continue
-            values: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+            named: dict[str, tuple[list[str], list[float]]] = {}
             for key, value in (line.get("samples") or {}).items():
                 if value is None:
                     continue
                 parsed = keys.get(key)
                 if parsed is None:
                     parsed = keys[key] = split_key(key)
-                values[parsed[0]].append((parsed[1], value))
-            scrape = Scrape(line["ts"], dict(values))
+                rows = named.get(parsed[0])
+                if rows is None:
+                    named[parsed[0]] = ([key], [value])
+                else:
+                    rows[0].append(key)
+                    rows[1].append(value)
+            values = {}
+            for name, (series, numbers) in named.items():
+                ident = tuple(series)
+                labels = label_sets.get(ident)
+                if labels is None:
+                    labels = label_sets[ident] = tuple(keys[k][1] for k in ident)
+                values[name] = (labels, tuple(numbers))
+            scrape = Scrape(line["ts"], values)
             self.scrapes.append(scrape)
             self.by_source[source].append(scrape)
 
@@ -125,10 +141,13 @@ class MetricIndex:
         return any(t0 <= s.ts <= t1 for s in self.scrapes)
 
     def _total(self, scrape: Scrape, name: str, match: dict[str, str] | None) -> float | None:
-        rows = scrape.values.get(name)
-        if rows is None:
+        series = scrape.values.get(name)
+        if series is None:
             return None
-        return sum(v for labels, v in rows if not match or match.items() <= labels.items())
+        if not match:
+            return sum(series[1])
+        wanted = match.items()
+        return sum(v for labels, v in zip(*series, strict=True) if wanted <= labels.items())
 
     def points(self, name: str, t0: float, t1: float, match: dict[str, str] | None = None,
                baseline: bool = False, source: str | None = None) -> list[tuple[float, float]]:
