@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -234,33 +235,42 @@ def read_attempts(path: Path) -> list[AnyAttempt]:
 
 def _records_frame(attempts: list[AnyAttempt], frame_only: dict[str, list[Any]]) -> pd.DataFrame:
     """The stage table's view: RECORD_COLUMNS and failed_layers, in send order (the values, and so the
-    dtypes pandas infers, are those the frame of whole Attempts had)."""
-    data = {c: frame_only[c] if c in frame_only else [getattr(a, c) for a in attempts] for c in RECORD_COLUMNS}
-    data["failed_layers"] = frame_only["failed_layers"]
-    frame = pd.DataFrame(data, columns=[*RECORD_COLUMNS, "failed_layers"])
-    return frame.take(send_order(frame)).reset_index(drop=True)
+    dtypes pandas infers, are those the frame of whole Attempts had). The columns are built in that
+    order, so the frame is made once (no sorted copy of it beside it)."""
+    order = send_order([a.send_ts for a in attempts], [a.attempt_id for a in attempts])
+    if order is None:  # not plain times: pandas places the gaps, as it did
+        data = {c: frame_only[c] if c in frame_only else [getattr(a, c) for a in attempts] for c in RECORD_COLUMNS}
+        frame = pd.DataFrame(data | {"failed_layers": frame_only["failed_layers"]},
+                             columns=[*RECORD_COLUMNS, "failed_layers"])
+        return frame.sort_values(["send_ts", "attempt_id"], kind="mergesort").reset_index(drop=True)
+    rows = order.tolist()
+    ordered = [attempts[i] for i in rows]
+    data = {c: [frame_only[c][i] for i in rows] if c in frame_only else list(map(attrgetter(c), ordered))
+            for c in (*RECORD_COLUMNS, "failed_layers")}
+    return pd.DataFrame(data, columns=[*RECORD_COLUMNS, "failed_layers"])
 
 
-def send_order(frame: pd.DataFrame) -> np.ndarray:
-    """Row order by (send_ts, attempt_id), ties kept in file order: what a stable sort on both keys gives.
-    Why not `sort_values` on both: it ranks 360,000 distinct attempt ids to break ties that almost never
-    occur; here only rows that share a send time are ordered by their ids."""
-    send = frame["send_ts"].to_numpy()
-    if send.dtype.kind != "f" or np.isnan(send).any():  # not plain times: let pandas place the gaps
-        return frame.sort_values(["send_ts", "attempt_id"], kind="mergesort").index.to_numpy()
+def send_order(send_ts: list[Any], attempt_ids: list[Any]) -> np.ndarray | None:
+    """Row order by (send_ts, attempt_id), ties kept in file order: what a stable sort on both keys
+    gives; None unless every send time is a float (the frame then sorts as pandas does). Why not
+    `sort_values` on both: it ranks 360,000 distinct attempt ids to break ties that almost never occur;
+    here only rows that share a send time are ordered by their ids."""
+    if not all(type(t) is float for t in send_ts):
+        return None
+    send = np.array(send_ts, dtype=float)
+    if np.isnan(send).any():
+        return None
     order = np.argsort(send, kind="stable")
     ties = np.flatnonzero(send[order][1:] == send[order][:-1])
-    if ties.size:
-        ids = frame["attempt_id"].to_numpy()
-        start = 0
-        for i in ties.tolist():  # runs of equal send times, each sorted by id (stable)
-            if i < start:
-                continue
-            end = i + 1
-            while end + 1 < len(order) and send[order[end + 1]] == send[order[i]]:
-                end += 1
-            order[i:end + 1] = sorted(order[i:end + 1].tolist(), key=lambda row: ids[row])
-            start = end + 1
+    start = 0
+    for i in ties.tolist():  # runs of equal send times, each sorted by id (stable)
+        if i < start:
+            continue
+        end = i + 1
+        while end + 1 < len(order) and send[order[end + 1]] == send[order[i]]:
+            end += 1
+        order[i:end + 1] = sorted(order[i:end + 1].tolist(), key=lambda row: attempt_ids[row])
+        start = end + 1
     return order
 
 

@@ -263,7 +263,10 @@ def test_send_order_is_the_stable_sort_on_both_keys() -> None:
                               "attempt_id": [rng.choice("abcdef") + str(rng.randint(0, 3)) for _ in range(n)],
                               "row": range(n)})
         want = frame.sort_values(["send_ts", "attempt_id"], kind="mergesort").reset_index(drop=True)
-        pd.testing.assert_frame_equal(frame.take(rundata.send_order(frame)).reset_index(drop=True), want)
+        order = rundata.send_order(list(frame["send_ts"]), list(frame["attempt_id"]))
+        assert order is not None
+        pd.testing.assert_frame_equal(frame.take(order).reset_index(drop=True), want)
+    assert rundata.send_order([1.0, None], ["a", "b"]) is None
 
 
 def test_findings_read_apart_only_where_the_cut_is_exact(tmp_path: Path) -> None:
