@@ -54,7 +54,7 @@ REFERENCE_COMMIT = "68d6d888d0f89b4a20ab21b8b1e083e91677623f"
 # The files the analysis-at-scale work changed (put back for `--overlay`).
 SCALE_FILES = ("analysis/lean.py", "analysis/rundata.py", "analysis/agreement.py", "analysis/pillar.py",
                "analysis/pillar_agent.py", "analysis/pillar_cache.py", "analysis/reuse.py", "analysis/stats.py",
-               "analysis/timeline.py", "analysis/tool_calls.py", "analysis/analyze.py")
+               "analysis/timeline.py", "analysis/tool_calls.py", "analysis/analyze.py", "analysis/reuse_replay.py")
 OUTPUTS = ("verdict.json", "report.md", "report.html", "alerts.yaml", "dashboard.json", "manifest.sha256",
            "report.png")
 GENERATED = ("records.jsonl", "metrics.jsonl", "gpu.jsonl", "events.jsonl", "plan.yaml")

@@ -32,7 +32,7 @@ from k3load.analysis import rundata
 from k3load.analysis.analyze import analyze
 from k3load.analysis.lean import LeanAttempt, call_name
 from k3load.analysis.pillar import percentile
-from k3load.analysis.reuse import Geometry, _ready_ts, designed_tokens, salt_key
+from k3load.analysis.reuse_replay import Geometry, _ready_ts, designed_tokens, salt_key
 from k3load.analysis.stats import ratio_ci, ratio_cis
 from k3load.analysis.timeline import MetricIndex
 from k3load.records import Attempt, Finding, read_records

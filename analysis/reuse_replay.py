@@ -1,0 +1,149 @@
+"""The designed reuse of each request: the run's send order replayed against `reuse_design.json`.
+
+Why apart from analysis/reuse.py (which judges designed against achieved reuse): the replay is the one
+part of the reuse pillar that walks every request of the run, and at an hour's soak that is 360,000
+requests against a few dozen variants, so it keeps its maxima per variant (`_Seen`) instead of comparing
+each request with every variant seen before it. See analysis/reuse.py's module doc for what "designed"
+means and how salts decide which variants two requests are.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
+
+from k3load.analysis.lean import AnyAttempt
+
+DEFAULT_BLOCK = 16  # vLLM's default block size, used only when vllm:cache_config_info was not scraped
+
+
+@dataclass
+class Geometry:
+    """How the server can reuse: whole blocks, and for a hybrid model only up to a checkpoint."""
+
+    block: int
+    align: int | None = None
+    block_known: bool = True
+
+    def floor(self, tokens: int) -> int:
+        tokens -= tokens % self.block
+        if self.align:
+            tokens -= tokens % self.align
+        return max(tokens, 0)
+
+
+def salt_key(attempt: AnyAttempt, kind: str) -> tuple[Any, ...]:
+    """Requests with equal keys carry the same salt (see the module doc)."""
+    if kind == "request":
+        return ("request", attempt.stream_pair or attempt.chain_id)
+    if kind == "pair":
+        return ("pair", attempt.user_id, attempt.control_pair)
+    return (kind,)
+
+
+def _ready_ts(attempt: AnyAttempt) -> float | None:
+    """When the attempt's prompt was in the cache: its first token (or a whole answer's end)."""
+    if attempt.first_token_ts is not None:
+        return attempt.first_token_ts
+    return attempt.end_ts if attempt.status == "ok" else None
+
+
+SaltKey = tuple[Any, ...]
+SMALL_GROUP = 8  # a salt key seen with this many variants or fewer is scanned, not cached
+
+
+class _Seen:
+    """The variants whose prompts were in the cache when a request was sent, by salt key, and the best
+    prefix a request can share with them: under its own salt (the same variant family), or with a
+    variant seen under another salt (its B twin). Why the maxima are cached: a request is compared
+    with every variant seen so far, and an hour's soak sends 360,000 requests against a few dozen
+    variants whose salt keys change only when a variant is first seen under a new key."""
+
+    def __init__(self, matrix: list[list[int]], other: dict[int, int]) -> None:
+        self.matrix, self.other = matrix, other
+        self.same: dict[SaltKey, set[int]] = {}
+        self.keys: dict[int, set[SaltKey]] = {}  # variant -> up to two salt keys it was seen with
+        self.version = 0  # bumped whenever a variant's keys change: the maxima below are then recomputed
+        self._across: dict[int, tuple[int, int | None, int | None, SaltKey | None, int | None]] = {}
+        self._within: dict[tuple[SaltKey, int], tuple[int, int]] = {}
+
+    def add(self, variant: int, key: SaltKey) -> None:
+        self.same.setdefault(key, set()).add(variant)
+        keys = self.keys.setdefault(variant, set())
+        if len(keys) < 2 and key not in keys:
+            keys.add(key)
+            self.version += 1
+
+    def within(self, me: int, key: SaltKey) -> int:
+        """The longest prefix `me` shares with a variant seen under the same salt key (0: none)."""
+        group = self.same.get(key)
+        if not group:
+            return 0
+        if len(group) <= SMALL_GROUP:
+            return max(self.matrix[me][v] for v in group)
+        cached = self._within.get((key, me))
+        if cached is None or cached[0] != len(group):  # a set only grows: its size names its content
+            cached = self._within[(key, me)] = (len(group), max(self.matrix[me][v] for v in group))
+        return cached[1]
+
+    def across(self, me: int, key: SaltKey) -> int | None:
+        """The longest prefix `me` shares with the B twin of a variant seen under a key other than `key`
+        (None: no such variant)."""
+        cached = self._across.get(me)
+        if cached is None or cached[0] != self.version:
+            cached = self._across[me] = (self.version, *self._maxima(me))
+        _, multi, single, single_key, second = cached
+        found = single if single_key != key else second
+        if multi is None:
+            return found
+        return multi if found is None else max(multi, found)
+
+    def _maxima(self, me: int) -> tuple[int | None, int | None, SaltKey | None, int | None]:
+        """Over the variants seen under two keys (one of them differs from any key), and over those seen
+        under one: the best, its key, and the best under any other key."""
+        row, multi, single = self.matrix[me], None, {}
+        for variant, keys in self.keys.items():
+            value = row[self.other[variant]]
+            if len(keys) > 1:
+                multi = value if multi is None else max(multi, value)
+                continue
+            (key,) = keys
+            if key not in single or value > single[key]:
+                single[key] = value
+        if not single:
+            return multi, None, None, None
+        best_key = max(single, key=single.__getitem__)
+        second = max((v for k, v in single.items() if k != best_key), default=None)
+        return multi, single[best_key], best_key, second
+
+
+def designed_tokens(attempts: list[AnyAttempt], design: dict[str, Any], geometry: Geometry) -> dict[str, int]:
+    """attempt_id -> designed reused tokens, for the attempts whose scenario and turn were measured."""
+    index = {key: i for i, key in enumerate(design.get("variants") or [])}
+    matrix: list[list[int]] = design.get("shared_prefix_tokens") or []
+    lengths: list[int] = design.get("prompt_tokens") or []
+    kinds = {name: s.get("prefix_salt", "none") for name, s in (design.get("scenarios") or {}).items()}
+    other = {i: index.get(key[:-1] + "B", i) for key, i in index.items()}  # variant A -> its B (or itself)
+    seen = _Seen(matrix, other)
+    pending: list[tuple[float, int, int, SaltKey]] = []
+    out: dict[str, int] = {}
+    for order, attempt in enumerate(sorted(attempts, key=attrgetter("send_ts", "attempt_id"))):
+        while pending and pending[0][0] <= attempt.send_ts:
+            _, _, variant, key = heapq.heappop(pending)
+            seen.add(variant, key)
+        me = index.get(f"{attempt.scenario}/{attempt.turn}/A")
+        if me is None or attempt.scenario not in kinds:
+            continue
+        key = salt_key(attempt, kinds[attempt.scenario])
+        best = seen.within(me, key)
+        across = seen.across(me, key)
+        if across is not None:
+            best = max(best, across)
+        prompt = attempt.prompt_tokens if attempt.prompt_tokens is not None else lengths[me]
+        out[attempt.attempt_id] = geometry.floor(min(best, prompt - 1))
+        ready = _ready_ts(attempt)
+        if ready is not None:
+            heapq.heappush(pending, (ready, order, me, key))
+    return out
