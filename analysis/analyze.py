@@ -8,6 +8,7 @@ hand-made directory. Nothing here reads the clock or the network.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from k3load.analysis.pillar_agent import judge_agent_api, tool_turns_reason
 from k3load.analysis.pillar_cache import cache_config, judge_prefix_cache
 from k3load.analysis.pillar_resources import judge_resources
 from k3load.analysis.ramp import ramp
-from k3load.analysis.reuse import apply_reuse
+from k3load.analysis.reuse import apply_reuse, judge_reuse
 from k3load.analysis.rundata import RunData, gc_paused, load_run
 from k3load.analysis.timeline import MetricIndex, shared_indexes
 from k3load.analysis.verdict import EXIT_CODES, NEXT_ACTION, compat_pillar, decide
@@ -60,14 +61,18 @@ def _judge(run_dir: Path) -> Judgment:
     data = load_run(run_dir)
     limits = thresholds(data.plan.thresholds if data.plan else None)
     index = MetricIndex(data.metrics)
-    resources, stage_table = judge_resources(data, index, limits)
-    pillars = {"compat": compat_pillar(data.compat), "resources": resources,
-               "prefix_cache": judge_prefix_cache(data, index, limits["prefix_cache"] | limits["resources"]),
-               "agent_api": judge_agent_api(data.attempts, limits["agent_api"], data.plan,
-                                            read_reference(run_dir, data.problems))}
-    _server_aborts(pillars["agent_api"], data, index)
-    apply_reuse(pillars["prefix_cache"], data, index, limits["prefix_cache"] | limits["resources"],
-                cache_config(data))  # designed vs achieved reuse per family (issue 15)
+    cache_limits, config = limits["prefix_cache"] | limits["resources"], cache_config(data)
+    # Designed vs achieved reuse per family (issue 15), judged in a thread beside the other pillars: its
+    # bootstrap is numpy (the GIL released) and at an hour's soak the longest part of the judgment.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        reuse = pool.submit(judge_reuse, data, index, cache_limits, config)
+        resources, stage_table = judge_resources(data, index, limits)
+        pillars = {"compat": compat_pillar(data.compat), "resources": resources,
+                   "prefix_cache": judge_prefix_cache(data, index, cache_limits),
+                   "agent_api": judge_agent_api(data.attempts, limits["agent_api"], data.plan,
+                                                read_reference(run_dir, data.problems))}
+        _server_aborts(pillars["agent_api"], data, index)
+        apply_reuse(pillars["prefix_cache"], data, index, cache_limits, config, reuse.result())
     ramp_table = ramp(stage_table)
     verdict, because, verdict_limits = decide(pillars, stage_table, ramp_table, unfinished_plan(data))
     if ((data.compat or {}).get("target") or {}).get("is_sim"):
