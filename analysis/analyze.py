@@ -121,13 +121,15 @@ def analyze(run_dir: Path) -> Judgment:
     """Judge and write every output (atomically); the manifest is written last and covers the rest."""
     from k3load.analysis import alerts, dashboard, manifest, report_html, report_md
 
-    with shared_indexes():  # the report's plots read the metrics index the verdict built
+    # The inputs are hashed for the manifest while the run is judged (hashlib releases the GIL).
+    with ThreadPoolExecutor(max_workers=1) as pool, shared_indexes():  # one metrics index: verdict and plots
+        inputs = pool.submit(manifest.digests, run_dir, OUTPUTS)
         judgment = judge(run_dir)
         text = json.dumps(judgment.verdict_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
         write_atomic(run_dir / "verdict.json", text)
         write_atomic(run_dir / "report.md", report_md.render(judgment))
         write_atomic(run_dir / "report.html", report_html.render(judgment))
-    write_atomic(run_dir / "alerts.yaml", alerts.render(judgment))
-    write_atomic(run_dir / "dashboard.json", dashboard.render(judgment))
-    manifest.write(run_dir)
+        write_atomic(run_dir / "alerts.yaml", alerts.render(judgment))
+        write_atomic(run_dir / "dashboard.json", dashboard.render(judgment))
+        manifest.write(run_dir, inputs.result())
     return judgment

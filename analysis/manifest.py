@@ -43,8 +43,36 @@ def digest(path: Path) -> str:
     return sha.hexdigest()
 
 
-def write(run_dir: Path) -> int:
-    lines = [f"{digest(run_dir / rel)}  {rel}\n" for rel in _files(run_dir)]
+Known = dict[str, tuple[int, int, str]]  # rel -> (size, mtime_ns, sha256) of a file hashed earlier
+
+
+def digests(run_dir: Path, skip: tuple[str, ...] = ()) -> Known:
+    """The files' digests now, each with the size and mtime it had when hashed (`skip`: names left out).
+    Why: `k3load analyze` hashes the run's inputs (an hour's records.jsonl is 650 MB) in a thread while
+    it judges, hashlib working without the GIL; `write` takes a digest only if the file is unchanged."""
+    known: Known = {}
+    for rel in _files(run_dir):
+        if rel in skip:
+            continue
+        try:
+            before = (run_dir / rel).stat()
+            sha = digest(run_dir / rel)
+            after = (run_dir / rel).stat()
+        except OSError:  # gone meanwhile (a temporary file): `write` hashes what is there at the end
+            continue
+        if (before.st_size, before.st_mtime_ns) == (after.st_size, after.st_mtime_ns):
+            known[rel] = (after.st_size, after.st_mtime_ns, sha)
+    return known
+
+
+def _digest(run_dir: Path, rel: str, known: Known) -> str:
+    stat = (run_dir / rel).stat()
+    found = known.get(rel)
+    return found[2] if found and found[:2] == (stat.st_size, stat.st_mtime_ns) else digest(run_dir / rel)
+
+
+def write(run_dir: Path, known: Known | None = None) -> int:
+    lines = [f"{_digest(run_dir, rel, known or {})}  {rel}\n" for rel in _files(run_dir)]
     write_atomic(run_dir / MANIFEST, "".join(lines))
     return len(lines)
 

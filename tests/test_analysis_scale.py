@@ -28,9 +28,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from k3load.analysis import rundata
+from k3load.analysis import manifest, rundata
 from k3load.analysis.analyze import analyze
 from k3load.analysis.lean import LeanAttempt, call_name
+from k3load.analysis.manifest import verify
 from k3load.analysis.pillar import percentile
 from k3load.analysis.reuse_replay import Geometry, _ready_ts, designed_tokens, salt_key
 from k3load.analysis.stats import ratio_ci, ratio_cis
@@ -114,9 +115,21 @@ def _verdicts(run: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bytes, bytes]
 
 def test_small_run_is_judged_as_by_the_straightforward_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                              ) -> None:
-    now, reference = _verdicts(_unpack(tmp_path / "run"), monkeypatch)
+    run = _unpack(tmp_path / "run")
+    now, reference = _verdicts(run, monkeypatch)
     assert json.loads(now)["verdict"] == "go"
     assert now == reference
+    assert verify(run) == []  # the inputs hashed while judging: the manifest still holds
+
+
+def test_manifest_rehashes_a_file_changed_after_its_early_digest(tmp_path: Path) -> None:
+    (tmp_path / "records.jsonl").write_text("a\n")
+    (tmp_path / "events.jsonl").write_text("b\n")
+    known = manifest.digests(tmp_path, ("events.jsonl",))
+    assert set(known) == {"records.jsonl"}
+    (tmp_path / "records.jsonl").write_text("changed, longer\n")
+    manifest.write(tmp_path, known)
+    assert verify(tmp_path) == []
 
 
 def test_multiplied_run_is_judged_as_by_the_straightforward_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
