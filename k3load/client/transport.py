@@ -24,13 +24,17 @@ from collections.abc import Iterator, Mapping
 from typing import Protocol
 
 import gevent.monkey
+import gevent.socket
 import httpx
+from gevent.exceptions import ConcurrentObjectUseError
 from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPParseError, HTTPSocketPoolResponse
 
 from k3load.client.access import Tls
 
 _GEVENT_BLOCK = 64 * 1024  # bytes per recv: one read takes whatever the kernel holds, up to this
+_PLAIN_SOCKET = gevent.socket.socket  # what geventhttpclient connects plain http with (its `_wait` is used)
+_HEADS_KEPT = 256  # request heads cached per transport (by path, headers, body length); cleared when full
 
 
 class TransportError(Exception):
@@ -91,8 +95,9 @@ class _GeventResponse:
     """Reads the socket itself: recv -> feed the llhttp parser -> hand over the parsed body bytes.
 
     Uses private attributes of geventhttpclient 2.6 (`_sock`, `_body_buffer`; the client's
-    `_build_request` and `_connection_pool` in GeventTransport.open), pinned in pyproject: its
-    public `read(n)` blocks until n bytes are buffered and `readline` splits lines for us."""
+    `_build_request` and `_connection_pool` in GeventTransport.open) and of gevent 26's socket
+    (`_wait`, `_read_event`), both pinned in pyproject: its public `read(n)` blocks until n bytes are
+    buffered and `readline` splits lines for us."""
 
     def __init__(self, resp: HTTPSocketPoolResponse) -> None:
         self._resp = resp
@@ -100,8 +105,10 @@ class _GeventResponse:
         self.headers = {name.lower(): value for name, value in resp.items()}
 
     def reads(self) -> Iterator[bytes]:
+        """Once per read of the hot loop: recv, feed, hand over; written out inline (no helper calls)."""
         resp = self._resp
-        buf = resp._body_buffer
+        buf, feed = resp._body_buffer, resp.feed
+        drained = False  # the last recv took less than a block: the kernel held nothing more then
         while True:
             if buf:
                 data = bytes(buf)
@@ -112,16 +119,22 @@ class _GeventResponse:
             sock = resp._sock
             if sock is None:
                 raise BodyCut("connection released before the end of the body")
-            self._feed(resp, _recv(sock))
-
-    @staticmethod
-    def _feed(resp: HTTPSocketPoolResponse, data: bytes) -> None:
-        try:
-            resp.feed(data)  # b"" tells the parser EOF: completes a read-until-close body, or raises
-        except HTTPParseError as exc:
-            raise BodyCut(f"body cut: {_describe(exc)}" if not data else f"bad HTTP framing: {exc}") from None
-        if not data and not resp.message_complete:
-            raise BodyCut("connection closed before the end of the body")
+            try:
+                if drained and type(sock) is _PLAIN_SOCKET:
+                    # wait until readable, then recv: gevent's recv would first try one that can only fail
+                    # with EAGAIN (a syscall and a raised OSError per read of a paced stream). Not for TLS:
+                    # its object may hold decrypted bytes the kernel no longer shows as readable.
+                    sock._wait(sock._read_event)
+                data = sock.recv(_GEVENT_BLOCK)
+            except (OSError, ConcurrentObjectUseError) as exc:
+                raise BodyCut(f"connection broke mid-body: {_describe(exc)}") from None
+            drained = len(data) < _GEVENT_BLOCK
+            try:
+                feed(data)  # b"" tells the parser EOF: completes a read-until-close body, or raises
+            except HTTPParseError as exc:
+                raise BodyCut(f"body cut: {_describe(exc)}" if not data else f"bad HTTP framing: {exc}") from None
+            if not data and not resp.message_complete:
+                raise BodyCut("connection closed before the end of the body")
 
     def abort(self) -> None:
         sock = self._resp._sock
@@ -130,13 +143,6 @@ class _GeventResponse:
 
     def close(self) -> None:
         self._resp.release()  # returns the socket when complete, else closes it and frees the slot
-
-
-def _recv(sock: socket.socket) -> bytes:
-    try:
-        return sock.recv(_GEVENT_BLOCK)
-    except OSError as exc:
-        raise BodyCut(f"connection broke mid-body: {_describe(exc)}") from None
 
 
 def _shutdown(sock: socket.socket) -> None:
@@ -160,13 +166,22 @@ class GeventTransport:
         # read; the caller's gevent.Timeout is the limit (this transport is always cooperative)
         self._client = HTTPClient.from_url(base_url, concurrency=max_connections, block_size=_GEVENT_BLOCK,
                                            connection_timeout=connect_timeout_s, network_timeout=None, **options)
+        # request heads already built: geventhttpclient's _build_request validates and merges headers on
+        # every call (20 us, bench/peers.py); the same path, headers and body length give the same bytes
+        self._heads: dict[tuple[str, tuple[tuple[str, str], ...], int], bytes] = {}
 
     def open(self, path: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> _GeventResponse:
         """Like `HTTPClient.request` (which never retries a POST either), but a gevent.Timeout or
         GreenletExit while the body is being sent gives the socket back instead of leaking its pool
         slot. `timeout_s` is not used: the caller's gevent.Timeout bounds the call."""
         client, pool = self._client, self._client._connection_pool
-        head = client._build_request("POST", path, body=body, headers=dict(headers)).encode("latin-1")
+        key = (path, tuple(headers.items()), len(body))
+        head = self._heads.get(key)
+        if head is None:  # the head depends on nothing else: built once per path, headers and body length
+            head = client._build_request("POST", path, body=body, headers=dict(headers)).encode("latin-1")
+            if len(self._heads) >= _HEADS_KEPT:
+                self._heads.clear()
+            self._heads[key] = head
         try:
             sock = pool.get_socket()
         except TimeoutError as exc:
