@@ -188,8 +188,8 @@ def test_processes_lose_and_duplicate_no_record(start_sim, tmp_path):
 @pytest.mark.parametrize("how", ["ctrl-c", "end"])
 def test_processes_master_waits_for_every_worker_turn(start_sim, tmp_path, how):
     """Turns of about two seconds, longer than Locust's half-second wait for its workers at quit: the
-    master reconciles only when every worker's users have stopped and its spool is final, after a
-    Ctrl-C to the whole process group (a terminal's) as after the plan's normal end."""
+    master judges only when every worker's users have stopped and every record it says it sent arrived,
+    after a Ctrl-C to the whole process group (a terminal's) as after the plan's normal end."""
     import signal
     import time
 
@@ -220,6 +220,8 @@ def test_processes_master_waits_for_every_worker_turn(start_sim, tmp_path, how):
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     finals = [e for e in events if e["event"] == "worker_spools"]
     assert len(finals) == 1 and finals[0]["final"] == 2 and not finals[0]["not_final"], finals
+    tallies = finals[0]["by_worker"].values()  # every record came by message: the spools were not needed
+    assert all(t["sent"] == t["received"] > 0 and t["recovered"] == 0 for t in tallies), tallies
     assert "problems" not in json.loads((out / "validation_summary.json").read_text())
     assert verify(out) == []
 
@@ -394,23 +396,31 @@ def test_a_dead_server_or_a_bad_scenario_is_a_clear_error_and_no_verdict(start_s
     assert run.returncode == 2 and "broken.yaml: turns[0].expect.kind" in run.stdout + run.stderr
 
 
-def test_a_worker_that_never_seals_its_spool_is_named_after_the_bound(tmp_path):
-    """The master's wait (no sockets): a sealed spool or a `k3_done` is final; a worker with neither is
-    returned once the bound passed, for the run's problems (never dropped silently)."""
-    from k3load.loadgen.spools import Workers, final_line, is_final
+def test_a_worker_whose_records_fell_short_is_named_after_the_bound(tmp_path):
+    """The master's wait (no sockets): a worker is complete when it said `k3_done` and as many of its records
+    arrived as it says it sent, or when its spool is sealed (the fallback on a shared disk); any other worker
+    is returned once the bound passed, named with what is missing (never dropped silently)."""
+    from k3load.loadgen.delivery import Tally, Workers
+    from k3load.loadgen.spools import final_line, is_final
 
     spool = tmp_path / "spool"
     spool.mkdir()
     (spool / "worker-1.jsonl").write_text('{"attempt_id": "a"}\n' + json.dumps(final_line()) + "\n")
     (spool / "worker-2.jsonl").write_text('{"attempt_id": "b"}\n')
-    (spool / "worker-3.jsonl").write_text('{"attempt_id": "c"}\n')
-    workers = Workers(spools={"w1": "worker-1.jsonl", "w2": "worker-2.jsonl", "w3": "worker-3.jsonl", "w4": None},
-                      done={"w3"})
+    workers = Workers({"w1": Tally(spool="worker-1.jsonl"),  # no message at all, but a sealed spool
+                       "w2": Tally(spool="worker-2.jsonl", received=1),  # still running: no k3_done
+                       "w3": Tally(host="pod-3", pid=7, received=5, sent=5),  # complete by message
+                       "w4": Tally(host="pod-4", pid=8, received=3, sent=5, unsent=1)})  # two records short
     now = [0.0]
-    pending = workers.wait_final(spool, 5.0, sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0])
+    pending = workers.wait(spool, 5.0, sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0])
     assert pending == ["w2", "w4"] and 5.0 <= now[0] < 5.2
+    assert "w1" in workers.pending(spool, {"w1": 0.0}, now=1.0)  # a sealed spool waits 2 s for its messages first
     assert is_final(spool / "worker-1.jsonl") and not is_final(spool / "worker-2.jsonl")
-    assert "no spool" in workers.describe("w4")
+    assert workers.describe("w4") == ("worker w4 (pod-4:8; sent 5 records, 3 arrived, 2 missing, 1 could not be "
+                                      "sent; no spool: run directory not shared)")
+    assert "1 records arrived, no final count; spool worker-2.jsonl" in workers.describe("w2")
+    workers.received("w3")  # a record after its k3_done: its users run again, it is not complete until the next
+    assert not workers.tallies["w3"].complete
 
 
 def test_locust_outputs_inside_the_run_dir_are_left_out_of_the_manifest(tmp_path):

@@ -5,16 +5,18 @@
                                  under a web UI the k3load tab and GET /k3load/state (k3load.loadgen.webui)
     init_command_line_parser  -> the --k3-* options
     test_start                -> inputs loaded everywhere; the master/local runner opens the run dir (a new
-                                 one per test the web UI starts); no plan shape: the first stage manual-1
-    test_stop                 -> a worker's users have stopped: its spool sealed, `k3_done` to the master;
-                                 under the web UI the master/local runner judges the run (in the background)
-    quitting                  -> the master waits for every worker to be done (bounded), reconciles the
-                                 spools; validation summary written and printed
+                                 one per test the web UI starts); no plan shape: the first stage manual-1;
+                                 a worker's CPU reporter starts (k3load.loadgen.cpu)
+    test_stop                 -> a worker's users have stopped: `k3_done` with its count of records sent
+                                 (k3load.loadgen.worker); under the web UI the master/local runner judges the
+                                 run (in the background)
+    quitting                  -> the master waits until every worker's records arrived (bounded; spools read
+                                 where a worker fell short: k3load.loadgen.delivery); validation summary
+                                 written and printed
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ import gevent
 
 from k3load.analysis.analyze import analyze
 from k3load.analysis.cli import summary_line
-from k3load.loadgen import sigterm, webui
+from k3load.loadgen import delivery, sigterm, webui
 from k3load.loadgen.inputs import HARNESS_ERROR_EXIT, check_inputs
 from k3load.loadgen.options import add_options
 from k3load.loadgen.session import HarnessSession
@@ -33,7 +35,6 @@ from k3load.summary import format_summary, summarise
 log = logging.getLogger("k3load")
 DEFAULT_STOP_TIMEOUT_S = 30.0
 PLANS_DIR = Path(__file__).resolve().parents[2] / "plans"
-WORKER_WAIT_MARGIN_S = 10.0  # on top of --stop-timeout: a worker's stop, last sends and spool seal
 
 
 def _on_init(environment: Any, **_kwargs: Any) -> None:
@@ -52,10 +53,7 @@ def _on_init(environment: Any, **_kwargs: Any) -> None:
     if runner is None:
         return
     if session.role == "master":
-        runner.register_message("k3_record", lambda msg, **_kw: _on_record(session, msg))
-        runner.register_message("k3_spool", lambda msg, **_kw: session.workers.spools.update(
-            {msg.node_id: msg.data["spool"]}))
-        runner.register_message("k3_done", lambda msg, **_kw: session.workers.done.add(msg.node_id))
+        delivery.register(runner, session)  # k3_join, k3_record, k3_done, k3_cpu
     elif session.role == "worker":
         runner.register_message("k3_run", lambda msg, **_kw: session.join_run(msg.data))
         runner.register_message("k3_stage", lambda msg, **_kw: session.set_stage_by_name(msg.data["name"],
@@ -78,12 +76,6 @@ def _check_inputs(opts: Any, session: HarnessSession) -> None:
             raise SystemExit(HARNESS_ERROR_EXIT) from None
 
 
-def _on_record(session: HarnessSession, msg: Any) -> None:
-    """Master: a worker's record; a worker that sends records is not done (its users run again)."""
-    session.workers.done.discard(msg.node_id)
-    session.write_record_line(json.loads(msg.data)["attempt_id"], msg.data)
-
-
 def _on_test_start(environment: Any, **_kwargs: Any) -> None:
     session = environment.k3_session
     if session.fatal:
@@ -93,20 +85,22 @@ def _on_test_start(environment: Any, **_kwargs: Any) -> None:
     except (RuntimeError, ValueError, OSError) as exc:
         session.fail(str(exc))
         return
+    if session.link is not None:
+        session.link.cpu.start(environment.parsed_options.k3_sample_interval)
     if session.role != "worker" and session.manual.active and not session.manual.stages:
         opts = environment.parsed_options
         session.enter_manual_stage(opts.num_users or 0, opts.spawn_rate or 1.0)
 
 
 def _on_test_stop(environment: Any, **_kwargs: Any) -> None:
-    """A worker seals its spool. Under the web UI the master/local runner judges the run now, in a
+    """A worker says how many records it sent. Under the web UI the master/local runner judges the run now, in a
     greenlet (the analysis itself in a native thread), so the UI keeps answering and the next test
     started from it is a new run."""
     session = getattr(environment, "k3_session", None)
     if session is None:
         return
-    if session.role == "worker":
-        session.seal_spool()
+    if session.link is not None:
+        session.link.seal()
         return
     if session.run_dir is None or session.finished or session.fatal or not judges_at_stop(environment):
         return
@@ -119,28 +113,14 @@ def judges_at_stop(environment: Any) -> bool:
     return environment.web_ui is not None and not getattr(environment.parsed_options, "headless", False)
 
 
-def _wait_for_workers(environment: Any, session: HarnessSession) -> list[str]:
-    """Master: every worker's users stopped and its records in (its `k3_done` or its sealed spool), or
-    the bound passed; each worker still not final is a problem of the run, never silently dropped."""
-    workers = session.workers
-    timeout_s = (environment.stop_timeout or 0) + WORKER_WAIT_MARGIN_S
-    pending = workers.wait_final(session.run_dir / "spool", timeout_s, sleep=gevent.sleep)
-    problems = [f"{workers.describe(w)} did not report its users stopped within {timeout_s:.0f} s: "
-                "turns it finished later may be missing from records.jsonl" for w in pending]
-    for problem in problems:
-        log.error("k3load: %s", problem)
-    if session.events is not None and workers.spools:
-        session.events.event("worker_spools", workers=len(workers.spools), final=len(workers.spools) - len(pending),
-                             not_final=[workers.describe(w) for w in pending], waited_s=timeout_s)
-    return problems
-
-
 def _on_quitting(environment: Any, **_kwargs: Any) -> None:
     session: HarnessSession = getattr(environment, "k3_session", None)
     if session is not None and session.fatal and session.role != "worker":
         session.close()  # the error was said once when it happened (HarnessSession.fail): no verdict
         environment.process_exit_code = HARNESS_ERROR_EXIT
         return
+    if session is not None and session.link is not None:
+        session.link.cpu.stop()  # a worker quitting without test_stop (never started): no reading follows
     if session is None or session.role == "worker" or session.run_dir is None:
         return
     if session.finisher is not None:
@@ -159,10 +139,8 @@ def finish_run(environment: Any, session: HarnessSession, in_thread: bool = Fals
     session.finished = True
     run_dir = session.run_dir
     assert run_dir is not None
-    problems = _wait_for_workers(environment, session) if session.role == "master" else []
-    added = session.reconcile_spools()
-    if added:
-        log.warning("k3load: %d attempt(s) recovered from worker spools", added)
+    problems = delivery.collect(session, environment.runner, (environment.stop_timeout or 0)
+                                + delivery.WAIT_MARGIN_S) if session.role == "master" else []
     session.end_manual_stages()
     if session.events is not None:
         session.events.event("run_end", attempts=session.attempts_written)

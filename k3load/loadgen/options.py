@@ -77,6 +77,12 @@ def add_options(parser: Any) -> None:
                        help="a judged run directory to agree with: the agent pillar is judged also on tool-call "
                        "trigger F1 and schema accuracy against it (thresholds: the plan's agent_api); its run id, "
                        "manifest hash and profile go to reference.json in the run directory")
+    group.add_argument("--k3-worker-spool", default="auto", choices=("auto", "off"), env_var="K3_WORKER_SPOOL",
+                       include_in_web_ui=False,
+                       help="worker: also keep each record in a spool under the master's run directory where this "
+                       "worker reaches it (--processes, a shared volume), read at the end for any record whose "
+                       "message did not arrive; off: Locust messages only. Read from the worker's own command line "
+                       "or environment")
     _observation_options(group)
 
 

@@ -2,16 +2,15 @@
 
 Why a session object: Locust runs the same locustfile as local runner, master and workers. Only the
 master (or local runner) owns the run directory; workers send each record to the master the moment
-it ends (and keep a spool copy under `DIR/spool/` when they share the filesystem), and the master
-writes `records.jsonl` once per attempt id, so `--processes N` loses and duplicates nothing. At the end
-the master waits until every worker's users have stopped (k3load.loadgen.spools) before it reconciles.
+it ends (k3load.loadgen.worker: counted, with a spool copy only where they share the master's disk), and
+the master writes `records.jsonl` once per attempt id. At the end the master waits until every worker's
+count of records has arrived (k3load.loadgen.delivery), so workers on other machines lose nothing either.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import platform
 import sys
 import time
@@ -22,7 +21,6 @@ from typing import Any
 import gevent
 import httpx
 from gevent.event import Event
-from locust.exception import RPCError, RPCSendError
 from locust.runners import MasterRunner, WorkerRunner
 
 import k3load
@@ -30,10 +28,12 @@ from k3load.analysis.agreement import REFERENCE_FILE, reference_record
 from k3load.analysis.pillar import thresholds
 from k3load.client.access import gevent_patched, tls_hint
 from k3load.clock import now
-from k3load.loadgen import observe, spools
+from k3load.loadgen import delivery, observe
 from k3load.loadgen.inputs import harness_error_line, load_inputs
 from k3load.loadgen.manual import LiveCounts, ManualStages
 from k3load.loadgen.options import locust_late_outputs, public_options, run_access
+from k3load.loadgen.request_events import fire_request_events
+from k3load.loadgen.worker import WorkerLink
 from k3load.long_input import LongInputFit, estimate_tokens, fit_long_input
 from k3load.plan import Plan, Stage
 from k3load.records import Attempt
@@ -69,10 +69,12 @@ class HarnessSession:
         self.stage: Stage | None = None
         self.stage_started = 0.0
         self._pending_stage: str | None = None  # worker: a stage announced before test_start loaded the plan
-        self.workers = spools.Workers()  # master: the workers that joined and those that said done
+        self.workers = delivery.Workers()  # master: each worker's records, as it counted them and as they arrived
+        # worker: its records' path to the master; --k3-worker-spool read now, from its own command line
+        self.link = WorkerLink(environment.runner, getattr(environment.parsed_options, "k3_worker_spool", "auto")) \
+            if self.role == "worker" else None
         self.ready = Event()
         self._records: JsonlLog | None = None
-        self._spool: JsonlLog | None = None
         self.events: JsonlLog | None = None
         self._seen: set[str] = set()
         self._long_inputs: dict[str, LongInputFit] = {}
@@ -170,7 +172,7 @@ class HarnessSession:
         self.tests += 1
         self.finished, self.judgment, self.stage, self.previous_run_moved_to = False, None, None, None
         self._seen, self.attempts_written = set(), 0
-        self.workers.done.clear()
+        self.workers.clear()
         self.manual = ManualStages()
         self.live = LiveCounts()
 
@@ -233,27 +235,11 @@ class HarnessSession:
                 "max_model_len": self.max_model_len}
 
     def join_run(self, data: dict[str, Any]) -> None:
-        """Worker: the master's run identity; a spool when the run directory is reachable."""
+        """Worker: the master's run identity; its records' path to the master opens (k3load.loadgen.worker)."""
         self.run_id, self.model, self.max_model_len = data["run_id"], data["model"], data["max_model_len"]
-        run_dir = Path(data["run_dir"])
-        if self._spool is not None:  # a new test from the web UI: the last run's spool was sealed
-            self._spool.close()
-            self._spool = None
-        if run_dir.is_dir():
-            self._spool = JsonlLog(run_dir / "spool" / f"worker-{os.getpid()}.jsonl")
-        self.env.runner.send_message("k3_spool", {"spool": self._spool.path.name if self._spool else None})
+        assert self.link is not None
+        self.link.join(self.run_id, Path(data["run_dir"]))
         self.ready.set()
-
-    def seal_spool(self) -> None:
-        """Worker, its users stopped (test_stop): no record follows; the master may reconcile."""
-        if not self.ready.is_set():
-            return  # never joined a run: nothing to seal
-        if self._spool is not None:
-            self._spool.append(spools.final_line())
-        try:
-            self.env.runner.send_message("k3_done", {"spool": self._spool.path.name if self._spool else None})
-        except (RPCError, RPCSendError) as exc:  # the master is gone; the sealed spool still says it
-            log.warning("k3load: could not tell the master this worker is done: %s", exc)
 
     # -- during the run ----------------------------------------------------------------------------
     def long_context(self, scenario: Scenario) -> str | None:
@@ -346,34 +332,22 @@ class HarnessSession:
 
     def record(self, attempt: Attempt) -> None:
         """Called as each attempt ends, in the process that sent it."""
-        _fire_request_events(self.env, attempt)
+        fire_request_events(self.env, attempt)
         line = attempt.to_json()
-        if self.role == "worker":
-            if self._spool is not None:
-                self._spool.append_line(line)
-            self.env.runner.send_message("k3_record", line)
+        if self.link is not None:
+            self.link.send(line)
         else:
             self.write_record_line(attempt.attempt_id, line)
 
-    def write_record_line(self, attempt_id: str, line: str) -> None:
+    def write_record_line(self, attempt_id: str, line: str) -> bool:
+        """Master/local: the attempt into records.jsonl unless it is there already; True when written."""
         if attempt_id in self._seen or self._records is None:
-            return
+            return False
         self._seen.add(attempt_id)
         self._records.append_line(line)
         self.attempts_written += 1
         self.live.add(line)
-
-    def reconcile_spools(self) -> int:
-        """Master at the end: attempts that reached a spool of this run's workers but not the master are
-        added (none twice; a reused run directory's older spools are not this run's)."""
-        added = 0
-        names = sorted(name for name in self.workers.spools.values() if name)
-        for spool in [self.run_dir / "spool" / name for name in names] if self.run_dir else []:
-            for attempt_id, line in spools.attempt_lines(spool):
-                if attempt_id not in self._seen:
-                    self.write_record_line(attempt_id, line)
-                    added += 1
-        return added
+        return True
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         if not self.ready.wait(timeout_s):
@@ -393,7 +367,7 @@ class HarnessSession:
         if self.sampler is not None:
             self.sampler.stop()
             self.sampler = None
-        for handle in (self._records, self._spool, self.events):
+        for handle in (self._records, self.events):
             if handle is not None:
                 handle.close()
         self._records = None  # a record arriving after the end is not this run's to write
@@ -401,28 +375,3 @@ class HarnessSession:
 
 def _str_or_none(path: Path | None) -> str | None:
     return str(path) if path is not None else None
-
-
-def _fire_request_events(env: Any, attempt: Attempt) -> None:
-    """TTFT, ITL and e2e as their own named entries (judge SLOs on these, never on Aggregated).
-    A timeout-drill attempt is its own entry: its timeout is the expected outcome, not a failure."""
-    if attempt.drill:
-        env.events.request.fire(request_type="K3", name=f"{attempt.family}: timeout drill",
-                                response_time=attempt.e2e_ms or 0, response_length=0, context={},
-                                start_time=attempt.send_ts,
-                                exception=None if attempt.status == "timeout" else Exception("did not time out"))
-        return
-    failure = None if attempt.valid else Exception(
-        f"{attempt.status}: " + "; ".join(f"{f.check}[{f.layer}]" for f in attempt.findings if not f.ok))
-    base = {"request_type": "K3", "context": {"scenario": attempt.scenario, "stage": attempt.stage},
-            "start_time": attempt.send_ts}
-    # the drill's stream:false twin is its own entry: a whole body's e2e is not a streamed one's
-    e2e = f"{attempt.family}: e2e" + (" (stream: false twin)" if attempt.stream_role == "whole" else "")
-    env.events.request.fire(name=e2e, response_time=attempt.e2e_ms or 0,
-                            response_length=attempt.completion_tokens or 0, exception=failure, **base)
-    if attempt.ttft_ms is not None:
-        env.events.request.fire(name=f"{attempt.family}: ttft", response_time=attempt.ttft_ms,
-                                response_length=0, exception=None, **base)
-    if attempt.itl_mean_ms is not None:
-        env.events.request.fire(name=f"{attempt.family}: itl", response_time=attempt.itl_mean_ms,
-                                response_length=0, exception=None, **base)

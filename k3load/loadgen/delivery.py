@@ -1,0 +1,220 @@
+"""Every worker's records reach the master by Locust messages; the master counts what arrived per worker.
+
+    worker  join_run     -> `k3_join` {run_id, spool (name or None), host, pid}   master: the worker is in the ledger
+    worker  each attempt -> `k3_record` (the record's JSON line)                  master: written once per attempt id
+    worker  test_stop    -> `k3_done` {run_id, sent, unsent, spool}               master: the worker's own count
+    master  finish_run   -> `collect`: waits (bounded) until each worker said done and as many of its records
+                            arrived as it says it sent; what is still missing is read from the worker's spool
+                            where the run directory is shared; each worker still short is named (an error log
+                            line, the `worker_spools` event, the validation summary's problems)
+
+Why counts: a worker on another machine shares no disk with the master, so the messages are the only path,
+and a count per worker turns "nothing lost" into a check the master makes before it judges.
+
+Why `pump`: in a headless run Locust's master quits before `quitting` fires (it tells its workers to quit,
+waits half a second and kills its message listener: locust/runners.py MasterRunner.quit), while the
+workers' users still finish their turns for up to --stop-timeout. Once Locust's listener is gone, the wait
+reads the master's socket itself and hands each k3_* message to the handler registered for it (Locust's own
+messages are dropped then: its runner has quit).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gevent
+from locust.exception import RPCError, RPCReceiveError, RPCSendError
+
+from k3load.loadgen import cpu, spools
+
+log = logging.getLogger("k3load")
+WAIT_MARGIN_S = 10.0  # on top of --stop-timeout: a worker's stop, its last sends and its spool's seal
+PUMP_STEP_S = 0.1
+SPOOL_GRACE_S = 2.0  # a sealed spool ends the wait for its worker only after this: its messages come first
+
+
+@dataclass
+class Tally:
+    """One worker's account in the current run."""
+
+    host: str = ""
+    pid: int | None = None
+    spool: str | None = None  # its spool file's name under DIR/spool/, None where the run directory is not shared
+    received: int = 0  # k3_record messages that reached the master
+    sent: int | None = None  # the worker's own count at its last k3_done; None while its users run
+    unsent: int = 0  # records the worker could not send (its send_message failed)
+    recovered: int = 0  # attempts read from its spool at the end that no message brought
+
+    @property
+    def complete(self) -> bool:
+        return self.sent is not None and self.received >= self.sent
+
+
+@dataclass
+class Workers:
+    """The master's ledger: every worker that joined this run, what it sent and what arrived."""
+
+    tallies: dict[str, Tally] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        self.tallies.clear()
+
+    def tally(self, worker: str) -> Tally:
+        return self.tallies.setdefault(worker, Tally())
+
+    def joined(self, worker: str, data: dict[str, Any]) -> None:
+        tally = self.tally(worker)
+        tally.host, tally.pid, tally.spool = str(data.get("host") or ""), data.get("pid"), data.get("spool")
+
+    def received(self, worker: str) -> None:
+        """A record arrived: a worker that sends records is not done (its users run again)."""
+        tally = self.tally(worker)
+        tally.received += 1
+        tally.sent = None
+
+    def done(self, worker: str, data: dict[str, Any]) -> None:
+        tally = self.tally(worker)
+        tally.sent, tally.unsent = int(data.get("sent") or 0), int(data.get("unsent") or 0)
+        tally.spool = data.get("spool", tally.spool)
+
+    def pending(self, spool_dir: Path, sealed_at: dict[str, float] | None = None, now: float = 0.0) -> list[str]:
+        """Workers not complete by message, but for one whose spool is sealed (FINAL) since SPOOL_GRACE_S: its
+        spool holds every record (read at the end), its last messages may never come. `sealed_at` (worker ->
+        when its seal was first seen) is kept by the caller; without it a sealed spool counts at once."""
+        out = []
+        for worker, tally in sorted(self.tallies.items()):
+            if tally.complete:
+                continue
+            if tally.spool and spools.is_final(spool_dir / tally.spool):
+                first = (sealed_at if sealed_at is not None else {}).setdefault(worker, now)
+                if sealed_at is None or now - first >= SPOOL_GRACE_S:
+                    continue
+            out.append(worker)
+        return out
+
+    def wait(self, spool_dir: Path, timeout_s: float, sleep: Callable[[float], object],
+             clock: Callable[[], float] = time.monotonic) -> list[str]:
+        """Waits until no worker is pending or `timeout_s` passed; returns the workers still pending."""
+        deadline, sealed_at = clock() + timeout_s, {}
+        pending = self.pending(spool_dir, sealed_at, clock())
+        while pending and clock() < deadline:
+            sleep(PUMP_STEP_S)
+            pending = self.pending(spool_dir, sealed_at, clock())
+        return pending
+
+    def describe(self, worker: str) -> str:
+        """A noun phrase naming the worker and what is known of its records (the run's problems quote it)."""
+        t = self.tallies.get(worker, Tally())
+        where = f"{t.host}:{t.pid}" if t.host else f"pid {t.pid}"
+        if t.sent is None:
+            count = f"{t.received} records arrived, no final count"
+        elif t.complete:
+            count = f"all {t.sent} records it sent arrived"
+        else:
+            count = f"sent {t.sent} records, {t.received} arrived, {t.sent - t.received} missing"
+        unsent = f", {t.unsent} could not be sent" if t.unsent else ""
+        spool = f"spool {t.spool}" if t.spool else "no spool: run directory not shared"
+        return f"worker {worker} ({where}; {count}{unsent}; {spool})"
+
+
+def register(runner: Any, session: Any) -> None:
+    """Master: the k3_* messages of the workers."""
+    runner.register_message("k3_join", lambda msg, **_kw: _this_run(session, msg) and session.workers.joined(
+        msg.node_id, msg.data))
+    runner.register_message("k3_record", lambda msg, **_kw: on_record(session, msg.node_id, msg.data))
+    runner.register_message("k3_done", lambda msg, **_kw: _this_run(session, msg) and session.workers.done(
+        msg.node_id, msg.data))
+    runner.register_message("k3_cpu", lambda msg, **_kw: _this_run(session, msg) and cpu.write_reading(
+        session, msg.node_id, msg.data))
+
+
+def _this_run(session: Any, msg: Any) -> bool:
+    """A message of an earlier run (a web UI test before this one) is not this run's to count."""
+    run_id = (msg.data or {}).get("run_id") if isinstance(msg.data, dict) else None
+    return run_id is None or run_id == session.run_id
+
+
+def on_record(session: Any, worker: str, line: str) -> None:
+    """Master: a worker's record, counted for that worker and written once per attempt id."""
+    record = json.loads(line)
+    if record.get("run_id") not in (None, session.run_id):
+        log.warning("k3load: a record of run %s arrived during run %s from worker %s: not written",
+                    record.get("run_id"), session.run_id, worker)
+        return
+    session.workers.received(worker)
+    session.write_record_line(record["attempt_id"], line)
+
+
+def pump(runner: Any, step_s: float = PUMP_STEP_S) -> bool:
+    """One step of the wait: a sleep while Locust's master listens to its workers; once it has quit (its
+    greenlets killed), one message read from its socket and, if it is one of ours, handled (True then)."""
+    if len(runner.greenlet):
+        gevent.sleep(step_s)
+        return False
+    received = None
+    try:
+        with gevent.Timeout(step_s, False):
+            received = runner.server.recv_from_client()
+    except (RPCError, RPCReceiveError, RPCSendError) as exc:
+        log.debug("k3load: reading the workers after Locust quit: %s", exc)
+        gevent.sleep(step_s)
+        return False
+    if received is None:
+        return False
+    _worker, msg = received
+    handler = runner.custom_messages.get(msg.type) if msg.type.startswith("k3_") else None
+    if handler is not None:
+        handler[0](environment=runner.environment, msg=msg)
+    return handler is not None
+
+
+def collect(session: Any, runner: Any, timeout_s: float) -> list[str]:
+    """Master at the end: every worker's records in (bounded), spools read where a worker is short, and the
+    workers still short returned as the run's problems (each also logged as an error, never dropped)."""
+    workers = session.workers
+    spool_dir = session.run_dir / "spool"
+    pumped = [0]  # k3_* messages read by `pump` after Locust's master quit
+
+    def step(seconds: float) -> None:
+        pumped[0] += pump(runner, seconds)
+
+    short = workers.wait(spool_dir, timeout_s, sleep=step if hasattr(runner, "server") else gevent.sleep)
+    recovered = _reconcile(session, spool_dir)
+    if recovered:
+        log.warning("k3load: %d attempt(s) recovered from worker spools", recovered)
+    short = [w for w in short if not _sealed(workers.tallies[w], spool_dir)]
+    problems = [f"{workers.describe(w)} did not complete within {timeout_s:.0f} s: turns it finished later "
+                "may be missing from records.jsonl" for w in short]
+    for problem in problems:
+        log.error("k3load: %s", problem)
+    if session.events is not None and workers.tallies:
+        session.events.event("worker_spools", workers=len(workers.tallies), final=len(workers.tallies) - len(short),
+                             not_final=[workers.describe(w) for w in short], waited_s=timeout_s,
+                             read_after_locust_quit=pumped[0],
+                             by_worker={w: asdict(t) for w, t in sorted(workers.tallies.items())})
+    return problems
+
+
+def _sealed(tally: Tally, spool_dir: Path) -> bool:
+    return bool(tally.spool) and spools.is_final(spool_dir / str(tally.spool))
+
+
+def _reconcile(session: Any, spool_dir: Path) -> int:
+    """Attempts that reached the spool of a worker whose messages fell short, but not the master, are added
+    (none twice). A complete worker's spool is not read: its messages brought everything."""
+    added = 0
+    for tally in (t for _w, t in sorted(session.workers.tallies.items()) if t.spool and not t.complete):
+        path = spool_dir / str(tally.spool)
+        if not path.exists():
+            continue
+        for attempt_id, line in spools.attempt_lines(path):
+            if session.write_record_line(attempt_id, line):
+                tally.recovered += 1
+                added += 1
+    return added
