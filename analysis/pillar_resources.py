@@ -34,8 +34,46 @@ CRASH_EVENTS = ("server_down", "log_oom", "log_engine_dead")
 SATURATED_CPU_PCT = 95.0
 
 
+LATENCY_SIGNALS = ("latency", "queue_latency")
+
+
 def _only_latency(problems: list[dict[str, Any]]) -> bool:
-    return all(p["signal"] in ("latency", "queue_latency") for p in problems)
+    return all(p["signal"] in LATENCY_SIGNALS for p in problems)
+
+
+def saturated_processes(stats: dict[str, Any]) -> dict[str, float]:
+    """The load-generator processes (master or local, each worker) at or over SATURATED_CPU_PCT in the stage.
+    A stage row without the per-process breakdown (hand-made, or an older table) has its one figure."""
+    by_process = stats.get("load_generator_cpu_max_pct_by_process")
+    if by_process is None:
+        overall = stats.get("load_generator_cpu_max_pct")
+        by_process = {"load generator": overall} if overall is not None else {}
+    return {name: float(pct) for name, pct in by_process.items() if pct is not None and pct >= SATURATED_CPU_PCT}
+
+
+def _hot(stage: str, hot: dict[str, float]) -> str:
+    return f"{stage} (" + ", ".join(f"{name} {pct:.0f}%" for name, pct in sorted(hot.items())) + ")"
+
+
+def _saturation(table: list[dict[str, Any]], reasons: list[str]) -> tuple[list[str], list[str]]:
+    """Stages judged with a saturated load generator: (stages whose only problems are latencies: the pillar is
+    inconclusive for them; stages within limits: said with the pass). A stage failing for more than latency
+    is failed, its reason in `reasons` saying which process was saturated."""
+    only_latency, within = [], []
+    for stats in table:
+        hot = saturated_processes(stats)
+        if not stats["problems"]:
+            within += [_hot(stats["stage"], hot)] if hot else []
+            continue
+        if hot and _only_latency(stats["problems"]):
+            only_latency.append(_hot(stats["stage"], hot))  # our own client was the bottleneck there
+            continue
+        reason = f"stage {stats['stage']} ({stats['users']} users): " + "; ".join(texts(stats["problems"]))
+        if hot and any(p["signal"] in LATENCY_SIGNALS for p in stats["problems"]):
+            reason += (f" (the load generator was saturated there: {_hot(stats['stage'], hot)}: its latencies are "
+                       "not the server's alone)")
+        reasons.append(reason)
+    return only_latency, within
 
 
 def _crash_times(data: RunData, spells: list[DownSpell]) -> list[dict[str, Any]]:
@@ -162,14 +200,9 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
         reasons.append(f"{what} in stage {crash['stage']} ({crash['phase']}); "
                        f"{crash['conditions']['requests_in_flight']} requests in flight, "
                        f"{_largest_prompt(crash['conditions'])}; restart: {crash['restart']['detail']}")
-    saturated = []
-    for stats in table:
-        if not stats["problems"]:
-            continue
-        if _only_latency(stats["problems"]) and (stats.get("load_generator_cpu_max_pct") or 0) >= SATURATED_CPU_PCT:
-            saturated.append(stats["stage"])  # our own client was the bottleneck: not the server's latency
-            continue
-        reasons.append(f"stage {stats['stage']} ({stats['users']} users): " + "; ".join(texts(stats["problems"])))
+    saturated, saturated_within = _saturation(table, reasons)
+    numbers["load_generator_saturated"] = [{"stage": s["stage"], "processes": saturated_processes(s)}
+                                           for s in table if saturated_processes(s)]
     numbers["drain"] = drain_audit(data, index, limits)  # after every stage: was everything let go?
     numbers["restart_drill"] = restart_drill(data, table)
     reasons += drain_reasons(numbers["drain"])
@@ -182,11 +215,14 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
         return PillarResult(INCONCLUSIVE, [f"inconclusive, because the load generator was saturated (CPU >= "
                                            f"{SATURATED_CPU_PCT:.0f}%) in {', '.join(saturated)}: the latencies "
                                            "measured there are the client's, not the server's (add workers: "
-                                           "--processes N)"], numbers), table
+                                           "--processes N, or worker machines)"], numbers), table
     if not any(s["metrics_present"] for s in table):
         return PillarResult(INCONCLUSIVE, ["server metrics missing: KV usage, queue and preemptions are unknown "
                                            "(only the client's latencies and errors were judged)"], numbers), table
     gpu_note = "" if any(s["gpu_memory_peak_mib"] is not None for s in table) else \
         " (GPU telemetry unavailable: memory headroom not judged)"
+    saturation_note = [f"the load generator was saturated (CPU >= {SATURATED_CPU_PCT:.0f}%) in "
+                       f"{', '.join(saturated_within)}: the latencies there are the client's as much as the "
+                       "server's (within the SLOs even so)"] if saturated_within else []
     return PillarResult(PASS, [f"all {len(table)} stages within the SLOs and resource limits, no crash"
-                               + gpu_note] + ([drill] if drill else []), numbers), table
+                               + gpu_note] + ([drill] if drill else []) + saturation_note, numbers), table

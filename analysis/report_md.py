@@ -13,6 +13,7 @@ from typing import Any
 
 from k3load.analysis import report_drain, report_reference, report_reuse, report_tool_calls
 from k3load.analysis.markdown import fmt, table
+from k3load.analysis.pillar_resources import SATURATED_CPU_PCT
 
 LABELS = {"go": "導入可 — go", "limited": "制限付き観察 — limited", "rebuild": "環境再構築 — rebuild",
           "scale_up": "リソース増強 — scale_up"}
@@ -57,7 +58,8 @@ def _sections(j: Any) -> list[str]:
                + table([cache.get("window") or {}], tuple((cache.get("window") or {"window": None}).keys())))
     out.append(report_reuse.markdown(cache))
     out.append("## Stages\n\n" + table(j.stage_table, STAGE_COLUMNS)
-               + "".join(f"\n- {s['stage']}: " + _breaches(s["problems"]) for s in j.stage_table if s["problems"]))
+               + "".join(f"\n- {s['stage']}: " + _breaches(s["problems"]) for s in j.stage_table if s["problems"])
+               + _generator_cpu(j))
     out.append(_ramp(j) + _crashes(j) + report_drain.markdown(j.pillars["resources"].numbers)
                + _agent(j) + report_tool_calls.markdown(j.pillars["agent_api"].numbers)
                + report_reference.markdown(j.pillars["agent_api"].numbers))
@@ -76,6 +78,22 @@ def _ramp(j: Any) -> str:
             "waiting_max", "kv_usage_max", "preemptions", "within_limits")
     return (f"## Ramp\n\nKnee: **{fmt(r['knee_users'])} users** ({fmt(r['knee_stage'])}); ran out first: "
             f"{fmt(r['ran_out_first'])}.\n\n" + table(r["steps"], cols) + "\n")
+
+
+def _generator_cpu(j: Any) -> str:
+    """Each load-generator process's highest CPU per stage (the master or local process, each worker): a
+    saturated one measured its own delay along with the server's."""
+    rows = [{"stage": s["stage"], **(s.get("load_generator_cpu_max_pct_by_process") or {})} for s in j.stage_table]
+    processes = sorted({k for row in rows for k in row if k != "stage"}, key=lambda k: (k.startswith("worker"), k))
+    if not processes:
+        return ""
+    hot = j.pillars["resources"].numbers.get("load_generator_saturated") or []
+    said = (f"\n**The load generator was saturated** (CPU >= {SATURATED_CPU_PCT:.0f}% of a core) in "
+            + "; ".join(f"{h['stage']} (" + ", ".join(f"{k} {v:.0f}%" for k, v in sorted(h["processes"].items()))
+                        + ")" for h in hot)
+            + ": the latencies measured there are the client's as much as the server's.\n") if hot else ""
+    return ("\n\n### Load generator CPU (highest % of one core per stage and process)\n\n"
+            + table(rows, ("stage", *processes)) + said)
 
 
 def _crashes(j: Any) -> str:

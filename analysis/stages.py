@@ -19,6 +19,7 @@ from k3load.analysis.rundata import RunData, StageWindow
 from k3load.analysis.stats import wilson
 from k3load.analysis.timeline import MetricIndex
 
+CPU_EVENT = "load_generator_cpu"  # a worker's own CPU reading, written by the master as it arrives
 QUEUED_S = 2.0  # latency over its SLO while requests waited at least this long grows with the queue
 
 
@@ -43,6 +44,24 @@ def _gpu(data: RunData, t0: float, t1: float) -> dict[str, Any]:
     return {"gpu_memory_peak_mib": float(rows["memory_used_mib"].max()),
             "gpu_headroom_min_pct": float(headroom.min()),
             "gpu_simulated": bool(rows.get("simulated", pd.Series([False])).fillna(False).any())}
+
+
+def sampler_process(data: RunData) -> str:
+    """The process that sampled metrics.jsonl (its `load_generator_cpu_pct`): the master of a distributed run
+    (--processes or --master), else the one local process."""
+    return "master" if (data.run.get("options") or {}).get("master") else "local"
+
+
+def cpu_by_process(data: RunData, t0: float, t1: float) -> dict[str, float]:
+    """Each load-generator process's highest CPU in [t0, t1] (% of one core): the sampling process from
+    metrics.jsonl, each worker from its `load_generator_cpu` events (k3load.loadgen.cpu)."""
+    out: dict[str, float] = {}
+    readings = [(sampler_process(data), m.get("ts"), m.get("load_generator_cpu_pct")) for m in data.metrics]
+    readings += [(str(e.get("process")), e.get("ts"), e.get("cpu_pct")) for e in data.events_named(CPU_EVENT)]
+    for process, ts, value in readings:
+        if value is not None and ts is not None and t0 <= ts <= t1:
+            out[process] = max(out.get(process, float("-inf")), float(value))
+    return dict(sorted(out.items()))
 
 
 def _load_errors(frame: pd.DataFrame) -> pd.Series:
@@ -101,8 +120,7 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
     flaps = {spell.down_ts for spell in spells if spell.flap}
     downs = [e for e in data.events_named("server_down") if t0 <= e["ts"] <= t1 and e["ts"] not in flaps
              and not planned_down(e["ts"], planned)]
-    cpu = [m["load_generator_cpu_pct"] for m in data.metrics
-           if t0 <= m.get("ts", 0) <= t1 and m.get("load_generator_cpu_pct") is not None]
+    cpu = cpu_by_process(data, t0, t1)
     return {
         "stage": stage.name, "kind": stage.kind, "users": stage.users, "start_ts": t0, "duration_s": t1 - t0,
         "attempts": len(frame), **_errors(frame, spells),
@@ -116,7 +134,8 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
         "waiting_max": waiting["max"] if waiting else None,
         "waiting_sustained_s": index.sustained_queue_s(t0, t1),
         "running_max": running["max"] if running else None,
-        "load_generator_cpu_max_pct": max(cpu) if cpu else None,
+        "load_generator_cpu_max_pct": max(cpu.values()) if cpu else None,  # over every process
+        "load_generator_cpu_max_pct_by_process": cpu,
         "preemptions": preemptions, "preemptions_per_min": preemptions / duration * 60 if preemptions is not None
         else None, "server_down_events": len(downs),
         "health_flaps": sum(1 for ts in flaps if t0 <= ts <= t1 and not planned_down(ts, planned)),
