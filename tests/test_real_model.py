@@ -9,13 +9,16 @@ about a minute instead of three with torch.compile on two cores; the precheck no
 R1. healthy (the recipe's flags, the real model): first what the model answers by hand (prose, a
     required call, json_schema, a cached prefix), then the whole real-small plan (tool turns named),
     then a short run of the agent scenarios as written (tool turns `auto`).
-R2. two classic mistakes at once, as an operator makes them: `--max-model-len 1024`, below the stored
-    production prompts, and a tool-call parser that is not the model's (`pythonic` for a model whose
-    template writes hermes `<tool_call>` markup). The first must be named (max_model_len, prompt
-    sizes, families). The second can only show on `auto` turns (vLLM 0.32 decodes required and named
-    calls against the schema whatever the parser), and this model answers those with prose under
-    either parser, so the run must not blame the parser for what R1's auto run shows too; the parser
-    attribution is proven on the sim (tests/test_verdict_matrix.py, wrong-parser-leaves-tool-markup).
+R2. three classic mistakes at once, as an operator makes them: `--max-model-len 1024`, below the
+    stored production prompts, a tool-call parser that is not the model's (`pythonic` for a model whose
+    template writes hermes `<tool_call>` markup), and `--disable-log-stats` (copied from a benchmark
+    recipe). The first must be named (max_model_len, prompt sizes, families). The second can only show
+    on `auto` turns (vLLM 0.32 decodes required and named calls against the schema whatever the
+    parser), and this model answers those with prose under either parser, so the run must not blame
+    the parser for what R1's auto run shows too; the parser attribution is proven on the sim
+    (tests/test_verdict_matrix.py, wrong-parser-leaves-tool-markup). The third leaves one vllm:*
+    family on /metrics, which is not "metrics present": unknown, never a pass (this was the tiny
+    model's setup 5 in tests/test_real_server.py; here it costs no server start of its own).
 
 Each run's verdict.json, validation_summary.json, compat.json and report.md are kept under
 runs/real-server/SETUP/ for docs/real-server-results.md.
@@ -45,6 +48,7 @@ from tests.test_real_server import (
     ROOT,
     assert_every_failure_has_its_layer,
     because,
+    events,
     judged,
     keep,
     locust_cmd,
@@ -55,7 +59,8 @@ from tests.test_real_server import (
 MODEL = "smollm2-135m"
 REAL = ServerConfig(model=MODEL, enforce_eager=True)
 MISTAKES = ServerConfig(model=MODEL, enforce_eager=True, drop_flags=["--tool-call-parser"],
-                        extra_args=["--tool-call-parser", "pythonic", "--max-model-len", "1024"])
+                        extra_args=["--tool-call-parser", "pythonic", "--max-model-len", "1024",
+                                    "--disable-log-stats"])
 REAL_SMALL = ROOT / "plans" / "real-small.yaml"
 # The agent scenarios as written (auto tool turns), briefly: what the model does when it must decide.
 AUTO_STAGES = [{"name": "agents-auto", "kind": "load", "duration_s": 25, "users": 2, "mix": {"agent": 1}}]
@@ -244,17 +249,20 @@ def test_auto_tool_turns_are_answered_in_prose_and_blamed_on_the_model(auto_run)
 
 # -- R2. --max-model-len below the stored prompts, and a parser that is not the model's -----------------
 @pytest.fixture(scope="module")
-def mistakes_run(servers: VllmPool, auto_run, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, int, list]:
+def mistakes_run(servers: VllmPool, auto_run, tmp_path_factory: pytest.TempPathFactory
+                 ) -> tuple[dict, int, list, Path]:
+    """(verdict, exit code, attempts, run dir)."""
     tmp_path = tmp_path_factory.mktemp("real-mistakes")
     try:
-        return run(servers.get("mistakes"), tmp_path, "r2-real-short-context-wrong-parser", MISTAKES.flags(),
-                   _plan_like_real_small(tmp_path, MISTAKE_STAGES, "auto"))
+        verdict, code, attempts = run(servers.get("mistakes"), tmp_path, "r2-real-short-context-wrong-parser",
+                                      MISTAKES.flags(), _plan_like_real_small(tmp_path, MISTAKE_STAGES, "auto"))
+        return verdict, code, attempts, tmp_path / "run"
     finally:
         servers.stop("mistakes")
 
 
 def test_a_context_below_the_stored_prompts_is_named_with_the_families_that_do_not_fit(mistakes_run) -> None:
-    verdict, code, attempts = mistakes_run
+    verdict, code, attempts, _ = mistakes_run
     assert verdict["verdict"] == "limited" and code == 3, because(verdict)
     assert verdict["limits"]["max_model_len"] == 1024
     refusals = verdict["pillars"]["agent_api"]["numbers"]["context_length_refusals"]
@@ -270,8 +278,33 @@ def test_a_context_below_the_stored_prompts_is_named_with_the_families_that_do_n
 def test_a_wrong_parser_cannot_be_told_from_this_models_prose_and_is_not_blamed(mistakes_run, auto_run) -> None:
     """Under the wrong parser the auto tool turns fail as they do under the right one (R1's auto run):
     prose, the model's output. No markup reaches content, so nothing points at the parser."""
-    _, _, attempts = mistakes_run
+    _, _, attempts, _ = mistakes_run
     seen, right_parser = failures(attempts), failures(auto_run[2])
     assert seen[("expect.tool_call", "model_output")] > 0 and right_parser[("expect.tool_call", "model_output")] > 0
     assert not [key for key in seen if key[1] == "parser"], seen
     assert not any("<tool_call>" in a.content for a in attempts)
+
+
+def test_stats_disabled_reports_metrics_missing_never_a_pass(mistakes_run) -> None:
+    """vLLM 0.32 with --disable-log-stats still serves one vllm:* family (the tool-call parser counter),
+    so "any vllm:* series" is not "metrics present": the engine's gauges are absent, which is unknown,
+    never a pass (analysis/stages.py, the precheck's metrics_reachable)."""
+    verdict, code, _, out = mistakes_run
+    got = statuses(verdict)
+    # The precheck says it: /metrics answers, but without the engine's gauges nothing can be monitored.
+    assert got["compat"] == "inconclusive", got
+    assert "metrics_reachable: inconclusive, because /metrics at " in reasons(verdict, "compat")
+    assert "has no engine gauges (vllm:num_requests_running" in reasons(verdict, "compat")
+    assert got["resources"] in ("inconclusive", "fail"), got  # never a pass without KV, queue, preemptions
+    if got["resources"] == "inconclusive":
+        assert reasons(verdict, "resources").startswith("server metrics missing: KV usage, queue and preemptions")
+    assert all(s["metrics_present"] is False and s["kv_usage_max"] is None
+               for s in verdict["pillars"]["resources"]["numbers"]["stages"])
+    assert got["prefix_cache"] != "pass" and verdict["verdict"] == "limited" and code == 3
+    scraped = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    families = {key.split("{")[0] for line in scraped if line.get("ok") for key in line["samples"]}
+    assert families == {"vllm:tool_call_parser_invocations_total"}, families  # what the real server keeps
+    (missing,) = [e for e in events(out) if e["event"] == "metrics_missing"]  # said once, by the sampler
+    assert missing["reason"].startswith("no vllm:num_requests_running / vllm:num_requests_waiting / "
+                                        "vllm:kv_cache_usage_perc on /metrics (only "), missing
+    assert not [e for e in events(out) if e["event"] == "cache_config"]

@@ -8,7 +8,9 @@ the local-dev recipe, the server's own log as startup log and followed log, and 
 2. --no-enable-prefix-caching                     6. healthy, control prompt under one cache block
 7. healthy, SIGKILLed mid-soak, brought back by --k3-restart-cmd
 3. KV starved (the session server, 24 blocks)     4. --enable-auto-tool-choice forgotten
-5. --disable-log-stats
+
+Setup 5 (--disable-log-stats) moved onto the real instruct model's misconfigured server
+(tests/test_real_model.py, R2), so the suite starts one server fewer.
 
 Setup 1 (healthy) moved to the real instruct model (tests/test_real_model.py, R1): random weights
 only ever showed that tool turns come back as newlines. The tiny healthy server still serves 6 and 7.
@@ -72,9 +74,9 @@ STAGES: list[dict[str, Any]] = [
 # so is the drain bound (an abort lands after the step in progress: two such steps).
 THRESHOLDS = {"slo": {"ttft_p95_ms": 30000, "itl_p95_ms": 2000, "e2e_p95_ms": 120000},
               "resources": {"max_waiting_sustained_s": 5, "max_drain_s": 20}}
-# Setups 2, 5 and 6 judge a misconfiguration the control and the base load show (caching off, stats off, a
-# control prompt under one block): the long input, the ramp and the soak add nothing to their verdicts but
-# about 40 s each of CI (setups 3, 4 and 7 keep every stage).
+# Setups 2, 4 and 6 judge a misconfiguration the control and the base load show (caching off, tool choice
+# refused, a control prompt under one block): the long input, the ramp and the soak add nothing to their
+# verdicts but about 40 s each of CI (setups 3 and 7 keep every stage).
 SHORT_STAGES = STAGES[:2]
 # Setup 3: agents only above the KV capacity (300-1,000-token prompts that grow while decoding:
 # admitted, then short of blocks), for long enough to count as sustained.
@@ -90,7 +92,6 @@ RESTART_STAGES = [{**STAGES[0], "duration_s": 16}, {**STAGES[1], "duration_s": 8
 HEALTHY = ServerConfig()
 PREFIX_OFF = ServerConfig(drop_flags=["--enable-prefix-caching"], extra_args=["--no-enable-prefix-caching"])
 NO_AUTO_TOOLS = ServerConfig(drop_flags=["--enable-auto-tool-choice"])
-STATS_OFF = ServerConfig(extra_args=["--disable-log-stats"])
 AUTO_REFUSED = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 
 pytestmark = pytest.mark.vllm
@@ -188,6 +189,12 @@ def test_prefix_caching_off_fails_the_cache_pillar_and_the_recipe(vllm_pool, hea
         verdict, code, _ = accept(target, tmp_path, "2-prefix-caching-off", PREFIX_OFF.flags(), stages=SHORT_STAGES)
     finally:
         vllm_pool.stop("prefix_off")
+    # stop() with a run dir given leaves nothing running and only the log (an own temp dir goes whole: setup 7b)
+    assert target.server.pid is not None and not process_group_alive(target.server.pid)
+    left = {p.name for p in target.server.run_dir.iterdir()} if target.server.run_dir else set()
+    assert "vllm.log" in left and not left & {"vllm-cache", "torchinductor", "tmp"}, left
+    with pytest.raises(httpx.TransportError):
+        httpx.get(target.base_url + "/health", timeout=2)
     assert statuses(verdict) == {"compat": "fail", "resources": "pass", "prefix_cache": "fail",
                                  "agent_api": "fail"}, json.dumps(verdict["next_action"], indent=1)
     assert reasons(verdict, "prefix_cache") == \
@@ -400,6 +407,11 @@ def test_the_restart_drill_restarts_a_running_real_server_and_holds_the_load_bef
     assert drill["held_from"] == "load" and drill["users"] == 2 and drill["held_attempts"] > 0, drill
     assert drill["held_problems"] == [], drill
     assert numbers["crashes"] == [] and not [e for e in seen if e["event"] == "restart_command"]
+    # The drill's hook SIGTERMed the server the crash restart had started (`k3load.targets.vllm_cpu serve`,
+    # its own temp dir): stop() left no process of its group and removed the whole dir.
+    started = re.search(r" pid=(\d+) log=(\S+) ", killed_run.restart_log)
+    assert started, killed_run.restart_log[-2000:]
+    assert not process_group_alive(int(started.group(1))) and not Path(started.group(2)).parent.exists()
     drained = {row["stage"]: row for row in numbers["drain"]}
     for stage in ("load", "restart"):
         row = drained[stage]
@@ -448,8 +460,10 @@ def test_crash_names_the_input_length_of_the_requests_it_cut(killed_run):
 def test_kv_starved_server_is_judged_short_of_kv_with_the_limit_named(vllm_pool, request, tmp_path):
     """The session server (24 blocks of 128 tokens: one 2,000-token prompt at a time). vLLM 0.32 mostly
     queues what does not fit (waiting) and preempts what outgrows it; the harness names the KV cache.
-    Nothing here depends on the machine's speed, so setups 4 and 5's servers start meanwhile."""
-    vllm_pool.start(no_auto_tools=NO_AUTO_TOOLS, stats_off=STATS_OFF)
+    Nothing here depends on the machine's speed, so setup 4's server starts meanwhile. The same run proves
+    the plain path too: every family sent, usage from the server, the long input near the context, the
+    control's warm twins hit and cold ones do not."""
+    vllm_pool.start(no_auto_tools=NO_AUTO_TOOLS)
     vllm_server = request.getfixturevalue("vllm_server")
     flags = [" ".join(SERVER_ARGS), *(["--enforce-eager"] if EAGER else [])]
     verdict, code, out = accept(vllm_server, tmp_path, "3-kv-starved", flags, stages=KV_STAGES)
@@ -473,6 +487,14 @@ def test_kv_starved_server_is_judged_short_of_kv_with_the_limit_named(vllm_pool,
     attempts = read_records(out / "records.jsonl")
     assert_every_failure_has_its_layer(attempts, verdict)
     assert all(a.status == "ok" for a in judged(attempts))  # queued and preempted, never refused
+    assert {a.family for a in attempts} == {"agent", "shared_prefix", "cold", "long_input"}
+    assert all(a.prompt_tokens and a.completion_tokens is not None for a in attempts if a.status == "ok")
+    long_inputs = [a for a in attempts if a.family == "long_input" and a.status == "ok"]
+    assert long_inputs and min(a.prompt_tokens or 0 for a in long_inputs) > 0.5 * vllm_server.max_model_len
+    control = [a for a in attempts if a.stage == "prefix-control"]  # cold/warm twins: only the warm one hits
+    assert control and [a.control_role for a in control] == ["cold", "warm"] * (len(control) // 2)
+    assert all((a.cached_tokens or 0) * 10 < (a.prompt_tokens or 0) for a in control if a.control_role == "cold")
+    assert all((a.cached_tokens or 0) > 0.5 * (a.prompt_tokens or 0) for a in control if a.control_role == "warm")
 
 
 # -- 4. --enable-auto-tool-choice forgotten -----------------------------------------------------------------
@@ -485,10 +507,11 @@ def test_forgotten_auto_tool_choice_is_a_server_refusal_not_a_shortage(vllm_pool
     tool_choice other than "none" is refused with 400 before any work. Each refusal is a `server`
     failure (vLLM's own JSON error body, not a proxy's); the requests with tool_choice "none" are served.
     Not scale_up: a refusal is the configuration's fault, not a shortage (analysis/stages.py, _load_errors)."""
-    vllm_pool.start(no_auto_tools=NO_AUTO_TOOLS, stats_off=STATS_OFF)
+    vllm_pool.start(no_auto_tools=NO_AUTO_TOOLS)
     target = vllm_pool.get("no_auto_tools")
     try:
-        verdict, code, out = accept(target, tmp_path, "4-no-auto-tool-choice", NO_AUTO_TOOLS.flags())
+        verdict, code, out = accept(target, tmp_path, "4-no-auto-tool-choice", NO_AUTO_TOOLS.flags(),
+                                    stages=SHORT_STAGES)
     finally:
         vllm_pool.stop("no_auto_tools")
     assert statuses(verdict) == {"compat": "pass", "resources": "pass", "prefix_cache": "inconclusive",
@@ -511,38 +534,3 @@ def test_forgotten_auto_tool_choice_is_a_server_refusal_not_a_shortage(vllm_pool
     assert all(_turn_tool_choice(a, scenarios) == "none" for a in served)
     assert {layer for a in served for layer in a.failed_layers} <= {"model_output", "parser"}
     assert "timeout drill: only 0 of" in reasons(verdict, "agent_api")  # its retry was refused too
-
-
-# -- 5. --disable-log-stats ---------------------------------------------------------------------------------
-def test_stats_disabled_reports_metrics_missing_never_a_pass(vllm_pool, tmp_path):
-    """vLLM 0.32 with --disable-log-stats still serves one vllm:* family (the tool-call parser counter),
-    so "any vllm:* series" is not "metrics present": the cache counters are absent, which is unknown,
-    never zero hits (analysis/pillar_cache.py, analysis/stages.py)."""
-    vllm_pool.start(stats_off=STATS_OFF)
-    target = vllm_pool.get("stats_off")
-    try:
-        verdict, code, out = accept(target, tmp_path, "5-stats-disabled", STATS_OFF.flags(), stages=SHORT_STAGES)
-    finally:
-        vllm_pool.stop("stats_off")
-    got = statuses(verdict)
-    # The precheck says it too: /metrics answers, but without the engine's gauges nothing can be monitored.
-    assert got["prefix_cache"] == "inconclusive" and got["compat"] == "inconclusive", got
-    assert "metrics_reachable: inconclusive, because /metrics at " in reasons(verdict, "compat")
-    assert "has no engine gauges (vllm:num_requests_running" in reasons(verdict, "compat")
-    assert reasons(verdict, "prefix_cache") == (
-        "inconclusive, because metrics missing: vllm:prefix_cache_queries / hits were not scraped during the "
-        "control (is --disable-log-stats set, or /metrics not reachable? see --k3-metrics-url)")
-    assert got["resources"] in ("inconclusive", "fail"), got  # never a pass without KV, queue, preemptions
-    if got["resources"] == "inconclusive":
-        assert reasons(verdict, "resources").startswith("server metrics missing: KV usage, queue and preemptions")
-    assert all(s["metrics_present"] is False and s["kv_usage_max"] is None
-               for s in verdict["pillars"]["resources"]["numbers"]["stages"])
-    assert got["agent_api"] == "fail" and verdict["verdict"] == "limited" and code == 3
-    assert "prefix_cache: inconclusive (inconclusive, because metrics missing" in because(verdict)
-    scraped = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    families = {key.split("{")[0] for line in scraped if line.get("ok") for key in line["samples"]}
-    assert families == {"vllm:tool_call_parser_invocations_total"}, families  # what the real server keeps
-    (missing,) = [e for e in events(out) if e["event"] == "metrics_missing"]  # said once, by the sampler
-    assert missing["reason"].startswith("no vllm:num_requests_running / vllm:num_requests_waiting / "
-                                        "vllm:kv_cache_usage_perc on /metrics (only 12 "), missing
-    assert not [e for e in events(out) if e["event"] == "cache_config"]

@@ -5,7 +5,9 @@ server from tests/target_fixtures.py.
 
 These are the facts the rest of the suite leans on when it uses ``vllm_server``: the model is the
 same bytes every build, the server reports the context we asked for, the one shared server really
-shows prefix-cache hits and preemptions, and stopping a server leaves no process or temp dir behind.
+shows prefix-cache hits and preemptions. That stopping a server leaves no process or temp dir behind
+is checked where the real-server setups stop theirs (tests/test_real_server.py, setups 2 and 7b):
+a server started only for that cost CI 45 s.
 """
 
 from __future__ import annotations
@@ -25,8 +27,6 @@ from k3load.targets.vllm_cpu import (
     VllmCpuServer,
     build_tiny_model,
     file_hashes,
-    process_group_alive,
-    tmp_litter,
 )
 from tests.target_fixtures import VllmTarget
 
@@ -121,23 +121,6 @@ def test_preemptions_under_32_concurrent_requests(vllm_server: VllmTarget) -> No
     assert after["vllm:num_preemptions_total"] - before["vllm:num_preemptions_total"] > 0
     assert peaks["vllm:kv_cache_usage_perc"] > 0.9
     assert peaks["vllm:num_requests_waiting"] > 0
-
-
-@pytest.mark.vllm
-def test_stop_removes_process_group_and_run_dir(vllm_venv: Path, tiny_model_dir: Path) -> None:
-    """A second, eager-mode server (quicker to start): stop() must leave nothing behind."""
-    litter_before = tmp_litter()
-    server = VllmCpuServer(vllm_venv, tiny_model_dir, enforce_eager=True).start()
-    assert server.run_dir is not None and server.pid is not None
-    run_dir, pgid = server.run_dir, server.pid
-    assert httpx.get(server.base_url + "/health").status_code == 200
-    assert (run_dir / "vllm-cache").is_dir()
-    server.stop()
-    assert not process_group_alive(pgid)
-    assert not run_dir.exists()
-    assert tmp_litter() <= litter_before
-    with pytest.raises(httpx.TransportError):
-        httpx.get(server.base_url + "/health", timeout=2)
 
 
 def test_missing_torch_wheel_fails_before_installing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
