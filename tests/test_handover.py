@@ -293,7 +293,11 @@ def _get(url: str) -> tuple[int, dict[str, Any]]:
         with urllib.request.urlopen(url, timeout=5) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"{}")
+        body = error.read()
+        try:
+            return error.code, json.loads(body or b"{}")
+        except ValueError:  # a Prometheus still starting answers 503 "Service Unavailable" in plain text
+            return error.code, {"error": body.decode(errors="replace")}
     except (urllib.error.URLError, ConnectionError):
         return 0, {}
 
