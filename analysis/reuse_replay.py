@@ -129,14 +129,20 @@ def designed_tokens(attempts: list[AnyAttempt], design: dict[str, Any], geometry
     seen = _Seen(matrix, other)
     pending: list[tuple[float, int, int, SaltKey]] = []
     out: dict[str, int] = {}
+    measured: dict[tuple[str, int], tuple[int, str] | None] = {}  # (scenario, turn) -> (variant, salt kind)
     for order, attempt in enumerate(sorted(attempts, key=attrgetter("send_ts", "attempt_id"))):
         while pending and pending[0][0] <= attempt.send_ts:
             _, _, variant, key = heapq.heappop(pending)
             seen.add(variant, key)
-        me = index.get(f"{attempt.scenario}/{attempt.turn}/A")
-        if me is None or attempt.scenario not in kinds:
+        turn = (attempt.scenario, attempt.turn)
+        if turn not in measured:
+            found = index.get(f"{attempt.scenario}/{attempt.turn}/A")
+            known = found is not None and attempt.scenario in kinds
+            measured[turn] = (found, kinds[attempt.scenario]) if known else None
+        if (variant_kind := measured[turn]) is None:
             continue
-        key = salt_key(attempt, kinds[attempt.scenario])
+        me, kind = variant_kind
+        key = salt_key(attempt, kind)
         best = seen.within(me, key)
         across = seen.across(me, key)
         if across is not None:
