@@ -5,8 +5,10 @@ Why: a simulator we wrote can agree with a harness we wrote for the wrong reason
 `locust -f locustfiles/agent.py --headless` (the plan scaled to a 2-core CPU server: about 85 s) with
 the local-dev recipe, the server's own log as startup log and followed log, and CPU-scaled SLOs:
 
-2. --no-enable-prefix-caching                     6. healthy, control prompt under one cache block
-7. healthy, SIGKILLed mid-soak, brought back by --k3-restart-cmd
+2. --no-enable-prefix-caching
+7. healthy, SIGKILLed mid-soak, brought back by --k3-restart-cmd; 7b. then restarted on purpose by the
+   restart drill, in a run whose control prompt is under one cache block (6: a harness input, not a
+   server setting, so it rides along instead of costing a run of its own)
 3. KV starved (the session server, 24 blocks)     4. --enable-auto-tool-choice forgotten
 
 Setup 5 (--disable-log-stats) moved onto the real instruct model's misconfigured server
@@ -74,9 +76,9 @@ STAGES: list[dict[str, Any]] = [
 # so is the drain bound (an abort lands after the step in progress: two such steps).
 THRESHOLDS = {"slo": {"ttft_p95_ms": 30000, "itl_p95_ms": 2000, "e2e_p95_ms": 120000},
               "resources": {"max_waiting_sustained_s": 5, "max_drain_s": 20}}
-# Setups 2, 4 and 6 judge a misconfiguration the control and the base load show (caching off, tool choice
-# refused, a control prompt under one block): the long input, the ramp and the soak add nothing to their
-# verdicts but about 40 s each of CI (setups 3 and 7 keep every stage).
+# Setups 2 and 4 judge a misconfiguration the control and the base load show (caching off, tool choice
+# refused): the long input, the ramp and the soak add nothing to their verdicts but about 40 s each of CI
+# (setups 3 and 7 keep every stage).
 SHORT_STAGES = STAGES[:2]
 # Setup 3: agents only above the KV capacity (300-1,000-token prompts that grow while decoding:
 # admitted, then short of blocks), for long enough to count as sustained.
@@ -174,8 +176,8 @@ def assert_every_failure_has_its_layer(attempts: list[Attempt], verdict: dict[st
 # -- servers ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def healthy(vllm_pool: VllmPool) -> VllmTarget:
-    """Setups 6 and 7 share it (7 kills it, so it runs last of them); setup 2's server starts
-    alongside, so the two share the start-up minutes."""
+    """Setup 7 kills it (and 7b restarts it on purpose); setup 2's server starts alongside, so the two
+    share the start-up minutes."""
     vllm_pool.start(healthy=HEALTHY, prefix_off=PREFIX_OFF)
     return vllm_pool.get("healthy")
 
@@ -206,22 +208,6 @@ def test_prefix_caching_off_fails_the_cache_pillar_and_the_recipe(vllm_pool, hea
     control = verdict["pillars"]["prefix_cache"]["numbers"]["control"]
     assert len(control) >= 2 and all(row["cached_tokens"] == 0 for row in control)
     assert verdict["pillars"]["prefix_cache"]["numbers"]["window"]["prefix_cache_hits"] == 0
-
-
-# -- 6. a control prompt shorter than one block -------------------------------------------------------------
-def test_control_prompt_under_one_block_is_inconclusive_naming_the_block_size(healthy, tmp_path):
-    verdict, code, _ = accept(healthy, tmp_path, "6-short-control-prompt", HEALTHY.flags(),
-                              "--k3-scenarios", short_control_prompt(tmp_path / "scenarios"), stages=SHORT_STAGES)
-    assert statuses(verdict) == {"compat": "pass", "resources": "pass", "prefix_cache": "inconclusive",
-                                 "agent_api": "fail"}, json.dumps(verdict["next_action"], indent=1)
-    cache = verdict["pillars"]["prefix_cache"]
-    assert re.fullmatch(r"inconclusive, because the prompt \(\d+ tokens\) is shorter than one cache block "
-                        r"\(block_size 128, read from vllm:cache_config_info\): nothing can be reused",
-                        reasons(verdict, "prefix_cache"))
-    assert cache["numbers"]["cache_config"]["block_size"] == "128"
-    assert all(row["prompt_tokens"] < 128 for row in cache["numbers"]["control"])
-    assert verdict["verdict"] == "limited" and code == 3
-    assert because(verdict).startswith("prefix_cache: inconclusive") and "agent_api: fail" in because(verdict)
 
 
 # -- 7. killed mid-soak, restarted --------------------------------------------------------------------------
@@ -314,7 +300,7 @@ class KilledRun:
 
 @pytest.fixture(scope="module")
 def killed_run(vllm_pool: VllmPool, healthy: VllmTarget, tmp_path_factory: pytest.TempPathFactory) -> KilledRun:
-    """Runs after setups 2 and 6 (it kills the healthy server). The crash is a SIGKILL of vLLM's whole
+    """Runs after setup 2 (it kills the healthy server). The crash is a SIGKILL of vLLM's whole
     process group mid-soak; --k3-restart-cmd brings the same server up on the same port."""
     tmp_path = tmp_path_factory.mktemp("killed-run")
     pidfile, out = tmp_path / "restarted.pid", tmp_path / "run"
@@ -341,9 +327,10 @@ def killed_run(vllm_pool: VllmPool, healthy: VllmTarget, tmp_path_factory: pytes
                      events(out), killed_ts, served, restart_log, drill)
 
 
-# The drill's run: a short load, then the restart stage, which restarts the (restarted) server on purpose
-# and holds the load stage's users and mix for its duration once it answers again.
-DRILL_STAGES = [{**STAGES[1], "duration_s": 8},
+# The drill's run: the control (setup 6: its prompt under one cache block, a few seconds a pair), a short
+# load, then the restart stage, which restarts the (restarted) server on purpose and holds the load
+# stage's users and mix for its duration once it answers again.
+DRILL_STAGES = [{**STAGES[0], "duration_s": 12}, {**STAGES[1], "duration_s": 8},
                 {"name": "restart", "kind": "restart", "duration_s": 15, "users": 1, "mix": {"cold": 1}}]
 
 
@@ -356,11 +343,13 @@ def _restart_drill(target: VllmTarget, compile_cache: Path | None, pidfile: Path
             f"[ -n \"$s\" ] && [ \"$s\" != Z ]; do sleep 0.5; done; ")
     out = tmp_path / "run"
     cmd = locust_cmd(target, out, write_plan(tmp_path, DRILL_STAGES), "--k3-restart-cmd",
-                     stop + _restart_command(target.server.port, compile_cache, pidfile))
+                     stop + _restart_command(target.server.port, compile_cache, pidfile),
+                     "--k3-scenarios", short_control_prompt(tmp_path / "scenarios"))
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420,
                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert (out / "verdict.json").exists(), run.stdout[-3000:] + run.stderr[-3000:]
-    keep("7b-restart-drill", ["--k3-restart-cmd: stop the running server, start the same one"], out)
+    keep("7b-restart-drill", ["--k3-restart-cmd: stop the running server, start the same one",
+                              "harness: --k3-scenarios with the control prompt under one cache block (setup 6)"], out)
     return json.loads((out / "verdict.json").read_text()), events(out)
 
 
@@ -417,6 +406,22 @@ def test_the_restart_drill_restarts_a_running_real_server_and_holds_the_load_bef
         row = drained[stage]
         assert row["status"] == "drained", row
         assert row["kv_usage_after"] <= row["kv_usage_baseline"] + 0.02, row
+
+
+# -- 6. a control prompt shorter than one block (in 7b's run) ----------------------------------------------
+def test_control_prompt_under_one_block_is_inconclusive_naming_the_block_size(killed_run):
+    assert killed_run.drill is not None, killed_run.restart_log[-2000:]
+    verdict, _ = killed_run.drill
+    assert statuses(verdict) == {"compat": "pass", "resources": "pass", "prefix_cache": "inconclusive",
+                                 "agent_api": "fail"}, json.dumps(verdict["next_action"], indent=1)
+    cache = verdict["pillars"]["prefix_cache"]
+    assert re.fullmatch(r"inconclusive, because the prompt \(\d+ tokens\) is shorter than one cache block "
+                        r"\(block_size 128, read from vllm:cache_config_info\): nothing can be reused",
+                        reasons(verdict, "prefix_cache"))
+    assert cache["numbers"]["cache_config"]["block_size"] == "128"
+    assert cache["numbers"]["control"] and all(row["prompt_tokens"] < 128 for row in cache["numbers"]["control"])
+    assert verdict["verdict"] == "limited"
+    assert because(verdict).startswith("prefix_cache: inconclusive") and "agent_api: fail" in because(verdict)
 
 
 def test_no_finished_record_is_lost_across_the_crash_and_restart(killed_run):
