@@ -186,20 +186,21 @@ def _record_lines(path: Path, shared: Interner) -> Iterator[tuple[int, Split]]:
     """(line number, (record, its findings and call names when read apart)) of records.jsonl; a torn
     last line (the writer was killed mid-write) is skipped, any other unreadable line is an error (as
     `k3load.records.read_records` says it)."""
-    for number, line, last in _lines(path):
-        if not line.strip():
-            continue
-        split = _split_line(line, shared)
-        if split is not None:
-            yield number, split
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if last:
-                return
-            raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
-        yield number, (record, None, None)
+    with path.open(encoding="utf-8", newline="\n") as handle:  # lines end at "\n" only (see _lines)
+        for number, line in enumerate(handle, start=1):
+            split = _split_line(line, shared)
+            if split is not None:
+                yield number, split
+                continue
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                if next(handle, None) is None:  # the last line, torn
+                    return
+                raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
+            yield number, (record, None, None)
 
 
 # Columns of RunData.records that no rule reads from the attempts: taken from the line as it passes.
