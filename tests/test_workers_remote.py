@@ -98,9 +98,9 @@ def test_a_stage_within_its_slos_with_a_saturated_worker_passes_and_says_so():
 class _Runner:
     """A worker's or a quit master's runner, as far as the link and the pump use one."""
 
-    def __init__(self, fail: set[str] = frozenset(), inbox: list[Any] = ()) -> None:
+    def __init__(self, fail: frozenset[str] = frozenset(), inbox: tuple[Any, ...] = ()) -> None:
         self.sent: list[tuple[str, Any]] = []
-        self.fail, self.inbox = fail, list(inbox)
+        self.fail, self.inbox = set(fail), list(inbox)
         self.greenlet: list[Any] = []  # Locust's greenlets: none left once its master quit
         self.custom_messages: dict[str, tuple[Any, bool]] = {}
         self.environment, self.client_id = None, "node-1"
@@ -148,7 +148,7 @@ def test_after_locusts_master_quit_the_wait_reads_the_workers_messages_itself():
     from k3load.loadgen.delivery import pump
 
     seen = []
-    runner = _Runner(inbox=[Message("k3_done", {"sent": 0}, "node-1"), Message("heartbeat", {}, "node-1")])
+    runner = _Runner(inbox=(Message("k3_done", {"sent": 0}, "node-1"), Message("heartbeat", {}, "node-1")))
     runner.custom_messages["k3_done"] = (lambda environment, msg: seen.append(msg.data), False)
     runner.custom_messages["heartbeat"] = (lambda environment, msg: seen.append("not ours"), False)
     assert pump(runner, 0.01) and not pump(runner, 0.01)  # a k3_* message handled; Locust's own dropped
@@ -205,8 +205,8 @@ def test_remote_workers_records_reach_the_master_by_message_exactly_once(start_s
     sim = start_sim("--time-scale", "1", "--profile", str(profile))
     out, port = tmp_path / "run", _free_port()
     plan = tmp_path / "plan.yaml"
-    stage = {"name": "load", "kind": "load", "duration_s": 300, "users": 4, "mix": {"agent": 1, "shared_prefix": 1}}
-    plan.write_text(yaml.safe_dump({"name": "remote", "stages": [stage]}))
+    load = {"name": "load", "kind": "load", "duration_s": 300, "users": 4, "mix": {"agent": 1, "shared_prefix": 1}}
+    plan.write_text(yaml.safe_dump({"name": "remote", "stages": [load]}))
     master_cmd = locust_cmd(sim.base_url, out, plan, "--master", "--expect-workers", "2", "--expect-workers-max-wait",
                             "60", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port))
     logs = [tmp_path / "master.log", tmp_path / "worker-1.log", tmp_path / "worker-2.log"]
