@@ -191,3 +191,18 @@ def test_the_plan_in_the_config_map_is_a_valid_plan_with_scenarios_for_its_famil
     opts = argparse.Namespace(k3_scenarios=str(ROOT / "scenarios" / "*.yaml"), k3_plan=str(path))
     scenarios, plan = load_inputs(opts, ROOT / "plans")
     assert plan.stages and plan.families() <= set(scenarios)
+
+
+def test_the_targets_url_and_key_from_the_secret_stay_out_of_run_json(monkeypatch):
+    """The master's options as the Job gives them (the Secret's values in its environment) go to run.json
+    with the key masked and no user:password left in the URL."""
+    import json
+
+    from k3load.loadgen.options import public_options
+
+    monkeypatch.setenv("LOCUST_HOST", "https://probe:pw-SECRET@vllm.example.internal:8000")
+    monkeypatch.setenv("K3_API_KEY", "sk-SECRET-key")
+    options = _options(_container(_one("Job")))
+    assert options.host.startswith("https://probe:pw-SECRET@") and options.k3_api_key == "sk-SECRET-key"
+    written = json.dumps(public_options(options))
+    assert "SECRET" not in written and '"host": "https://vllm.example.internal:8000"' in written

@@ -157,7 +157,7 @@ def public_options(parsed: Any) -> dict[str, Any]:
             out[key] = [f"{parse_header(v)[0]}: ***" for v in value or []]
         elif secret:
             out[key] = "***" if value else ""
-        elif key.endswith("_url") and _plain(value):  # a URL may carry user:password@
+        elif (key.endswith("_url") or key == "host") and _plain(value):  # a URL may carry user:password@
             out[key] = [redact_url(v) for v in value] if isinstance(value, list) else \
                 redact_url(value) if isinstance(value, str) and value else value
         elif _plain(value):

@@ -39,6 +39,7 @@ from k3load.plan import Plan, Stage
 from k3load.records import Attempt
 from k3load.reuse_design import http_tokenizer, measure_into
 from k3load.rundir import JsonlLog, set_aside_previous_run, write_atomic, write_json_atomic
+from k3load.sampler.fetch import redact_url
 from k3load.samples import write_samples
 from k3load.scenario import Scenario
 from k3load.yamlfile import one_line
@@ -221,7 +222,7 @@ class HarnessSession:
         self.max_model_len = card.get("max_model_len")
 
     def _run_info(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "started_ts": now(), "host": self.env.host, "model": self.model,
+        return {"run_id": self.run_id, "started_ts": now(), "host": redact_url(self.env.host), "model": self.model,
                 "max_model_len": self.max_model_len, "plan": self.plan.name if self.plan else None,
                 "k3load_version": k3load.__version__, "python": sys.version.split()[0],
                 "platform": platform.platform(), "options": public_options(self.env.parsed_options),
