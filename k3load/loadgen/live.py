@@ -147,6 +147,8 @@ class LiveState:
     def _follow_run(self) -> Signals | None:
         """A new run (its id: a new test writes into the same directory) starts its reading afresh."""
         run_dir, run = self.session.run_dir, (self.session.run_id, self.session.run_dir)
+        if run != self._run and run_dir is not None and _run_id_in(run_dir) not in (None, run[0]):
+            return None  # the last run's files are still there, about to be moved aside: not this run's to read
         if run != self._run:
             self._run, self._run_dir, self.signals = run, run_dir, Signals(run_dir) if run_dir else None
             self.pillars, self.stage_row, self._judged_at = None, {}, float("-inf")
@@ -231,6 +233,15 @@ def _provisional(run_dir: Path, judge: Callable[[Path], Any] | None, stage: str)
 
 def _pillar_summary(pillars: dict[str, Any]) -> dict[str, dict[str, str]]:
     return {name: {"status": p.status, "reason": p.reasons[0] if p.reasons else ""} for name, p in pillars.items()}
+
+
+def _run_id_in(run_dir: Path) -> str | None:
+    """The run id in the directory's run.json, None without one. A test started again from the web UI takes the
+    new run id a moment before the last run's files are moved aside: until then they are not the new run's."""
+    try:
+        return json.loads((run_dir / "run.json").read_text(encoding="utf-8")).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _size(run_dir: Path | None, name: str) -> int:
