@@ -322,6 +322,7 @@ def link_copy(source: Path, dest: Path) -> None:
 @dataclass
 class Measured:
     wall_s: float
+    cpu_s: float  # user + system CPU of the child: what a busy machine inflates least
     peak_mib: float
     code: int
     output: str
@@ -340,7 +341,7 @@ def analyze(tree: Path, run_dir: Path, profile: Path | None = None) -> Measured:
         output = log.read()
     if not (run_dir / "verdict.json").exists():
         raise SystemExit(f"analyze with {tree} wrote no verdict (exit {child.returncode}):\n{output[-3000:]}")
-    return Measured(wall, usage.ru_maxrss / 1024, child.returncode, output)
+    return Measured(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, child.returncode, output)
 
 
 @contextmanager
@@ -430,14 +431,16 @@ def _run(args: argparse.Namespace, total: int, work: Path) -> int:
             rows.append((f"this {this[:10]}", analyze(tree, mine, work / "this.prof" if args.profile else None)))
     else:
         rows.append(("this tree", analyze(ROOT, mine, work / "this.prof" if args.profile else None)))
-    print(f"\n{'code':<30}{'records':>9}{'wall s':>9}{'peak MiB':>10}{'exit':>6}")
+    load = os.getloadavg()[0]
+    print(f"\n{'code':<30}{'records':>9}{'wall s':>9}{'cpu s':>9}{'peak MiB':>10}{'exit':>6}")
     for name, m in rows:
-        print(f"{name:<30}{written:>9}{m.wall_s:>9.2f}{m.peak_mib:>10.0f}{m.code:>6}")
+        print(f"{name:<30}{written:>9}{m.wall_s:>9.2f}{m.cpu_s:>9.2f}{m.peak_mib:>10.0f}{m.code:>6}")
+    print(f"load average at the end: {load:.1f} on {os.cpu_count()} CPUs (other work inflates wall time first)")
     print(f"verdict: {json.loads((mine / 'verdict.json').read_text())['verdict']}")
     if len(rows) == 2:
         ref, new = rows[0][1], rows[1][1]
-        print(f"ratio reference / this tree: time {ref.wall_s / new.wall_s:.2f}x, peak memory "
-              f"{ref.peak_mib / new.peak_mib:.2f}x")
+        print(f"ratio reference / this tree: wall time {ref.wall_s / new.wall_s:.2f}x, CPU time "
+              f"{ref.cpu_s / new.cpu_s:.2f}x, peak memory {ref.peak_mib / new.peak_mib:.2f}x")
         same = {name: _same(mine, theirs, name) for name in ("verdict.json", "alerts.yaml", "dashboard.json")}
         print("byte for byte: " + ", ".join(f"{k} {v}" for k, v in same.items()))
         if same["verdict.json"] != "identical":
