@@ -169,9 +169,13 @@ def pump(runner: Any, step_s: float = PUMP_STEP_S) -> bool:
         return False
     _worker, msg = received
     handler = runner.custom_messages.get(msg.type) if msg.type.startswith("k3_") else None
-    if handler is not None:
+    if handler is None:
+        return False
+    try:
         handler[0](environment=runner.environment, msg=msg)
-    return handler is not None
+    except Exception:  # as Locust's own listener does: one bad message must not end the wait
+        log.exception("k3load: handling %s from worker %s", msg.type, _worker)
+    return True
 
 
 def collect(session: Any, runner: Any, timeout_s: float) -> list[str]:
