@@ -5,7 +5,8 @@ a server that is never the bottleneck and writes like a real engine: every `step
 token chunk to every open stream (the model of bench/client_cost.py's server), so each client read
 holds one token, not a flood. Every response carries exactly `tokens` token chunks whatever the
 request asks for, so every client (k3load, `vllm bench serve`, GuideLLM, AIPerf) gets the same
-workload shape from its own request format.
+workload shape from its own request format; only the first round after start (or POST /bench/stagger)
+is staggered, its lengths spread over 1..tokens, so a closed loop's streams do not end in lockstep.
 
 First-token timing: a request joins at the next step, which writes vLLM's role chunk and the first
 token chunk in one write (vLLM sends them back to back once prefill is done). That token's text is
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import mmap
 import struct
 import time
@@ -97,10 +99,10 @@ class Frames:
         self.tail = _tail(self.kind, self.tokens)
         self.role = chat_chunk({"role": "assistant", "content": ""}) if self.kind == "chat" else b""
 
-    def first(self, wall: float) -> bytes:
-        """The role chunk and the first token, stamped with the time it is written."""
+    def first(self, wall: float, only: bool) -> bytes:
+        """The role chunk and the first token, stamped with the time it is written (`only`: also the last)."""
         stamp = f"@{wall:.6f}/{time.monotonic():.6f}"
-        finish = "length" if self.tokens == 1 else None
+        finish = "length" if only else None
         body = chat_chunk({"content": stamp}, finish) if self.kind == "chat" else text_chunk(stamp, finish)
         return self.role + body
 
@@ -129,6 +131,16 @@ class Engine:
     started: int = 0
     finished: int = 0
     first_written: dict[str, float] = field(default_factory=dict)  # X-Request-ID -> first token's write time
+    streams: int = 0  # the first this many requests after `stagger_from` get staggered lengths
+    stagger_from: int = 0
+
+    def length(self) -> int:
+        """Token chunks for the request starting now. A closed loop of equal answers started together
+        stays in lockstep (every stream ends in the same step and the client's per-request work lands
+        in one burst); the first round's lengths spread over 1..tokens put the streams' ends evenly
+        over the steps, as varied answer lengths do, and every later answer is `tokens` long."""
+        index = self.started - self.stagger_from
+        return max(1, math.ceil(self.tokens * (index + 1) / self.streams)) if index < self.streams else self.tokens
 
     def publish(self) -> None:
         if self.stats is not None:
@@ -150,7 +162,7 @@ class Engine:
     async def _step(self, stream: Stream) -> None:
         if not stream.started:
             wall = time.time()
-            chunk, stream.started = stream.frames.first(wall), True
+            chunk, stream.started = stream.frames.first(wall, stream.left == 1), True
             if stream.request_id is not None:
                 self.first_written[stream.request_id] = wall
         else:
@@ -188,13 +200,14 @@ def app(engine: Engine) -> web.Application:
                 return web.json_response(_whole(kind, engine.tokens))
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await resp.prepare(request)
-            stream = Stream(resp, frames[kind], engine.tokens, asyncio.get_running_loop().create_future(),
+            tokens = engine.length()
+            stream = Stream(resp, frames[kind], tokens, asyncio.get_running_loop().create_future(),
                             request.headers.get("X-Request-ID"))
             engine.started += 1
             engine.active.append(stream)
             try:
                 await stream.done
-                await resp.write(stream.frames.tail)
+                await resp.write(stream.frames.tail if tokens == engine.tokens else _tail(kind, tokens))
                 await resp.write_eof()
             except (ConnectionError, RuntimeError):
                 pass  # the client left mid-stream
@@ -226,11 +239,15 @@ def app(engine: Engine) -> web.Application:
     async def first_tokens(_request: web.Request) -> web.Response:
         return web.json_response(engine.first_written)
 
+    async def stagger(_request: web.Request) -> web.Response:
+        engine.stagger_from = engine.started  # a new client: its first round is staggered again
+        return web.json_response({"stagger_from": engine.stagger_from})
+
     application = web.Application(client_max_size=64 * 1024 * 1024)
     application.add_routes([
         web.post("/v1/chat/completions", generate("chat")), web.post("/v1/completions", generate("text")),
         web.get("/v1/models", models), web.get("/metrics", metrics), web.post("/tokenize", tokenize),
-        web.get("/bench/first-tokens", first_tokens),
+        web.get("/bench/first-tokens", first_tokens), web.post("/bench/stagger", stagger),
         web.get("/health", lambda _r: _ok(web.Response())),
         web.get("/version", lambda _r: _ok(web.json_response({"version": "0.32.0"})))])
     return application
@@ -240,13 +257,13 @@ async def _ok(resp: web.Response) -> web.Response:
     return resp
 
 
-async def serve(step_ms: float, tokens: int, stats_path: Path | None, port: int = 0) -> None:
+async def serve(step_ms: float, tokens: int, streams: int, stats_path: Path | None, port: int = 0) -> None:
     stats = None
     if stats_path is not None:
         stats_path.write_bytes(b"\0" * STATS.size)
         with stats_path.open("r+b") as handle:
             stats = mmap.mmap(handle.fileno(), STATS.size)
-    engine = Engine(step_ms / 1000, tokens, stats)
+    engine = Engine(step_ms / 1000, tokens, stats, streams=streams)
     engine.publish()
     runner = web.AppRunner(app(engine), access_log=None)
     await runner.setup()
@@ -264,12 +281,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--step-ms", type=float, required=True, help="engine step: one token to every stream")
     parser.add_argument("--tokens", type=int, required=True, help="token chunks in every response")
+    parser.add_argument("--streams", type=int, default=0,
+                        help="stagger the first this many answers' lengths (POST /bench/stagger: again from now)")
     parser.add_argument("--stats", type=Path, help="file the counters are published in")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args()
     if args.step_ms <= 0 or args.tokens < 1:
         parser.error("--step-ms must be positive and --tokens at least 1")
-    asyncio.run(serve(args.step_ms, args.tokens, args.stats, args.port))
+    asyncio.run(serve(args.step_ms, args.tokens, args.streams, args.stats, args.port))
     return 0
 
 

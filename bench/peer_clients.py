@@ -311,6 +311,8 @@ def clients() -> dict[str, Client]:
         Client("vllm-bench", "peer", _vllm_prepare, _vllm_command, _vllm_first_tokens, "wait", offline),
         Client("guidellm", "peer", _venv_prepare(GUIDELLM, _torch_cpu_wheel), _guidellm_command,
                _guidellm_first_tokens, "wait", offline),
-        Client("aiperf", "peer", _venv_prepare(AIPERF), _aiperf_command, _aiperf_first_tokens, "wait", offline),
+        # AIPerf's offline mode looks a tokenizer up in the hub cache only (a local folder is refused): not set
+        Client("aiperf", "peer", _venv_prepare(AIPERF), _aiperf_command, _aiperf_first_tokens, "wait",
+               {"TOKENIZERS_PARALLELISM": "false"}),
     ]
     return {c.name: c for c in table}
