@@ -19,7 +19,7 @@ import yaml
 
 from k3load.analysis.manifest import verify
 from k3load.loadgen.options import LOCUST_CSV_SUFFIXES
-from k3load.records import LAYERS, read_records
+from k3load.records import read_records
 from tests.probes import Target, scrape, total
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -342,39 +342,6 @@ def test_web_ui_shows_the_options_and_runs_the_plan(start_sim, tmp_path):
         proc.terminate()
         proc.wait(30)
     assert read_records(out / "records.jsonl")
-
-
-VLLM_PLAN = [
-    {"name": "prefix-control", "kind": "prefix_control", "duration_s": 20, "users": 1, "mix": {"shared_prefix": 1},
-     "iterations_per_user": 1},
-    {"name": "load", "kind": "load", "duration_s": 20, "users": 2, "mix": {"agent": 1}},
-    {"name": "long-input", "kind": "long_input", "duration_s": 15, "users": 1, "mix": {"long_input": 1}},
-    {"name": "soak", "kind": "soak", "duration_s": 20, "users": 3, "mix": {"agent": 1, "cold": 1, "shared_prefix": 1}},
-]
-
-
-@pytest.mark.vllm
-def test_the_same_run_against_real_vllm_attributes_every_failure(vllm_server, tmp_path):
-    out = tmp_path / "run"
-    run = run_locust(vllm_server.base_url, out, _plan(tmp_path, VLLM_PLAN), timeout_s=400)
-    assert run.returncode in VERDICT_CODES, run.stderr[-3000:]
-    attempts = read_records(out / "records.jsonl")
-    assert {a.family for a in attempts} == {"agent", "shared_prefix", "cold", "long_input"}
-    assert all(a.status == "ok" or a.scenario == "agent_timeout_retry" for a in attempts), \
-        Counter((a.status, a.error) for a in attempts if a.status != "ok")
-    for attempt in attempts:  # every failed check names a layer; usage comes from the server
-        assert all(f.layer in LAYERS for f in attempt.findings if not f.ok)
-        if attempt.status == "ok":
-            assert attempt.prompt_tokens and attempt.completion_tokens is not None
-    long_inputs = [a for a in attempts if a.family == "long_input" and a.status == "ok"]
-    assert long_inputs and min(a.prompt_tokens for a in long_inputs) > 0.5 * vllm_server.max_model_len
-    control = [a for a in attempts if a.stage == "prefix-control"]  # cold/warm twins: only the warm one hits
-    assert control and [a.control_role for a in control] == ["cold", "warm"] * (len(control) // 2)
-    assert all(a.cached_tokens * 10 < a.prompt_tokens for a in control if a.control_role == "cold")
-    assert all(a.cached_tokens > 0.5 * a.prompt_tokens for a in control if a.control_role == "warm")
-    summary = json.loads((out / "validation_summary.json").read_text())
-    (tmp_path / "summary-for-readme.txt").write_text(json.dumps(summary["all"], indent=1))
-    print(json.dumps({k: v["failed_by_check"] for k, v in summary["by_scenario"].items()}, indent=1))
 
 
 def test_a_dead_server_or_a_bad_scenario_is_a_clear_error_and_no_verdict(start_sim, tmp_path):
