@@ -38,6 +38,7 @@ import math
 import mmap
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -250,24 +251,43 @@ def _tail(log: Path) -> str:
 # -- the run and its table -------------------------------------------------------------------------
 def run_all(args: argparse.Namespace, chosen: list[Client], work: Path, cpus: tuple[int | None, int | None]
             ) -> dict[tuple[int, int], list[Result]]:
-    """Every chosen client at every stream count and token count, one server for each pair."""
+    """Every chosen client at every stream count and token count, one server for each pair; with
+    --rounds N the clients take turns N times (drift on a shared machine hits each alike) and each
+    figure is the median of its rounds."""
     results: dict[tuple[int, int], list[Result]] = {}
     for streams in args.streams:
         for tokens in args.tokens:
-            rows = results[streams, tokens] = []
+            rounds: dict[str, list[Result]] = {c.name: [] for c in chosen}
             with paced_server(streams, tokens, args, work, cpus[0]) as (url, stats, server_pid):
-                for client in chosen:
-                    out = work / f"{client.name}-{streams}-{tokens}"
-                    out.mkdir(parents=True, exist_ok=True)
-                    # + the ramp to full streams and a margin; a peer's own clock may start before its streams fill
-                    run_s = args.warmup_s + args.duration_s + (2.0 if client.kind == "k3load" else 6.0)
-                    load = Load(url, streams, tokens, run_s, args.rate, out, tokenizer_dir())
-                    print(f"  {client.name} at {streams} streams, {tokens} tokens ...", end="", flush=True)
-                    began = time.monotonic()
-                    rows.append(measure(client, load, args, stats, server_pid, cpus[1]))
-                    print(f" {time.monotonic() - began:.0f} s", flush=True)
-                    _wait_idle(stats)
+                for number in range(args.rounds):
+                    for client in chosen:
+                        out = work / f"{client.name}-{streams}-{tokens}-{number}"
+                        out.mkdir(parents=True, exist_ok=True)
+                        # + the ramp to full streams and a margin; a peer's own clock may start before its streams fill
+                        run_s = args.warmup_s + args.duration_s + (2.0 if client.kind == "k3load" else 6.0)
+                        load = Load(url, streams, tokens, run_s, args.rate, out, tokenizer_dir())
+                        print(f"  {client.name} at {streams} streams, {tokens} tokens ...", end="", flush=True)
+                        began = time.monotonic()
+                        rounds[client.name].append(measure(client, load, args, stats, server_pid, cpus[1]))
+                        print(f" {time.monotonic() - began:.0f} s", flush=True)
+                        _wait_idle(stats)
+            results[streams, tokens] = [_median(rs) for rs in rounds.values()]
     return results
+
+
+def _median(rounds: list[Result]) -> Result:
+    """Each figure's median over the rounds that measured it; the notes of the first such round."""
+    ok = [r for r in rounds if not r.error]
+    if not ok:
+        return rounds[0]
+    merged = Result(ok[0].client, ok[0].streams, ok[0].tokens, late_note=ok[0].late_note)
+    for name in ("us_per_chunk", "ms_per_request", "late_p50_ms", "late_p99_ms", "held", "client_cpu", "server_cpu",
+                 "chunks_per_s", "window_s"):
+        values = [getattr(r, name) for r in ok if getattr(r, name) is not None]
+        setattr(merged, name, statistics.median(values) if values else None)
+    if len(rounds) > 1:
+        merged.late_note += f" (median of {len(ok)} rounds)"
+    return merged
 
 
 def _wait_idle(stats: mmap.mmap, bound_s: float = 10.0) -> None:
@@ -346,6 +366,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=10000, help="offered token chunks/s over all streams")
     parser.add_argument("--duration-s", type=float, default=15.0, help="measured interval per client")
     parser.add_argument("--warmup-s", type=float, default=3.0, help="after the streams are full, before measuring")
+    parser.add_argument("--rounds", type=int, default=1, help="clients take turns this many times (medians)")
     parser.add_argument("--peers", nargs="+", choices=list(clients()), help="clients to run (k3load's own "
                         "included; default all)")
     parser.add_argument("--quick", action="store_true", help="3 s intervals after 1 s of warm-up; without --peers only "
