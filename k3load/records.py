@@ -215,10 +215,19 @@ class RecordWriter:
         self._file.close()
 
 
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of JSONL text, split at newlines only.
+
+    Why not `str.splitlines()`: it also splits at U+2028, U+2029, U+0085 and the other Unicode line
+    breaks, which JSON strings carry unescaped and `json_line` writes as they are (a model's answer may
+    hold one): a record with one became two halves, "not an attempt record"."""
+    return text.split("\n")
+
+
 def read_records(path: Path) -> list[Attempt]:
     """Records of a file; a torn last line (the writer was killed mid-write) is skipped, not fatal."""
     attempts = []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = jsonl_lines(path.read_text(encoding="utf-8"))
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -116,6 +117,20 @@ def test_records_round_trip_and_survive_a_torn_last_line(tmp_path):
     with (tmp_path / "records.jsonl").open("a") as handle:
         handle.write('{"run_id": "r", "attem')
     assert read_records(tmp_path / "records.jsonl") == [attempt]
+
+
+def test_a_record_whose_answer_holds_a_unicode_line_break_reads_back_whole(tmp_path):
+    """U+2028 and U+0085 stay unescaped in a record (json_line keeps readable text): only newlines part lines."""
+    attempt = Attempt(run_id="r", attempt_id="a1", chain_id="c", attempt=1, stage="s", scenario="v",
+                      family="agent", turn=0, turn_kind="answer", user_id="u", request_sha256="x",
+                      prefix_sha256="y", transport="t", status="ok", send_ts=1.0, end_ts=2.0,
+                      content="line\u2028separated\u2029para\x85next\x1cfile")
+    writer = RecordWriter(tmp_path / "records.jsonl")
+    writer.write(attempt)
+    writer.write(dataclasses.replace(attempt, attempt_id="a2"))
+    writer.close()
+    assert "\u2028" in (tmp_path / "records.jsonl").read_text()  # written as it is, not escaped
+    assert read_records(tmp_path / "records.jsonl") == [attempt, dataclasses.replace(attempt, attempt_id="a2")]
 
 
 def test_one_primary_layer_per_attempt_consequences_counted_once():

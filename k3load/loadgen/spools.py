@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from k3load.clock import now
+from k3load.records import jsonl_lines
 
 FINAL_KEY = "k3_spool_final"
 
@@ -30,7 +31,7 @@ def is_final(path: Path) -> bool:
     try:
         with path.open("rb") as handle:
             handle.seek(max(0, handle.seek(0, 2) - 4096))
-            lines = handle.read().decode("utf-8", errors="replace").splitlines()
+            lines = [x for x in jsonl_lines(handle.read().decode("utf-8", errors="replace")) if x.strip()]
     except OSError:
         return False
     if not lines:
@@ -43,7 +44,7 @@ def is_final(path: Path) -> bool:
 
 def attempt_lines(path: Path) -> Iterator[tuple[str, str]]:
     """(attempt_id, line) of every whole record of a spool; FINAL lines and a torn last line skipped."""
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in jsonl_lines(path.read_text(encoding="utf-8")):
         try:
             attempt_id = json.loads(line).get("attempt_id")
         except (ValueError, AttributeError):
