@@ -170,8 +170,10 @@ class Engine:
         stream.left -= 1
         self.chunks += 1
         try:
-            await stream.resp.write(chunk)
-        except (ConnectionError, RuntimeError):
+            # never wait for one client's socket to drain: a slow reader must not stall the step for every
+            # other stream (an engine queues each request's output); what it has not read waits in its buffer
+            await stream.resp._payload_writer.write(chunk, drain=False)
+        except (ConnectionError, RuntimeError, AttributeError):
             stream.left = 0  # the client went away: no more writes
         if stream.left <= 0:
             self.active.remove(stream)

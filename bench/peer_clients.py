@@ -209,6 +209,7 @@ def _vllm_first_tokens(load: Load, _ids: dict[str, float]) -> FirstTokens | str:
 
 # -- GuideLLM ----------------------------------------------------------------------------------------
 GUIDELLM = ("guidellm", "0.8.1")
+GUIDELLM_START_S = 30
 AIPERF = ("aiperf", "0.13.0")
 
 
@@ -226,7 +227,8 @@ def _guidellm_command(load: Load) -> list[str]:
     return [str(bin_dir / "guidellm"), "run",
             "--backend", f"kind=openai_http,target={load.url},model=tiny,request_format=/v1/chat/completions",
             "--profile", f"kind=concurrent,streams={load.streams}",
-            "--constraint", f"kind=max_duration,seconds={math.ceil(load.run_s)}",
+            # its duration clock starts before its worker processes send (26 s on a busy 2-core machine)
+            "--constraint", f"kind=max_duration,seconds={math.ceil(load.run_s) + GUIDELLM_START_S}",
             "--data", f"kind=synthetic_text,prompt_tokens=32,output_tokens={load.tokens}",
             "--tokenizer", f"kind=huggingface_auto,model={load.tokenizer}",
             "--output", f"kind=json,path={load.out / 'benchmarks.json'}", "--disable-progress"]
