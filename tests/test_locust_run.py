@@ -57,11 +57,12 @@ def run_locust(host: str, out: Path, plan: Path, *extra: str, timeout_s: float =
 
 
 @contextlib.contextmanager
-def _locust_group(cmd: list[str], stdout: Any, stderr: Any = subprocess.PIPE) -> Iterator[subprocess.Popen]:
+def _locust_group(cmd: list[str], stdout: Any, stderr: Any = subprocess.PIPE, cwd: Path = ROOT
+                  ) -> Iterator[subprocess.Popen]:
     """Popen in a new session; at exit SIGKILL to the whole group (workers of --processes included)."""
     import signal
 
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=stdout, stderr=stderr, text=True, start_new_session=True,
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=stdout, stderr=stderr, text=True, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         yield proc

@@ -35,7 +35,13 @@ from k3load.analysis.rundata import RECORD_COLUMNS, RunData, StageWindow
 from k3load.analysis.stages import cpu_by_process
 from k3load.analysis.timeline import MetricIndex
 from k3load.records import read_records
-from tests.test_locust_run import VERDICT_CODES, _assert_each_served_request_recorded_once, _free_port, locust_cmd
+from tests.test_locust_run import (
+    VERDICT_CODES,
+    _assert_each_served_request_recorded_once,
+    _free_port,
+    _locust_group,
+    locust_cmd,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DONE = re.compile(r"k3load: worker done: run (\S+), worker (\S+), pid (\d+): (\d+) records sent to the master, "
@@ -160,15 +166,8 @@ def test_after_locusts_master_quit_the_wait_reads_the_workers_messages_itself():
 @contextlib.contextmanager
 def _process(cmd: list[str], cwd: Path, log_path: Path) -> Iterator[subprocess.Popen]:
     """One Locust process in its own session, its output in `log_path`; SIGKILL to its group at exit."""
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
+    with log_path.open("w") as log, _locust_group(cmd, log, subprocess.STDOUT, cwd) as proc:
         yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
 
 
 def _worker_dir(tmp_path: Path, name: str) -> Path:
