@@ -5,7 +5,7 @@ k3load and its peers. Gevent-patched first, as under Locust; one ChatClient per 
 Locust user), no validation, no records: what `k3load.client` alone costs. At the end it writes, for
 every answer that came back whole, its first token's write time (the server's stamp in the text)
 and the client's `first_token_ts`, both epoch seconds. SIGTERM (the bench has measured it) stops
-it early: requests still streaming then are dropped, the results written.
+it early: no new request starts, those in flight end (bounded), the results are written.
 
     .venv/bin/python bench/bare_client.py URL --streams 16 --tokens 128 --duration-s 20 --out FILE
 """
@@ -52,8 +52,8 @@ def run(url: str, streams: int, tokens: int, duration_s: float, max_requests: in
 
     users = [gevent.spawn(user, c) for c in clients]
     stopping.wait(duration_s)
-    gevent.joinall(users, timeout=0 if stopping.is_set() else 70)
-    gevent.killall(users, timeout=5)  # a request still streaming when told to stop is left out
+    gevent.joinall(users, timeout=70)  # requests in flight end (their first tokens may be in the interval)
+    gevent.killall(users, timeout=5)
     for client in clients:
         client.close()
     return results

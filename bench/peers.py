@@ -145,6 +145,8 @@ def measure(client: Client, load: Load, args: argparse.Namespace, stats: mmap.mm
         if isinstance(window, str):
             result.error = f"{window}; log tail: {_tail(log)}"
             return result
+        if client.stop == "kill":  # the answers whose first token was in the interval end before it is killed
+            time.sleep(min(load.tokens * load.streams / args.rate + 1.0, 30.0))
         if client.stop == "term":
             os.killpg(proc.pid, signal.SIGTERM)
         if client.stop in ("term", "wait"):
