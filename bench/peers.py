@@ -25,8 +25,14 @@ AIPerf's request_start_ns + TTFT matched by X-Request-ID; "n/a" with the reason 
 
 Ratios: each k3load client over each peer (below 1: cheaper, or tighter).
 
+Before/after: `--baseline DIR` also runs k3load's two clients from another tree (as NAME@base);
+`--rounds N` alternates the clients N times and prints medians; `--tokens 16 128` fits the fixed
+per-request cost. GuideLLM and AIPerf start slowly (30-70 s each here), so `--quick` leaves them out
+unless `--peers` names them.
+
     .venv/bin/python bench/peers.py [--quick] [--streams 16 256] [--tokens 128] [--duration-s 15]
                                     [--peers k3load-locust k3load-client vllm-bench guidellm aiperf]
+                                    [--baseline DIR] [--rounds N] [--keep DIR]
 """
 
 from __future__ import annotations
