@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
@@ -105,7 +105,11 @@ class Attempt:
     stream_role: str | None = None
 
     def to_json(self) -> str:
-        return json_line(asdict(self))
+        """The record's line, the same bytes as `asdict`'s, without its deep copy of every field: a quarter
+        of a millisecond per attempt on the worker's path (bench/peers.py's profile), serialised at once."""
+        data = {name: getattr(self, name) for name in _ATTEMPT_FIELDS}
+        data["findings"] = [{"check": f.check, "ok": f.ok, "layer": f.layer, "detail": f.detail} for f in self.findings]
+        return json_line(data)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
@@ -113,6 +117,9 @@ class Attempt:
         data["findings"] = [Finding(**f) for f in data.get("findings", [])]
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+_ATTEMPT_FIELDS = tuple(f.name for f in fields(Attempt))
 
 
 def json_line(data: Any) -> str:
