@@ -122,3 +122,40 @@ def test_a_reading_sums_the_sources_and_takes_the_worst_kv():
     reading = reading_of([body.format(r=1, kv=0.2, g=10, a=2), body.format(r=2, kv=0.5, g=5, a=1), "not metrics"], 7)
     assert reading == {"ts": 7, "running": 3, "waiting": 0, "kv_usage": 0.5, "generation_tokens": 15, "aborted": 3}
     assert reading_of(["# nothing\n"], 7) is None
+
+
+def test_the_plan_clock_stands_still_while_users_leave_so_a_short_stage_still_runs(tmp_path, monkeypatch):
+    """The previous stage's users take 5 s to finish their turns; a 2 s stage after it must still be
+    entered at its start, not skipped because the plan clock ran on while they left."""
+    import locust.shape
+
+    from k3load.loadgen import shape as shape_module
+
+    now = [100.0]
+    fake_time = SimpleNamespace(perf_counter=lambda: now[0])
+    monkeypatch.setattr(locust.shape, "time", fake_time)
+    monkeypatch.setattr(shape_module, "time", fake_time, raising=False)
+    load = Stage("load", "load", 0, 4, 4, 4.0, {"agent": 1})
+    short = Stage("long-input", "long_input", 4, 2, 1, 1.0, {"long_input": 1})
+    soak = Stage("soak", "soak", 6, 4, 2, 2.0, {"agent": 1})
+    entered: list[str] = []
+    session = SimpleNamespace(fatal=False, run_dir=tmp_path, finished=False, role="local", ensure_started=lambda: None,
+                              plan=SimpleNamespace(stage_at=lambda t: next((s for s in (load, short, soak)
+                                                                             if t < s.end_s), None)),
+                              drain=StageDrain(SimpleNamespace(events=None), 5.0, read=lambda: _reading(0, 0, 0)),
+                              restart_drill=None, stage=None, events=None)
+    session.enter_stage = lambda stage: (entered.append(stage.name), setattr(session, "stage", stage))
+    runner = SimpleNamespace(user_count=0, environment=SimpleNamespace(k3_session=session))
+    shape = shape_module.PlanShape()
+    shape.runner = runner
+    assert shape.tick()[0] == 4 and entered == ["load"]
+    runner.user_count, now[0] = 4, now[0] + 4.1  # load's time is up: its users must leave first
+    assert shape.tick()[0] == 0 and entered == ["load"]
+    for _ in range(5):  # they take 5 s to finish their answers
+        now[0] += 1.0
+        assert shape.tick()[0] == 0
+    runner.user_count = 0
+    assert shape.tick()[:2] == (1, 1.0) and entered == ["load", "long-input"]  # entered, not skipped
+    assert 4.0 <= shape.get_run_time() - (shape._left_s + session.drain.paused_s) < 4.2  # its 2 s are all ahead
+    shape.reset_time()  # a new test in the web UI starts with no departure time carried over
+    assert shape._left_s == 0.0 and shape._leaving_since is None

@@ -176,7 +176,7 @@ CASES = {
 }
 
 
-ROWS_AT_ONCE = 3  # a row keeps about a quarter of a core (8.5 s CPU in 30 s): three share the two cores
+ROWS_AT_ONCE = 2  # a row keeps about a quarter of a core; three at once starved the sims (a cache row lost its effect)
 
 
 def _run_case(name: str, case: Case, base: Path) -> tuple[dict, int]:

@@ -6,8 +6,9 @@ harness looks, and a request the server keeps decoding for a client that left (a
 not pass the disconnect on) hides among live ones. With every client of the stage gone, whatever the
 server still runs, or still generates, is for nobody. The window is cheap: the users finish their
 current turn (Locust's --stop-timeout, as a change of family mix always did), then a healthy server
-reads 0 at the first poll. The plan's clock stands still while the server is polled, so a server that
-does not drain delays the next stage by the bound, never eats it.
+reads 0 at the first poll. The plan's clock stands still while the users leave (k3load.loadgen.shape)
+and while the server is polled, so a server that does not drain delays the next stage by the bound,
+never eats it.
 
 Not between the steps of one ramp (`steps`: NAME-cN): a ramp that fell to zero users between steps
 would no longer be a ramp; its drain comes after its last step.

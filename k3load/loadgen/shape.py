@@ -6,11 +6,14 @@ master tells its workers). The shape ends the run when the plan ends.
 
 After each plan stage the users stop and the server is given a bounded drain window
 (k3load.loadgen.drain); a `restart` stage with --k3-restart-cmd restarts the server on purpose first
-(k3load.loadgen.restart_drill). The plan's clock stands still during both, so no stage is cut short.
+(k3load.loadgen.restart_drill). The plan's clock stands still during both, and while a stage's users
+finish their current turns before the next stage (up to --stop-timeout), so no stage is cut short or
+skipped: a 2 s stage after a stage whose answers take 5 s to end would otherwise never run.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from locust import LoadTestShape
@@ -19,6 +22,16 @@ from k3load.loadgen.users import USER_CLASSES
 
 
 class PlanShape(LoadTestShape):
+    def __init__(self) -> None:
+        super().__init__()
+        self._left_s = 0.0  # the plan's clock stood still this long while users left between stages
+        self._leaving_since: float | None = None  # perf_counter when the current departure began
+
+    def reset_time(self) -> None:
+        """A new test: its clock from zero, no departure time carried over."""
+        super().reset_time()
+        self._left_s, self._leaving_since = 0.0, None
+
     def tick(self) -> tuple[int, float, list[Any]] | None:
         session = getattr(self.runner.environment, "k3_session", None)
         if session is None:
@@ -37,7 +50,8 @@ class PlanShape(LoadTestShape):
         drain = session.drain
         if drain is not None and drain.due(session.stage, stage):
             if self.runner.user_count > 0:
-                return 0, max(stage.users if stage else 0, 100), None  # every client of the stage leaves first
+                return self._users_leave(stage)  # every client of the stage leaves first
+            self._users_left()
             drain.run(session.stage)  # bounded; the plan's clock waits
             stage = self._planned(session)
         if stage is None:
@@ -46,7 +60,8 @@ class PlanShape(LoadTestShape):
             drill = session.restart_drill
             drills = drill is not None and drill.due(stage)
             if (self._must_drain(session.stage, stage) or drills) and self.runner.user_count > 0:
-                return 0, max(stage.users, 100), None  # finish the old mix's turns first
+                return self._users_leave(stage)  # finish the old mix's turns first
+            self._users_left()
             if drills:
                 before, stage = session.stage, drill.held(stage, session.stage)
                 session.enter_stage(stage)
@@ -59,9 +74,23 @@ class PlanShape(LoadTestShape):
             user_class.weight = stage.mix[user_class.family]
         return stage.users, stage.spawn_rate, classes
 
+    def _users_leave(self, stage: Any) -> tuple[int, float, None]:
+        """Zero users, fast; the plan's clock stops from the first such tick until they are gone."""
+        if self._leaving_since is None:
+            self._leaving_since = time.perf_counter()
+        return 0, max(stage.users if stage else 0, 100), None
+
+    def _users_left(self) -> None:
+        if self._leaving_since is not None:
+            self._left_s += time.perf_counter() - self._leaving_since
+            self._leaving_since = None
+
     def _planned(self, session: Any) -> Any:
-        """The plan's stage now, on a clock that stood still during drain windows and restart drills."""
+        """The plan's stage now, on a clock that stood still during drain windows, restart drills and
+        the departures before them."""
         paused = sum(getattr(x, "paused_s", 0.0) for x in (session.drain, session.restart_drill) if x is not None)
+        leaving = 0.0 if self._leaving_since is None else time.perf_counter() - self._leaving_since
+        paused += self._left_s + leaving
         return session.plan.stage_at(self.get_run_time() - paused) if session.plan else None
 
     @staticmethod
