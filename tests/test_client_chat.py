@@ -390,3 +390,57 @@ def test_error_detail_forms(payload: bytes, detail: str) -> None:
     from k3load.client.chat import _error_detail
 
     assert _error_detail(payload, payload.decode()) == detail
+
+
+# -- kernel receive times --------------------------------------------------------------------------
+# A server in its own process (this one is about to be blocked): the head and a role chunk at once,
+# the first token 0.3 s later, the end 0.5 s after that.
+LATE_READ_SERVER = r"""
+import socket, sys, time
+srv = socket.create_server(("127.0.0.1", 0)); print(srv.getsockname()[1], flush=True)
+conn, _ = srv.accept(); buf = b""
+while b"\r\n\r\n" not in buf:
+    buf += conn.recv(65536)
+def chunk(data): return b"%x\r\n" % len(data) + data + b"\r\n"
+role = b'data: {"id":"r","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
+token = b'data: {"id":"r","choices":[{"index":0,"delta":{"content":"hello"},"finish_reason":"stop"}]}\n\n'
+conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+             + chunk(role))
+time.sleep(0.3); conn.sendall(chunk(token))
+time.sleep(0.5); conn.sendall(chunk(b"data: [DONE]\n\n") + chunk(b"")); conn.close()
+"""
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_a_token_is_stamped_when_it_arrived_not_when_a_busy_worker_read_it(transport: str) -> None:
+    """The whole process is blocked (a worker at full CPU) from 0.1 s to 0.8 s after the head; the first
+    token arrives at 0.3 s. geventhttpclient stamps it with the kernel's receive time (SO_TIMESTAMPNS),
+    about 0.5 s before the process could read it; httpx cannot see its socket's reads and stamps it
+    when read. Both timelines stay ordered."""
+    import gevent
+    import gevent.monkey
+
+    from k3load.clock import now
+
+    server = subprocess.Popen([sys.executable, "-c", LATE_READ_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        blocked: list[float] = []
+
+        def block() -> None:
+            gevent.monkey.get_original("time", "sleep")(0.7)  # no greenlet runs: the hub is blocked too
+            blocked.append(now())
+
+        gevent.spawn_later(0.1, block)
+        r = send(f"http://127.0.0.1:{port}", transport, body(), deadline_s=10.0)
+    finally:
+        server.kill()
+        server.wait()
+    assert r.status == res.STATUS_OK and r.content == "hello", r
+    assert_timeline(r)
+    assert r.first_event_ts - r.first_byte_ts < 0.05  # the role chunk came with the head
+    if transport == "geventhttpclient" and sys.platform.startswith("linux"):
+        assert 0.15 < r.first_token_ts - r.first_byte_ts < 0.45, r  # 0.3 s after the head, as sent
+        assert blocked[0] - r.first_token_ts > 0.3, (blocked, r)  # though read only after the block
+    else:
+        assert r.first_token_ts >= blocked[0], (blocked, r)

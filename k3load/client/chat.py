@@ -249,7 +249,7 @@ class _Exchange:
         tool_idx, tool_part, no_event = result.tool_chunk_idx, TOOL_PART, True
         received, check_at, text_cap = 0, self.limits.body_bytes, self.limits.body_bytes
         for data in resp.reads():
-            t = clock()
+            t = clock() - resp.rx_lag  # when the bytes reached this machine (k3load.client.transport)
             received += len(data)
             if result.status:
                 continue  # already failed: drain to the end so the connection stays usable

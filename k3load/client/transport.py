@@ -7,6 +7,14 @@ bytes each socket read returned, so the SSE decoder stamps one timestamp per rea
 itself (geventhttpclient's `readline()` defaults to b"\\r\\n" and finds nothing on SSE; its
 `read(n)` waits until n bytes are buffered; httpx's line iterators cost more per line).
 
+Kernel receive times (geventhttpclient over plain TCP on Linux): each read also says how long its
+bytes waited in the kernel (`rx_lag`, from SO_TIMESTAMPNS), so a token is stamped when it reached
+this machine, not when a busy worker got round to it. At 256 streams one engine step lands 256 reads
+at once, and the last of them was stamped about 9 ms late (bench/peers.py): the server's latency
+must not include the client's queue. The kernel stamps the newest segment a read took, so a read
+is never stamped before its last bytes arrived, nor before the previous read of that socket (or the
+response head).
+
 Rules kept here: one pool per transport, built once; one TLS context per process and kind
 (building one costs 23-33 ms of CPU); every response read to its end or closed (a response left
 half-read keeps its pool slot in geventhttpclient). Failures are raised as TransportError and its
@@ -20,6 +28,9 @@ import errno
 import logging
 import socket
 import ssl
+import struct
+import sys
+import time
 from collections.abc import Iterator, Mapping
 from typing import Protocol
 
@@ -35,6 +46,11 @@ from k3load.client.access import Tls
 _GEVENT_BLOCK = 64 * 1024  # bytes per recv: one read takes whatever the kernel holds, up to this
 _PLAIN_SOCKET = gevent.socket.socket  # what geventhttpclient connects plain http with (its `_wait` is used)
 _HEADS_KEPT = 256  # request heads cached per transport (by path, headers, body length); cleared when full
+# Linux's SO_TIMESTAMPNS / SCM_TIMESTAMPNS (the same number; Python's socket module names neither): a
+# struct timespec of CLOCK_REALTIME with each read. Elsewhere reads are stamped when they return.
+_SO_TIMESTAMPNS = 35 if sys.platform.startswith("linux") else None
+_ANCILLARY_BYTES = socket.CMSG_SPACE(16)
+_TIMESPEC = struct.Struct("qq").unpack
 
 
 class TransportError(Exception):
@@ -54,6 +70,7 @@ class ResponseStream(Protocol):
 
     status: int
     headers: Mapping[str, str]  # names in lower case
+    rx_lag: float  # seconds the last read's bytes had waited in the kernel when it returned (0: not known)
 
     def reads(self) -> Iterator[bytes]:
         """Body bytes exactly as each socket read delivered them, until the message ends."""
@@ -99,16 +116,22 @@ class _GeventResponse:
     (`_wait`, `_read_event`), both pinned in pyproject: its public `read(n)` blocks until n bytes are
     buffered and `readline` splits lines for us."""
 
-    def __init__(self, resp: HTTPSocketPoolResponse) -> None:
+    rx_lag = 0.0  # seconds the bytes of the last read waited in the kernel (0: not known)
+
+    def __init__(self, resp: HTTPSocketPoolResponse, stamped: bool = False) -> None:
         self._resp = resp
         self.status = resp.status_code
         self.headers = {name.lower(): value for name, value in resp.items()}
+        # no body read is stamped before the head was read (the caller's first_byte_ts comes first)
+        self._head_wall = time.time()
+        self._stamped = stamped  # the socket gives kernel receive times
 
     def reads(self) -> Iterator[bytes]:
         """Once per read of the hot loop: recv, feed, hand over; written out inline (no helper calls)."""
         resp = self._resp
         buf, feed = resp._body_buffer, resp.feed
         drained = False  # the last recv took less than a block: the kernel held nothing more then
+        stamped, wall, since = self._stamped, time.time, self._head_wall
         while True:
             if buf:
                 data = bytes(buf)
@@ -125,7 +148,17 @@ class _GeventResponse:
                     # with EAGAIN (a syscall and a raised OSError per read of a paced stream). Not for TLS:
                     # its object may hold decrypted bytes the kernel no longer shows as readable.
                     sock._wait(sock._read_event)
-                data = sock.recv(_GEVENT_BLOCK)
+                if stamped:
+                    data, ancillary, _flags, _addr = sock.recvmsg(_GEVENT_BLOCK, _ANCILLARY_BYTES)
+                    now = wall()
+                    if ancillary:  # bounded by the previous read: a clock step cannot move a token earlier
+                        sec, nsec = _TIMESPEC(ancillary[0][2])
+                        self.rx_lag = min(max(now - sec - nsec * 1e-9, 0.0), max(now - since, 0.0))
+                    else:
+                        self.rx_lag = 0.0
+                    since = now
+                else:
+                    data = sock.recv(_GEVENT_BLOCK)
             except (OSError, ConcurrentObjectUseError) as exc:
                 raise BodyCut(f"connection broke mid-body: {_describe(exc)}") from None
             drained = len(data) < _GEVENT_BLOCK
@@ -188,6 +221,12 @@ class GeventTransport:
             raise TransportError(f"connect timed out: {_describe(exc)}") from None
         except (OSError, RuntimeError) as exc:
             raise TransportError(_describe(exc)) from None
+        stamped = _SO_TIMESTAMPNS is not None and type(sock) is _PLAIN_SOCKET
+        if stamped:
+            try:  # once per request, before sending: every segment of the answer is stamped on arrival
+                sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            except OSError:
+                stamped = False
         try:
             sock.sendall(head + body)
         except OSError as exc:  # a server may answer early (401, 413) and close: read that answer
@@ -199,7 +238,7 @@ class GeventTransport:
             raise
         try:  # from here the response object releases the socket itself, whatever happens
             return _GeventResponse(HTTPSocketPoolResponse(sock, pool, block_size=_GEVENT_BLOCK, method="POST",
-                                                          headers_type=client.headers_type))
+                                                          headers_type=client.headers_type), stamped)
         except (OSError, HTTPParseError) as exc:
             raise TransportError(f"reading the response head: {_describe(exc)}") from None
 
@@ -209,6 +248,8 @@ class GeventTransport:
 
 # -- httpx -----------------------------------------------------------------------------------------
 class _HttpxResponse:
+    rx_lag = 0.0  # httpx hides its socket's reads: stamped when they return
+
     def __init__(self, resp: httpx.Response) -> None:
         self._resp = resp
         self.status = resp.status_code
