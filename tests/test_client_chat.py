@@ -440,7 +440,7 @@ def test_a_token_is_stamped_when_it_arrived_not_when_a_busy_worker_read_it(trans
     assert_timeline(r)
     assert r.first_event_ts - r.first_byte_ts < 0.05  # the role chunk came with the head
     if transport == "geventhttpclient" and sys.platform.startswith("linux"):
-        assert 0.15 < r.first_token_ts - r.first_byte_ts < 0.45, r  # 0.3 s after the head, as sent
-        assert blocked[0] - r.first_token_ts > 0.3, (blocked, r)  # though read only after the block
+        assert 0.15 < r.first_token_ts - r.first_byte_ts < 0.6, r  # 0.3 s after the head (later: a busy server)
+        assert blocked[0] - r.first_token_ts > 0.15, (blocked, r)  # though read only after the block
     else:
         assert r.first_token_ts >= blocked[0], (blocked, r)
