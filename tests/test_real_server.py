@@ -468,9 +468,9 @@ def test_crash_names_the_input_length_of_the_requests_it_cut(killed_run):
 def test_kv_starved_server_is_judged_short_of_kv_with_the_limit_named(vllm_pool, request, tmp_path):
     """The session server (24 blocks of 128 tokens: one 2,000-token prompt at a time). vLLM 0.32 mostly
     queues what does not fit (waiting) and preempts what outgrows it; the harness names the KV cache.
-    Nothing here depends on the machine's speed, so setup 4's server starts meanwhile. The same run proves
-    the plain path too: every family sent, usage from the server, the long input near the context, the
-    control's warm twins hit and cold ones do not."""
+    The verdict does not depend on the machine's speed (how long the queue lasts does), so setup 4's
+    server starts meanwhile. The same run proves the plain path too: every family sent, usage from the
+    server, the long input near the context, the control's warm twins hit and cold ones do not."""
     vllm_pool.start(no_auto_tools=NO_AUTO_TOOLS)
     vllm_server = request.getfixturevalue("vllm_server")
     flags = [" ".join(SERVER_ARGS), *(["--enforce-eager"] if EAGER else [])]
@@ -483,7 +483,11 @@ def test_kv_starved_server_is_judged_short_of_kv_with_the_limit_named(vllm_pool,
     assert over["kv_usage_max"] >= 0.98 and over["waiting_max"] > 0, over
     assert re.search(r"stage concurrency-c8 \(8 users\): .*KV cache usage reached 100% > 98%",
                      reasons(verdict, "resources"))
-    assert "requests waited for" in reasons(verdict, "resources")
+    # How long the queue stayed non-empty depends on this machine's speed (7 s and under 5 s both seen):
+    # the rule must fire exactly when a stage's sustained wait passed the plan's limit.
+    limit = THRESHOLDS["resources"]["max_waiting_sustained_s"]
+    sustained = max((s.get("waiting_sustained_s") or 0.0) for s in stages.values())
+    assert ("requests waited for" in reasons(verdict, "resources")) == (sustained > limit), (sustained, limit)
     assert sum(s["preemptions"] or 0 for s in stages.values()) > 0, stages
     assert verdict["limits"]["ran_out_first"] == "KV cache"
     assert verdict["limits"]["kv_cache_usage_ceiling"] < 0.98
