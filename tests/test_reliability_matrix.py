@@ -39,6 +39,7 @@ import yaml
 
 from k3load.analysis.verdict import EXIT_CODES
 from k3load.client.access import REDACTED
+from k3load.evidence import lines, records_file
 from k3load.records import LAYERS, Attempt, read_records
 from tests.test_locust_run import locust_cmd
 from tests.test_reliability_client import SURROGATE_BODY, SURROGATE_CHUNKS
@@ -249,8 +250,8 @@ def _finish(proc: subprocess.Popen, d: Path, name: str, timeout_s: float) -> tup
 
 def _records_on_disk(out: Path) -> int:
     try:
-        return (out / "records.jsonl").read_bytes().count(b"\n")
-    except OSError:
+        return sum(line.endswith("\n") for line in lines(records_file(out)))
+    except (OSError, ValueError):
         return 0
 
 
@@ -299,7 +300,7 @@ def _verdict(out: Path) -> dict[str, Any] | None:
 
 
 def _attempts(out: Path) -> list[Attempt]:
-    path = out / "records.jsonl"
+    path = records_file(out)
     return read_records(path) if path.exists() else []
 
 
@@ -311,14 +312,14 @@ def test_every_row_keeps_the_five_promises(outcomes: dict[str, Outcome], name: s
     # 1. no traceback anywhere
     assert "Traceback" not in o.console, tail
     files = [p for p in o.out.rglob("*") if p.is_file()] if o.out.exists() else []
-    assert not [p for p in files if b"Traceback (most recent call last)" in p.read_bytes()], tail
+    assert not [p for p in files if "Traceback (most recent call last)" in "".join(lines(p, errors="replace"))], tail
     # 2. the documented exit code
     verdict = _verdict(o.out)
     if o.row.exit_code is not None:
         assert o.returncode == o.row.exit_code, tail
-        assert verdict is None and not (o.out / "records.jsonl").exists() and o.chats == 0, tail
-        lines = [line for line in o.console.splitlines() if "harness error" in line]
-        assert len(lines) == 1, tail
+        assert verdict is None and not records_file(o.out).exists() and o.chats == 0, tail
+        errors = [line for line in o.console.splitlines() if "harness error" in line]
+        assert len(errors) == 1, tail
     else:
         assert verdict is not None, tail
         assert o.returncode == EXIT_CODES[verdict["verdict"]], tail
@@ -351,7 +352,7 @@ def test_faulty_answers_are_recorded_as_what_they_are(outcomes: dict[str, Outcom
 @pytest.mark.slow
 def test_surrogates_are_kept_escaped_and_read_back(outcomes: dict[str, Outcome]) -> None:
     o = outcomes["surrogates"]
-    assert b"\\ud83d" in (o.out / "records.jsonl").read_bytes()
+    assert "\\ud83d" in "".join(lines(records_file(o.out)))
     assert any("\ud83d" in (a.content or "") for a in _attempts(o.out))
 
 
@@ -388,7 +389,7 @@ def test_the_key_and_the_header_went_on_every_request_that_needs_them(outcomes: 
     assert {s[1] for s in seen} == keyed  # nothing was ever sent without the key
     assert "/v1/chat/completions" in {s[1] for s in seen if s[3] == GATEWAY}
     out = outcomes["echoed_key"].out  # what the server echoed is kept, redacted
-    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in lines(records_file(out))]
     assert any(REDACTED in (r.get("content") or "") for r in records)
     assert any(REDACTED in (r.get("error_body") or "") for r in records if r["status"] == "http_error")
     assert REDACTED in json.loads((out / "evidence" / "server" / "version.json").read_text())["echo"]
