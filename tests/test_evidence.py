@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.evidence_size import replay  # the writers on a run's own clock (flushes as it paced them)
 from k3load import evidence
 from k3load.analysis import manifest
 from k3load.analysis.rundata import load_run
@@ -112,7 +113,7 @@ def test_the_loader_reads_compact_and_plain_run_directories_alike(tmp_path):
             (run / name).write_bytes((SCALE_RUN / name).read_bytes())
     (plain / "records.jsonl").write_bytes(records)
     (plain / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metric_rows))
-    _rewrite(compact, records.decode().split("\n")[:-1], metric_rows)
+    replay(compact, records.decode().split("\n")[:-1], metric_rows)
     assert records_file(plain).name == "records.jsonl" and records_file(compact).name == RECORDS
     assert metrics_file(plain).name == "metrics.jsonl" and metrics_file(compact).name == METRICS
     a, b = load_run(plain), load_run(compact)
@@ -123,28 +124,12 @@ def test_the_loader_reads_compact_and_plain_run_directories_alike(tmp_path):
     assert not a.problems and not b.problems
 
 
-def _rewrite(run: Path, record_lines: list[str], metric_rows: list[dict]) -> None:
-    """The run's records and scrapes written again by the harness's writers, each flushed as the run's own
-    clock says: records every half second of send time, scrapes once each (one a second)."""
-    clock = [0.0]
-    records = JsonlLog(run / RECORDS, clock=lambda: clock[0])
-    for line in record_lines:
-        clock[0] = json.loads(line)["end_ts"]
-        records.append_line(line)
-    records.close()
-    metrics = JsonlLog(run / METRICS, encode=SeriesTable().encode, clock=lambda: clock[0])
-    for row in metric_rows:
-        clock[0] += 1.0
-        metrics.append(row)
-    metrics.close()
-
-
 def test_a_sim_runs_records_and_metrics_take_at_most_300_bytes_per_request(tmp_path):
     """tests/data/scale-run: 743 attempts in 21 s against the sim (35 requests/s, the demo's pacing), 24 scrapes
     of 350 series; its raw lines took 1,970 B per record and 32,900 B per scrape."""
     record_lines = gzip.decompress((SCALE_RUN / RECORDS).read_bytes()).decode().split("\n")[:-1]
     metric_rows = [json.loads(x) for x in gzip.decompress((SCALE_RUN / METRICS).read_bytes()).splitlines()]
-    _rewrite(tmp_path, record_lines, metric_rows)
+    replay(tmp_path, record_lines, metric_rows)
     size = (tmp_path / RECORDS).stat().st_size + (tmp_path / METRICS).stat().st_size
     attempts = read_records(tmp_path / RECORDS)
     assert len(attempts) == len(record_lines) == 743
@@ -158,6 +143,7 @@ if sys.argv[2] == "gevent":
 from pathlib import Path
 from k3load.rundir import JsonlLog
 log, i = JsonlLog(Path(sys.argv[1])), 0
+print("ready", flush=True)
 end = time.monotonic() + 1.5
 while time.monotonic() < end:  # busy: a line every 5 ms, as records come
     i += 1
@@ -174,6 +160,7 @@ def test_a_writer_killed_with_sigkill_loses_at_most_the_last_second(tmp_path, th
     proc = subprocess.Popen([sys.executable, "-c", KILLED, str(path), threads], stdout=subprocess.PIPE,
                             text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
+        assert proc.stdout.readline() == "ready\n"
         time.sleep(0.8)
         busy_kill = time.time()  # a copy of the file now, taken as a kill would leave it
         snapshot = path.read_bytes()
