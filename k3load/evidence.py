@@ -15,14 +15,16 @@ flushes when an append comes `FLUSH_EVERY_S` after the last flush, and a flusher
 where gevent patched `threading`, as in every Locust process) flushes an idle log: a `kill -9` loses at
 most the last `FLUSH_EVERY_S` of lines. A reopened file gets a new gzip member (gzip reads members in turn).
 
-Why one reader (`lines`): every reader of records or metrics (analysis, summaries, the web UI's tail,
-benchmarks, tests) opens either the compressed file or a legacy plain `.jsonl` of an older run, and
-splits at "\\n" only, as `k3load.records.jsonl_lines` explains.
+Why one reader (`lines`; `Follow` for a file still being written): every reader of records or metrics
+(analysis, summaries, the web UI's tail, worker spools, benchmarks, tests) opens either the compressed
+file or a legacy plain `.jsonl` of an older run, and splits at "\\n" only, as
+`k3load.records.jsonl_lines` explains.
 """
 
 from __future__ import annotations
 
 import codecs
+import os
 import threading
 import time
 import zlib
@@ -97,6 +99,41 @@ def _inflated(path: Path, errors: str) -> Iterator[str]:
             offset += len(block)
     if inflater.rest:
         yield inflater.rest
+
+
+class Follow:
+    """Whole lines appended to a file since the last call, for a reader that follows a run as it is written
+    (the web UI's tail, the master waiting on a worker's spool): a compressed file's up to its writer's last
+    flush, a plain file's up to its last "\\n"; a torn last line waits for its end. Another file at the path
+    (a run moved aside, a new one begun under the same name) is read from its start."""
+
+    def __init__(self, path: Path, errors: str = "replace") -> None:
+        self.path, self._errors = path, errors
+        self._restart(None)
+
+    def _restart(self, identity: tuple[int, int] | None) -> None:
+        self.offset, self._identity, self._inflater = 0, identity, Inflater(self._errors)
+
+    def new_lines(self) -> list[str]:
+        """Each with its "\\n"; [] while the file is missing, and once a compressed one stops being gzip."""
+        try:
+            with self.path.open("rb") as handle:
+                stat = os.fstat(handle.fileno())
+                if (stat.st_dev, stat.st_ino) != self._identity or stat.st_size < self.offset:
+                    self._restart((stat.st_dev, stat.st_ino))
+                handle.seek(self.offset)
+                data = handle.read()
+        except OSError:
+            return []
+        if self.path.name.endswith(".gz"):
+            self.offset += len(data)
+            try:
+                return self._inflater.feed(data)
+            except zlib.error:
+                return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        return [line + "\n" for line in data[:end].decode("utf-8", errors=self._errors).split("\n")[:-1]]
 
 
 class GzipSink:

@@ -197,3 +197,28 @@ def test_the_reader_prefers_the_compressed_file(tmp_path):
     assert records_file(tmp_path) == tmp_path / "records.jsonl"
     (tmp_path / RECORDS).write_bytes(b"")
     assert records_file(tmp_path) == tmp_path / RECORDS
+
+
+def test_a_compressed_spool_is_final_once_sealed_and_a_new_one_at_its_path_is_read_afresh(tmp_path):
+    from k3load.loadgen.spools import SpoolTails, attempt_lines, final_line, is_final
+
+    path, tails = tmp_path / "worker-1.jsonl.gz", SpoolTails()
+    spool = JsonlLog(path)
+    spool.append_line('{"attempt_id": "a"}')
+    spool.flush()
+    assert not is_final(path, tails)
+    spool.append(final_line())
+    spool.flush()
+    assert is_final(path, tails) and [a for a, _ in attempt_lines(path)] == ["a"]
+    spool.append_line('{"attempt_id": "b"}')  # users started again: not final until sealed again
+    spool.flush()
+    assert not is_final(path, tails)
+    spool.close()
+    path.rename(tmp_path / "moved.jsonl.gz")  # the run set aside; the same worker's next spool
+    again = JsonlLog(path)
+    again.append(final_line())
+    again.flush()
+    assert is_final(path, tails) and list(attempt_lines(path)) == []
+    again.close()
+    assert list(attempt_lines(tmp_path / "moved.jsonl.gz")) == [("a", '{"attempt_id": "a"}'),
+                                                                 ("b", '{"attempt_id": "b"}')]

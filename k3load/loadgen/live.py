@@ -24,14 +24,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import gevent
 
-from k3load.evidence import METRICS, RECORDS, Inflater, SeriesTable, evidence_file
+from k3load.evidence import METRICS, RECORDS, Follow, SeriesTable, evidence_file
 from k3load.sampler.prom import split_key
 
 log = logging.getLogger("k3load")
@@ -51,33 +50,16 @@ class Tail:
 
     def __init__(self, run_dir: Path, name: str, decode: Callable[[Any], Any] = lambda row: row) -> None:
         self.run_dir, self.name, self.decode = run_dir, name, decode
-        self.path: Path | None = None  # which of the two, once one is there
-        self.offset, self._inflater = 0, Inflater(errors="replace")
+        self.follow: Follow | None = None  # of whichever of the two files is there first
 
     def lines(self) -> list[dict[str, Any]]:
-        if self.path is None:
+        if self.follow is None:
             found = evidence_file(self.run_dir, self.name)
             if not found.exists():
                 return []
-            self.path = found
-        try:
-            with self.path.open("rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-        except OSError:
-            return []
-        if self.path.name.endswith(".gz"):
-            self.offset += len(data)
-            try:
-                text = self._inflater.feed(data)
-            except zlib.error:
-                return []
-        else:
-            end = data.rfind(b"\n") + 1
-            self.offset += end
-            text = data[:end].decode("utf-8", errors="replace").split("\n")
+            self.follow = Follow(found)
         out = []
-        for line in text:
+        for line in self.follow.new_lines():
             try:
                 out.append(self.decode(json.loads(line)))
             except ValueError:
