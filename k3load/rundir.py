@@ -72,7 +72,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 class JsonlLog:
     """A thread-safe JSONL appender. A plain file's lines are flushed as written; a `.gz` path is compact
-    evidence (k3load.evidence): deflated, flushed at most every half second and by a flusher when idle.
+    evidence (k3load.evidence): deflated, and in the file within half a second (an append flushes when the
+    last flush is that old, a flusher flushes an idle log).
     `encode` (under the lock, in file order) turns a record into the line written (the metrics'
     `SeriesTable.encode`). `listeners` see each record appended, as given (e.g. the restarter reacts to
     the sampler's `server_down`). `clock`: when a compressed log last flushed (tests replay a run's own)."""
