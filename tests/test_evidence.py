@@ -222,3 +222,20 @@ def test_a_compressed_spool_is_final_once_sealed_and_a_new_one_at_its_path_is_re
     again.close()
     assert list(attempt_lines(tmp_path / "moved.jsonl.gz")) == [("a", '{"attempt_id": "a"}'),
                                                                  ("b", '{"attempt_id": "b"}')]
+
+
+def test_the_web_uis_tail_follows_a_compressed_metrics_log_as_it_is_written(tmp_path):
+    from k3load.loadgen.live import Tail
+
+    rows = [{"ts": t, "source": "a", "ok": True, "samples": {"x": float(t), f"new{t}": 1.0}} for t in range(4)]
+    tail = Tail(tmp_path, METRICS, SeriesTable().decode)
+    assert tail.lines() == []  # not written yet
+    log = JsonlLog(tmp_path / METRICS, encode=SeriesTable().encode, clock=lambda: 0.0)  # no flush on append
+    log.append(rows[0])
+    log.append(rows[1])
+    assert tail.lines() == []  # not flushed yet: nothing half-read
+    log.flush()
+    assert tail.lines() == rows[:2]
+    log.append(rows[2])
+    log.close()
+    assert tail.lines() == rows[2:3] and tail.lines() == []
