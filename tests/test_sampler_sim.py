@@ -40,6 +40,11 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [table.decode(json.loads(x)) for x in lines(path) if x.endswith("\n")] if path.exists() else []
 
 
+def _last(run_dir: Path) -> dict[str, Any]:
+    """The last scrape flushed so far ({"samples": {}} before the first: lines reach the file within 0.5 s)."""
+    return (read_metrics(run_dir) or [{"samples": {}}])[-1]
+
+
 def events(out: Path, name: str | None = None) -> list[dict[str, Any]]:
     return [e for e in read_jsonl(out / "events.jsonl") if name is None or e["event"] == name]
 
@@ -83,7 +88,7 @@ def test_scrape_round_trip_and_counters_rise_under_requests(start_sim, sampled, 
     wait_for(lambda: read_metrics(out), what="a first scrape")
     for _ in range(3):
         assert ask(sim.base_url).status_code == 200
-    wait_for(lambda: (read_metrics(out)[-1]["samples"].get(PROMPT_TOKENS) or 0) > 0,
+    wait_for(lambda: (_last(out)["samples"].get(PROMPT_TOKENS) or 0) > 0,
              what="prompt tokens counted")
     summary = sampler.stop()
     lines = read_metrics(out)
@@ -120,7 +125,7 @@ def test_sim_restart_on_the_same_port_gives_down_up_and_a_counter_reset(start_si
     out = tmp_path / "run"
     sampled(sim.base_url + "/metrics")
     assert ask(sim.base_url).status_code == 200
-    wait_for(lambda: (read_metrics(out)[-1]["samples"].get(PROMPT_TOKENS) or 0) > 0,
+    wait_for(lambda: (_last(out)["samples"].get(PROMPT_TOKENS) or 0) > 0,
              what="prompt tokens counted")
     sim.stop()
     (down,) = wait_for(lambda: events(out, "server_down"), what="server_down")
