@@ -66,6 +66,8 @@ def test_healthy_sim_is_go_reproducible_and_signed(start_sim, tmp_path):
                  "alerts.yaml", "dashboard.json", "manifest.sha256"):
         assert (out / name).exists(), name
     records = [json.loads(x) for x in lines(out / RECORDS)]
+    per_request = ((out / RECORDS).stat().st_size + (out / METRICS).stat().st_size) / len(records)
+    assert per_request <= 300, f"{per_request:.0f} B per request (issue 16: at most 300, compact evidence)"
     for name in (METRICS, "gpu.jsonl", "events.jsonl"):  # the timelines overlap the records'
         stamps = [json.loads(x)["ts"] for x in lines(out / name)]
         assert min(stamps) <= min(r["send_ts"] for r in records) and max(stamps) >= max(r["end_ts"] for r in records)
