@@ -2,15 +2,17 @@
 
 Why compressed: an hour at 100 requests/s wrote 650 MB of records (1.8 KB each) and 110 MB of scrapes (31 KB
 each at 1 Hz). Deflated as one stream the records take about 250 B each; a scrape line with its series
-names written once per file (`SeriesTable`) about 0.9 KB: under 300 B per request together at 35
-requests/s (`bench/evidence_size.py`). Nothing is dropped: every line reads back as it was written.
+names written once per file (`SeriesTable`) about 0.9 KB (2 KB deflated whole): 258 B per request
+together on `make demo` (54 requests/s), 283 B on tests/data/scale-run (35/s; `bench/evidence_size.py`).
+Nothing is dropped: compression met the 300 B target, so every line reads back as it was written and
+no check reads less than before.
 
 Why gzip and the standard library: `zcat records.jsonl.gz | jq` still works, nothing to install, and a
 truncated stream (a killed run) still reads back up to the cut. Columnar files (Parquet) would need
 pyarrow and could not be appended to a line at a time.
 
 Why a sync flush at most every `FLUSH_EVERY_S`: deflate output reaches the file only at a flush; a
-flush per line would cost the compression (about 340 B per record at one flush per record). `GzipSink`
+flush per line would cost the compression (290 B per record at one flush per record, against 253). `GzipSink`
 flushes when an append comes `FLUSH_EVERY_S` after the last flush, and a flusher (a thread; a greenlet
 where gevent patched `threading`, as in every Locust process) flushes an idle log: a `kill -9` loses at
 most the last `FLUSH_EVERY_S` of lines. A reopened file gets a new gzip member (gzip reads members in turn).
@@ -35,7 +37,7 @@ from typing import IO, Any
 RECORDS, METRICS = "records.jsonl.gz", "metrics.jsonl.gz"
 LEGACY = {RECORDS: "records.jsonl", METRICS: "metrics.jsonl"}  # what runs before compact evidence wrote
 FLUSH_EVERY_S = 0.5  # a kill loses at most this much (plus a busy process's scheduling delay)
-LEVEL = 6  # zlib's default: 251 B per record at 22 µs; level 9 gives 244 B at 32 µs (scale-run records)
+LEVEL = 6  # zlib's default: 251 B per record at 22 µs of CPU; level 9 gives 244 B at 32 µs (scale-run records)
 READ_BYTES = 1 << 20
 
 
