@@ -38,6 +38,7 @@ from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.rundata import read_attempts
 from k3load.analysis.stats import Rate, wilson
+from k3load.evidence import records_file
 
 REFERENCE_FILE = "reference.json"
 TOOL_CALL, ANSWER = "tool_call", "answer"
@@ -212,13 +213,14 @@ def reference_record(ref_dir: Path) -> dict[str, Any]:
     run: one without a manifest cannot be named, so it is refused, as is one without answers."""
     if not ref_dir.is_dir():
         raise ReferenceRunError(f"reference {ref_dir}: not a directory")
-    missing = [name for name in ("records.jsonl", "run.json", "manifest.sha256") if not (ref_dir / name).is_file()]
+    records = records_file(ref_dir)
+    missing = [path.name for path in (records, ref_dir / "run.json", ref_dir / "manifest.sha256") if not path.is_file()]
     if missing:
         raise ReferenceRunError(f"reference {ref_dir}: not a judged run directory (missing {', '.join(missing)}; "
                                 "run `k3load analyze` on it first)")
     try:
         run = json.loads((ref_dir / "run.json").read_text())
-        attempts = read_attempts(ref_dir / "records.jsonl")
+        attempts = read_attempts(records)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise ReferenceRunError(f"reference {ref_dir}: unreadable ({type(exc).__name__}: {exc})") from None
     found = profile(attempts)

@@ -38,6 +38,7 @@ from k3load.analysis.agreement import agreement, profile
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS, percentile, rounded, thresholds
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.stats import Z95, decide_rate, wilson
+from k3load.evidence import records_file
 
 if TYPE_CHECKING:  # pandas is imported only when a diff runs, not by every `k3load` command
     from k3load.analysis.rundata import RunData
@@ -65,8 +66,8 @@ def load_side(path: Path) -> Side:
 
     if not path.is_dir():
         raise DiffInputError(f"{path}: not a run directory")
-    if not (path / "records.jsonl").is_file():
-        raise DiffInputError(f"{path}: no records.jsonl (not a run directory, or the run never sent a request)")
+    if not records_file(path).is_file():
+        raise DiffInputError(f"{path}: no records.jsonl.gz (not a run directory, or the run never sent a request)")
     data = load_run(path)
     if not data.attempts:
         raise DiffInputError(f"{path}: records.jsonl holds no attempt")

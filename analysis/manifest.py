@@ -2,9 +2,11 @@
 
 Why: the record must be signable. A signature over the manifest covers every file it lists; verify
 says which file changed, went missing, or appeared without being covered. Left out: the manifest itself,
-worker spools (copies of records.jsonl), and the files run.json names as `unsigned_files` (Locust's own
+worker spools (copies of the records), and the files run.json names as `unsigned_files` (Locust's own
 --csv / --json-file / --logfile outputs put inside the run directory, which Locust keeps writing after
-the manifest is signed; run.json is itself covered, so that list cannot grow unnoticed).
+the manifest is signed; run.json is itself covered, so that list cannot grow unnoticed). Compressed
+evidence (records.jsonl.gz, metrics.jsonl.gz: k3load.evidence) is hashed as the bytes on disk: a changed
+byte anywhere in the stream is a changed file, whether or not it still decompresses.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from k3load.rundir import read_manifest, write_atomic
 
 MANIFEST = "manifest.sha256"
-SKIPPED = (MANIFEST, "spool/")  # the manifest itself; worker spools are copies of records.jsonl
+SKIPPED = (MANIFEST, "spool/")  # the manifest itself; worker spools are copies of the records
 
 
 def _unsigned(run_dir: Path) -> set[str]:
@@ -48,8 +50,9 @@ Known = dict[str, tuple[int, int, str]]  # rel -> (size, mtime_ns, sha256) of a 
 
 def digests(run_dir: Path, skip: tuple[str, ...] = ()) -> Known:
     """The files' digests now, each with the size and mtime it had when hashed (`skip`: names left out).
-    Why: `k3load analyze` hashes the run's inputs (an hour's records.jsonl is 650 MB) in a thread while
-    it judges, hashlib working without the GIL; `write` takes a digest only if the file is unchanged."""
+    Why: `k3load analyze` hashes the run's inputs (an hour's records: 650 MB of JSON lines, about 90 MB
+    compressed) in a thread while it judges, hashlib working without the GIL; `write` takes a digest only
+    if the file is unchanged."""
     known: Known = {}
     for rel in _files(run_dir):
         if rel in skip:

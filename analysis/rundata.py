@@ -7,8 +7,9 @@ empty tables (a pillar then says `not_run` or `inconclusive`, with the reason), 
 Why streamed and lean: an hour at 100 requests/s is 360,000 records (about 650 MB of JSON lines). Each
 line is read, reduced to what the rules read (`analysis/lean.py`: the attempts) and the stage table's
 columns (`RunData.records`), and dropped, so neither the file's text nor its parsed dicts are held. The
-format is read here only (`_record_lines`, `_jsonl`): a compressed or columnar records file plugs in
-there, and everything downstream reads `RunData`.
+files are opened here only (`_record_lines`, `_jsonl`, through `k3load.evidence.lines`: records.jsonl.gz
+and metrics.jsonl.gz, or an older run's plain records.jsonl and metrics.jsonl), and everything downstream
+reads `RunData`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -27,6 +28,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from k3load import evidence
 from k3load.analysis.lean import DEFAULTS, AnyAttempt, Interner, lean_attempt
 from k3load.plan import Plan, PlanError, parse_plan
 
@@ -88,31 +90,43 @@ def gc_paused() -> Iterator[None]:
 
 def _lines(path: Path, errors: str = "strict") -> Iterator[tuple[int, str, bool]]:
     """(number, line, is_last) of the non-blank lines, streamed; lines end at "\\n" only (a record's
-    text may hold U+2028 or U+0085, which `str.splitlines` would cut)."""
-    with path.open(encoding="utf-8", errors=errors, newline="\n") as handle:
-        previous: tuple[int, str] | None = None
-        for number, line in enumerate(handle, start=1):
-            if previous is not None:
-                yield previous[0], previous[1], False
-                previous = None
-            if line.strip():
-                previous = (number, line)
-            else:
-                yield number, line, False  # a blank line after a torn one: that one was not the last
+    text may hold U+2028 or U+0085, which `str.splitlines` would cut); compressed or plain (`evidence.lines`)."""
+    previous: tuple[int, str] | None = None
+    for number, line in enumerate(evidence.lines(path, errors), start=1):
         if previous is not None:
-            yield previous[0], previous[1], True
+            yield previous[0], previous[1], False
+            previous = None
+        if line.strip():
+            previous = (number, line)
+        else:
+            yield number, line, False  # a blank line after a torn one: that one was not the last
+    if previous is not None:
+        yield previous[0], previous[1], True
 
 
-def _jsonl(path: Path, problems: list[str], shared: Interner | None = None) -> list[dict[str, Any]]:
+def _jsonl(path: Path, problems: list[str], shared: Interner | None = None,
+           decode: Callable[[Any], Any] | None = None) -> list[dict[str, Any]]:
+    """The rows of a JSONL file; `decode` gives back a row as it was before the writer's encoding (metrics:
+    `evidence.SeriesTable.decode`). Unreadable lines and bytes are problems, never errors."""
     if not path.exists():
         return []
-    rows = []
+    rows: list[dict[str, Any]] = []
+    try:
+        _read_rows(path, problems, shared, decode, rows)
+    except ValueError as exc:  # a compressed file that stops being gzip: what came before it counts
+        problems.append(f"{path.name}: {exc}")
+    return rows
+
+
+def _read_rows(path: Path, problems: list[str], shared: Interner | None, decode: Callable[[Any], Any] | None,
+               rows: list[dict[str, Any]]) -> None:
     for number, line, last in _lines(path, errors="replace"):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+            row = decode(row) if decode is not None else row
+        except ValueError:  # JSONDecodeError, or a line that does not decode
             if not last:  # a torn last line is expected after a crash
                 problems.append(f"{path.name}:{number}: unreadable line skipped")
             continue
@@ -120,7 +134,6 @@ def _jsonl(path: Path, problems: list[str], shared: Interner | None = None) -> l
             intern = shared.intern  # series keys: one object each, not one per scrape
             row["samples"] = {intern(k, k): v for k, v in row["samples"].items()}
         rows.append(row)
-    return rows
 
 
 TOOL_CALLS, FINDINGS, AFTER_FINDINGS = ',"tool_calls":[', ',"findings":[', '],"valid":'
@@ -186,21 +199,21 @@ def _record_lines(path: Path, shared: Interner) -> Iterator[tuple[int, Split]]:
     """(line number, (record, its findings and call names when read apart)) of records.jsonl; a torn
     last line (the writer was killed mid-write) is skipped, any other unreadable line is an error (as
     `k3load.records.read_records` says it)."""
-    with path.open(encoding="utf-8", newline="\n") as handle:  # lines end at "\n" only (see _lines)
-        for number, line in enumerate(handle, start=1):
-            split = _split_line(line, shared)
-            if split is not None:
-                yield number, split
-                continue
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                if next(handle, None) is None:  # the last line, torn
-                    return
-                raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
-            yield number, (record, None, None)
+    handle = evidence.lines(path)  # lines end at "\n" only (see _lines)
+    for number, line in enumerate(handle, start=1):
+        split = _split_line(line, shared)
+        if split is not None:
+            yield number, split
+            continue
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if next(handle, None) is None:  # the last line, torn
+                return
+            raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
+        yield number, (record, None, None)
 
 
 # Columns of RunData.records that no rule reads from the attempts: taken from the line as it passes.
@@ -305,11 +318,13 @@ def _load(path: Path) -> RunData:
             problems.append(f"plan.yaml: {exc}")
     attempts: list[AnyAttempt] = []
     frame_only: dict[str, list[Any]] = {name: [] for name in FRAME_ONLY}
-    if (path / "records.jsonl").exists():
-        attempts, frame_only = _read_records(path / "records.jsonl")
+    records = evidence.records_file(path)
+    if records.exists():
+        attempts, frame_only = _read_records(records)
     data.attempts = attempts
     data.records = _records_frame(attempts, frame_only)
-    data.metrics = sorted(_jsonl(path / "metrics.jsonl", problems, Interner()), key=lambda r: r.get("ts", 0))
+    metrics = _jsonl(evidence.metrics_file(path), problems, Interner(), evidence.SeriesTable().decode)
+    data.metrics = sorted(metrics, key=lambda r: r.get("ts", 0))
     data.gpu = pd.DataFrame(_jsonl(path / "gpu.jsonl", problems))
     data.events = sorted(_jsonl(path / "events.jsonl", problems), key=lambda r: r.get("ts", 0))
     for event in data.events_named("worker_spools"):  # the master gave up waiting for a worker's records

@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +45,8 @@ from typing import Any
 
 import yaml
 
+from k3load import evidence
+from k3load.evidence import METRICS, RECORDS, SeriesTable, metrics_file, records_file
 from k3load.records import json_line
 from k3load.sampler.prom import split_key
 
@@ -57,7 +59,8 @@ SCALE_FILES = ("analysis/lean.py", "analysis/rundata.py", "analysis/agreement.py
                "analysis/timeline.py", "analysis/tool_calls.py", "analysis/analyze.py", "analysis/reuse_replay.py")
 OUTPUTS = ("verdict.json", "report.md", "report.html", "alerts.yaml", "dashboard.json", "manifest.sha256",
            "report.png")
-GENERATED = ("records.jsonl", "metrics.jsonl", "gpu.jsonl", "events.jsonl", "plan.yaml")
+# Written plain (the reference commit reads no compressed file); the source's compressed files are read.
+GENERATED = ("records.jsonl", "metrics.jsonl", "gpu.jsonl", "events.jsonl", "plan.yaml", RECORDS, METRICS)
 COUNTER_SUFFIXES = ("_total", "_sum", "_count", "_bucket")
 SLOT = re.compile(r'"@K3SLOT:(\w+)@"')
 ID_FIELDS = ("attempt_id", "chain_id", "user_id", "stream_pair")
@@ -97,11 +100,11 @@ sys.exit(main(["analyze", run_dir]))
 
 # -- building the run directory ---------------------------------------------------------------------
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
+def _jsonl(path: Path, decode: Callable[[Any], Any] = lambda row: row) -> list[dict[str, Any]]:
+    """The rows of a JSONL file, compressed or plain (k3load.evidence.lines)."""
     if not path.exists():
         return []
-    with path.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    return [decode(json.loads(line)) for line in evidence.lines(path) if line.strip()]
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -171,7 +174,7 @@ def _shifted(record: dict[str, Any], shift: float) -> dict[str, Any]:
 
 def build_records(source: Path, dest: Path, total: int, layout: Layout) -> int:
     """Copy 0 is the source run (the stages after the soak moved); copies 1.. fill the soak to `total`."""
-    lines = [line for line in (source / "records.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = [line.removesuffix("\n") for line in evidence.lines(records_file(source)) if line.strip()]
     records = [json.loads(line) for line in lines]
     t0 = min(r["send_ts"] for r in records)
     span = max(r["end_ts"] for r in records) - t0
@@ -291,12 +294,12 @@ def build_plan(source: Path, dest: Path, layout: Layout) -> None:
 
 def build_run(source: Path, dest: Path, total: int, soak_s: float) -> int:
     """A coherent run directory of `total` records from the small run at `source` (module doc)."""
-    if not (source / "records.jsonl").exists():
-        raise SystemExit(f"{source}: no records.jsonl (make a small run first: `make demo` writes runs/demo)")
+    if not records_file(source).exists():
+        raise SystemExit(f"{source}: no records.jsonl.gz (make a small run first: `make demo` writes runs/demo)")
     shutil.copytree(source, dest, ignore=shutil.ignore_patterns(*OUTPUTS, *GENERATED, "spool"))
     events = _jsonl(source / "events.jsonl")
-    layout = _layout(events, _jsonl(source / "records.jsonl"), soak_s)
-    metrics = _jsonl(source / "metrics.jsonl")
+    layout = _layout(events, _jsonl(records_file(source)), soak_s)
+    metrics = _jsonl(metrics_file(source), SeriesTable().decode)
     increase = _increase(metrics, layout)
     _write_jsonl(dest / "metrics.jsonl", stretch(metrics, layout, increase))
     _write_jsonl(dest / "gpu.jsonl", stretch(_jsonl(source / "gpu.jsonl"), layout))

@@ -25,6 +25,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from k3load.evidence import lines, records_file  # noqa: E402
 from k3load.sim.process import SimProcess  # noqa: E402
 
 SIM_ARGS = ["--time-scale", "0.05", "--seed", "3", "--model", "tiny"]
@@ -90,7 +91,7 @@ def main() -> int:
             rows = _sample(harness, sim.proc.pid, args.every_s)
         finally:
             sim.stop()
-        records = (work / "run" / "records.jsonl").read_text().splitlines()
+        records = [line for line in lines(records_file(work / "run")) if line.endswith("\n")]
         verdict = json.loads((work / "run" / "verdict.json").read_text())["verdict"]
     mine, ref = (_growth(rows, args.warmup_s, args.duration_s, column) for column in (1, 2))
     judging = [r[1] for r in rows if r[0] > args.duration_s]

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.paced_server import stamp  # noqa: E402
+from k3load.evidence import lines, records_file  # noqa: E402
 from k3load.targets.cache import VLLM_VERSION, models_dir  # noqa: E402
 
 INSTALL_TIMEOUT_S = 1200
@@ -143,11 +144,11 @@ def _locust_command(load: Load, root: Path = ROOT) -> list[str]:
 
 
 def _locust_first_tokens(load: Load, _ids: dict[str, float]) -> FirstTokens | str:
-    path = load.out / "run" / "records.jsonl"
+    path = records_file(load.out / "run")
     if not path.exists():
-        return "no records.jsonl"
+        return "no records.jsonl.gz"
     pairs = []
-    for line in path.read_text().splitlines():
+    for line in lines(path):
         try:
             record = json.loads(line)
         except ValueError:

@@ -1,4 +1,4 @@
-"""The Attempt record: one line of `DIR/records.jsonl` per HTTP attempt, written as it ends.
+"""The Attempt record: one line of `DIR/records.jsonl.gz` (k3load.evidence) per HTTP attempt, written as it ends.
 
 Why one record per attempt (not per request): retries are duplicate work the server really did, and
 a verdict that hid them would flatter the deployment. Attempts of one request share `chain_id`.
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from k3load.client.result import StreamResult
+from k3load.evidence import lines
 
 # Who is to blame for a failed attempt, upstream first: the model's output, vLLM's tool/reasoning
 # parser, the vLLM server itself (its own JSON error bodies, its context-length refusal), a gateway or
@@ -232,16 +233,16 @@ def jsonl_lines(text: str) -> list[str]:
 
 
 def read_records(path: Path) -> list[Attempt]:
-    """Records of a file; a torn last line (the writer was killed mid-write) is skipped, not fatal."""
+    """Records of a file (`records.jsonl.gz`, or a legacy `records.jsonl`: k3load.evidence.lines); a torn
+    last line (the writer was killed mid-write) is skipped, not fatal."""
     attempts = []
-    lines = jsonl_lines(path.read_text(encoding="utf-8"))
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(lines(path), start=1):
         if not line.strip():
             continue
         try:
             attempts.append(Attempt.from_dict(json.loads(line)))
         except (json.JSONDecodeError, TypeError) as exc:
-            if number == len(lines) and isinstance(exc, json.JSONDecodeError):
-                break  # torn final line
+            if not line.endswith("\n") and isinstance(exc, json.JSONDecodeError):
+                break  # torn final line: only the last line can lack its "\n"
             raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
     return attempts

@@ -27,6 +27,7 @@ from typing import IO, Any
 
 from k3load.client.access import Secrets
 from k3load.clock import now
+from k3load.evidence import LEGACY, RECORDS, GzipSink, start_flusher
 
 # How text files are written: a lone surrogate (a server's `"\\ud83d"`, or a byte that was not UTF-8,
 # kept by the client as U+DC80..U+DCFF) cannot be encoded as UTF-8; strict writing raised and lost
@@ -70,26 +71,56 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 class JsonlLog:
-    """A thread-safe JSONL appender; every line is flushed when written. `listeners` see each record
-    appended (e.g. the restarter reacts to the sampler's `server_down`)."""
+    """A thread-safe JSONL appender. A plain file's lines are flushed as written; a `.gz` path is compact
+    evidence (k3load.evidence): deflated, and in the file within half a second (an append flushes when the
+    last flush is that old, a flusher flushes an idle log).
+    `encode` (under the lock, in file order) turns a record into the line written (the metrics'
+    `SeriesTable.encode`). `listeners` see each record appended, as given (e.g. the restarter reacts to
+    the sampler's `server_down`). `clock`: when a compressed log last flushed (tests replay a run's own)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, encode: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._file: IO[str] = path.open("a", encoding="utf-8", errors=ENCODING_ERRORS)
-        self._lock = threading.Lock()
+        self.path, self._encode = path, encode
+        self._lock, self._closed = threading.Lock(), threading.Event()
+        self._sink: GzipSink | None = None
+        self._file: IO[str] | None = None
+        if path.name.endswith(".gz"):
+            self._sink = GzipSink(path, clock=clock)
+            start_flusher(self._lock, self._sink, self._closed)
+        else:
+            self._file = path.open("a", encoding="utf-8", errors=ENCODING_ERRORS)
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
     def append(self, record: dict[str, Any]) -> None:
-        self.append_line(json.dumps(record, ensure_ascii=False, separators=(",", ":")))
+        if self._encode is None:
+            self.append_line(_dumps(record))
+        else:
+            with self._lock:
+                self._write(scrub(_dumps(self._encode(record))))
         for listener in self.listeners:
             listener(record)
 
     def append_line(self, line: str) -> None:
         line = scrub(line)
         with self._lock:
-            self._file.write(line + "\n")
-            self._file.flush()
+            self._write(line)
+
+    def _write(self, line: str) -> None:
+        if self._sink is not None:
+            if self._closed.is_set():
+                raise ValueError(f"{self.path}: written after close")  # as a closed text file raises
+            self._sink.write((line + "\n").encode("utf-8", ENCODING_ERRORS))
+            return
+        assert self._file is not None
+        self._file.write(line + "\n")
+        self._file.flush()
+
+    def flush(self) -> None:
+        """A compressed log's lines so far readable from the file now (a plain log's always are)."""
+        with self._lock:
+            if self._sink is not None and not self._closed.is_set():
+                self._sink.flush_due()
 
     def event(self, event: str, **fields: Any) -> None:
         """An events.jsonl line: the run's clock (k3load.clock), the event name, its fields."""
@@ -97,10 +128,18 @@ class JsonlLog:
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            if self._sink is not None and not self._closed.is_set():
+                self._closed.set()
+                self._sink.close()
+            elif self._file is not None:
+                self._file.close()
 
 
-RUN_MARKERS = ("run.json", "records.jsonl")  # with a `run_start` in events.jsonl: a run was here
+def _dumps(record: dict[str, Any]) -> str:
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+
+
+RUN_MARKERS = ("run.json", RECORDS, LEGACY[RECORDS])  # with a `run_start` in events.jsonl: a run was here
 
 
 def set_aside_previous_run(run_dir: Path, keep: Collection[Path] = ()) -> Path | None:

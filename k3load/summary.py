@@ -1,4 +1,4 @@
-"""Validation rates per scenario, turn kind and stage, from `records.jsonl`.
+"""Validation rates per scenario, turn kind and stage, from `records.jsonl.gz` (or an older run's `records.jsonl`).
 
 Why rates: one successful demo is not evidence. Every attempt counts (retries included); an attempt
 is `valid` only when every check passed, and each failure is counted under the layer it points to.
@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from k3load.evidence import records_file
 from k3load.records import LAYERS, Attempt, read_records
 
 
@@ -37,7 +38,7 @@ def summarise(records_path: Path) -> dict[str, Any]:
 
 
 def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
-    lines = [f"k3load: {summary['all']['attempts']} attempts recorded in {run_dir / 'records.jsonl'}"]
+    lines = [f"k3load: {summary['all']['attempts']} attempts recorded in {records_file(run_dir)}"]
     for name, group in summary["by_scenario"].items():
         rate = group["valid_rate"]
         failed = ", ".join(f"{k} {v}" for k, v in group["failed_by_layer"].items() if v) or "none failed"

@@ -36,6 +36,7 @@ from k3load.analysis.pillar import percentile
 from k3load.analysis.reuse_replay import Geometry, _ready_ts, designed_tokens, salt_key
 from k3load.analysis.stats import ratio_ci, ratio_cis
 from k3load.analysis.timeline import MetricIndex
+from k3load.evidence import records_file
 from k3load.records import Attempt, Finding, read_records
 from k3load.validate import primary_layer
 
@@ -64,7 +65,7 @@ def _unpack(dest: Path) -> Path:
 
 def _attempts_frame(path: Path) -> tuple[list[Attempt], pd.DataFrame]:
     """The loading path as it was: whole Attempts, primary layers filled in, a frame of their fields."""
-    attempts = read_records(path / "records.jsonl")
+    attempts = read_records(records_file(path))
     for a in attempts:
         if a.primary_layer is None and not a.valid:
             a.primary_layer = primary_layer(a.findings)

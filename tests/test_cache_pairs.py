@@ -24,6 +24,7 @@ import yaml
 
 from k3load.client.chat import ChatClient
 from k3load.client.result import StreamResult
+from k3load.evidence import records_file
 from k3load.loadgen.session import HarnessSession
 from k3load.long_input import estimate_tokens, fit_long_input
 from k3load.plan import Stage, load_plan
@@ -243,7 +244,7 @@ def test_a_run_plays_the_control_as_pairs_and_skips_what_cannot_fit(sim, tmp_pat
     plan.write_text(yaml.safe_dump(PLAN))
     out = tmp_path / "run"
     _locust(sim.base_url, out, plan, _scenarios_with_an_unfit_long_input(tmp_path / "scenarios"))
-    attempts = read_records(out / "records.jsonl")
+    attempts = read_records(records_file(out))
     control = [a for a in attempts if a.stage == "prefix-control"]
     assert {a.scenario for a in control} == {"shared_prefix_control"}
     _check_pairs(control, 8)

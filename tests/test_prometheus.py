@@ -24,7 +24,7 @@ from k3load.sampler import Sampler
 from k3load.sampler.prom import parse
 from k3load.sim.process import SimProcess
 from tests.conftest import FAST_SIM
-from tests.test_sampler_sim import ASK, events, read_jsonl, wait_for
+from tests.test_sampler_sim import ASK, events, read_metrics, wait_for
 
 COUNTERS = ('vllm:prompt_tokens_total{engine="0",model_name="tiny"}',
             'vllm:prefix_cache_queries_total{engine="0",model_name="tiny"}',
@@ -116,7 +116,7 @@ def test_prometheus_lines_match_a_direct_scrape(prometheus, scraped_sim, tmp_pat
     summary = sampler.stop()
     after = _direct(scraped_sim)
     instance = scraped_sim.base_url.removeprefix("http://")
-    lines = read_jsonl(out / "metrics.jsonl")
+    lines = read_metrics(out)
     assert lines and {line["source"] for line in lines} == {f"prometheus:{instance}"}
     assert all(line["ok"] and line["vllm_series"] > 300 for line in lines)
     assert set(lines[0]) == {"ts", "source", "ok", "scrape_ms", "load_generator_cpu_pct", "vllm_series", "samples",
@@ -138,7 +138,7 @@ def test_unreachable_or_refusing_prometheus_is_said_never_a_crash(prometheus, tm
     Sampler(tmp_path / "gone", None, interval_s=0.5, prometheus_url=closed).start().stop()
     (error,) = events(tmp_path / "gone", "prometheus_error")
     assert error["source"] == closed and error["reason"] == "connection refused"
-    (line,) = read_jsonl(tmp_path / "gone" / "metrics.jsonl")
+    (line,) = read_metrics(tmp_path / "gone")
     assert line["ok"] is False and line["source"] == f"prometheus:{closed}"
     assert line["error"] == "prometheus: connection refused" and "samples" not in line
     assert events(tmp_path / "gone", "prometheus_incomplete") and not events(tmp_path / "gone", "sampler_error")
@@ -148,4 +148,4 @@ def test_unreachable_or_refusing_prometheus_is_said_never_a_crash(prometheus, tm
     (error,) = events(tmp_path / "bad", "prometheus_error")
     assert error["http_status"] == 400 and error["reason"].startswith("HTTP 400: bad_data: ")
     assert "parse error" in error["reason"]
-    assert all(not line["ok"] for line in read_jsonl(tmp_path / "bad" / "metrics.jsonl"))
+    assert all(not line["ok"] for line in read_metrics(tmp_path / "bad"))

@@ -40,6 +40,7 @@ import jsonschema
 import pytest
 import yaml
 
+from k3load.evidence import SeriesTable, lines, metrics_file, records_file
 from k3load.records import Attempt, read_records
 from k3load.targets import real_model
 from tests.target_fixtures import ServerConfig, VllmPool, VllmTarget
@@ -86,7 +87,7 @@ def run(target: VllmTarget, tmp_path: Path, setup: str, flags: list[str], plan: 
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert (out / "verdict.json").exists(), done.stdout[-3000:] + done.stderr[-3000:]
     keep(setup, flags, out)
-    return json.loads((out / "verdict.json").read_text()), done.returncode, read_records(out / "records.jsonl")
+    return json.loads((out / "verdict.json").read_text()), done.returncode, read_records(records_file(out))
 
 
 def failures(attempts: list[Attempt]) -> Counter[tuple[str, str]]:
@@ -301,7 +302,8 @@ def test_stats_disabled_reports_metrics_missing_never_a_pass(mistakes_run) -> No
     assert all(s["metrics_present"] is False and s["kv_usage_max"] is None
                for s in verdict["pillars"]["resources"]["numbers"]["stages"])
     assert got["prefix_cache"] != "pass" and verdict["verdict"] == "limited" and code == 3
-    scraped = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    table = SeriesTable()
+    scraped = [table.decode(json.loads(line)) for line in lines(metrics_file(out))]
     families = {key.split("{")[0] for line in scraped if line.get("ok") for key in line["samples"]}
     assert families == {"vllm:tool_call_parser_invocations_total"}, families  # what the real server keeps
     (missing,) = [e for e in events(out) if e["event"] == "metrics_missing"]  # said once, by the sampler

@@ -49,6 +49,7 @@ import httpx
 import pytest
 import yaml
 
+from k3load.evidence import records_file
 from k3load.records import LAYERS, Attempt, read_records
 from k3load.scenario import load_scenarios
 from k3load.targets.vllm_cpu import process_group_alive
@@ -326,7 +327,7 @@ def killed_run(vllm_pool: VllmPool, healthy: VllmTarget, tmp_path_factory: pytes
         _stop_restarted(pidfile, tmp_path / "drill" / "run" / "restart-drill.log")
         _stop_restarted(pidfile, out / "restart-1.log")
     keep("7-killed-mid-soak", ["SIGKILL of the process group mid-soak", "--k3-restart-cmd: the same server"], out)
-    return KilledRun(json.loads((out / "verdict.json").read_text()), read_records(out / "records.jsonl"),
+    return KilledRun(json.loads((out / "verdict.json").read_text()), read_records(records_file(out)),
                      events(out), killed_ts, served, restart_log, drill)
 
 
@@ -496,7 +497,7 @@ def test_kv_starved_server_is_judged_short_of_kv_with_the_limit_named(vllm_pool,
     else:
         assert verdict["verdict"] == "limited" and code == 3
         assert re.match(r"hold concurrency at \d users \(KV cache ran out above it\)", because(verdict))
-    attempts = read_records(out / "records.jsonl")
+    attempts = read_records(records_file(out))
     assert_every_failure_has_its_layer(attempts, verdict)
     assert all(a.status == "ok" for a in judged(attempts))  # queued and preempted, never refused
     assert {a.family for a in attempts} == {"agent", "shared_prefix", "cold", "long_input"}
@@ -533,7 +534,7 @@ def test_forgotten_auto_tool_choice_is_a_server_refusal_not_a_shortage(vllm_pool
                      reasons(verdict, "agent_api"))
     assert reasons(verdict, "prefix_cache") == \
         "inconclusive, because no cold/warm control pair completed (every pair had a failed request: server)"
-    attempts = read_records(out / "records.jsonl")
+    attempts = read_records(records_file(out))
     assert_every_failure_has_its_layer(attempts, verdict)
     scenarios = {s.name: s for s in load_scenarios(sorted((ROOT / "scenarios").glob("*.yaml")))}
     refused = [a for a in judged(attempts) if a.status == "http_error"]

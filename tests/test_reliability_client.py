@@ -26,6 +26,7 @@ from k3load.client.chat import ChatClient
 from k3load.client.result import StreamResult
 from k3load.client.sse import MAX_LINE_BYTES
 from k3load.client.transport import TRANSPORTS
+from k3load.evidence import records_file
 from k3load.records import Attempt, RecordWriter, json_line, read_records
 from k3load.rundir import JsonlLog
 from k3load.runner import RETRY_AFTER_MAX_S, RunContext, retry_wait_s, run_turn
@@ -75,7 +76,7 @@ def recorded(result: StreamResult, tmp_path: Path) -> Attempt:
     writer = RecordWriter(tmp_path / "records.jsonl")
     writer.write(attempt)
     writer.close()
-    (back,) = [a for a in read_records(tmp_path / "records.jsonl") if a.attempt_id == attempt.attempt_id]
+    (back,) = [a for a in read_records(records_file(tmp_path)) if a.attempt_id == attempt.attempt_id]
     assert back == attempt
     return back
 

@@ -17,6 +17,7 @@ import pytest
 
 from k3load.analysis.restart_drill import drill_reason, restart_drill
 from k3load.analysis.rundata import RunData
+from k3load.evidence import lines, records_file
 from k3load.loadgen.observe import Restarter
 from k3load.loadgen.restart_drill import RestartDrill
 from k3load.plan import Stage
@@ -83,7 +84,7 @@ def test_restart_drill_restarts_the_server_and_holds_the_load_before_it(start_si
     start = next(e for e in events if e["event"] == "stage_start" and e["stage"] == "restart")
     assert start["users"] == 4 and start["mix"] == {"agent": 3, "shared_prefix": 1}  # the load before it
     ready = next(e for e in events if e["event"] == "restart_drill_ready")
-    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in lines(records_file(out))]
     held = [r for r in records if r["stage"] == "restart"]
     assert held and all(r["send_ts"] >= ready["ts"] for r in held)  # no load while the server was away
     drains = {r["stage"]: r["status"] for r in resources["numbers"]["drain"]}

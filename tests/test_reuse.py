@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from k3load.analysis.analyze import analyze
+from k3load.evidence import lines, records_file
 from k3load.reuse_design import DESIGN_FILE, http_tokenizer, measure, measure_into
 from k3load.scenario import load_scenarios
 from k3load.sim.process import SimProcess
@@ -89,11 +90,13 @@ def _judged(run: Path, tmp_path: Path, change: Any = None) -> dict[str, Any]:
 
 
 def _edit_records(copy: Path, family: str, cached: Any) -> None:
-    lines = [json.loads(line) for line in (copy / "records.jsonl").read_text().splitlines()]
-    for r in lines:
+    path = records_file(copy)
+    rows = [json.loads(line) for line in lines(path)]
+    for r in rows:
         if r["family"] == family and r["status"] == "ok" and r["prompt_tokens"]:
             r["cached_tokens"] = cached(r)
-    (copy / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    path.unlink()  # written back plain, as an older run's records.jsonl (read alike)
+    (copy / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 # -- the design, measured with the sim's tokenizer over HTTP -------------------------------------------

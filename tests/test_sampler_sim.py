@@ -21,6 +21,7 @@ import gevent.monkey
 import httpx
 import pytest
 
+from k3load.evidence import SeriesTable, lines, metrics_file
 from k3load.sampler import Sampler
 from k3load.sampler.loop import CpuMeter
 from tests.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, FakeNvml
@@ -31,6 +32,17 @@ PROMPT_TOKENS = 'vllm:prompt_tokens_total{engine="0",model_name="tiny"}'
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The scrape lines flushed so far (metrics.jsonl.gz, as the analysis reads them: k3load.evidence)."""
+    path, table = metrics_file(run_dir), SeriesTable()
+    return [table.decode(json.loads(x)) for x in lines(path) if x.endswith("\n")] if path.exists() else []
+
+
+def _last(run_dir: Path) -> dict[str, Any]:
+    """The last scrape flushed so far ({"samples": {}} before the first: lines reach the file within 0.5 s)."""
+    return (read_metrics(run_dir) or [{"samples": {}}])[-1]
 
 
 def events(out: Path, name: str | None = None) -> list[dict[str, Any]]:
@@ -73,13 +85,13 @@ def test_scrape_round_trip_and_counters_rise_under_requests(start_sim, sampled, 
     sim = start_sim()
     sampler = sampled(sim.base_url + "/metrics")
     out = tmp_path / "run"
-    wait_for(lambda: read_jsonl(out / "metrics.jsonl"), what="a first scrape")
+    wait_for(lambda: read_metrics(out), what="a first scrape")
     for _ in range(3):
         assert ask(sim.base_url).status_code == 200
-    wait_for(lambda: (read_jsonl(out / "metrics.jsonl")[-1]["samples"].get(PROMPT_TOKENS) or 0) > 0,
+    wait_for(lambda: (_last(out)["samples"].get(PROMPT_TOKENS) or 0) > 0,
              what="prompt tokens counted")
     summary = sampler.stop()
-    lines = read_jsonl(out / "metrics.jsonl")
+    lines = read_metrics(out)
     first, last = lines[0], lines[-1]
     assert all(line["ok"] for line in lines) and summary["scrapes"] == len(lines)
     assert gevent.monkey.is_module_patched("threading")  # conftest imports locust: the loops ran as greenlets
@@ -113,7 +125,7 @@ def test_sim_restart_on_the_same_port_gives_down_up_and_a_counter_reset(start_si
     out = tmp_path / "run"
     sampled(sim.base_url + "/metrics")
     assert ask(sim.base_url).status_code == 200
-    wait_for(lambda: (read_jsonl(out / "metrics.jsonl")[-1]["samples"].get(PROMPT_TOKENS) or 0) > 0,
+    wait_for(lambda: (_last(out)["samples"].get(PROMPT_TOKENS) or 0) > 0,
              what="prompt tokens counted")
     sim.stop()
     (down,) = wait_for(lambda: events(out, "server_down"), what="server_down")
@@ -123,7 +135,7 @@ def test_sim_restart_on_the_same_port_gives_down_up_and_a_counter_reset(start_si
     (up,) = wait_for(lambda: events(out, "server_up"), what="server_up")
     (reset,) = wait_for(lambda: events(out, "counter_reset"), what="counter_reset")
     assert up["down_s"] > 0 and reset["series_down"] >= 1 and reset["examples"]
-    failed = [line for line in read_jsonl(out / "metrics.jsonl") if not line["ok"]]
+    failed = [line for line in read_metrics(out) if not line["ok"]]
     assert failed and all(line["error"] in gone and "samples" not in line for line in failed)
 
 
@@ -133,9 +145,9 @@ def test_metrics_disabled_is_missing_not_zeros(start_sim, sampled, tmp_path):
     sim = start_sim("--metrics-disabled")
     sampler = sampled(sim.base_url + "/metrics")
     out = tmp_path / "run"
-    wait_for(lambda: len(read_jsonl(out / "metrics.jsonl")) >= 3, what="three scrapes")
+    wait_for(lambda: len(read_metrics(out)) >= 3, what="three scrapes")
     sampler.stop()
-    lines = read_jsonl(out / "metrics.jsonl")
+    lines = read_metrics(out)
     assert all(line["ok"] and line["vllm_series"] == 12 for line in lines)
     assert {key.partition("{")[0] for line in lines for key in line["samples"]} == {
         "vllm:tool_call_parser_invocations_total"}
@@ -211,7 +223,7 @@ def test_nvml_fake_memory_curve_and_unavailable_notice(start_sim, sampled, tmp_p
 def test_no_gpu_is_said_once_and_nothing_is_invented(start_sim, sampled, tmp_path):
     sim = start_sim("--gpu-count", "1")
     sampler = sampled(sim.base_url + "/metrics", nvml=FakeNvml(init_error=NVML_ERROR_LIBRARY_NOT_FOUND))
-    wait_for(lambda: len(read_jsonl(tmp_path / "run" / "metrics.jsonl")) >= 3, what="three scrapes")
+    wait_for(lambda: len(read_metrics(tmp_path / "run")) >= 3, what="three scrapes")
     sampler.stop()
     (notice,) = events(tmp_path / "run", "gpu_unavailable")
     assert notice["source"] == "nvml" and "Library Not Found" in notice["reason"]
@@ -256,14 +268,14 @@ def test_garbage_500_and_refused_are_recorded_and_the_loop_goes_on(bad_server, s
     url, handler = bad_server
     out = tmp_path / "run"
     sampler = sampled(url + "/metrics")
-    wait_for(lambda: len(read_jsonl(out / "metrics.jsonl")) >= 2, what="garbage scrapes")
+    wait_for(lambda: len(read_metrics(out)) >= 2, what="garbage scrapes")
     handler.mode = "500"
-    wait_for(lambda: any(line.get("error") == "HTTP 500" for line in read_jsonl(out / "metrics.jsonl")), what="500")
+    wait_for(lambda: any(line.get("error") == "HTTP 500" for line in read_metrics(out)), what="500")
     wait_for(lambda: events(out, "server_down"), what="server_down")
     handler.mode = "ok"
-    wait_for(lambda: read_jsonl(out / "metrics.jsonl")[-1]["ok"], what="recovery")
+    wait_for(lambda: read_metrics(out)[-1]["ok"], what="recovery")
     sampler.stop()
-    errors = [line.get("error", "") for line in read_jsonl(out / "metrics.jsonl")]
+    errors = [line.get("error", "") for line in read_metrics(out)]
     assert errors[0].startswith("parse error") and "HTTP 500" in errors
     down = events(out, "server_down")
     assert down[0]["reason"] == "HTTP 500" and down[0]["http_status"] == 500 and events(out, "server_up")
@@ -273,9 +285,9 @@ def test_garbage_500_and_refused_are_recorded_and_the_loop_goes_on(bad_server, s
         probe.bind(("127.0.0.1", 0))
         closed = probe.getsockname()[1]
     refused = Sampler(tmp_path / "refused", f"http://127.0.0.1:{closed}/metrics", interval_s=0.1).start()
-    wait_for(lambda: len(read_jsonl(tmp_path / "refused" / "metrics.jsonl")) >= 2, what="refused scrapes")
+    wait_for(lambda: len(read_metrics(tmp_path / "refused")) >= 2, what="refused scrapes")
     refused.stop()
-    assert {line["error"] for line in read_jsonl(tmp_path / "refused" / "metrics.jsonl")} == {"connection refused"}
+    assert {line["error"] for line in read_metrics(tmp_path / "refused")} == {"connection refused"}
     (down,) = events(tmp_path / "refused", "server_down")
     assert down["first_poll"] is True
 
@@ -284,11 +296,11 @@ def test_a_hung_server_times_out_and_stop_is_bounded(bad_server, tmp_path):
     url, handler = bad_server
     handler.mode = "hang"
     sampler = Sampler(tmp_path / "run", url + "/metrics", interval_s=0.1, timeout_s=0.3).start()
-    wait_for(lambda: read_jsonl(tmp_path / "run" / "metrics.jsonl"), what="a timed-out scrape")
+    wait_for(lambda: read_metrics(tmp_path / "run"), what="a timed-out scrape")
     started = time.monotonic()
     sampler.stop()
     assert time.monotonic() - started < 2.5
-    assert read_jsonl(tmp_path / "run" / "metrics.jsonl")[0]["error"] == "timeout after 0.3 s"
+    assert read_metrics(tmp_path / "run")[0]["error"] == "timeout after 0.3 s"
 
 
 def test_api_key_is_sent_as_bearer_and_written_nowhere(bad_server, tmp_path):
@@ -296,11 +308,11 @@ def test_api_key_is_sent_as_bearer_and_written_nowhere(bad_server, tmp_path):
     handler.mode = "ok"
     secret = "sk-k3load-test-secret-123"
     sampler = Sampler(tmp_path / "run", url + "/metrics", interval_s=0.1, api_key=secret).start()
-    wait_for(lambda: len(read_jsonl(tmp_path / "run" / "metrics.jsonl")) >= 2, what="scrapes")
+    wait_for(lambda: len(read_metrics(tmp_path / "run")) >= 2, what="scrapes")
     sampler.stop()
     assert set(handler.seen_auth) == {f"Bearer {secret}"}  # /metrics and /health both
     for path in (tmp_path / "run").iterdir():
-        assert secret not in path.read_text(), path.name
+        assert secret not in "".join(lines(path)), path.name
     assert events(tmp_path / "run", "sampler_start")[0]["api_key"] == "set"
 
 
@@ -319,14 +331,14 @@ def test_sample_command_with_duration_and_sigterm(start_sim, tmp_path):
                           timeout=30, env=env)
     assert done.returncode == 0, done.stderr
     assert "scrapes (0 failed)" in done.stdout
-    lines = read_jsonl(tmp_path / "a" / "metrics.jsonl")
+    lines = read_metrics(tmp_path / "a")
     assert 3 <= len(lines) <= 10 and all(line["ok"] for line in lines)
     assert events(tmp_path / "a", "sampler_start")[0]["api_key"] == "set"
     assert "listening on" in (tmp_path / "a" / "server.log").read_text()
 
     proc = subprocess.Popen([*args, "--out", str(tmp_path / "b")], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        wait_for(lambda: read_jsonl(tmp_path / "b" / "metrics.jsonl"), what="the command's first scrape")
+        wait_for(lambda: read_metrics(tmp_path / "b"), what="the command's first scrape")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0
     finally:

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
+from k3load.evidence import lines
 from k3load.sampler import Sampler, promapi
 from k3load.sampler.fetch import Fetched, same_origin
 from k3load.sampler.promapi import PrometheusReader, query_expr
-from tests.test_sampler_sim import _CLI, PROMPT_TOKENS, ask, bad_server, events, read_jsonl, wait_for  # noqa: F401
+from tests.test_sampler_sim import _CLI, PROMPT_TOKENS, ask, bad_server, events, read_jsonl, read_metrics, wait_for  # noqa: F401
 
 
 @pytest.fixture
@@ -38,10 +39,10 @@ def test_two_sources_each_get_their_lines_and_events(start_sim, tmp_path):
     out = tmp_path / "run"
     sampler = Sampler(out, urls, interval_s=0.1).start()
     assert ask(sim.base_url).status_code == 200
-    wait_for(lambda: {line["source"] for line in read_jsonl(out / "metrics.jsonl")
+    wait_for(lambda: {line["source"] for line in read_metrics(out)
                       if (line.get("samples") or {}).get(PROMPT_TOKENS)} == set(urls), what="both sources count")
     summary = sampler.stop()
-    lines = read_jsonl(out / "metrics.jsonl")
+    lines = read_metrics(out)
     assert all(line["ok"] for line in lines) and {line["source"] for line in lines} == set(urls)
     assert set(summary["sources"]) == set(urls) and summary["scrapes"] == len(lines)
     assert {e["source"] for e in events(out, "cache_config")} == set(urls)
@@ -55,13 +56,13 @@ def test_a_silent_source_times_out_and_never_delays_the_other(start_sim, silent_
     out = tmp_path / "run"
     sampler = Sampler(out, [sim.base_url + "/metrics", silent], interval_s=0.1, timeout_s=0.5,
                       health_url=sim.base_url + "/health").start()
-    wait_for(lambda: [line for line in read_jsonl(out / "metrics.jsonl") if line["source"] == silent], 10,
+    wait_for(lambda: [line for line in read_metrics(out) if line["source"] == silent], 10,
              "a timed-out scrape")
     time.sleep(0.6)
     started = time.monotonic()
     summary = sampler.stop()
     assert time.monotonic() - started < 2.5
-    lines = read_jsonl(out / "metrics.jsonl")
+    lines = read_metrics(out)
     hung = [line for line in lines if line["source"] == silent]
     fine = [line for line in lines if line["source"] == sim.base_url + "/metrics"]
     assert hung and all(line["error"] == "timeout after 0.5 s" and line["scrape_ms"] >= 450 for line in hung)
@@ -80,11 +81,11 @@ def test_the_key_goes_only_to_the_target_host_and_port(bad_server, silent_port, 
     sampler = Sampler(tmp_path / "run", [url + "/metrics", other + "/metrics"], interval_s=0.1, api_key=secret,
                       health_url=url + "/health", prometheus_url=f"http://127.0.0.1:{silent_port}",
                       timeout_s=0.3).start()
-    wait_for(lambda: len(read_jsonl(tmp_path / "run" / "metrics.jsonl")) >= 4, what="scrapes")
+    wait_for(lambda: len(read_metrics(tmp_path / "run")) >= 4, what="scrapes")
     sampler.stop()
     assert set(handler.seen_auth) == {f"Bearer {secret}", None}
     assert handler.seen_auth.count(None) >= 2  # every scrape of the other host name, none keyed
-    assert not any(secret in path.read_text() for path in (tmp_path / "run").iterdir())
+    assert not any(secret in "".join(lines(path)) for path in (tmp_path / "run").iterdir())
     assert same_origin("http://h:80/metrics", "http://h/health") and not same_origin("https://h/x", "http://h/x")
 
 
@@ -96,7 +97,7 @@ def test_sample_command_takes_several_sources_and_a_scrape_timeout(start_sim, si
                            "--interval", "0.2", "--duration", "1", "--out", str(tmp_path / "a")],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    lines = read_jsonl(tmp_path / "a" / "metrics.jsonl")
+    lines = read_metrics(tmp_path / "a")
     assert {line.get("error") for line in lines if line["source"] == silent} == {"timeout after 0.3 s"}
     assert events(tmp_path / "a", "sampler_start")[0]["timeout_s"] == 0.3
     bad = subprocess.run([sys.executable, "-c", _CLI, "--out", str(tmp_path / "b")], capture_output=True, text=True,

@@ -32,6 +32,7 @@ from k3load.client import result as res
 from k3load.client.access import REDACTED, Secrets, Tls, parse_header
 from k3load.client.chat import ChatClient
 from k3load.client.transport import TRANSPORTS
+from k3load.evidence import lines, records_file
 from k3load.loadgen.inputs import HarnessError, check_options
 from k3load.loadgen.observe import Restarter
 from k3load.loadgen.options import public_options
@@ -203,7 +204,7 @@ def tls_echo(certs: SimpleNamespace) -> Iterator[EchoServer]:
 def _leaks(run_dir: Path, *texts: str) -> list[str]:
     """Where a secret shows: files under the run directory (any bytes), and the given console texts."""
     found = [f"{p.relative_to(run_dir)}: {s}" for p in sorted(run_dir.rglob("*")) if p.is_file()
-             for s in SECRETS if s.encode() in p.read_bytes()]
+             for s in SECRETS if s in "".join(lines(p, errors="replace"))]
     return found + [f"console: {s}" for text in texts for s in SECRETS if s in text]
 
 
@@ -386,7 +387,7 @@ def test_a_run_against_a_tls_server_with_its_ca_or_insecure(tls_echo: EchoServer
     extra = ["--k3-ca-bundle", certs.ca] if trust == "ca-bundle" else ["--k3-insecure"]
     run = run_locust(tls_echo.url, out, _plan(tmp_path, ONE_STAGE), "--k3-api-key", KEY, *extra, timeout_s=240)
     assert run.returncode in VERDICT_CODES, run.stderr[-3000:]
-    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in lines(records_file(out))]
     assert sum(r["status"] == "ok" for r in records) >= 2, [(r["status"], r["error"]) for r in records[:5]]
     info = json.loads((out / "run.json").read_text())
     off = "TLS certificate verification is OFF" in run.stderr

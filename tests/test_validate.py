@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from k3load.client.result import StreamResult, ToolCall
+from k3load.evidence import records_file
 from k3load.records import Attempt, RecordWriter, read_records, timing_fields
 from k3load.runner import retry_reason
 from k3load.scenario import parse_scenario
@@ -116,7 +117,7 @@ def test_records_round_trip_and_survive_a_torn_last_line(tmp_path):
     writer.close()
     with (tmp_path / "records.jsonl").open("a") as handle:
         handle.write('{"run_id": "r", "attem')
-    assert read_records(tmp_path / "records.jsonl") == [attempt]
+    assert read_records(records_file(tmp_path)) == [attempt]
 
 
 def test_a_record_whose_answer_holds_a_unicode_line_break_reads_back_whole(tmp_path):
@@ -130,7 +131,7 @@ def test_a_record_whose_answer_holds_a_unicode_line_break_reads_back_whole(tmp_p
     writer.write(dataclasses.replace(attempt, attempt_id="a2"))
     writer.close()
     assert "\u2028" in (tmp_path / "records.jsonl").read_text()  # written as it is, not escaped
-    assert read_records(tmp_path / "records.jsonl") == [attempt, dataclasses.replace(attempt, attempt_id="a2")]
+    assert read_records(records_file(tmp_path)) == [attempt, dataclasses.replace(attempt, attempt_id="a2")]
 
 
 def test_one_primary_layer_per_attempt_consequences_counted_once():

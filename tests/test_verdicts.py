@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from k3load.analysis.manifest import verify
+from k3load.evidence import METRICS, RECORDS, lines, records_file
 from tests.conftest import FAST_SIM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,12 +62,14 @@ def test_healthy_sim_is_go_reproducible_and_signed(start_sim, tmp_path):
     assert {p["status"] for p in verdict["pillars"].values()} == {"pass"}
     assert "cold/warm pairs" in verdict["pillars"]["prefix_cache"]["reasons"][0]
     assert any("k3load sim" in b for b in verdict["next_action"]["because"])
-    for name in ("metrics.jsonl", "gpu.jsonl", "events.jsonl", "compat.json", "report.md", "report.html",
+    for name in (METRICS, RECORDS, "gpu.jsonl", "events.jsonl", "compat.json", "report.md", "report.html",
                  "alerts.yaml", "dashboard.json", "manifest.sha256"):
         assert (out / name).exists(), name
-    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
-    for name in ("metrics.jsonl", "gpu.jsonl", "events.jsonl"):  # the timelines overlap the records'
-        stamps = [json.loads(x)["ts"] for x in (out / name).read_text().splitlines()]
+    records = [json.loads(x) for x in lines(out / RECORDS)]
+    per_request = ((out / RECORDS).stat().st_size + (out / METRICS).stat().st_size) / len(records)
+    assert per_request <= 300, f"{per_request:.0f} B per request (issue 16: at most 300, compact evidence)"
+    for name in (METRICS, "gpu.jsonl", "events.jsonl"):  # the timelines overlap the records'
+        stamps = [json.loads(x)["ts"] for x in lines(out / name)]
         assert min(stamps) <= min(r["send_ts"] for r in records) and max(stamps) >= max(r["end_ts"] for r in records)
     gpu = [json.loads(x) for x in (out / "gpu.jsonl").read_text().splitlines()]
     assert gpu and all(row["simulated"] for row in gpu)
@@ -77,8 +80,8 @@ def test_healthy_sim_is_go_reproducible_and_signed(start_sim, tmp_path):
     (copy / "verdict.json").unlink()
     again = subprocess.run([sys.executable, "-m", "k3load", "analyze", str(copy)], capture_output=True, text=True)
     assert again.returncode == 0 and (copy / "verdict.json").read_bytes() == before
-    (out / "records.jsonl").write_text((out / "records.jsonl").read_text() + "\n")
-    assert verify(out) == ["changed: records.jsonl"]
+    (out / RECORDS).write_bytes((out / RECORDS).read_bytes() + b"\0")
+    assert verify(out) == [f"changed: {RECORDS}"]
 
 
 def _free_port() -> int:
@@ -128,7 +131,7 @@ def test_server_killed_mid_soak_is_restarted_and_checked(start_sim, tmp_path):
     events = [json.loads(x) for x in _read(out / "events.jsonl").splitlines()]
     assert [e["event"] for e in events if e["event"] in ("server_down", "restart_command", "server_up")][:3] == \
         ["server_down", "restart_command", "server_up"]
-    attempts = [json.loads(x) for x in _read(out / "records.jsonl").splitlines()]
+    attempts = [json.loads(x) for x in lines(records_file(out))] if records_file(out).exists() else []
     assert len({a["attempt_id"] for a in attempts}) == len(attempts)
     finished_before = [a for a in attempts if a["end_ts"] < killed_ts - 0.5]
     assert finished_before and all(a["status"] == "ok" for a in finished_before if not a["drill"])

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from k3load.evidence import records_file
 from k3load.loadgen.manual import LiveCounts, ManualStages
 from k3load.loadgen.webui import tab_rows
 from k3load.plan import parse_plan
@@ -44,7 +45,7 @@ def test_each_test_from_the_ui_is_its_own_run_judged_at_its_stop(web_ui):
     report = ui.http.get(ui.base + verdict["links"]["report.html"])
     assert report.status_code == 200 and "<html" in report.text.lower()
     run_dir = Path(first["run_dir"])
-    stages = {a.stage for a in read_records(run_dir / "records.jsonl")}
+    stages = {a.stage for a in read_records(records_file(run_dir))}
     assert {"manual-1", "manual-2"} <= stages, stages
     plan = yaml.safe_load((run_dir / "plan.yaml").read_text())
     assert [s["name"] for s in plan["stages"]] == ["manual-1", "manual-2"]
@@ -88,7 +89,7 @@ def test_the_tab_is_declared_and_its_rows_come_with_the_stats(web_ui):
     live = ui.http.get(ui.base + "/k3load/")
     assert live.status_code == 200 and "/k3load/state" not in live.text and "fetch('state'" in live.text
     first = ui.wait_for(lambda s: s["verdict"] is not None, 60, "the verdict at the plan's end (no /stop)")
-    ran = {a.stage for a in read_records(Path(first["run_dir"]) / "records.jsonl")}
+    ran = {a.stage for a in read_records(records_file(Path(first["run_dir"])))}
     assert ran == {"load", "soak"}, ran
     ui.swarm(1, sim.base_url)  # the same plan again: a new run from its first stage
     second = ui.wait_for(lambda s: s["run_id"] not in (None, first["run_id"]) and s["stage"] is not None, 30,
@@ -150,7 +151,7 @@ def test_the_class_pickers_default_shape_is_a_manual_ramp_of_the_chosen_classes(
     ui.http.post(ui.base + "/stop")
     ui.wait_for(lambda s: s["verdict"] is not None, 60, "the verdict")
     run_dir = Path(state["run_dir"])
-    assert {(a.family, a.stage) for a in read_records(run_dir / "records.jsonl")} == {("agent", "manual-1")}
+    assert {(a.family, a.stage) for a in read_records(records_file(run_dir))} == {("agent", "manual-1")}
     assert yaml.safe_load((run_dir / "plan.yaml").read_text())["stages"][0]["mix"] == {"agent": 1}
 
 
@@ -236,7 +237,7 @@ def test_under_a_master_each_ui_test_is_its_own_run_with_every_workers_records(w
     run_dir = Path(second["run_dir"])
     previous = next(p for p in run_dir.parent.iterdir() if p.name.startswith("run.previous-"))
     for directory, stages in ((previous, {"manual-1", "manual-2"}), (run_dir, {"manual-1"})):
-        attempts = read_records(directory / "records.jsonl")
+        attempts = read_records(records_file(directory))
         ids = [a.attempt_id for a in attempts]
         assert len(ids) == len(set(ids)) and {a.stage for a in attempts} == stages, directory
         assert {a.run_id for a in attempts} == {json.loads((directory / "run.json").read_text())["run_id"]}

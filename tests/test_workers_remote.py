@@ -34,6 +34,7 @@ from k3load.analysis.pillar_resources import judge_resources
 from k3load.analysis.rundata import RECORD_COLUMNS, RunData, StageWindow
 from k3load.analysis.stages import cpu_by_process
 from k3load.analysis.timeline import MetricIndex
+from k3load.evidence import lines, records_file
 from k3load.records import read_records
 from tests.test_locust_run import (
     VERDICT_CODES,
@@ -144,7 +145,7 @@ def test_a_worker_counts_what_it_sent_and_spools_only_into_this_runs_directory(t
         link.seal()
     assert runner.sent[-1] == ("k3_done", {"run_id": "r1", "sent": 1, "unsent": 1, "spool": link.spool_name})
     assert DONE.search(caplog.text).groups()[3:] == ("1", "1", link.spool_name)
-    assert (shared / "spool" / link.spool_name).read_text().count("attempt_id") == 2
+    assert "".join(lines(shared / "spool" / link.spool_name)).count("attempt_id") == 2  # sealed: flushed at once
     assert WorkerLink(_Runner(), "off").spool_mode == "off"
 
 
@@ -184,8 +185,8 @@ def _worker_cmd(port: int) -> list[str]:
 
 
 def _records(out: Path) -> int:
-    path = out / "records.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
+    path = records_file(out)
+    return sum(line.endswith("\n") for line in lines(path)) if path.exists() else 0
 
 
 def _wait(condition: Any, timeout_s: float, what: str, logs: list[Path]) -> None:
@@ -220,7 +221,7 @@ def test_remote_workers_records_reach_the_master_by_message_exactly_once(start_s
     master_log, worker_logs = logs[0].read_text(), [p.read_text() for p in logs[1:]]
     assert returncode in VERDICT_CODES, master_log[-3000:]
     assert not (out / "spool").exists()  # no worker reached the run directory: messages were the only path
-    attempts = read_records(out / "records.jsonl")
+    attempts = read_records(records_file(out))
     ids = [a.attempt_id for a in attempts]
     assert len(ids) == len(set(ids))
     _assert_each_served_request_recorded_once(attempts, sim)

@@ -25,6 +25,7 @@ import gevent
 
 from k3load.analysis.analyze import analyze
 from k3load.analysis.cli import summary_line
+from k3load.evidence import records_file
 from k3load.loadgen import delivery, sigterm, webui
 from k3load.loadgen.inputs import HARNESS_ERROR_EXIT, check_inputs
 from k3load.loadgen.options import add_options
@@ -156,7 +157,7 @@ def finish_run(environment: Any, session: HarnessSession, in_thread: bool = Fals
 
 
 def _summarise_and_judge(run_dir: Path, problems: list[str]) -> tuple[dict[str, Any], Any]:
-    summary = summarise(run_dir / "records.jsonl")
+    summary = summarise(records_file(run_dir))
     if problems:
         summary["problems"] = problems
     write_json_atomic(run_dir / "validation_summary.json", summary)

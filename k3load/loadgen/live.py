@@ -15,8 +15,8 @@
 Why the same `judge`: a provisional pillar must mean what the final one means. It reads the whole run
 directory, so it runs in gevent's native thread pool, at most every `judge_every_s` (and never more
 often than 5 times its own last duration), and its result is cached; past `MAX_RECORDS_BYTES` of
-records it pauses until the test stops. The scrape lines are read incrementally from metrics.jsonl and
-gpu.jsonl.
+records it pauses until the test stops. The scrape lines are read incrementally from metrics.jsonl.gz
+(k3load.evidence: whole lines up to the writer's last flush, at most half a second old) and gpu.jsonl.
 """
 
 from __future__ import annotations
@@ -30,36 +30,38 @@ from typing import Any
 
 import gevent
 
+from k3load.evidence import METRICS, RECORDS, Follow, SeriesTable, evidence_file
 from k3load.sampler.prom import split_key
 
 log = logging.getLogger("k3load")
 HISTORY_POINTS = 3600
 # The provisional judgment reads the whole run (pandas held 2.27 GB judging an hour of 4 users): past this
-# size it pauses until the test stops, rather than spike the load generator's memory every few seconds.
-MAX_RECORDS_BYTES = 64 << 20
-LINKS = ("report.html", "report.md", "verdict.json", "records.jsonl", "alerts.yaml", "dashboard.json",
+# size of records.jsonl.gz (about 64 MiB of JSON lines, compressed about 7 times) it pauses until the test
+# stops, rather than spike the load generator's memory every few seconds.
+MAX_RECORDS_BYTES = 9 << 20
+LINKS = ("report.html", "report.md", "verdict.json", RECORDS, "alerts.yaml", "dashboard.json",
          "validation_summary.json")
 
 
 class Tail:
-    """New whole JSON lines of a file since the last read (a torn last line waits for its end)."""
+    """New whole JSON lines of a run's file since the last read (a torn last line waits for its end): `name`
+    compressed as it is written (k3load.evidence), or its legacy plain file; `decode` gives a line back as
+    it was before the writer's encoding (metrics: `SeriesTable.decode`, its table kept across reads)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset = path, 0
+    def __init__(self, run_dir: Path, name: str, decode: Callable[[Any], Any] = lambda row: row) -> None:
+        self.run_dir, self.name, self.decode = run_dir, name, decode
+        self.follow: Follow | None = None  # of whichever of the two files is there first
 
     def lines(self) -> list[dict[str, Any]]:
-        try:
-            with self.path.open("rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-        except OSError:
-            return []
-        end = data.rfind(b"\n") + 1
-        self.offset += end
+        if self.follow is None:
+            found = evidence_file(self.run_dir, self.name)
+            if not found.exists():
+                return []
+            self.follow = Follow(found)
         out = []
-        for line in data[:end].splitlines():
+        for line in self.follow.new_lines():
             try:
-                out.append(json.loads(line))
+                out.append(self.decode(json.loads(line)))
             except ValueError:
                 continue
         return out
@@ -81,7 +83,8 @@ class Signals:
     COUNTERS = ("vllm:num_preemptions_total", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
 
     def __init__(self, run_dir: Path) -> None:
-        self.metrics, self.gpu = Tail(run_dir / "metrics.jsonl"), Tail(run_dir / "gpu.jsonl")
+        self.metrics = Tail(run_dir, METRICS, SeriesTable().decode)
+        self.gpu = Tail(run_dir, "gpu.jsonl")
         self.latest: dict[str, dict[str, float]] = {}  # source -> samples of its last good scrape
         self.first: dict[str, dict[str, float | None]] = {}  # source -> counters at its first good scrape
         self.gpus: dict[tuple[str, Any], dict[str, Any]] = {}  # (node, gpu) -> last row
@@ -198,8 +201,8 @@ class LiveState:
         every = max(self.judge_every_s, 5 * self._judge_cost_s)
         if self._judging is not None or now - self._judged_at < every or self.session.finished:
             return
-        if _size(self._run_dir, "records.jsonl") > self.max_records_bytes:  # judging it would cost GBs each time
-            self.pillars = {"all": {"status": "paused", "reason": f"records.jsonl over "
+        if _size(self._run_dir, RECORDS) > self.max_records_bytes:  # judging it would cost GBs each time
+            self.pillars = {"all": {"status": "paused", "reason": f"{RECORDS} over "
                                     f"{self.max_records_bytes >> 20} MiB: judged when the test stops"}}
             return
         self._judged_at = now
@@ -246,7 +249,7 @@ def _run_id_in(run_dir: Path) -> str | None:
 
 def _size(run_dir: Path | None, name: str) -> int:
     try:
-        return (run_dir / name).stat().st_size if run_dir else 0
+        return evidence_file(run_dir, name).stat().st_size if run_dir else 0
     except OSError:
         return 0
 

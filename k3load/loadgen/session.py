@@ -3,7 +3,7 @@
 Why a session object: Locust runs the same locustfile as local runner, master and workers. Only the
 master (or local runner) owns the run directory; workers send each record to the master the moment
 it ends (k3load.loadgen.worker: counted, with a spool copy only where they share the master's disk), and
-the master writes `records.jsonl` once per attempt id. At the end the master waits until every worker's
+the master writes `records.jsonl.gz` once per attempt id. At the end the master waits until every worker's
 count of records has arrived (k3load.loadgen.delivery), so workers on other machines lose nothing either.
 """
 
@@ -28,6 +28,7 @@ from k3load.analysis.agreement import REFERENCE_FILE, reference_record
 from k3load.analysis.pillar import thresholds
 from k3load.client.access import gevent_patched, tls_hint
 from k3load.clock import now
+from k3load.evidence import RECORDS
 from k3load.loadgen import delivery, observe
 from k3load.loadgen.inputs import harness_error_line, load_inputs
 from k3load.loadgen.manual import LiveCounts, ManualStages
@@ -145,7 +146,7 @@ class HarnessSession:
         self.previous_run_moved_to = set_aside_previous_run(self.run_dir, self._files_in_use())
         if self.previous_run_moved_to is not None:
             log.warning("k3load: %s held an earlier run; moved it to %s", self.run_dir, self.previous_run_moved_to)
-        self._records = JsonlLog(self.run_dir / "records.jsonl")
+        self._records = JsonlLog(self.run_dir / RECORDS)
         self.events = JsonlLog(self.run_dir / "events.jsonl")
         self.events.event("run_start", run_id=self.run_id, role=self.role,
                           previous_run_moved_to=_str_or_none(self.previous_run_moved_to))
@@ -341,7 +342,7 @@ class HarnessSession:
             self.write_record_line(attempt.attempt_id, line)
 
     def write_record_line(self, attempt_id: str, line: str) -> bool:
-        """Master/local: the attempt into records.jsonl unless it is there already; True when written."""
+        """Master/local: the attempt into records.jsonl.gz unless it is there already; True when written."""
         if attempt_id in self._seen or self._records is None:
             return False
         self._seen.add(attempt_id)

@@ -13,7 +13,7 @@
                               extended tabs render plain-text tables only: no charts, no links)
       GET /k3load/tab.js      added to Locust's index page (an `after_request` hook): while the k3load tab
                               is open, the live page in an iframe under its table (charts and links)
-      GET /k3load/run/NAME    the current run's report.html, report.md, verdict.json, records.jsonl,
+      GET /k3load/run/NAME    the current run's report.html, report.md, verdict.json, records.jsonl.gz,
                               alerts.yaml, dashboard.json, validation_summary.json
       "Download Data" tab     links to the live page and the run's report (`extended_csv_files`)
       POST /swarm             while a run without a plan shape is running: a new stage `manual-N`

@@ -53,7 +53,7 @@ class WorkerLink:
             self.spool = None
         self.run_id, self.sent, self.unsent, self.joined = run_id, 0, 0, True
         if self.spool_mode != "off" and _is_this_run(run_dir, run_id):
-            self.spool = JsonlLog(run_dir / "spool" / f"worker-{os.getpid()}.jsonl")
+            self.spool = JsonlLog(run_dir / "spool" / f"worker-{os.getpid()}.jsonl.gz")
         else:
             why = "--k3-worker-spool off" if self.spool_mode == "off" else f"{run_dir} is not reachable here"
             log.info("k3load: worker: no spool (%s): records reach the master by message only", why)
@@ -80,6 +80,7 @@ class WorkerLink:
             return  # never joined a run: nothing to account for
         if self.spool is not None:
             self.spool.append(spools.final_line())
+            self.spool.flush()  # the master sees the seal now, not at the next flush
         node = getattr(self.runner, "client_id", "?")
         log.warning("k3load: worker done: run %s, worker %s, pid %d: %d records sent to the master, %d could not "
                     "be sent, spool %s", self.run_id, node, os.getpid(), self.sent, self.unsent,

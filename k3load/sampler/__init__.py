@@ -15,7 +15,9 @@ goes only to URLs on the target's scheme, host and port, never to Prometheus or 
 
 Files (JSON lines, appended and flushed as they happen; `ts` is wall-clock epoch seconds):
 
-metrics.jsonl — one line per scrape of vLLM /metrics, per source (`source`: the URL without credentials)::
+metrics.jsonl.gz — one line per scrape of vLLM /metrics, per source (`source`: the URL without credentials),
+compressed and flushed at least every half second (k3load.evidence: read it with `evidence.lines` and
+`SeriesTable.decode`, which gives back `samples` as below; on disk the names are written once per file)::
 
     {"ts", "source": URL, "ok": true, "scrape_ms", "load_generator_cpu_pct",
      "vllm_series": N, "samples": {"vllm:name{label=\"v\",...}": value, ...},

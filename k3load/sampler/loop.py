@@ -1,4 +1,4 @@
-"""The side sampler: background loops that write metrics.jsonl, gpu.jsonl, events.jsonl and server.log.
+"""The side sampler: background loops that write metrics.jsonl.gz, gpu.jsonl, events.jsonl and server.log.
 
 Why plain `threading.Thread`s and `threading.Event` waits: in a plain process they are threads; in a
 Locust process `import locust` has gevent-patched `threading`, so the same code runs as greenlets and
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from k3load.client.access import Tls, gevent_patched
+from k3load.evidence import METRICS, SeriesTable
 from k3load.rundir import JsonlLog
 from k3load.sampler.fetch import fetch, health_url_for, redact_url, same_origin
 from k3load.sampler.gpu_poll import DcgmPoller, NvmlPoller
@@ -133,7 +134,7 @@ class Sampler:
             raise RuntimeError("a Sampler starts once")
         self.started = True
         self._events = self._shared_events or JsonlLog(self.out_dir / "events.jsonl")
-        self._metrics_log = JsonlLog(self.out_dir / "metrics.jsonl")
+        self._metrics_log = JsonlLog(self.out_dir / METRICS, encode=SeriesTable().encode)
         self._gpu_log = JsonlLog(self.out_dir / "gpu.jsonl")
         self.event("sampler_start", self.clock(), **self._describe())
         self._start_gpu()

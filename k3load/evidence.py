@@ -1,0 +1,230 @@
+"""Compact evidence: `records.jsonl.gz` and `metrics.jsonl.gz`, gzip-compressed JSON lines written as they happen.
+
+Why compressed: an hour at 100 requests/s wrote 650 MB of records (1.8 KB each) and 110 MB of scrapes (31 KB
+each at 1 Hz). Deflated as one stream the records take about 250 B each; a scrape line with its series
+names written once per file (`SeriesTable`) about 0.9 KB (2 KB deflated whole): 258 B per request
+together on `make demo` (54 requests/s), 283 B on tests/data/scale-run (35/s; `bench/evidence_size.py`).
+Nothing is dropped: compression met the 300 B target, so every line reads back as it was written and
+no check reads less than before.
+
+Why gzip and the standard library: `zcat records.jsonl.gz | jq` still works, nothing to install, and a
+truncated stream (a killed run) still reads back up to the cut. Columnar files (Parquet) would need
+pyarrow and could not be appended to a line at a time.
+
+Why a sync flush at most every `FLUSH_EVERY_S`: deflate output reaches the file only at a flush; a
+flush per line would cost the compression (290 B per record at one flush per record, against 253). `GzipSink`
+flushes when an append comes `FLUSH_EVERY_S` after the last flush, and a flusher (a thread; a greenlet
+where gevent patched `threading`, as in every Locust process) flushes an idle log: a `kill -9` loses at
+most the last `FLUSH_EVERY_S` of lines. A reopened file gets a new gzip member (gzip reads members in turn).
+
+Why one reader (`lines`; `Follow` for a file still being written): every reader of records or metrics
+(analysis, summaries, the web UI's tail, worker spools, benchmarks, tests) opens either the compressed
+file or a legacy plain `.jsonl` of an older run, and splits at "\\n" only, as
+`k3load.records.jsonl_lines` explains.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+RECORDS, METRICS = "records.jsonl.gz", "metrics.jsonl.gz"
+LEGACY = {RECORDS: "records.jsonl", METRICS: "metrics.jsonl"}  # what runs before compact evidence wrote
+FLUSH_EVERY_S = 0.5  # a kill loses at most this much (plus a busy process's scheduling delay)
+LEVEL = 6  # zlib's default: 251 B per record at 22 µs of CPU; level 9 gives 244 B at 32 µs (scale-run records)
+READ_BYTES = 1 << 20
+
+
+def evidence_file(run_dir: Path, name: str) -> Path:
+    """`run_dir/name` (compressed) when there, else its legacy plain file when that is there, else `run_dir/name`."""
+    path = run_dir / name
+    legacy = run_dir / LEGACY.get(name, name)
+    return legacy if not path.exists() and legacy.exists() else path
+
+
+def records_file(run_dir: Path) -> Path:
+    return evidence_file(run_dir, RECORDS)
+
+
+def metrics_file(run_dir: Path) -> Path:
+    return evidence_file(run_dir, METRICS)
+
+
+class Inflater:
+    """Whole lines of a gzip stream fed in pieces: any number of members; a truncated stream gives every
+    line before the cut. `rest` is the text after the last "\\n" (a torn line, or the end of the file)."""
+
+    def __init__(self, errors: str = "strict") -> None:
+        self._z = zlib.decompressobj(wbits=31)
+        self._text = codecs.getincrementaldecoder("utf-8")(errors)
+        self.rest = ""
+
+    def feed(self, data: bytes) -> list[str]:
+        """The lines completed by `data`, each with its "\\n"; raises zlib.error on data that is not gzip."""
+        out = []
+        while data:
+            out.append(self._z.decompress(data))
+            if not self._z.eof:
+                break
+            data = self._z.unused_data  # another member follows (a log reopened by a later writer)
+            self._z = zlib.decompressobj(wbits=31)
+        text = self.rest + self._text.decode(b"".join(out))
+        *whole, self.rest = text.split("\n")  # at "\n" only: U+2028 and the like are text in a JSON string
+        return [line + "\n" for line in whole]
+
+
+def lines(path: Path, errors: str = "strict") -> Iterator[str]:
+    """The lines of a JSONL file, compressed (`.gz`) or plain, each with its "\\n"; the last one without it
+    when the file does not end in "\\n" (a torn line: the callers skip it as they always have). Raises
+    ValueError where a compressed file stops being gzip (bytes changed: not a truncation)."""
+    if path.name.endswith(".gz"):
+        yield from _inflated(path, errors)
+        return
+    with path.open(encoding="utf-8", errors=errors, newline="\n") as handle:
+        yield from handle
+
+
+def _inflated(path: Path, errors: str) -> Iterator[str]:
+    inflater, offset = Inflater(errors), 0
+    with path.open("rb") as handle:
+        while block := handle.read(READ_BYTES):
+            try:
+                yield from inflater.feed(block)
+            except zlib.error as exc:
+                raise ValueError(f"{path}: not a gzip stream near byte {offset}: {exc}") from exc
+            offset += len(block)
+    if inflater.rest:
+        yield inflater.rest
+
+
+class Follow:
+    """Whole lines appended to a file since the last call, for a reader that follows a run as it is written
+    (the web UI's tail, the master waiting on a worker's spool): a compressed file's up to its writer's last
+    flush, a plain file's up to its last "\\n"; a torn last line waits for its end. Another file at the path
+    (a run moved aside, a new one begun under the same name) is read from its start."""
+
+    def __init__(self, path: Path, errors: str = "replace") -> None:
+        self.path, self._errors = path, errors
+        self._restart(None)
+
+    def _restart(self, identity: tuple[int, int] | None) -> None:
+        self.offset, self._identity, self._inflater = 0, identity, Inflater(self._errors)
+
+    def new_lines(self) -> list[str]:
+        """Each with its "\\n"; [] while the file is missing, and once a compressed one stops being gzip."""
+        try:
+            with self.path.open("rb") as handle:
+                stat = os.fstat(handle.fileno())
+                if (stat.st_dev, stat.st_ino) != self._identity or stat.st_size < self.offset:
+                    self._restart((stat.st_dev, stat.st_ino))
+                handle.seek(self.offset)
+                data = handle.read()
+        except OSError:
+            return []
+        if self.path.name.endswith(".gz"):
+            self.offset += len(data)
+            try:
+                return self._inflater.feed(data)
+            except zlib.error:
+                return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        return [line + "\n" for line in data[:end].decode("utf-8", errors=self._errors).split("\n")[:-1]]
+
+
+class GzipSink:
+    """The compressed end of a `k3load.rundir.JsonlLog`: bytes deflated into one gzip member, flushed to the
+    file when an append comes `every_s` after the last flush, by `flush_due` (the log's flusher), and on close.
+    Not thread-safe: the log calls it under its lock."""
+
+    def __init__(self, path: Path, every_s: float = FLUSH_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self._file: IO[bytes] = path.open("ab")
+        self._z = zlib.compressobj(LEVEL, zlib.DEFLATED, 31)
+        self.every_s, self._clock = every_s, clock
+        self._flushed_at, self._pending = clock(), False
+
+    def write(self, data: bytes) -> None:
+        self._file.write(self._z.compress(data))
+        self._pending = True
+        if self._clock() - self._flushed_at >= self.every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Everything written so far readable from the file (a deflate sync point)."""
+        if self._pending:
+            self._file.write(self._z.flush(zlib.Z_SYNC_FLUSH))
+            self._file.flush()
+            self._pending = False
+        self._flushed_at = self._clock()
+
+    def flush_due(self) -> None:
+        if self._pending:
+            self.flush()
+
+    def close(self) -> None:
+        self._file.write(self._z.flush())  # the member's end: its CRC and length
+        self._file.close()
+
+
+def start_flusher(lock: threading.Lock, sink: GzipSink, closed: threading.Event) -> None:
+    """Flush `sink` every `sink.every_s` while anything waits, until `closed` is set. A daemon thread (a
+    greenlet in a gevent-patched process: `threading` is looked up when called)."""
+    def loop() -> None:
+        while not closed.wait(sink.every_s):
+            with lock:
+                if not closed.is_set():
+                    sink.flush_due()
+    threading.Thread(target=loop, name="k3load-gzip-flush", daemon=True).start()
+
+
+class SeriesTable:
+    """A metrics line with its `samples` names written once per file: `sample_keys` ({index: name}, only
+    names this file has not seen yet) and `sample_values` ([[index, value], ...], the samples in order)
+    stand where `samples` stood. Why: a scrape repeats about 350 series names (31 KB); the values alone
+    are 5 KB, and deflated 0.9 KB, against 2 KB for the whole line deflated.
+
+    One table per writer and one per reader, each reading lines in file order: a later writer (a new gzip
+    member) numbers from 0 again and redefines what it uses, which replaces the earlier entries."""
+
+    def __init__(self) -> None:
+        self._index: dict[str, int] = {}
+        self._names: dict[int, str] = {}
+
+    def encode(self, row: dict[str, Any]) -> dict[str, Any]:
+        samples = row.get("samples")
+        if not isinstance(samples, dict):
+            return row
+        out: dict[str, Any] = {}
+        for key, value in row.items():
+            if key != "samples":
+                out[key] = value
+                continue
+            new = {name: len(self._index) + i for i, name in enumerate(n for n in samples if n not in self._index)}
+            if new:
+                self._index.update(new)
+                out["sample_keys"] = {str(i): name for name, i in new.items()}
+            out["sample_values"] = [[self._index[name], v] for name, v in samples.items()]
+        return out
+
+    def decode(self, row: Any) -> Any:
+        """The line as it was before `encode` (keys in the same order); any other line as it is."""
+        if not isinstance(row, dict) or "sample_values" not in row:
+            return row
+        out: dict[str, Any] = {}
+        for key, value in row.items():
+            if key == "sample_keys":
+                self._names.update((int(i), name) for i, name in value.items())
+            elif key == "sample_values":
+                try:
+                    out["samples"] = {self._names[i]: v for i, v in value}
+                except (KeyError, TypeError, ValueError) as exc:  # a name never defined before this line
+                    raise ValueError(f"sample_values: {type(exc).__name__}: {exc}") from exc
+            else:
+                out[key] = value
+        return out
