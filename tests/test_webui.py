@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from k3load.evidence import records_file
+from k3load.evidence import RECORDS, records_file
 from k3load.loadgen.manual import LiveCounts, ManualStages
 from k3load.loadgen.webui import tab_rows
 from k3load.plan import parse_plan
@@ -45,6 +45,10 @@ def test_each_test_from_the_ui_is_its_own_run_judged_at_its_stop(web_ui):
     report = ui.http.get(ui.base + verdict["links"]["report.html"])
     assert report.status_code == 200 and "<html" in report.text.lower()
     run_dir = Path(first["run_dir"])
+    records = ui.http.get(ui.base + verdict["links"][RECORDS])  # the file as it is on disk, not unpacked
+    assert records.status_code == 200 and "content-encoding" not in records.headers, records.headers
+    assert records.headers["content-type"] == "application/gzip"
+    assert records.content == (run_dir / RECORDS).read_bytes()
     stages = {a.stage for a in read_records(records_file(run_dir))}
     assert {"manual-1", "manual-2"} <= stages, stages
     plan = yaml.safe_load((run_dir / "plan.yaml").read_text())

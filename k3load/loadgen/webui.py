@@ -66,7 +66,10 @@ def register(environment: Any, live: LiveState | None = None) -> LiveState:
     def k3load_run_file(name: str) -> Response:
         if name not in LINKS or session.run_dir is None or not (session.run_dir / name).is_file():
             abort(404)
-        return send_file(session.run_dir / name, max_age=0)
+        # a .gz sent as itself (application/gzip): by its guessed encoding Flask would add Content-Encoding:
+        # gzip, and a browser would save the unpacked lines under the .gz name
+        return send_file(session.run_dir / name, max_age=0,
+                         mimetype="application/gzip" if name.endswith(".gz") else None)
 
     @app.before_request
     def k3load_manual_stage() -> None:
