@@ -1,4 +1,5 @@
-"""The server's timeline from `metrics.jsonl.gz` (or an older run's `metrics.jsonl`): counter deltas per window, gauge statistics, histograms.
+"""The server's timeline from `metrics.jsonl.gz` (an older run's `metrics.jsonl`): counter deltas per
+window, gauge statistics, histograms.
 
 Why windows: counters are cumulative since the server started, so a run's figures are differences
 between scrapes in the same window; a counter that goes down is a restart, whose new value counts
