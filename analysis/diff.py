@@ -21,9 +21,11 @@ the stage) gets the Poisson score interval of the count; output tokens/s the sam
 equal widths it rejects at about p < 0.006), chosen because dozens of figures are compared at once and
 a flag should mean something; and the figure moved by at least the plan's `min_relative_change`,
 because within-run intervals cannot see run-to-run variation (another tenant on the host, a different
-warm-up): two healthy runs side by side differ by a few milliseconds beyond their intervals. A gating
-rule fails only when B is worse beyond the plan's margin AND beyond noise; inconclusive rules are
-printed but never gate (too little evidence is not a regression).
+warm-up): two healthy runs side by side differ by a few milliseconds beyond their intervals. A latency
+also has to move by at least `min_latency_change_ms` (5 ms): on a fast server (the sim's TTFT is 4 ms)
+a 30% move is 1 ms, the jitter of the client machine's scheduler, not the deployment's. A gating
+rule fails only when B is worse beyond the plan's margin AND beyond noise (latencies: by at least that
+floor too); inconclusive rules are printed but never gate (too little evidence is not a regression).
 """
 
 from __future__ import annotations
@@ -137,12 +139,14 @@ MEASURES = ("requests_per_s", "output_tokens_per_s", *(f"{label}_p{round(q * 100
                                                         for q in QUANTILES))
 
 
-def changed(a: dict[str, Any], b: dict[str, Any], min_relative: float = 0.0) -> str | None:
+def changed(a: dict[str, Any], b: dict[str, Any], min_relative: float = 0.0, min_absolute: float = 0.0
+            ) -> str | None:
     """'higher' / 'lower' when B's interval lies wholly above / below A's and B moved by at least
-    `min_relative` of A's value; None when they overlap, the move is smaller, or a figure is missing."""
+    `min_relative` of A's value and at least `min_absolute`; None when they overlap, the move is smaller,
+    or a figure is missing."""
     if not a["ci95"] or not b["ci95"] or not a["value"] or b["value"] is None:
         return None
-    if abs(b["value"] - a["value"]) < min_relative * abs(a["value"]):
+    if abs(b["value"] - a["value"]) < max(min_relative * abs(a["value"]), min_absolute):
         return None
     if b["ci95"][0] > a["ci95"][1]:
         return "higher"
@@ -151,15 +155,17 @@ def changed(a: dict[str, Any], b: dict[str, Any], min_relative: float = 0.0) -> 
     return None
 
 
-def compare_stages(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], min_relative: float = 0.0
-                   ) -> list[dict[str, Any]]:
+def compare_stages(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], min_relative: float = 0.0,
+                   min_latency_ms: float = 0.0) -> list[dict[str, Any]]:
+    """Per stage in both runs, each measure of both with its flag (latencies: `min_latency_ms` at least)."""
     rows = []
     for name in [*a, *(n for n in b if n not in a)]:
         row: dict[str, Any] = {"stage": name, "in": "both" if name in a and name in b else "a" if name in a else "b"}
         if row["in"] == "both":
             row["answers"] = {"a": a[name]["answers"], "b": b[name]["answers"]}
             row["measures"] = {m: {"a": a[name][m], "b": b[name][m],
-                                   "changed_beyond_noise": changed(a[name][m], b[name][m], min_relative)}
+                                   "changed_beyond_noise": changed(a[name][m], b[name][m], min_relative,
+                                                                          min_latency_ms if m.endswith("_ms") else 0.0)}
                                for m in MEASURES}
         rows.append(row)
     return rows
@@ -168,7 +174,7 @@ def compare_stages(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], m
 def _stage_rules(stages: list[dict[str, Any]], limits: dict[str, float]) -> list[RuleResult]:
     """Per stage in both runs: p95 latencies up by more than the margin beyond noise, throughput down."""
     rules = []
-    up, down = limits["max_latency_p95_increase"], limits["max_throughput_drop"]
+    up, down, floor = limits["max_latency_p95_increase"], limits["max_throughput_drop"], limits["min_latency_change_ms"]
     for row in (r for r in stages if r["in"] == "both"):
         for measure, figures in row["measures"].items():
             a, b = figures["a"], figures["b"]
@@ -180,8 +186,11 @@ def _stage_rules(stages: list[dict[str, Any]], limits: dict[str, float]) -> list
                 rules.append(RuleResult(rule_id, "diff", INCONCLUSIVE, f"{row['stage']} {measure}: inconclusive, "
                                         "because a run has fewer than 2 answers in the stage", evidence=("records",)))
                 continue
-            worse = b["ci95"][0] > a["ci95"][1] * (1 + up) if latency else b["ci95"][1] < a["ci95"][0] * (1 - down)
-            margin = f"+{up:.0%}" if latency else f"-{down:.0%}"
+            if latency:
+                worse = b["ci95"][0] > max(a["ci95"][1] * (1 + up), a["ci95"][1] + floor)
+            else:
+                worse = b["ci95"][1] < a["ci95"][0] * (1 - down)
+            margin = f"+{up:.0%} (at least {floor:g} ms)" if latency else f"-{down:.0%}"
             rules.append(RuleResult(
                 rule_id, "diff", FAIL if worse else PASS,
                 f"{row['stage']} {measure}: A {_ci(a)}, B {_ci(b)} ({'beyond' if worse else 'within'} {margin} of A "
@@ -266,7 +275,8 @@ def diff(a_dir: Path, b_dir: Path) -> dict[str, Any]:
     limits = thresholds(b.data.plan.thresholds if b.data.plan else None)["diff"]
     pillars = sorted(set(a.verdict.get("pillars") or {}) | set(b.verdict.get("pillars") or {}))
     limit_keys = sorted(set(a.verdict.get("limits") or {}) | set(b.verdict.get("limits") or {}))
-    stages = compare_stages(stage_figures(a.data), stage_figures(b.data), limits["min_relative_change"])
+    stages = compare_stages(stage_figures(a.data), stage_figures(b.data), limits["min_relative_change"],
+                            limits["min_latency_change_ms"])
     agreed = agreement(profile(a.data.attempts), b.data.attempts)
     rules = _agreement_rules(agreed, limits) + _stage_rules(stages, limits)
     failed = [r for r in rules if r.status == FAIL]
@@ -310,9 +320,9 @@ def render_text(result: dict[str, Any]) -> str:
             continue
         stage_rows += [{"stage": row["stage"], "measure": m, "A": _ci(f["a"]), "B": _ci(f["b"]),
                         "changed beyond noise": f["changed_beyond_noise"] or ""} for m, f in row["measures"].items()]
-    floor = result["thresholds"]["min_relative_change"]
+    floor, latency_floor = result["thresholds"]["min_relative_change"], result["thresholds"]["min_latency_change_ms"]
     out.append(f"## Stages (95% intervals; changed beyond noise: the intervals do not overlap and the figure "
-               f"moved by at least {floor:.0%})\n\n"
+               f"moved by at least {floor:.0%}, a latency by at least {latency_floor:g} ms)\n\n"
                + table(stage_rows, ("stage", "measure", "A", "B", "changed beyond noise")))
     n = result["agreement"]
     out.append(f"## Tool calls, A as the reference\n\n{n['comparable']} of B's answers compared by scenario and turn "

@@ -24,7 +24,8 @@ DEFAULT_THRESHOLDS: dict[str, dict[str, float]] = {
     # `k3load diff A B`: how much worse B may be than A before the command exits non-zero (analysis/diff.py)
     "diff": {"min_comparable_attempts": 20, "min_trigger_f1": 0.9, "min_tool_name_agreement": 0.9,
              "max_schema_accuracy_drop": 0.05, "max_structured_output_drop": 0.05,
-             "max_latency_p95_increase": 0.5, "max_throughput_drop": 0.3, "min_relative_change": 0.25},
+             "max_latency_p95_increase": 0.5, "max_throughput_drop": 0.3, "min_relative_change": 0.25,
+             "min_latency_change_ms": 5.0},
 }
 
 

@@ -103,6 +103,10 @@ def test_newcombe_difference_and_order_statistic_intervals_match_published_examp
     a, b = {"value": 1.0, "ci95": [0.9, 1.1]}, {"value": 1.5, "ci95": [1.2, 1.8]}
     assert changed(a, b) == "higher" and changed(b, a) == "lower" and changed(a, a) is None
     assert changed(a, b, 0.25) == "higher" and changed(a, b, 0.6) is None  # a 50% move: flagged only past 25%
+    # CI's healthy pair on the sim: TTFT p50 3.96 -> 5.16 ms, intervals apart, +30%: jitter, not a regression
+    fast, slower = {"value": 3.96, "ci95": [3.79, 4.13]}, {"value": 5.16, "ci95": [4.87, 5.64]}
+    assert changed(fast, slower, 0.25) == "higher" and changed(fast, slower, 0.25, 5.0) is None
+    assert changed({"value": 40.0, "ci95": [38, 42]}, {"value": 52.0, "ci95": [50, 54]}, 0.25, 5.0) == "higher"
 
 
 def test_reference_rules_fail_on_skipped_calls_and_are_inconclusive_on_too_little():
@@ -158,10 +162,11 @@ def test_plans_carry_the_diff_and_reference_thresholds_and_reject_unknown_ones()
 
     stages = [{"name": "load", "kind": "load", "duration_s": 1, "users": 1, "mix": {"agent": 1}}]
     plan = parse_plan({"name": "p", "stages": stages, "thresholds": {
-        "diff": {"min_trigger_f1": 0.8, "max_latency_p95_increase": 1.0},
+        "diff": {"min_trigger_f1": 0.8, "max_latency_p95_increase": 1.0, "min_latency_change_ms": 2},
         "agent_api": {"min_reference_trigger_f1": 0.95, "min_reference_attempts": 50}}}, "p.yaml", "")
     limits = thresholds(plan.thresholds)
     assert limits["diff"]["min_trigger_f1"] == 0.8 and limits["diff"]["max_throughput_drop"] == 0.3
+    assert limits["diff"]["min_latency_change_ms"] == 2 and thresholds(None)["diff"]["min_latency_change_ms"] == 5.0
     assert limits["agent_api"]["min_reference_trigger_f1"] == 0.95
     with pytest.raises(PlanError, match="min_trigger_recall"):
         parse_plan({"name": "p", "stages": stages, "thresholds": {"diff": {"min_trigger_recall": 0.9}}}, "p.yaml", "")
