@@ -546,4 +546,8 @@ def test_forgotten_auto_tool_choice_is_a_server_refusal_not_a_shortage(vllm_pool
         assert _turn_tool_choice(attempt, scenarios) != "none"
     assert all(_turn_tool_choice(a, scenarios) == "none" for a in served)
     assert {layer for a in served for layer in a.failed_layers} <= {"model_output", "parser"}
-    assert "timeout drill: only 0 of" in reasons(verdict, "agent_api")  # its retry was refused too
+    # Whether a drill's short deadline expires in a 16 s load stage depends on the machine's speed; when one
+    # did, its retry carries tools and is refused too, and the pillar says so.
+    drill = verdict["pillars"]["agent_api"]["numbers"]["timeout_drill"]
+    assert drill["recovered"] == 0, drill
+    assert ("timeout drill: only 0 of" in reasons(verdict, "agent_api")) == (drill["judged"] > 0), drill
