@@ -93,6 +93,12 @@ def context_refusals(attempts: list[AnyAttempt]) -> dict[str, Any]:
     for attempt in attempts:
         if attempt.family in out:
             out[attempt.family]["attempts"] += 1
+    for family in out.values():
+        # The run's average tokens per byte can undercount one prompt (an agent's late turn, dense with tool
+        # JSON, was estimated at 1,018 where vLLM counted at least 1,025); vLLM's floor is known, so an
+        # estimate below it is known to be wrong and is raised to it.
+        if family["prompt_tokens_estimated"] and family["prompt_tokens_max"]:
+            family["prompt_tokens_estimated"] = max(family["prompt_tokens_estimated"], family["prompt_tokens_max"])
     return out
 
 

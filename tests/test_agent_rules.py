@@ -81,3 +81,14 @@ def test_a_refusal_counted_only_to_the_limit_is_a_floor_with_the_size_estimated_
     assert cold["counted_only_to_the_limit"] and cold["prompt_tokens_estimated"] == 1400
     assert any("cold 5 of 5 (prompts at least 1025 tokens, ~1400 estimated from the bytes sent > max_model_len "
                "1024)" in r for r in result.reasons), result.reasons
+
+
+def test_an_estimate_below_the_servers_own_floor_is_raised_to_it():
+    """Seen on SmolLM2: an agent's late turn, dense with tool JSON, came to 1,018 tokens at the run's average
+    tokens per byte, while vLLM had counted at least 1,025 before refusing it."""
+    floor = CONTEXT_400.replace("contains 1532 input tokens", "contains at least 1025 input tokens")
+    refused = [_attempt(0, [Finding("request.context_length", False, "server", "too long")], status="http_error",
+                        http_status=400, error_body=floor, family="agent", request_bytes=4000)]
+    answered = [_attempt(i, prompt_tokens=250, request_bytes=1000) for i in range(1, 30)]  # 4,000 B -> 1,000
+    agent = judge_agent_api(refused + answered, LIMITS).numbers["context_length_refusals"]["agent"]
+    assert agent["prompt_tokens_estimated"] == 1025 and agent["prompt_tokens_max"] == 1025
