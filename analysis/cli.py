@@ -56,7 +56,7 @@ def summary_line(judgment: object, run_dir: Path) -> str:
 
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("run_dir", type=Path, help="a judged run directory (its manifest.sha256 is checked)")
 
 
 def run_verify(args: argparse.Namespace) -> int:

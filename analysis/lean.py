@@ -24,7 +24,7 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from k3load.records import Attempt, Finding
-from k3load.validate import primary_layer
+from k3load.workload.validate import primary_layer
 
 REQUIRED = frozenset(f.name for f in fields(Attempt) if f.default is MISSING and f.default_factory is MISSING)
 DEFAULTS = {f.name: (f.default if f.default is not MISSING else f.default_factory())  # type: ignore[misc]

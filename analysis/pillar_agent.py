@@ -17,9 +17,9 @@ from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResu
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.stats import decide_rate, more_attempts_to_decide, wilson
 from k3load.analysis.tool_calls import known_failures
-from k3load.plan import Plan
 from k3load.records import LAYERS
-from k3load.validate import context_length
+from k3load.workload.plan import Plan
+from k3load.workload.validate import context_length
 
 
 def _rates(attempts: list[AnyAttempt]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from k3load.analysis.markdown import fmt, table
-from k3load.stream_equivalence import OUTCOMES
+from k3load.workload.stream_equivalence import OUTCOMES
 
 EQUIVALENCE_COLUMNS = ("stage", "users", "compared", "same", "differ, both valid", "streaming path wrong",
                        "rate_ci95", "not compared")

@@ -1,7 +1,7 @@
 """Designed vs achieved prefix reuse, per family and for the run: numbers for pillar 3.
 
 Why: a cache that "hits" proves little unless the hits are the ones the samples were built to get.
-`reuse_design.json` (k3load.reuse_design, measured at run start with the server's tokenizer) holds each
+`reuse_design.json` (k3load.workload.reuse_design, measured at run start with the server's tokenizer) holds each
 request variant's prompt length and the token prefix it shares with every other. Replayed over the
 run's send order it gives each request's designed reuse: the longest prefix it shares with a request
 whose prefill had finished (its first token arrived) before it was sent, capped at its prompt minus

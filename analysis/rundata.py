@@ -30,7 +30,7 @@ import yaml
 
 from k3load import evidence
 from k3load.analysis.lean import DEFAULTS, AnyAttempt, Interner, lean_attempt
-from k3load.plan import Plan, PlanError, parse_plan
+from k3load.workload.plan import Plan, PlanError, parse_plan
 
 RECORD_COLUMNS = ("attempt_id", "chain_id", "attempt", "stage", "scenario", "family", "turn", "turn_kind",
                   "status", "send_ts", "first_token_ts", "end_ts", "ttft_ms", "itl_mean_ms", "e2e_ms",

@@ -4,7 +4,7 @@ parallel calls and answers that never left the reasoning.
 Why apart from the valid rate: each of these breaks in a specific, recurring way under load (vllm#54701,
 #50604, #53246, #24478), and an operator needs the diagnosis, not only a lower rate: "the streaming
 parser loses calls above 8 concurrent streams" says what to change; "94% valid" does not. Every rule
-reads the findings the runner wrote (k3load/validate.py, k3load/stream_equivalence.py) by check name
+reads the findings the runner wrote (k3load/workload/validate.py, k3load/workload/stream_equivalence.py) by check name
 and outcome, never by their wording, and says what evidence it lacked.
 """
 
@@ -17,9 +17,9 @@ from k3load.analysis.lean import AnyAttempt
 from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS, percentile
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.stats import wilson
-from k3load.plan import Plan
-from k3load.stream_equivalence import BOTH_VALID, NOT_COMPARED, OUTCOMES
-from k3load.stream_equivalence import CHECK as EQUIVALENCE
+from k3load.workload.plan import Plan
+from k3load.workload.stream_equivalence import BOTH_VALID, NOT_COMPARED, OUTCOMES
+from k3load.workload.stream_equivalence import CHECK as EQUIVALENCE
 
 PILLAR = "agent_api"
 STREAM_PATH_WRONG = OUTCOMES[-1]

@@ -109,7 +109,7 @@ def peer_venv(name: str, version: str, extra: list[str] | None = None) -> tuple[
 
 def _torch_cpu_wheel() -> list[str]:
     try:
-        from k3load.targets.vllm_cpu import find_torch_wheel
+        from k3load.targets.vllm_install import find_torch_wheel
 
         return [str(find_torch_wheel())]
     except (ImportError, OSError, RuntimeError, FileNotFoundError):

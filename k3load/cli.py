@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from k3load import __version__, demo, samples_cli
+from k3load import __version__, demo
 from k3load.analysis import cli as analysis_cli
 from k3load.analysis import diff as diff_cli
 from k3load.analysis.verdict import EXIT_CODES
 from k3load.precheck import cli as precheck_cli
 from k3load.sampler import cli as sampler_cli
 from k3load.sim import cli as sim_cli
+from k3load.workload import stored_requests_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,9 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim_cli.add_arguments(sim)
     sim.set_defaults(func=sim_cli.run)
     samples = sub.add_parser("samples", help="write or check the canonical request bodies of the scenarios",
-                             description=samples_cli.__doc__)
-    samples_cli.add_arguments(samples)
-    samples.set_defaults(func=samples_cli.run)
+                             description=stored_requests_cli.__doc__)
+    stored_requests_cli.add_arguments(samples)
+    samples.set_defaults(func=stored_requests_cli.run)
     analyze = sub.add_parser("analyze", help="judge a run directory: verdict.json, reports, alerts, manifest",
                              description="Judge a run directory (the whole evidence) into verdict.json, "
                              "report.md/html, alerts.yaml, dashboard.json and manifest.sha256. Exit codes: "
@@ -39,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "worse than A beyond the thresholds of B's plan (thresholds.diff), 2 bad input.")
     diff_cli.add_arguments(diff)
     diff.set_defaults(func=diff_cli.run)
-    verify = sub.add_parser("verify", help="re-check a run directory against its manifest.sha256")
+    verify = sub.add_parser("verify", help="re-check a run directory against its manifest.sha256",
+                            description="Re-check every evidence file of a judged run directory against its "
+                            "manifest.sha256: exit 0 when all match, 1 when any file changed or is missing.")
     analysis_cli.add_verify_arguments(verify)
     verify.set_defaults(func=analysis_cli.run_verify)
     precheck = sub.add_parser("precheck", help="compat precheck against a versioned recipe -> compat.json",

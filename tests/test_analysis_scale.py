@@ -38,7 +38,7 @@ from k3load.analysis.stats import ratio_ci, ratio_cis
 from k3load.analysis.timeline import MetricIndex
 from k3load.evidence import records_file
 from k3load.records import Attempt, Finding, read_records
-from k3load.validate import primary_layer
+from k3load.workload.validate import primary_layer
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "scale-run"

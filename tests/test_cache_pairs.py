@@ -26,13 +26,13 @@ from k3load.client.chat import ChatClient
 from k3load.client.result import StreamResult
 from k3load.evidence import records_file
 from k3load.loadgen.session import HarnessSession
-from k3load.long_input import estimate_tokens, fit_long_input
-from k3load.plan import Stage, load_plan
 from k3load.records import Attempt, read_records
 from k3load.rundir import JsonlLog
-from k3load.runner import RunContext, run_scenario
-from k3load.samples import build_request
-from k3load.scenario import ScenarioError, load_scenario, load_scenarios, parse_scenario
+from k3load.workload.conversation import RunContext, run_scenario
+from k3load.workload.long_input import estimate_tokens, fit_long_input
+from k3load.workload.plan import Stage, load_plan
+from k3load.workload.scenario import ScenarioError, load_scenario, load_scenarios, parse_scenario
+from k3load.workload.stored_requests import build_request
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTROL = ROOT / "scenarios" / "shared_prefix_control.yaml"

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from k3load.loadgen.drain import StageDrain, reading_of
-from k3load.plan import Stage
 from k3load.rundir import JsonlLog
+from k3load.workload.plan import Stage
 from tests.test_verdicts import accept
 
 # Two plan stages with different mixes (a drain window after each); the agent family plays the timeout drill.

@@ -37,9 +37,9 @@ from k3load.analysis import alerts, dashboard
 from k3load.analysis.analyze import analyze, judge
 from k3load.analysis.manifest import verify
 from k3load.analysis.pillar import DEFAULT_THRESHOLDS, thresholds
-from k3load.plan import parse_plan
 from k3load.records import Attempt
 from k3load.sampler.prom import parse
+from k3load.workload.plan import parse_plan
 from tests.probes import WIRE
 from tests.test_sampler_units import DCGM_BODY
 

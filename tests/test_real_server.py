@@ -51,8 +51,8 @@ import yaml
 
 from k3load.evidence import records_file
 from k3load.records import LAYERS, Attempt, read_records
-from k3load.scenario import load_scenarios
 from k3load.targets.vllm_cpu import process_group_alive
+from k3load.workload.scenario import load_scenarios
 from tests.probes import Target, scrape, total
 from tests.scenario_edits import short_control_prompt
 from tests.target_fixtures import EAGER, SERVER_ARGS, ServerConfig, VllmPool, VllmTarget, cache_dir

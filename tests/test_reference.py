@@ -158,7 +158,7 @@ def test_sim_skip_tool_call_draws_last_and_answers_in_prose():
 
 
 def test_plans_carry_the_diff_and_reference_thresholds_and_reject_unknown_ones():
-    from k3load.plan import PlanError, parse_plan
+    from k3load.workload.plan import PlanError, parse_plan
 
     stages = [{"name": "load", "kind": "load", "duration_s": 1, "users": 1, "mix": {"agent": 1}}]
     plan = parse_plan({"name": "p", "stages": stages, "thresholds": {

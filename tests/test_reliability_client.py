@@ -29,8 +29,8 @@ from k3load.client.transport import TRANSPORTS
 from k3load.evidence import records_file
 from k3load.records import Attempt, RecordWriter, json_line, read_records
 from k3load.rundir import JsonlLog
-from k3load.runner import RETRY_AFTER_MAX_S, RunContext, retry_wait_s, run_turn
-from k3load.scenario import parse_scenario
+from k3load.workload.conversation import RETRY_AFTER_MAX_S, RunContext, retry_wait_s, run_turn
+from k3load.workload.scenario import parse_scenario
 from tests.test_client_chat import HELLO, RawServer, body, chunk, chunked_head, http, sse
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,9 +20,9 @@ from k3load.analysis.rundata import RunData
 from k3load.evidence import lines, records_file
 from k3load.loadgen.observe import Restarter
 from k3load.loadgen.restart_drill import RestartDrill
-from k3load.plan import Stage
 from k3load.rundir import JsonlLog
 from k3load.sim.process import SimProcess
+from k3load.workload.plan import Stage
 from tests.conftest import FAST_SIM
 from tests.test_verdicts import SIM, _free_port, accept
 

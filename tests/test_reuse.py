@@ -24,9 +24,9 @@ import yaml
 
 from k3load.analysis.analyze import analyze
 from k3load.evidence import lines, records_file
-from k3load.reuse_design import DESIGN_FILE, http_tokenizer, measure, measure_into
-from k3load.scenario import load_scenarios
 from k3load.sim.process import SimProcess
+from k3load.workload.reuse_design import DESIGN_FILE, http_tokenizer, measure, measure_into
+from k3load.workload.scenario import load_scenarios
 from tests.conftest import FAST_SIM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,7 +212,7 @@ def test_a_gateway_page_or_odd_tokens_from_tokenize_is_a_clear_reason_never_a_cr
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from k3load.reuse_design import TokenizerUnavailable
+    from k3load.workload.reuse_design import TokenizerUnavailable
 
     class Gateway(BaseHTTPRequestHandler):
         def do_POST(self) -> None:

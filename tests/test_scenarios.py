@@ -10,10 +10,17 @@ import pytest
 import yaml
 
 from k3load.analysis.pillar_agent import tool_turns_reason
-from k3load.long_input import document, estimate_tokens, long_context_for, size_document
-from k3load.plan import PlanError, load_plan, parse_plan
-from k3load.samples import build_request, canonical, check_samples
-from k3load.scenario import ScenarioError, execute_tool, load_scenario, load_scenarios, parse_scenario, with_tool_turns
+from k3load.workload.long_input import document, estimate_tokens, long_context_for, size_document
+from k3load.workload.plan import PlanError, load_plan, parse_plan
+from k3load.workload.scenario import (
+    ScenarioError,
+    execute_tool,
+    load_scenario,
+    load_scenarios,
+    parse_scenario,
+    with_tool_turns,
+)
+from k3load.workload.stored_requests import build_request, canonical, check_stored_requests
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
@@ -52,7 +59,7 @@ def test_shipped_scenarios_cover_the_required_behaviours():
 def test_repository_samples_are_current():
     scenarios = load_scenarios(SCENARIOS)
     count = estimate_tokens()
-    problems = check_samples(scenarios, ROOT / "samples" / "requests", "kimi-k3",
+    problems = check_stored_requests(scenarios, ROOT / "samples" / "requests", "kimi-k3",
                              lambda s: long_context_for(s, 32768, count))
     assert problems == [], "run `k3load samples` and commit samples/requests"
 

@@ -8,9 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from k3load.client.chat import ChatClient
-from k3load.runner import RunContext, StreamDrill, run_turn, run_turn_both_ways
-from k3load.scenario import Scenario, Turn, load_scenario
-from k3load.stream_equivalence import SAME
+from k3load.workload.conversation import RunContext, StreamDrill, run_turn, run_turn_both_ways
+from k3load.workload.scenario import Scenario, Turn, load_scenario
+from k3load.workload.stream_equivalence import SAME
 
 PARALLEL = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "agent_parallel_weather.yaml")
 FIRST_CALL = PARALLEL.turns[0]  # two get_current_weather calls in one answer

@@ -10,11 +10,11 @@ from pathlib import Path
 from k3load.analysis.pillar import DEFAULT_THRESHOLDS, FAIL, INCONCLUSIVE, PASS
 from k3load.analysis.pillar_agent import judge_agent_api
 from k3load.client.result import StreamResult, ToolCall
-from k3load.plan import parse_plan
 from k3load.records import Attempt, Finding
-from k3load.scenario import parse_scenario
-from k3load.stream_equivalence import BOTH_VALID, NOT_COMPARED, SAME, VALUES_WRONG, WHOLE_WRONG, compare_twins
-from k3load.validate import primary_layer, validate
+from k3load.workload.plan import parse_plan
+from k3load.workload.scenario import parse_scenario
+from k3load.workload.stream_equivalence import BOTH_VALID, NOT_COMPARED, SAME, VALUES_WRONG, WHOLE_WRONG, compare_twins
+from k3load.workload.validate import primary_layer, validate
 
 LIMITS = DEFAULT_THRESHOLDS["agent_api"]
 WEATHER = {"type": "function", "function": {"name": "get_current_weather", "parameters": {

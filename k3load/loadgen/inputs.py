@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from k3load.client.access import access_problem
-from k3load.plan import Plan, load_plan, resolve
 from k3load.precheck.recipe import load_recipe
-from k3load.scenario import Scenario, load_scenarios, with_tool_turns
+from k3load.workload.plan import Plan, load_plan, resolve
+from k3load.workload.scenario import Scenario, load_scenarios, with_tool_turns
 from k3load.yamlfile import one_line
 
 HARNESS_ERROR_EXIT = 2  # as Locust's own unexpected-error code: no verdict was reached

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from k3load.plan import Plan, Stage
+from k3load.workload.plan import Plan, Stage
 
 MANUAL_PLAN_NAME = "manual"
 

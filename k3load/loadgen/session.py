@@ -35,14 +35,14 @@ from k3load.loadgen.manual import LiveCounts, ManualStages
 from k3load.loadgen.options import locust_late_outputs, public_options, run_access
 from k3load.loadgen.request_events import fire_request_events
 from k3load.loadgen.worker import WorkerLink
-from k3load.long_input import LongInputFit, estimate_tokens, fit_long_input
-from k3load.plan import Plan, Stage
 from k3load.records import Attempt
-from k3load.reuse_design import http_tokenizer, measure_into
 from k3load.rundir import JsonlLog, set_aside_previous_run, write_atomic, write_json_atomic
 from k3load.sampler.fetch import redact_url
-from k3load.samples import write_samples
-from k3load.scenario import Scenario
+from k3load.workload.long_input import LongInputFit, estimate_tokens, fit_long_input
+from k3load.workload.plan import Plan, Stage
+from k3load.workload.reuse_design import http_tokenizer, measure_into
+from k3load.workload.scenario import Scenario
+from k3load.workload.stored_requests import write_stored_requests
 from k3load.yamlfile import one_line
 
 log = logging.getLogger("k3load")
@@ -158,7 +158,7 @@ class HarnessSession:
         if reference is not None:  # read before the run directory opened: the reference may be an earlier run there
             write_json_atomic(self.run_dir / REFERENCE_FILE, reference)
         playable = [s for group in self.scenarios.values() for s in group if self.fits(s)]  # says each misfit
-        sums = write_samples(playable, self.run_dir / "samples", self.model, self.long_context)
+        sums = write_stored_requests(playable, self.run_dir / "samples", self.model, self.long_context)
         write_atomic(self.run_dir / "samples.sha256", "".join(f"{sha}  samples/{rel}\n"
                                                               for rel, sha in sorted(sums.items())))
         # designed prefix reuse, tokenized by the server beside the load, never before it (issue 15)

@@ -17,7 +17,7 @@ from locust import User, constant, task
 
 from k3load.client.chat import ChatClient
 from k3load.loadgen.options import run_access
-from k3load.runner import RunContext, ScenarioPlay, StreamDrill
+from k3load.workload.conversation import RunContext, ScenarioPlay, StreamDrill
 
 _numbers = itertools.count(1)
 DEAD_SERVER_PAUSE_S = 1.0

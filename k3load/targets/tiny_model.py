@@ -8,7 +8,7 @@ the harness venv never has)::
 No weights can be downloaded on the machines this runs on, so the model is made here: a
 ``Qwen2ForCausalLM`` (hidden 256, 4 layers, 4 heads, 2 KV heads, ~3.4M parameters, 14 MB float32)
 and a byte-level BPE tokenizer trained in-process on a fixed list of Python stdlib sources. Every
-source of randomness is seeded so two builds are byte-identical; ``vllm_cpu.build_tiny_model``
+source of randomness is seeded so two builds are byte-identical; ``vllm_install.build_tiny_model``
 caches the result by a hash of this file's source, so any change here rebuilds.
 
 The chat template is Qwen2.5/Hermes style (``<tool_call>`` / ``<tool_response>`` tags), which is

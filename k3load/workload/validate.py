@@ -20,7 +20,7 @@ import jsonschema
 
 from k3load.client.result import STATUS_HTTP_ERROR, STATUS_OK, STATUS_STREAM_ERROR, STATUS_TIMEOUT, StreamResult
 from k3load.records import Finding, timing_fields
-from k3load.scenario import Scenario, Turn
+from k3load.workload.scenario import Scenario, Turn
 
 # Markup that must never reach `content`: K2 and K3 tool sections, hermes tags, reasoning tags.
 TOOL_MARKUP = ("<tool_call>", "</tool_call>", "<|tool_calls_section_begin|>", "<|tool_call_begin|>",

@@ -9,7 +9,7 @@ template applied, as vLLM 0.32's TokenizeChatRequest and the sim both accept) sa
 part.
 
 What is measured: every turn of every scenario the run plays, built exactly as its users build it
-(`k3load.samples.build_request`) with the salt they would use: variant `A`, and for the salted kinds
+(`k3load.workload.stored_requests.build_request`) with the salt they would use: variant `A`, and for the salted kinds
 (`request`, `pair`) a second variant `B` with another salt, standing for a different request or user.
 The file holds the prompt length of each variant and the matrix of their shared token prefixes; the
 analysis (`k3load.analysis.reuse`) replays the run's send order over it. Designed reuse of a request =
@@ -34,8 +34,8 @@ from typing import Any
 import httpx
 
 from k3load.rundir import write_json_atomic
-from k3load.samples import build_request
-from k3load.scenario import Scenario
+from k3load.workload.scenario import Scenario
+from k3load.workload.stored_requests import build_request
 
 log = logging.getLogger("k3load")
 DESIGN_FILE = "reuse_design.json"

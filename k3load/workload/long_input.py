@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from k3load.scenario import Scenario
+from k3load.workload.scenario import Scenario
 
 _SECTIONS = ("Refund policy", "Shipping zones", "Escalation matrix", "Data retention", "Tone of voice",
              "Warranty terms", "Fraud signals", "Loyalty programme")

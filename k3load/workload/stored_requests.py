@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from k3load.scenario import Scenario, Turn, execute_tool
+from k3load.workload.scenario import Scenario, Turn, execute_tool
 
-SAMPLE_SALT = "SAMPLE"
+STORED_REQUEST_SALT = "SAMPLE"
 
 
 def canonical(obj: Any) -> bytes:
@@ -88,7 +88,7 @@ def fixed_messages(scenario: Scenario, salt: str, long_context: str | None) -> l
     return messages
 
 
-def build_request(scenario: Scenario, turn_index: int, model: str, salt: str = SAMPLE_SALT,
+def build_request(scenario: Scenario, turn_index: int, model: str, salt: str = STORED_REQUEST_SALT,
                   long_context: str | None = None) -> PreparedRequest:
     """The exact bytes of one turn's request."""
     fixed = fixed_messages(scenario, salt, long_context)
@@ -125,16 +125,16 @@ def _body(scenario: Scenario, turn: Turn, model: str, messages: list[dict[str, A
 
 def _bodies(scenarios: list[Scenario], model: str, long_context: Callable[[Scenario], str | None]
             ) -> Iterator[tuple[str, PreparedRequest, Scenario]]:
-    """Every turn's sample body, keyed `<scenario>/turn-<i>.json`."""
+    """Every turn's stored request body, keyed `<scenario>/turn-<i>.json`."""
     for scenario in scenarios:
         context = long_context(scenario)
         for index in range(len(scenario.turns)):
-            yield f"{scenario.name}/turn-{index}.json", build_request(scenario, index, model, SAMPLE_SALT, context), \
-                scenario
+            body = build_request(scenario, index, model, STORED_REQUEST_SALT, context)
+            yield f"{scenario.name}/turn-{index}.json", body, scenario
 
 
-def write_samples(scenarios: list[Scenario], out_dir: Path, model: str,
-                  long_context: Callable[[Scenario], str | None]) -> dict[str, str]:
+def write_stored_requests(scenarios: list[Scenario], out_dir: Path, model: str,
+                          long_context: Callable[[Scenario], str | None]) -> dict[str, str]:
     """Write every turn's body as `<scenario>/turn-<i>.json` plus `SHA256SUMS`; returns path -> sha."""
     sums: dict[str, str] = {}
     for rel, prepared, _ in _bodies(scenarios, model, long_context):
@@ -146,9 +146,9 @@ def write_samples(scenarios: list[Scenario], out_dir: Path, model: str,
     return sums
 
 
-def check_samples(scenarios: list[Scenario], out_dir: Path, model: str,
-                  long_context: Callable[[Scenario], str | None]) -> list[str]:
-    """Differences between the stored samples and what the scenarios produce now (empty: identical)."""
+def check_stored_requests(scenarios: list[Scenario], out_dir: Path, model: str,
+                          long_context: Callable[[Scenario], str | None]) -> list[str]:
+    """Differences between the stored requests and what the scenarios produce now (empty: identical)."""
     stored = {}
     sums_file = out_dir / "SHA256SUMS"
     if sums_file.exists():

@@ -11,14 +11,15 @@ import argparse
 import glob
 from pathlib import Path
 
-from k3load.long_input import estimate_tokens, long_context_for
-from k3load.samples import check_samples, write_samples
-from k3load.scenario import Scenario, ScenarioError, load_scenarios
+from k3load.workload.long_input import estimate_tokens, long_context_for
+from k3load.workload.scenario import Scenario, ScenarioError, load_scenarios
+from k3load.workload.stored_requests import check_stored_requests, write_stored_requests
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenarios", default="scenarios/*.yaml", help="glob of scenario files")
-    parser.add_argument("--out", type=Path, default=Path("samples/requests"), help="samples directory")
+    parser.add_argument("--out", type=Path, default=Path("samples/requests"),
+                        help="where the stored requests are written (or checked)")
     parser.add_argument("--model", default="kimi-k3", help="model name written into the bodies")
     parser.add_argument("--max-model-len", type=int, default=32768, help="context that sizes long inputs")
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 on any difference")
@@ -36,11 +37,11 @@ def run(args: argparse.Namespace) -> int:
         return long_context_for(scenario, args.max_model_len, count)
 
     if args.check:
-        problems = check_samples(scenarios, args.out, args.model, context)
+        problems = check_stored_requests(scenarios, args.out, args.model, context)
         for problem in problems:
             print(problem)
         print(f"k3load samples: {'stale' if problems else 'up to date'} ({args.out})")
         return 1 if problems else 0
-    sums = write_samples(scenarios, args.out, args.model, context)
+    sums = write_stored_requests(scenarios, args.out, args.model, context)
     print(f"k3load samples: wrote {len(sums)} bodies and SHA256SUMS to {args.out}")
     return 0

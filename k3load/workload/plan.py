@@ -46,7 +46,7 @@ class Plan:
     stages: tuple[Stage, ...]
     source: str  # the plan as written (saved into the run directory)
     thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
-    tool_turns: str = "auto"  # how turns that expect a tool call are sent (k3load.scenario.with_tool_turns)
+    tool_turns: str = "auto"  # how turns that expect a tool call are sent (k3load.workload.scenario.with_tool_turns)
     stream_equivalence: dict[str, Any] | None = None  # the drill's settings (turns, share); None: not run
 
     @property

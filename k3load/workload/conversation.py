@@ -25,10 +25,10 @@ from k3load.client.result import (
     StreamResult,
 )
 from k3load.records import Attempt, Finding, timing_fields
-from k3load.samples import PreparedRequest, build_request
-from k3load.scenario import Scenario, Turn
-from k3load.stream_equivalence import compare_twins
-from k3load.validate import primary_layer, validate
+from k3load.workload.scenario import Scenario, Turn
+from k3load.workload.stored_requests import PreparedRequest, build_request
+from k3load.workload.stream_equivalence import compare_twins
+from k3load.workload.validate import primary_layer, validate
 
 
 class Client(Protocol):
