@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from k3load.analysis.lean import AnyAttempt, call_name
-from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.rundata import read_attempts
 from k3load.analysis.stats import Rate, wilson
 from k3load.evidence import records_file
+from k3load.outcomes import FAIL, INCONCLUSIVE, MODEL_OUTPUT, PASS
 
 REFERENCE_FILE = "reference.json"
 TOOL_CALL, ANSWER = "tool_call", "answer"
@@ -163,7 +163,7 @@ def _tally(turns: dict[str, dict[str, Any]], answers: list[AnyAttempt]
         row[outcome] += 1
         totals[outcome] += 1
         if outcome in ("fp", "fn"):
-            layers[a.primary_layer or "model_output"] += 1
+            layers[a.primary_layer or MODEL_OUTPUT] += 1
         if outcome == "tp" and ref.get("tool_names") is not None:
             same = tool_names(a) == list(ref["tool_names"])
             row["names_same"] += same
@@ -256,7 +256,7 @@ def _decide(low: float, high: float, threshold: float) -> str:
 def _layer(numbers: dict[str, Any]) -> str:
     """The layer most disagreeing answers were blamed on (model_output when none was blamed)."""
     layers = numbers["disagreeing_by_layer"]
-    return max(sorted(layers), key=lambda k: layers[k]) if layers else "model_output"
+    return max(sorted(layers), key=lambda k: layers[k]) if layers else MODEL_OUTPUT
 
 
 def reference_rules(record: dict[str, Any], attempts: list[AnyAttempt], limits: dict[str, float]

@@ -11,6 +11,7 @@ from typing import Any
 
 from k3load.analysis.pillar import PillarResult
 from k3load.analysis.rundata import RunData
+from k3load.outcomes import PASS
 
 
 def _rules(data: RunData, *ids: str) -> list[dict[str, Any]]:
@@ -27,7 +28,7 @@ def _rule_item(data: RunData, item: str, ids: tuple[str, ...]) -> dict[str, Any]
         return _item(item, False, "missing: no precheck evidence", [])
     evidence = ["compat.json", *(f"evidence/{e}" for r in rules for e in r.get("evidence", []))]
     statuses = {r["id"]: r["status"] for r in rules}
-    ok = all(s == "pass" for s in statuses.values())
+    ok = all(s == PASS for s in statuses.values())
     return _item(item, ok, ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())), evidence)
 
 

@@ -37,10 +37,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from k3load.analysis.agreement import agreement, profile
-from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS, percentile, rounded, thresholds
+from k3load.analysis.pillar import percentile, rounded, thresholds
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.stats import Z95, decide_rate, wilson
 from k3load.evidence import records_file
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 
 if TYPE_CHECKING:  # pandas is imported only when a diff runs, not by every `k3load` command
     from k3load.analysis.rundata import RunData

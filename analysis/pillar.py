@@ -11,8 +11,6 @@ from typing import Any
 
 import numpy as np
 
-PASS, FAIL, INCONCLUSIVE, NOT_RUN = "pass", "fail", "inconclusive", "not_run"
-
 DEFAULT_THRESHOLDS: dict[str, dict[str, float]] = {
     "agent_api": {"min_attempts": 20, "min_valid_rate": 0.95, "max_tool_call_gap_ms": 30000.0,
                   "min_stream_pairs": 10, "min_reference_attempts": 20, "min_reference_trigger_f1": 0.9,

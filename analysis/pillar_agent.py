@@ -13,11 +13,11 @@ from typing import Any
 
 from k3load.analysis.agreement import reference_rules
 from k3load.analysis.lean import AnyAttempt
-from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResult
+from k3load.analysis.pillar import PillarResult
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.stats import decide_rate, more_attempts_to_decide, wilson
 from k3load.analysis.tool_calls import known_failures
-from k3load.records import LAYERS
+from k3load.outcomes import FAIL, INCONCLUSIVE, LAYERS, NOT_RUN, PASS
 from k3load.workload.plan import Plan
 from k3load.workload.validate import context_length
 

@@ -25,11 +25,12 @@ import statistics
 from typing import Any
 
 from k3load.analysis.lean import AnyAttempt
-from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResult
+from k3load.analysis.pillar import PillarResult
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.rundata import RunData
 from k3load.analysis.stats import bootstrap_median_ci, mcnemar_one_sided, sign_test_less
 from k3load.analysis.timeline import MetricIndex
+from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS
 
 WINDOW_SLACK_S = 2.5  # gauges: let the window's last scrape land
 ALPHA = 0.05

@@ -14,12 +14,13 @@ from typing import Any
 from k3load.analysis.drain import drain_audit, drain_reasons
 from k3load.analysis.health import CUT_STATUSES, DETECTION_S, DownSpell, down_spells
 from k3load.analysis.input_size import input_tokens
-from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS, PillarResult
+from k3load.analysis.pillar import PillarResult
 from k3load.analysis.restart_drill import drill_reason, planned_down, planned_windows, restart_drill
 from k3load.analysis.rules import texts
 from k3load.analysis.rundata import RunData
 from k3load.analysis.stages import stage_problems, stage_stats
 from k3load.analysis.timeline import MetricIndex
+from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS
 
 PHASES = {
     None: "during model load or before the first stage: weights and GPU topology",

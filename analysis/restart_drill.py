@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from k3load.analysis.pillar import FAIL, INCONCLUSIVE, NOT_RUN, PASS
 from k3load.analysis.rules import texts
 from k3load.analysis.rundata import RunData
+from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS
 
 PLANNED_MARGIN_S = 1.0  # a down the sampler saw began before ready; a second for clocks and log lines
 

@@ -30,6 +30,7 @@ from k3load.analysis.reuse_replay import DEFAULT_BLOCK, Geometry, designed_token
 from k3load.analysis.rundata import RunData
 from k3load.analysis.stats import ratio_cis, wilson
 from k3load.analysis.timeline import MetricIndex
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS, SERVER
 
 REACHED = 0.9  # an attempt "reached its design" when it reused at least this share of it
 METRICS_SLACK_S = 2.5  # let the scrape after the last request land
@@ -153,7 +154,7 @@ def judge_family(family: str, row: dict[str, Any], scenarios: dict[str, dict[str
     """Cold families must stay cold, shared ones must reach their design (see the module doc)."""
     designed, achieved = row["designed_share"], row["achieved_share"]
     if designed is None or not row["attempts_with_usage"]:
-        return Finding(family, "inconclusive", None, f"inconclusive, because no {family} response carried "
+        return Finding(family, INCONCLUSIVE, None, f"inconclusive, because no {family} response carried "
                        "usage.prompt_tokens_details.cached_tokens (is --enable-prompt-tokens-details set?)")
     share_ci = row["achieved_share_ci95"] or [achieved, achieved]
     if family == "cold" and designed > COLD_SHARE:
@@ -167,22 +168,22 @@ def judge_family(family: str, row: dict[str, Any], scenarios: dict[str, dict[str
                            f"earlier request of the run shared more than {designed:.0%} with it by the server's own "
                            "tokenizer: cached_tokens over-reported, or the chat path renders prompts differently "
                            "from /tokenize (pillar status unchanged)")
-        return Finding(family, "pass", None, f"{family}: {achieved:.0%} reused, {designed:.0%} by design")
+        return Finding(family, PASS, None, f"{family}: {achieved:.0%} reused, {designed:.0%} by design")
     ratio, ci = row["achieved_of_design"], row["achieved_of_design_ci95"] or [row["achieved_of_design"]] * 2
     bound = limits.get("min_reuse_of_design", 0.5)
     text = (f"{family} family reused {ratio:.0%} of its designed reuse (95% CI {ci[0]:.0%}-{ci[1]:.0%}; "
             f"{row['achieved_tokens']:,} of {row['designed_tokens']:,} tokens over {row['attempts_with_usage']} "
             f"requests; at least {bound:.0%} expected)")
     if ci[0] >= bound:
-        return Finding(family, "pass", None, text)
+        return Finding(family, PASS, None, text)
     if row["attempts_with_design"] < MIN_WITH_DESIGN:
-        return Finding(family, "inconclusive", None, f"inconclusive, because only {row['attempts_with_design']} "
+        return Finding(family, INCONCLUSIVE, None, f"inconclusive, because only {row['attempts_with_design']} "
                        f"{family} requests could reuse a prefix by design (at least {MIN_WITH_DESIGN} needed): {text}")
     if ci[1] < bound and not thin:
-        return Finding(family, "fail", "server", f"the prefix cache missed what the samples share: {text}", fails=True)
+        return Finding(family, FAIL, SERVER, f"the prefix cache missed what the samples share: {text}", fails=True)
     if ci[1] < bound:
-        return Finding(family, "inconclusive", "server", f"inconclusive, because {'; '.join(thin)}: {text}")
-    return Finding(family, "inconclusive", None, f"inconclusive, because the interval straddles the bound: {text}")
+        return Finding(family, INCONCLUSIVE, SERVER, f"inconclusive, because {'; '.join(thin)}: {text}")
+    return Finding(family, INCONCLUSIVE, None, f"inconclusive, because the interval straddles the bound: {text}")
 
 
 def geometry_of(config: dict[str, str]) -> Geometry:
@@ -230,12 +231,12 @@ def judge_reuse(data: RunData, index: MetricIndex, limits: dict[str, float], con
         return {"status": "not_run", "reason": "no request completed"}, []
     if design is None:
         why = "reuse_design.json is missing (the run predates it, or ended before the measurement)"
-        return {"status": "inconclusive", "reason": f"inconclusive, because {why}"}, \
-            [Finding("*", "inconclusive", None, f"inconclusive, because {why}")]
+        return {"status": INCONCLUSIVE, "reason": f"inconclusive, because {why}"}, \
+            [Finding("*", INCONCLUSIVE, None, f"inconclusive, because {why}")]
     if design.get("error"):
         why = f"the server's tokenizer was not reachable ({design['error']})"
-        return {"status": "inconclusive", "reason": f"inconclusive, because {why}"}, \
-            [Finding("*", "inconclusive", None, f"inconclusive, because {why}")]
+        return {"status": INCONCLUSIVE, "reason": f"inconclusive, because {why}"}, \
+            [Finding("*", INCONCLUSIVE, None, f"inconclusive, because {why}")]
     geometry = geometry_of(config)
     # The streaming drill's twins are the same bytes sent at the same instant: which of them reuses the
     # other's blocks (or neither, prefilled in one step) is the scheduler's draw, so they have no design
@@ -283,9 +284,9 @@ def apply_reuse(pillar: PillarResult, data: RunData, index: MetricIndex, limits:
         return  # the cache is off and the pillar says so: what it did not reuse adds nothing to that
     # A family too thin to judge says so in numbers.reuse and the report's table; only the measurement as a
     # whole being impossible (family "*") joins the pillar's reasons, beside the findings.
-    said = [f for f in findings if f.status in ("fail", "finding") or (f.status == "inconclusive" and f.family == "*")]
+    said = [f for f in findings if f.status in (FAIL, "finding") or (f.status == INCONCLUSIVE and f.family == "*")]
     pillar.reasons += [f"reuse: {f.reason}" for f in said]
     if any(f.fails for f in findings) and pillar.status != "fail":
-        pillar.status = "fail"
+        pillar.status = FAIL
         pillar.reasons = [f"reuse: {f.reason}" for f in findings if f.fails] + \
             [r for r in pillar.reasons if not any(r == f"reuse: {f.reason}" for f in findings if f.fails)]

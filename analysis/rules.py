@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from k3load.outcomes import FAIL
+
 RESOURCE_SIGNALS = ("resource", "queue_latency")
 
 
@@ -43,7 +45,7 @@ class RuleResult:
 
 def breach(rule_id: str, signal: str, measured: Any, limit: Any, reason: str, *evidence: str) -> dict[str, Any]:
     """A stage limit exceeded, as the stage table carries it (plain data: it goes into verdict.json)."""
-    return RuleResult(rule_id, "resources", "fail", reason, measured, limit, signal, evidence).to_dict()
+    return RuleResult(rule_id, "resources", FAIL, reason, measured, limit, signal, evidence).to_dict()
 
 
 def texts(breaches: list[dict[str, Any]]) -> list[str]:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
+
 Z95 = 1.959963984540054  # two-sided 95%
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20261203  # fixed: the same pairs give the same interval on every machine
@@ -60,10 +62,10 @@ def wilson(k: int, n: int, z: float = Z95) -> Rate:
 def decide_rate(rate: Rate, threshold: float) -> str:
     """'pass' (lower bound clears the threshold), 'fail' (upper bound below it) or 'inconclusive'."""
     if rate.n and rate.low >= threshold:
-        return "pass"
+        return PASS
     if rate.n and rate.high < threshold:
-        return "fail"
-    return "inconclusive"
+        return FAIL
+    return INCONCLUSIVE
 
 
 def more_attempts_to_decide(rate: Rate, threshold: float) -> int | None:

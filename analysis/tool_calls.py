@@ -14,9 +14,10 @@ from collections import Counter
 from typing import Any
 
 from k3load.analysis.lean import AnyAttempt
-from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS, percentile
+from k3load.analysis.pillar import percentile
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.stats import wilson
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.workload.plan import Plan
 from k3load.workload.stream_equivalence import BOTH_VALID, NOT_COMPARED, OUTCOMES
 from k3load.workload.stream_equivalence import CHECK as EQUIVALENCE

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from k3load.analysis.pillar import FAIL, NOT_RUN, PASS, PillarResult
+from k3load.analysis.pillar import PillarResult
 from k3load.analysis.pillar_agent import context_reason
 from k3load.analysis.rules import RESOURCE_SIGNALS
+from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS
 
 NEXT_ACTION = {
     "go": "Fix the exposure scope and monitoring: deploy alerts.yaml and watch GPU memory, KV usage, waiting "
@@ -34,18 +35,18 @@ def compat_pillar(compat: dict[str, Any] | None) -> PillarResult:
     if compat is None:
         return PillarResult(NOT_RUN, ["no compat.json: the precheck did not run"])
     rules = compat.get("rules", [])
-    failed = [r for r in rules if r.get("status") == "fail"]
-    undecided = [r for r in rules if r.get("status") == "inconclusive"]
+    failed = [r for r in rules if r.get("status") == FAIL]
+    undecided = [r for r in rules if r.get("status") == INCONCLUSIVE]
     skipped = [r["id"] for r in rules if r.get("status") == "not_applicable"]
     recipe = (compat.get("recipe") or {}).get("name", "?")
     numbers = {"recipe": recipe, "rules": len(rules), "failed": [r["id"] for r in failed],
                "inconclusive": [r["id"] for r in undecided], "not_applicable": skipped}
     reasons = [f"{r['id']}: {r.get('reason', '')}" for r in failed or undecided]
-    status = compat.get("status", "inconclusive")
+    status = compat.get("status", INCONCLUSIVE)
     if status == PASS:
         reasons = [f"recipe {recipe}: {len(rules) - len(skipped)} rules pass"
                    + (f", {len(skipped)} not applicable ({', '.join(skipped)})" if skipped else "")]
-    return PillarResult(status if status in (PASS, FAIL) else "inconclusive", reasons, numbers)
+    return PillarResult(status if status in (PASS, FAIL) else INCONCLUSIVE, reasons, numbers)
 
 
 def _limits(stage_table: list[dict[str, Any]], ramp: dict[str, Any], context: dict[str, Any] | None = None

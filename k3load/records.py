@@ -17,11 +17,6 @@ from typing import IO, Any
 from k3load.client.result import StreamResult
 from k3load.evidence import lines
 
-# Who is to blame for a failed attempt, upstream first: the model's output, vLLM's tool/reasoning
-# parser, the vLLM server itself (its own JSON error bodies, its context-length refusal), a gateway or
-# proxy in front of it (HTML pages, 502/503/504, 429 with Retry-After, resets, cut streams), our client.
-LAYERS = ("model_output", "parser", "server", "gateway", "client")
-
 
 @dataclass
 class Finding:

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from k3load.evidence import records_file
-from k3load.records import LAYERS, Attempt, read_records
+from k3load.outcomes import LAYERS
+from k3load.records import Attempt, read_records
 
 
 def _group(all_attempts: list[Attempt]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import yaml
 from k3load.analysis.analyze import analyze
 from k3load.analysis.input_size import input_tokens
 from k3load.analysis.manifest import verify
-from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS, PillarResult, thresholds
+from k3load.analysis.pillar import PillarResult, thresholds
 from k3load.analysis.pillar_resources import classify_crashes, judge_resources
 from k3load.analysis.ramp import ramp
 from k3load.analysis.report_html import markdown_to_html
@@ -20,6 +20,7 @@ from k3load.analysis.rules import breach
 from k3load.analysis.rundata import RECORD_COLUMNS, RunData, StageWindow
 from k3load.analysis.timeline import MetricIndex
 from k3load.analysis.verdict import decide
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 
 KEY = 'vllm:prefix_cache_hits_total{engine="0",model_name="m"}'
 WAIT = 'vllm:num_requests_waiting{engine="0",model_name="m"}'

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS, thresholds
+from k3load.analysis.pillar import thresholds
 from k3load.analysis.pillar_cache import judge_prefix_cache
 from k3load.analysis.rundata import RunData, StageWindow
 from k3load.analysis.timeline import MetricIndex
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.records import Attempt, Finding
 
 HITS, QUERIES, CACHED = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", \

@@ -50,7 +50,8 @@ import pytest
 import yaml
 
 from k3load.evidence import records_file
-from k3load.records import LAYERS, Attempt, read_records
+from k3load.outcomes import LAYERS
+from k3load.records import Attempt, read_records
 from k3load.targets.vllm_cpu import process_group_alive
 from k3load.workload.scenario import load_scenarios
 from tests.probes import Target, scrape, total

@@ -40,7 +40,8 @@ import yaml
 from k3load.analysis.verdict import EXIT_CODES
 from k3load.client.access import REDACTED
 from k3load.evidence import lines, records_file
-from k3load.records import LAYERS, Attempt, read_records
+from k3load.outcomes import LAYERS
+from k3load.records import Attempt, read_records
 from tests.test_locust_run import locust_cmd
 from tests.test_reliability_client import SURROGATE_BODY, SURROGATE_CHUNKS
 from tests.test_secrets import GATEWAY, GATEWAY_HEADER, KEY, EchoHandler, EchoServer, _completion, _leaks, _sse

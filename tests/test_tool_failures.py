@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from k3load.analysis.pillar import DEFAULT_THRESHOLDS, FAIL, INCONCLUSIVE, PASS
+from k3load.analysis.pillar import DEFAULT_THRESHOLDS
 from k3load.analysis.pillar_agent import judge_agent_api
 from k3load.client.result import StreamResult, ToolCall
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.records import Attempt, Finding
 from k3load.workload.plan import parse_plan
 from k3load.workload.scenario import parse_scenario

@@ -29,12 +29,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from k3load.analysis.pillar import FAIL, INCONCLUSIVE, PASS, thresholds
+from k3load.analysis.pillar import thresholds
 from k3load.analysis.pillar_resources import judge_resources
 from k3load.analysis.rundata import RECORD_COLUMNS, RunData, StageWindow
 from k3load.analysis.stages import cpu_by_process
 from k3load.analysis.timeline import MetricIndex
 from k3load.evidence import lines, records_file
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.records import read_records
 from tests.test_locust_run import (
     VERDICT_CODES,

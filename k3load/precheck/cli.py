@@ -21,11 +21,12 @@ import sys
 from pathlib import Path
 
 from k3load.client.access import Secrets, Tls, access_problem, add_access_arguments
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.precheck import PrecheckError, RecipeError, recheck, run_precheck
 from k3load.precheck.report import COMPAT, summary_lines
 from k3load.yamlfile import one_line
 
-EXIT = {"pass": 0, "fail": 1, "inconclusive": 2}
+EXIT = {PASS: 0, FAIL: 1, INCONCLUSIVE: 2}
 EXIT_ERROR = 3
 
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from k3load.outcomes import NOT_APPLICABLE as NA
 from k3load.precheck.evidence import Evidence
 from k3load.precheck.recipe import Recipe
-
-PASS, FAIL, INCONCLUSIVE, NA = "pass", "fail", "inconclusive", "not_applicable"
 
 
 def result(rule_id: str, status: str, reason: str, evidence: list[str] | tuple[str, ...] = (),

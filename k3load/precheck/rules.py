@@ -14,10 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
+from k3load.outcomes import NOT_APPLICABLE as NA
 from k3load.precheck.collect_env import major, parse_version, version_at_least
 from k3load.precheck.evidence import Evidence
 from k3load.precheck.recipe import Recipe
-from k3load.precheck.rule_base import FAIL, INCONCLUSIVE, NA, PASS, files_of, na_result, result
+from k3load.precheck.rule_base import files_of, na_result, result
 from k3load.precheck.server_rules import metrics_gap, metrics_reachable, server_reachable, target_not_sim
 from k3load.precheck.startup_log import cuda_init_problems, quote
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.precheck.evidence import Evidence
 from k3load.precheck.recipe import Recipe
-from k3load.precheck.rule_base import FAIL, INCONCLUSIVE, PASS, files_of, result
+from k3load.precheck.rule_base import files_of, result
 
 
 def server_reachable(recipe: Recipe, ev: Evidence) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import jsonschema
 
 from k3load.client.result import STATUS_HTTP_ERROR, STATUS_OK, STATUS_STREAM_ERROR, STATUS_TIMEOUT, StreamResult
+from k3load.outcomes import CLIENT, GATEWAY, MODEL_OUTPUT, PARSER, SERVER
 from k3load.records import Finding, timing_fields
 from k3load.workload.scenario import Scenario, Turn
 
@@ -95,13 +96,13 @@ def transport_layer(result: StreamResult) -> str:
     error body or its mid-stream error event. `gateway`: everything a proxy produces or that breaks
     on the way (HTML pages, 429/502/504, an error without vLLM's body, resets, cut or malformed streams)."""
     if result.status == STATUS_TIMEOUT:
-        return "client"
+        return CLIENT
     if result.status == STATUS_STREAM_ERROR:
-        return "server"
+        return SERVER
     if result.status == STATUS_HTTP_ERROR:
         own = vllm_error(result.error_body) is not None
-        return "server" if own and result.http_status not in GATEWAY_STATUSES else "gateway"
-    return "gateway"
+        return SERVER if own and result.http_status not in GATEWAY_STATUSES else GATEWAY
+    return GATEWAY
 
 
 def stall(result: StreamResult, turn: Turn, timing: dict[str, Any], max_gap_ms: float | None) -> Finding | None:
@@ -117,7 +118,7 @@ def stall(result: StreamResult, turn: Turn, timing: dict[str, Any], max_gap_ms: 
     tool_turn = turn.kind == "tool_call"
     why = ("a parser holding a tool call back until its end (vllm#50604) looks like this" if tool_turn else
            "the server stopped streaming")
-    return _fail("stream.stall", "parser" if tool_turn else "server",
+    return _fail("stream.stall", PARSER if tool_turn else SERVER,
                  f"no token for {silence / 1000:.1f} s before our deadline cut the answer ({len(result.chunk_ts)} "
                  f"token chunks before it; limit {max_gap_ms / 1000:g} s, thresholds.agent_api.max_tool_call_gap_ms): "
                  f"a stall, not a slow answer; {why}")
@@ -128,7 +129,7 @@ def check_transport(result: StreamResult) -> list[Finding]:
         return [Finding("transport", True)]
     refusal = context_length(result.error_body) if result.http_status == 400 else None
     if refusal:
-        return [_fail("request.context_length", "server", f"{refusal_text(refusal)} > max_model_len "
+        return [_fail("request.context_length", SERVER, f"{refusal_text(refusal)} > max_model_len "
                       f"{refusal.max_model_len} (vLLM's context-length 400: {result.error_body or ''})")]
     detail = f"{result.status}: {result.error or ''}"
     if result.http_status is not None:
@@ -139,18 +140,18 @@ def check_transport(result: StreamResult) -> list[Finding]:
 def check_tool_calls(result: StreamResult, scenario: Scenario) -> list[Finding]:
     findings: list[Finding] = []
     if result.finish_reason == "tool_calls" and not result.tool_calls:
-        findings.append(_fail("tool_call.present", "parser", "finish_reason tool_calls with no tool_calls"))
+        findings.append(_fail("tool_call.present", PARSER, "finish_reason tool_calls with no tool_calls"))
     ids = [c.id for c in result.tool_calls if c.id]
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if repeated:  # the model writes arguments, the server assigns ids: a repeated id is the parser's
-        findings.append(_fail("tool_call.unique_ids", "parser", f"call id {repeated[0]!r} appears "
+        findings.append(_fail("tool_call.unique_ids", PARSER, f"call id {repeated[0]!r} appears "
                               f"{ids.count(repeated[0])} times among {len(result.tool_calls)} calls: the parser "
                               "emitted one call twice (vllm#24478)"))
     for call in result.tool_calls:
         where = f"call {call.index} ({call.name})"
         schema = scenario.tool_schema(call.name or "")
         if schema is None:
-            findings.append(_fail("tool_call.name", "model_output", f"{where}: not one of the request's tools"))
+            findings.append(_fail("tool_call.name", MODEL_OUTPUT, f"{where}: not one of the request's tools"))
             continue
         try:
             arguments = json.loads(call.arguments or "")
@@ -158,7 +159,7 @@ def check_tool_calls(result: StreamResult, scenario: Scenario) -> list[Finding]:
             findings.append(_arguments_not_json(result, where, exc, call.arguments))
             continue
         if not isinstance(arguments, dict):
-            findings.append(_fail("tool_call.arguments_schema", "model_output", f"{where}: not an object"))
+            findings.append(_fail("tool_call.arguments_schema", MODEL_OUTPUT, f"{where}: not an object"))
             continue
         findings.append(_schema_finding("tool_call.arguments_schema", arguments, schema, where))
     return findings
@@ -169,18 +170,18 @@ def _arguments_not_json(result: StreamResult, where: str, exc: json.JSONDecodeEr
     (finish_reason `length`). A small model looping inside a string argument ("...-task-to-add-to-...")
     until max_tokens leaves cut JSON that no parser could mend: that is the model's output."""
     if result.finish_reason == "length":
-        return _fail("tool_call.arguments_json", "model_output",
+        return _fail("tool_call.arguments_json", MODEL_OUTPUT,
                      f"{where}: cut at max_tokens (finish_reason length) mid-arguments: {exc}: {text!r}")
-    return _fail("tool_call.arguments_json", "parser", f"{where}: {exc}: {text!r}")
+    return _fail("tool_call.arguments_json", PARSER, f"{where}: {exc}: {text!r}")
 
 
 def _schema_finding(check: str, value: Any, schema: dict[str, Any], where: str) -> Finding:
     try:
         jsonschema.validate(value, schema)
     except jsonschema.ValidationError as exc:
-        return _fail(check, "model_output", f"{where}: {exc.message}")
+        return _fail(check, MODEL_OUTPUT, f"{where}: {exc.message}")
     except jsonschema.SchemaError as exc:
-        return _fail(check, "client", f"{where}: our schema is not usable: {exc.message}")
+        return _fail(check, CLIENT, f"{where}: our schema is not usable: {exc.message}")
     return Finding(check, True)
 
 
@@ -200,9 +201,9 @@ def check_cadence(result: StreamResult, timing: dict[str, Any], max_gap_ms: floa
         "thresholds.agent_api.max_tool_call_gap_ms)"
     outside = _longest_gap_outside_calls(result)
     if outside >= max_gap_ms:
-        return [_fail("tool_call.cadence", "gateway", f"{said}, and {outside / 1000:.1f} s outside it too: the whole "
+        return [_fail("tool_call.cadence", GATEWAY, f"{said}, and {outside / 1000:.1f} s outside it too: the whole "
                       "stream arrived in lumps (a buffering proxy), not a parser holding the call back")]
-    return [_fail("tool_call.cadence", "parser", f"{said}; the call came in {deltas} delta(s): arguments held "
+    return [_fail("tool_call.cadence", PARSER, f"{said}; the call came in {deltas} delta(s): arguments held "
                   "back until the call was whole (vllm#50604), not slow decoding")]
 
 
@@ -225,22 +226,22 @@ def check_transition(result: StreamResult, turn: Turn) -> list[Finding]:
     markup = [m for m in TOOL_MARKUP if m in result.reasoning]
     if markup or result.finish_reason == "tool_calls":
         evidence = f"tool-call markup {markup} inside reasoning" if markup else "finish_reason tool_calls"
-        return [_fail("reasoning.no_transition", "parser", f"reasoning present, content and calls empty, {evidence}:"
+        return [_fail("reasoning.no_transition", PARSER, f"reasoning present, content and calls empty, {evidence}:"
                       " the answer never left the reasoning (no think-to-answer transition, vllm#53246)")]
-    return [_fail("reasoning.no_transition", "model_output", "reasoning present, content and calls empty, no "
+    return [_fail("reasoning.no_transition", MODEL_OUTPUT, "reasoning present, content and calls empty, no "
                   "tool-call markup in the reasoning: the model thought and then said nothing")]
 
 
 def check_separation(result: StreamResult) -> list[Finding]:
     findings = []
     tool_markup = [m for m in TOOL_MARKUP if m in result.content]
-    findings.append(_fail("content.tool_markup", "parser", f"tool-call markup in content: {tool_markup}")
+    findings.append(_fail("content.tool_markup", PARSER, f"tool-call markup in content: {tool_markup}")
                     if tool_markup else Finding("content.tool_markup", True))
     think_markup = [m for m in REASONING_MARKUP if m in result.content]
     leaked = bool(result.reasoning) and result.reasoning.strip() in result.content
     if think_markup or leaked:
         detail = f"reasoning markup in content: {think_markup}" if think_markup else "reasoning repeated in content"
-        findings.append(_fail("content.reasoning_leak", "parser", detail))
+        findings.append(_fail("content.reasoning_leak", PARSER, detail))
     else:
         findings.append(Finding("content.reasoning_leak", True))
     return findings
@@ -251,17 +252,17 @@ def check_expectation(result: StreamResult, turn: Turn) -> list[Finding]:
     kind = expect["kind"]
     if kind == "tool_call":
         if not result.tool_calls:
-            return [_fail("expect.tool_call", "model_output", "expected a tool call, got an answer")]
+            return [_fail("expect.tool_call", MODEL_OUTPUT, "expected a tool call, got an answer")]
         allowed = expect.get("tools")
         wrong = [c.name for c in result.tool_calls if allowed and c.name not in allowed]
-        findings = [_fail("expect.tool_call", "model_output", f"called {wrong}, expected one of {allowed}")
+        findings = [_fail("expect.tool_call", MODEL_OUTPUT, f"called {wrong}, expected one of {allowed}")
                     if wrong else Finding("expect.tool_call", True)]
         return findings + ([_check_calls(result, expect["calls"])] if expect.get("calls") else [])
     if kind == "answer":
         if result.tool_calls:
-            return [_fail("expect.answer", "model_output", "expected an answer without tools, got a tool call")]
+            return [_fail("expect.answer", MODEL_OUTPUT, "expected an answer without tools, got a tool call")]
         if not result.content.strip():
-            return [_fail("expect.answer", "model_output", "empty answer")]
+            return [_fail("expect.answer", MODEL_OUTPUT, "empty answer")]
         return [Finding("expect.answer", True)]
     if kind == "json":
         return [_check_json(result, turn)]
@@ -280,7 +281,7 @@ def _check_calls(result: StreamResult, expected: list[str]) -> Finding:
     parts = [f"{len(got)} calls {got}, expected {len(expected)} {sorted(expected)}"]
     parts += [f"missing {missing}"] if missing else []
     parts += [f"extra {extra}"] if extra else []
-    return _fail("expect.calls", "model_output", "; ".join(parts))
+    return _fail("expect.calls", MODEL_OUTPUT, "; ".join(parts))
 
 
 def _minus(items: list[str], taken: list[str]) -> list[str]:
@@ -298,9 +299,9 @@ def _check_json(result: StreamResult, turn: Turn) -> Finding:
         value = json.loads(result.content)
     except json.JSONDecodeError as exc:
         if result.finish_reason == "length":  # cut by max_tokens: no grammar or parser can close it
-            return _fail("expect.json", "model_output", f"content cut at max_tokens (finish_reason length), not "
+            return _fail("expect.json", MODEL_OUTPUT, f"content cut at max_tokens (finish_reason length), not "
                          f"JSON ({exc}): {result.content[:200]!r}")
-        layer = "parser" if "response_format" in turn.settings else "model_output"
+        layer = PARSER if "response_format" in turn.settings else MODEL_OUTPUT
         return _fail("expect.json", layer, f"content is not JSON ({exc}): {result.content[:200]!r}")
     return _schema_finding("expect.json", value, schema, "content")
 
@@ -322,7 +323,7 @@ def validate(result: StreamResult, scenario: Scenario, turn: Turn, timing: dict[
 # Upstream first: a failure there makes every later judgment of the same attempt a consequence
 # (a parser that lost the call also fails the turn's tool-call expectation). `client` leads because
 # our own unusable schema or deadline invalidates whatever else was judged.
-PRIMARY_ORDER = ("client", "gateway", "server", "parser", "model_output")
+PRIMARY_ORDER = (CLIENT, GATEWAY, SERVER, PARSER, MODEL_OUTPUT)
 
 
 def primary_layer(findings: list[Finding]) -> str | None:
