@@ -14,6 +14,16 @@ from typing import Any
 import yaml
 
 
+def knob(default: Any, help: str) -> Any:
+    """A setting with its one description: `k3load sim --help` and docs/options.md read it from here."""
+    return field(default=default, metadata={"help": help})
+
+
+def help_of(cls: type, name: str) -> str:
+    """A setting's description (`knob`'s help)."""
+    return {f.name: f for f in dataclasses.fields(cls)}[name].metadata["help"]
+
+
 class ProfileError(ValueError):
     """A fault/engine profile that cannot be used; the message names the file and the field."""
 
@@ -25,78 +35,106 @@ class FaultProfile:
     The model/parser faults are plan rewrites (faults.py); the wire and gateway faults (error styles,
     Retry-After, resets, health flap, /metrics status and stall) are in gateway.py, which says why."""
 
-    malformed_tool_args_rate: float = 0.0  # arguments that are not valid JSON (parser layer)
-    empty_tool_calls_rate: float = 0.0  # finish_reason "tool_calls" with no calls (parser layer)
-    raw_tool_markup_rate: float = 0.0  # K2 tool-call markup left in content (parser layer)
-    reasoning_leak_rate: float = 0.0  # reasoning text repeated inside content
-    weak_answer_rate: float = 0.0  # a weak model: no content, no tool call (model_output, not the stack)
-    http_error_rate: float = 0.0  # reject before any work
-    http_error_status: int = 503  # 429, 500, 502, 503 ...
-    http_error_style: str = "vllm"  # "vllm" JSON body, "gateway" plain text, "html" an nginx error page
-    http_error_retry_after_s: int = 0  # >0: injected HTTP errors carry `Retry-After: N` (a rate limiter)
-    connection_reset_rate: float = 0.0  # TCP RST before any response byte (gateway/LB dropping the request)
-    midstream_reset_rate: float = 0.0  # streaming: TCP RST after some chunks (a reset, not a clean close)
-    midstream_error_rate: float = 0.0  # streaming: `data: {"error": ...}` after some chunks
-    truncate_stream_rate: float = 0.0  # streaming: connection closed without [DONE]
-    slow_first_token_rate: float = 0.0
-    slow_first_token_ms: float = 0.0  # extra delay before the first token
-    slow_drip_rate: float = 0.0
-    slow_drip_ms: float = 0.0  # extra delay between tokens
-    prefix_cache_never_hits: bool = False  # flag says caching is on, lookups never hit
-    metrics_disabled: bool = False  # as vLLM 0.32 `--disable-log-stats`: only vllm:tool_call_parser_invocations
-    oom_kv_demand_tokens: int = 0  # >0: crash with a CUDA-OOM-like line when KV demand passes it
-    health_flap_period_s: float = 0.0  # >0: main-port /health alternates 200/503 every N wall seconds
-    metrics_http_status: int = 200  # not 200: main-port /metrics answers this (a gateway forwarding only /v1)
-    metrics_stall_ms: float = 0.0  # wall ms every /metrics response waits while the stall window is open
-    metrics_stall_after_requests: int = 0  # the window opens once this many chat requests were received
-    metrics_stall_requests: int = 0  # ... and closes once this many more arrived (0: never closes)
+    malformed_tool_args_rate: float = knob(0.0, "fault: tool-call arguments that are not valid JSON: parser")
+    empty_tool_calls_rate: float = knob(0.0, "fault: finish_reason tool_calls with an empty tool_calls list: parser")
+    raw_tool_markup_rate: float = knob(0.0, "fault: raw tool-call markup left in content instead of tool_calls: "
+                                            "parser")
+    reasoning_leak_rate: float = knob(0.0, "fault: reasoning text emitted as content: parser")
+    weak_answer_rate: float = knob(0.0, "fault: a weak model, answering with nothing (no content, no tool call): "
+                                        "model_output")
+    http_error_rate: float = knob(0.0, "fault: requests rejected with --http-error-status")
+    http_error_status: int = knob(503, "fault: status of injected HTTP errors (429, 500, 503 ...)")
+    http_error_style: str = knob("vllm", "fault: body of injected errors: vllm (JSON), gateway (plain text) or html "
+                                         "(an nginx error page, text/html)")
+    http_error_retry_after_s: int = knob(0, "fault: injected HTTP errors carry 'Retry-After: N' (0: no header)")
+    connection_reset_rate: float = knob(0.0, "fault: the connection is reset (TCP RST) before any response byte")
+    midstream_reset_rate: float = knob(0.0, "fault: streaming connection reset (TCP RST) halfway, not a clean close")
+    midstream_error_rate: float = knob(0.0, "fault: streaming error event halfway through the answer")
+    truncate_stream_rate: float = knob(0.0, "fault: stream closed halfway without finish chunk or [DONE]")
+    slow_first_token_rate: float = knob(0.0, "fault: share of requests with a stalled first token")
+    slow_first_token_ms: float = knob(0.0, "fault: extra first-token delay, model ms")
+    slow_drip_rate: float = knob(0.0, "fault: share of requests with slow token drip")
+    slow_drip_ms: float = knob(0.0, "fault: extra delay between tokens, model ms")
+    prefix_cache_never_hits: bool = knob(False, "fault: prefix caching reported on but never hits")
+    metrics_disabled: bool = knob(False, "fault: as vLLM 0.32 with --disable-log-stats, only the tool-parser counter "
+                                         "on /metrics, no other vllm:* series")
+    oom_kv_demand_tokens: int = knob(0, "fault: crash with a CUDA-OOM line when queued+running KV demand passes this "
+                                        "(0: off)")
+    health_flap_period_s: float = knob(0.0, "fault: /health alternates 200 and 503 every N wall seconds since start, "
+                                            "the engine being fine (0: off; the metrics port's /health stays 200)")
+    metrics_http_status: int = knob(200, "fault: /metrics on the main port answers this status (404: '404 page not "
+                                         "found', a gateway forwarding only /v1); the metrics port still serves")
+    metrics_stall_ms: float = knob(0.0, "fault: wall ms (not scaled by --time-scale) each /metrics response waits "
+                                        "while the stall window is open (0: off)")
+    metrics_stall_after_requests: int = knob(0, "fault: the /metrics stall window opens once this many chat requests "
+                                                "were received")
+    metrics_stall_requests: int = knob(0, "fault: the /metrics stall window closes once this many more chat requests "
+                                          "were received (0: never closes)")
     # Kimi's known tool-call failures (parser layer); the streamed-only ones leave stream:false right
-    stream_empty_tool_calls_rate: float = 0.0  # streamed: every tool-call delta is `"tool_calls": []` (vllm#54701)
-    stream_empty_tool_calls_min_running: int = 0  # ... only with at least this many requests in the engine
-    tool_args_burst_rate: float = 0.0  # streamed: each call whole in one delta after a silence (vllm#50604)
-    tool_args_burst_ms: float = 0.0  # that silence before the first tool-call delta, model ms
-    parallel_call_drop_rate: float = 0.0  # streamed, 2+ calls: the last call is never sent (vllm#24478)
-    parallel_call_merge_rate: float = 0.0  # streamed, 2+ calls: the second's arguments under the first's index
-    parallel_call_duplicate_rate: float = 0.0  # streamed: one call sent again, same id, new index
-    missing_think_transition_rate: float = 0.0  # no think-to-answer transition: all left in reasoning (vllm#53246)
-    ignore_disconnect_rate: float = 0.0  # the engine keeps decoding after its client left (a gateway not passing it on)
-    skip_tool_call_rate: float = 0.0  # a model answering in prose where it should call a tool (model_output)
+    stream_empty_tool_calls_rate: float = knob(0.0, "fault: streamed answers only: every tool-call delta is sent as "
+                                                    "an empty '\"tool_calls\": []', finish_reason still tool_calls "
+                                                    "(vllm#54701); the stream:false twin stays right")
+    stream_empty_tool_calls_min_running: int = knob(0, "fault: --stream-empty-tool-calls-rate applies only when the "
+                                                       "engine holds at least this many requests (running + waiting, "
+                                                       "this one included) when the request arrives")
+    tool_args_burst_rate: float = knob(0.0, "fault: streamed answers only: arguments do not stream; each call comes "
+                                            "whole in one delta after a silence of --tool-args-burst-ms (vllm#50604)")
+    tool_args_burst_ms: float = knob(0.0, "fault: the silence before the first tool-call delta, model ms")
+    parallel_call_drop_rate: float = knob(0.0, "fault: streamed answers with 2+ calls: the last call is never sent, "
+                                               "finish_reason stays tool_calls (vllm#24478)")
+    parallel_call_merge_rate: float = knob(0.0, "fault: streamed answers with 2+ calls: the second call's header is "
+                                                "lost and its arguments follow the first's under its index "
+                                                "('{...}{...}', one call fewer)")
+    parallel_call_duplicate_rate: float = knob(0.0, "fault: streamed answers with calls: one call is sent again, "
+                                                    "whole, under a new index with the same id")
+    missing_think_transition_rate: float = knob(0.0, "fault: no think-to-answer transition: the call (as K3 markup) "
+                                                     "or the answer stays in reasoning; content empty, no calls, "
+                                                     "finish_reason stop (vllm#53246; needs --reasoning-tokens > 0)")
+    ignore_disconnect_rate: float = knob(0.0, "fault: the request keeps decoding to its end after the client went "
+                                              "away (a gateway that does not pass the disconnect on): KV and batch "
+                                              "seat stay taken, no abort")
+    skip_tool_call_rate: float = knob(0.0, "fault: a model that skips tool calls: with tool_choice auto it answers in "
+                                           "prose where it should call a tool (finish_reason stop, no calls): "
+                                           "model_output; at temperature 0 the same request is skipped every time")
 
 
 @dataclass
 class SimConfig:
     """Engine, cache, timing and identity of the simulated server."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    metrics_port: int = 0  # also serve /metrics and /health here (0: not served; -1: a free port)
-    model: str = "kimi-k3-sim"
-    max_model_len: int = 32768
-    vllm_version: str = "0.33.0"
-    seed: int = 0
+    host: str = knob("127.0.0.1", "address to bind (loopback by default)")
+    port: int = knob(8000, "port to bind; 0 picks a free one (the URL is printed)")
+    metrics_port: int = knob(0, "also serve the engine's /metrics and /health on this port of the same host, as an "
+                                "engine whose metrics are reachable apart from its API gateway (0: not served; -1: a "
+                                "free one; the URL is printed: 'metrics on http://HOST:PORT/metrics')")
+    model: str = knob("kimi-k3-sim", "served model name (requests naming another model get vLLM's 404)")
+    max_model_len: int = knob(32768, "context length in tokens; longer prompts get vLLM's context-length 400")
+    vllm_version: str = knob("0.33.0", "version reported by /version")
+    seed: int = knob(0, "seed for answers and fault draws (identical requests replay identically)")
     # KV cache and scheduler (vLLM CacheConfig / SchedulerConfig analogues)
-    block_size: int = 16
-    num_gpu_blocks: int = 8192
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 8192
-    enable_prefix_caching: bool = True
-    hybrid_block_size: int = 0  # >0: KDA-style state checkpoints; hits resume only at multiples
+    block_size: int = knob(16, "KV block size in tokens (prefix-cache hash unit)")
+    num_gpu_blocks: int = knob(8192, "KV blocks in the pool (capacity = blocks x block size tokens)")
+    max_num_seqs: int = knob(64, "most requests running at once; the rest wait")
+    max_num_batched_tokens: int = knob(8192, "token budget of one engine step (chunked prefill)")
+    enable_prefix_caching: bool = knob(True, "reuse cached prompt blocks")
+    hybrid_block_size: int = knob(0, "KDA/mamba-style state checkpoint grid in tokens: hits resume only at multiples "
+                                     "(0: off)")
     # Timing model (seconds of wall time = model time x time_scale)
-    time_scale: float = 1.0
-    step_base_ms: float = 4.0  # fixed cost of one engine step
-    step_per_seq_ms: float = 0.08  # decode cost per running sequence
-    prefill_ms_per_token: float = 0.02  # cost per uncached prompt token
+    time_scale: float = knob(1.0, "wall seconds per model second (0.1 runs ten times faster)")
+    step_base_ms: float = knob(4.0, "fixed cost of one engine step, model ms")
+    step_per_seq_ms: float = knob(0.08, "decode cost per running sequence per step, model ms")
+    prefill_ms_per_token: float = knob(0.02, "prefill cost per uncached prompt token, model ms")
     # Output shape
-    reasoning_tokens: int = 12  # 0 disables the reasoning field
-    answer_tokens_min: int = 16
-    answer_tokens_max: int = 64
-    tool_call_style: str = "k3"  # "k3": each call whole in one delta; "k2": name then argument pieces
-    enable_prompt_tokens_details: bool = True
+    reasoning_tokens: int = knob(12, "tokens of reasoning before each answer (0: no reasoning field)")
+    answer_tokens_min: int = knob(16, "shortest plain answer in tokens")
+    answer_tokens_max: int = knob(64, "longest plain answer in tokens")
+    tool_call_style: str = knob("k3", "k3: each call whole in one delta; k2: name first, then argument pieces")
+    enable_prompt_tokens_details: bool = knob(True, "report usage.prompt_tokens_details.cached_tokens")
     # Simulated GPU memory (dcgm-exporter names, labelled simulated)
-    gpu_count: int = 8
-    gpu_memory_mib: int = 288 * 1024  # GB300-class
-    weights_mib_per_gpu: int = 180 * 1024
-    kv_bytes_per_token: int = 70_000
+    gpu_count: int = knob(8, "simulated GPUs (DCGM_FI_DEV_FB_* gauges, labelled simulated)")
+    gpu_memory_mib: int = knob(288 * 1024, "simulated memory per GPU, MiB")
+    weights_mib_per_gpu: int = knob(180 * 1024, "simulated weight memory per GPU, MiB")
+    kv_bytes_per_token: int = knob(70_000, "simulated KV bytes per token across all GPUs")
     faults: FaultProfile = field(default_factory=FaultProfile)
 
     def time_s(self, ms: float) -> float:
