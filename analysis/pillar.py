@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from k3load.quantile import nearest_rank_index
+
 DEFAULT_THRESHOLDS: dict[str, dict[str, float]] = {
     "agent_api": {"min_attempts": 20, "min_valid_rate": 0.95, "max_tool_call_gap_ms": 30000.0,
                   "min_stream_pairs": 10, "min_reference_attempts": 20, "min_reference_trigger_f1": 0.9,
@@ -59,11 +61,11 @@ NUMPY_FROM = 4096  # above this many values a selection beats a sort
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    """The nearest-rank value at q (an element of `values`, never an interpolation)."""
+    """The nearest-rank value at q (k3load.quantile), of the values that are known (None left out)."""
     clean = [v for v in values if v is not None]
     if not clean:
         return None
-    index = min(round(q * (len(clean) - 1)), len(clean) - 1)
+    index = nearest_rank_index(len(clean), q)
     if len(clean) >= NUMPY_FROM and all(type(v) is float for v in clean):
         # The index-th smallest by selection, O(n): the same value a sort gives, when no NaN (which
         # sorts nowhere) and no -0.0 (which equals 0.0 yet prints apart) can make the pick ambiguous.

@@ -12,10 +12,11 @@ import json
 import statistics
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from k3load.client.result import StreamResult
 from k3load.evidence import lines
+from k3load.quantile import nearest_rank
 
 
 @dataclass
@@ -135,11 +136,6 @@ def json_line(data: Any) -> str:
     return line
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
-    index = min(round(q * (len(sorted_values) - 1)), len(sorted_values) - 1)
-    return sorted_values[index]
-
-
 def timing_fields(result: StreamResult) -> dict[str, float | int | None]:
     """TTFT, inter-token stats, decode time, tool-call cadence and the last silence (ms), keyed by
     Attempt field name. A field that cannot be known for this attempt is left out (None in the record,
@@ -154,8 +150,8 @@ def timing_fields(result: StreamResult) -> dict[str, float | int | None]:
     gaps = sorted((b - a) * 1000 for a, b in zip(result.chunk_ts, result.chunk_ts[1:], strict=False))
     if gaps:
         out["itl_mean_ms"] = statistics.fmean(gaps)
-        out["itl_p50_ms"] = _percentile(gaps, 0.50)
-        out["itl_p99_ms"] = _percentile(gaps, 0.99)
+        out["itl_p50_ms"] = nearest_rank(gaps, 0.50)
+        out["itl_p99_ms"] = nearest_rank(gaps, 0.99)
     out.update(tool_call_cadence(result))
     out["last_silence_ms"] = last_silence_ms(result)
     return out
@@ -195,27 +191,6 @@ def last_silence_ms(result: StreamResult) -> float:
     else:
         since = next((t for t in (result.first_event_ts, result.first_byte_ts) if t is not None), result.send_ts)
     return (result.end_ts - since) * 1000
-
-
-class RecordWriter:
-    """Appends one JSON line per attempt and flushes it at once (a crash loses nothing written)."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        # backslashreplace: a line from elsewhere that still holds a lone surrogate is written as its
-        # JSON escape (`\\udcff`), never raised (see json_line)
-        self._file: IO[str] = path.open("a", encoding="utf-8", errors="backslashreplace")
-
-    def write(self, attempt: Attempt) -> None:
-        self.write_line(attempt.to_json())
-
-    def write_line(self, line: str) -> None:
-        self._file.write(line + "\n")
-        self._file.flush()  # in the OS as soon as the attempt ends: a killed harness loses nothing
-
-    def close(self) -> None:
-        self._file.close()
 
 
 def jsonl_lines(text: str) -> list[str]:

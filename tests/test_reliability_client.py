@@ -26,8 +26,8 @@ from k3load.client.chat import ChatClient
 from k3load.client.result import StreamResult
 from k3load.client.sse import MAX_LINE_BYTES
 from k3load.client.transport import TRANSPORTS
-from k3load.evidence import records_file
-from k3load.records import Attempt, RecordWriter, json_line, read_records
+from k3load.evidence import RECORDS, lines, records_file
+from k3load.records import Attempt, json_line, read_records
 from k3load.rundir import JsonlLog
 from k3load.workload.conversation import RETRY_AFTER_MAX_S, RunContext, retry_wait_s, run_turn
 from k3load.workload.scenario import parse_scenario
@@ -66,15 +66,15 @@ def stream_of(*events: str) -> bytes:
 
 
 def recorded(result: StreamResult, tmp_path: Path) -> Attempt:
-    """The result as an Attempt, written by RecordWriter and read back (the path every attempt takes)."""
+    """The result as an Attempt, written by the run's JsonlLog and read back (the path every attempt takes)."""
     attempt = Attempt(run_id="r", attempt_id=f"a{time.perf_counter_ns()}", chain_id="c", attempt=1, stage="s",
                       scenario="x", family="agent", turn=0, turn_kind="answer", user_id="u", request_sha256="",
                       prefix_sha256="", transport=result.transport, status=result.status, send_ts=result.send_ts,
                       end_ts=result.end_ts, http_status=result.http_status, error=result.error,
                       error_body=result.error_body, reasoning=result.reasoning, content=result.content,
                       tool_calls=[c.as_message() for c in result.tool_calls])
-    writer = RecordWriter(tmp_path / "records.jsonl")
-    writer.write(attempt)
+    writer = JsonlLog(tmp_path / RECORDS)
+    writer.append_line(attempt.to_json())
     writer.close()
     (back,) = [a for a in read_records(records_file(tmp_path)) if a.attempt_id == attempt.attempt_id]
     assert back == attempt
@@ -94,7 +94,7 @@ def test_lone_surrogate_escapes_are_recorded_and_read_back(serve: Callable[..., 
         back = recorded(r, tmp_path)
         assert (back.reasoning, back.content) == ("think \udfff", "smile \ud83d end")
         assert json.loads(back.tool_calls[0]["function"]["arguments"]) == {"a": "\ud800"}
-    line = (tmp_path / "records.jsonl").read_text(encoding="utf-8").splitlines()[-1]
+    line = list(lines(tmp_path / RECORDS))[-1]
     assert "\\ud83d" in line and line.isascii()  # kept as the JSON escape the server sent
 
 
@@ -118,17 +118,17 @@ def test_invalid_utf8_is_kept_escaped_and_malformed(serve: Callable[..., RawServ
 
 def test_writers_never_raise_on_a_lone_surrogate(tmp_path: Path) -> None:
     """The safety net under json_line: a line that still holds a raw surrogate (built by someone
-    else's json.dumps(ensure_ascii=False)) is written as its JSON escape, in both writers."""
+    else's json.dumps(ensure_ascii=False)) is written as its JSON escape, by append_line and append alike."""
     raw = json.dumps({"content": "a\ud83db\udcff"}, ensure_ascii=False)
     log = JsonlLog(tmp_path / "events.jsonl")
     log.append_line(raw)
     log.append({"content": "\udfff"})
     log.close()
-    writer = RecordWriter(tmp_path / "records.jsonl")
-    writer.write_line(raw)
-    writer.close()
-    for name in ("events.jsonl", "records.jsonl"):
-        first = json.loads((tmp_path / name).read_text(encoding="utf-8").splitlines()[0])
+    records = JsonlLog(tmp_path / RECORDS)  # compressed, as a run's records are
+    records.append_line(raw)
+    records.close()
+    for name in ("events.jsonl", RECORDS):
+        first = json.loads(next(iter(lines(tmp_path / name))))
         assert first == {"content": "a\ud83db\udcff"}
     assert json_line({"a": "é"}) == '{"a":"é"}' and json_line({"a": "\ud83d"}) == '{"a":"\\ud83d"}'
 

@@ -10,7 +10,8 @@ import pytest
 
 from k3load.client.result import StreamResult, ToolCall
 from k3load.evidence import records_file
-from k3load.records import Attempt, RecordWriter, read_records, timing_fields
+from k3load.records import Attempt, read_records, timing_fields
+from k3load.rundir import JsonlLog
 from k3load.workload.conversation import retry_reason
 from k3load.workload.scenario import parse_scenario
 from k3load.workload.validate import context_length, primary_layer, validate
@@ -112,8 +113,8 @@ def test_records_round_trip_and_survive_a_torn_last_line(tmp_path):
                       family="agent", turn=0, turn_kind="answer", user_id="u", request_sha256="x",
                       prefix_sha256="y", transport="t", status="ok", send_ts=1.0, end_ts=2.0,
                       findings=[Finding("transport", True)])
-    writer = RecordWriter(tmp_path / "records.jsonl")
-    writer.write(attempt)
+    writer = JsonlLog(tmp_path / "records.jsonl")
+    writer.append_line(attempt.to_json())
     writer.close()
     with (tmp_path / "records.jsonl").open("a") as handle:
         handle.write('{"run_id": "r", "attem')
@@ -126,9 +127,9 @@ def test_a_record_whose_answer_holds_a_unicode_line_break_reads_back_whole(tmp_p
                       family="agent", turn=0, turn_kind="answer", user_id="u", request_sha256="x",
                       prefix_sha256="y", transport="t", status="ok", send_ts=1.0, end_ts=2.0,
                       content="line\u2028separated\u2029para\x85next\x1cfile")
-    writer = RecordWriter(tmp_path / "records.jsonl")
-    writer.write(attempt)
-    writer.write(dataclasses.replace(attempt, attempt_id="a2"))
+    writer = JsonlLog(tmp_path / "records.jsonl")
+    writer.append_line(attempt.to_json())
+    writer.append_line(dataclasses.replace(attempt, attempt_id="a2").to_json())
     writer.close()
     assert "\u2028" in (tmp_path / "records.jsonl").read_text()  # written as it is, not escaped
     assert read_records(records_file(tmp_path)) == [attempt, dataclasses.replace(attempt, attempt_id="a2")]
