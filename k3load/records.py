@@ -31,7 +31,7 @@ class Finding:
 
 @dataclass
 class Attempt:
-    """Everything the verdict needs to know about one attempt. Documented field by field in README."""
+    """Everything the verdict needs to know about one attempt. Documented field by field in docs/records.md."""
 
     run_id: str
     attempt_id: str

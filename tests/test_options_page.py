@@ -8,11 +8,13 @@ regenerating it would send users to a flag that no longer exists. Regenerate wit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from pathlib import Path
 
 from k3load import options_page
 from k3load.cli import build_parser
+from k3load.sim.config import FaultProfile
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "options.md"
@@ -41,3 +43,12 @@ def test_every_flag_of_every_command_is_on_the_page() -> None:
     missing = sorted(f for f in wanted if not re.search(re.escape(f"`{f}`"), rows))
     assert not missing, missing
     assert "--k3-plan" in wanted and "--reference" in wanted  # the parsers were really read
+
+
+def test_every_sim_fault_is_grouped_in_the_sim_page() -> None:
+    """docs/sim.md groups the faults by where they strike (their descriptions live on the fields): a new
+    fault must be placed in a group, or a reader of that page never learns it exists."""
+    page = (ROOT / "docs" / "sim.md").read_text()
+    flags = ["--" + f.name.replace("_", "-") for f in dataclasses.fields(FaultProfile)]
+    missing = [flag for flag in flags if f"`{flag}`" not in page]
+    assert not missing, missing

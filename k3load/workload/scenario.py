@@ -3,7 +3,7 @@
 Why strict: a scenario is evidence. A misspelt key that silently fell back to a default would change
 what was tested without anyone noticing, so unknown keys, bad JSON Schemas in tool definitions and
 references to tools that do not exist are all load errors naming the file and the field.
-The format is documented field by field in `k3load/schemas/scenario.schema.json` and the README.
+The format is documented field by field in `k3load/schemas/scenario.schema.json` and docs/scenarios-and-plans.md.
 """
 
 from __future__ import annotations
