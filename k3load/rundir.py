@@ -27,6 +27,7 @@ from typing import IO, Any
 
 from k3load.client.access import Secrets
 from k3load.clock import now
+from k3load.events import Event
 from k3load.evidence import LEGACY, RECORDS, GzipSink, start_flusher
 
 # How text files are written: a lone surrogate (a server's `"\\ud83d"`, or a byte that was not UTF-8,
@@ -122,9 +123,10 @@ class JsonlLog:
             if self._sink is not None and not self._closed.is_set():
                 self._sink.flush_due()
 
-    def event(self, event: str, **fields: Any) -> None:
-        """An events.jsonl line: the run's clock (k3load.clock), the event name, its fields."""
-        self.append({"ts": now(), "event": event, **fields})
+    def event(self, event: Event, **fields: Any) -> None:
+        """An events.jsonl line: the run's clock (k3load.clock), the event name, its fields (k3load.events
+        says which). A name not in the catalogue raises ValueError here, before anything is written."""
+        self.append({"ts": now(), "event": Event(event).value, **fields})
 
     def close(self) -> None:
         with self._lock:
@@ -140,6 +142,7 @@ def _dumps(record: dict[str, Any]) -> str:
 
 
 RUN_MARKERS = ("run.json", RECORDS, LEGACY[RECORDS])  # with a `run_start` in events.jsonl: a run was here
+_RUN_START_TEXT = f'"{Event.RUN_START.value}"'  # a line without it is not parsed
 
 
 def set_aside_previous_run(run_dir: Path, keep: Collection[Path] = ()) -> Path | None:
@@ -190,13 +193,13 @@ def _run_start_id(events: Path) -> str | None:
     try:
         with events.open(encoding="utf-8", errors="replace") as handle:
             for line in handle:
-                if '"run_start"' not in line:
+                if _RUN_START_TEXT not in line:
                     continue
                 try:
                     record = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(record, dict) and record.get("event") == "run_start":
+                if isinstance(record, dict) and record.get("event") == Event.RUN_START:
                     return str(record.get("run_id") or "")
     except OSError:
         pass

@@ -27,10 +27,10 @@ import gevent
 from locust.exception import RPCError, RPCSendError
 
 from k3load.clock import now
+from k3load.events import Event, Message
 from k3load.sampler.loop import CpuMeter
 
 log = logging.getLogger("k3load")
-EVENT = "load_generator_cpu"
 
 
 class CpuReporter:
@@ -70,7 +70,7 @@ class CpuReporter:
         if value is None:
             return
         try:
-            self.runner.send_message("k3_cpu", {"run_id": self.run_id(), "cpu_pct": value, "ts": now(),
+            self.runner.send_message(Message.CPU, {"run_id": self.run_id(), "cpu_pct": value, "ts": now(),
                                                 "host": self.host, "pid": self.pid})
             self.sent += 1
         except (RPCError, RPCSendError) as exc:  # the master is gone: nobody to tell
@@ -86,5 +86,6 @@ def write_reading(session: Any, worker: str, data: dict[str, Any]) -> None:
     if session.events is None or data.get("cpu_pct") is None:
         return
     with contextlib.suppress(ValueError):  # closed: a reading after the run's end has nowhere to go
-        session.events.event(EVENT, process=process_name(str(data.get("host") or worker), data.get("pid")),
+        session.events.event(Event.LOAD_GENERATOR_CPU,
+                             process=process_name(str(data.get("host") or worker), data.get("pid")),
                              role="worker", worker=worker, cpu_pct=float(data["cpu_pct"]), worker_ts=data.get("ts"))

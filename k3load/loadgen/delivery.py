@@ -14,8 +14,8 @@ and a count per worker turns "nothing lost" into a check the master makes before
 Why `pump`: in a headless run Locust's master quits before `quitting` fires (it tells its workers to quit,
 waits half a second and kills its message listener: locust/runners.py MasterRunner.quit), while the
 workers' users still finish their turns for up to --stop-timeout. Once Locust's listener is gone, the wait
-reads the master's socket itself and hands each k3_* message to the handler registered for it (Locust's own
-messages are dropped then: its runner has quit).
+reads the master's socket itself and hands each of our messages (k3load.events.Message) to the handler
+registered for it (Locust's own messages are dropped then: its runner has quit).
 """
 
 from __future__ import annotations
@@ -31,12 +31,14 @@ from typing import Any
 import gevent
 from locust.exception import RPCError, RPCReceiveError, RPCSendError
 
+from k3load.events import Event, Message
 from k3load.loadgen import cpu, spools
 
 log = logging.getLogger("k3load")
 WAIT_MARGIN_S = 10.0  # on top of --stop-timeout: a worker's stop, its last sends and its spool's seal
 PUMP_STEP_S = 0.1
 SPOOL_GRACE_S = 2.0  # a sealed spool ends the wait for its worker only after this: its messages come first
+OURS = frozenset(Message)  # the messages `pump` hands on after Locust's master quit (k3load.events)
 
 
 @dataclass
@@ -125,12 +127,12 @@ class Workers:
 
 def register(runner: Any, session: Any) -> None:
     """Master: the k3_* messages of the workers."""
-    runner.register_message("k3_join", lambda msg, **_kw: _this_run(session, msg) and session.workers.joined(
+    runner.register_message(Message.JOIN, lambda msg, **_kw: _this_run(session, msg) and session.workers.joined(
         msg.node_id, msg.data))
-    runner.register_message("k3_record", lambda msg, **_kw: on_record(session, msg.node_id, msg.data))
-    runner.register_message("k3_done", lambda msg, **_kw: _this_run(session, msg) and session.workers.done(
+    runner.register_message(Message.RECORD, lambda msg, **_kw: on_record(session, msg.node_id, msg.data))
+    runner.register_message(Message.DONE, lambda msg, **_kw: _this_run(session, msg) and session.workers.done(
         msg.node_id, msg.data))
-    runner.register_message("k3_cpu", lambda msg, **_kw: _this_run(session, msg) and cpu.write_reading(
+    runner.register_message(Message.CPU, lambda msg, **_kw: _this_run(session, msg) and cpu.write_reading(
         session, msg.node_id, msg.data))
 
 
@@ -168,7 +170,7 @@ def pump(runner: Any, step_s: float = PUMP_STEP_S) -> bool:
     if received is None:
         return False
     _worker, msg = received
-    handler = runner.custom_messages.get(msg.type) if msg.type.startswith("k3_") else None
+    handler = runner.custom_messages.get(msg.type) if msg.type in OURS else None
     if handler is None:
         return False
     try:
@@ -198,7 +200,7 @@ def collect(session: Any, runner: Any, timeout_s: float) -> list[str]:
     for problem in problems:
         log.error("k3load: %s", problem)
     if session.events is not None and workers.tallies:
-        session.events.event("worker_spools", workers=len(workers.tallies), final=len(workers.tallies) - len(short),
+        session.events.event(Event.WORKER_SPOOLS, workers=len(workers.tallies), final=len(workers.tallies) - len(short),
                              not_final=[workers.describe(w) for w in short], waited_s=timeout_s,
                              read_after_locust_quit=pumped[0],
                              by_worker={w: asdict(t) for w, t in sorted(workers.tallies.items())})

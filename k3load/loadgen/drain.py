@@ -31,6 +31,7 @@ from typing import Any
 import gevent
 
 from k3load.client.access import gevent_patched
+from k3load.events import Event
 from k3load.loadgen.options import run_access
 from k3load.sampler.fetch import fetch, same_origin
 from k3load.sampler.prom import parse, split_key
@@ -107,7 +108,7 @@ class StageDrain:
         if first is None:
             event["error"] = "no reading of vllm:num_requests_running on /metrics"
         if self.session.events is not None:
-            self.session.events.event("stage_drain", **event)
+            self.session.events.event(Event.STAGE_DRAIN, **event)
         if drained is False:
             log.warning("k3load: stage %s did not drain within %.0f s: %s running, %s waiting after every client "
                         "left", stage.name, self.bound_s, last["running"], last["waiting"])  # type: ignore[index]

@@ -25,6 +25,7 @@ import gevent
 
 from k3load.analysis.analyze import analyze
 from k3load.analysis.cli import summary_line
+from k3load.events import Event, Message
 from k3load.evidence import records_file
 from k3load.loadgen import delivery, sigterm, webui
 from k3load.loadgen.inputs import HARNESS_ERROR_EXIT, check_inputs
@@ -56,8 +57,8 @@ def _on_init(environment: Any, **_kwargs: Any) -> None:
     if session.role == "master":
         delivery.register(runner, session)  # k3_join, k3_record, k3_done, k3_cpu
     elif session.role == "worker":
-        runner.register_message("k3_run", lambda msg, **_kw: session.join_run(msg.data))
-        runner.register_message("k3_stage", lambda msg, **_kw: session.set_stage_by_name(msg.data["name"],
+        runner.register_message(Message.RUN, lambda msg, **_kw: session.join_run(msg.data))
+        runner.register_message(Message.STAGE, lambda msg, **_kw: session.set_stage_by_name(msg.data["name"],
                                                                                             msg.data.get("stage")))
 
 
@@ -144,7 +145,7 @@ def finish_run(environment: Any, session: HarnessSession, in_thread: bool = Fals
                                 + delivery.WAIT_MARGIN_S) if session.role == "master" else []
     session.end_manual_stages()
     if session.events is not None:
-        session.events.event("run_end", attempts=session.attempts_written)
+        session.events.event(Event.RUN_END, attempts=session.attempts_written)
     session.close()
     if in_thread:
         summary, judgment = gevent.get_hub().threadpool.apply(_summarise_and_judge, (run_dir, problems))

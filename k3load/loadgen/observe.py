@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from k3load.clock import wall_clock
+from k3load.events import Event
 from k3load.loadgen.options import run_access
 from k3load.loadgen.redact_lines import copy_redacted
 from k3load.precheck import run_precheck
@@ -36,7 +37,7 @@ def precheck(session: Any) -> dict[str, Any]:
                           use_local_nvml=opts.k3_nvml != "off",
                           metrics_url=next(iter(metrics_urls(opts, session.env.host)), None))
     failed = [r["id"] for r in compat.get("rules", []) if r.get("status") == "fail"]
-    session.events.event("precheck", status=compat.get("status"), failed=failed)
+    session.events.event(Event.PRECHECK, status=compat.get("status"), failed=failed)
     log.warning("k3load precheck: %s%s", compat.get("status"), f" (failed: {', '.join(failed)})" if failed else "")
     return compat
 
@@ -79,7 +80,7 @@ class Restarter:
         self._running: subprocess.Popen[bytes] | None = None
 
     def __call__(self, record: dict[str, Any]) -> None:
-        if record.get("event") != "server_down" or record.get("first_poll"):
+        if record.get("event") != Event.SERVER_DOWN or record.get("first_poll"):
             return
         if getattr(getattr(self.session, "restart_drill", None), "active", False):
             return  # the restart drill took the server down on purpose and is bringing it back itself
@@ -90,7 +91,7 @@ class Restarter:
         self._running = subprocess.Popen(["bash", "-c", self.command], stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         copy_redacted(self._running, log_path)
-        self.session.events.event("restart_command", attempt=self.started, pid=self._running.pid,
+        self.session.events.event(Event.RESTART_COMMAND, attempt=self.started, pid=self._running.pid,
                                   log=log_path.name)
         log.warning("k3load: server down, restart command started (%d of %d)", self.started, self.max_restarts)
 

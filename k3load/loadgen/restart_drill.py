@@ -33,6 +33,7 @@ from typing import Any
 import gevent
 import httpx
 
+from k3load.events import Event
 from k3load.loadgen.redact_lines import copy_redacted
 
 log = logging.getLogger("k3load")
@@ -69,7 +70,8 @@ class RestartDrill:
             return False
         if self.crash_restarts():
             self.ran.add(stage.name)
-            self.session.events.event("restart_drill_skipped", stage=stage.name, crash_restarts=self.crash_restarts(),
+            self.session.events.event(Event.RESTART_DRILL_SKIPPED, stage=stage.name,
+                                      crash_restarts=self.crash_restarts(),
                                       why="the server was already restarted after a crash in this run")
             return False
         return True
@@ -92,7 +94,7 @@ class RestartDrill:
         self.process = subprocess.Popen(["bash", "-c", self.command], stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         copy_redacted(self.process, log_path)
-        events.event("restart_drill_start", stage=stage.name, held_from=before.name if before else None,
+        events.event(Event.RESTART_DRILL_START, stage=stage.name, held_from=before.name if before else None,
                      users=stage.users, mix=stage.mix, up_before=up_before, log=log_path.name, pid=self.process.pid)
         log.warning("k3load: restart drill: restart command started (stage %s)", stage.name)
         down_ts: float | None = None
@@ -101,10 +103,10 @@ class RestartDrill:
             up = self.probe()
             if not up and down_ts is None:
                 down_ts = self.clock()
-                events.event("restart_drill_down", down_s=round(down_ts - start, 3))
+                events.event(Event.RESTART_DRILL_DOWN, down_s=round(down_ts - start, 3))
             rc = self.process.poll()
             if up and (down_ts is not None or not up_before):
-                events.event("restart_drill_ready", time_to_ready_s=round(self.clock() - start, 3),
+                events.event(Event.RESTART_DRILL_READY, time_to_ready_s=round(self.clock() - start, 3),
                              down_seen=down_ts is not None, command_rc=rc)
                 return True
             if up and rc is not None and rc != 0:
@@ -121,7 +123,7 @@ class RestartDrill:
         return self._failed(start, why + f" (resources.max_restart_s {self.bound_s:g})", self.process.poll())
 
     def _failed(self, start: float, why: str, rc: int | None) -> bool:
-        self.session.events.event("restart_drill_failed", why=why, waited_s=round(self.clock() - start, 3),
+        self.session.events.event(Event.RESTART_DRILL_FAILED, why=why, waited_s=round(self.clock() - start, 3),
                                   command_rc=rc)
         log.error("k3load: restart drill failed: %s", why)
         return False

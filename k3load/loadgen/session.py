@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import gevent
+import gevent.event
 import httpx
-from gevent.event import Event
 from locust.runners import MasterRunner, WorkerRunner
 
 import k3load
@@ -28,6 +28,7 @@ from k3load.analysis.agreement import REFERENCE_FILE, reference_record
 from k3load.analysis.pillar import thresholds
 from k3load.client.access import gevent_patched, tls_hint
 from k3load.clock import now
+from k3load.events import Event, Message
 from k3load.evidence import RECORDS
 from k3load.loadgen import delivery, observe
 from k3load.loadgen.inputs import harness_error_line, load_inputs
@@ -75,7 +76,7 @@ class HarnessSession:
         # worker: its records' path to the master; --k3-worker-spool read now, from its own command line
         self.link = WorkerLink(environment.runner, getattr(environment.parsed_options, "k3_worker_spool", "auto")) \
             if self.role == "worker" else None
-        self.ready = Event()
+        self.ready = gevent.event.Event()
         self._records: JsonlLog | None = None
         self.events: JsonlLog | None = None
         self._seen: set[str] = set()
@@ -119,7 +120,7 @@ class HarnessSession:
         if self.role in ("master", "local") and (self.run_dir is None or self.finished):
             self.start_run()
             if self.role == "master":
-                self.env.runner.send_message("k3_run", self.run_message())
+                self.env.runner.send_message(Message.RUN, self.run_message())
 
     def load_inputs(self) -> None:
         """Scenarios and plan (also checked at `init` on the master; loaded again here because the web UI
@@ -148,7 +149,7 @@ class HarnessSession:
             log.warning("k3load: %s held an earlier run; moved it to %s", self.run_dir, self.previous_run_moved_to)
         self._records = JsonlLog(self.run_dir / RECORDS)
         self.events = JsonlLog(self.run_dir / "events.jsonl")
-        self.events.event("run_start", run_id=self.run_id, role=self.role,
+        self.events.event(Event.RUN_START, run_id=self.run_id, role=self.role,
                           previous_run_moved_to=_str_or_none(self.previous_run_moved_to))
         assert self.plan is not None
         self.manual.active = self.env.shape_class is None  # no plan shape: the user count set by hand
@@ -196,7 +197,7 @@ class HarnessSession:
         self.fatal = why
         print(harness_error_line(why), file=sys.stderr, flush=True)
         if self.events is not None:
-            self.events.event("harness_error", error=one_line(why)[:2000])
+            self.events.event(Event.HARNESS_ERROR, error=one_line(why)[:2000])
 
     def _api_client(self) -> httpx.Client:
         """For the target's own API outside chat (/v1/models, /tokenize): the key, the gateway headers and
@@ -267,7 +268,7 @@ class HarnessSession:
                     "(%d) exceed the server's max_model_len %d; none of its requests are sent", fit.scenario,
                     fit.fixed_tokens, fit.max_tokens, fit.max_model_len)
         if self.events is not None:
-            self.events.event("long_input_unfit", scenario=fit.scenario, fixed_tokens=fit.fixed_tokens,
+            self.events.event(Event.LONG_INPUT_UNFIT, scenario=fit.scenario, fixed_tokens=fit.fixed_tokens,
                               max_tokens=fit.max_tokens, max_model_len=fit.max_model_len)
 
     def playable(self, family: str) -> list[Scenario]:
@@ -299,11 +300,11 @@ class HarnessSession:
         log.warning("k3load: stage %s (%s, %d users: %s, %.0f s)", stage.name, stage.kind, stage.users, mix,
                     stage.duration_s)
         if self.events is not None:
-            self.events.event("stage_start", stage=stage.name, kind=stage.kind, users=stage.users,
+            self.events.event(Event.STAGE_START, stage=stage.name, kind=stage.kind, users=stage.users,
                               mix=stage.mix)
         if self.role == "master":
             manual = dataclasses.asdict(stage) if self.manual.active else None
-            self.env.runner.send_message("k3_stage", {"name": stage.name, "stage": manual})
+            self.env.runner.send_message(Message.STAGE, {"name": stage.name, "stage": manual})
 
     def enter_manual_stage(self, users: int, spawn_rate: float) -> None:
         """Master/local, no plan shape: the user count was set (a test started, or changed from the

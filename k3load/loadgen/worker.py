@@ -25,6 +25,7 @@ from typing import Any
 
 from locust.exception import RPCError, RPCSendError
 
+from k3load.events import Message
 from k3load.loadgen import spools
 from k3load.loadgen.cpu import CpuReporter
 from k3load.rundir import JsonlLog
@@ -57,7 +58,7 @@ class WorkerLink:
         else:
             why = "--k3-worker-spool off" if self.spool_mode == "off" else f"{run_dir} is not reachable here"
             log.info("k3load: worker: no spool (%s): records reach the master by message only", why)
-        self._send("k3_join", {"run_id": run_id, "spool": self.spool_name, "host": socket.gethostname(),
+        self._send(Message.JOIN, {"run_id": run_id, "spool": self.spool_name, "host": socket.gethostname(),
                                "pid": os.getpid()})
 
     @property
@@ -68,7 +69,7 @@ class WorkerLink:
         """One record, as it ends: the spool first (it survives a master that stopped listening)."""
         if self.spool is not None:
             self.spool.append_line(line)
-        if self._send("k3_record", line):
+        if self._send(Message.RECORD, line):
             self.sent += 1
         else:
             self.unsent += 1
@@ -85,10 +86,10 @@ class WorkerLink:
         log.warning("k3load: worker done: run %s, worker %s, pid %d: %d records sent to the master, %d could not "
                     "be sent, spool %s", self.run_id, node, os.getpid(), self.sent, self.unsent,
                     self.spool_name or "none")
-        self._send("k3_done", {"run_id": self.run_id, "sent": self.sent, "unsent": self.unsent,
+        self._send(Message.DONE, {"run_id": self.run_id, "sent": self.sent, "unsent": self.unsent,
                                "spool": self.spool_name})
 
-    def _send(self, kind: str, data: Any) -> bool:
+    def _send(self, kind: Message, data: Any) -> bool:
         try:
             self.runner.send_message(kind, data)
             return True

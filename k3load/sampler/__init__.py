@@ -51,30 +51,12 @@ gpu.jsonl — one line per GPU per reading (fields a source lacks are null)::
      "memory_total_mib", "memory_free_mib", "util_pct", "temp_c", "power_w", "sm_clock_mhz",
      "throttle_reasons": [..] | null, "simulated": bool, "extra": {other DCGM_FI_* fields}}
 
-events.jsonl — `{"ts", "event", ...}`, shared with the locust layer's run_start/stage_start/run_end:
-
-    sampler_start   metrics_url (the first), metrics_urls, health_url, prometheus_url, prometheus_selector,
-                    gpu_metrics_urls, interval_s, timeout_s, nvml, server_log, server_log_cmd_program,
-                    api_key ("set"|null), host, pid
-    sampler_stop    scrapes, scrape_failures (all direct sources), sources {source: {scrapes, failures}},
-                    prometheus {url, queries, query_failures, instances, lines, read_to_ts} | null, gpu_rows,
-                    health_transitions, loop_errors, log_lines, log_flags
-    prometheus_error  source (Prometheus URL), reason, http_status: once per spell   prometheus_back  source,
-                    down_reason   prometheus_incomplete  source, unread_from_ts, unread_to_ts, reason (at stop)
-    server_down     source, reason, http_status, first_poll, failed_polls, unanswered_s    server_up  source, down_s
-                    (refused, reset or an HTTP error: at the first failed poll; polls that time out: only
-                    after 3 failed polls over >= 5 s, stamped with the first failed poll's ts)
-    health_slow     source, reason, failed_polls, unanswered_s: /health timed out, then answered before it
-                    counted as down (ts: the first slow poll); not a crash, no restart
-    (counter_reset, metrics_missing/back, cache_config: also from Prometheus, source prometheus:<instance>)
-    counter_reset   source, series_down, examples, process_start_ts_before, process_start_ts_after
-    metrics_missing source, reason, absent: [required names], vllm_series   metrics_back  source, vllm_series
-    cache_config    source, family, labels: [one label dict per engine]   (vllm_info: other vllm:*_info)
-    gpu_found       source, node, gpus, names          gpu_unavailable  source, reason
-    gpu_source_down source, reason                     gpu_source_up    source
-    log_oom | log_nccl | log_cuda_error | log_engine_dead | log_warning   source, line
-    log_tail_ended  source, returncode       log_tail_error  source, error
-    log_flags_suppressed  source, counts     sampler_error  loop, error
+events.jsonl — `{"ts", "event", ...}`, shared with the locust layer (run_start, stage_start, run_end ...):
+the sampler writes sampler_start/stop/error, server_down/up and health_slow (/health), counter_reset,
+metrics_missing/back, cache_config and vllm_info (each /metrics source, and Prometheus's instances as
+`prometheus:<instance>`), prometheus_error/back/incomplete, gpu_found/unavailable and gpu_source_down/up,
+and the flagged server log lines (log_oom, log_nccl, log_cuda_error, log_engine_dead, log_warning) with
+log_tail_ended/error and log_flags_suppressed. Every name, its fields and what it means: k3load/events.py.
 
 server.log — the server's log lines as read (a file followed, or a command's output).
 """

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from k3load.events import Event, EventSink
 from k3load.sampler.dcgm import dcgm_rows
 from k3load.sampler.fetch import Fetched, redact_url
 from k3load.sampler.nvml import NvmlReader, load
 from k3load.sampler.prom import parse
 
-EventSink = Callable[..., None]  # event(name, ts, **fields)
 GpuSink = Callable[[list[dict[str, Any]]], None]
 
 
@@ -34,9 +34,9 @@ class NvmlPoller:
                 self.reader.close()
                 self.reader, reason = None, "NVML initialised but reports no GPU"
         if self.reader is None:
-            event("gpu_unavailable", clock(), source="nvml", reason=reason)
+            event(Event.GPU_UNAVAILABLE, clock(), source="nvml", reason=reason)
         else:
-            event("gpu_found", clock(), source="nvml", node=self.reader.node, gpus=len(self.reader.handles),
+            event(Event.GPU_FOUND, clock(), source="nvml", node=self.reader.node, gpus=len(self.reader.handles),
                   names=[name for name, _uuid in self.reader.static])
 
     @property
@@ -74,14 +74,14 @@ class DcgmPoller:
                 error = f"parse error: {exc}"[:300]
         if error is not None:
             if self._down is None:
-                self._event("gpu_source_down", ts, source=self.name, reason=error)
+                self._event(Event.GPU_SOURCE_DOWN, ts, source=self.name, reason=error)
             self._down = error
             return
         if self._down is not None:
-            self._event("gpu_source_up", ts, source=self.name)
+            self._event(Event.GPU_SOURCE_UP, ts, source=self.name)
             self._down = None
         if rows:
             self._sink(rows)
         elif not self._empty_said:
             self._empty_said = True
-            self._event("gpu_unavailable", ts, source=self.name, reason="no DCGM_FI_* series at this URL")
+            self._event(Event.GPU_UNAVAILABLE, ts, source=self.name, reason="no DCGM_FI_* series at this URL")

@@ -20,12 +20,11 @@ fetch bounded by a timeout of at least 2 s, so against a hung server polls end a
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
+from k3load.events import Event, EventSink
 from k3load.sampler.fetch import Fetched
 
-EventSink = Callable[..., None]  # event(name, ts, **fields) -> one events.jsonl line
 DOWN_AFTER_POLLS = 3
 DOWN_AFTER_S = 5.0
 _NO_ANSWER_STATUSES = (504,)  # a gateway's "the upstream did not answer in time": a timeout one hop away
@@ -69,19 +68,19 @@ class HealthWatch:
         unanswered_s = round(ts - since, 3)
         if no_answer(result) and (self.failed_polls < self.down_after_polls or unanswered_s < self.down_after_s):
             return  # maybe only slow: wait for more polls
-        self._emit("server_down", since, reason=result.error, http_status=result.status,
+        self._emit(Event.SERVER_DOWN, since, reason=result.error, http_status=result.status,
                    first_poll=self._spell_from_first_poll, failed_polls=self.failed_polls, unanswered_s=unanswered_s)
         self.up = False
 
     def _answered(self, ts: float) -> None:
         since = self.down_since
         if self.up is False:
-            self._emit("server_up", ts, down_s=None if since is None else round(ts - since, 3))
+            self._emit(Event.SERVER_UP, ts, down_s=None if since is None else round(ts - since, 3))
         elif since is not None:  # a slow spell that ended in an answer: said, never a crash
-            self._event("health_slow", since, source=self.source, reason=self._spell_reason,
+            self._event(Event.HEALTH_SLOW, since, source=self.source, reason=self._spell_reason,
                         failed_polls=self.failed_polls, unanswered_s=round(ts - since, 3))
         self.up, self.down_since, self.failed_polls = True, None, 0
 
-    def _emit(self, name: str, ts: float, **fields: Any) -> None:
+    def _emit(self, name: Event, ts: float, **fields: Any) -> None:
         self.transitions += 1
         self._event(name, ts, source=self.source, **fields)

@@ -31,25 +31,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from k3load.events import Event, EventSink
 from k3load.rundir import JsonlLog
 
-FLAGS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("log_oom", re.compile(r"CUDA out of memory|OutOfMemoryError|cudaErrorMemoryAllocation|CUDA error: out of memory")),
-    ("log_nccl", re.compile(r"NCCL (?:WARN|ERROR)|nccl\w*Error|NCCL error|NCCL\b.*\b(?:timed out|timeout|failed)"
-                            r"|Watchdog caught collective operation timeout", re.IGNORECASE)),
-    ("log_cuda_error", re.compile(r"CUDA error|cudaError\w*|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|illegal memory access"
-                                  r"|\bXid\b|device-side assert|CUDA driver version is insufficient")),
-    ("log_engine_dead", re.compile(r"EngineDeadError|EngineCore (?:encountered|failed)|Engine core proc \S+ died")),
-    ("log_warning", re.compile(r"\b(?-i:WARNING|WARN|ERROR)\b.*(?:kernel|triton|flashinfer|flash[_ -]?attn"
-                               r"|attention backend|all[_ -]?reduce|\bp2p\b|nvlink|gloo|nccl|communicat|cuda ?graph"
-                               r"|fall(?:ing|s)? ?back)", re.IGNORECASE)),
+FLAGS: tuple[tuple[Event, re.Pattern[str]], ...] = (
+    (Event.LOG_OOM,
+     re.compile(r"CUDA out of memory|OutOfMemoryError|cudaErrorMemoryAllocation|CUDA error: out of memory")),
+    (Event.LOG_NCCL, re.compile(r"NCCL (?:WARN|ERROR)|nccl\w*Error|NCCL error|NCCL\b.*\b(?:timed out|timeout|failed)"
+                                r"|Watchdog caught collective operation timeout", re.IGNORECASE)),
+    (Event.LOG_CUDA_ERROR,
+     re.compile(r"CUDA error|cudaError\w*|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|illegal memory access"
+                r"|\bXid\b|device-side assert|CUDA driver version is insufficient")),
+    (Event.LOG_ENGINE_DEAD,
+     re.compile(r"EngineDeadError|EngineCore (?:encountered|failed)|Engine core proc \S+ died")),
+    (Event.LOG_WARNING, re.compile(r"\b(?-i:WARNING|WARN|ERROR)\b.*(?:kernel|triton|flashinfer|flash[_ -]?attn"
+                                   r"|attention backend|all[_ -]?reduce|\bp2p\b|nvlink|gloo|nccl|communicat|cuda ?graph"
+                                   r"|fall(?:ing|s)? ?back)", re.IGNORECASE)),
 )
 MAX_EVENT_LINE = 2000
 MAX_PARTIAL = 2**20
-EventSink = Callable[..., None]  # event(name, ts, **fields)
 
 
-def classify(line: str) -> str | None:
+def classify(line: str) -> Event | None:
     """The flag of a log line, or None for an ordinary one."""
     for kind, pattern in FLAGS:
         if pattern.search(line):
@@ -69,7 +72,7 @@ class LogTail:
         self._out = JsonlLog(out_path)
         self._event, self._clock, self.poll_s = event, clock, poll_s
         self.max_events_per_kind = max_events_per_kind
-        self.flagged: Counter[str] = Counter()
+        self.flagged: Counter[Event] = Counter()
         self.lines = 0
         self._stop = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -84,7 +87,7 @@ class LogTail:
         self._thread.join(timeout_s)
         suppressed = {k: n - self.max_events_per_kind for k, n in self.flagged.items() if n > self.max_events_per_kind}
         if suppressed:
-            self._event("log_flags_suppressed", self._clock(), source=self.source, counts=suppressed)
+            self._event(Event.LOG_FLAGS_SUPPRESSED, self._clock(), source=self.source, counts=suppressed)
         self._out.close()
 
     def _run(self) -> None:
@@ -94,7 +97,7 @@ class LogTail:
             else:
                 self._follow_command()
         except Exception as exc:  # a log tail must never take the sampler down
-            self._event("log_tail_error", self._clock(), source=self.source, error=f"{type(exc).__name__}: {exc}")
+            self._event(Event.LOG_TAIL_ERROR, self._clock(), source=self.source, error=f"{type(exc).__name__}: {exc}")
 
     def on_line(self, line: str) -> None:
         line = line.rstrip("\r\n")
@@ -151,7 +154,7 @@ class LogTail:
             self.on_line(raw.decode("utf-8", errors="replace"))
         code = self._proc.wait()
         if not self._stop.is_set():
-            self._event("log_tail_ended", self._clock(), source=self.source, returncode=code)
+            self._event(Event.LOG_TAIL_ENDED, self._clock(), source=self.source, returncode=code)
 
     def _end_command(self) -> None:
         """End the command we started (its own session): SIGTERM to its group, then SIGKILL."""

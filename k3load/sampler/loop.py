@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from k3load.client.access import Tls, gevent_patched
+from k3load.events import Event
 from k3load.evidence import METRICS, SeriesTable
 from k3load.rundir import JsonlLog
 from k3load.sampler.fetch import fetch, health_url_for, redact_url, same_origin
@@ -136,7 +137,7 @@ class Sampler:
         self._events = self._shared_events or JsonlLog(self.out_dir / "events.jsonl")
         self._metrics_log = JsonlLog(self.out_dir / METRICS, encode=SeriesTable().encode)
         self._gpu_log = JsonlLog(self.out_dir / "gpu.jsonl")
-        self.event("sampler_start", self.clock(), **self._describe())
+        self.event(Event.SAMPLER_START, self.clock(), **self._describe())
         self._start_gpu()
         self._watches = [self._start_metrics(url, first=i == 0) for i, url in enumerate(self.metrics_urls)]
         self._health = self._start_health(self.health_url) if self.health_url else None
@@ -162,7 +163,7 @@ class Sampler:
         if self._nvml is not None:
             self._nvml.close()
         summary = self.summary()
-        self.event("sampler_stop", self.clock(), **summary)
+        self.event(Event.SAMPLER_STOP, self.clock(), **summary)
         for log in (self._metrics_log, self._gpu_log) + (() if self._shared_events else (self._events,)):
             log.close()
         return summary
@@ -233,13 +234,15 @@ class Sampler:
     def _loop_error(self, loop: str, exc: BaseException) -> None:
         self._errors[loop] = self._errors.get(loop, 0) + 1
         if self._errors[loop] <= MAX_ERROR_EVENTS:
-            self.event("sampler_error", self.clock(), loop=loop, error=f"{type(exc).__name__}: {exc}"[:500])
+            self.event(Event.SAMPLER_ERROR, self.clock(), loop=loop, error=f"{type(exc).__name__}: {exc}"[:500])
 
     # -- sinks -----------------------------------------------------------------------------------------
-    def event(self, name: str, ts: float, **fields: Any) -> None:
-        """One events.jsonl line, shaped like JsonlLog.event but stamped with this sampler's clock."""
+    def event(self, name: Event, ts: float, /, **fields: Any) -> None:
+        """One events.jsonl line, shaped like JsonlLog.event but stamped with `ts` (k3load.events.EventSink);
+        a name not in the catalogue raises ValueError, a late write after stop() is dropped."""
+        record = {"ts": ts, "event": Event(name).value, **fields}
         with contextlib.suppress(ValueError):  # closed: a late write after stop() has nowhere to go
-            self._events.append({"ts": ts, "event": name, **fields})
+            self._events.append(record)
 
     def gpu(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:

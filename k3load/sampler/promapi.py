@@ -28,12 +28,12 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
+from k3load.events import Event, EventSink
 from k3load.rundir import JsonlLog
 from k3load.sampler.fetch import Fetched, redact_url
 from k3load.sampler.prom import number, rebuild
 from k3load.sampler.scrape import MetricsWatch
 
-EventSink = Callable[..., None]  # event(name, ts, **fields)
 QUERY_PATH = "/api/v1/query_range"
 NAMES = "vllm:.+|up|process_start_time_seconds"  # up: Prometheus's own "the target answered" per instance
 TARGET_LABELS = ("instance", "job")  # Prometheus's own labels: dropped so keys read as a direct scrape's
@@ -111,7 +111,7 @@ class PrometheusReader:
         while self._chunk(now, now) and time.monotonic() < deadline:
             pass
         if self._grid(self.next_k) <= now:
-            self._event("prometheus_incomplete", now, source=self.source, unread_from_ts=self._grid(self.next_k),
+            self._event(Event.PROMETHEUS_INCOMPLETE, now, source=self.source, unread_from_ts=self._grid(self.next_k),
                         unread_to_ts=now, reason=self.error or f"not read within {self.final_budget_s:g} s at stop")
 
     def _grid(self, k: int) -> float:
@@ -144,7 +144,7 @@ class PrometheusReader:
             return None
         self.series_guess = max(1, len(series))
         if self.error is not None:
-            self._event("prometheus_back", now, source=self.source, down_reason=self.error)
+            self._event(Event.PROMETHEUS_BACK, now, source=self.source, down_reason=self.error)
             self.error = None
         return grouped
 
@@ -171,7 +171,7 @@ class PrometheusReader:
         """Said once per spell; an `ok: false` line per instance known (or one for Prometheus itself)."""
         self.failures += 1
         if self.error is None:
-            self._event("prometheus_error", now, source=self.source, reason=reason, http_status=status)
+            self._event(Event.PROMETHEUS_ERROR, now, source=self.source, reason=reason, http_status=status)
         self.error = reason
         base = {"ts": now, "ok": False, "scrape_ms": None, "load_generator_cpu_pct": None}
         for watch in self.watches.values() or [self._watch_for_errors()]:

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from k3load.events import Event, EventSink
 from k3load.rundir import JsonlLog
 from k3load.sampler.dcgm import dcgm_rows
 from k3load.sampler.fetch import Fetched, redact_url
 from k3load.sampler.prom import REQUIRED_SERIES, Parsed, absent_required, counter_resets, parse, series_names
 
-EventSink = Callable[..., None]  # event(name, ts, **fields)
 GpuSink = Callable[[list[dict[str, Any]]], None]
 RESET_EXAMPLES = 5
 REMAINING_EXAMPLES = 3
@@ -72,7 +72,7 @@ class MetricsWatch:
             self._missing(ts, parsed, absent)  # the series that are there are still written: never thrown away
         elif self.missing:
             self.missing = False
-            self._event("metrics_back", ts, source=self.source, vllm_series=parsed.vllm_series)
+            self._event(Event.METRICS_BACK, ts, source=self.source, vllm_series=parsed.vllm_series)
         self._present(parsed, ts)
         self._lines.append(self._line(base, parsed))
         self.previous, self.monotonic = parsed.samples, parsed.monotonic
@@ -87,14 +87,14 @@ class MetricsWatch:
         """The engine's gauges are not on /metrics: said once per spell, naming what is absent."""
         if not self.missing:
             self.missing = True
-            self._event("metrics_missing", ts, source=self.source, reason=missing_reason(parsed, absent),
+            self._event(Event.METRICS_MISSING, ts, source=self.source, reason=missing_reason(parsed, absent),
                         absent=absent, vllm_series=parsed.vllm_series)
 
     def _present(self, parsed: Parsed, ts: float) -> None:
         self._resets(parsed, ts)
         for family, label_sets in sorted(parsed.infos.items()):
             if self.infos.get(family) != label_sets:
-                name = "cache_config" if family == "vllm:cache_config_info" else "vllm_info"
+                name = Event.CACHE_CONFIG if family == "vllm:cache_config_info" else Event.VLLM_INFO
                 self._event(name, ts, source=self.source, family=family, labels=label_sets)
         self.infos = parsed.infos
 
@@ -103,7 +103,7 @@ class MetricsWatch:
         restarted = (self.process_start_ts is not None and parsed.process_start_ts is not None
                      and parsed.process_start_ts > self.process_start_ts)
         if down or restarted:
-            self._event("counter_reset", ts, source=self.source, series_down=len(down),
+            self._event(Event.COUNTER_RESET, ts, source=self.source, series_down=len(down),
                         examples=sorted(down)[:RESET_EXAMPLES], process_start_ts_before=self.process_start_ts,
                         process_start_ts_after=parsed.process_start_ts)
         if parsed.process_start_ts is not None:
@@ -123,7 +123,7 @@ class MetricsWatch:
             self._gpu_sink(dcgm_rows(parsed.dcgm, ts, self.source))
         elif self._no_gpu_notice is not None:
             source, reason = self._no_gpu_notice
-            self._event("gpu_unavailable", ts, source=source, reason=reason)
+            self._event(Event.GPU_UNAVAILABLE, ts, source=source, reason=reason)
         self._no_gpu_notice = None
 
 
