@@ -24,6 +24,7 @@ from k3load.analysis.reuse import apply_reuse, judge_reuse
 from k3load.analysis.rundata import RunData, gc_paused, load_run
 from k3load.analysis.timeline import MetricIndex, shared_indexes
 from k3load.analysis.verdict import EXIT_CODES, NEXT_ACTION, compat_pillar, decide
+from k3load.events import Event
 from k3load.rundir import write_atomic
 
 OUTPUTS = ("verdict.json", "report.md", "report.html", "alerts.yaml", "dashboard.json", "manifest.sha256")
@@ -90,9 +91,9 @@ def unfinished_plan(data: RunData) -> str | None:
     than its plan asked: said with the verdict, which is then never `go`."""
     if data.plan is None or not data.plan.stages:
         return None
-    started = {e.get("stage") for e in data.events_named("stage_start")}
+    started = {e.get("stage") for e in data.events_named(Event.STAGE_START)}
     missing = [s.name for s in data.plan.stages if s.name not in started]
-    ended = bool(data.events_named("run_end"))
+    ended = bool(data.events_named(Event.RUN_END))
     if not missing and ended:
         return None
     how = "the run was cut short (no run_end in events.jsonl)" if not ended else "the run was stopped early"

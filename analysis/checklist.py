@@ -11,6 +11,7 @@ from typing import Any
 
 from k3load.analysis.pillar import PillarResult
 from k3load.analysis.rundata import RunData
+from k3load.events import Event
 from k3load.outcomes import PASS
 
 
@@ -50,7 +51,7 @@ def _monitoring(data: RunData) -> dict[str, Any]:
     not read, or one without the engine's gauges, means monitoring is not possible as deployed."""
     good = [m for m in data.metrics if m.get("ok") and m.get("vllm_series")]
     failed = [m for m in data.metrics if not m.get("ok")]
-    missing = data.events_named("metrics_missing")
+    missing = data.events_named(Event.METRICS_MISSING)
     if good and not missing:
         detail = f"{len(good)} scrapes with the engine's series from {len({m.get('source') for m in good})} source(s)"
         return _item("Server metrics for monitoring (/metrics)", True, detail, ["metrics.jsonl"])

@@ -27,6 +27,7 @@ from typing import Any
 from k3load.analysis.pillar import DEFAULT_THRESHOLDS
 from k3load.analysis.rundata import RunData, StageWindow
 from k3load.analysis.timeline import MetricIndex
+from k3load.events import Event
 
 KV_TOLERANCE = 0.02  # absolute KV usage: the gauge is a step behind, and a step may hold a block or two
 LEFT_EARLY = ("timeout", "truncated", "stream_error", "transport_error")  # the client end was cut
@@ -124,7 +125,7 @@ def _not_drained(row: dict[str, Any]) -> str:
 def drain_audit(data: RunData, index: MetricIndex, limits: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
     """One row per stage, in order; `status` drained / not_drained / kv_held / inconclusive / not_audited."""
     bound = float((limits.get("resources") or DEFAULT_THRESHOLDS["resources"]).get("max_drain_s", 0.0))
-    events = {e.get("stage"): e for e in data.events_named("stage_drain")}
+    events = {e.get("stage"): e for e in data.events_named(Event.STAGE_DRAIN)}
     rows, previous = [], None
     for stage in data.stages:
         event = events.get(stage.name)

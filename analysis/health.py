@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from k3load.analysis.rundata import RunData
+from k3load.events import Event
 
-LOG_CRASH_EVENTS = ("log_oom", "log_engine_dead")
+LOG_CRASH_EVENTS = (Event.LOG_OOM, Event.LOG_ENGINE_DEAD)
 LOG_NEAR_S = 30.0
 CUT_STATUSES = ("truncated", "stream_error", "transport_error")
 DETECTION_S = 5.0  # a down is seen up to a few polls after the process died
@@ -37,8 +38,8 @@ class DownSpell:
 
 
 def down_spells(data: RunData) -> list[DownSpell]:
-    downs = sorted(e["ts"] for e in data.events_named("server_down"))
-    ups = sorted(e["ts"] for e in data.events_named("server_up"))
+    downs = sorted(e["ts"] for e in data.events_named(Event.SERVER_DOWN))
+    ups = sorted(e["ts"] for e in data.events_named(Event.SERVER_UP))
     logs = [e["ts"] for e in data.events_named(*LOG_CRASH_EVENTS)]
     frame = data.records
     spells = []

@@ -30,6 +30,7 @@ from k3load.analysis.rules import RuleResult
 from k3load.analysis.rundata import RunData
 from k3load.analysis.stats import bootstrap_median_ci, mcnemar_one_sided, sign_test_less
 from k3load.analysis.timeline import MetricIndex
+from k3load.events import Event
 from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS
 
 WINDOW_SLACK_S = 2.5  # gauges: let the window's last scrape land
@@ -50,7 +51,7 @@ def control_pairs(data: RunData) -> list[tuple[AnyAttempt, AnyAttempt]]:
 
 def cache_config(data: RunData) -> dict[str, str]:
     """The last vllm:cache_config_info labels the sampler saw."""
-    for event in reversed(data.events_named("cache_config")):
+    for event in reversed(data.events_named(Event.CACHE_CONFIG)):
         labels = event.get("labels") or []
         if labels:
             return dict(labels[0])

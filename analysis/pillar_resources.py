@@ -20,6 +20,7 @@ from k3load.analysis.rules import texts
 from k3load.analysis.rundata import RunData
 from k3load.analysis.stages import stage_problems, stage_stats
 from k3load.analysis.timeline import MetricIndex
+from k3load.events import Event
 from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS
 
 PHASES = {
@@ -31,7 +32,7 @@ PHASES = {
     "soak": "after long running: fragmentation or poor reuse",
     "restart": "during the restart check: the server did not hold the same load after restarting",
 }
-CRASH_EVENTS = ("server_down", "log_oom", "log_engine_dead")
+CRASH_EVENTS = (Event.SERVER_DOWN, Event.LOG_OOM, Event.LOG_ENGINE_DEAD)
 SATURATED_CPU_PCT = 95.0
 
 
@@ -84,7 +85,7 @@ def _crash_times(data: RunData, spells: list[DownSpell]) -> list[dict[str, Any]]
     flaps = {spell.down_ts for spell in spells if spell.flap}
     planned = planned_windows(data)  # the restart drill's own down spell is no crash
     for event in data.events_named(*CRASH_EVENTS):
-        if (event["event"] == "server_down" and event["ts"] in flaps) or planned_down(event["ts"], planned):
+        if (event["event"] == Event.SERVER_DOWN and event["ts"] in flaps) or planned_down(event["ts"], planned):
             continue
         if crashes and event["ts"] - crashes[-1]["last_ts"] < 30:
             crashes[-1]["events"].append(event)
@@ -135,7 +136,7 @@ def _largest_prompt(conditions: dict[str, Any]) -> str:
 
 
 def _restart_check(data: RunData, ts: float) -> dict[str, Any]:
-    ups = [e for e in data.events_named("server_up") if e["ts"] > ts]
+    ups = [e for e in data.events_named(Event.SERVER_UP) if e["ts"] > ts]
     if not ups:
         return {"recovered": False, "detail": "the server did not come back within the run"}
     up = ups[0]["ts"]

@@ -18,6 +18,7 @@ from typing import Any
 
 from k3load.analysis.rules import texts
 from k3load.analysis.rundata import RunData
+from k3load.events import Event
 from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS
 
 PLANNED_MARGIN_S = 1.0  # a down the sampler saw began before ready; a second for clocks and log lines
@@ -25,9 +26,9 @@ PLANNED_MARGIN_S = 1.0  # a down the sampler saw began before ready; a second fo
 
 def planned_windows(data: RunData) -> list[tuple[float, float]]:
     """(from, to) of each drill: its start to its ready (or its failure: still down then is the drill's)."""
-    ends = sorted(e["ts"] for e in data.events_named("restart_drill_ready", "restart_drill_failed"))
+    ends = sorted(e["ts"] for e in data.events_named(Event.RESTART_DRILL_READY, Event.RESTART_DRILL_FAILED))
     windows = []
-    for start in sorted(e["ts"] for e in data.events_named("restart_drill_start")):
+    for start in sorted(e["ts"] for e in data.events_named(Event.RESTART_DRILL_START)):
         end = next((ts for ts in ends if ts >= start), float("inf"))
         windows.append((start - 1.0, end + PLANNED_MARGIN_S))  # the command starts a moment before its event
     return windows
@@ -37,15 +38,15 @@ def planned_down(ts: float, windows: list[tuple[float, float]]) -> bool:
     return any(a <= ts <= b for a, b in windows)
 
 
-def _after(events: list[dict[str, Any]], name: str, ts: float) -> dict[str, Any] | None:
+def _after(events: list[dict[str, Any]], name: Event, ts: float) -> dict[str, Any] | None:
     return next((e for e in events if e.get("event") == name and e["ts"] >= ts), None)
 
 
 def restart_drill(data: RunData, stage_table: list[dict[str, Any]]) -> dict[str, Any]:
     """The drill's numbers and status (pass / fail / not_run / inconclusive), with `why`."""
     restart = next((s for s in stage_table if s["kind"] == "restart"), None)
-    start = next(iter(data.events_named("restart_drill_start")), None)
-    skipped = next(iter(data.events_named("restart_drill_skipped")), None)
+    start = next(iter(data.events_named(Event.RESTART_DRILL_START)), None)
+    skipped = next(iter(data.events_named(Event.RESTART_DRILL_SKIPPED)), None)
     if start is None and skipped is not None:
         return {"status": NOT_RUN, "why": f"not run, because {skipped['why']} (the crash path's restart command): "
                 "recovery is judged on that restart (crashes[].restart)"}
@@ -56,9 +57,9 @@ def restart_drill(data: RunData, stage_table: list[dict[str, Any]]) -> dict[str,
                 "held load on a server that was never restarted, so recovery after a restart is unproven"}
     numbers: dict[str, Any] = {"stage": start["stage"], "held_from": start.get("held_from"), "users": start["users"],
                                "mix": start.get("mix"), "up_before": start.get("up_before"), "log": start.get("log")}
-    failed = _after(data.events, "restart_drill_failed", start["ts"])
-    ready = _after(data.events, "restart_drill_ready", start["ts"])
-    down = _after(data.events, "restart_drill_down", start["ts"])
+    failed = _after(data.events, Event.RESTART_DRILL_FAILED, start["ts"])
+    ready = _after(data.events, Event.RESTART_DRILL_READY, start["ts"])
+    down = _after(data.events, Event.RESTART_DRILL_DOWN, start["ts"])
     numbers["down_after_s"] = down["down_s"] if down else None
     if ready is None:
         why = failed["why"] if failed else "the run ended before the server answered again"

@@ -30,6 +30,7 @@ import yaml
 
 from k3load import evidence
 from k3load.analysis.lean import DEFAULTS, AnyAttempt, Interner, lean_attempt
+from k3load.events import Event
 from k3load.workload.plan import Plan, PlanError, parse_plan
 
 RECORD_COLUMNS = ("attempt_id", "chain_id", "attempt", "stage", "scenario", "family", "turn", "turn_kind",
@@ -63,7 +64,7 @@ class RunData:
     stages: list[StageWindow] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # unreadable lines or files, reported not hidden
 
-    def events_named(self, *names: str) -> list[dict[str, Any]]:
+    def events_named(self, *names: Event) -> list[dict[str, Any]]:
         return [e for e in self.events if e.get("event") in names]
 
     def stage_of(self, ts: float) -> StageWindow | None:
@@ -289,8 +290,8 @@ def send_order(send_ts: list[Any], attempt_ids: list[Any]) -> np.ndarray | None:
 
 
 def _stage_windows(events: list[dict[str, Any]], attempts: list[AnyAttempt]) -> list[StageWindow]:
-    starts = sorted((e for e in events if e.get("event") == "stage_start"), key=lambda e: e["ts"])
-    ends = [e["ts"] for e in events if e.get("event") == "run_end"]
+    starts = sorted((e for e in events if e.get("event") == Event.STAGE_START), key=lambda e: e["ts"])
+    ends = [e["ts"] for e in events if e.get("event") == Event.RUN_END]
     last = max([*ends, *(a.end_ts for a in attempts)], default=None)
     windows = []
     for i, event in enumerate(starts):
@@ -327,7 +328,7 @@ def _load(path: Path) -> RunData:
     data.metrics = sorted(metrics, key=lambda r: r.get("ts", 0))
     data.gpu = pd.DataFrame(_jsonl(path / "gpu.jsonl", problems))
     data.events = sorted(_jsonl(path / "events.jsonl", problems), key=lambda r: r.get("ts", 0))
-    for event in data.events_named("worker_spools"):  # the master gave up waiting for a worker's records
+    for event in data.events_named(Event.WORKER_SPOOLS):  # the master gave up waiting for a worker's records
         problems += [f"{worker} did not report its users stopped: its last turns may be missing"
                      for worker in event.get("not_final") or []]
     if (path / "compat.json").exists():

@@ -18,8 +18,8 @@ from k3load.analysis.rules import breach
 from k3load.analysis.rundata import RunData, StageWindow
 from k3load.analysis.stats import wilson
 from k3load.analysis.timeline import MetricIndex
+from k3load.events import Event
 
-CPU_EVENT = "load_generator_cpu"  # a worker's own CPU reading, written by the master as it arrives
 QUEUED_S = 2.0  # latency over its SLO while requests waited at least this long grows with the queue
 
 
@@ -57,7 +57,8 @@ def cpu_by_process(data: RunData, t0: float, t1: float) -> dict[str, float]:
     metrics.jsonl, each worker from its `load_generator_cpu` events (k3load.loadgen.cpu)."""
     out: dict[str, float] = {}
     readings = [(sampler_process(data), m.get("ts"), m.get("load_generator_cpu_pct")) for m in data.metrics]
-    readings += [(str(e.get("process")), e.get("ts"), e.get("cpu_pct")) for e in data.events_named(CPU_EVENT)]
+    workers = data.events_named(Event.LOAD_GENERATOR_CPU)  # a worker's own CPU, written by the master as it arrives
+    readings += [(str(e.get("process")), e.get("ts"), e.get("cpu_pct")) for e in workers]
     for process, ts, value in readings:
         if value is not None and ts is not None and t0 <= ts <= t1:
             out[process] = max(out.get(process, float("-inf")), float(value))
@@ -118,7 +119,7 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
     preemptions = index.delta("vllm:num_preemptions_total", t0, t1)
     spells = down_spells(data) if spells is None else spells
     flaps = {spell.down_ts for spell in spells if spell.flap}
-    downs = [e for e in data.events_named("server_down") if t0 <= e["ts"] <= t1 and e["ts"] not in flaps
+    downs = [e for e in data.events_named(Event.SERVER_DOWN) if t0 <= e["ts"] <= t1 and e["ts"] not in flaps
              and not planned_down(e["ts"], planned)]
     cpu = cpu_by_process(data, t0, t1)
     return {
