@@ -21,14 +21,19 @@ import contextlib
 import logging
 import os
 import socket
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import gevent
 from locust.exception import RPCError, RPCSendError
+from locust.runners import WorkerRunner
 
 from k3load.clock import now
 from k3load.events import Event, Message
 from k3load.sampler.loop import CpuMeter
+
+if TYPE_CHECKING:  # the master's session writes the readings: imported for the annotations only
+    from k3load.loadgen.session import HarnessSession
 
 log = logging.getLogger("k3load")
 
@@ -36,12 +41,12 @@ log = logging.getLogger("k3load")
 class CpuReporter:
     """A worker's CPU meter; `start` and `stop` follow its users (test_start, test_stop)."""
 
-    def __init__(self, runner: Any, run_id: Any) -> None:
+    def __init__(self, runner: WorkerRunner, run_id: Callable[[], str]) -> None:
         self.runner = runner
         self.run_id = run_id  # a callable: the run this worker is in now
         self.host, self.pid = socket.gethostname(), os.getpid()
         self._meter: CpuMeter | None = None
-        self._greenlet: Any = None
+        self._greenlet: gevent.Greenlet | None = None
         self.sent = 0
 
     def start(self, interval_s: float) -> None:
@@ -81,7 +86,7 @@ def process_name(host: str, pid: Any) -> str:
     return f"worker {host}:{pid}"
 
 
-def write_reading(session: Any, worker: str, data: dict[str, Any]) -> None:
+def write_reading(session: HarnessSession, worker: str, data: dict[str, Any]) -> None:
     """Master: one worker's reading into events.jsonl, stamped on the master's clock."""
     if session.events is None or data.get("cpu_pct") is None:
         return

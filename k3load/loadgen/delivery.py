@@ -26,13 +26,18 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gevent
 from locust.exception import RPCError, RPCReceiveError, RPCSendError
+from locust.rpc.protocol import Message as LocustMessage
+from locust.runners import MasterRunner
 
 from k3load.events import Event, Message
 from k3load.loadgen import cpu, spools
+
+if TYPE_CHECKING:  # the session holds the ledger and calls in here: imported for the annotations only
+    from k3load.loadgen.session import HarnessSession
 
 log = logging.getLogger("k3load")
 WAIT_MARGIN_S = 10.0  # on top of --stop-timeout: a worker's stop, its last sends and its spool's seal
@@ -125,24 +130,34 @@ class Workers:
         return f"worker {worker} ({where}; {count}{unsent}; {spool})"
 
 
-def register(runner: Any, session: Any) -> None:
-    """Master: the k3_* messages of the workers."""
-    runner.register_message(Message.JOIN, lambda msg, **_kw: _this_run(session, msg) and session.workers.joined(
-        msg.node_id, msg.data))
+def register(runner: MasterRunner, session: HarnessSession) -> None:
+    """Master: the workers' messages (k3load.events.Message)."""
+    runner.register_message(Message.JOIN, _of_this_run(session, lambda worker, data: session.workers.joined(
+        worker, data)))
     runner.register_message(Message.RECORD, lambda msg, **_kw: on_record(session, msg.node_id, msg.data))
-    runner.register_message(Message.DONE, lambda msg, **_kw: _this_run(session, msg) and session.workers.done(
-        msg.node_id, msg.data))
-    runner.register_message(Message.CPU, lambda msg, **_kw: _this_run(session, msg) and cpu.write_reading(
-        session, msg.node_id, msg.data))
+    runner.register_message(Message.DONE, _of_this_run(session, lambda worker, data: session.workers.done(
+        worker, data)))
+    runner.register_message(Message.CPU, _of_this_run(session, lambda worker, data: cpu.write_reading(
+        session, worker, data)))
 
 
-def _this_run(session: Any, msg: Any) -> bool:
+def _of_this_run(session: HarnessSession, handle: Callable[[str, Any], None]) -> Callable[..., None]:
+    """A message handler: `handle(worker, data)` for a message of this run, nothing for an earlier run's."""
+
+    def handler(msg: LocustMessage, **_kw: Any) -> None:
+        if _this_run(session, msg):
+            handle(msg.node_id, msg.data)
+
+    return handler
+
+
+def _this_run(session: HarnessSession, msg: LocustMessage) -> bool:
     """A message of an earlier run (a web UI test before this one) is not this run's to count."""
     run_id = (msg.data or {}).get("run_id") if isinstance(msg.data, dict) else None
     return run_id is None or run_id == session.run_id
 
 
-def on_record(session: Any, worker: str, line: str) -> None:
+def on_record(session: HarnessSession, worker: str, line: str) -> None:
     """Master: a worker's record, counted for that worker and written once per attempt id."""
     record = json.loads(line)
     if record.get("run_id") not in (None, session.run_id):
@@ -153,7 +168,7 @@ def on_record(session: Any, worker: str, line: str) -> None:
     session.write_record_line(record["attempt_id"], line)
 
 
-def pump(runner: Any, step_s: float = PUMP_STEP_S) -> bool:
+def pump(runner: MasterRunner, step_s: float = PUMP_STEP_S) -> bool:
     """One step of the wait: a sleep while Locust's master listens to its workers; once it has quit (its
     greenlets killed), one message read from its socket and, if it is one of ours, handled (True then)."""
     if len(runner.greenlet):
@@ -180,10 +195,11 @@ def pump(runner: Any, step_s: float = PUMP_STEP_S) -> bool:
     return True
 
 
-def collect(session: Any, runner: Any, timeout_s: float) -> list[str]:
+def collect(session: HarnessSession, runner: MasterRunner, timeout_s: float) -> list[str]:
     """Master at the end: every worker's records in (bounded), spools read where a worker is short, and the
     workers still short returned as the run's problems (each also logged as an error, never dropped)."""
     workers = session.workers
+    assert session.run_dir is not None  # the master's run, open until this returns
     spool_dir = session.run_dir / "spool"
     pumped = [0]  # k3_* messages read by `pump` after Locust's master quit
 
@@ -211,7 +227,7 @@ def _sealed(tally: Tally, spool_dir: Path) -> bool:
     return bool(tally.spool) and spools.is_final(spool_dir / str(tally.spool))
 
 
-def _reconcile(session: Any, spool_dir: Path) -> int:
+def _reconcile(session: HarnessSession, spool_dir: Path) -> int:
     """Attempts that reached the spool of a worker whose messages fell short, but not the master, are added
     (none twice). A complete worker's spool is not read: its messages brought everything."""
     added = 0

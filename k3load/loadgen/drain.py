@@ -26,15 +26,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gevent
 
 from k3load.client.access import gevent_patched
 from k3load.events import Event
-from k3load.loadgen.options import run_access
+from k3load.loadgen.options import metrics_urls, run_access
 from k3load.sampler.fetch import fetch, same_origin
 from k3load.sampler.prom import parse, split_key
+from k3load.workload.plan import Stage
+
+if TYPE_CHECKING:  # the session builds the drain: imported for the annotations only
+    from k3load.loadgen.session import HarnessSession
 
 log = logging.getLogger("k3load")
 POLL_S = 0.1
@@ -69,7 +73,7 @@ def _matches(key: str, name: str, match: dict[str, str] | None) -> bool:
     return sample == name and (not match or match.items() <= labels.items())
 
 
-def same_ramp(old: Any, new: Any) -> bool:
+def same_ramp(old: Stage, new: Stage | None) -> bool:
     """Two steps of one `steps` stage (NAME-cN, NAME-cM): no drain between them."""
     return (new is not None and old.kind == new.kind == "concurrency" and "-c" in old.name and "-c" in new.name
             and old.name.rsplit("-c", 1)[0] == new.name.rsplit("-c", 1)[0])
@@ -78,19 +82,19 @@ def same_ramp(old: Any, new: Any) -> bool:
 class StageDrain:
     """Master/local: the drain windows of one run. `read()` gives a Reading or None (tests inject one)."""
 
-    def __init__(self, session: Any, bound_s: float, read: Callable[[], Reading | None] | None = None,
+    def __init__(self, session: HarnessSession, bound_s: float, read: Callable[[], Reading | None] | None = None,
                  poll_s: float = POLL_S, clock: Callable[[], float] = time.time) -> None:
         self.session, self.bound_s, self.poll_s, self.clock = session, bound_s, poll_s, clock
         self.read = read or self._read_server
         self.done: set[str] = set()
         self.paused_s = 0.0  # the plan's clock stood still this long (server polled after users stopped)
 
-    def due(self, old: Any, new: Any) -> bool:
+    def due(self, old: Stage | None, new: Stage | None) -> bool:
         """A window after `old` before `new` (None: the plan ended)."""
         return (old is not None and self.bound_s > 0 and old.name not in self.done
                 and (new is None or new.name != old.name) and not same_ramp(old, new))
 
-    def run(self, stage: Any) -> dict[str, Any]:
+    def run(self, stage: Stage) -> dict[str, Any]:
         """Every user of `stage` has stopped: poll until running and waiting are 0 or the bound; say it."""
         self.done.add(stage.name)
         start = self.clock()
@@ -122,8 +126,6 @@ class StageDrain:
             return None
 
     def _read_server(self) -> Reading | None:
-        from k3load.loadgen.observe import metrics_urls
-
         env = self.session.env
         opts, host = env.parsed_options, env.host.rstrip("/")
         secrets, tls = run_access(opts)

@@ -23,7 +23,7 @@ from typing import Any
 
 import gevent
 
-from k3load.analysis.analyze import analyze
+from k3load.analysis.analyze import Judgment, analyze
 from k3load.analysis.cli import summary_line
 from k3load.events import Event, Message
 from k3load.evidence import records_file
@@ -116,7 +116,7 @@ def judges_at_stop(environment: Any) -> bool:
 
 
 def _on_quitting(environment: Any, **_kwargs: Any) -> None:
-    session: HarnessSession = getattr(environment, "k3_session", None)
+    session: HarnessSession | None = getattr(environment, "k3_session", None)
     if session is not None and session.fatal and session.role != "worker":
         session.close()  # the error was said once when it happened (HarnessSession.fail): no verdict
         environment.process_exit_code = HARNESS_ERROR_EXIT
@@ -134,7 +134,7 @@ def _on_quitting(environment: Any, **_kwargs: Any) -> None:
     environment.process_exit_code = 0 if accept else judgment.exit_code
 
 
-def finish_run(environment: Any, session: HarnessSession, in_thread: bool = False) -> Any:
+def finish_run(environment: Any, session: HarnessSession, in_thread: bool = False) -> Judgment:
     """Master/local: the run's last records in, `run_end`, files closed, then the validation summary
     and the judgment (verdict.json, reports, alerts, manifest). `in_thread`: the CPU-bound part runs in
     gevent's native thread pool, so this greenlet waits while the hub (the web UI) keeps serving."""
@@ -157,7 +157,7 @@ def finish_run(environment: Any, session: HarnessSession, in_thread: bool = Fals
     return judgment
 
 
-def _summarise_and_judge(run_dir: Path, problems: list[str]) -> tuple[dict[str, Any], Any]:
+def _summarise_and_judge(run_dir: Path, problems: list[str]) -> tuple[dict[str, Any], Judgment]:
     summary = summarise(records_file(run_dir))
     if problems:
         summary["problems"] = problems

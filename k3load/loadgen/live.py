@@ -26,12 +26,17 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gevent
+from locust.runners import Runner
 
 from k3load.evidence import METRICS, RECORDS, Follow, SeriesTable, evidence_file
 from k3load.sampler.prom import split_key
+
+if TYPE_CHECKING:  # for the annotations only: the analysis loads when the first judgment runs
+    from k3load.analysis.analyze import Judgment
+    from k3load.loadgen.session import HarnessSession
 
 log = logging.getLogger("k3load")
 HISTORY_POINTS = 3600
@@ -133,8 +138,9 @@ class Signals:
 class LiveState:
     """One per master/local process with a web UI; follows the session's current run."""
 
-    def __init__(self, session: Any, judge_every_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
-                 judge: Callable[[Path], Any] | None = None, max_records_bytes: int = MAX_RECORDS_BYTES) -> None:
+    def __init__(self, session: HarnessSession, judge_every_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic, judge: Callable[[Path], Judgment] | None = None,
+                 max_records_bytes: int = MAX_RECORDS_BYTES) -> None:
         self.session, self.judge_every_s, self.clock = session, judge_every_s, clock
         self.max_records_bytes = max_records_bytes
         self._judge = judge
@@ -145,7 +151,7 @@ class LiveState:
         self.stage_row: dict[str, Any] = {}
         self._judged_at = float("-inf")
         self._judge_cost_s = 0.0
-        self._judging: Any = None
+        self._judging: gevent.Greenlet | None = None
 
     def _follow_run(self) -> Signals | None:
         """A new run (its id: a new test writes into the same directory) starts its reading afresh."""
@@ -185,9 +191,10 @@ class LiveState:
 
     def _pillars(self) -> dict[str, Any] | None:
         """Provisional while the run goes on; once judged, the verdict's own."""
-        if self._verdict() is None:
+        judgment = self.session.judgment
+        if self._verdict() is None or judgment is None:
             return self.pillars
-        return _pillar_summary(self.session.judgment.pillars)
+        return _pillar_summary(judgment.pillars)
 
     def _verdict(self) -> dict[str, Any] | None:
         judgment, session = self.session.judgment, self.session
@@ -225,7 +232,7 @@ class LiveState:
 LATENCY_KEYS = ("ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "e2e_p50_ms", "e2e_p95_ms")
 
 
-def _provisional(run_dir: Path, judge: Callable[[Path], Any] | None, stage: str) -> tuple[dict[str, Any], dict]:
+def _provisional(run_dir: Path, judge: Callable[[Path], Judgment] | None, stage: str) -> tuple[dict[str, Any], dict]:
     """The final analysis's own functions over the run directory as it is now (nothing written)."""
     if judge is None:
         from k3load.analysis.analyze import judge
@@ -254,7 +261,7 @@ def _size(run_dir: Path | None, name: str) -> int:
         return 0
 
 
-def _requests_per_s(runner: Any) -> float | None:
+def _requests_per_s(runner: Runner | None) -> float | None:
     """Attempts per second now: the `FAMILY: e2e` entries (ttft/itl entries would count them thrice)."""
     stats = getattr(runner, "stats", None)
     if stats is None:
@@ -262,7 +269,7 @@ def _requests_per_s(runner: Any) -> float | None:
     return round(sum(e.current_rps for (name, _), e in stats.entries.items() if name.endswith(": e2e")), 2)
 
 
-def _cpu(runner: Any) -> dict[str, float | None]:
+def _cpu(runner: Runner | None) -> dict[str, float | None]:
     clients = getattr(runner, "clients", None)
     if clients is not None:  # a master: each worker's own report
         return {str(w.id): w.cpu_usage for w in clients.values()}

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import yaml
 
@@ -31,7 +31,7 @@ class ManualStages:
     ended_s: float | None = None  # the last stage's end (offset), once the run stopped
 
     def next(self, users: int, spawn_rate: float, mix: dict[str, int],
-             clock: Any = time.monotonic) -> Stage:
+             clock: Callable[[], float] = time.monotonic) -> Stage:
         now = clock()
         t0 = self.started[0] if self.started else now
         stage = Stage(name=f"manual-{len(self.stages) + 1}", kind="concurrency", start_s=now - t0,
@@ -41,11 +41,11 @@ class ManualStages:
         self.started.append(now)
         return stage
 
-    def stop(self, clock: Any = time.monotonic) -> None:
+    def stop(self, clock: Callable[[], float] = time.monotonic) -> None:
         if self.started:
             self.ended_s = clock() - self.started[0]
 
-    def plan_source(self, plan: Plan, clock: Any = time.monotonic) -> str:
+    def plan_source(self, plan: Plan, clock: Callable[[], float] = time.monotonic) -> str:
         """The plan as run: the chosen plan's settings (thresholds, tool turns, the drill) with the
         manual stages so far (the running one up to now, a stage of 0 users left out: a plan stage
         has at least one). Before the first stage, one placeholder stage of the plan's first mix."""

@@ -10,26 +10,32 @@ from __future__ import annotations
 import logging
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from k3load.clock import wall_clock
 from k3load.events import Event
-from k3load.loadgen.options import run_access
+from k3load.loadgen.drain import StageDrain
+from k3load.loadgen.options import metrics_urls, run_access
 from k3load.loadgen.redact_lines import copy_redacted
+from k3load.loadgen.restart_drill import RestartDrill
 from k3load.precheck import run_precheck
 from k3load.sampler import Sampler
+
+if TYPE_CHECKING:  # the session builds these observers: imported for the annotations only
+    from k3load.loadgen.session import HarnessSession
 
 log = logging.getLogger("k3load")
 
 
-def precheck(session: Any) -> dict[str, Any]:
+def precheck(session: HarnessSession) -> dict[str, Any]:
     """compat.json into the run directory, before the first request. A deployment that fails the
     recipe's rules is a verdict (`rebuild`), recorded here; a precheck that cannot run (a recipe that is
     not valid, an input file that cannot be read) raises: a harness error, the run stops before any load
     (the recipe and the files are checked at `init` already; this is the web UI's and a race's path)."""
-    opts = session.env.parsed_options
+    opts, run_dir, events = session.env.parsed_options, session.run_dir, session.events
+    assert run_dir is not None and events is not None  # start_run opened them before any observer
     secrets, tls = run_access(opts)
-    compat = run_precheck(session.run_dir, Path(opts.k3_recipe), session.env.host,
+    compat = run_precheck(run_dir, Path(opts.k3_recipe), session.env.host,
                           container_info=_path(opts.k3_container_info),
                           host_inventories=[Path(p) for p in opts.k3_host_inventory or []],
                           startup_log=_path(opts.k3_startup_log), image=opts.k3_image or None,
@@ -37,21 +43,16 @@ def precheck(session: Any) -> dict[str, Any]:
                           use_local_nvml=opts.k3_nvml != "off",
                           metrics_url=next(iter(metrics_urls(opts, session.env.host)), None))
     failed = [r["id"] for r in compat.get("rules", []) if r.get("status") == "fail"]
-    session.events.event(Event.PRECHECK, status=compat.get("status"), failed=failed)
+    events.event(Event.PRECHECK, status=compat.get("status"), failed=failed)
     log.warning("k3load precheck: %s%s", compat.get("status"), f" (failed: {', '.join(failed)})" if failed else "")
     return compat
 
 
-def metrics_urls(opts: Any, host: str | None) -> list[str]:
-    """--k3-metrics-url as given, else the target's own /metrics (the precheck reads the first)."""
-    given = list(getattr(opts, "k3_metrics_url", None) or [])
-    return given or ([f"{host.rstrip('/')}/metrics"] if host else [])
-
-
-def start_sampler(session: Any) -> Sampler:
+def start_sampler(session: HarnessSession) -> Sampler:
     """/health stays on the target (the API's health); metrics (and DCGM_FI_* on them, unless
     --k3-gpu-metrics-url) come from every source given."""
     opts, host = session.env.parsed_options, session.env.host.rstrip("/")
+    assert session.run_dir is not None  # start_run opened it before any observer
     secrets, tls = run_access(opts)
     sources = metrics_urls(opts, host)
     gpu_urls = list(opts.k3_gpu_metrics_url or []) or sources  # DCGM_FI_* on a metrics body: read from it
@@ -74,7 +75,7 @@ class Restarter:
     check: after a crash the process must come back and hold the same load). Bounded: at most
     `max_restarts` per run, one at a time; every start and exit is an event."""
 
-    def __init__(self, session: Any, command: str, max_restarts: int) -> None:
+    def __init__(self, session: HarnessSession, command: str, max_restarts: int) -> None:
         self.session, self.command, self.max_restarts = session, command, max_restarts
         self.started = 0
         self._running: subprocess.Popen[bytes] | None = None
@@ -86,33 +87,33 @@ class Restarter:
             return  # the restart drill took the server down on purpose and is bringing it back itself
         if self.started >= self.max_restarts or (self._running and self._running.poll() is None):
             return
+        run_dir, events = self.session.run_dir, self.session.events
+        assert run_dir is not None and events is not None  # a listener of the open run's events.jsonl
         self.started += 1
-        log_path = self.session.run_dir / f"restart-{self.started}.log"
+        log_path = run_dir / f"restart-{self.started}.log"
         self._running = subprocess.Popen(["bash", "-c", self.command], stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         copy_redacted(self._running, log_path)
-        self.session.events.event(Event.RESTART_COMMAND, attempt=self.started, pid=self._running.pid,
-                                  log=log_path.name)
+        events.event(Event.RESTART_COMMAND, attempt=self.started, pid=self._running.pid, log=log_path.name)
         log.warning("k3load: server down, restart command started (%d of %d)", self.started, self.max_restarts)
 
 
-def watch_restarts(session: Any) -> Restarter | None:
+def watch_restarts(session: HarnessSession) -> Restarter | None:
     opts = session.env.parsed_options
     if not opts.k3_restart_cmd:
         return None
     restarter = Restarter(session, opts.k3_restart_cmd, opts.k3_max_restarts)
+    assert session.events is not None  # start_run opened it before any observer
     session.events.listeners.append(restarter)
     return restarter
 
 
-def stage_ends(session: Any) -> tuple[Any, Any]:
+def stage_ends(session: HarnessSession) -> tuple[StageDrain, RestartDrill | None]:
     """Master/local: the drain window after each plan stage (bounded by the plan's resources.max_drain_s)
     and, with --k3-restart-cmd, the restart stage's drill (bounded by resources.max_restart_s)."""
-    from k3load.loadgen.drain import StageDrain
-    from k3load.loadgen.restart_drill import RestartDrill
-
     limits = session.limits["resources"]
     command = session.env.parsed_options.k3_restart_cmd
+    assert session.events is not None  # start_run opened it before any observer
     crash = next((x for x in session.events.listeners if isinstance(x, Restarter)), None)
     drill = RestartDrill(session, command, limits["max_restart_s"],
                          crash_restarts=lambda: crash.started if crash else 0) if command else None

@@ -171,6 +171,12 @@ def _plain(value: Any) -> bool:
     return isinstance(value, (str, int, float, bool, type(None)))
 
 
+def metrics_urls(opts: Any, host: str | None) -> list[str]:
+    """--k3-metrics-url as given, else the target's own /metrics (the precheck reads the first)."""
+    given = list(getattr(opts, "k3_metrics_url", None) or [])
+    return given or ([f"{host.rstrip('/')}/metrics"] if host else [])
+
+
 def run_access(parsed: Any) -> tuple[Secrets, Tls]:
     """The key, the gateway headers and the TLS trust of this run, from the options; from here on this
     process's file writers (k3load.rundir) and log handlers redact those secrets, whatever a server

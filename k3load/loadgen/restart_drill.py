@@ -28,13 +28,17 @@ import logging
 import subprocess
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import gevent
 import httpx
 
 from k3load.events import Event
 from k3load.loadgen.redact_lines import copy_redacted
+from k3load.workload.plan import Stage
+
+if TYPE_CHECKING:  # the session builds the drill: imported for the annotations only
+    from k3load.loadgen.session import HarnessSession
 
 log = logging.getLogger("k3load")
 POLL_S = 0.25
@@ -45,7 +49,7 @@ EXIT_GRACE_S = 10.0  # a command that signals the server and returns: the server
 class RestartDrill:
     """Master/local, one per run. `probe()` says whether the server answers (tests inject one)."""
 
-    def __init__(self, session: Any, command: str, bound_s: float, probe: Callable[[], bool] | None = None,
+    def __init__(self, session: HarnessSession, command: str, bound_s: float, probe: Callable[[], bool] | None = None,
                  poll_s: float = POLL_S, clock: Callable[[], float] = time.time,
                  crash_restarts: Callable[[], int] = lambda: 0) -> None:
         self.session, self.command, self.bound_s, self.poll_s, self.clock = session, command, bound_s, poll_s, clock
@@ -56,13 +60,13 @@ class RestartDrill:
         self.ran: set[str] = set()
         self.process: subprocess.Popen[bytes] | None = None
 
-    def held(self, stage: Any, before: Any) -> Any:
+    def held(self, stage: Stage, before: Stage | None) -> Stage:
         """The restart stage as it is held: the users, spawn rate and mix of the stage before it."""
         if before is None:
             return stage
         return dataclasses.replace(stage, users=before.users, spawn_rate=before.spawn_rate, mix=dict(before.mix))
 
-    def due(self, stage: Any) -> bool:
+    def due(self, stage: Stage) -> bool:
         """A restart stage not drilled yet. Not after the crash path already restarted the server in this
         run: that restart is the stage's check (the crash's `restart`), and restarting a server that just
         came back proves nothing more; said once (`restart_drill_skipped`)."""
@@ -70,13 +74,14 @@ class RestartDrill:
             return False
         if self.crash_restarts():
             self.ran.add(stage.name)
+            assert self.session.events is not None  # the session's run is open while its stages run
             self.session.events.event(Event.RESTART_DRILL_SKIPPED, stage=stage.name,
                                       crash_restarts=self.crash_restarts(),
                                       why="the server was already restarted after a crash in this run")
             return False
         return True
 
-    def run(self, stage: Any, before: Any) -> bool:
+    def run(self, stage: Stage, before: Stage | None) -> bool:
         """Restart now (every user has stopped); True when the server answered again within the bound."""
         self.ran.add(stage.name)
         self.active = True
@@ -87,10 +92,11 @@ class RestartDrill:
             self.paused_s += self.clock() - start
             self.active = False
 
-    def _drill(self, stage: Any, before: Any, start: float) -> bool:
-        events = self.session.events
+    def _drill(self, stage: Stage, before: Stage | None, start: float) -> bool:
+        events, run_dir = self.session.events, self.session.run_dir
+        assert events is not None and run_dir is not None  # the session's run is open while its stages run
         up_before = self.probe()
-        log_path = self.session.run_dir / "restart-drill.log"
+        log_path = run_dir / "restart-drill.log"
         self.process = subprocess.Popen(["bash", "-c", self.command], stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         copy_redacted(self.process, log_path)
@@ -123,6 +129,7 @@ class RestartDrill:
         return self._failed(start, why + f" (resources.max_restart_s {self.bound_s:g})", self.process.poll())
 
     def _failed(self, start: float, why: str, rc: int | None) -> bool:
+        assert self.session.events is not None  # the session's run is open while its stages run
         self.session.events.event(Event.RESTART_DRILL_FAILED, why=why, waited_s=round(self.clock() - start, 3),
                                   command_rc=rc)
         log.error("k3load: restart drill failed: %s", why)

@@ -16,12 +16,12 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gevent
 import gevent.event
 import httpx
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import MasterRunner, Runner, WorkerRunner
 
 import k3load
 from k3load.analysis.agreement import REFERENCE_FILE, reference_record
@@ -31,13 +31,16 @@ from k3load.clock import now
 from k3load.events import Event, Message
 from k3load.evidence import RECORDS
 from k3load.loadgen import delivery, observe
+from k3load.loadgen.drain import StageDrain
 from k3load.loadgen.inputs import harness_error_line, load_inputs
 from k3load.loadgen.manual import LiveCounts, ManualStages
 from k3load.loadgen.options import locust_late_outputs, public_options, run_access
 from k3load.loadgen.request_events import fire_request_events
+from k3load.loadgen.restart_drill import RestartDrill
 from k3load.loadgen.worker import WorkerLink
 from k3load.records import Attempt
 from k3load.rundir import JsonlLog, set_aside_previous_run, write_atomic, write_json_atomic
+from k3load.sampler import Sampler
 from k3load.sampler.fetch import redact_url
 from k3load.workload.long_input import LongInputFit, estimate_tokens, fit_long_input
 from k3load.workload.plan import Plan, Stage
@@ -46,11 +49,14 @@ from k3load.workload.scenario import Scenario
 from k3load.workload.stored_requests import write_stored_requests
 from k3load.yamlfile import one_line
 
+if TYPE_CHECKING:  # the analysis is loaded where a run is judged (k3load.loadgen.listeners)
+    from k3load.analysis.analyze import Judgment
+
 log = logging.getLogger("k3load")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _role(runner: Any) -> str:
+def _role(runner: Runner | None) -> str:
     if isinstance(runner, MasterRunner):
         return "master"
     if isinstance(runner, WorkerRunner):
@@ -82,18 +88,18 @@ class HarnessSession:
         self._seen: set[str] = set()
         self._long_inputs: dict[str, LongInputFit] = {}
         self.attempts_written = 0
-        self.sampler: Any = None
-        self.reuse_design: Any = None  # the greenlet measuring the designed prefix reuse (reuse_design.json)
+        self.sampler: Sampler | None = None
+        self.reuse_design: gevent.Greenlet | None = None  # measuring the designed prefix reuse (reuse_design.json)
         self.fatal = ""  # why the run could not start (a dead server, a bad file); nothing is judged then
         self.previous_run_moved_to: Path | None = None  # an earlier run found in the run directory went here
         self.tests = 0  # runs this process opened: the web UI opens one per test it starts
         self.finished = False  # master/local: this run's records are closed (the web UI judges it at test stop)
-        self.finisher: Any = None  # the greenlet judging the last run (web UI); a new run waits for it
-        self.judgment: Any = None  # the last finished run's Judgment
+        self.finisher: gevent.Greenlet | None = None  # the greenlet judging the last run (web UI); a new run waits
+        self.judgment: Judgment | None = None  # the last finished run's judgment
         self.manual = ManualStages()  # stages `manual-N` when no plan shape drives the users
         self.live = LiveCounts()  # per-run counts the web UI shows (attempts, failures by layer)
-        self.drain: Any = None  # master/local: the drain window after each plan stage (k3load.loadgen.drain)
-        self.restart_drill: Any = None  # master/local with --k3-restart-cmd: the restart stage's drill
+        self.drain: StageDrain | None = None  # master/local: the drain window after each plan stage
+        self.restart_drill: RestartDrill | None = None  # master/local with --k3-restart-cmd: the restart stage's drill
 
     @property
     def role(self) -> str:

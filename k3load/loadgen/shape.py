@@ -14,11 +14,15 @@ skipped: a 2 s stage after a stage whose answers take 5 s to end would otherwise
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
-from locust import LoadTestShape
+from locust import LoadTestShape, User
 
 from k3load.loadgen.users import USER_CLASSES
+from k3load.workload.plan import Stage
+
+if TYPE_CHECKING:  # the session is the environment's (k3load.loadgen.listeners): for the annotations only
+    from k3load.loadgen.session import HarnessSession
 
 
 class PlanShape(LoadTestShape):
@@ -32,7 +36,7 @@ class PlanShape(LoadTestShape):
         super().reset_time()
         self._left_s, self._leaving_since = 0.0, None
 
-    def tick(self) -> tuple[int, float, list[Any]] | None:
+    def tick(self) -> tuple[int, float, list[type[User]] | None] | None:
         session = getattr(self.runner.environment, "k3_session", None)
         if session is None:
             return None
@@ -72,9 +76,9 @@ class PlanShape(LoadTestShape):
         classes = [USER_CLASSES[family] for family in sorted(stage.mix)]
         for user_class in classes:
             user_class.weight = stage.mix[user_class.family]
-        return stage.users, stage.spawn_rate, classes
+        return stage.users, stage.spawn_rate, list(classes)  # as Locust's list[type[User]]
 
-    def _users_leave(self, stage: Any) -> tuple[int, float, None]:
+    def _users_leave(self, stage: Stage | None) -> tuple[int, float, None]:
         """Zero users, fast; the plan's clock stops from the first such tick until they are gone."""
         if self._leaving_since is None:
             self._leaving_since = time.perf_counter()
@@ -85,7 +89,7 @@ class PlanShape(LoadTestShape):
             self._left_s += time.perf_counter() - self._leaving_since
             self._leaving_since = None
 
-    def _planned(self, session: Any) -> Any:
+    def _planned(self, session: HarnessSession) -> Stage | None:
         """The plan's stage now, on a clock that stood still during drain windows, restart drills and
         the departures before them."""
         paused = sum(getattr(x, "paused_s", 0.0) for x in (session.drain, session.restart_drill) if x is not None)
@@ -94,7 +98,7 @@ class PlanShape(LoadTestShape):
         return session.plan.stage_at(self.get_run_time() - paused) if session.plan else None
 
     @staticmethod
-    def _must_drain(old: Any, new: Any) -> bool:
+    def _must_drain(old: Stage | None, new: Stage) -> bool:
         """Locust's dispatcher keeps running users of classes a new tick leaves out, so a stage whose
         family mix differs starts from zero users (their current turns finish, within --stop-timeout)."""
         return old is not None and set(old.mix) != set(new.mix)

@@ -10,7 +10,7 @@ import itertools
 import os
 import random
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import gevent
 from locust import User, constant, task
@@ -18,6 +18,10 @@ from locust import User, constant, task
 from k3load.client.chat import ChatClient
 from k3load.loadgen.options import run_access
 from k3load.workload.conversation import RunContext, ScenarioPlay, StreamDrill
+from k3load.workload.plan import Stage
+
+if TYPE_CHECKING:  # the session is the environment's (k3load.loadgen.listeners): for the annotations only
+    from k3load.loadgen.session import HarnessSession
 
 _numbers = itertools.count(1)
 DEAD_SERVER_PAUSE_S = 1.0
@@ -70,7 +74,7 @@ class K3User(User):
         elif attempts and attempts[-1].status == "http_error":
             gevent.sleep(ERROR_PAUSE_S)  # an instant refusal would otherwise flood the records
 
-    def _drill(self, session: Any, opts: Any) -> StreamDrill | None:
+    def _drill(self, session: HarnessSession, opts: Any) -> StreamDrill | None:
         """The plan's streaming-equivalence drill for this user, its twins in flight together."""
         drill = session.plan.stream_equivalence if session.plan else None
         if not drill:
@@ -79,7 +83,7 @@ class K3User(User):
                            rng=random.Random(f"{opts.k3_seed}:{self.user_id}:stream-equivalence"),
                            concurrently=_concurrently)
 
-    def _budget_spent(self, stage: Any) -> bool:
+    def _budget_spent(self, stage: Stage | None) -> bool:
         return stage is not None and stage.iterations_per_user is not None and \
             self.played.get(stage.name, 0) >= stage.iterations_per_user
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from locust.exception import RPCError, RPCSendError
+from locust.runners import WorkerRunner
 
 from k3load.events import Message
 from k3load.loadgen import spools
@@ -37,7 +38,7 @@ SPOOL_MODES = ("auto", "off")
 class WorkerLink:
     """One per worker process; the session delegates its worker-only parts here."""
 
-    def __init__(self, runner: Any, spool_mode: str = "auto") -> None:
+    def __init__(self, runner: WorkerRunner, spool_mode: str = "auto") -> None:
         self.runner = runner
         self.spool_mode = spool_mode if spool_mode in SPOOL_MODES else "auto"
         self.run_id = ""
