@@ -172,7 +172,7 @@ def classify_crashes(data: RunData, headroom_pct: float = 5.0, spells: list[Down
         kinds = sorted({e["event"] for e in crash["events"]})
         lines = [e.get("line") for e in crash["events"] if e.get("line")]
         curve = _memory_curve(data, crash["ts"])
-        oom = "log_oom" in kinds
+        oom = Event.LOG_OOM in kinds
         out.append({"ts": crash["ts"], "stage": stage.name if stage else None,
                     "phase": PHASES.get(stage.kind if stage else None, "unknown phase"), "events": kinds,
                     "oom": oom, "memory_evidence": _memory_evidence(oom, curve, data, headroom_pct),

@@ -22,6 +22,7 @@ from k3load.evidence import lines, records_file
 from k3load.loadgen.options import LOCUST_CSV_SUFFIXES
 from k3load.records import read_records
 from tests.probes import Target, scrape, total
+from tests.test_event_catalogue import events_file_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,6 +120,7 @@ def test_headless_run_writes_records_for_every_family(start_sim, tmp_path):
     stages = [json.loads(x)["stage"] for x in (out / "events.jsonl").read_text().splitlines()
               if '"stage_start"' in x]
     assert stages[:2] == ["prefix-control", "load"]
+    assert events_file_problems(out / "events.jsonl") == []  # every line as k3load/events.py declares it
     files = [p for p in out.rglob("*") if p.is_file()]  # compressed ones read as text (k3load.evidence)
     everything = "".join("".join(lines(p, errors="replace")) for p in files) + run.stdout + run.stderr
     assert "sk-test-SECRET-123" not in everything
