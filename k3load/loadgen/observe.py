@@ -32,8 +32,8 @@ def precheck(session: HarnessSession) -> dict[str, Any]:
     recipe's rules is a verdict (`rebuild`), recorded here; a precheck that cannot run (a recipe that is
     not valid, an input file that cannot be read) raises: a harness error, the run stops before any load
     (the recipe and the files are checked at `init` already; this is the web UI's and a race's path)."""
-    opts, run_dir, events = session.env.parsed_options, session.run_dir, session.events
-    assert run_dir is not None and events is not None  # start_run opened them before any observer
+    opts, run_dir = session.env.parsed_options, session.run_dir
+    assert run_dir is not None  # start_run opened it before any observer
     secrets, tls = run_access(opts)
     compat = run_precheck(run_dir, Path(opts.k3_recipe), session.env.host,
                           container_info=_path(opts.k3_container_info),
@@ -43,7 +43,8 @@ def precheck(session: HarnessSession) -> dict[str, Any]:
                           use_local_nvml=opts.k3_nvml != "off",
                           metrics_url=next(iter(metrics_urls(opts, session.env.host)), None))
     failed = [r["id"] for r in compat.get("rules", []) if r.get("status") == "fail"]
-    events.event(Event.PRECHECK, status=compat.get("status"), failed=failed)
+    assert session.events is not None  # opened with the run directory
+    session.events.event(Event.PRECHECK, status=compat.get("status"), failed=failed)
     log.warning("k3load precheck: %s%s", compat.get("status"), f" (failed: {', '.join(failed)})" if failed else "")
     return compat
 
