@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -132,13 +133,10 @@ class Workers:
 
 def register(runner: MasterRunner, session: HarnessSession) -> None:
     """Master: the workers' messages (k3load.events.Message)."""
-    runner.register_message(Message.JOIN, _of_this_run(session, lambda worker, data: session.workers.joined(
-        worker, data)))
+    runner.register_message(Message.JOIN, _of_this_run(session, session.workers.joined))
     runner.register_message(Message.RECORD, lambda msg, **_kw: on_record(session, msg.node_id, msg.data))
-    runner.register_message(Message.DONE, _of_this_run(session, lambda worker, data: session.workers.done(
-        worker, data)))
-    runner.register_message(Message.CPU, _of_this_run(session, lambda worker, data: cpu.write_reading(
-        session, worker, data)))
+    runner.register_message(Message.DONE, _of_this_run(session, session.workers.done))
+    runner.register_message(Message.CPU, _of_this_run(session, partial(cpu.write_reading, session)))
 
 
 def _of_this_run(session: HarnessSession, handle: Callable[[str, Any], None]) -> Callable[..., None]:
