@@ -80,13 +80,16 @@ def context_refusals(attempts: list[AnyAttempt]) -> dict[str, Any]:
             continue
         family = out.setdefault(attempt.family, {"refused": 0, "attempts": 0, "max_model_len": found.max_model_len,
                                                  "prompt_tokens_min": None, "prompt_tokens_max": None,
-                                                 "counted_only_to_the_limit": False, "prompt_tokens_estimated": None})
+                                                 "counted_only_to_the_limit": False, "prompt_tokens_estimated": None,
+                                                 "completion_tokens_max": None})
         family["refused"] += 1
         if found.prompt_tokens is not None:
             known = [t for t in (family["prompt_tokens_min"], family["prompt_tokens_max"]) if t is not None]
             family["prompt_tokens_min"] = min([*known, found.prompt_tokens])
             family["prompt_tokens_max"] = max([*known, found.prompt_tokens])
         family["counted_only_to_the_limit"] |= found.at_least
+        if found.completion_tokens is not None:  # the prompt fit; with the output budget asked for it did not
+            family["completion_tokens_max"] = max(family["completion_tokens_max"] or 0, found.completion_tokens)
         if per_byte and attempt.request_bytes:
             estimate = round(attempt.request_bytes * per_byte)
             family["prompt_tokens_estimated"] = max(family["prompt_tokens_estimated"] or 0, estimate)
@@ -97,7 +100,7 @@ def context_refusals(attempts: list[AnyAttempt]) -> dict[str, Any]:
         # The run's average tokens per byte can undercount one prompt (an agent's late turn, dense with tool
         # JSON, was estimated at 1,018 where vLLM counted at least 1,025); vLLM's floor is known, so an
         # estimate below it is known to be wrong and is raised to it.
-        if family["prompt_tokens_estimated"] and family["prompt_tokens_max"]:
+        if family["prompt_tokens_estimated"] and family["counted_only_to_the_limit"] and family["prompt_tokens_max"]:
             family["prompt_tokens_estimated"] = max(family["prompt_tokens_estimated"], family["prompt_tokens_max"])
     return out
 
@@ -128,6 +131,8 @@ def _sizes(v: dict[str, Any]) -> str:
         said = f"prompts {floor}{low}{'' if high == low else f'-{high}'} tokens"
     if v["prompt_tokens_estimated"]:
         said += f", ~{v['prompt_tokens_estimated']} estimated from the bytes sent"
+    if v.get("completion_tokens_max"):
+        said += f", + up to {v['completion_tokens_max']} asked for the completion"
     return said
 
 

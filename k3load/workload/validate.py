@@ -64,31 +64,49 @@ class ContextRefusal(NamedTuple):
     prompt_tokens: int | None
     at_least: bool = False
     prompt_chars: int | None = None
+    completion_tokens: int | None = None  # the output budget asked for, where the refusal counts it
 
 
 _CHARACTERS = re.compile(r"contains (\d+) characters", re.IGNORECASE)
+# Other wordings of the same refusal, from vLLM releases around 0.32 and the servers in front of them:
+# the prompt fits, prompt + max_tokens does not ("(1000 in the messages, 100 in the completion)"; "'max_tokens'
+# ... is too large: 100 ... your request has 1000 input tokens"), or get_max_tokens' own "Input length (N)
+# exceeds model's maximum context length (M)". Read whole, the prompt's count is never the sum.
+_SPLIT = re.compile(r"\((\d+) in the messages, (\d+) in the completion\)", re.IGNORECASE)
+_TOO_LARGE = re.compile(r"max_(?:completion_)?tokens'? is too large: (\d+)\..*?maximum context length is (\d+) "
+                        r"tokens and your request has (\d+) input tokens", re.IGNORECASE | re.DOTALL)
+_INPUT_LENGTH = re.compile(r"Input length \((\d+)\) exceeds model's maximum context length \((\d+)\)",
+                           re.IGNORECASE)
 
 
 def context_length(body: str | None) -> ContextRefusal | None:
     """The refusal's numbers from vLLM's context-length 400 (its JSON body or stream error), or None."""
     error = vllm_error(body)
     message = error["message"] if error else ""
+    if found := _TOO_LARGE.search(message):
+        return ContextRefusal(int(found.group(2)), int(found.group(3)), completion_tokens=int(found.group(1)))
+    if found := _INPUT_LENGTH.search(message):
+        return ContextRefusal(int(found.group(2)), int(found.group(1)))
     match = CONTEXT_LENGTH.search(message)
     if not match:
         return None
     limit = int(match.group(1))
     if chars := _CHARACTERS.search(message):
         return ContextRefusal(limit, None, True, int(chars.group(1)))
+    if split := _SPLIT.search(message):
+        return ContextRefusal(limit, int(split.group(1)), completion_tokens=int(split.group(2)))
     tokens = int(match.group(2))
     at_least = "at least" in message[max(0, match.start(2) - 12):match.start(2)] or tokens == limit + 1
     return ContextRefusal(limit, tokens, at_least)
 
 
 def refusal_text(refusal: ContextRefusal) -> str:
-    """`prompt 1532 tokens`, `prompt at least 1025 tokens`, or `prompt of 90000 characters`."""
+    """`prompt 1532 tokens`, `prompt at least 1025 tokens`, `prompt 1000 tokens + 100 for the completion`, or
+    `prompt of 90000 characters`."""
     if refusal.prompt_tokens is None:
         return f"prompt of {refusal.prompt_chars} characters (not tokenized)"
-    return f"prompt {'at least ' if refusal.at_least else ''}{refusal.prompt_tokens} tokens"
+    said = f"prompt {'at least ' if refusal.at_least else ''}{refusal.prompt_tokens} tokens"
+    return said if refusal.completion_tokens is None else f"{said} + {refusal.completion_tokens} for the completion"
 
 
 def transport_layer(result: StreamResult) -> str:
