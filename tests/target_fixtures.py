@@ -9,7 +9,7 @@ Loaded by ``tests/conftest.py`` (``pytest_plugins = ["tests.target_fixtures"]``)
 - ``vllm_server``: ONE server for the whole session, started on first request, stopped at the end.
   It runs with ``--num-gpu-blocks-override 24`` (3,072 KV tokens in blocks of 128), so the same
   server shows prefix-cache hits on sequential requests sharing a ~1,000-token prefix and
-  preemptions under 32 concurrent 256-token requests (both checked in test_vllm_target.py).
+  preemptions under 64 concurrent 256-token requests (both checked in test_vllm_target.py).
   Yields a ``VllmTarget`` with ``base_url`` (``http://127.0.0.1:PORT``), ``model`` (``"tiny"``),
   ``log_path``, ``max_model_len`` and the underlying ``server``.
 - ``vllm_compile_cache``: torch.compile caches shared by every server of the session.
@@ -44,7 +44,7 @@ from k3load.targets.real_model import ensure_real_model
 from k3load.targets.vllm_cpu import VllmCpuServer, ensure_model, ensure_tiny_model, ensure_venv, model_server
 
 REPO = Path(__file__).resolve().parents[1]
-# Small enough that 32 x 256 tokens preempt, large enough for one 2,048-token context (16 blocks).
+# Small enough that 64 x 256 tokens preempt, large enough for one 2,048-token context (16 blocks).
 SERVER_ARGS = ("--num-gpu-blocks-override", "24")
 # Every server of the suite runs eager: healthy in about 30 s (tiny) or 60 s (smollm2-135m) instead of
 # 90-140 s or 200 s with torch.compile on two cores, which CI's 45 minutes cannot spare across some ten
