@@ -46,16 +46,39 @@ def _stage_logs(data: RunData) -> dict[str, Any]:
                  ["records.jsonl", "metrics.jsonl", "events.jsonl"])
 
 
+def _spells(data: RunData) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The `metrics_missing` events of spells still open at the run's end (no `metrics_back` from that
+    source after them) and of spells that ended. Why apart: a restarted engine serves /metrics without
+    its gauges for a moment and the sampler says so; monitoring is impossible only where the gauges
+    never came back."""
+    last: dict[Any, dict[str, Any] | None] = {}
+    ended: list[dict[str, Any]] = []
+    for event in data.events_named(Event.METRICS_MISSING, Event.METRICS_BACK):
+        source, opened = event.get("source"), last.get(event.get("source"))
+        if event.get("event") == Event.METRICS_MISSING:
+            last[source] = event
+        elif opened is not None:
+            ended.append(opened)
+            last[source] = None
+    return [e for e in last.values() if e is not None], ended
+
+
 def _monitoring(data: RunData) -> dict[str, Any]:
     """Going live needs the engine's own metrics (spec, "After go-live"): a /metrics the harness could
-    not read, or one without the engine's gauges, means monitoring is not possible as deployed."""
+    not read, or one whose engine gauges were still absent at the run's end, means monitoring is not
+    possible as deployed."""
     good = [m for m in data.metrics if m.get("ok") and m.get("vllm_series")]
     failed = [m for m in data.metrics if not m.get("ok")]
-    missing = data.events_named(Event.METRICS_MISSING)
-    if good and not missing:
+    still_missing, ended = _spells(data)
+    if good and not still_missing:
         detail = f"{len(good)} scrapes with the engine's series from {len({m.get('source') for m in good})} source(s)"
-        return _item("Server metrics for monitoring (/metrics)", True, detail, ["metrics.jsonl"])
-    why = failed[-1].get("error") if failed else (missing[-1].get("reason") if missing else "no scrape")
+        if ended:
+            detail += (f"; the engine's series were absent {len(ended)} time(s) and came back (last: "
+                       f"{ended[-1].get('reason')})")
+        return _item("Server metrics for monitoring (/metrics)", True, detail, ["metrics.jsonl", "events.jsonl"]
+                     if ended else ["metrics.jsonl"])
+    why = (still_missing[-1].get("reason") if still_missing else failed[-1].get("error") if failed
+           else "no scrape")
     return _item("Server metrics for monitoring (/metrics)", False,
                  f"monitoring is not possible as deployed: {why} ({len(failed)} failed scrapes; point "
                  "--k3-metrics-url or --k3-prometheus-url at where the engine's metrics are)",

@@ -10,6 +10,7 @@ import pandas as pd
 import yaml
 
 from k3load.analysis.analyze import analyze
+from k3load.analysis.checklist import build_checklist
 from k3load.analysis.input_size import input_tokens
 from k3load.analysis.manifest import verify
 from k3load.analysis.pillar import PillarResult, thresholds
@@ -210,3 +211,29 @@ def test_requests_refused_while_the_server_was_down_are_the_crashs_not_load_erro
     assert "(20 sent while it was down, not counted as load errors)" in result.reasons[0]
     verdict, because, _ = decide(_pillars(resources=FAIL), table, ramp(table))
     assert verdict == "limited" and not any("without a resource signal" in b for b in because)
+
+
+def _monitoring_item(events: list[dict]) -> dict:
+    data = RunData(path=Path("."), metrics=[_line(float(t), **{WAIT: 0}) | {"source": "a"} for t in range(4)],
+                   events=events)
+    return next(i for i in build_checklist(data, _pillars()) if i["item"].startswith("Server metrics"))
+
+
+def test_monitoring_is_refused_only_while_the_engines_series_are_still_missing():
+    """A restarted engine serves /metrics without its gauges for a moment: that spell ended, and
+    monitoring works; a source whose gauges never came back (one of two here) is still refused."""
+    def missing(ts: float, source: str, reason: str) -> dict:
+        return {"event": "metrics_missing", "ts": ts, "source": source, "reason": reason}
+
+    def back(ts: float, source: str) -> dict:
+        return {"event": "metrics_back", "ts": ts, "source": source}
+
+    assert _monitoring_item([])["ok"] and "absent" not in _monitoring_item([])["detail"]
+    spell = _monitoring_item([missing(1.0, "a", "no vllm: series"), back(2.0, "a")])
+    assert spell["ok"] and "absent 1 time(s) and came back (last: no vllm: series)" in spell["detail"]
+    assert "events.jsonl" in spell["evidence"]
+    for events in ([missing(1.0, "a", "gauges gone")],
+                   [missing(1.0, "a", "x"), back(2.0, "a"), missing(3.0, "a", "gauges gone")],
+                   [missing(1.0, "a", "x"), missing(1.5, "b", "gauges gone"), back(2.0, "a")]):
+        item = _monitoring_item(events)
+        assert not item["ok"] and "monitoring is not possible as deployed: gauges gone" in item["detail"], events
