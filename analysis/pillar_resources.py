@@ -136,16 +136,29 @@ def _largest_prompt(conditions: dict[str, Any]) -> str:
 
 
 def _restart_check(data: RunData, ts: float) -> dict[str, Any]:
+    """Did the server come back after the crash at `ts` and serve again, and did our restart command
+    (`--k3-restart-cmd`, its `restart_command` event) run for it. Why say who restarted it: "did not
+    come back" reads differently when no command was given than when ours ran and failed, and a server
+    back without our command was restarted by its own supervisor."""
     ups = [e for e in data.events_named(Event.SERVER_UP) if e["ts"] > ts]
-    if not ups:
-        return {"recovered": False, "detail": "the server did not come back within the run"}
-    up = ups[0]["ts"]
+    up = ups[0]["ts"] if ups else None
+    commands = [e for e in data.events_named(Event.RESTART_COMMAND)
+                if e["ts"] >= ts and (up is None or e["ts"] <= up)]
+    command = {"attempt": commands[0].get("attempt"), "log": commands[0].get("log")} if commands else None
+    ran = f"restart command {command['attempt']} ran (log {command['log']})" if command else None
+    if up is None:
+        why = f"although the {ran}" if ran else \
+            "no restart command ran (--k3-restart-cmd not given, or its --k3-max-restarts used up)"
+        return {"recovered": False, "restart_command": command,
+                "detail": f"the server did not come back within the run; {why}"}
     after = data.records[data.records["send_ts"] >= up]
     served = int((after["status"] == "ok").sum())
     during = int(((data.records["send_ts"] >= ts) & (data.records["send_ts"] < up)).sum())
+    by = ran or "no restart command of ours ran: something else restarted it"
     return {"recovered": served > 0, "down_s": up - ts, "ok_after_restart": served, "sent_while_down": during,
+            "restart_command": command,
             "detail": f"back after {up - ts:.0f} s, {served} requests served after it ({during} sent while it "
-                      "was down, not counted as load errors)"}
+                      f"was down, not counted as load errors); {by}"}
 
 
 def _memory_evidence(oom: bool, curve: list[dict[str, Any]], data: RunData, headroom_pct: float) -> str | None:

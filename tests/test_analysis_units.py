@@ -208,7 +208,8 @@ def test_requests_refused_while_the_server_was_down_are_the_crashs_not_load_erro
     (stage,) = table
     assert stage["sent_while_down"] == 20 and stage["errors"] == 1
     assert [p["id"] for p in stage["problems"]] == ["stability.server_down"]  # 1 cut of 41: no error breach
-    assert "(20 sent while it was down, not counted as load errors)" in result.reasons[0]
+    assert "(20 sent while it was down, not counted as load errors); no restart command of ours ran: something " \
+        "else restarted it" in result.reasons[0]
     verdict, because, _ = decide(_pillars(resources=FAIL), table, ramp(table))
     assert verdict == "limited" and not any("without a resource signal" in b for b in because)
 
@@ -237,3 +238,26 @@ def test_monitoring_is_refused_only_while_the_engines_series_are_still_missing()
                    [missing(1.0, "a", "x"), missing(1.5, "b", "gauges gone"), back(2.0, "a")]):
         item = _monitoring_item(events)
         assert not item["ok"] and "monitoring is not possible as deployed: gauges gone" in item["detail"], events
+
+
+def test_the_restart_check_says_whether_our_restart_command_ran():
+    rows = [_attempt_row("a", 0, "ok", t, t + 0.5, 100, 400) for t in (1, 2, 40)]
+    frame = pd.DataFrame(rows).assign(attempt_id=["1", "2", "3"])
+    down = {"event": "server_down", "ts": 10.0, "reason": "connection refused"}
+    command = {"event": "restart_command", "ts": 10.5, "attempt": 1, "pid": 7, "log": "restart-1.log"}
+    earlier = {"event": "restart_command", "ts": 5.0, "attempt": 1, "pid": 6, "log": "restart-0.log"}
+
+    def restart(*events: dict) -> dict:
+        up = any(e["event"] == "server_up" for e in events)  # served after it only where it came back
+        records = frame if up else frame.iloc[:2]
+        (crash,) = classify_crashes(RunData(path=Path("."), records=records, events=[down, *events]))
+        return crash["restart"]
+
+    came_back = restart(command, {"event": "server_up", "ts": 30.0})
+    assert came_back["recovered"] and came_back["restart_command"] == {"attempt": 1, "log": "restart-1.log"}
+    assert came_back["detail"].endswith("; restart command 1 ran (log restart-1.log)")
+    never = restart(command)
+    assert not never["recovered"] and never["detail"] == (
+        "the server did not come back within the run; although the restart command 1 ran (log restart-1.log)")
+    alone = restart(earlier)  # a command before this crash is not this crash's restart
+    assert alone["restart_command"] is None and "no restart command ran (--k3-restart-cmd not given" in alone["detail"]
