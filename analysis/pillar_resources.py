@@ -147,7 +147,7 @@ def _restart_check(data: RunData, ts: float) -> dict[str, Any]:
     command = {"attempt": commands[0].get("attempt"), "log": commands[0].get("log")} if commands else None
     ran = f"restart command {command['attempt']} ran (log {command['log']})" if command else None
     if up is None:
-        why = f"although the {ran}" if ran else \
+        why = f"{ran} without bringing it back" if ran else \
             "no restart command ran (--k3-restart-cmd not given, or its --k3-max-restarts used up)"
         return {"recovered": False, "restart_command": command,
                 "detail": f"the server did not come back within the run; {why}"}

@@ -258,6 +258,7 @@ def test_the_restart_check_says_whether_our_restart_command_ran():
     assert came_back["detail"].endswith("; restart command 1 ran (log restart-1.log)")
     never = restart(command)
     assert not never["recovered"] and never["detail"] == (
-        "the server did not come back within the run; although the restart command 1 ran (log restart-1.log)")
+        "the server did not come back within the run; restart command 1 ran (log restart-1.log) without "
+        "bringing it back")
     alone = restart(earlier)  # a command before this crash is not this crash's restart
     assert alone["restart_command"] is None and "no restart command ran (--k3-restart-cmd not given" in alone["detail"]
