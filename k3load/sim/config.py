@@ -109,7 +109,7 @@ class SimConfig:
                                 "free one; the URL is printed: 'metrics on http://HOST:PORT/metrics')")
     model: str = knob("kimi-k3-sim", "served model name (requests naming another model get vLLM's 404)")
     max_model_len: int = knob(32768, "context length in tokens; longer prompts get vLLM's context-length 400")
-    vllm_version: str = knob("0.33.0", "version reported by /version")
+    vllm_version: str = knob("0.32.0", "version reported by /version (the sim speaks vLLM 0.32 on the wire)")
     seed: int = knob(0, "seed for answers and fault draws (identical requests replay identically)")
     # KV cache and scheduler (vLLM CacheConfig / SchedulerConfig analogues)
     block_size: int = knob(16, "KV block size in tokens (prefix-cache hash unit)")
