@@ -149,14 +149,14 @@ def _restart_check(data: RunData, ts: float) -> dict[str, Any]:
     if up is None:
         why = f"{ran} without bringing it back" if ran else \
             "no restart command ran (--k3-restart-cmd not given, or its --k3-max-restarts used up)"
-        return {"recovered": False, "restart_command": command,
+        return {"recovered": False, "command_run": command,
                 "detail": f"the server did not come back within the run; {why}"}
     after = data.records[data.records["send_ts"] >= up]
     served = int((after["status"] == "ok").sum())
     during = int(((data.records["send_ts"] >= ts) & (data.records["send_ts"] < up)).sum())
     by = ran or "no restart command of ours ran: something else restarted it"
     return {"recovered": served > 0, "down_s": up - ts, "ok_after_restart": served, "sent_while_down": during,
-            "restart_command": command,
+            "command_run": command,
             "detail": f"back after {up - ts:.0f} s, {served} requests served after it ({during} sent while it "
                       f"was down, not counted as load errors); {by}"}
 

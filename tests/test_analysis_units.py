@@ -21,6 +21,7 @@ from k3load.analysis.rules import breach
 from k3load.analysis.rundata import RECORD_COLUMNS, RunData, StageWindow
 from k3load.analysis.timeline import MetricIndex
 from k3load.analysis.verdict import decide
+from k3load.events import Event
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 
 KEY = 'vllm:prefix_cache_hits_total{engine="0",model_name="m"}'
@@ -244,8 +245,8 @@ def test_the_restart_check_says_whether_our_restart_command_ran():
     rows = [_attempt_row("a", 0, "ok", t, t + 0.5, 100, 400) for t in (1, 2, 40)]
     frame = pd.DataFrame(rows).assign(attempt_id=["1", "2", "3"])
     down = {"event": "server_down", "ts": 10.0, "reason": "connection refused"}
-    command = {"event": "restart_command", "ts": 10.5, "attempt": 1, "pid": 7, "log": "restart-1.log"}
-    earlier = {"event": "restart_command", "ts": 5.0, "attempt": 1, "pid": 6, "log": "restart-0.log"}
+    command = {"event": Event.RESTART_COMMAND, "ts": 10.5, "attempt": 1, "pid": 7, "log": "restart-1.log"}
+    earlier = {"event": Event.RESTART_COMMAND, "ts": 5.0, "attempt": 1, "pid": 6, "log": "restart-0.log"}
 
     def restart(*events: dict) -> dict:
         up = any(e["event"] == "server_up" for e in events)  # served after it only where it came back
@@ -254,11 +255,11 @@ def test_the_restart_check_says_whether_our_restart_command_ran():
         return crash["restart"]
 
     came_back = restart(command, {"event": "server_up", "ts": 30.0})
-    assert came_back["recovered"] and came_back["restart_command"] == {"attempt": 1, "log": "restart-1.log"}
+    assert came_back["recovered"] and came_back["command_run"] == {"attempt": 1, "log": "restart-1.log"}
     assert came_back["detail"].endswith("; restart command 1 ran (log restart-1.log)")
     never = restart(command)
     assert not never["recovered"] and never["detail"] == (
         "the server did not come back within the run; restart command 1 ran (log restart-1.log) without "
         "bringing it back")
     alone = restart(earlier)  # a command before this crash is not this crash's restart
-    assert alone["restart_command"] is None and "no restart command ran (--k3-restart-cmd not given" in alone["detail"]
+    assert alone["command_run"] is None and "no restart command ran (--k3-restart-cmd not given" in alone["detail"]
