@@ -371,8 +371,10 @@ def test_crash_mid_soak_is_recorded_with_its_phase_and_the_restart_check(killed_
     seen = [e["event"] for e in killed_run.events if e["event"] in ("server_down", "restart_command", "server_up")]
     assert seen == ["server_down", "restart_command", "server_up"], seen
     down = next(e for e in killed_run.events if e["event"] == "server_down")
-    # SIGKILL closes the listening socket: the next poll is refused, or reset if it was mid-connect.
-    assert down["reason"] in ("connection refused", "connection reset") and 0 <= down["ts"] - killed_run.kill_ts < 3
+    # SIGKILL closes the listening socket: the next poll is refused, or reset if it was mid-connect. The
+    # kill's time is itself an observation (the end the client stamped on the first request it cut), so
+    # the sampler may see it first: 22 ms before it in one CI run.
+    assert down["reason"] in ("connection refused", "connection reset") and -1 < down["ts"] - killed_run.kill_ts < 3
     assert statuses(verdict) == {"compat": "pass", "resources": "fail", "prefix_cache": "pass",
                                  "agent_api": "fail"}, json.dumps(verdict["next_action"], indent=1)
     assert re.match(r"server crash \(no memory evidence\) in stage soak \(after long running: fragmentation or "
