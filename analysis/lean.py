@@ -92,7 +92,7 @@ class Interner:
     def __init__(self) -> None:
         self.values: dict[Any, Any] = {}
         self.findings: dict[tuple[tuple[Any, ...], ...], tuple[Finding, ...]] = {}
-        self.findings_text: dict[str, tuple[Finding, ...]] = {}  # a findings array's JSON -> its tuple
+        self.findings_text: dict[str | bytes, tuple[Finding, ...]] = {}  # a findings array's JSON -> its tuple
 
         self.intern = self.values.setdefault  # intern(v, v): the hot loops call the bound method directly
 
@@ -106,7 +106,7 @@ class Interner:
             found = self.findings[key] = tuple(self._finding(f) for f in raw)
         return found
 
-    def findings_of_text(self, text: str) -> tuple[Finding, ...]:
+    def findings_of_text(self, text: str | bytes) -> tuple[Finding, ...]:
         """The findings of a record's `"findings"` array, from its JSON text: a run repeats a few dozen
         arrays (the checks of a scenario turn, all passed) over hundreds of thousands of records."""
         found = self.findings_text.get(text)

@@ -7,7 +7,7 @@ empty tables (a pillar then says `not_run` or `inconclusive`, with the reason), 
 Why streamed and lean: an hour at 100 requests/s is 360,000 records (about 650 MB of JSON lines). Each
 line is read, reduced to what the rules read (`analysis/lean.py`: the attempts) and the stage table's
 columns (`RunData.records`), and dropped, so neither the file's text nor its parsed dicts are held. The
-files are opened here only (`_record_lines`, `_jsonl`, through `k3load.evidence.lines`: records.jsonl.gz
+files are opened here only (`_read_records`, `_jsonl`, through `k3load.evidence.lines`: records.jsonl.gz
 and metrics.jsonl.gz, or an older run's plain records.jsonl and metrics.jsonl), and everything downstream
 reads `RunData`.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gc
 import json
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import yaml
 
 from k3load import evidence
 from k3load.analysis.lean import DEFAULTS, AnyAttempt, Interner, lean_attempt
+from k3load.analysis.record_decode import FRAME_ONLY, RecordDecoder
 from k3load.events import Event
 from k3load.workload.plan import Plan, PlanError, parse_plan
 
@@ -137,102 +137,32 @@ def _read_rows(path: Path, problems: list[str], shared: Interner | None, decode:
         rows.append(row)
 
 
-TOOL_CALLS, FINDINGS, AFTER_FINDINGS = ',"tool_calls":[', ',"findings":[', '],"valid":'
-_STRING = r'"[^"\\]*(?:\\.[^"\\]*)*"'  # a JSON string: runs of plain characters between escapes
-# One recorded tool call as the harness writes it (k3load.client.result.ToolCall.as_message).
-_CALL = re.compile(r'\{"id":(?:null|' + _STRING + r'),"type":"function","function":\{"name":(null|' + _STRING
-                   + r'),"arguments":' + _STRING + r'\}\}')
-
-
-def _call_names(line: str, start: int) -> tuple[tuple[str, ...], int] | None:
-    """The names of the tool calls in the array opening at `start`, and where it ends; None unless every
-    call is laid out as the harness writes it."""
-    names, pos = [], start + 1
-    if line.startswith("]", pos):
-        return (), pos + 1
-    while True:
-        found = _CALL.match(line, pos)
-        if found is None:
-            return None
-        raw = found.group(1)
-        names.append("" if raw == "null" else json.loads(raw) if "\\" in raw else raw[1:-1])
-        pos = found.end()
-        if line.startswith("]", pos):
-            return tuple(names), pos + 1
-        if not line.startswith(",", pos):
-            return None
-        pos += 1
-
-
-def _split_line(line: str, shared: Interner) -> tuple[dict[str, Any], tuple[Any, ...], tuple[str, ...]] | None:
-    """The record without its tool calls and findings, the calls' names (read by a pattern, not parsed)
-    and the findings (read through the run's memo of arrays); None when the line is not laid out as the
-    harness writes it (then it is read whole).
-
-    Why it is safe to cut the text: in JSON a quote inside a string is always escaped, so the keys
-    looked for occur only as structure; the harness writes `tool_calls`, `findings`, `valid` in that
-    order (Attempt's fields) after scalars only, each call matches the one shape it writes up to its
-    closing brace, and a finding holds no array, so the first `],"valid":` after the key closes the
-    findings. A line laid out otherwise has no such cut, fails to match or to parse once cut, or keeps a
-    top-level `tool_calls` or `findings`: each sends it to the whole-line reading."""
-    start = line.find(TOOL_CALLS)
-    calls = _call_names(line, start + len(TOOL_CALLS) - 1) if start >= 0 else None
-    if calls is None or not line.startswith(FINDINGS, calls[1]):
-        return None
-    opened = calls[1] + len(FINDINGS) - 1
-    end = line.find(AFTER_FINDINGS, opened)
-    if end < 0:
-        return None
-    try:
-        record = json.loads(line[:start] + line[end + 1:])
-        findings = shared.findings_of_text(line[opened:end + 1])
-    except (ValueError, TypeError):
-        return None
-    if not isinstance(record, dict) or "findings" in record or "tool_calls" in record:
-        return None
-    return record, findings, calls[0]
-
-
-Split = tuple[dict[str, Any], tuple[Any, ...] | None, tuple[str, ...] | None]
-
-
-def _record_lines(path: Path, shared: Interner) -> Iterator[tuple[int, Split]]:
-    """(line number, (record, its findings and call names when read apart)) of records.jsonl; a torn
-    last line (the writer was killed mid-write) is skipped, any other unreadable line is an error (as
-    `k3load.records.read_records` says it)."""
-    handle = evidence.lines(path)  # lines end at "\n" only (see _lines)
+def _read_records(path: Path) -> tuple[list[AnyAttempt], dict[str, list[Any]]]:
+    """The lean attempts and the frame-only columns, one line at a time: each line decoded by
+    `RecordDecoder` (only the fields the rules read), or, where it refuses one, read whole. A torn last
+    line (the writer was killed mid-write) is skipped; any other unreadable line is an error (as
+    `k3load.records.read_records` says it). Lines end at "\\n" only (see `_lines`)."""
+    shared = Interner()
+    attempts: list[AnyAttempt] = []
+    columns: dict[str, list[Any]] = {name: [] for name in FRAME_ONLY}
+    decoder = RecordDecoder(shared, attempts, columns)
+    take = decoder.take
+    keep = [(columns[name].append, name, DEFAULTS.get(name)) for name in FRAME_ONLY if name != "failed_layers"]
+    layers, layer_lists, intern = columns["failed_layers"].append, decoder.layer_lists, shared.intern
+    handle = evidence.lines(path)
     for number, line in enumerate(handle, start=1):
-        split = _split_line(line, shared)
-        if split is not None:
-            yield number, split
-            continue
-        if not line.strip():
+        if take(line) or not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             if next(handle, None) is None:  # the last line, torn
-                return
+                break
             raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
-        yield number, (record, None, None)
-
-
-# Columns of RunData.records that no rule reads from the attempts: taken from the line as it passes.
-FRAME_ONLY = ("turn_kind", "itl_mean_ms", "completion_tokens", "max_tokens", "error", "failed_layers")
-
-
-def _read_records(path: Path) -> tuple[list[AnyAttempt], dict[str, list[Any]]]:
-    """The lean attempts and the frame-only columns, one line at a time."""
-    shared = Interner()
-    attempts: list[AnyAttempt] = []
-    columns: dict[str, list[Any]] = {name: [] for name in FRAME_ONLY}
-    keep = [(columns[name].append, name, DEFAULTS.get(name)) for name in FRAME_ONLY if name != "failed_layers"]
-    layers, layer_lists, intern = columns["failed_layers"].append, {}, shared.intern
-    for number, (record, findings, names) in _record_lines(path, shared):
         try:
             if not isinstance(record, dict):
                 raise TypeError(f"a JSON {type(record).__name__}, not an object")
-            attempts.append(lean_attempt(record, shared, findings, names))
+            attempts.append(lean_attempt(record, shared))
         except TypeError as exc:
             raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
         for append, name, default in keep:

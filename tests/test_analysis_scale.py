@@ -33,6 +33,7 @@ from k3load.analysis.analyze import analyze
 from k3load.analysis.lean import LeanAttempt, call_name
 from k3load.analysis.manifest import verify
 from k3load.analysis.pillar import percentile
+from k3load.analysis.record_decode import FRAME_ONLY, RecordDecoder
 from k3load.analysis.reuse_replay import Geometry, _ready_ts, designed_tokens, salt_key
 from k3load.analysis.stats import ratio_ci, ratio_cis
 from k3load.analysis.timeline import MetricIndex
@@ -283,35 +284,68 @@ def test_send_order_is_the_stable_sort_on_both_keys() -> None:
     assert rundata.send_order([1.0, None], ["a", "b"]) is None
 
 
-def test_findings_read_apart_only_where_the_cut_is_exact(tmp_path: Path) -> None:
-    """The findings array is read through a memo of its text when the line is laid out as the harness
-    writes it; strings that spell the cut, another key order, or a nested `findings` are read whole."""
+def _read_both(path: Path) -> list[tuple[Attempt, Any]]:
+    """Each line as a whole Attempt (json.loads) beside the loader's lean attempt."""
+    return list(zip(read_records(path), rundata.read_attempts(path), strict=True))
+
+
+def _same(whole: Attempt, lean: Any) -> None:
+    for f in fields(LeanAttempt):
+        value = getattr(whole, f.name)
+        if f.name == "tool_calls":
+            value = tuple(call_name(c) for c in value)
+        elif f.name == "findings":
+            value = tuple(value)
+        elif f.name == "error_body" and whole.http_status != 400:
+            value = None
+        elif f.name == "primary_layer" and value is None and not whole.valid:  # a record from before the field
+            value = primary_layer(list(whole.findings))
+        assert repr(getattr(lean, f.name)) == repr(value), f.name  # repr: NaN, -0.0 and types count
+
+
+def test_the_decoder_reads_every_field_as_the_whole_record_gives_it(tmp_path: Path) -> None:
+    """Lines laid out as the harness writes them and otherwise: findings whose text spells keys, a
+    `findings` key nested in a call, another key order, calls named at the top level or not at all, and
+    values msgspec refuses (NaN, Infinity's overflow, a lone surrogate, a call of another shape), which
+    are read whole: every kept field equals what the whole record says."""
     tricky = Finding("expect.json", False, "model_output", 'said ],"valid": and ,"findings":[ in "quotes"')
     records = [_record(1) | {"findings": [tricky.__dict__], "valid": False},
                _record(2) | {"tool_calls": [{"function": {"name": "f", "findings": [1]}, "valid": 2}]},
                dict(reversed(list(_record(3).items()))),
-               _record(4) | {"findings": []}]
+               _record(4) | {"findings": [], "tool_calls": [{"name": "top"}, {"function": None}, {}]},
+               _record(5) | {"ttft_ms": float("nan"), "e2e_ms": -0.0, "prompt_tokens": 2**70},
+               _record(6) | {"http_status": 400, "error_body": "bad \ud83d"},
+               _record(7) | {"http_status": 400, "error_body": '{"object":"error"}'},
+               _record(8) | {"tool_calls": ["named"], "failed_layers": ["parser"], "primary_layer": None}]
     path = tmp_path / "records.jsonl"
-    path.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records), encoding="utf-8")
-    lean = rundata.read_attempts(path)
-    for whole, read in zip(read_records(path), lean, strict=True):
-        assert read.findings == tuple(whole.findings)
-        assert read.tool_calls == tuple(call_name(c) for c in whole.tool_calls)
-    assert lean[0].primary_layer == "model_output"
+    text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+    path.write_text(text, encoding="utf-8")
+    pairs = _read_both(path)
+    assert len(pairs) == len(records)
+    for whole, lean in pairs:
+        _same(whole, lean)
+    assert pairs[0][1].primary_layer == "model_output" and pairs[3][1].tool_calls == ("top", "", "")
+    assert pairs[5][1].error_body == "bad \ud83d" and pairs[7][1].tool_calls == ("named",)
+    decoder = RecordDecoder(rundata.Interner(), [], {name: [] for name in FRAME_ONLY})
+    taken = [decoder.take(line) for line in text.splitlines(keepends=True)]
+    assert taken == [True, True, True, True, False, False, True, False]  # NaN, a lone surrogate, a bare name
+    frame = rundata.load_run(tmp_path).records
+    assert frame["failed_layers"].tolist()[-1] == ["parser"] and frame["turn_kind"].tolist() == ["answer"] * 8
 
 
-def test_tool_call_names_read_by_pattern_are_the_parsed_names() -> None:
+def test_tool_call_names_decoded_are_the_parsed_names(tmp_path: Path) -> None:
     """Names with quotes, escapes, control characters, U+2028, none at all, ASCII-escaped or not."""
     rng = random.Random(1)
     chars = "ab \"\\\x00\x1f\u00e9\u2028\u0085{}[],:"
-    for _ in range(1500):
+    lines, wanted = [], []
+    for i in range(1500):
         calls = [{"id": rng.choice([None, 'x"y', "id1"]), "type": "function",
                   "function": {"name": rng.choice([None, "", "".join(rng.choices(chars, k=rng.randint(0, 8)))]),
                                "arguments": "".join(rng.choices(chars, k=rng.randint(0, 30)))}}
                  for _ in range(rng.randint(0, 3))]
-        line = json.dumps({"a": 1, "tool_calls": calls, "findings": [], "valid": True},
-                          ensure_ascii=rng.random() < 0.3, separators=(",", ":"))
-        split = rundata._split_line(line, rundata.Interner())
-        assert split is not None and split[2] == tuple(call_name(c) for c in calls)
-    assert rundata._split_line('{"tool_calls":[{"id":null,"type":"function","function":{"name":"f",'
-                               '"arguments":"{}"},"index":0}],"findings":[],"valid":true}', rundata.Interner()) is None
+        lines.append(json.dumps(_record(i) | {"tool_calls": calls}, ensure_ascii=rng.random() < 0.3,
+                                separators=(",", ":")))
+        wanted.append(tuple(call_name(c) for c in calls))
+    path = tmp_path / "records.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert [a.tool_calls for a in rundata.read_attempts(path)] == wanted
