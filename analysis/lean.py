@@ -123,23 +123,20 @@ class Interner:
         return finding
 
 
-def lean_attempt(record: dict[str, Any], shared: Interner, findings: tuple[Finding, ...] | None = None,
-                 names: tuple[str, ...] | None = None) -> LeanAttempt:
-    """The record's lean form (`findings`, `names`: already read from the line, else from the record); a
-    record missing a required field raises TypeError like `Attempt(**record)`."""
+def lean_attempt(record: dict[str, Any], shared: Interner) -> LeanAttempt:
+    """The lean form of a record read whole (a line `analysis/record_decode.py` refused); a record missing
+    a required field raises TypeError like `Attempt(**record)`."""
     if not record.keys() >= REQUIRED:
         missing = sorted(REQUIRED - record.keys())
         raise TypeError(f"Attempt.__init__() missing required arguments: {', '.join(map(repr, missing))}")
     get, intern = record.get, shared.intern
-    if findings is None:
-        findings = shared.finding_tuple(get("findings") or [])
+    findings = shared.finding_tuple(get("findings") or [])
     layer = get("primary_layer")
     valid = get("valid", True)
     if layer is None and not valid:  # written before primary_layer existed: the same rule, from its findings
         layer = primary_layer(list(findings))
     http_status = get("http_status")
-    if names is None:
-        names = tuple(map(call_name, get("tool_calls") or ()))
+    names = tuple(map(call_name, get("tool_calls") or ()))
     names = intern(names, names) if names else ()  # one tuple (and one string per name) across the run
     stage, scenario, family, user, status = (record["stage"], record["scenario"], record["family"],
                                              record["user_id"], record["status"])
