@@ -156,15 +156,7 @@ def test_lean_records_carry_what_the_attempts_did(tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(data.records, frame, check_exact=True)
     assert len(data.attempts) == len(whole)
     for a, lean in zip(whole, data.attempts, strict=True):
-        for f in fields(LeanAttempt):
-            value = getattr(a, f.name)
-            if f.name == "tool_calls":
-                value = tuple(call_name(c) for c in value)
-            elif f.name == "findings":
-                value = tuple(value)
-            elif f.name == "error_body" and a.http_status != 400:
-                value = None
-            assert getattr(lean, f.name) == value, f.name
+        _same(a, lean)
 
 
 def _record(i: int, **extra: Any) -> dict[str, Any]:
