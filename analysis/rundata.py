@@ -156,8 +156,8 @@ def _read_records(path: Path) -> tuple[list[AnyAttempt], dict[str, list[Any]]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            if next(handle, None) is None:  # the last line, torn
-                break
+            if not line.endswith("\n") and next(handle, None) is None:  # the last line, torn mid-write
+                break  # (a whole last line that does not parse is an error, as any other line is)
             raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
         try:
             if not isinstance(record, dict):

@@ -177,6 +177,10 @@ def test_records_reader_skips_only_a_torn_last_line(tmp_path: Path) -> None:
     path.write_text(json.dumps({k: v for k, v in _record(3).items() if k != "stage"}) + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match="stage"):
         rundata.read_attempts(path)
+    # A whole last line (it has its "\n") that does not parse was not torn: an error, never a lost record.
+    path.write_text("\ufeff" + json.dumps(_record(4)) + "\n", encoding="utf-8")  # an editor's BOM
+    with pytest.raises(ValueError, match=r"records.jsonl:1: not an attempt record"):
+        rundata.read_attempts(path)
 
 
 def _replay(attempts: list[Attempt], design: dict[str, Any], geometry: Geometry) -> dict[str, int]:
