@@ -26,7 +26,13 @@ def run_analyze(args: argparse.Namespace) -> int:
         return 2
     if getattr(args, "reference", None) is not None and not _set_reference(args.run_dir, args.reference):
         return 2
-    judgment = analyze(args.run_dir)
+    from k3load.analysis.rundata import UnreadableRecords
+
+    try:
+        judgment = analyze(args.run_dir)
+    except UnreadableRecords as exc:
+        print(f"k3load analyze: {exc}", file=sys.stderr)
+        return 2
     print(summary_line(judgment, args.run_dir))
     if judgment.verdict == "limited" and args.accept_limited:
         return 0

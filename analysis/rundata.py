@@ -137,6 +137,11 @@ def _read_rows(path: Path, problems: list[str], shared: Interner | None, decode:
         rows.append(row)
 
 
+class UnreadableRecords(ValueError):
+    """A records file with a line that is not an attempt record (not a torn last line): the run cannot be
+    judged without guessing, so `k3load analyze` says which line, in one line, and exits 2."""
+
+
 def _read_records(path: Path) -> tuple[list[AnyAttempt], dict[str, list[Any]]]:
     """The lean attempts and the frame-only columns, one line at a time: each line decoded by
     `RecordDecoder` (only the fields the rules read), or, where it refuses one, read whole. A torn last
@@ -158,13 +163,13 @@ def _read_records(path: Path) -> tuple[list[AnyAttempt], dict[str, list[Any]]]:
         except json.JSONDecodeError as exc:
             if not line.endswith("\n") and next(handle, None) is None:  # the last line, torn mid-write
                 break  # (a whole last line that does not parse is an error, as any other line is)
-            raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
+            raise UnreadableRecords(f"{path}:{number}: not an attempt record: {exc}") from exc
         try:
             if not isinstance(record, dict):
                 raise TypeError(f"a JSON {type(record).__name__}, not an object")
             attempts.append(lean_attempt(record, shared))
         except TypeError as exc:
-            raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
+            raise UnreadableRecords(f"{path}:{number}: not an attempt record: {exc}") from exc
         for append, name, default in keep:
             value = record.get(name, default)
             append(intern(value, value) if name in ("turn_kind", "error") else value)

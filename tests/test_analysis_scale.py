@@ -19,6 +19,7 @@ import importlib.util
 import json
 import random
 import shutil
+import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -181,6 +182,11 @@ def test_records_reader_skips_only_a_torn_last_line(tmp_path: Path) -> None:
     path.write_text("\ufeff" + json.dumps(_record(4)) + "\n", encoding="utf-8")  # an editor's BOM
     with pytest.raises(ValueError, match=r"records.jsonl:1: not an attempt record"):
         rundata.read_attempts(path)
+    done = subprocess.run([sys.executable, "-m", "k3load", "analyze", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().endswith("not an attempt record: Unexpected UTF-8 BOM (decode using utf-8-sig): "
+                                        "line 1 column 1 (char 0)") and len(done.stderr.splitlines()) == 1
 
 
 def _replay(attempts: list[Attempt], design: dict[str, Any], geometry: Geometry) -> dict[str, int]:
