@@ -23,6 +23,10 @@ Z95 = 1.959963984540054  # two-sided 95%
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20261203  # fixed: the same pairs give the same interval on every machine
 MAX_MORE_ATTEMPTS = 1_000_000
+# From this many attempts a ratio's interval is the normal one (`ratio_normal_ci`), not the bootstrap's:
+# there the two agree to well within the bootstrap's own resampling noise, and 2,000 resamples of an
+# hour's soak cost seconds of CPU per family. Below it every interval is the seeded bootstrap's.
+NORMAL_RATIO_FROM = 20_000
 
 
 @dataclass(frozen=True)
@@ -161,9 +165,31 @@ def _resample_sums(table: list[np.ndarray], matrix: np.ndarray | None, picks: np
     return [product[:, k] for k in range(matrix.shape[1])]
 
 
+def ratio_normal_ci(numerators: Sequence[float], denominators: Sequence[float]) -> tuple[float, float] | None:
+    """95% interval of sum(numerators)/sum(denominators) from the ratio estimator's linearised variance,
+    attempts the unit as in `ratio_ci`: R ± z·sqrt(Σ(a − R·d)² / (n − 1) / n) / mean(d), kept inside the
+    range of the attempts' own ratios when every denominator is positive (no resample's ratio can leave
+    it then). It is what the
+    percentile bootstrap converges to as attempts grow, and costs one pass instead of 2,000."""
+    n = len(numerators)
+    num, den = np.asarray(numerators, dtype=float), np.asarray(denominators, dtype=float)
+    total = float(den.sum())
+    if n < 2 or not total:
+        return None
+    ratio = float(num.sum()) / total
+    residual = num - ratio * den
+    half = Z95 * math.sqrt(float(residual @ residual) / (n - 1) / n) / (total / n)
+    low, high = ratio - half, ratio + half
+    if bool(np.all(den > 0)):  # then every resample's ratio lies between the attempts' own ratios
+        own = num / den
+        low, high = max(low, float(own.min())), min(high, float(own.max()))
+    return low, high
+
+
 def ratio_cis(numerators: Sequence[int], denominators: Sequence[Sequence[int]], resamples: int = BOOTSTRAP_RESAMPLES
               ) -> list[tuple[float, float] | None]:
-    """`ratio_ci(numerators, d)` for each d, each the same interval to the last bit, from one stream.
+    """`ratio_ci(numerators, d)` for each d, each the same interval to the last bit, from one stream;
+    from NORMAL_RATIO_FROM attempts `ratio_normal_ci(numerators, d)` instead.
 
     Why: each call draws the same picks (same seed, same n, same chunks), and at an hour's soak a call
     is 2,000 resamples of 360,000 attempts, so the picks are drawn once and the numerator summed once.
@@ -174,6 +200,8 @@ def ratio_cis(numerators: Sequence[int], denominators: Sequence[Sequence[int]], 
     denominator whose chunks part from the others' (a resample that summed to 0 shortens its next
     chunk, and the chunking shapes the stream) takes `ratio_ci` itself."""
     n = len(numerators)
+    if n >= NORMAL_RATIO_FROM:
+        return [ratio_normal_ci(numerators, den) for den in denominators]
     live = [i for i, den in enumerate(denominators) if n >= 2 and sum(den)]
     out: list[tuple[float, float] | None] = [None] * len(denominators)
     if not live:

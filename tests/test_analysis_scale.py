@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -36,7 +37,7 @@ from k3load.analysis.manifest import verify
 from k3load.analysis.pillar import percentile
 from k3load.analysis.record_decode import FRAME_ONLY, RecordDecoder
 from k3load.analysis.reuse_replay import Geometry, _ready_ts, designed_tokens, salt_key
-from k3load.analysis.stats import ratio_ci, ratio_cis
+from k3load.analysis.stats import NORMAL_RATIO_FROM, ratio_ci, ratio_cis, ratio_normal_ci
 from k3load.analysis.timeline import MetricIndex
 from k3load.evidence import records_file
 from k3load.records import Attempt, Finding, read_records
@@ -143,6 +144,35 @@ def test_multiplied_run_is_judged_as_by_the_straightforward_path(tmp_path: Path,
     assert _bench().build_run(_unpack(tmp_path / "run"), big, 4 * 743, 300.0) == 4 * 743
     now, reference = _verdicts(big, monkeypatch)
     assert now == reference
+
+
+def test_the_bench_allows_only_reuse_intervals_to_move(tmp_path: Path) -> None:
+    """The bench's verdict comparison: byte for byte, or the same judgment with only `*_ci95` endpoints
+    moved within half a point (the normal intervals of an hour's soak); anything else is a difference."""
+    bench = _bench()
+    base = {"verdict": "go", "pillars": {"prefix_cache": {"status": "pass", "numbers": {"reuse": {
+        "run": {"achieved_share_ci95": [0.9157, 0.9211], "achieved_share": 0.918}}}}}}
+
+    def judged(name: str, change: Any = None) -> Path:
+        doc = json.loads(json.dumps(base))
+        if change:
+            change(doc)
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "verdict.json").write_text(json.dumps(doc))
+        return tmp_path / name
+
+    def move(by: float) -> Any:
+        return lambda d: d["pillars"]["prefix_cache"]["numbers"]["reuse"]["run"]["achieved_share_ci95"].__setitem__(
+            0, 0.9157 + by)
+
+    reference = judged("reference")
+    assert bench._same_verdict(judged("same"), reference) == "identical"
+    assert bench._same_verdict(judged("moved", move(0.0001)), reference).startswith("the same judgment (1 ")
+    assert bench._same_verdict(judged("far", move(0.01)), reference).startswith("DIFFERENT")
+    assert bench._same_verdict(judged("limited", lambda d: d.__setitem__("verdict", "limited")),
+                               reference).startswith("DIFFERENT: .verdict")
+    assert bench._same_verdict(judged("point", lambda d: d["pillars"]["prefix_cache"]["numbers"]["reuse"]["run"]
+                                      .__setitem__("achieved_share", 0.9181)), reference).startswith("DIFFERENT")
 
 
 def _sorted_percentile(values: list[float], q: float) -> float | None:
@@ -260,6 +290,40 @@ def test_shared_bootstrap_draws_ratio_ci_intervals() -> None:
         assert ratio_cis(num, dens) == [ratio_ci(num, d) for d in dens]
     parting = [[0, 0, 5], [1, 1, 1]]  # a resample summing to 0 shortens the first one's chunks
     assert ratio_cis([1, 2, 3], parting) == [ratio_ci([1, 2, 3], d) for d in parting]
+
+
+def test_from_normal_ratio_from_attempts_the_interval_is_the_normal_one_and_agrees_with_the_bootstrap() -> None:
+    """An hour's soak takes `ratio_normal_ci`: its endpoints sit within a tenth of the bootstrap interval's
+    width of the bootstrap's own (its resampling noise is a few hundredths), on skewed token counts
+    where a third of the attempts reuse nothing by design. One fewer attempt still takes the bootstrap."""
+    rng = np.random.default_rng(11)
+    n = NORMAL_RATIO_FROM
+    prompt = rng.integers(200, 4000, n)
+    designed = (prompt * rng.choice([0.0, 0.5, 0.9], n, p=[0.3, 0.3, 0.4])).astype(int)
+    achieved = (designed * rng.uniform(0.7, 1.0, n)).astype(int)
+    dens = [list(prompt), list(designed)]
+    normal = ratio_cis(list(achieved), dens)
+    assert normal == [ratio_normal_ci(achieved, d) for d in dens]
+    for got, den in zip(normal, dens, strict=True):
+        boot = ratio_ci(list(achieved), den)
+        assert got is not None and boot is not None
+        width = boot[1] - boot[0]
+        assert abs(got[0] - boot[0]) < 0.1 * width and abs(got[1] - boot[1]) < 0.1 * width, (got, boot)
+    fewer = [list(achieved[:-1]), [d[:-1] for d in dens]]
+    assert ratio_cis(*fewer) == [ratio_ci(fewer[0], d) for d in fewer[1]]
+
+
+def test_the_normal_ratio_interval_stays_where_a_resample_can_be() -> None:
+    """Every attempt at the same ratio: a zero-width interval, as every resample gives. Positive
+    denominators: never beyond the attempts' own ratios (a wide normal interval would cross 100%);
+    with zero denominators no such bound holds, so none is applied."""
+    assert ratio_normal_ci([50] * 30, [100] * 30) == (0.5, 0.5)
+    assert ratio_normal_ci([100, 0], [100, 100]) == (0.0, 1.0)  # unclipped: 0.5 ± 0.98
+    low, high = ratio_normal_ci([100, 100, 0], [100, 100, 100])  # unclipped: 0.67 ± 0.65
+    assert 0.0 < low < 0.05 and high == 1.0
+    low, high = ratio_normal_ci([5, 90, 100, 0], [0, 100, 100, 1])
+    assert high > 1.0 and low < 0.97  # a resample of the first and third attempts gives 105/100
+    assert ratio_normal_ci([1], [1]) is None and ratio_normal_ci([1, 2], [0, 0]) is None
 
 
 def test_percentile_by_selection_is_the_sorted_pick() -> None:
