@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from k3load.analysis.drain import drain_audit, drain_reasons
+from k3load.analysis.gpu_memory import memory_curve
 from k3load.analysis.health import CUT_STATUSES, DETECTION_S, DownSpell, down_spells
 from k3load.analysis.input_size import input_tokens
 from k3load.analysis.pillar import PillarResult
@@ -96,12 +97,11 @@ def _crash_times(data: RunData, spells: list[DownSpell]) -> list[dict[str, Any]]
 
 
 def _memory_curve(data: RunData, ts: float, span_s: float = 60.0) -> list[dict[str, Any]]:
-    gpu = data.gpu
-    if gpu.empty or "ts" not in gpu:
-        return []
-    rows = gpu[(gpu["ts"] >= ts - span_s) & (gpu["ts"] <= ts + span_s)]
-    grouped = rows.groupby("ts")["memory_used_mib"].sum()
-    return [{"t_rel_s": round(t - ts, 1), "memory_used_mib": float(v)} for t, v in grouped.items()]
+    """Every GPU's memory summed per sampling round in the minute either side of the crash
+    (`gpu_memory.memory_curve`: each GPU once, whichever sources read it)."""
+    curve = memory_curve(data.gpu, ts - span_s, ts + span_s)
+    return [{"t_rel_s": round(t - ts, 1), "memory_used_mib": float(v)}
+            for t, v in zip(curve["ts"], curve["memory_used_mib"], strict=True)]
 
 
 def _in_flight(data: RunData, ts: float) -> dict[str, Any]:
@@ -170,7 +170,7 @@ def _memory_evidence(oom: bool, curve: list[dict[str, Any]], data: RunData, head
     if not curve or gpu.empty or "memory_total_mib" not in gpu:
         return None
     before = [c for c in curve if c["t_rel_s"] <= 0]
-    total = float(gpu.groupby("ts")["memory_total_mib"].sum().max() or 0)
+    total = float(memory_curve(gpu, float(gpu["ts"].min()), float(gpu["ts"].max()))["memory_total_mib"].max() or 0)
     peak = max((c["memory_used_mib"] for c in before), default=None)
     if peak is not None and total and (1 - peak / total) * 100 < headroom_pct:
         return f"GPU memory at {peak / total:.0%} of {total:.0f} MiB before the crash"

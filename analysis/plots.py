@@ -17,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from k3load.analysis.gpu_memory import memory_curve
 from k3load.analysis.timeline import MetricIndex
 
 _META = {"Software": None}  # no version stamp: same data, same bytes
@@ -62,10 +63,8 @@ def timeline_plot(data: Any, index: MetricIndex, crashes: list[dict[str, Any]]) 
         points = index.points(name, t0, t1)
         ax.plot([p[0] - t0 for p in points], [p[1] for p in points])
         ax.set_ylabel(label)
-    gpu = data.gpu
-    if not gpu.empty and "ts" in gpu:
-        per_ts = gpu[(gpu["ts"] >= t0) & (gpu["ts"] <= t1)].groupby("ts")["memory_used_mib"].sum()
-        axes[2].plot([t - t0 for t in per_ts.index], list(per_ts.values))
+    curve = memory_curve(data.gpu, t0, t1)  # each GPU once per sampling round, whichever sources read it
+    axes[2].plot(list(curve["ts"] - t0), list(curve["memory_used_mib"]))
     axes[2].set(ylabel="GPU MiB (all)", xlabel="seconds since the first stage")
     for i, stage in enumerate(data.stages):
         for ax in axes:
