@@ -6,6 +6,7 @@ accepted, not to the harness; the defaults below are a starting point a plan ove
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,14 +63,22 @@ NUMPY_FROM = 4096  # above this many values a selection beats a sort
 
 def percentile(values: list[float], q: float) -> float | None:
     """The nearest-rank value at q (k3load.quantile), of the values that are known (None left out)."""
+    return percentiles(values, (q,))[0]
+
+
+def percentiles(values: list[float], qs: Sequence[float]) -> list[float | None]:
+    """`percentile(values, q)` for each q, the values cleaned, checked and selected from once (a stage's
+    p50, p95 and p99 of 360,000 latencies are one pass, not three)."""
     clean = [v for v in values if v is not None]
     if not clean:
-        return None
-    index = nearest_rank_index(len(clean), q)
+        return [None] * len(qs)
+    indexes = [nearest_rank_index(len(clean), q) for q in qs]
     if len(clean) >= NUMPY_FROM and all(type(v) is float for v in clean):
         # The index-th smallest by selection, O(n): the same value a sort gives, when no NaN (which
         # sorts nowhere) and no -0.0 (which equals 0.0 yet prints apart) can make the pick ambiguous.
         array = np.fromiter(clean, dtype=float, count=len(clean))
         if not np.isnan(array).any() and not np.signbit(array[array == 0]).any():
-            return float(np.partition(array, index)[index])
-    return sorted(clean)[index]
+            picked = np.partition(array, sorted(set(indexes)))
+            return [float(picked[i]) for i in indexes]
+    ordered = sorted(clean)
+    return [ordered[i] for i in indexes]

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from k3load.analysis.health import DownSpell, down_spells
-from k3load.analysis.pillar import percentile
+from k3load.analysis.pillar import percentiles
 from k3load.analysis.restart_drill import planned_down, planned_windows
 from k3load.analysis.rules import breach
 from k3load.analysis.rundata import RunData, StageWindow
@@ -28,8 +28,8 @@ def _latency(frame: pd.DataFrame) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for column, label in (("ttft_ms", "ttft"), ("itl_mean_ms", "itl"), ("e2e_ms", "e2e")):
         values = [float(v) for v in ok[column].dropna()]
-        for q in (50, 95, 99):
-            out[f"{label}_p{q}_ms"] = percentile(values, q / 100)
+        for q, value in zip((50, 95, 99), percentiles(values, (0.50, 0.95, 0.99)), strict=True):
+            out[f"{label}_p{q}_ms"] = value
     return out
 
 

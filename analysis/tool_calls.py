@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any
 
 from k3load.analysis.lean import AnyAttempt
-from k3load.analysis.pillar import percentile
+from k3load.analysis.pillar import percentiles
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.stats import wilson
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
@@ -85,8 +85,8 @@ def stream_equivalence(attempts: list[AnyAttempt], limits: dict[str, float], pla
 
 
 def _distribution(values: list[float]) -> dict[str, float | int | None]:
-    return {"n": len(values), "p50": percentile(values, 0.5), "p95": percentile(values, 0.95),
-            "max": max(values) if values else None}
+    p50, p95 = percentiles(values, (0.5, 0.95))
+    return {"n": len(values), "p50": p50, "p95": p95, "max": max(values) if values else None}
 
 
 def cadence(attempts: list[AnyAttempt], limits: dict[str, float]) -> tuple[dict[str, Any], RuleResult | None]:

@@ -34,7 +34,7 @@ from k3load.analysis import manifest, rundata
 from k3load.analysis.analyze import analyze
 from k3load.analysis.lean import LeanAttempt, call_name
 from k3load.analysis.manifest import verify
-from k3load.analysis.pillar import percentile
+from k3load.analysis.pillar import percentile, percentiles
 from k3load.analysis.record_decode import FRAME_ONLY, RecordDecoder
 from k3load.analysis.reuse_replay import Geometry, _ready_ts, designed_tokens, salt_key
 from k3load.analysis.stats import NORMAL_RATIO_FROM, ratio_ci, ratio_cis, ratio_normal_ci
@@ -93,7 +93,8 @@ def _verdicts(run: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bytes, bytes]
         patch.setattr("k3load.analysis.reuse.designed_tokens", _replay)
         patch.setattr("k3load.analysis.reuse.ratio_cis", lambda num, dens: [ratio_ci(num, d) for d in dens])
         for module in ("stages", "tool_calls"):
-            patch.setattr(f"k3load.analysis.{module}.percentile", _sorted_percentile)
+            patch.setattr(f"k3load.analysis.{module}.percentiles",
+                          lambda values, qs: [_sorted_percentile(values, q) for q in qs])
         index_init = MetricIndex.__init__
 
         def walking(self: MetricIndex, lines: list[dict[str, Any]]) -> None:
@@ -331,8 +332,11 @@ def test_percentile_by_selection_is_the_sorted_pick() -> None:
     for n in (1, 10, 5000, 20000):
         values = [rng.choice([rng.uniform(0, 100), float(rng.randrange(0, 4)), None]) for _ in range(n)]
         clean = sorted(v for v in values if v is not None)
-        for q in (0.0, 0.5, 0.95, 0.99, 1.0):
+        qs = (0.0, 0.5, 0.95, 0.99, 1.0)
+        for q in qs:
             assert percentile(values, q) == clean[min(round(q * (len(clean) - 1)), len(clean) - 1)]
+        assert percentiles(values, qs) == [percentile(values, q) for q in qs]
+        assert percentiles(values, (0.99, 0.5, 0.99)) == [percentile(values, q) for q in (0.99, 0.5, 0.99)]
     assert str(percentile([0.0, -0.0] * 3000, 0.5)) == str(sorted([0.0, -0.0] * 3000)[3000])
 
 
