@@ -26,7 +26,7 @@ MAX_MORE_ATTEMPTS = 1_000_000
 # From this many attempts a ratio's interval is the normal one (`ratio_normal_ci`), not the bootstrap's:
 # there the two agree to well within the bootstrap's own resampling noise, and 2,000 resamples of an
 # hour's soak cost seconds of CPU per family. Below it every interval is the seeded bootstrap's.
-NORMAL_RATIO_FROM = 20_000
+NORMAL_RATIO_FROM = 10_000
 
 
 @dataclass(frozen=True)

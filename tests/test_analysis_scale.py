@@ -294,9 +294,10 @@ def test_shared_bootstrap_draws_ratio_ci_intervals() -> None:
 
 
 def test_from_normal_ratio_from_attempts_the_interval_is_the_normal_one_and_agrees_with_the_bootstrap() -> None:
-    """An hour's soak takes `ratio_normal_ci`: its endpoints sit within a tenth of the bootstrap interval's
-    width of the bootstrap's own (its resampling noise is a few hundredths), on skewed token counts
-    where a third of the attempts reuse nothing by design. One fewer attempt still takes the bootstrap."""
+    """A family of NORMAL_RATIO_FROM attempts takes `ratio_normal_ci`: its endpoints sit within a tenth of
+    the bootstrap interval's width of the bootstrap's own (its resampling noise is a few hundredths), on
+    skewed token counts where a third of the attempts reuse nothing by design, and on a cold family where
+    nine in ten reuse nothing at all. One fewer attempt still takes the bootstrap."""
     rng = np.random.default_rng(11)
     n = NORMAL_RATIO_FROM
     prompt = rng.integers(200, 4000, n)
@@ -305,8 +306,10 @@ def test_from_normal_ratio_from_attempts_the_interval_is_the_normal_one_and_agre
     dens = [list(prompt), list(designed)]
     normal = ratio_cis(list(achieved), dens)
     assert normal == [ratio_normal_ci(achieved, d) for d in dens]
-    for got, den in zip(normal, dens, strict=True):
-        boot = ratio_ci(list(achieved), den)
+    cold = np.where(rng.random(n) < 0.9, 0, prompt * rng.uniform(0.1, 0.9, n)).astype(int)  # mostly nothing
+    for got, num, den in [*zip(normal, [list(achieved)] * 2, dens, strict=True),
+                          (ratio_cis(list(cold), [list(prompt)])[0], list(cold), list(prompt))]:
+        boot = ratio_ci(num, den)
         assert got is not None and boot is not None
         width = boot[1] - boot[0]
         assert abs(got[0] - boot[0]) < 0.1 * width and abs(got[1] - boot[1]) < 0.1 * width, (got, boot)
