@@ -169,8 +169,8 @@ def ratio_normal_ci(numerators: Sequence[float], denominators: Sequence[float]) 
     """95% interval of sum(numerators)/sum(denominators) from the ratio estimator's linearised variance,
     attempts the unit as in `ratio_ci`: R ± z·sqrt(Σ(a − R·d)² / (n − 1) / n) / mean(d), kept inside the
     range of the attempts' own ratios when every denominator is positive (no resample's ratio can leave
-    it then). It is what the
-    percentile bootstrap converges to as attempts grow, and costs one pass instead of 2,000."""
+    it then). It is what the percentile bootstrap converges to as attempts grow, and costs one pass
+    instead of 2,000."""
     n = len(numerators)
     num, den = np.asarray(numerators, dtype=float), np.asarray(denominators, dtype=float)
     total = float(den.sum())
