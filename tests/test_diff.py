@@ -32,6 +32,11 @@ STAGES = [
     {"name": "concurrency", "kind": "concurrency", "duration_s": 2, "steps": [2, 6], "mix": {"agent": 1}},
 ]
 SKIP = ["--skip-tool-call-rate", "0.5"]
+# The plans' `thresholds.diff.min_relative_change` (default 0.25) set to this CI machine's run-to-run
+# noise, as analysis/diff.py means it to be set: in a clean-clone run with nothing beside it, the e2e p95
+# of the 2-s c2 step (about 30 answers) went from 95 to 126 ms (+33%) between the two identical runs,
+# intervals apart. Within-run intervals cannot see such a shift; the knob is for the host's noise.
+NOISE = {"diff": {"min_relative_change": 0.5}}
 
 
 def _run(base: Path, name: str, sim_args: list[str], reference: Path | None = None) -> Path:
@@ -46,7 +51,7 @@ def _run(base: Path, name: str, sim_args: list[str], reference: Path | None = No
 
     options = (lambda sim: ["--k3-reference", str(reference)]) if reference else (lambda sim: [])
     try:
-        return accept(start_sim, where, sim_args, stages=STAGES, options=options)[2]
+        return accept(start_sim, where, sim_args, stages=STAGES, options=options, thresholds=NOISE)[2]
     finally:
         for sim in sims:
             sim.stop()
@@ -70,6 +75,7 @@ def test_healthy_pair_agrees_with_nothing_changed_beyond_noise(runs):
     done = _diff(runs["a"], runs["b"], "--json")
     result = json.loads(done.stdout)
     assert done.returncode == 0 and result["exit_code"] == 0 and result["worse"] == [], result["worse"]
+    assert result["thresholds"]["min_relative_change"] == NOISE["diff"]["min_relative_change"]
     trigger = result["agreement"]["trigger"]
     assert result["agreement"]["comparable"] >= 20 and trigger["tp"] > 0 and trigger["tn"] > 0
     assert trigger["f1"] >= 0.99 and trigger["f1_ci95"][0] >= 0.9 and trigger["recall"]["rate"] >= 0.99, trigger

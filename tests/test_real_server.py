@@ -484,8 +484,11 @@ def test_kv_starved_server_is_judged_short_of_kv_with_the_limit_named(vllm_pool,
                                  "agent_api": "fail"}, json.dumps(verdict["next_action"], indent=1)
     stages = {s["stage"]: s for s in resources["numbers"]["stages"]}
     over = stages["concurrency-c8"]
-    assert over["kv_usage_max"] >= 0.98 and over["waiting_max"] > 0, over
-    assert re.search(r"stage concurrency-c8 \(8 users\): .*KV cache usage reached 100% > 98%",
+    # The sampler reads the KV gauge once a second (late, under this load), so a full cache shows as a
+    # 100% peak only when a reading falls in it: a clean-clone run read 96% (22 of 23 blocks) at most in
+    # c8 while vLLM preempted 10 requests there. Either names the KV cache as what ran out in the stage.
+    assert over["waiting_max"] > 0 and (over["kv_usage_max"] >= 0.98 or over["preemptions"]), over
+    assert re.search(r"stage concurrency-c8 \(8 users\): .*(KV cache usage reached 100% > 98%|preemptions/min > )",
                      reasons(verdict, "resources"))
     # How long the queue stayed non-empty depends on this machine's speed (7 s and under 5 s both seen):
     # the rule must fire exactly when a stage's sustained wait passed the plan's limit.
