@@ -9,35 +9,44 @@ node's GPUs would likewise never be summed with the others'. Two sources may als
 (NVML on a server node that also runs dcgm-exporter): a GPU is its UUID wherever a source gives one.
 
 A round is the sampler's interval, read off the data (the median gap between one GPU's readings), so
-runs sampled at any `--k3-sample-interval` are grouped as they were taken. A GPU missed in a round
-(a slow exporter) keeps its last reading for up to STALE_ROUNDS rounds rather than dropping out of the
-sum; after that it counts as gone.
+runs sampled at any `--k3-sample-interval` are grouped as they were taken. A GPU not read in a round
+keeps its last reading for up to STALE_INTERVALS of its own intervals (at least that many rounds)
+rather than dropping out of the sum: an exporter that answers every 4 s beside NVML's 1 s would
+otherwise make the sum dip every round it is silent, a release of memory that never happened. After
+that it counts as gone.
 """
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
-STALE_ROUNDS = 2
+STALE_INTERVALS = 2
 COLUMNS = ["ts", "memory_used_mib", "memory_total_mib", "gpus"]
 
 
 def gpu_identity(gpu: pd.DataFrame) -> pd.Series:
     """Each row's GPU: its UUID when the source gave one, else source, node and index."""
-    uuid = gpu["uuid"] if "uuid" in gpu else pd.Series(None, index=gpu.index, dtype=object)
-    fallback = (gpu.get("source", pd.Series("", index=gpu.index)).astype(str) + "/"
-                + gpu.get("node", pd.Series("", index=gpu.index)).astype(str) + "/"
-                + gpu.get("gpu", pd.Series("", index=gpu.index)).astype(str))
-    known = uuid.notna() & (uuid.astype(str) != "")
-    return uuid.astype(object).where(known, fallback)
+    def text(name: str) -> pd.Series:
+        return gpu[name].astype(str) if name in gpu else pd.Series("", index=gpu.index)
+
+    uuid = gpu["uuid"].astype(object) if "uuid" in gpu else pd.Series(None, index=gpu.index, dtype=object)
+    return uuid.where(uuid.notna() & (uuid.astype(str) != ""), text("source") + "/" + text("node") + "/" + text("gpu"))
+
+
+def _gaps(gpu: pd.DataFrame) -> pd.Series:
+    """The gaps between successive readings of each GPU, indexed by the GPU."""
+    table = pd.DataFrame({"gpu": gpu_identity(gpu), "ts": gpu["ts"]}).sort_values("ts", kind="mergesort")
+    gaps = table.groupby("gpu")["ts"].diff()
+    return gaps[gaps > 0].set_axis(table["gpu"][gaps > 0])
 
 
 def sampling_round_s(gpu: pd.DataFrame, default: float = 1.0) -> float:
     """The median gap between successive readings of one GPU (the sampler's interval)."""
     if gpu.empty or "ts" not in gpu:
         return default
-    gaps = gpu.assign(_id=gpu_identity(gpu)).sort_values("ts").groupby("_id")["ts"].diff().dropna()
-    gaps = gaps[gaps > 0]
+    gaps = _gaps(gpu)
     return float(gaps.median()) if not gaps.empty else default
 
 
@@ -48,7 +57,11 @@ def memory_curve(gpu: pd.DataFrame, t0: float, t1: float, round_s: float | None 
     if gpu.empty or not {"ts", "memory_used_mib"} <= set(gpu):
         return pd.DataFrame(columns=COLUMNS)
     step = round_s or sampling_round_s(gpu)
-    rows = gpu[(gpu["ts"] >= t0 - STALE_ROUNDS * step) & (gpu["ts"] <= t1) & gpu["memory_used_mib"].notna()]
+    known = gpu[gpu["memory_used_mib"].notna()]
+    own = _gaps(known).groupby(level=0).median()  # each GPU's own interval
+    carry = {g: max(STALE_INTERVALS, math.ceil(STALE_INTERVALS * gap / step)) for g, gap in own.items()}
+    reach = max(carry.values(), default=STALE_INTERVALS) * step
+    rows = known[(known["ts"] >= t0 - reach) & (known["ts"] <= t1)]
     if rows.empty:
         return pd.DataFrame(columns=COLUMNS)
     total = rows["memory_total_mib"] if "memory_total_mib" in rows else pd.Series(float("nan"), index=rows.index)
@@ -57,8 +70,10 @@ def memory_curve(gpu: pd.DataFrame, t0: float, t1: float, round_s: float | None 
                           "round": ((rows["ts"] - t0) // step).astype(int)})
     last = table.sort_values("ts", kind="mergesort").groupby(["round", "gpu"]).last()
     rounds = range(int(table["round"].min()), int(table["round"].max()) + 1)
-    used = last["used"].unstack("gpu").reindex(rounds).ffill(limit=STALE_ROUNDS)
-    there = last["total"].unstack("gpu").reindex(rounds).ffill(limit=STALE_ROUNDS)
+    used, there = last["used"].unstack("gpu").reindex(rounds), last["total"].unstack("gpu").reindex(rounds)
+    for name in used.columns:
+        limit = carry.get(name, STALE_INTERVALS)
+        used[name], there[name] = used[name].ffill(limit=limit), there[name].ffill(limit=limit)
     when = last["ts"].groupby(level="round").max().reindex(rounds)
     keep = when.notna() & (when >= t0)
     out = pd.DataFrame({"ts": when[keep], "memory_used_mib": used[keep].sum(axis=1, min_count=1),

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from k3load.analysis import pillar_resources
-from k3load.analysis.gpu_memory import STALE_ROUNDS, gpu_identity, memory_curve, sampling_round_s
+from k3load.analysis.gpu_memory import STALE_INTERVALS, gpu_identity, memory_curve, sampling_round_s
 from k3load.analysis.rundata import RunData
 
 H200 = Path(__file__).parent / "data" / "gpu" / "h200-beside-sim-gpu.jsonl.gz"
@@ -73,8 +73,18 @@ def test_a_gpu_missed_in_a_round_keeps_its_reading_for_a_while_then_is_gone() ->
     rows = [_row(10.0 + r, "dcgm:n1", 0, 100) for r in range(10)]
     rows += [_row(10.5 + r, "dcgm:n2", 0, 50, node="n2") for r in (0, 1)]  # n2 answers twice, then never
     curve = memory_curve(pd.DataFrame(rows), 10.0, 20.0, round_s=1.0)
-    assert list(curve["gpus"]) == [2, 2] + [2] * STALE_ROUNDS + [1] * (8 - STALE_ROUNDS)
+    assert list(curve["gpus"]) == [2, 2] + [2] * STALE_INTERVALS + [1] * (8 - STALE_INTERVALS)
     assert list(curve["memory_used_mib"][:4]) == [150, 150, 150, 150]
+
+
+def test_a_slow_exporter_beside_nvml_stays_in_every_round_until_it_stops() -> None:
+    """dcgm-exporter answering every 4 s beside NVML's 1 s: its GPUs hold their readings between its
+    answers (the sum never dips as if memory were freed), and go two of its own intervals after its last."""
+    rows = [_row(100.01 + r, "nvml", 0, 100, uuid="GPU-n") for r in range(40)]
+    rows += [_row(100.5 + r, "dcgm:n2", g, 500, uuid=f"GPU-d{g}", node="n2") for r in range(0, 24, 4) for g in (0, 1)]
+    curve = memory_curve(pd.DataFrame(rows), 100.0, 140.0)
+    assert list(curve["gpus"]) == [3] * 29 + [1] * 11  # last read at 120.5: carried to 128.5
+    assert set(curve["memory_used_mib"][:29]) == {1100.0}
 
 
 def test_no_readings_give_an_empty_curve() -> None:
