@@ -203,7 +203,9 @@ class _Exchange:
         timer: threading.Timer | None = None
         try:
             self.resp = resp = transport.open(path, body, headers, max(self.deadline - self.clock(), 1e-3))
-            self.result.first_byte_ts = self.clock()
+            # when the head reached this machine; the kernel's stamp is read against the wall clock, so it
+            # is held inside the run clock's own order (never before the request was sent)
+            self.result.first_byte_ts = max(self.clock() - resp.rx_lag, self.result.send_ts)
             self.result.http_status = resp.status
             if watchdog:
                 timer = threading.Timer(max(self.deadline - self.clock(), 0.0), self._expire)
@@ -248,8 +250,15 @@ class _Exchange:
         decoder, add, chunk_ts = SSEDecoder(self.limits.line_bytes), asm.add, result.chunk_ts
         tool_idx, tool_part, no_event = result.tool_chunk_idx, TOOL_PART, True
         received, check_at, text_cap = 0, self.limits.body_bytes, self.limits.body_bytes
+        floor = result.first_byte_ts or result.send_ts  # stamps never go back in time (see below)
         for data in resp.reads():
-            t = clock() - resp.rx_lag  # when the bytes reached this machine (k3load.client.transport)
+            # When the bytes reached this machine (k3load.client.transport). The transport bounds each read
+            # by the one before, on the wall clock; µs of jitter between that clock and the run's could
+            # still put a read a hair before the one before it (or the head): held at the last stamp.
+            t = clock() - resp.rx_lag
+            if t < floor:
+                t = floor
+            floor = t
             received += len(data)
             if result.status:
                 continue  # already failed: drain to the end so the connection stays usable

@@ -13,7 +13,10 @@ this machine, not when a busy worker got round to it. At 256 streams one engine 
 at once, and the last of them was stamped about 9 ms late (bench/peers.py): the server's latency
 must not include the client's queue. The kernel stamps the newest segment a read took, so a read
 is never stamped before its last bytes arrived, nor before the previous read of that socket (or the
-response head).
+request was sent). The response head's first read is stamped too (`_StampedHead`): a worker busy with
+other streams reads the head late, and by then the first tokens have often arrived with it; read
+unstamped, they were timed when the worker got to them (16 streams of 16-token answers: p99 1.2-2.3 ms
+late, bench/peers.py). The head's stamp is kept only when that one read held the whole head.
 
 Rules kept here: one pool per transport, built once; one TLS context per process and kind
 (building one costs 23-33 ms of CPU); every response read to its end or closed (a response left
@@ -108,6 +111,32 @@ def _describe(exc: BaseException) -> str:
 
 
 # -- geventhttpclient ------------------------------------------------------------------------------
+class _StampedHead(HTTPSocketPoolResponse):
+    """geventhttpclient's response, its head's first read taken with the kernel's receive time. Why:
+    the first tokens often arrive with the head (or while a busy worker has not read it yet); that read
+    is the only one geventhttpclient makes itself, through plain `recv`. `arrived` is kept only when the
+    read held the whole head of a final response (no 1xx before it): otherwise geventhttpclient read on,
+    unstamped, and bytes of those reads may have arrived later."""
+
+    arrived: float | None = None  # wall time the head's bytes reached this machine (None: not known)
+    read_wall = 0.0  # wall time that read returned
+
+    def _read_headers(self, pre_buffered: bytes = b"") -> None:
+        sock = self._sock
+        if sock is not None and not pre_buffered:
+            try:
+                data, ancillary, _flags, _addr = sock.recvmsg(self.block_size, _ANCILLARY_BYTES)
+            except BaseException:
+                self.release()  # as geventhttpclient's own head reading does on any failure
+                raise
+            self.read_wall = time.time()
+            if ancillary and b"\r\n\r\n" in data and not data.startswith((b"HTTP/1.1 1", b"HTTP/1.0 1")):
+                sec, nsec = _TIMESPEC(ancillary[0][2])
+                self.arrived = sec + nsec * 1e-9
+            pre_buffered = data  # b"" (closed): geventhttpclient reads again and says so, as before
+        super()._read_headers(pre_buffered)
+
+
 class _GeventResponse:
     """Reads the socket itself: recv -> feed the llhttp parser -> hand over the parsed body bytes.
 
@@ -118,13 +147,23 @@ class _GeventResponse:
 
     rx_lag = 0.0  # seconds the bytes of the last read waited in the kernel (0: not known)
 
-    def __init__(self, resp: HTTPSocketPoolResponse, stamped: bool = False) -> None:
+    def __init__(self, resp: HTTPSocketPoolResponse, stamped: bool = False, sent: float = 0.0) -> None:
         self._resp = resp
         self.status = resp.status_code
         self.headers = {name.lower(): value for name, value in resp.items()}
-        # no body read is stamped before the head was read (the caller's first_byte_ts comes first)
-        self._head_wall = time.time()
         self._stamped = stamped  # the socket gives kernel receive times
+        self._sent = sent  # wall time the request was sent: nothing of the answer arrived before it
+        # the head's kernel receive time (None: not known), which the body bytes read with it share
+        self._head_arrived = resp.arrived if isinstance(resp, _StampedHead) else None
+        # no body read is stamped before the head's read returned (the caller's first_byte_ts comes first)
+        self._head_wall = resp.read_wall if isinstance(resp, _StampedHead) else time.time()
+        if self._head_arrived is not None:
+            self.rx_lag = self._lag(time.time(), self._head_arrived)
+
+    def _lag(self, now: float, arrived: float) -> float:
+        """How long bytes that arrived at `arrived` had waited at `now`, never reaching back before the
+        request was sent (a clock step cannot move them earlier)."""
+        return min(max(now - arrived, 0.0), max(now - self._sent, 0.0))
 
     def reads(self) -> Iterator[bytes]:
         """Once per read of the hot loop: recv, feed, hand over; written out inline (no helper calls)."""
@@ -132,6 +171,11 @@ class _GeventResponse:
         buf, feed = resp._body_buffer, resp.feed
         drained = False  # the last recv took less than a block: the kernel held nothing more then
         stamped, wall, since = self._stamped, time.time, self._head_wall
+        if buf and self._head_arrived is not None:  # body bytes that came with the head: its arrival
+            data = bytes(buf)
+            del buf[:]
+            self.rx_lag = self._lag(wall(), self._head_arrived)
+            yield data
         while True:
             if buf:
                 data = bytes(buf)
@@ -227,6 +271,7 @@ class GeventTransport:
                 sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
             except OSError:
                 stamped = False
+        sent = time.time() if stamped else 0.0
         try:
             sock.sendall(head + body)
         except OSError as exc:  # a server may answer early (401, 413) and close: read that answer
@@ -237,8 +282,9 @@ class GeventTransport:
             pool.release_socket(sock)
             raise
         try:  # from here the response object releases the socket itself, whatever happens
-            return _GeventResponse(HTTPSocketPoolResponse(sock, pool, block_size=_GEVENT_BLOCK, method="POST",
-                                                          headers_type=client.headers_type), stamped)
+            kind = _StampedHead if stamped else HTTPSocketPoolResponse
+            return _GeventResponse(kind(sock, pool, block_size=_GEVENT_BLOCK, method="POST",
+                                        headers_type=client.headers_type), stamped, sent)
         except (OSError, HTTPParseError) as exc:
             raise TransportError(f"reading the response head: {_describe(exc)}") from None
 
