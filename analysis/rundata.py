@@ -185,19 +185,19 @@ def read_attempts(path: Path) -> list[AnyAttempt]:
 
 def _records_frame(attempts: list[AnyAttempt], frame_only: dict[str, list[Any]]) -> pd.DataFrame:
     """The stage table's view: RECORD_COLUMNS and failed_layers, in send order (the values, and so the
-    dtypes pandas infers, are those the frame of whole Attempts had). The columns are built in that
-    order, so the frame is made once (no sorted copy of it beside it)."""
-    order = send_order([a.send_ts for a in attempts], [a.attempt_id for a in attempts])
+    dtypes pandas infers, are those the frame of whole Attempts had). Built in file order and then put in
+    send order by one `take`: the columns are picked off the attempts in one pass (one attrgetter call
+    each), where gathering each column in send order cost a lookup per value (0.4 s of 2.2 s at an
+    hour's soak); a dtype is inferred from the same values in either order."""
+    columns = [*RECORD_COLUMNS, "failed_layers"]
+    lean = [c for c in columns if c not in frame_only]
+    picked = zip(*map(attrgetter(*lean), attempts), strict=True) if attempts else [()] * len(lean)
+    data = {name: list(values) for name, values in zip(lean, picked, strict=True)}
+    frame = pd.DataFrame(data | {c: frame_only[c] for c in columns if c in frame_only}, columns=columns)
+    order = send_order(data["send_ts"], data["attempt_id"])
     if order is None:  # not plain times: pandas places the gaps, as it did
-        data = {c: frame_only[c] if c in frame_only else [getattr(a, c) for a in attempts] for c in RECORD_COLUMNS}
-        frame = pd.DataFrame(data | {"failed_layers": frame_only["failed_layers"]},
-                             columns=[*RECORD_COLUMNS, "failed_layers"])
         return frame.sort_values(["send_ts", "attempt_id"], kind="mergesort").reset_index(drop=True)
-    rows = order.tolist()
-    ordered = [attempts[i] for i in rows]
-    data = {c: [frame_only[c][i] for i in rows] if c in frame_only else list(map(attrgetter(c), ordered))
-            for c in (*RECORD_COLUMNS, "failed_layers")}
-    return pd.DataFrame(data, columns=[*RECORD_COLUMNS, "failed_layers"])
+    return frame.take(order).reset_index(drop=True)
 
 
 def send_order(send_ts: list[Any], attempt_ids: list[Any]) -> np.ndarray | None:
