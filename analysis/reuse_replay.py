@@ -120,36 +120,50 @@ class _Seen:
 
 
 def designed_tokens(attempts: list[AnyAttempt], design: dict[str, Any], geometry: Geometry) -> dict[str, int]:
-    """attempt_id -> designed reused tokens, for the attempts whose scenario and turn were measured."""
+    """attempt_id -> designed reused tokens, for the attempts whose scenario and turn were measured.
+
+    The loop runs once per request of the run (360,000 at an hour's soak), so it is written for that: a
+    (variant, salt key) already among the seen is not queued again (adding it again would change
+    nothing), and a scenario's salt key that is the same for every request is built once."""
     index = {key: i for i, key in enumerate(design.get("variants") or [])}
     matrix: list[list[int]] = design.get("shared_prefix_tokens") or []
     lengths: list[int] = design.get("prompt_tokens") or []
     kinds = {name: s.get("prefix_salt", "none") for name, s in (design.get("scenarios") or {}).items()}
     other = {i: index.get(key[:-1] + "B", i) for key, i in index.items()}  # variant A -> its B (or itself)
     seen = _Seen(matrix, other)
+    within, across, add, floor = seen.within, seen.across, seen.add, geometry.floor
     pending: list[tuple[float, int, int, SaltKey]] = []
+    added: set[tuple[int, SaltKey]] = set()  # the (variant, salt key) pairs already in `seen`
+    push, pop = heapq.heappush, heapq.heappop
     out: dict[str, int] = {}
-    measured: dict[tuple[str, int], tuple[int, str] | None] = {}  # (scenario, turn) -> (variant, salt kind)
+    # (scenario, turn) -> (variant, salt kind, the salt key when every request of the scenario shares it)
+    measured: dict[tuple[str, int], tuple[int, str, SaltKey | None] | None] = {}
     for order, attempt in enumerate(sorted(attempts, key=attrgetter("send_ts", "attempt_id"))):
-        while pending and pending[0][0] <= attempt.send_ts:
-            _, _, variant, key = heapq.heappop(pending)
-            seen.add(variant, key)
+        send = attempt.send_ts
+        while pending and pending[0][0] <= send:
+            _, _, variant, key = pop(pending)
+            if (variant, key) not in added:
+                added.add((variant, key))
+                add(variant, key)
         turn = (attempt.scenario, attempt.turn)
-        if turn not in measured:
-            found = index.get(f"{attempt.scenario}/{attempt.turn}/A")
-            known = found is not None and attempt.scenario in kinds
-            measured[turn] = (found, kinds[attempt.scenario]) if known else None
-        if (variant_kind := measured[turn]) is None:
+        found = measured.get(turn, measured)
+        if found is measured:
+            variant = index.get(f"{attempt.scenario}/{attempt.turn}/A")
+            known = variant is not None and attempt.scenario in kinds
+            kind = kinds[attempt.scenario] if known else ""
+            found = measured[turn] = (variant, kind, None if kind in ("request", "pair") else (kind,)) \
+                if known else None
+        if found is None:
             continue
-        me, kind = variant_kind
-        key = salt_key(attempt, kind)
-        best = seen.within(me, key)
-        across = seen.across(me, key)
-        if across is not None:
-            best = max(best, across)
+        me, kind, key = found
+        if key is None:
+            key = salt_key(attempt, kind)
+        best = within(me, key)
+        if (shared := across(me, key)) is not None and shared > best:
+            best = shared
         prompt = attempt.prompt_tokens if attempt.prompt_tokens is not None else lengths[me]
-        out[attempt.attempt_id] = geometry.floor(min(best, prompt - 1))
+        out[attempt.attempt_id] = floor(min(best, prompt - 1))
         ready = _ready_ts(attempt)
-        if ready is not None:
-            heapq.heappush(pending, (ready, order, me, key))
+        if ready is not None and (me, key) not in added:
+            push(pending, (ready, order, me, key))
     return out
