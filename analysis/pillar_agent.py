@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any
 
 from k3load.analysis.agreement import reference_rules
-from k3load.analysis.lean import AnyAttempt
+from k3load.analysis.lean import AnyAttempt, by_findings
 from k3load.analysis.pillar import PillarResult
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.stats import decide_rate, more_attempts_to_decide, wilson
@@ -27,11 +27,18 @@ def _rates(attempts: list[AnyAttempt]) -> dict[str, Any]:
     consequence of another layer's fault (a parser that lost the call fails `expect.tool_call`
     too) is counted apart, as secondary."""
     layers = Counter(a.primary_layer for a in attempts if a.primary_layer)
-    primary = Counter(f.check for a in attempts for f in a.findings if not f.ok and f.layer == a.primary_layer)
-    secondary = Counter(f.check for a in attempts for f in a.findings if not f.ok and f.layer != a.primary_layer)
+    primary: Counter[str] = Counter()
+    secondary: Counter[str] = Counter()
+    for findings, group in by_findings(attempts):  # each distinct list of findings read once
+        failed = [f for f in findings if not f.ok]
+        if not failed:
+            continue
+        for layer, n in Counter(a.primary_layer for a in group).items():
+            for f in failed:
+                (primary if f.layer == layer else secondary)[f.check] += n
     tool_responses = [a for a in attempts if a.tool_calls or a.finish_reason == "tool_calls"]
-    schema_ok = [a for a in tool_responses if not any(
-        not f.ok and f.check.startswith("tool_call.") for f in a.findings)]
+    schema_ok = [a for findings, group in by_findings(tool_responses) if not any(
+        not f.ok and f.check.startswith("tool_call.") for f in findings) for a in group]  # only counted
     valid = wilson(sum(a.valid for a in attempts), len(attempts))
     schema = wilson(len(schema_ok), len(tool_responses))
     n = len(attempts)

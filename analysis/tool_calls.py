@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from k3load.analysis.lean import AnyAttempt
+from k3load.analysis.lean import AnyAttempt, by_findings, first_finding
 from k3load.analysis.pillar import percentiles
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.stats import wilson
@@ -27,7 +27,13 @@ STREAM_PATH_WRONG = OUTCOMES[-1]
 
 
 def _finding(attempt: AnyAttempt, check: str) -> Any:
-    return next((f for f in attempt.findings if f.check == check), None)
+    return first_finding(attempt.findings, check)
+
+
+def _failing(attempts: list[AnyAttempt], check: str) -> list[AnyAttempt]:
+    """The attempts whose first finding of `check` failed (grouped by findings: `lean.by_findings`)."""
+    return [a for findings, group in by_findings(attempts)
+            if (f := first_finding(findings, check)) is not None and not f.ok for a in group]
 
 
 def _outcome(attempt: AnyAttempt) -> str | None:
@@ -95,8 +101,7 @@ def cadence(attempts: list[AnyAttempt], limits: dict[str, float]) -> tuple[dict[
     deadline cut (each a finding on its attempt) with their rate."""
     calls = [a for a in attempts if a.tool_call_max_gap_ms is not None]
     limit = limits["max_tool_call_gap_ms"]
-    over = [a for a in calls if (f := _finding(a, "tool_call.cadence")) is not None and not f.ok]
-    stalls = [a for a in attempts if (f := _finding(a, "stream.stall")) is not None and not f.ok]
+    over, stalls = _failing(calls, "tool_call.cadence"), _failing(attempts, "stream.stall")  # counted, maxed
     numbers = {"limit_ms": limit, "streamed_tool_calls": len(calls),
                "span_ms": _distribution([a.tool_call_span_ms for a in calls if a.tool_call_span_ms is not None]),
                "max_gap_ms": _distribution([a.tool_call_max_gap_ms for a in calls]),
@@ -124,9 +129,15 @@ def cadence(attempts: list[AnyAttempt], limits: dict[str, float]) -> tuple[dict[
 def parallel_calls(attempts: list[AnyAttempt]) -> dict[str, Any]:
     """Turns that expect several calls in one answer (`expect.calls`): how many answers carried exactly
     the calls asked for, and how the others went wrong (short, merged arguments, a call emitted twice)."""
-    asked = [a for a in attempts if _finding(a, "expect.calls") is not None]
-    right = sum(1 for a in asked if _finding(a, "expect.calls").ok)
-    failed_checks = Counter(f.check for a in asked for f in a.findings if not f.ok)
+    groups = [(findings, group, found) for findings, group in by_findings(attempts)
+              if (found := first_finding(findings, "expect.calls")) is not None]
+    asked = [a for _findings, group, _found in groups for a in group]  # only counted below
+    right = sum(len(group) for _findings, group, found in groups if found.ok)
+    failed_checks: Counter[str] = Counter()
+    for findings, group, _found in groups:
+        for f in findings:
+            if not f.ok:
+                failed_checks[f.check] += len(group)
     numbers: dict[str, Any] = {"answers": len(asked), "exact": right, "exact_rate": wilson(right, len(asked)).to_dict(),
                                "calls_per_answer": dict(sorted(Counter(len(a.tool_calls) for a in asked).items())),
                                "failed_checks": dict(sorted(failed_checks.items())),
@@ -138,9 +149,12 @@ def parallel_calls(attempts: list[AnyAttempt]) -> dict[str, Any]:
 def no_transition(attempts: list[AnyAttempt]) -> tuple[dict[str, Any], str | None]:
     """Answers that never left the reasoning (reasoning present, content and calls empty), split by
     the evidence: tool-call markup inside the reasoning (the parser's, vllm#53246) or none (the model's)."""
-    found = [f for a in attempts for f in a.findings if f.check == "reasoning.no_transition" and not f.ok]
-    by_layer = Counter(f.layer for f in found)
-    numbers = {"answers": len(found), "by_layer": dict(sorted(by_layer.items()))}
+    by_layer: Counter[Any] = Counter()
+    for findings, group in by_findings(attempts):
+        for f in findings:
+            if f.check == "reasoning.no_transition" and not f.ok:
+                by_layer[f.layer] += len(group)
+    numbers = {"answers": by_layer.total(), "by_layer": dict(sorted(by_layer.items()))}
     if not by_layer.get("parser"):
         return numbers, None
     return numbers, (f"parser: {by_layer['parser']} answers never left the reasoning (reasoning present, content and "
