@@ -422,3 +422,18 @@ def test_tool_call_names_decoded_are_the_parsed_names(tmp_path: Path) -> None:
     path = tmp_path / "records.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     assert [a.tool_calls for a in rundata.read_attempts(path)] == wanted
+
+
+@pytest.mark.parametrize("text", [
+    '{"ts": 1.5, "samples": {"vllm:x{a=\\"b\\"}": 3.0}}', '{"a": 1e400, "b": -1e400}', '{"a": NaN, "b": Infinity}',
+    '{"a": "\\ud800"}', '{"a": 123456789012345678901234567890}', '{"a": -0.0, "b": -0}', '{"a": 1, "a": 2}',
+    '{"a": "\\u2028\\u0085"}', '{"a": 5e-324, "b": 1E2}', '[1, 2]', '"text"'])
+def test_a_jsonl_line_decodes_as_json_loads_gives_it(text: str) -> None:
+    """metrics.jsonl, gpu.jsonl and events.jsonl lines go through msgspec where it decodes them, json.loads
+    where it refuses: the same objects either way (repr: NaN, -0.0 and int/float told apart)."""
+    assert repr(rundata.json_line(text)) == repr(json.loads(text))
+
+
+def test_a_line_that_is_not_json_is_refused_as_json_loads_refuses_it() -> None:
+    with pytest.raises(json.JSONDecodeError, match="Expecting"):
+        rundata.json_line('{"ts": 1.5, "samples": ')
