@@ -19,6 +19,8 @@ from k3load.analysis.pillar import PillarResult, rounded, thresholds
 from k3load.analysis.pillar_agent import judge_agent_api, tool_turns_reason
 from k3load.analysis.pillar_cache import cache_config, judge_prefix_cache
 from k3load.analysis.pillar_resources import judge_resources
+from k3load.analysis.plot_inputs import plot_inputs
+from k3load.analysis.plots_beside import PlotsBeside
 from k3load.analysis.ramp import ramp
 from k3load.analysis.reuse import apply_reuse, judge_reuse
 from k3load.analysis.rundata import RunData, gc_paused, load_run
@@ -53,12 +55,13 @@ class Judgment:
         return EXIT_CODES[self.verdict]
 
 
-def judge(run_dir: Path) -> Judgment:
+def judge(run_dir: Path, plotter: PlotsBeside | None = None) -> Judgment:
+    """`plotter`: given the report's plot inputs as soon as they are known (the rest is judged meanwhile)."""
     with gc_paused():  # the rules build lists and tuples by the million and no reference cycle
-        return _judge(run_dir)
+        return _judge(run_dir, plotter)
 
 
-def _judge(run_dir: Path) -> Judgment:
+def _judge(run_dir: Path, plotter: PlotsBeside | None = None) -> Judgment:
     data = load_run(run_dir)
     limits = thresholds(data.plan.thresholds if data.plan else None)
     index = MetricIndex(data.metrics)
@@ -68,13 +71,15 @@ def _judge(run_dir: Path) -> Judgment:
     with ThreadPoolExecutor(max_workers=1) as pool:
         reuse = pool.submit(judge_reuse, data, index, cache_limits, config)
         resources, stage_table = judge_resources(data, index, limits)
+        ramp_table = ramp(stage_table)
+        if plotter is not None:  # drawn in its child while the other pillars are judged
+            plotter.submit(plot_inputs(ramp_table, data, index, resources.numbers.get("crashes", [])))
         pillars = {"compat": compat_pillar(data.compat), "resources": resources,
                    "prefix_cache": judge_prefix_cache(data, index, cache_limits),
                    "agent_api": judge_agent_api(data.attempts, limits["agent_api"], data.plan,
                                                 read_reference(run_dir, data.problems))}
         _server_aborts(pillars["agent_api"], data, index)
         apply_reuse(pillars["prefix_cache"], data, index, cache_limits, config, reuse.result())
-    ramp_table = ramp(stage_table)
     verdict, because, verdict_limits = decide(pillars, stage_table, ramp_table, unfinished_plan(data))
     if ((data.compat or {}).get("target") or {}).get("is_sim"):
         because = [*because, "the target is the k3load sim: a rehearsal, never evidence for a production verdict"]
@@ -118,19 +123,27 @@ def evidence_gaps(problems: list[str], shown: int = 3) -> str:
     return f"evidence incomplete, judged on what was readable: {'; '.join(problems[:shown])}{more}"
 
 
-def analyze(run_dir: Path) -> Judgment:
-    """Judge and write every output (atomically); the manifest is written last and covers the rest."""
+def analyze(run_dir: Path, plots_beside: bool = False) -> Judgment:
+    """Judge and write every output (atomically); the manifest is written last and covers the rest.
+    `plots_beside`: the report's plots drawn in a forked child meanwhile (analysis/plots_beside.py; only
+    from a plain process with no other thread, as `k3load analyze` is)."""
     from k3load.analysis import alerts, dashboard, manifest, report_html, report_md
 
-    # The inputs are hashed for the manifest while the run is judged (hashlib releases the GIL).
-    with ThreadPoolExecutor(max_workers=1) as pool, shared_indexes():  # one metrics index: verdict and plots
-        inputs = pool.submit(manifest.digests, run_dir, OUTPUTS)
-        judgment = judge(run_dir)
-        text = json.dumps(judgment.verdict_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-        write_atomic(run_dir / "verdict.json", text)
-        write_atomic(run_dir / "report.md", report_md.render(judgment))
-        write_atomic(run_dir / "report.html", report_html.render(judgment))
-        write_atomic(run_dir / "alerts.yaml", alerts.render(judgment))
-        write_atomic(run_dir / "dashboard.json", dashboard.render(judgment))
-        manifest.write(run_dir, inputs.result())
+    plotter = PlotsBeside() if plots_beside else None  # forked first: before any thread or any of the run
+    try:
+        # The inputs are hashed for the manifest while the run is judged (hashlib releases the GIL).
+        with ThreadPoolExecutor(max_workers=1) as pool, shared_indexes():  # one metrics index: verdict and plots
+            inputs = pool.submit(manifest.digests, run_dir, OUTPUTS)
+            judgment = judge(run_dir, plotter)
+            text = json.dumps(judgment.verdict_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+            write_atomic(run_dir / "verdict.json", text)
+            write_atomic(run_dir / "report.md", report_md.render(judgment))
+            pngs = plotter.result() if plotter is not None else None
+            write_atomic(run_dir / "report.html", report_html.render(judgment, pngs))
+            write_atomic(run_dir / "alerts.yaml", alerts.render(judgment))
+            write_atomic(run_dir / "dashboard.json", dashboard.render(judgment))
+            manifest.write(run_dir, inputs.result())
+    finally:
+        if plotter is not None:
+            plotter.close()
     return judgment

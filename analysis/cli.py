@@ -29,7 +29,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     from k3load.analysis.rundata import UnreadableRecords
 
     try:
-        judgment = analyze(args.run_dir)
+        judgment = analyze(args.run_dir, plots_beside=True)  # a plain process: plots drawn in a child
     except UnreadableRecords as exc:
         print(f"k3load analyze: {exc}", file=sys.stderr)
         return 2

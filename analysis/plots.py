@@ -7,7 +7,6 @@ sign), so plots are embedded as data URIs; `write_pngs` also saves them for othe
 
 from __future__ import annotations
 
-import base64
 import io
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from k3load.analysis.gpu_memory import memory_curve
-from k3load.analysis.timeline import MetricIndex
+from k3load.analysis.plot_inputs import PlotInputs
 
 _META = {"Software": None}  # no version stamp: same data, same bytes
 
@@ -28,6 +26,11 @@ def _png(fig: Any) -> bytes:
     fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight", metadata=_META)
     plt.close(fig)
     return buffer.getvalue()
+
+
+def draw(inputs: PlotInputs) -> dict[str, bytes]:
+    """The report's PNGs by name: latency and throughput against concurrency, and the timeline."""
+    return ramp_plots(inputs.ramp) | timeline_plot(inputs)
 
 
 def ramp_plots(ramp: dict[str, Any]) -> dict[str, bytes]:
@@ -52,32 +55,23 @@ def ramp_plots(ramp: dict[str, Any]) -> dict[str, bytes]:
     return {"latency_vs_concurrency": latency, "throughput_vs_concurrency": _png(fig)}
 
 
-def timeline_plot(data: Any, index: MetricIndex, crashes: list[dict[str, Any]]) -> dict[str, bytes]:
-    if not data.stages:
+def timeline_plot(inputs: PlotInputs) -> dict[str, bytes]:
+    if not inputs.stages:
         return {}
-    t0 = data.stages[0].start_ts
-    t1 = data.stages[-1].end_ts
     fig, axes = plt.subplots(3, 1, figsize=(7, 6), sharex=True)
-    for ax, (name, label) in zip(axes[:2], (("vllm:kv_cache_usage_perc", "KV usage"),
-                                            ("vllm:num_requests_waiting", "waiting requests")), strict=True):
-        points = index.points(name, t0, t1)
-        ax.plot([p[0] - t0 for p in points], [p[1] for p in points])
+    for ax, (label, x, y) in zip(axes[:2], inputs.series, strict=True):
+        ax.plot(x, y)
         ax.set_ylabel(label)
-    curve = memory_curve(data.gpu, t0, t1)  # each GPU once per sampling round, whichever sources read it
-    axes[2].plot(list(curve["ts"] - t0), list(curve["memory_used_mib"]))
+    axes[2].plot(*inputs.memory)
     axes[2].set(ylabel="GPU MiB (all)", xlabel="seconds since the first stage")
-    for i, stage in enumerate(data.stages):
+    for i, (name, start, end) in enumerate(inputs.stages):
         for ax in axes:
-            ax.axvspan(stage.start_ts - t0, stage.end_ts - t0, alpha=0.08 if i % 2 else 0.0, color="grey")
-        axes[0].text(stage.start_ts - t0, 1.02, stage.name, fontsize=6, transform=axes[0].get_xaxis_transform())
-    for crash in crashes:
+            ax.axvspan(start, end, alpha=0.08 if i % 2 else 0.0, color="grey")
+        axes[0].text(start, 1.02, name, fontsize=6, transform=axes[0].get_xaxis_transform())
+    for crash in inputs.crashes:
         for ax in axes:
-            ax.axvline(crash["ts"] - t0, color="red", linestyle=":")
+            ax.axvline(crash, color="red", linestyle=":")
     return {"timeline": _png(fig)}
-
-
-def data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode()
 
 
 def write_pngs(pngs: dict[str, bytes], out_dir: Path) -> list[Path]:

@@ -12,8 +12,7 @@ import re
 from typing import Any
 
 from k3load.analysis import report_md
-from k3load.analysis.plots import data_uri, ramp_plots, timeline_plot
-from k3load.analysis.timeline import MetricIndex
+from k3load.analysis.plot_inputs import data_uri, report_plot_inputs
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.2em;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}
@@ -68,11 +67,13 @@ def markdown_to_html(text: str) -> str:
     return "\n".join(out)
 
 
-def render(judgment: Any) -> str:
+def render(judgment: Any, pngs: dict[str, bytes] | None = None) -> str:
+    """`pngs`: the plots already drawn (`plots_beside`); None draws them here."""
     body = markdown_to_html(report_md.render(judgment))
-    index = MetricIndex(judgment.data.metrics)
-    pngs = ramp_plots(judgment.ramp) | timeline_plot(judgment.data, index,
-                                                     judgment.pillars["resources"].numbers.get("crashes", []))
+    if pngs is None:
+        from k3load.analysis import plots  # matplotlib: imported only where the plots are drawn
+
+        pngs = plots.draw(report_plot_inputs(judgment))
     figures = "".join(f'<h3>{html.escape(name.replace("_", " "))}</h3><img alt="{html.escape(name)}" '
                       f'src="{data_uri(png)}">' for name, png in sorted(pngs.items()))
     title = html.escape(f"k3load — {judgment.verdict}")
