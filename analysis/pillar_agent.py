@@ -60,7 +60,7 @@ def _chains(attempts: list[AnyAttempt]) -> dict[str, Any]:
     by_chain: dict[str, list[AnyAttempt]] = {}
     for attempt in attempts:
         by_chain.setdefault(attempt.chain_id, []).append(attempt)
-    finals = [max(chain, key=lambda a: a.attempt) for chain in by_chain.values()]
+    finals = [chain[0] if len(chain) == 1 else max(chain, key=lambda a: a.attempt) for chain in by_chain.values()]
     retried = [c for c in by_chain.values() if len(c) > 1]
     recovered = [c for c in retried if max(c, key=lambda a: a.attempt).valid]
     tokens = {a.request_sha256: a.prompt_tokens for a in attempts if a.prompt_tokens is not None}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from k3load.analysis.health import DownSpell, down_spells
@@ -27,7 +28,8 @@ def _latency(frame: pd.DataFrame) -> dict[str, float | None]:
     ok = frame[frame["status"] == "ok"]
     out: dict[str, float | None] = {}
     for column, label in (("ttft_ms", "ttft"), ("itl_mean_ms", "itl"), ("e2e_ms", "e2e")):
-        values = [float(v) for v in ok[column].dropna()]
+        known = ok[column].dropna()
+        values = known.to_numpy() if known.dtype == np.float64 else [float(v) for v in known]
         for q, value in zip((50, 95, 99), percentiles(values, (0.50, 0.95, 0.99)), strict=True):
             out[f"{label}_p{q}_ms"] = value
     return out

@@ -340,7 +340,12 @@ def test_percentile_by_selection_is_the_sorted_pick() -> None:
             assert percentile(values, q) == clean[min(round(q * (len(clean) - 1)), len(clean) - 1)]
         assert percentiles(values, qs) == [percentile(values, q) for q in qs]
         assert percentiles(values, (0.99, 0.5, 0.99)) == [percentile(values, q) for q in (0.99, 0.5, 0.99)]
+        known = np.array([v for v in values if v is not None])  # a frame column's values, as the stage table passes
+        got = percentiles(known, qs)
+        assert got == percentiles(values, qs) and all(type(v) is float for v in got)
     assert str(percentile([0.0, -0.0] * 3000, 0.5)) == str(sorted([0.0, -0.0] * 3000)[3000])
+    assert str(percentiles(np.array([0.0, -0.0] * 3000), (0.5,))) == str([sorted([0.0, -0.0] * 3000)[3000]])
+    assert percentiles(np.array([], dtype=float), (0.5,)) == [None]
 
 
 def test_send_order_is_the_stable_sort_on_both_keys() -> None:
