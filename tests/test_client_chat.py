@@ -411,18 +411,15 @@ time.sleep(0.5); conn.sendall(chunk(b"data: [DONE]\n\n") + chunk(b"")); conn.clo
 """
 
 
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
-def test_a_token_is_stamped_when_it_arrived_not_when_a_busy_worker_read_it(transport: str) -> None:
-    """The whole process is blocked (a worker at full CPU) from 0.1 s to 0.8 s after the head; the first
-    token arrives at 0.3 s. geventhttpclient stamps it with the kernel's receive time (SO_TIMESTAMPNS),
-    about 0.5 s before the process could read it; httpx cannot see its socket's reads and stamps it
-    when read. Both timelines stay ordered."""
+def _send_while_blocked(server_code: str, transport: str) -> tuple[StreamResult, list[float]]:
+    """One request to `server_code` while the whole process (the gevent hub too) is blocked from 0.1 s to
+    0.8 s, as a worker at full CPU is: the answer, and when the block ended. The answer was whole."""
     import gevent
     import gevent.monkey
 
     from k3load.clock import now
 
-    server = subprocess.Popen([sys.executable, "-c", LATE_READ_SERVER], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen([sys.executable, "-c", server_code], stdout=subprocess.PIPE, text=True)
     try:
         port = int(server.stdout.readline())
         blocked: list[float] = []
@@ -437,6 +434,16 @@ def test_a_token_is_stamped_when_it_arrived_not_when_a_busy_worker_read_it(trans
         server.kill()
         server.wait()
     assert r.status == res.STATUS_OK and r.content == "hello", r
+    return r, blocked
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_a_token_is_stamped_when_it_arrived_not_when_a_busy_worker_read_it(transport: str) -> None:
+    """The whole process is blocked (a worker at full CPU) from 0.1 s to 0.8 s after the head; the first
+    token arrives at 0.3 s. geventhttpclient stamps it with the kernel's receive time (SO_TIMESTAMPNS),
+    about 0.5 s before the process could read it; httpx cannot see its socket's reads and stamps it
+    when read. Both timelines stay ordered."""
+    r, blocked = _send_while_blocked(LATE_READ_SERVER, transport)
     assert_timeline(r)
     assert r.first_event_ts - r.first_byte_ts < 0.05  # the role chunk came with the head
     if transport == "geventhttpclient" and sys.platform.startswith("linux"):
@@ -460,27 +467,8 @@ def test_a_token_that_came_with_a_late_read_head_is_stamped_when_it_arrived(tran
     head read took them unstamped, so a first token was timed when the worker got round to the head
     (bench/peers.py: 16 streams of 16-token answers, the bare client's p99 0.84 ms late; 0.06 ms with the
     head stamped). Now the head's read carries the kernel's receive time, and first_byte_ts with it."""
-    import gevent
-    import gevent.monkey
-
-    from k3load.clock import now
-
     assert LATE_HEAD_SERVER.count("time.sleep(0.3)") == 1 and "chunk(role) + chunk(token))" in LATE_HEAD_SERVER
-    server = subprocess.Popen([sys.executable, "-c", LATE_HEAD_SERVER], stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(server.stdout.readline())
-        blocked: list[float] = []
-
-        def block() -> None:
-            gevent.monkey.get_original("time", "sleep")(0.7)  # no greenlet runs: the hub is blocked too
-            blocked.append(now())
-
-        gevent.spawn_later(0.1, block)
-        r = send(f"http://127.0.0.1:{port}", transport, body(), deadline_s=10.0)
-    finally:
-        server.kill()
-        server.wait()
-    assert r.status == res.STATUS_OK and r.content == "hello", r
+    r, blocked = _send_while_blocked(LATE_HEAD_SERVER, transport)
     assert_timeline(r)
     assert r.first_token_ts - r.first_byte_ts < 0.05  # one write: head, role and token
     if transport == "geventhttpclient" and sys.platform.startswith("linux"):
