@@ -169,10 +169,19 @@ def _read_records(path: Path) -> tuple[list[AnyAttempt], dict[str, list[Any]]]:
     take = decoder.take
     keep = [(columns[name].append, name, DEFAULTS.get(name)) for name in FRAME_ONLY if name != "failed_layers"]
     layers, layer_lists, intern = columns["failed_layers"].append, decoder.layer_lists, shared.intern
-    handle = evidence.lines(path)
+    # Bytes that are not UTF-8 are kept as lone surrogates (which msgspec refuses), so the line, not the
+    # whole file, is refused below and named: a traceback from the decoder named neither.
+    handle = evidence.lines(path, errors="surrogateescape")
     for number, line in enumerate(handle, start=1):
         if take(line) or not line.strip():
             continue
+        try:
+            line.encode()
+        except UnicodeEncodeError as exc:
+            if not line.endswith("\n") and next(handle, None) is None:  # the last line, torn inside a character
+                break
+            raise UnreadableRecords(f"{path}:{number}: not an attempt record: not UTF-8 (at character "
+                                    f"{exc.start})") from exc
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:

@@ -218,6 +218,19 @@ def test_records_reader_skips_only_a_torn_last_line(tmp_path: Path) -> None:
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.stderr.strip().endswith("not an attempt record: Unexpected UTF-8 BOM (decode using utf-8-sig): "
                                         "line 1 column 1 (char 0)") and len(done.stderr.splitlines()) == 1
+    # Bytes that are not UTF-8: a whole line is an error naming it (it was a traceback from the decoder);
+    # a last line torn inside a character is a torn line.
+    good, other = json.dumps(_record(5)).encode(), json.dumps(_record(6)).encode()
+    assert b'"stage": "s"' in other
+    path.write_bytes(good + b"\n" + other.replace(b'"stage": "s"', b'"stage": "s\xff"') + b"\n" + good + b"\n")
+    with pytest.raises(ValueError, match=r"records.jsonl:2: not an attempt record: not UTF-8"):
+        rundata.read_attempts(path)
+    done = subprocess.run([sys.executable, "-m", "k3load", "analyze", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "records.jsonl:2: not an attempt record: not " \
+        "UTF-8" in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr[-2000:]
+    path.write_bytes(good + b"\n" + other[:-3] + "é".encode()[:1])
+    assert [a.attempt_id for a in rundata.read_attempts(path)] == ["a5"]
 
 
 def _replay(attempts: list[Attempt], design: dict[str, Any], geometry: Geometry) -> dict[str, int]:
