@@ -30,15 +30,17 @@ import hashlib
 import json
 import math
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from k3load.analysis.lean import AnyAttempt, call_name
+from k3load.analysis.lean import AnyAttempt, call_name, first_finding
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.rundata import read_attempts
 from k3load.analysis.stats import Rate, wilson
 from k3load.evidence import records_file
 from k3load.outcomes import FAIL, INCONCLUSIVE, MODEL_OUTPUT, PASS
+from k3load.records import Finding
 
 REFERENCE_FILE = "reference.json"
 TOOL_CALL, ANSWER = "tool_call", "answer"
@@ -63,12 +65,16 @@ def tool_names(attempt: AnyAttempt) -> list[str]:
 
 def schema_ok(attempt: AnyAttempt) -> bool:
     """As the agent pillar counts schema accuracy: no failed `tool_call.*` finding."""
-    return not any(not f.ok and f.check.startswith("tool_call.") for f in attempt.findings)
+    return findings_schema_ok(attempt.findings)
+
+
+def findings_schema_ok(findings: Sequence[Finding]) -> bool:
+    return not any(not f.ok and f.check.startswith("tool_call.") for f in findings)
 
 
 def json_valid(attempt: AnyAttempt) -> bool | None:
     """Structured output (`expect.json`) held; None when the turn asked for none."""
-    found = next((f for f in attempt.findings if f.check == "expect.json"), None)
+    found = first_finding(attempt.findings, "expect.json")
     return None if found is None else found.ok
 
 

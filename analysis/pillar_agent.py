@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from k3load.analysis.agreement import reference_rules
+from k3load.analysis.agreement import findings_schema_ok, reference_rules
 from k3load.analysis.lean import AnyAttempt, by_findings
 from k3load.analysis.pillar import PillarResult
 from k3load.analysis.rules import RuleResult
@@ -37,8 +37,8 @@ def _rates(attempts: list[AnyAttempt]) -> dict[str, Any]:
             for f in failed:
                 (primary if f.layer == layer else secondary)[f.check] += n
     tool_responses = [a for a in attempts if a.tool_calls or a.finish_reason == "tool_calls"]
-    schema_ok = [a for findings, group in by_findings(tool_responses) if not any(
-        not f.ok and f.check.startswith("tool_call.") for f in findings) for a in group]  # only counted
+    schema_ok = [a for findings, group in by_findings(tool_responses) if findings_schema_ok(findings)
+                 for a in group]  # only counted
     valid = wilson(sum(a.valid for a in attempts), len(attempts))
     schema = wilson(len(schema_ok), len(tool_responses))
     n = len(attempts)

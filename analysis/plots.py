@@ -2,13 +2,12 @@
 (KV usage, waiting requests, GPU memory) with stage bands and crash markers.
 
 Why PNG bytes and not files: the HTML report is self-contained (one file a reviewer can archive and
-sign), so plots are embedded as data URIs; `write_pngs` also saves them for other uses.
+sign), so plots are embedded as data URIs.
 """
 
 from __future__ import annotations
 
 import io
-from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -72,12 +71,3 @@ def timeline_plot(inputs: PlotInputs) -> dict[str, bytes]:
         for ax in axes:
             ax.axvline(crash, color="red", linestyle=":")
     return {"timeline": _png(fig)}
-
-
-def write_pngs(pngs: dict[str, bytes], out_dir: Path) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, png in sorted(pngs.items()):
-        (out_dir / f"{name}.png").write_bytes(png)
-        paths.append(out_dir / f"{name}.png")
-    return paths
