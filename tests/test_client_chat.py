@@ -302,6 +302,43 @@ def test_scripted_streams_and_one_kept_alive_connection(raw_server: Callable[...
     assert server.connections == 1  # every response read to its end, malformed ones included
 
 
+INTERIM = [  # (name, what the server sends before the final answer, pause between them)
+    ("100 in the head's read", [b"HTTP/1.1 100 Continue\r\n\r\n"], 0.0),
+    ("100 read on its own", [b"HTTP/1.1 100 Continue\r\n\r\n"], 0.05),
+    ("103 with headers, then 100", [b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n",
+                                    b"HTTP/1.1 100 Continue\r\n\r\n"], 0.02),
+]
+
+
+@pytest.mark.parametrize(("transport", "stamped"), [(name, True) for name in sorted(TRANSPORTS)]
+                         + [("geventhttpclient", False)])
+def test_interim_1xx_answers_before_the_final_one_are_skipped(raw_server: Callable[..., RawServer],
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            transport: str, stamped: bool) -> None:
+    """A gateway may send interim answers (RFC 9110 15.2) unasked. geventhttpclient released the socket when an
+    interim answer ended (back to the pool, while the body was still to come), so the whole answer was recorded
+    truncated after its first read, and the socket could serve another request mid-answer. Unstamped: the
+    path of TLS sockets and of systems without kernel receive times."""
+    if not stamped:
+        monkeypatch.setattr("k3load.client.transport._SO_TIMESTAMPNS", None)
+    def script(n: int) -> list[tuple[float, bytes]]:
+        _name, interim, pause = INTERIM[n % len(INTERIM)]
+        tokens = [sse({"id": "r1", "choices": [{"index": 0, "delta": {"content": f"tok{i} "}}]}) for i in range(3)]
+        if pause == 0.0:
+            return [(0.0, b"".join(interim) + chunked_head() + chunk(tokens[0])),
+                    *((0.02, chunk(t)) for t in tokens[1:]), (0.02, chunk(HELLO) + chunk(b""))]
+        return [*((pause, part) for part in interim), (pause, chunked_head()),
+                *((0.02, chunk(t)) for t in tokens), (0.02, chunk(HELLO) + chunk(b""))]
+
+    server = raw_server(script)
+    with ChatClient(server.url, transport=transport, max_connections=1) as client:
+        for name, _, _ in INTERIM * 2:
+            r = client.send(body(), 5.0)
+            assert (r.status, r.error, r.content) == (res.STATUS_OK, None, "tok0 tok1 tok2 hello"), (name, r)
+            assert_timeline(r)
+    assert server.connections == 1  # the connection was kept and reused, never given back mid-answer
+
+
 def test_a_timed_out_request_frees_its_connection_slot(raw_server: Callable[..., RawServer]) -> None:
     def script(n: int) -> list[tuple[float, bytes]]:
         head = chunked_head() + chunk(HELLO[: HELLO.index(b"\n\n") + 2])

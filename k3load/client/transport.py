@@ -111,7 +111,20 @@ def _describe(exc: BaseException) -> str:
 
 
 # -- geventhttpclient ------------------------------------------------------------------------------
-class _StampedHead(HTTPSocketPoolResponse):
+class _PoolResponse(HTTPSocketPoolResponse):
+    """geventhttpclient's response, but an interim answer's end (1xx, RFC 9110 15.2: a gateway may send
+    100 or 103 unasked) keeps the socket. Why: geventhttpclient 2.6 releases the socket at the end of
+    every message, the interim one included, so the final answer's body was cut after its first read
+    (and the socket went back to the pool while the answer was still arriving)."""
+
+    def _on_message_complete(self) -> None:
+        if self.get_code() < 200:
+            self.message_complete = True  # the parser starts the final answer on this socket
+            return
+        super()._on_message_complete()
+
+
+class _StampedHead(_PoolResponse):
     """geventhttpclient's response, its head's first read taken with the kernel's receive time. Why:
     the first tokens often arrive with the head (or while a busy worker has not read it yet); that read
     is the only one geventhttpclient makes itself, through plain `recv`. `arrived` is kept only when the
@@ -282,7 +295,7 @@ class GeventTransport:
             pool.release_socket(sock)
             raise
         try:  # from here the response object releases the socket itself, whatever happens
-            kind = _StampedHead if stamped else HTTPSocketPoolResponse
+            kind = _StampedHead if stamped else _PoolResponse
             return _GeventResponse(kind(sock, pool, block_size=_GEVENT_BLOCK, method="POST",
                                         headers_type=client.headers_type), stamped, sent)
         except (OSError, HTTPParseError) as exc:
