@@ -9,7 +9,8 @@ Loaded by ``tests/conftest.py`` (``pytest_plugins = ["tests.target_fixtures"]``)
 - ``vllm_server``: ONE server for the whole session, started on first request, stopped at the end.
   It runs with ``--num-gpu-blocks-override 24`` (3,072 KV tokens in blocks of 128), so the same
   server shows prefix-cache hits on sequential requests sharing a ~1,000-token prefix and
-  preemptions under 64 concurrent 256-token requests (both checked in test_vllm_target.py).
+  preemptions under 64 concurrent 256-token requests (the hits checked in
+  test_vllm_target.py, the preemptions in test_conformance.py).
   Yields a ``VllmTarget`` with ``base_url`` (``http://127.0.0.1:PORT``), ``model`` (``"tiny"``),
   ``log_path``, ``max_model_len`` and the underlying ``server``.
 - ``vllm_compile_cache``: torch.compile caches shared by every server of the session.

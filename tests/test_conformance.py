@@ -231,9 +231,14 @@ def test_prefix_hits_rise_on_a_repeated_long_prefix(target, client):
     assert other[1]["vllm:prefix_cache_hits_total"] == 0
 
 
-def test_preemptions_under_a_starved_kv_cache(target, client):
+def _starving_burst(target, client) -> tuple[float, list[tuple[float, float]]]:
+    """64 requests of 256 tokens at once (some 190 blocks of 128 against 24) while /metrics is scraped back to
+    back: vLLM's preemption count over the burst, and each scrape's (KV usage, requests running).
+
+    64 rather than 32: vLLM answers /metrics late under the burst (up to 1.9 s here), and a late answer reads
+    the gauges when it is served; 32 kept the cache full for about 2.5 s, which one late answer could span.
+    """
     before = scrape(target, client)
-    peak = {"kv": 0.0, "running": 0.0}
     trace: list[tuple[float, float]] = []
     stop = threading.Event()
 
@@ -242,14 +247,10 @@ def test_preemptions_under_a_starved_kv_cache(target, client):
             while not stop.is_set():
                 s = scrape(target, poller)
                 trace.append((total(s, "vllm:kv_cache_usage_perc"), total(s, "vllm:num_requests_running")))
-                peak["kv"], peak["running"] = max(peak["kv"], trace[-1][0]), max(peak["running"], trace[-1][1])
                 time.sleep(0.02)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    # 64 requests, not 32: vLLM answers /metrics late under the burst (up to 1.9 s), and a late answer reads
-    # the gauges when it is served; 32 kept the cache full for about 2.5 s, which one late answer could span
-    # (a clean-clone run read no peak above 0.9 while vLLM counted preemptions). 64 hold it for 7-10 s.
     try:
         with httpx.Client(timeout=600) as burst, concurrent.futures.ThreadPoolExecutor(64) as pool:
             jobs = [pool.submit(chat, target, burst, max_tokens=256, ignore_eos=True,
@@ -259,10 +260,29 @@ def test_preemptions_under_a_starved_kv_cache(target, client):
     finally:
         stop.set()
         watcher.join()
-    after = scrape(target, client)
     assert all(u["completion_tokens"] == 256 for u in usages)
-    assert total(after, "vllm:num_preemptions_total") - total(before, "vllm:num_preemptions_total") > 0
-    # The preemptions (vLLM's own count, above) say the cache ran out; the gauge must show it nearly full.
-    # Under the burst vLLM may answer only a handful of scrapes (a clean-clone run read five in all, the
-    # fullest at 20 of 23 blocks, 0.87), so the moment it was full can fall between two readings.
-    assert peak["kv"] >= 0.8 and peak["running"] >= 2, trace
+    after = scrape(target, client)
+    return total(after, "vllm:num_preemptions_total") - total(before, "vllm:num_preemptions_total"), trace
+
+
+def test_preemptions_under_a_starved_kv_cache(target, client):
+    """The burst preempts (vLLM's own count says the cache ran out), and the gauges show it: a scrape reads
+    the cache at least 0.8 full with several requests running, within three bursts.
+
+    Why up to three: on a busy two-core machine vLLM may answer only a handful of scrapes during a burst,
+    or none until its end (a CI run read three, the fullest 0.17, while vLLM counted preemptions; another
+    five, the fullest 20 of 23 blocks), so the full moment can fall between readings; with the machine
+    oversubscribed fourfold here, one burst in three even drew its requests out so that none was
+    preempted. A gauge that never moves, or a target that never preempts, still fails.
+    """
+    preempted, full, traces = 0.0, False, []
+    for _ in range(3):
+        count, trace = _starving_burst(target, client)
+        preempted += count
+        full = full or any(kv >= 0.8 and running >= 2 for kv, running in trace)
+        traces.append(trace)
+        if preempted > 0 and full:
+            break
+    else:
+        pytest.fail(f"three bursts: {preempted} preemptions, and no scrape read the KV cache 0.8 full with 2"
+                    f" running, or none preempted: {traces}")
