@@ -94,7 +94,7 @@ def _lines(path: Path, errors: str = "strict") -> Iterator[tuple[int, str, bool]
     """(number, line, is_last) of the non-blank lines, streamed; lines end at "\\n" only (a record's
     text may hold U+2028 or U+0085, which `str.splitlines` would cut); compressed or plain (`evidence.lines`)."""
     previous: tuple[int, str] | None = None
-    for number, line in enumerate(evidence.lines(path, errors), start=1):
+    for number, line in enumerate(evidence.lines(path, errors, inflate_ahead=True), start=1):
         if previous is not None:
             yield previous[0], previous[1], False
             previous = None
@@ -171,7 +171,7 @@ def _read_records(path: Path) -> tuple[list[AnyAttempt], dict[str, list[Any]]]:
     layers, layer_lists, intern = columns["failed_layers"].append, decoder.layer_lists, shared.intern
     # Bytes that are not UTF-8 are kept as lone surrogates (which msgspec refuses), so the line, not the
     # whole file, is refused below and named: a traceback from the decoder named neither.
-    handle = evidence.lines(path, errors="surrogateescape")
+    handle = evidence.lines(path, errors="surrogateescape", inflate_ahead=True)  # inflated beside the decoding
     for number, line in enumerate(handle, start=1):
         if take(line) or not line.strip():
             continue

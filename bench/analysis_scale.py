@@ -30,6 +30,7 @@ committed since by others are on both sides and the byte comparison still isolat
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -43,12 +44,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
 from k3load import evidence
-from k3load.evidence import METRICS, RECORDS, SeriesTable, metrics_file, records_file
+from k3load.evidence import LEGACY, METRICS, RECORDS, SeriesTable, metrics_file, records_file
 from k3load.records import json_line
 from k3load.sampler.prom import split_key
 
@@ -61,8 +62,10 @@ SCALE_FILES = ("analysis/lean.py", "analysis/rundata.py", "analysis/agreement.py
                "analysis/timeline.py", "analysis/tool_calls.py", "analysis/analyze.py", "analysis/reuse_replay.py")
 OUTPUTS = ("verdict.json", "report.md", "report.html", "alerts.yaml", "dashboard.json", "manifest.sha256",
            "report.png")
-# Written plain (the reference commit reads no compressed file); the source's compressed files are read.
-GENERATED = ("records.jsonl", "metrics.jsonl", "gpu.jsonl", "events.jsonl", "plan.yaml", RECORDS, METRICS)
+# Built here, never copied: records and metrics compressed as a run writes them (plain with `--plain`, or for a
+# reference from before compact evidence); the source's files are read either way.
+GENERATED = ("records.jsonl", "metrics.jsonl", "gpu.jsonl", "gpu.jsonl.gz", "events.jsonl", "plan.yaml", RECORDS,
+             METRICS)
 COUNTER_SUFFIXES = ("_total", "_sum", "_count", "_bucket")
 SLOT = re.compile(r'"@K3SLOT:(\w+)@"')
 ID_FIELDS = ("attempt_id", "chain_id", "user_id", "stream_pair")
@@ -115,8 +118,22 @@ def _jsonl(path: Path, decode: Callable[[Any], Any] = lambda row: row) -> list[d
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("w", encoding="utf-8") as handle:
+    with _text_out(path) as handle:
         handle.writelines(json_line(row) + "\n" for row in rows)
+
+
+def _text_out(path: Path) -> IO[str]:
+    """A file written as a run writes it: `.gz` deflated at the writers' level (k3load.evidence.LEVEL)."""
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "wt", encoding="utf-8", compresslevel=evidence.LEVEL)
+    return path.open("w", encoding="utf-8")
+
+
+def _gpu_rows(source: Path) -> list[dict[str, Any]]:
+    """The source's gpu.jsonl, or its compressed copy (tests/data/scale-run stores it so): the analysis reads
+    gpu.jsonl, so the built run gets it plain."""
+    compressed = source / "gpu.jsonl.gz"
+    return _jsonl(compressed if compressed.exists() else source / "gpu.jsonl")
 
 
 @dataclass
@@ -179,7 +196,7 @@ def _shifted(record: dict[str, Any], shift: float) -> dict[str, Any]:
             for k, v in record.items()}
 
 
-def build_records(source: Path, dest: Path, total: int, layout: Layout) -> int:
+def build_records(source: Path, dest: Path, total: int, layout: Layout, name: str = RECORDS) -> int:
     """Copy 0 is the source run (the stages after the soak moved); copies 1.. fill the soak to `total`."""
     lines = [line.removesuffix("\n") for line in evidence.lines(records_file(source)) if line.strip()]
     records = [json.loads(line) for line in lines]
@@ -191,7 +208,7 @@ def build_records(source: Path, dest: Path, total: int, layout: Layout) -> int:
     copies = math.ceil(extra / len(records)) if records else 0
     room = max(layout.soak_s - span, 0.0)
     written = 0
-    with (dest / "records.jsonl").open("w", encoding="utf-8") as out:
+    with _text_out(dest / name) as out:
         for line, record in zip(lines, records, strict=True):
             out.write((json_line(_shifted(record, layout.shift_s)) if record["stage"] in layout.after else line) + "\n")
             written += 1
@@ -299,8 +316,9 @@ def build_plan(source: Path, dest: Path, layout: Layout) -> None:
     (dest / "plan.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
 
 
-def build_run(source: Path, dest: Path, total: int, soak_s: float) -> int:
-    """A coherent run directory of `total` records from the small run at `source` (module doc)."""
+def build_run(source: Path, dest: Path, total: int, soak_s: float, plain: bool = False) -> int:
+    """A coherent run directory of `total` records from the small run at `source` (module doc); records and
+    metrics compressed as a run writes them (metrics with their series names once: SeriesTable), or plain."""
     if not records_file(source).exists():
         raise SystemExit(f"{source}: no records.jsonl.gz (make a small run first: `make demo` writes runs/demo)")
     shutil.copytree(source, dest, ignore=shutil.ignore_patterns(*OUTPUTS, *GENERATED, "spool"))
@@ -308,11 +326,16 @@ def build_run(source: Path, dest: Path, total: int, soak_s: float) -> int:
     layout = _layout(events, _jsonl(records_file(source)), soak_s)
     metrics = _jsonl(metrics_file(source), SeriesTable().decode)
     increase = _increase(metrics, layout)
-    _write_jsonl(dest / "metrics.jsonl", stretch(metrics, layout, increase))
-    _write_jsonl(dest / "gpu.jsonl", stretch(_jsonl(source / "gpu.jsonl"), layout))
+    stretched = stretch(metrics, layout, increase)
+    if plain:
+        _write_jsonl(dest / LEGACY[METRICS], stretched)
+    else:
+        table = SeriesTable()
+        _write_jsonl(dest / METRICS, [table.encode(row) for row in stretched])
+    _write_jsonl(dest / "gpu.jsonl", stretch(_gpu_rows(source), layout))
     _write_jsonl(dest / "events.jsonl", build_events(events, layout, increase, total))
     build_plan(source, dest, layout)
-    return build_records(source, dest, total, layout)
+    return build_records(source, dest, total, layout, LEGACY[RECORDS] if plain else RECORDS)
 
 
 def link_copy(source: Path, dest: Path) -> None:
@@ -377,6 +400,12 @@ def worktree(commit: str, path: Path, overlay_from: str | None = None) -> Iterat
                        capture_output=True)
 
 
+def _reads_compressed(commit: str) -> bool:
+    """Whether the tree at `commit` reads records.jsonl.gz (compact evidence, k3load/evidence.py)."""
+    return subprocess.run(["git", "cat-file", "-e", f"{commit}:k3load/evidence.py"], cwd=ROOT,
+                          capture_output=True).returncode == 0
+
+
 def _rev(name: str) -> str:
     return subprocess.run(["git", "-C", str(ROOT), "rev-parse", name], check=True, capture_output=True,
                           text=True).stdout.strip()
@@ -384,7 +413,7 @@ def _rev(name: str) -> str:
 
 def _warm(run_dir: Path) -> None:
     """Read the inputs once so neither side pays for a cold page cache."""
-    for path in run_dir.glob("*.jsonl"):
+    for path in (*run_dir.glob("*.jsonl"), *run_dir.glob("*.jsonl.gz")):
         with path.open("rb") as handle:
             while handle.read(1 << 24):
                 pass
@@ -443,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-reference", action="store_true", help="measure this tree only")
     parser.add_argument("--keep", type=Path, help="build (and keep) the run directories here")
     parser.add_argument("--profile", action="store_true", help="also write cProfile stats next to each run dir")
+    parser.add_argument("--plain", action="store_true",
+                        help="write records and metrics plain (.jsonl), as runs before compact evidence did")
     args = parser.parse_args(argv)
     total = 30_000 if args.quick else args.records
     work = args.keep or Path(tempfile.mkdtemp(prefix="k3load-scale-"))
@@ -460,10 +491,14 @@ def _run(args: argparse.Namespace, total: int, work: Path) -> int:
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True)
     began = time.perf_counter()
-    written = build_run(args.source.resolve(), mine, total, args.soak_s)
-    size = (mine / "records.jsonl").stat().st_size
-    print(f"built {mine}: {written} records ({size / written:.0f} B each, {size / 2**20:.0f} MiB), "
-          f"{args.soak_s:.0f} s soak, in {time.perf_counter() - began:.1f} s")
+    plain = args.plain or (not args.no_reference and not args.overlay and not _reads_compressed(args.reference_commit))
+    if plain and not args.plain:
+        print(f"records and metrics written plain: {args.reference_commit[:10]} reads no compressed evidence")
+    written = build_run(args.source.resolve(), mine, total, args.soak_s, plain)
+    records = records_file(mine)
+    size = records.stat().st_size
+    print(f"built {mine}: {written} records in {records.name} ({size / written:.0f} B each, {size / 2**20:.0f} MiB),"
+          f" {args.soak_s:.0f} s soak, in {time.perf_counter() - began:.1f} s")
     rows: list[tuple[str, Measured]] = []
     this = args.this_commit and _rev(args.this_commit)
     if not args.no_reference:

@@ -66,6 +66,63 @@ def test_bytes_that_are_not_gzip_are_an_error_not_a_truncation(tmp_path):
         list(lines(path))
 
 
+# Run in a fresh interpreter: this test process is gevent-patched (conftest imports locust), where `lines`
+# never reads ahead (a thread would be a greenlet). Writes argv[1] in several shapes and prints what it saw.
+AHEAD_SCRIPT = r"""
+import json, os, sys, threading, zlib
+from pathlib import Path
+from k3load import evidence
+from k3load.evidence import lines
+
+evidence.READ_BYTES = 512  # many blocks, more than the thread may hold ahead
+path = Path(sys.argv[1])
+ahead_threads = lambda: [t for t in threading.enumerate() if t.name == "k3load-inflate-ahead"]
+def plain(rows): return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+rows = [{"i": i, "text": os.urandom(40).hex() + "\u2028\u00e9"} for i in range(400)]
+members = [zlib.compress(plain(rows[k:k + 100]).encode(), wbits=31) for k in range(0, 400, 100)]
+z = zlib.compressobj(6, zlib.DEFLATED, 31)
+path.write_bytes(b"".join(members) + z.compress(b'{"i": 400, "te') + z.flush(zlib.Z_SYNC_FLUSH))
+alone, ahead = list(lines(path)), list(lines(path, inflate_ahead=True))
+out = {"same": ahead == alone, "count": len(alone), "torn": alone[-1],
+       "rows": [json.loads(x) for x in alone[:-1]] == rows}
+
+path.write_bytes(b"".join(members[:2]) + b"not gzip at all" + members[2])
+for ahead in (False, True):
+    read = []
+    try:
+        read.extend(lines(path, inflate_ahead=ahead))
+    except ValueError as exc:
+        out[f"error_{ahead}"] = [str(exc), len(read), read == alone[:len(read)]]
+
+path.write_bytes(b"".join(members))
+reader = lines(path, inflate_ahead=True)
+out["first_three"] = [next(reader) for _ in range(3)] == alone[:3]
+out["threads_while_reading"] = len(ahead_threads())
+reader.close()  # a reader that stops early (an error, a break)
+out["threads_after_close"] = len(ahead_threads())
+out["file_left_open"] = any(os.path.realpath(f"/proc/self/fd/{fd}") == str(path) for fd in os.listdir("/proc/self/fd"))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc/self/fd")
+def test_inflating_ahead_reads_the_same_lines_errors_and_torn_end_and_stops_with_its_reader(tmp_path):
+    """The analysis inflates records in a second thread (`inflate_ahead`): the same lines in the same order
+    across blocks and members, a torn last line, the same error after the same lines where bytes stop being
+    gzip, and no thread or open file left by a reader that stopped early."""
+    done = subprocess.run([sys.executable, "-c", AHEAD_SCRIPT, str(tmp_path / RECORDS)], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert (out["same"], out["count"], out["torn"], out["rows"]) == (True, 401, '{"i": 400, "te', True)
+    (message, count, prefix), other = out["error_True"], out["error_False"]
+    # every line of the blocks before the one that is not gzip (the first two members', but the last few)
+    assert other == out["error_True"] and "not a gzip stream near byte" in message and prefix and 190 < count <= 200
+    assert (out["first_three"], out["threads_while_reading"], out["threads_after_close"],
+            out["file_left_open"]) == (True, 1, 0, False)
+    assert list(lines(tmp_path / RECORDS, inflate_ahead=True)) == list(lines(tmp_path / RECORDS))  # patched: alone
+
+
 def test_a_gzip_log_is_readable_after_each_flush_and_refuses_writes_once_closed(tmp_path):
     path = tmp_path / RECORDS
     log = JsonlLog(path)
