@@ -15,6 +15,7 @@ from operator import attrgetter
 from typing import Any
 
 from k3load.analysis.lean import AnyAttempt
+from k3load.analysis.rundata import send_order
 
 DEFAULT_BLOCK = 16  # vLLM's default block size, used only when vllm:cache_config_info was not scraped
 
@@ -124,21 +125,27 @@ def designed_tokens(attempts: list[AnyAttempt], design: dict[str, Any], geometry
 
     The loop runs once per request of the run (360,000 at an hour's soak), so it is written for that: a
     (variant, salt key) already among the seen is not queued again (adding it again would change
-    nothing), and a scenario's salt key that is the same for every request is built once."""
+    nothing), a scenario's salt key that is the same for every request is built once, and a request's
+    best prefix is kept per (variant, salt key) until what it depends on changes (`best`, below)."""
     index = {key: i for i, key in enumerate(design.get("variants") or [])}
     matrix: list[list[int]] = design.get("shared_prefix_tokens") or []
     lengths: list[int] = design.get("prompt_tokens") or []
     kinds = {name: s.get("prefix_salt", "none") for name, s in (design.get("scenarios") or {}).items()}
     other = {i: index.get(key[:-1] + "B", i) for key, i in index.items()}  # variant A -> its B (or itself)
     seen = _Seen(matrix, other)
-    within, across, add, floor = seen.within, seen.across, seen.add, geometry.floor
+    within, across, add, same = seen.within, seen.across, seen.add, seen.same
+    block, align = geometry.block, geometry.align
     pending: list[tuple[float, int, int, SaltKey]] = []
     added: set[tuple[int, SaltKey]] = set()  # the (variant, salt key) pairs already in `seen`
     push, pop = heapq.heappush, heapq.heappop
     out: dict[str, int] = {}
     # (scenario, turn) -> (variant, salt kind, the salt key when every request of the scenario shares it)
     measured: dict[tuple[str, int], tuple[int, str, SaltKey | None] | None] = {}
-    for order, attempt in enumerate(sorted(attempts, key=attrgetter("send_ts", "attempt_id"))):
+    # (variant, salt key) -> (seen.version, the size of the key's group, the best shared prefix): `within`
+    # reads only the key's group (a set that only grows, so its size names its content), `across` only
+    # the variants' keys (seen.version counts their changes), so the best stays while both are unchanged
+    best_of: dict[tuple[int, SaltKey], tuple[int, int, int]] = {}
+    for order, attempt in enumerate(_in_send_order(attempts)):
         send = attempt.send_ts
         while pending and pending[0][0] <= send:
             _, _, variant, key = pop(pending)
@@ -158,12 +165,35 @@ def designed_tokens(attempts: list[AnyAttempt], design: dict[str, Any], geometry
         me, kind, key = found
         if key is None:
             key = salt_key(attempt, kind)
-        best = within(me, key)
-        if (shared := across(me, key)) is not None and shared > best:
-            best = shared
-        prompt = attempt.prompt_tokens if attempt.prompt_tokens is not None else lengths[me]
-        out[attempt.attempt_id] = floor(min(best, prompt - 1))
-        ready = _ready_ts(attempt)
-        if ready is not None and (me, key) not in added:
+        group = same.get(key)
+        size = len(group) if group else 0
+        mine = (me, key)
+        kept = best_of.get(mine)
+        if kept is not None and kept[0] == seen.version and kept[1] == size:
+            best = kept[2]
+        else:
+            best = within(me, key)
+            if (shared := across(me, key)) is not None and shared > best:
+                best = shared
+            best_of[mine] = (seen.version, size, best)
+        prompt = attempt.prompt_tokens
+        tokens = min(best, (prompt if prompt is not None else lengths[me]) - 1)
+        tokens -= tokens % block  # Geometry.floor, written out: once per request
+        if align:
+            tokens -= tokens % align
+        out[attempt.attempt_id] = tokens if tokens > 0 else 0
+        ready = attempt.first_token_ts  # _ready_ts, written out
+        if ready is None and attempt.status == "ok":
+            ready = attempt.end_ts
+        if ready is not None and mine not in added:
             push(pending, (ready, order, me, key))
     return out
+
+
+def _in_send_order(attempts: list[AnyAttempt]) -> list[AnyAttempt]:
+    """By (send_ts, attempt_id), ties in list order (a stable sort on both): by numpy's argsort where every
+    send time is a float (`send_order`), which ranks no attempt id but among equal send times."""
+    order = send_order([a.send_ts for a in attempts], [a.attempt_id for a in attempts])
+    if order is None:
+        return sorted(attempts, key=attrgetter("send_ts", "attempt_id"))
+    return [attempts[i] for i in order.tolist()]

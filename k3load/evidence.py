@@ -107,12 +107,24 @@ def lines(path: Path, errors: str = "strict", *, inflate_ahead: bool = False) ->
 
 
 def _inflated(path: Path, errors: str, ahead: bool) -> Iterator[str]:
-    inflater = Inflater(errors)
-    pieces = _inflate_blocks(path, inflater.inflate)
-    for piece in _read_ahead(pieces) if ahead and _threads_run_in_parallel() else pieces:
-        yield from inflater.split(piece)
-    if inflater.rest:
-        yield inflater.rest
+    text = Inflater(errors)  # its split only: `blocks` inflates
+    for piece in blocks(path, inflate_ahead=ahead):
+        yield from text.split(piece)
+    if text.rest:
+        yield text.rest
+
+
+def blocks(path: Path, *, inflate_ahead: bool = False) -> Iterator[bytes]:
+    """The bytes of a JSONL file in pieces that end anywhere (a compressed file's inflated), for a reader that
+    splits lines itself (analysis/rundata.py: msgspec reads UTF-8 bytes as they are). Raises ValueError where
+    a compressed file stops being gzip; `inflate_ahead` as for `lines`."""
+    if not path.name.endswith(".gz"):
+        with path.open("rb") as handle:
+            while block := handle.read(READ_BYTES):
+                yield block
+        return
+    pieces = _inflate_blocks(path, Inflater().inflate)
+    yield from _read_ahead(pieces) if inflate_ahead and _threads_run_in_parallel() else pieces
 
 
 def _inflate_blocks(path: Path, inflate: Callable[[bytes], bytes]) -> Iterator[bytes]:

@@ -417,9 +417,12 @@ def test_the_decoder_reads_every_field_as_the_whole_record_gives_it(tmp_path: Pa
         _same(whole, lean)
     assert pairs[0][1].primary_layer == "model_output" and pairs[3][1].tool_calls == ("top", "", "")
     assert pairs[5][1].error_body == "bad \ud83d" and pairs[7][1].tool_calls == ("named",)
-    decoder = RecordDecoder(rundata.Interner(), [], {name: [] for name in FRAME_ONLY})
+    columns: dict[str, list] = {name: [] for name in FRAME_ONLY}
+    decoder = RecordDecoder(rundata.Interner(), [], columns)
     taken = [decoder.take(line) for line in text.splitlines(keepends=True)]
     assert taken == [True, True, True, True, False, False, True, False]  # NaN, a lone surrogate, a bare name
+    assert [len(values) for values in columns.values()] == [5] * len(FRAME_ONLY)
+    assert [decoder.take(line.encode()) for line in text.splitlines(keepends=True)] == taken  # from UTF-8 bytes
     frame = rundata.load_run(tmp_path).records
     assert frame["failed_layers"].tolist()[-1] == ["parser"] and frame["turn_kind"].tolist() == ["answer"] * 8
 
