@@ -270,7 +270,7 @@ def _replay(attempts: list[Attempt], design: dict[str, Any], geometry: Geometry)
 def test_reuse_replay_is_the_straightforward_one(seed: int) -> None:
     """Random designs and traffic: salts per request, per pair, per run and none, chains, retries and
     streaming twins, with few and many variants per salt key (the cache's small-group scan and its
-    cached maxima both run)."""
+    cached maxima both run), requests sent at the same time."""
     rng = random.Random(seed)
     scenarios = {f"s{k}": {"prefix_salt": rng.choice(["request", "pair", "run", "none"]), "turns": 3}
                  for k in range(4)}
@@ -282,7 +282,7 @@ def test_reuse_replay_is_the_straightforward_one(seed: int) -> None:
     attempts = []
     for i in range(1500):
         chain = rng.randrange(0, 400)
-        send = rng.uniform(0, 300)
+        send = rng.choice([rng.uniform(0, 300), float(rng.randrange(0, 300))])  # ties: ordered by attempt id
         attempts.append(Attempt(
             run_id="r", attempt_id=f"a{i}", chain_id=f"c{chain}", attempt=rng.randint(1, 2), stage="soak",
             scenario=rng.choice([*scenarios, "unmeasured"]), family="f", turn=rng.randrange(0, 4),
