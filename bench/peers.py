@@ -90,6 +90,7 @@ class Result:
     late_p50_ms: float | None = None
     late_p99_ms: float | None = None
     late_note: str = ""
+    late_over: float | None = None  # the share of first tokens later than LATE_SHARE_MS
     held: float = 0.0  # streams open on the server, mean of the interval's two ends
     client_cpu: float = 0.0  # share of one core over the interval
     server_cpu: float = 0.0
@@ -225,6 +226,9 @@ def _costs(result: Result, first: Sample, last: Sample) -> None:
     result.ms_per_request = cpu / done * 1e3 if done else None
 
 
+LATE_SHARE_MS = 0.5  # first tokens later than this are counted apart
+
+
 def _lateness(result: Result, pairs: FirstTokens | str, start_wall: float, end_wall: float) -> None:
     if isinstance(pairs, str):
         result.late_note = pairs
@@ -235,7 +239,10 @@ def _lateness(result: Result, pairs: FirstTokens | str, start_wall: float, end_w
         return
     result.late_p50_ms = late[len(late) // 2]
     result.late_p99_ms = late[min(len(late) - 1, math.ceil(0.99 * len(late)) - 1)]
-    result.late_note = f"n={len(late)}"
+    # a late read joins the next engine step's token: the share later than LATE_SHARE_MS says how close a
+    # client is to the edge where its p99 is a whole step late (1% of first tokens)
+    result.late_over = sum(1 for ms in late if ms > LATE_SHARE_MS) / len(late)
+    result.late_note = f"n={len(late)}, {result.late_over:.1%} > {LATE_SHARE_MS} ms"
 
 
 def _post(url: str) -> None:
@@ -295,6 +302,10 @@ def _median(rounds: list[Result]) -> Result:
         setattr(merged, name, statistics.median(values) if values else None)
     if len(rounds) > 1:
         merged.late_note += f" (median of {len(ok)} rounds)"
+        late = [r for r in ok if r.late_p99_ms is not None and r.late_over is not None]
+        if late:
+            merged.late_note += (f"; by round, p99 ms {' '.join(f'{r.late_p99_ms:.2f}' for r in late)}, share > "
+                                 f"{LATE_SHARE_MS} ms {' '.join(f'{r.late_over:.1%}' for r in late)}")
     return merged
 
 
