@@ -302,7 +302,7 @@ def apply_reuse(pillar: PillarResult, data: RunData, index: MetricIndex, limits:
                 config: dict[str, str], judged: tuple[dict[str, Any], list[Finding]] | None = None) -> None:
     """Adds numbers.reuse to the prefix_cache pillar, its findings as reasons; a server finding with enough
     evidence fails the pillar (the samples' own design never does: that is the harness's to fix).
-    `judged`: judge_reuse's result when already computed (analyze runs it beside the other pillars)."""
+    `judged`: judge_reuse's result when already computed (analyze judges it after the other pillars)."""
     numbers, findings = judged if judged is not None else judge_reuse(data, index, limits, config)
     pillar.numbers["reuse"] = numbers
     if config.get("enable_prefix_caching") == "False":
