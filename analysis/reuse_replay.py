@@ -52,7 +52,6 @@ def _ready_ts(attempt: AnyAttempt) -> float | None:
 
 
 SaltKey = tuple[Any, ...]
-SMALL_GROUP = 8  # a salt key seen with this many variants or fewer is scanned, not cached
 
 
 class _Seen:
@@ -68,7 +67,6 @@ class _Seen:
         self.keys: dict[int, set[SaltKey]] = {}  # variant -> up to two salt keys it was seen with
         self.version = 0  # bumped whenever a variant's keys change: the maxima below are then recomputed
         self._across: dict[int, tuple[int, int | None, int | None, SaltKey | None, int | None]] = {}
-        self._within: dict[tuple[SaltKey, int], tuple[int, int]] = {}
 
     def add(self, variant: int, key: SaltKey) -> None:
         self.same.setdefault(key, set()).add(variant)
@@ -80,14 +78,7 @@ class _Seen:
     def within(self, me: int, key: SaltKey) -> int:
         """The longest prefix `me` shares with a variant seen under the same salt key (0: none)."""
         group = self.same.get(key)
-        if not group:
-            return 0
-        if len(group) <= SMALL_GROUP:
-            return max(self.matrix[me][v] for v in group)
-        cached = self._within.get((key, me))
-        if cached is None or cached[0] != len(group):  # a set only grows: its size names its content
-            cached = self._within[(key, me)] = (len(group), max(self.matrix[me][v] for v in group))
-        return cached[1]
+        return max(self.matrix[me][v] for v in group) if group else 0  # designed_tokens keeps the result
 
     def across(self, me: int, key: SaltKey) -> int | None:
         """The longest prefix `me` shares with the B twin of a variant seen under a key other than `key`

@@ -269,8 +269,8 @@ def _replay(attempts: list[Attempt], design: dict[str, Any], geometry: Geometry)
 @pytest.mark.parametrize("seed", range(6))
 def test_reuse_replay_is_the_straightforward_one(seed: int) -> None:
     """Random designs and traffic: salts per request, per pair, per run and none, chains, retries and
-    streaming twins, with few and many variants per salt key (the cache's small-group scan and its
-    cached maxima both run), requests sent at the same time."""
+    streaming twins, with few and many variants per salt key (the best prefix kept per variant and key is
+    recomputed as groups grow and variants gain keys), requests sent at the same time."""
     rng = random.Random(seed)
     scenarios = {f"s{k}": {"prefix_salt": rng.choice(["request", "pair", "run", "none"]), "turns": 3}
                  for k in range(4)}
