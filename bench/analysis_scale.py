@@ -30,7 +30,6 @@ committed since by others are on both sides and the byte comparison still isolat
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import os
@@ -44,13 +43,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import yaml
 
 from k3load import evidence
 from k3load.evidence import LEGACY, METRICS, RECORDS, SeriesTable, metrics_file, records_file
 from k3load.records import json_line
+from k3load.rundir import JsonlLog
 from k3load.sampler.prom import split_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,16 +117,20 @@ def _jsonl(path: Path, decode: Callable[[Any], Any] = lambda row: row) -> list[d
     return [decode(json.loads(line)) for line in evidence.lines(path) if line.strip()]
 
 
-def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    with _text_out(path) as handle:
-        handle.writelines(json_line(row) + "\n" for row in rows)
+def _write_jsonl(path: Path, rows: list[dict[str, Any]], encode: Callable[[Any], Any] | None = None) -> None:
+    with _log(path, encode) as log:
+        for row in rows:
+            log.append(row)
 
 
-def _text_out(path: Path) -> IO[str]:
-    """A file written as a run writes it: `.gz` deflated at the writers' level (k3load.evidence.LEVEL)."""
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "wt", encoding="utf-8", compresslevel=evidence.LEVEL)
-    return path.open("w", encoding="utf-8")
+@contextmanager
+def _log(path: Path, encode: Callable[[Any], Any] | None = None) -> Iterator[JsonlLog]:
+    """The run's own writer (k3load.rundir.JsonlLog): a `.gz` path deflated and flushed as a run does it."""
+    log = JsonlLog(path, encode)
+    try:
+        yield log
+    finally:
+        log.close()
 
 
 def _gpu_rows(source: Path) -> list[dict[str, Any]]:
@@ -208,14 +212,14 @@ def build_records(source: Path, dest: Path, total: int, layout: Layout, name: st
     copies = math.ceil(extra / len(records)) if records else 0
     room = max(layout.soak_s - span, 0.0)
     written = 0
-    with _text_out(dest / name) as out:
+    with _log(dest / name) as out:
         for line, record in zip(lines, records, strict=True):
-            out.write((json_line(_shifted(record, layout.shift_s)) if record["stage"] in layout.after else line) + "\n")
+            out.append_line(json_line(_shifted(record, layout.shift_s)) if record["stage"] in layout.after else line)
             written += 1
         for copy in range(1, copies + 1):
             shift = layout.start - t0 + (room * (copy - 1) / (copies - 1) if copies > 1 else 0.0)
             for pieces, values in templates[:min(len(templates), total - written)]:
-                out.write(_copy_line(pieces, values, copy, shift) + "\n")
+                out.append_line(_copy_line(pieces, values, copy, shift))
                 written += 1
     return written
 
@@ -329,9 +333,8 @@ def build_run(source: Path, dest: Path, total: int, soak_s: float, plain: bool =
     stretched = stretch(metrics, layout, increase)
     if plain:
         _write_jsonl(dest / LEGACY[METRICS], stretched)
-    else:
-        table = SeriesTable()
-        _write_jsonl(dest / METRICS, [table.encode(row) for row in stretched])
+    else:  # the series names once per file, as the sampler writes them
+        _write_jsonl(dest / METRICS, stretched, SeriesTable().encode)
     _write_jsonl(dest / "gpu.jsonl", stretch(_gpu_rows(source), layout))
     _write_jsonl(dest / "events.jsonl", build_events(events, layout, increase, total))
     build_plan(source, dest, layout)
