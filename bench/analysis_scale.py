@@ -14,12 +14,16 @@ over a soak stretched to an hour (`--soak-s`), about 100 requests/s at 360,000 r
 timeline is stretched with them, so the directory stays coherent: metrics.jsonl and gpu.jsonl repeat
 the soak's 1 Hz scrapes over the hour (cumulative counters keep rising by the soak's own increase per
 repetition), and the stages, drain readings and run end after the soak move by the same amount.
+Records and metrics are written as a run writes them (records.jsonl.gz and metrics.jsonl.gz, through the
+run's own writer, k3load.rundir.JsonlLog); `--plain` writes records.jsonl and metrics.jsonl instead, as
+runs before compact evidence did (chosen by itself for a reference commit that reads no compressed file).
 
 Each analysis runs in a fresh Python process (imports included, as `k3load analyze DIR` runs) that
 imports k3load from the tree under test only, so the two trees never mix.
 
     .venv/bin/python bench/analysis_scale.py [--records 360000 | --quick] [--source runs/demo]
         [--reference-commit REV [--overlay] | --no-reference] [--this-commit REV] [--keep DIR] [--profile]
+        [--plain]
 
 `--this-commit HEAD` measures the committed tree instead of the working tree (other work in progress in
 the checkout then changes nothing); `--overlay` makes the reference the measured tree with only the
