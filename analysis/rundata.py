@@ -158,10 +158,12 @@ class UnreadableRecords(ValueError):
     judged without guessing, so `k3load analyze` says which line, in one line, and exits 2."""
 
 
-def _read_records(path: Path) -> tuple[list[AnyAttempt], dict[str, list[Any]]]:
+def _read_records(path: Path, problems: list[str] | None = None) -> tuple[list[AnyAttempt], dict[str, list[Any]]]:
     """The lean attempts and the frame-only columns, one line at a time: each line decoded by
     `RecordDecoder` (only the fields the rules read), or, where it refuses one, read whole. A torn last
-    line (the writer was killed mid-write) is skipped; any other unreadable line is an error (as
+    line (the writer was killed mid-write) is skipped, and said in `problems` with its size (a file that is
+    not JSON lines at all is one such "line", which must not read as a run that recorded nothing); any
+    other unreadable line is an error (as
     `k3load.records.read_records` says it). Lines end at "\\n" only (see `_lines`).
 
     Why bytes (`evidence.blocks`): msgspec reads UTF-8 bytes as they are, so the inflated text is never
@@ -173,20 +175,23 @@ def _read_records(path: Path) -> tuple[list[AnyAttempt], dict[str, list[Any]]]:
     columns: dict[str, list[Any]] = {name: [] for name in FRAME_ONLY}
     decoder = RecordDecoder(shared, attempts, columns)
     take = decoder.take
-    number, rest = 0, b""
+    number, tail = 0, []  # tail: the line the next block goes on with, in pieces (a line may span blocks)
     for block in evidence.blocks(path, inflate_ahead=True):  # inflated beside the decoding
         pieces = block.split(b"\n")
-        if rest:
-            pieces[0] = rest + pieces[0]
-        rest = pieces.pop()  # the line the next block goes on with ("" after a "\n")
+        if len(pieces) == 1:  # no line ends in this block
+            tail.append(block)
+            continue
+        if tail:
+            pieces[0] = b"".join([*tail, pieces[0]])
+        tail = [pieces.pop()]
         for line in pieces:
             number += 1
             if not ((line.isascii() or _utf8(line)) and take(line)):
                 _read_whole(path, number, line, decoder, last=False)
-    if rest:  # the file does not end in "\n": its last line, maybe torn mid-write
+    if rest := b"".join(tail):  # the file does not end in "\n": its last line, maybe torn mid-write
         number += 1
         if not ((rest.isascii() or _utf8(rest)) and take(rest)):
-            _read_whole(path, number, rest, decoder, last=True)
+            _read_whole(path, number, rest, decoder, last=True, problems=problems)
     return attempts, columns
 
 
@@ -198,17 +203,25 @@ def _utf8(line: bytes) -> bool:
     return True
 
 
-def _read_whole(path: Path, number: int, line: bytes, decoder: RecordDecoder, last: bool) -> None:
+def _skipped(problems: list[str] | None, what: str) -> None:
+    if problems is not None:
+        problems.append(what)
+
+
+def _read_whole(path: Path, number: int, line: bytes, decoder: RecordDecoder, last: bool,
+                problems: list[str] | None = None) -> None:
     """A line `RecordDecoder` refused: skipped when blank or a torn last line, else read whole by
     `json.loads` and `lean_attempt`, which say what is wrong with it (`UnreadableRecords`). Bytes that are
     not UTF-8 are kept as lone surrogates, so the line, not the whole file, is refused and named."""
     text = line.decode("utf-8", errors="surrogateescape")
     if not text.strip():
         return
+    torn = f"{path.name}:{number}: the last line ({len(line):,} bytes, no line end) skipped as cut mid-write"
     try:
         text.encode()
     except UnicodeEncodeError as exc:
         if last:  # the last line, torn inside a character
+            _skipped(problems, torn)
             return
         raise UnreadableRecords(f"{path}:{number}: not an attempt record: not UTF-8 (at character "
                                 f"{exc.start})") from exc
@@ -216,7 +229,8 @@ def _read_whole(path: Path, number: int, line: bytes, decoder: RecordDecoder, la
         record = json.loads(text)
     except json.JSONDecodeError as exc:
         if last:  # the last line, torn mid-write (a whole last line that does not parse is an error, as any
-            return  # other line is: it ends in "\n", so it is not `last` here)
+            _skipped(problems, torn)  # other line is: it ends in "\n", so it is not `last` here)
+            return
         raise UnreadableRecords(f"{path}:{number}: not an attempt record: {exc}") from exc
     try:
         if not isinstance(record, dict):
@@ -314,7 +328,7 @@ def _load(path: Path) -> RunData:
     frame_only: dict[str, list[Any]] = {name: [] for name in FRAME_ONLY}
     records = evidence.records_file(path)
     if records.exists():
-        attempts, frame_only = _read_records(records)
+        attempts, frame_only = _read_records(records, problems)
     data.attempts = attempts
     data.records = _records_frame(attempts, frame_only)
     metrics = _jsonl(evidence.metrics_file(path), problems, Interner(), evidence.SeriesTable().decode)

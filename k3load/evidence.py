@@ -67,7 +67,7 @@ class Inflater:
     def __init__(self, errors: str = "strict") -> None:
         self._z = zlib.decompressobj(wbits=31)
         self._text = codecs.getincrementaldecoder("utf-8")(errors)
-        self.rest = ""
+        self._pending: list[str] = []  # the text after the last "\n", in pieces (joined once its end comes)
 
     def feed(self, data: bytes) -> list[str]:
         """The lines completed by `data`, each with its "\\n"; raises zlib.error on data that is not gzip."""
@@ -86,9 +86,21 @@ class Inflater:
 
     def split(self, inflated: bytes) -> list[str]:
         """The lines completed by the next inflated bytes, each with its "\\n"."""
-        text = self.rest + self._text.decode(inflated)
-        *whole, self.rest = text.split("\n")  # at "\n" only: U+2028 and the like are text in a JSON string
+        text = self._text.decode(inflated)
+        if "\n" not in text:  # a line longer than a block: kept in pieces, never copied block after block
+            if text:
+                self._pending.append(text)
+            return []
+        *whole, rest = text.split("\n")  # at "\n" only: U+2028 and the like are text in a JSON string
+        if self._pending:
+            whole[0] = "".join([*self._pending, whole[0]])
+        self._pending = [rest] if rest else []
         return [line + "\n" for line in whole]
+
+    @property
+    def rest(self) -> str:
+        """The text after the last "\\n" (a torn line, or the end of the file)."""
+        return "".join(self._pending)
 
 
 def lines(path: Path, errors: str = "strict", *, inflate_ahead: bool = False) -> Iterator[str]:
