@@ -206,6 +206,7 @@ class Message(StrEnum):
     RECORD = "k3_record"
     DONE = "k3_done"
     CPU = "k3_cpu"
+    REFUSED = "k3_refused"
 
 
 # The keys of each message's data (msgpack): None where the data is not a dict.
@@ -223,4 +224,7 @@ MESSAGE_FIELDS: dict[Message, frozenset[str] | None] = {
     Message.DONE: _f("run_id", "sent", "unsent", "spool"),
     # worker -> master (k3load.loadgen.cpu.CpuReporter): its CPU per wall second; written as load_generator_cpu.
     Message.CPU: _f("run_id", "cpu_pct", "ts", "host", "pid"),
+    # worker -> master (k3load.loadgen.listeners, at test_start): it does not hold the master's secrets for this
+    # target (why: one line, no value); the master stops the run, exit 2.
+    Message.REFUSED: _f("host", "pid", "why"),
 }

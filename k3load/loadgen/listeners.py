@@ -1,12 +1,15 @@
 """`register(events)`: wires the session into Locust's events (the only seam into Locust).
 
     init                      -> master/local: every input checked (a bad one: one line, exit 2, no load);
-                                 a HarnessSession on every process; message handlers; SIGTERM as Ctrl-C;
+                                 every role: the key and headers held out of Locust's options
+                                 (k3load.loadgen.held_secrets); a web UI or worker port open beyond loopback
+                                 said; a HarnessSession on every process; message handlers; SIGTERM as Ctrl-C;
                                  under a web UI the k3load tab and GET /k3load/state (k3load.loadgen.webui)
     init_command_line_parser  -> the --k3-* options
-    test_start                -> inputs loaded everywhere; the master/local runner opens the run dir (a new
-                                 one per test the web UI starts); no plan shape: the first stage manual-1;
-                                 a worker's CPU reporter starts (k3load.loadgen.cpu)
+    test_start                -> a worker without the master's secrets refuses (`k3_refused`: the master stops
+                                 the run, exit 2); inputs loaded everywhere; the master/local runner opens the
+                                 run dir (a new one per test the web UI starts); no plan shape: the first stage
+                                 manual-1; a worker's CPU reporter starts (k3load.loadgen.cpu)
     test_stop                 -> a worker's users have stopped: `k3_done` with its count of records sent
                                  (k3load.loadgen.worker); under the web UI the master/local runner judges the
                                  run (in the background)
@@ -18,16 +21,19 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
 import gevent
+from locust.exception import RPCError, RPCSendError
 
 from k3load.analysis.analyze import Judgment, analyze
 from k3load.analysis.cli import summary_line
 from k3load.events import Event, Message
 from k3load.evidence import records_file
-from k3load.loadgen import delivery, sigterm, webui
+from k3load.loadgen import delivery, held_secrets, sigterm, ui_guard, webui
 from k3load.loadgen.inputs import HARNESS_ERROR_EXIT, check_inputs
 from k3load.loadgen.options import add_options
 from k3load.loadgen.session import HarnessSession
@@ -43,6 +49,12 @@ def _on_init(environment: Any, **_kwargs: Any) -> None:
     session = HarnessSession(environment)
     if session.role in ("local", "master"):
         _check_inputs(environment.parsed_options, session)
+    if environment.parsed_options is not None:  # the key and headers leave the options Locust relays and shows
+        held_secrets.hold(environment.parsed_options, environment.host)
+        if session.role != "worker":
+            for warning in ui_guard.exposure_warnings(environment.parsed_options, environment.web_ui is not None,
+                                                      session.role == "master"):
+                log.warning("k3load: %s", warning)
     environment.k3_session = session
     if getattr(environment.parsed_options, "k3_manual", False):
         environment.shape_class = None  # the web UI's user count (or -u) drives the users: stages manual-N
@@ -56,6 +68,7 @@ def _on_init(environment: Any, **_kwargs: Any) -> None:
         return
     if session.role == "master":
         delivery.register(runner, session)  # k3_join, k3_record, k3_done, k3_cpu
+        runner.register_message(Message.REFUSED, lambda msg, **_kw: _worker_refused(environment, msg.data))
     elif session.role == "worker":
         runner.register_message(Message.RUN, lambda msg, **_kw: session.join_run(msg.data))
         runner.register_message(Message.STAGE, lambda msg, **_kw: session.set_stage_by_name(msg.data["name"],
@@ -80,6 +93,8 @@ def _check_inputs(opts: Any, session: HarnessSession) -> None:
 
 def _on_test_start(environment: Any, **_kwargs: Any) -> None:
     session = environment.k3_session
+    if session.role == "worker":
+        _check_worker_secrets(environment, session)
     if session.fatal:
         return
     try:
@@ -92,6 +107,30 @@ def _on_test_start(environment: Any, **_kwargs: Any) -> None:
     if session.role != "worker" and session.manual.active and not session.manual.stages:
         opts = environment.parsed_options
         session.enter_manual_stage(opts.num_users or 0, opts.spawn_rate or 1.0)
+
+
+def _check_worker_secrets(environment: Any, session: HarnessSession) -> None:
+    """A worker sends nothing for a run whose secrets it does not hold itself (k3load.loadgen.held_secrets):
+    one line here, and the master stops the run."""
+    token = getattr(environment.parsed_options, "k3_secrets_check", "") or ""
+    why = held_secrets.worker_problem(token, held_secrets.held(environment.parsed_options), environment.host)
+    if why is None:
+        return
+    session.fail(f"worker refuses the run: {why}")
+    try:
+        environment.runner.send_message(Message.REFUSED, {"host": socket.gethostname(), "pid": os.getpid(),
+                                                          "why": why})
+    except (RPCError, RPCSendError) as exc:
+        log.error("k3load: worker could not tell the master it refuses: %s", exc)
+
+
+def _worker_refused(environment: Any, data: dict[str, Any]) -> None:
+    """Master: a worker refused the run; the run stops (exit 2, no verdict), its reason said once."""
+    session = environment.k3_session
+    session.fail(f"worker {data.get('host')}:{data.get('pid')} refused the run: {data.get('why')}")
+    runner = environment.runner
+    if environment.shape_class is None or getattr(environment.parsed_options, "headless", False):
+        gevent.spawn(runner.quit if getattr(environment.parsed_options, "headless", False) else runner.stop)
 
 
 def _on_test_stop(environment: Any, **_kwargs: Any) -> None:

@@ -14,10 +14,17 @@ from typing import Any
 from k3load.client.access import Secrets, Tls, parse_header
 from k3load.client.body import MAX_BODY_BYTES
 from k3load.client.sse import MAX_LINE_BYTES
+from k3load.loadgen import held_secrets
 from k3load.rundir import redact_in_files, scrub
 from k3load.sampler.fetch import redact_url
 
 TRANSPORTS = ("geventhttpclient", "httpx")
+# The k3load options a web UI visitor may set when starting a test (Locust's own form fields aside): none of
+# them runs a command, names a file, a URL or a secret, or changes what the verdict means. Every other --k3-*
+# option is fixed at start: hidden from the page and refused in a start request (k3load.loadgen.ui_guard).
+LIVE_OPTIONS = frozenset({"k3_plan", "k3_seed", "k3_model", "k3_transport", "k3_sample_interval",
+                          "k3_max_body_bytes", "k3_max_line_bytes"})
+SAFE_WEB_HOST = "127.0.0.1"  # Locust binds its web UI to every interface by default, with no login
 
 
 def positive_bytes(text: str) -> int:
@@ -84,6 +91,11 @@ def add_options(parser: Any) -> None:
                        "message did not arrive; off: Locust messages only. Read from the worker's own command line "
                        "or environment")
     _observation_options(group)
+    group.add_argument("--k3-secrets-check", default="", include_in_web_ui=False, help=argparse.SUPPRESS)
+    for action in parser._actions:  # every option not declared live is fixed at start (k3load.loadgen.ui_guard)
+        if action.dest.startswith("k3_") and action.dest not in LIVE_OPTIONS:
+            action.include_in_web_ui = False
+    parser.set_defaults(web_host=SAFE_WEB_HOST)  # the web UI on loopback unless --web-host says otherwise
 
 
 def _access_options(group: Any) -> None:
@@ -181,7 +193,9 @@ def run_access(parsed: Any) -> tuple[Secrets, Tls]:
     """The key, the gateway headers and the TLS trust of this run, from the options; from here on this
     process's file writers (k3load.rundir) and log handlers redact those secrets, whatever a server
     echoes. Idempotent: called wherever a client is built."""
-    secrets = Secrets.parse(getattr(parsed, "k3_api_key", "") or None, getattr(parsed, "k3_header", None) or [])
+    kept = held_secrets.held(parsed)  # at `init` the secrets left the options (k3load.loadgen.held_secrets)
+    secrets = Secrets.parse(getattr(parsed, "k3_api_key", "") or kept.api_key or None,
+                            getattr(parsed, "k3_header", None) or list(kept.headers))
     tls = Tls(getattr(parsed, "k3_ca_bundle", "") or None, bool(getattr(parsed, "k3_insecure", False)))
     if secrets:
         redact_in_files(secrets)

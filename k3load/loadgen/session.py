@@ -30,7 +30,7 @@ from k3load.client.access import gevent_patched, tls_hint
 from k3load.clock import now
 from k3load.events import Event, Message
 from k3load.evidence import RECORDS
-from k3load.loadgen import delivery, observe
+from k3load.loadgen import delivery, held_secrets, observe
 from k3load.loadgen.drain import StageDrain
 from k3load.loadgen.inputs import harness_error_line, load_inputs
 from k3load.loadgen.manual import LiveCounts, ManualStages
@@ -138,6 +138,10 @@ class HarnessSession:
         started again from the web UI is a new run: the last one's judging is waited for, then it is
         set aside like any earlier run found in the directory."""
         opts = self.env.parsed_options
+        bound = held_secrets.held(opts).origin
+        if bound and held_secrets.origin(self.env.host) != bound:  # the web UI refuses it first (ui_guard)
+            raise RuntimeError(f"the target is now {held_secrets.origin(self.env.host) or 'none'}, and k3load was "
+                               f"started for {bound}: the key goes only there; restart k3load with --host")
         if self.finisher is not None:
             self.finisher.join()
         self._new_run_state()

@@ -57,6 +57,9 @@ class K3User(User):
     def play(self) -> None:
         """One turn per task, so a stage change or the end of the run stops a user between turns."""
         session = self.environment.k3_session
+        if session.fatal:  # a worker refusing the run, a master stopping it: not one more request
+            gevent.sleep(IDLE_PAUSE_S)
+            return
         playable = session.playable(self.family)
         if self.current is not None and self.current.scenario.name not in {s.name for s in playable}:
             self.current = None  # the stage changed what this family plays (the control pairs end with it)

@@ -16,21 +16,29 @@
       GET /k3load/run/NAME    the current run's report.html, report.md, verdict.json, records.jsonl.gz,
                               alerts.yaml, dashboard.json, validation_summary.json
       "Download Data" tab     links to the live page and the run's report (`extended_csv_files`)
-      POST /swarm             while a run without a plan shape is running: a new stage `manual-N`
+      POST /swarm             while a run without a plan shape is running: a new stage `manual-N`; a start
+                              request that sets anything fixed at start (a command, a URL, a path, a secret,
+                              Locust's own outputs) or another target's origin is refused (k3load.loadgen.ui_guard)
+      POST /user              the class picker's settings: only tasks, weight and fixed count
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from pathlib import Path
 from typing import Any
 
-from flask import Response, abort, request, send_file
+from flask import Response, abort, jsonify, request, send_file
 from locust.runners import STATE_RUNNING, STATE_SPAWNING
 
+from k3load.loadgen import held_secrets, ui_guard
 from k3load.loadgen.live import LINKS, LiveState
 from k3load.loadgen.webui_page import PAGE, TAB_JS
 
 TAB = "k3load"
+PLANS_DIR = Path(__file__).resolve().parents[2] / "plans"
+log = logging.getLogger("k3load")
 
 
 def register(environment: Any, live: LiveState | None = None) -> LiveState:
@@ -70,6 +78,23 @@ def register(environment: Any, live: LiveState | None = None) -> LiveState:
         # gzip, and a browser would save the unpacked lines under the .gz name
         return send_file(session.run_dir / name, max_age=0,
                          mimetype="application/gzip" if name.endswith(".gz") else None)
+
+    @app.before_request
+    def k3load_guard() -> Response | tuple[Response, int] | None:
+        """First of all hooks: a start request or user settings that would change what is fixed at start."""
+        if request.method != "POST" or request.path not in ("/swarm", "/user"):
+            return None
+        bound = held_secrets.held(environment.parsed_options).origin or environment.host
+        if request.path == "/swarm":
+            why = ui_guard.refusal(request.form, bound, PLANS_DIR)
+        else:
+            why = ui_guard.user_settings_refusal(request.get_json(force=True, silent=True), bound)
+        if why is None:
+            return None
+        log.error("k3load: web UI: refused a request from %s: %s", request.remote_addr, why)
+        if request.path == "/user":
+            return jsonify({"success": False, "message": why}), 403
+        return jsonify({"success": False, "message": f"k3load refused: {why}", "host": environment.host})
 
     @app.before_request
     def k3load_manual_stage() -> None:

@@ -1,0 +1,97 @@
+"""What a web UI visitor may change: users, rates, the run time, the classes and a shipped plan. Nothing else.
+
+    refusal(form, start_host, plans_dir)   for POST /swarm: None, or the one-line reason it is refused
+    user_settings_refusal(settings, ...)   for POST /user (the class picker's per-class settings)
+    exposure_warnings(parsed, web_ui)      at start: what listens beyond loopback for anyone who reaches it
+
+Why an allow-list: Locust's `POST /swarm` sets *any* parsed option named in its form (locust/web.py: `case _ if
+key in parsed_options_dict`), its own included (`--html`, `--csv`, `--logfile` choose where it writes), and
+k3load re-reads its options at every test start: `--k3-server-log-cmd` and `--k3-restart-cmd` run in a shell,
+`--host` and the metrics URLs choose where keyed traffic goes, `--k3-out` where the run is written. Locust's
+web UI has no login unless `--web-login`. So a start request may carry only Locust's own swarm fields and the
+options declared live (k3load.loadgen.options.LIVE_OPTIONS); a host only of the origin given at start (the key
+is bound to it); a plan only by the name of one under plans/. Values are never repeated in a refusal.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from k3load.loadgen.held_secrets import origin
+from k3load.loadgen.options import LIVE_OPTIONS
+
+# Locust 2.47's own swarm form fields (webui: userCount, spawnRate, runTime, profile, userClasses, shapeClass,
+# sent snake_cased); `host` is checked apart
+SWARM_FIELDS = frozenset({"user_count", "spawn_rate", "run_time", "profile", "user_classes", "shape_class"})
+USER_SETTINGS = frozenset({"user_class_name", "tasks", "weight", "fixed_count"})
+PLAN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+WHY_FIXED = {  # the options a refusal most often meets, said in words; any other: "fixed at start"
+    "k3_server_log_cmd": "it runs a command", "k3_restart_cmd": "it runs a command",
+    "k3_out": "it chooses where files are written", "k3_metrics_url": "it chooses where the harness connects",
+    "k3_gpu_metrics_url": "it chooses where the harness connects",
+    "k3_prometheus_url": "it chooses where the harness connects", "k3_api_key": "it is a secret",
+    "k3_header": "it is a secret",
+}
+
+
+def refusal(form: Mapping[str, Any], start_host: str | None, plans_dir: Path) -> str | None:
+    """Why this /swarm form is refused, or None. `form`: its field names to values (the first of each)."""
+    fixed = sorted(name for name in form if name not in SWARM_FIELDS | LIVE_OPTIONS | {"host"})
+    if fixed:
+        name = fixed[0]
+        why = WHY_FIXED.get(name, "it is fixed when k3load starts")
+        more = f" (and {len(fixed) - 1} more)" if len(fixed) > 1 else ""
+        return f"the start request sets {name}{more}: {why}; restart k3load with the option instead"
+    host = form.get("host")
+    if host and origin(str(host)) != origin(start_host):
+        return (f"the start request names another target ({origin(str(host)) or 'not a URL'}) than the one given at "
+                f"start ({origin(start_host) or 'none'}): the key is bound to that one; restart k3load with --host")
+    plan = form.get("k3_plan")
+    if plan and not (PLAN_NAME.fullmatch(str(plan)) and (plans_dir / f"{plan}.yaml").is_file()):
+        return "the start request names a plan that is not one shipped under plans/ (a file is chosen at start)"
+    return None
+
+
+def user_settings_refusal(settings: Any, start_host: str | None) -> str | None:
+    """POST /user sets any attribute of a user class (locust/env.py update_user_class): only these."""
+    if not isinstance(settings, dict):
+        return "the user settings are not an object"
+    other = sorted(str(k) for k in settings if k not in USER_SETTINGS | {"host"})
+    if other:
+        return f"the user settings set {other[0]}: only {', '.join(sorted(USER_SETTINGS))} may change"
+    host = settings.get("host")
+    if host and origin(str(host)) != origin(start_host):
+        return "the user settings name another target than the one given at start: the key is bound to that one"
+    return None
+
+
+def is_loopback(host: str | None) -> bool:
+    """A bind address that only this machine reaches ("" and "*" are every interface)."""
+    if not host or host == "*":
+        return False
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it resolves to who knows which interface
+
+
+def exposure_warnings(parsed: Any, has_web_ui: bool, is_master: bool) -> Iterable[str]:
+    """Said once at start (k3load.loadgen.listeners): a web UI or worker port reachable beyond this machine."""
+    web_host = getattr(parsed, "web_host", "")
+    if has_web_ui and not is_loopback(web_host) and not getattr(parsed, "web_login", False):
+        yield (f"the web UI listens on {web_host or 'every interface'} without --web-login: anyone who reaches it can "
+               "start and stop load against the target (never change where it goes, run a command or read the "
+               "key); keep --web-host 127.0.0.1 and reach it through an SSH tunnel (docs/webui.md)")
+    bind = getattr(parsed, "master_bind_host", "")
+    if is_master and not is_loopback(bind):
+        yield (f"the workers' port {getattr(parsed, 'master_bind_port', 5557)} listens on "
+               f"{'every interface' if bind in ('', '*') else bind}: anyone who reaches it can join as a worker and "
+               "read the plan and the target (never the key: workers read it from their own environment); bind it "
+               "with --master-bind-host to an address only the workers reach")
