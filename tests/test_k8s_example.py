@@ -168,6 +168,10 @@ def test_the_secret_holds_the_target_and_no_secret_is_on_a_command_line():
             assert ref["key"] in secret["stringData"], ref
     master_env = {e["name"]: env_options[e["name"]] for e in _container(_one("Job"))["env"]}
     assert sorted(master_env.values()) == ["host", "k3_api_key"]
+    # the master never relays the key (k3load.loadgen.held_secrets): each worker reads it from the same Secret
+    refs = {w: {e["name"]: e["valueFrom"]["secretKeyRef"] for e in _container(_one(w))["env"]}
+            for w in ("Job", "Deployment")}
+    assert refs["Deployment"]["K3_API_KEY"] == refs["Job"]["K3_API_KEY"]
 
 
 def test_the_results_volume_holds_the_run_directory_and_the_plan_is_where_both_read_it():
