@@ -66,6 +66,7 @@ class Event(StrEnum):
     GPU_UNAVAILABLE = "gpu_unavailable"
     GPU_SOURCE_DOWN = "gpu_source_down"
     GPU_SOURCE_UP = "gpu_source_up"
+    REDIRECT = "redirect"
     LOG_OOM = "log_oom"
     LOG_NCCL = "log_nccl"
     LOG_CUDA_ERROR = "log_cuda_error"
@@ -174,6 +175,12 @@ FIELDS: dict[Event, frozenset[str]] = {
     Event.GPU_SOURCE_DOWN: _f("source", "reason"),
     # ... and answers again.
     Event.GPU_SOURCE_UP: _f("source"),
+    # k3load.sampler.loop: a GET of the sampler (/metrics, /health, dcgm, Prometheus; source: its URL without
+    # credentials or query) was redirected to another origin or refused (k3load.sampler.fetch.Redirect):
+    # action "credentials_dropped" (followed without the key and gateway headers), "followed" (none were
+    # sent), "refused_downgrade" (https -> http), "refused_scheme" (not http(s)) or "not_followed" (a 3xx
+    # urllib does not follow). Said once per source, to_origin (scheme://host:port) and action.
+    Event.REDIRECT: _f("source", "to_origin", "http_status", "action"),
     # k3load.sampler.logtail: flagged server log lines (first matching flag wins; at most 100 per kind).
     Event.LOG_OOM: _LOG_LINE,  # CUDA out of memory: a crash cause for the resources pillar
     Event.LOG_NCCL: _LOG_LINE,  # NCCL warnings/errors, collective timeouts

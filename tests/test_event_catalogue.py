@@ -204,6 +204,7 @@ def test_each_sampler_part_writes_only_declared_fields(tmp_path):
     _wait_for(tmp_path / "events.jsonl", Event.LOG_TAIL_ERROR)
     broken.stop()
     sampler._loop_error("metrics", RuntimeError("boom"))  # sampler_error, as a failing tick reports it
+    sampler._redirected("http://x/metrics", "http://y:80", 302, "credentials_dropped")  # redirect, as _fetch says it
     sampler.stop()  # sampler_stop
     lines = (tmp_path / "events.jsonl").read_text().splitlines()
     assert undeclared(lines) == []

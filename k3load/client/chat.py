@@ -60,6 +60,7 @@ from k3load.client.body import (
     parse_retry_after,
     read_capped,
 )
+from k3load.client.origin import redirect_note
 from k3load.client.result import StreamResult
 from k3load.client.sse import DONE, MAX_LINE_BYTES, SSEDecoder, SSEError
 from k3load.client.transport import TRANSPORTS, BodyCut, ResponseStream, Transport, TransportError, TransportTimeout
@@ -338,7 +339,9 @@ class _Exchange:
         text = self._body_text(data)
         self.result.error_body = text
         after = f" (Retry-After {wait:g} s)" if wait is not None else ""
-        self.result.error = one_line(f"HTTP {resp.status}: {_error_detail(data, text)}{after}", self.secrets)
+        note = redirect_note(resp.status, resp.headers.get("location"))  # a 3xx: never followed, named
+        detail = f"{note}; {_error_detail(data, text)}" if note else _error_detail(data, text)
+        self.result.error = one_line(f"HTTP {resp.status}: {detail}{after}", self.secrets)
 
     def _body_text(self, data: bytes) -> str:
         text = data.decode("utf-8", "backslashreplace")  # bytes that are not UTF-8 kept, as \xNN

@@ -18,10 +18,12 @@ other streams reads the head late, and by then the first tokens have often arriv
 unstamped, they were timed when the worker got to them (16 streams of 16-token answers: p99 1.2-2.3 ms
 late, bench/peers.py). The head's stamp is kept only when that one read held the whole head.
 
-Rules kept here: one pool per transport, built once; one TLS context per process and kind
-(building one costs 23-33 ms of CPU); every response read to its end or closed (a response left
-half-read keeps its pool slot in geventhttpclient). Failures are raised as TransportError and its
-subclasses, with messages that name what happened and never the request headers.
+Rules kept here: a redirect is never followed (the key and the gateway headers would go with it; the
+chat client names where it pointed, k3load.client.origin.redirect_note); one pool per transport, built
+once; one TLS context per process and kind (building one costs 23-33 ms of CPU); every response read to
+its end or closed (a response left half-read keeps its pool slot in geventhttpclient). Failures are
+raised as TransportError and its subclasses, with messages that name what happened and never the
+request headers.
 """
 
 from __future__ import annotations
@@ -351,7 +353,7 @@ class HttpxTransport:
         # httpx builds a context for every Client even for http:// URLs (23-33 ms each): always share one
         verify = ssl_context or shared_ssl_context(self.cooperative, tls)
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._client = httpx.Client(base_url=base_url, limits=limits, verify=verify,
+        self._client = httpx.Client(base_url=base_url, limits=limits, verify=verify, follow_redirects=False,
                                     timeout=httpx.Timeout(None, connect=connect_timeout_s))
 
     def open(self, path: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> _HttpxResponse:
@@ -363,7 +365,7 @@ class HttpxTransport:
                                 connect=min(self._connect_timeout_s, timeout_s))
         request = self._client.build_request("POST", path, content=body, headers=headers, timeout=timeout)
         try:
-            return _HttpxResponse(self._client.send(request, stream=True))
+            return _HttpxResponse(self._client.send(request, stream=True, follow_redirects=False))
         except httpx.ConnectTimeout as exc:
             raise TransportError(f"connect timed out: {_describe(exc)}") from None
         except httpx.TimeoutException as exc:

@@ -5,6 +5,11 @@ at INFO (Locust configures INFO), and the sampler needs nothing but a GET with a
 sockets are gevent-patched inside Locust like any other, so a slow server never blocks the load.
 Why a reason string: `server_down` events and `"ok": false` lines say *why* (refused, timeout,
 HTTP 503) so an operator can tell a crash from a hung engine from a gateway error.
+Redirects (k3load.client.origin): followed within the origin with every header; to another origin
+without the key and the gateway headers (only Accept and User-Agent go on, as curl drops Authorization);
+an https -> http hop or one to anything but http(s) is refused and named in the reason. Each hop to
+another origin, each refusal and each 3xx not followed is in `Fetched.redirects`, for the sampler's
+`redirect` event.
 """
 
 from __future__ import annotations
@@ -18,24 +23,76 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from k3load.client.access import Secrets
+from k3load.client.origin import BAD_SCHEME, DOWNGRADE, OTHER_ORIGIN, origin, redirect_kind
+from k3load.client.origin import same_origin as same_origin  # re-exported: its callers import it from here
 
 MAX_BODY_BYTES = 64 * 2**20  # a vLLM /metrics body is ~60 KB; dcgm-exporter ~100 KB per node
 ERROR_BODY_BYTES = 2048
+SAFE_HEADERS = frozenset({"accept", "user-agent"})  # all that goes on to another origin
+# Redirect.action
+CREDENTIALS_DROPPED = "credentials_dropped"  # followed to another origin without the key and gateway headers
+FOLLOWED = "followed"  # followed to another origin; there were no credentials to drop
+REFUSED_DOWNGRADE = "refused_downgrade"  # https -> http: not followed
+REFUSED_SCHEME = "refused_scheme"  # not http(s): not followed
+NOT_FOLLOWED = "not_followed"  # a 3xx urllib does not follow (no Location, a loop, 300, 304, ...)
+
+
+@dataclass(frozen=True)
+class Redirect:
+    """One hop worth saying: to another origin, refused, or not followed. `to_origin` has no userinfo."""
+
+    from_url: str
+    to_origin: str
+    http_status: int
+    action: str
 
 
 @dataclass(frozen=True)
 class Fetched:
     """What one GET gave: `ok` means HTTP 2xx and a body read in full; on an HTTP error, `body` holds the
-    first bytes of the error page."""
+    first bytes of the error page. `redirects`: the hops worth saying (see the module docstring)."""
 
     ok: bool
     status: int | None
     body: str
     error: str | None
     elapsed_ms: float
+    redirects: tuple[Redirect, ...] = ()
+
+
+class RedirectRefused(Exception):
+    """An https -> http hop, or one to anything but http(s): never followed."""
+
+    def __init__(self, hop: Redirect, message: str) -> None:
+        super().__init__(message)
+        self.hop = hop
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """urllib's redirect handling with curl's rule for credentials, and the hops kept for the caller."""
+
+    def __init__(self) -> None:
+        self.hops: list[Redirect] = []
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> urllib.request.Request | None:
+        kind, where = redirect_kind(req.full_url, newurl), origin(newurl)
+        if kind in (DOWNGRADE, BAD_SCHEME):
+            fp.close()
+            refused = REFUSED_DOWNGRADE if kind == DOWNGRADE else REFUSED_SCHEME
+            why = "https to http downgrade" if kind == DOWNGRADE else "not an http(s) URL"
+            raise RedirectRefused(Redirect(req.full_url, where, code, refused), f"redirect to {where} refused: {why}")
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and kind == OTHER_ORIGIN:
+            dropped = [name for name in new.headers if name.lower() not in SAFE_HEADERS]
+            for name in dropped:
+                new.remove_header(name)
+            self.hops.append(Redirect(req.full_url, where, code, CREDENTIALS_DROPPED if dropped else FOLLOWED))
+        return new
 
 
 def fetch(url: str, timeout_s: float, api_key: str | None = None, max_bytes: int = MAX_BODY_BYTES, *,
@@ -54,24 +111,47 @@ def fetch(url: str, timeout_s: float, api_key: str | None = None, max_bytes: int
 def _get(request: urllib.request.Request, timeout_s: float, max_bytes: int, context: ssl.SSLContext | None) -> Fetched:
     start = time.perf_counter()
     status: int | None = None
+    redirects = _Redirects()
+    handlers: list[urllib.request.BaseHandler] = [redirects]
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
+        with urllib.request.build_opener(*handlers).open(request, timeout=timeout_s) as response:
             status = response.status
             raw = response.read(max_bytes + 1)
         if len(raw) > max_bytes:
-            return _failed(status, f"body over {max_bytes} bytes", start)
-        return Fetched(True, status, raw.decode("utf-8", errors="replace"), None, _ms(start))
+            got = _failed(status, f"body over {max_bytes} bytes", start)
+        else:
+            got = Fetched(True, status, raw.decode("utf-8", errors="replace"), None, _ms(start))
+    except RedirectRefused as exc:
+        redirects.hops.append(exc.hop)
+        got = _failed(exc.hop.http_status, str(exc), start)
     except urllib.error.HTTPError as exc:  # the start of the body kept: a Prometheus error says why in JSON
-        return Fetched(False, exc.code, _error_body(exc), f"HTTP {exc.code}", _ms(start))
+        got = Fetched(False, exc.code, _error_body(exc), _http_error(exc, redirects.hops), _ms(start))
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:  # no status line, cut body
-        return _failed(status, reason(exc, timeout_s), start)
+        got = _failed(status, reason(exc, timeout_s), start)
+    return replace(got, redirects=tuple(redirects.hops)) if redirects.hops else got
+
+
+def _http_error(exc: urllib.error.HTTPError, hops: list[Redirect]) -> str:
+    """'HTTP 503'; a 3xx urllib did not follow (no Location, a loop, a scheme urllib refuses itself) names
+    where it pointed and is kept as a hop."""
+    if not 300 <= exc.code < 400:
+        return f"HTTP {exc.code}"
+    location = exc.headers.get("Location") if exc.headers is not None else None
+    try:
+        where = origin(urllib.parse.urljoin(exc.url, location)) if location else None
+    except ValueError:
+        where = "(unparsable URL)"
+    hops.append(Redirect(exc.url, where or "(no Location)", exc.code, NOT_FOLLOWED))
+    return f"HTTP {exc.code}: redirect to {where} not followed" if where else f"HTTP {exc.code}: redirect not followed"
 
 
 def _redacted(got: Fetched, secrets: list[str]) -> Fetched:
     """Every value sent replaced in the body and the reason (a 401 page may repeat the header)."""
     redact = Secrets(None, tuple(("x", v) for v in secrets if v)).redact
     body, error = redact(got.body), redact(got.error) if got.error else got.error
-    return got if (body, error) == (got.body, got.error) else Fetched(got.ok, got.status, body, error, got.elapsed_ms)
+    return got if (body, error) == (got.body, got.error) else replace(got, body=body, error=error)
 
 
 def reason(exc: BaseException, timeout_s: float) -> str:
@@ -119,19 +199,3 @@ def _failed(status: int | None, error: str, start: float) -> Fetched:
 
 def _ms(start: float) -> float:
     return round((time.perf_counter() - start) * 1000, 3)
-
-
-def same_origin(url: str, other: str | None) -> bool:
-    """Same scheme, host and port: where the target's API key may travel (its own /metrics, /health), and
-    nowhere else (a gateway's other replicas, a dcgm-exporter, Prometheus)."""
-    if not other:
-        return False
-    a, b = urllib.parse.urlsplit(url), urllib.parse.urlsplit(other)
-    return (a.scheme, a.hostname, _port(a)) == (b.scheme, b.hostname, _port(b))
-
-
-def _port(parts: urllib.parse.SplitResult) -> int | None:
-    try:
-        return parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-    except ValueError:
-        return None

@@ -23,7 +23,7 @@ from k3load.client.access import Tls, gevent_patched
 from k3load.events import Event
 from k3load.evidence import METRICS, SeriesTable
 from k3load.rundir import JsonlLog
-from k3load.sampler.fetch import fetch, health_url_for, redact_url, same_origin
+from k3load.sampler.fetch import Fetched, fetch, health_url_for, redact_url, same_origin
 from k3load.sampler.gpu_poll import DcgmPoller, NvmlPoller
 from k3load.sampler.health import HealthWatch
 from k3load.sampler.logtail import LogTail
@@ -126,6 +126,8 @@ class Sampler:
         self._stop = threading.Event()
         self._loops: list[Periodic] = []
         self._errors: dict[str, int] = {}
+        self._redirects_said: set[tuple[str, str, str]] = set()
+        self._redirects_lock = threading.Lock()
         self.gpu_rows = 0
         self.started = False
 
@@ -175,12 +177,27 @@ class Sampler:
         self.stop()
 
     # -- pieces ----------------------------------------------------------------------------------------
-    def _fetch(self, url: str, with_key: bool) -> Any:
-        """One GET; the key only when asked for and only to the target's own scheme, host and port."""
+    def _fetch(self, url: str, with_key: bool) -> Fetched:
+        """One GET; the key only when asked for and only to the target's own scheme, host and port (a
+        redirect elsewhere goes without it: k3load.sampler.fetch), each redirect said once."""
         target = with_key and same_origin(url, self.health_url or self.metrics_url)
         context = self._tls.context(gevent_patched()) if self._tls is not None and url.startswith("https:") else None
-        return fetch(url, self.timeout_s, self._api_key if target else None, headers=self._headers if target else None,
-                     context=context)
+        got = fetch(url, self.timeout_s, self._api_key if target else None, headers=self._headers if target else None,
+                    context=context)
+        for hop in got.redirects:
+            self._redirected(url, hop.to_origin, hop.http_status, hop.action)
+        return got
+
+    def _redirected(self, url: str, to_origin: str, status: int, action: str) -> None:
+        """One `redirect` event per source (its URL without credentials or query), origin and action."""
+        source = redact_url(url).split("?", 1)[0]
+        key = (source, to_origin, action)
+        with self._redirects_lock:  # the loops are threads outside Locust: one check-and-add at a time
+            if key in self._redirects_said:
+                return
+            self._redirects_said.add(key)
+        self.event(Event.REDIRECT, self.clock(), source=source, to_origin=to_origin, http_status=status,
+                   action=action)
 
     def _start_gpu(self) -> None:
         self._nvml = NvmlPoller(self.nvml, self.gpu, self.event, self.clock) if self.nvml is not None else None

@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from k3load.client.origin import redirect_note
 from k3load.rundir import write_json_atomic
 from k3load.workload.scenario import Scenario
 from k3load.workload.stored_requests import build_request
@@ -59,12 +60,13 @@ def http_tokenizer(client_factory: Callable[[], httpx.Client], host: str, model:
         if body.get("tools"):
             payload["tools"] = body["tools"]
         try:
-            with client_factory() as client:
-                resp = client.post(url, json=payload)
+            with client_factory() as client:  # never follows a redirect: the key would go with it
+                resp = client.post(url, json=payload, follow_redirects=False)
         except httpx.HTTPError as exc:
             raise TokenizerUnavailable(f"POST /tokenize failed: {type(exc).__name__}") from None
         if resp.status_code != 200:
-            raise TokenizerUnavailable(f"POST /tokenize answered HTTP {resp.status_code}")
+            note = redirect_note(resp.status_code, resp.headers.get("location"), url)
+            raise TokenizerUnavailable(f"POST /tokenize answered HTTP {resp.status_code}" + (note and f": {note}"))
         try:
             tokens = resp.json()["tokens"]
         except (ValueError, KeyError, TypeError):
