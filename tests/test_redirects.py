@@ -9,6 +9,7 @@ within A's origin keep them; an https -> http hop is refused; the sampler says e
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import io
 import json
@@ -45,8 +46,10 @@ from k3load.client.origin import (
 )
 from k3load.client.transport import TRANSPORTS
 from k3load.events import Event
-from k3load.precheck import run_precheck
+from k3load.precheck import PrecheckError, run_precheck
+from k3load.precheck import cli as precheck_cli
 from k3load.sampler import Sampler
+from k3load.sampler import cli as sample_cli
 from k3load.sampler.fetch import (
     CREDENTIALS_DROPPED,
     FOLLOWED,
@@ -435,3 +438,48 @@ def test_plain_http_warning_only_for_secrets_to_a_host_off_loopback(url: str, se
     if line is not None:
         assert "\n" not in line and origin(url) in line and "https://" in line
     assert is_loopback("127.255.0.1") and not is_loopback("128.0.0.1") and not is_loopback(None)
+
+
+# -- the plain-HTTP warning of the standalone commands -----------------------------------------------------
+class _IdleSampler:
+    """Stands in for the Sampler: the warning is said before it starts, from the URLs it was given."""
+
+    def __init__(self, out: Path, metrics_url: list[str], **kwargs: Any) -> None:
+        self.metrics_url, self.health_url = metrics_url[0], kwargs.get("health_url")
+
+    def start(self) -> _IdleSampler:
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        return {}
+
+
+def _parsed(add_arguments: Callable[[Any], None], argv: list[str]) -> Any:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize(("url", "key", "warned"), [("http://10.0.0.5:8000", KEY, True),
+                                                    ("http://127.0.0.1:8000", KEY, False),
+                                                    ("http://10.0.0.5:8000", None, False)])
+def test_sample_and_precheck_warn_once_about_a_key_over_plain_http(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str], url: str,
+                                                                   key: str | None, warned: bool) -> None:
+    if key:
+        monkeypatch.setenv("K3_API_KEY", key)
+    else:
+        monkeypatch.delenv("K3_API_KEY", raising=False)
+    monkeypatch.setattr(sample_cli, "Sampler", _IdleSampler)
+    sample_cli.run(_parsed(sample_cli.add_arguments, ["--metrics-url", f"{url}/metrics", "--duration", "0.01",
+                                                      "--out", str(tmp_path / "s")]))
+
+    def gathered(*_args: Any, **_kwargs: Any) -> dict[str, Any]:
+        raise PrecheckError("not gathered here")
+
+    monkeypatch.setattr(precheck_cli, "run_precheck", gathered)
+    precheck_cli.run(_parsed(precheck_cli.add_arguments, ["--recipe", str(ROOT / "recipes" / "local-dev.yaml"),
+                                                          "--base-url", url, "--out", str(tmp_path / "p")]))
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "plain HTTP" in line]
+    assert warnings == ([plain_http_warning(url, True)] * 2 if warned else []), warnings
+    assert all(KEY not in line for line in warnings)

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from k3load.client.access import Secrets, Tls, access_problem, add_access_arguments
+from k3load.client.origin import plain_http_warning
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.precheck import PrecheckError, RecipeError, recheck, run_precheck
 from k3load.precheck.report import COMPAT, summary_lines
@@ -64,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         elif args.recipe is None:
             raise PrecheckError("--recipe is required (unless --recheck)")
         else:
+            if warning := plain_http_warning(args.base_url or "", bool(api_key or args.header)):
+                print(warning, file=sys.stderr)
             compat = run_precheck(args.out, args.recipe, args.base_url, container_info=args.container_info,
                                   host_inventories=args.host_inventory, startup_log=args.startup_log,
                                   image=args.image, custom_build=args.custom_build,

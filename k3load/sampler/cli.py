@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 from k3load.client.access import Secrets, Tls, access_problem, add_access_arguments
+from k3load.client.origin import plain_http_warning
 from k3load.sampler.loop import Sampler
 
 
@@ -63,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
                       tls=Tls(args.ca_bundle, args.insecure),
                       timeout_s=args.scrape_timeout, health_url=args.health_url,
                       prometheus_url=args.prometheus_url, prometheus_selector=args.prometheus_selector)
+    if warning := plain_http_warning(sampler.health_url or sampler.metrics_url or "", bool(secrets)):
+        print(warning, file=sys.stderr)  # the key's origin only: it goes nowhere else
     done = threading.Event()
     previous = signal.signal(signal.SIGTERM, _setter(done))
     try:
