@@ -3,6 +3,7 @@ no secret in any page, route or message, and a worker without the master's secre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -272,7 +273,8 @@ def test_a_worker_receives_no_secret_from_the_master(start_sim, tmp_path):
             _wait(lambda: {"spawn", "parsed_options", Message.RUN.value} <= received(), 90,
                   "the spawn, the options and the run identity", logs)
         finally:
-            os.killpg(spy.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(spy.pid, signal.SIGKILL)
     got = spy_out.read_text()
     assert not _leaks({"what the worker received": got})
     options = next(json.loads(line)["data"] for line in got.splitlines()
@@ -299,3 +301,29 @@ def test_a_worker_without_the_masters_secrets_refuses_and_the_master_stops_with_
     assert "worker refuses the run" in worker_text and "Traceback" not in worker_text, worker_text[-3000:]
     assert not (out / "records.jsonl.gz").exists() or not "".join(lines(out / "records.jsonl.gz")).strip()
     assert not _leaks({"master": master_text, "worker": worker_text})
+
+
+@pytest.mark.slow
+def test_a_worker_with_the_same_key_in_its_environment_runs_the_masters_plan(start_sim, tmp_path):
+    """The other side of the refusal: the key read by the worker itself, never relayed, and the run goes on."""
+    from tests.test_locust_run import VERDICT_CODES
+    from tests.test_workers_remote import _records
+
+    sim, port, out = start_sim("--time-scale", "0.05"), _free_port(), tmp_path / "run"
+    plan = _plan(tmp_path, [{"name": "load", "kind": "load", "duration_s": 60, "users": 2, "mix": {"agent": 1}}])
+    master_cmd = [arg for arg in _master_cmd(sim, out, plan, port) if arg not in ("--k3-header", HEADER)]
+    worker_cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "agent.py"), "--worker",
+                  "--master-host", "127.0.0.1", "--master-port", str(port), "--k3-worker-spool", "off"]
+    logs = [tmp_path / "master.log", tmp_path / "worker.log"]
+    with _process(master_cmd, ROOT, logs[0]) as master, logs[1].open("w") as worker_log, \
+            subprocess.Popen(worker_cmd, cwd=ROOT, stdout=worker_log, stderr=subprocess.STDOUT,
+                             start_new_session=True, env=_worker_env(K3_API_KEY=KEY)) as worker:
+        try:
+            _wait(lambda: _records(out) >= 2, 90, "two records from the worker", logs)
+            master.send_signal(signal.SIGTERM)
+            returncode = master.wait(60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # it leaves with its master
+                os.killpg(worker.pid, signal.SIGKILL)
+    assert returncode in VERDICT_CODES, logs[0].read_text()[-3000:]
+    assert "refuse" not in logs[1].read_text() and not _leaks({"worker": logs[1].read_text()})

@@ -26,8 +26,11 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+from k3load.client.origin import port
+
 ROUNDS = 100_000  # ~0.1 s once per process start and per test start on a worker
 SCHEME = "pbkdf2-sha256"
+HTTP = ("http", "https")
 
 
 @dataclass(frozen=True)
@@ -45,16 +48,16 @@ _OWNER: Any = None  # the parsed options they were taken from
 
 
 def origin(url: str | None) -> str:
-    """`scheme://host:port` with the scheme's default port made explicit; "" for no URL or a bad one."""
+    """`scheme://host:port` with the scheme's default port made explicit; "" for anything keyed traffic cannot
+    go to (no URL, no host, a bad port, not http(s)), which is no one's origin, not even another ""."""
     if not url:
         return ""
-    parts = urllib.parse.urlsplit(url.strip())
     try:
-        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
+        parts = urllib.parse.urlsplit(url.strip())
     except ValueError:
         return ""
-    host = (parts.hostname or "").lower()
-    return f"{parts.scheme.lower()}://{host}:{port}" if host and port else ""
+    number, host = port(parts._replace(scheme=parts.scheme.lower())), (parts.hostname or "").lower()
+    return f"{parts.scheme.lower()}://{host}:{number}" if host and number and parts.scheme.lower() in HTTP else ""
 
 
 def hold(parsed: Any, host: str | None) -> Held:

@@ -31,6 +31,7 @@ from locust.exception import RPCError, RPCSendError
 
 from k3load.analysis.analyze import Judgment, analyze
 from k3load.analysis.cli import summary_line
+from k3load.client.origin import plain_http_warning
 from k3load.events import Event, Message
 from k3load.evidence import records_file
 from k3load.loadgen import delivery, held_secrets, sigterm, ui_guard, webui
@@ -50,11 +51,13 @@ def _on_init(environment: Any, **_kwargs: Any) -> None:
     if session.role in ("local", "master"):
         _check_inputs(environment.parsed_options, session)
     if environment.parsed_options is not None:  # the key and headers leave the options Locust relays and shows
-        held_secrets.hold(environment.parsed_options, environment.host)
+        held = held_secrets.hold(environment.parsed_options, environment.host)
         if session.role != "worker":
             for warning in ui_guard.exposure_warnings(environment.parsed_options, environment.web_ui is not None,
                                                       session.role == "master"):
                 log.warning("k3load: %s", warning)
+            if plain := plain_http_warning(environment.host or "", bool(held)):
+                log.warning("%s", plain)
     environment.k3_session = session
     if getattr(environment.parsed_options, "k3_manual", False):
         environment.shape_class = None  # the web UI's user count (or -u) drives the users: stages manual-N

@@ -11,9 +11,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from k3load.client.access import Secrets, Tls, parse_header
+from k3load.client.access import Secrets, Tls, header_lines, parse_header
 from k3load.client.body import MAX_BODY_BYTES
 from k3load.client.sse import MAX_LINE_BYTES
+from k3load.command_name import withheld
 from k3load.loadgen import held_secrets
 from k3load.rundir import redact_in_files, scrub
 from k3load.sampler.fetch import redact_url
@@ -24,7 +25,7 @@ TRANSPORTS = ("geventhttpclient", "httpx")
 # option is fixed at start: hidden from the page and refused in a start request (k3load.loadgen.ui_guard).
 LIVE_OPTIONS = frozenset({"k3_plan", "k3_seed", "k3_model", "k3_transport", "k3_sample_interval",
                           "k3_max_body_bytes", "k3_max_line_bytes"})
-SAFE_WEB_HOST = "127.0.0.1"  # Locust binds its web UI to every interface by default, with no login
+SAFE_WEB_HOST = "127.0.0.1"  # Locust binds its web UI and worker port to every interface by default, no login
 
 
 def positive_bytes(text: str) -> int:
@@ -39,13 +40,13 @@ def positive_bytes(text: str) -> int:
 
 
 def header(text: str) -> str:
-    """argparse type for --k3-header: checked here, kept as given (it travels to workers as a string);
-    the error names the header, never its value."""
+    """argparse type for --k3-header (and K3_HEADER): one header, several one a line, or @FILE (as curl:
+    one a line, blank lines and # comments skipped), read and checked here; kept as their `Name: value`
+    lines, one string (Secrets.parse splits it). Errors name the file and line or the header, never a value."""
     try:
-        parse_header(text)
+        return "\n".join(header_lines([text]))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 def add_options(parser: Any) -> None:
@@ -95,7 +96,8 @@ def add_options(parser: Any) -> None:
     for action in parser._actions:  # every option not declared live is fixed at start (k3load.loadgen.ui_guard)
         if action.dest.startswith("k3_") and action.dest not in LIVE_OPTIONS:
             action.include_in_web_ui = False
-    parser.set_defaults(web_host=SAFE_WEB_HOST)  # the web UI on loopback unless --web-host says otherwise
+    # the web UI and the workers' port on loopback unless --web-host / --master-bind-host say otherwise
+    parser.set_defaults(web_host=SAFE_WEB_HOST, master_bind_host=SAFE_WEB_HOST)
 
 
 def _access_options(group: Any) -> None:
@@ -158,15 +160,19 @@ def _metrics_source_options(group: Any) -> None:
 
 SECRET_OPTIONS = ("k3_api_key",)
 SECRET_VALUE_OPTIONS = ("k3_header",)  # "Name: value": the name is kept, the value masked
+COMMAND_OPTIONS = ("k3_server_log_cmd", "k3_restart_cmd")  # only the program: arguments may hold tokens
 
 
 def public_options(parsed: Any) -> dict[str, Any]:
-    """Every option of the run with secrets replaced, for run.json."""
+    """Every option of the run with secrets replaced, for run.json: a header's name only, a command's
+    program only (k3load.command_name.withheld)."""
     out = {}
     for key, value in sorted(vars(parsed).items()):
         secret = key in SECRET_OPTIONS or any(word in key.lower() for word in ("key", "token", "password"))
         if key in SECRET_VALUE_OPTIONS:
-            out[key] = [f"{parse_header(v)[0]}: ***" for v in value or []]
+            out[key] = [f"{parse_header(line)[0]}: ***" for line in header_lines(value or [])]
+        elif key in COMMAND_OPTIONS:
+            out[key] = withheld(value) if isinstance(value, (str, list)) else value
         elif secret:
             out[key] = "***" if value else ""
         elif (key.endswith("_url") or key == "host") and _plain(value):  # a URL may carry user:password@

@@ -139,7 +139,7 @@ class HarnessSession:
         set aside like any earlier run found in the directory."""
         opts = self.env.parsed_options
         bound = held_secrets.held(opts).origin
-        if bound and held_secrets.origin(self.env.host) != bound:  # the web UI refuses it first (ui_guard)
+        if held_secrets.held(opts) and held_secrets.origin(self.env.host) != bound:  # ui_guard refuses it first
             raise RuntimeError(f"the target is now {held_secrets.origin(self.env.host) or 'none'}, and k3load was "
                                f"started for {bound}: the key goes only there; restart k3load with --host")
         if self.finisher is not None:

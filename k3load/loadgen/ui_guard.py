@@ -15,12 +15,12 @@ is bound to it); a plan only by the name of one under plans/. Values are never r
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from k3load.client.origin import is_loopback
 from k3load.loadgen.held_secrets import origin
 from k3load.loadgen.options import LIVE_OPTIONS
 
@@ -48,7 +48,7 @@ def refusal(form: Mapping[str, Any], start_host: str | None, plans_dir: Path) ->
         more = f" (and {len(fixed) - 1} more)" if len(fixed) > 1 else ""
         return f"the start request sets {name}{more}: {why}; restart k3load with the option instead"
     host = form.get("host")
-    if host and origin(str(host)) != origin(start_host):
+    if host is not None and (not origin(str(host)) or origin(str(host)) != origin(start_host)):
         return (f"the start request names another target ({origin(str(host)) or 'not a URL'}) than the one given at "
                 f"start ({origin(start_host) or 'none'}): the key is bound to that one; restart k3load with --host")
     plan = form.get("k3_plan")
@@ -65,21 +65,9 @@ def user_settings_refusal(settings: Any, start_host: str | None) -> str | None:
     if other:
         return f"the user settings set {other[0]}: only {', '.join(sorted(USER_SETTINGS))} may change"
     host = settings.get("host")
-    if host and origin(str(host)) != origin(start_host):
+    if host is not None and (not origin(str(host)) or origin(str(host)) != origin(start_host)):
         return "the user settings name another target than the one given at start: the key is bound to that one"
     return None
-
-
-def is_loopback(host: str | None) -> bool:
-    """A bind address that only this machine reaches ("" and "*" are every interface)."""
-    if not host or host == "*":
-        return False
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name: it resolves to who knows which interface
 
 
 def exposure_warnings(parsed: Any, has_web_ui: bool, is_master: bool) -> Iterable[str]:

@@ -43,6 +43,7 @@ log = logging.getLogger("k3load")
 
 def register(environment: Any, live: LiveState | None = None) -> LiveState:
     web_ui, session = environment.web_ui, environment.k3_session
+    _fonts_listed()
     live = live or LiveState(session)
     web_ui.template_args["extended_tabs"] = [{"title": "k3load", "key": TAB}]
     web_ui.template_args["extended_tables"] = [{"key": TAB, "structure": [{"key": "signal", "title": "k3load"},
@@ -122,6 +123,14 @@ def register(environment: Any, live: LiveState | None = None) -> LiveState:
         return response
 
     return live
+
+
+def _fonts_listed() -> None:
+    """matplotlib lists the machine's fonts at its first import (`fc-list` in a subprocess) and caches them. Under
+    gevent a subprocess starts only from the main thread's loop, and the web UI judges each run (its plots
+    included) in a native thread: on a machine without the cache the first judgment died there. So the list is
+    made now, in the main thread."""
+    import matplotlib.font_manager  # noqa: F401
 
 
 def _num(value: Any, digits: int = 1, unit: str = "") -> str:
