@@ -483,3 +483,15 @@ def test_sample_and_precheck_warn_once_about_a_key_over_plain_http(tmp_path: Pat
     warnings = [line for line in capsys.readouterr().err.splitlines() if "plain HTTP" in line]
     assert warnings == ([plain_http_warning(url, True)] * 2 if warned else []), warnings
     assert all(KEY not in line for line in warnings)
+
+
+def test_a_run_whose_models_answer_redirects_stops_naming_it_and_sends_nothing_elsewhere(
+        b: Server, servers: Callable[..., Server], tmp_path: Path) -> None:
+    """The Locust run's first request (/v1/models, k3load.loadgen.session) never follows: one line, exit 2."""
+    from tests.test_locust_run import SHORT_PLAN, _plan, run_locust
+
+    a = servers(_redirector(b.url + "/v1/models"))
+    run = run_locust(a.url, tmp_path / "run", _plan(tmp_path, SHORT_PLAN[:1]), "--k3-api-key", KEY, timeout_s=60)
+    said = run.stdout + run.stderr
+    assert run.returncode == 2 and f"redirect to {origin(b.url)} not followed" in said, said[-2000:]
+    assert not b.seen and "Traceback" not in said and KEY not in said

@@ -27,6 +27,7 @@ import k3load
 from k3load.analysis.agreement import REFERENCE_FILE, reference_record
 from k3load.analysis.pillar import thresholds
 from k3load.client.access import gevent_patched, tls_hint
+from k3load.client.origin import redirect_note
 from k3load.clock import now
 from k3load.events import Event, Message
 from k3load.evidence import RECORDS
@@ -221,6 +222,9 @@ class HarnessSession:
         try:
             with self._api_client() as client:
                 resp = client.get(url)
+            if note := redirect_note(resp.status_code, resp.headers.get("location"), url):  # never followed
+                raise RuntimeError(f"the server at {self.env.host} answered /v1/models with HTTP {resp.status_code}: "
+                                   f"{note} (the key goes only to --host's origin: give the URL it redirects to)")
             if resp.status_code in (401, 403):
                 raise RuntimeError(f"the server at {self.env.host} refused /v1/models (HTTP {resp.status_code}): "
                                    "is --k3-api-key (K3_API_KEY) or --k3-header right?")
