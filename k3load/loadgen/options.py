@@ -92,7 +92,10 @@ def add_options(parser: Any) -> None:
                        "message did not arrive; off: Locust messages only. Read from the worker's own command line "
                        "or environment")
     _observation_options(group)
-    group.add_argument("--k3-secrets-check", default="", include_in_web_ui=False, help=argparse.SUPPRESS)
+    group.add_argument("--k3-secrets-check", default="", include_in_web_ui=False,
+                       help="set by the master, never by hand: a salted PBKDF2-SHA256 check of the target's origin, "
+                       "key and headers, relayed to workers in their place (each worker reads its own K3_API_KEY / "
+                       "K3_HEADER and refuses the run when they differ)")
     for action in parser._actions:  # every option not declared live is fixed at start (k3load.loadgen.ui_guard)
         if action.dest.startswith("k3_") and action.dest not in LIVE_OPTIONS:
             action.include_in_web_ui = False
