@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from k3load.private_files import open_private
+
 RECORDS, METRICS = "records.jsonl.gz", "metrics.jsonl.gz"
 LEGACY = {RECORDS: "records.jsonl", METRICS: "metrics.jsonl"}  # what runs before compact evidence wrote
 FLUSH_EVERY_S = 0.5  # a kill loses at most this much (plus a busy process's scheduling delay)
@@ -245,7 +247,7 @@ class GzipSink:
     Not thread-safe: the log calls it under its lock."""
 
     def __init__(self, path: Path, every_s: float = FLUSH_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self._file: IO[bytes] = path.open("ab")
+        self._file: IO[bytes] = open_private(path, "ab")  # 0600, as every file of a run directory
         self._z = zlib.compressobj(LEVEL, zlib.DEFLATED, 31)
         self.every_s, self._clock = every_s, clock
         self._flushed_at, self._pending = clock(), False

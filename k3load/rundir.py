@@ -10,61 +10,80 @@ whatever a server echoes and whichever module writes (records, events, the sampl
 log tail, run.json, reports). Each source redacts what it receives; `redact_in_files(secrets)` is the
 net under all of them: once a process knows a secret, every line and document written here has it
 replaced. Secrets are only ever added (a value once secret stays redacted for the process's life).
+
+Why private: every file written here is created 0600 and every folder 0700 (k3load.private_files), as
+a file an operator copies in (`copy_file_redacted`: redacted while it is copied, never in clear on disk).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 from k3load.client.access import Secrets
+from k3load.client.secret_forms import REDACTED, Redactor, redactor
 from k3load.clock import now
 from k3load.events import Event
 from k3load.evidence import LEGACY, RECORDS, GzipSink, start_flusher
+from k3load.private_files import DIR_MODE, make_dirs, open_private, temp_beside
 
 # How text files are written: a lone surrogate (a server's `"\\ud83d"`, or a byte that was not UTF-8,
 # kept by the client as U+DC80..U+DCFF) cannot be encoded as UTF-8; strict writing raised and lost
 # the line. backslashreplace writes it as `\\udcff`, which inside a JSON string is the very escape
 # that reads back to the same character (json.dumps only puts such characters inside strings).
 ENCODING_ERRORS = "backslashreplace"
+REDACTED_BYTES = REDACTED.encode()
 
 
-_redactors: list[Secrets] = []
+_values: list[str] = []
+_redactor: list[Redactor] = []  # the one Redactor of every secret known so far (none: nothing to redact)
 
 
 def redact_in_files(secrets: Secrets) -> None:
     """From now on, every file written through this module has these secrets redacted."""
-    if secrets and secrets not in _redactors:
-        _redactors.append(secrets)
+    new = [v for v in secrets.values if v not in _values]
+    if new:
+        _values.extend(new)
+        _redactor[:] = [redactor(tuple(_values))]
 
 
 def secret_values() -> tuple[str, ...]:
-    """Every secret value this process redacts, longest first (for a helper process that must too)."""
-    return tuple(sorted({v for secrets in _redactors for v in secrets.values}, key=len, reverse=True))
+    """Every secret value this process redacts, as configured (for a helper process that must too: it
+    builds its own k3load.client.secret_forms.Redactor of them)."""
+    return tuple(_values)
 
 
 def scrub(text: str) -> str:
-    """`text` with every secret this process knows replaced (unchanged, and free, when none)."""
-    for secrets in _redactors:
-        text = secrets.redact(text)
-    return text
+    """`text` with every secret this process knows replaced, in every form (unchanged, and free, when none)."""
+    return _redactor[0].redact(text) if _redactor else text
+
+
+def scrub_bytes(data: bytes) -> bytes:
+    return _redactor[0].redact_bytes(data) if _redactor else data
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """`text`, secrets replaced, in a 0600 temporary file beside `path`, renamed onto it."""
     text = scrub(text)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8", errors=ENCODING_ERRORS) as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    fd, tmp = temp_beside(path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors=ENCODING_ERRORS) as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -81,7 +100,7 @@ class JsonlLog:
 
     def __init__(self, path: Path, encode: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent)
         self.path, self._encode = path, encode
         self._lock, self._closed = threading.Lock(), threading.Event()
         self._sink: GzipSink | None = None
@@ -90,7 +109,7 @@ class JsonlLog:
             self._sink = GzipSink(path, clock=clock)
             start_flusher(self._lock, self._sink, self._closed)
         else:
-            self._file = path.open("a", encoding="utf-8", errors=ENCODING_ERRORS)
+            self._file = open_private(path, "a", encoding="utf-8", errors=ENCODING_ERRORS)
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
     def append(self, record: dict[str, Any]) -> None:
@@ -137,6 +156,70 @@ class JsonlLog:
                 self._file.close()
 
 
+COPY_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Copied:
+    """What `copy_file_redacted` wrote: whether a secret was replaced, and the copy's sha256 and size."""
+
+    redacted: bool
+    sha256: str
+    bytes: int
+
+
+def copy_file_redacted(src: Path | BinaryIO, dst: Path, secrets: Secrets | None = None,
+                       chunk_bytes: int = COPY_CHUNK_BYTES) -> Copied:
+    """`src` (a path, or a binary file open for reading) copied to `dst` with every secret replaced on the
+    way: `secrets`' and every one this process knows (`redact_in_files`), in every form
+    (k3load.client.secret_forms). Redacted before a byte is written, into a 0600 temporary file beside
+    `dst`, synced and renamed onto it: an interrupted copy leaves no `dst` and at most that temporary file
+    (`k3load.private_files.is_temp`, removed here on any exception), which never holds a secret in clear.
+    A secret cut by a chunk's end is caught: the last `max_match` bytes wait for the next chunk."""
+    values = [*(secrets.values if secrets else ()), *secret_values()]
+    redactor_ = redactor(tuple(dict.fromkeys(values))) if values else None
+    fd, tmp = temp_beside(dst)
+    try:
+        with contextlib.ExitStack() as stack:
+            out = stack.enter_context(os.fdopen(fd, "wb"))
+            source = src if not isinstance(src, (str, Path)) else stack.enter_context(open(src, "rb"))
+            copied = _copy_stream(source, out, redactor_, chunk_bytes)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return copied
+
+
+def _copy_stream(source: BinaryIO, out: BinaryIO, redactor_: Redactor | None, chunk_bytes: int) -> Copied:
+    digest, size, redacted, carry = hashlib.sha256(), 0, False, b""
+    pattern = redactor_.bytes_pattern if redactor_ else None
+    if redactor_ and pattern is None:
+        raise ValueError("a secret that is not ASCII cannot be searched for in a byte stream")
+    overlap = redactor_.max_match if redactor_ else 0
+    while True:
+        data = source.read(chunk_bytes)
+        buf = carry + data
+        cut = len(buf) if not data else max(0, len(buf) - overlap)  # past `cut`: wait for more bytes
+        parts, pos = [], 0
+        for match in pattern.finditer(buf) if pattern is not None else ():
+            if match.start() >= cut:
+                break
+            parts += [buf[pos:match.start()], REDACTED_BYTES]
+            pos, cut, redacted = match.end(), max(cut, match.end()), True
+        parts.append(buf[pos:cut])
+        chunk = b"".join(parts)
+        out.write(chunk)
+        digest.update(chunk)
+        size += len(chunk)
+        carry = buf[cut:]
+        if not data:
+            return Copied(redacted, digest.hexdigest(), size)
+
+
 def _dumps(record: dict[str, Any]) -> str:
     return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
 
@@ -167,7 +250,7 @@ def set_aside_previous_run(run_dir: Path, keep: Collection[Path] = ()) -> Path |
     for path in sorted(kept):
         rel = path.relative_to(run_dir).as_posix() if path.is_relative_to(run_dir) else None
         if rel in signed and path.is_file():
-            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            make_dirs((target / rel).parent)
             shutil.copy2(path, target / rel)
     return target
 
@@ -212,7 +295,7 @@ def _new_sibling(run_dir: Path, run_id: str) -> Path:
     while True:
         target = run_dir.with_name(f"{run_dir.name}.previous-{run_id}" + (f"-{n}" if n > 1 else ""))
         try:
-            target.mkdir()
+            target.mkdir(mode=DIR_MODE)
             return target
         except FileExistsError:
             n += 1
@@ -223,7 +306,7 @@ def _move_tree(src: Path, dst: Path, keep: set[Path]) -> None:
         if entry in keep:
             continue
         if entry.is_dir() and not entry.is_symlink() and any(k.is_relative_to(entry) for k in keep):
-            (dst / entry.name).mkdir()
+            (dst / entry.name).mkdir(mode=DIR_MODE)
             _move_tree(entry, dst / entry.name, keep)
         else:
             shutil.move(entry, dst / entry.name)

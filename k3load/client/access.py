@@ -9,8 +9,12 @@ Why one object for the key and the headers: both go on every request to the targ
 /v1/models, /tokenize, /version, and /health and /metrics on the same scheme, host and port) and never
 to another host, and both must never reach a file of the run directory, whatever a server echoes back
 (a 401 page repeating the Authorization header). Header names are not secret; their values are (a
-gateway header usually carries a token). A value is redacted as sent and as JSON escapes it, so an
-echo inside a JSON string is caught too.
+gateway header usually carries a token). A value is redacted in every form a server can echo it
+(k3load.client.secret_forms: JSON escapes, percent-encoding, base64 as in a Basic credential).
+
+Where headers come from: `--header 'Name: value'` (repeatable), `--header @FILE` (as curl: one header a
+line, blank lines and `#` comments skipped) or the environment (K3_HEADER: one header a line, or @FILE),
+so that no value need show on a command line (`ps`, /proc/PID/cmdline). `header_lines` expands them.
 
 Why TLS settings here: the same trust (a private CA added to the system's, or no verification at all)
 must hold for both streaming transports, the sampler's urllib GETs and the precheck's httpx GETs;
@@ -21,14 +25,17 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
+import os
 import re
 import ssl
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-REDACTED = "[redacted]"
+from k3load.client.secret_forms import REDACTED as REDACTED  # re-exported: where callers look for it
+from k3load.client.secret_forms import Redactor, redactor
+
+HEADER_ENV = "K3_HEADER"
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110 token)
 RESERVED_HEADERS = frozenset({"host", "content-length", "content-type", "transfer-encoding", "connection"})
 
@@ -39,13 +46,49 @@ def parse_header(text: str) -> tuple[str, str]:
     name, value = name.strip(), value.strip()
     if not sep or not name:
         raise ValueError("must be 'Name: value'")
-    if not _TOKEN.match(name):
-        raise ValueError(f"{name!r} is not an HTTP header name")
+    if not _TOKEN.match(name):  # not named: a value written without its name would show here
+        raise ValueError("the text before ':' is not an HTTP header name (spaces or characters a name cannot have)")
     if name.lower() in RESERVED_HEADERS:
         raise ValueError(f"{name} is set by the harness itself")
     if not value or not value.isascii() or not value.isprintable():
         raise ValueError(f"the value of {name} is empty or has characters a header cannot carry")
     return name, value
+
+
+def header_lines(items: Iterable[str]) -> list[str]:
+    """The `Name: value` headers of `--header` items: each item one header, several (one a line), or
+    `@FILE` (a file of them, as curl reads one); blank lines and lines starting with `#` are skipped.
+    Errors name the file and the line, or the header, never a value."""
+    out = []
+    for item in items:
+        origin, text = None, item
+        if item.startswith("@"):
+            origin = item[1:]
+            try:
+                text = Path(origin).read_text(encoding="utf-8")
+            except FileNotFoundError:
+                raise ValueError(f"@{origin}: no such file") from None
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"@{origin}: cannot be read ({getattr(exc, 'strerror', None) or 'not UTF-8'})") \
+                    from None
+        lines = text.splitlines() or [text]
+        for number, line in enumerate(lines, 1):
+            if (origin is not None or len(lines) > 1) and (not line.strip() or line.lstrip().startswith("#")):
+                continue
+            try:
+                parse_header(line)
+            except ValueError as exc:
+                where = f"@{origin} line {number}" if origin is not None else f"line {number}" if len(lines) > 1 \
+                    else None
+                raise ValueError(f"{where}: {exc}" if where else str(exc)) from None
+            out.append(line.strip())
+    return out
+
+
+def env_headers(environ: Mapping[str, str] | None = None) -> list[str]:
+    """K3_HEADER as `--header` items: one header a line, or @FILE ([] when unset or empty)."""
+    value = (os.environ if environ is None else environ).get(HEADER_ENV, "")
+    return [value] if value.strip() else []
 
 
 @dataclass(frozen=True)
@@ -64,7 +107,8 @@ class Secrets:
 
     @classmethod
     def parse(cls, api_key: str | None, headers: Iterable[str] = ()) -> Secrets:
-        return cls(api_key or None, tuple(parse_header(h) for h in headers))
+        """From the key and `--header` items (each one header, several one a line, or @FILE)."""
+        return cls(api_key or None, tuple(parse_header(h) for h in header_lines(headers)))
 
     def request_headers(self) -> dict[str, str]:
         """What every request to the target carries (Authorization first)."""
@@ -74,24 +118,19 @@ class Secrets:
 
     @functools.cached_property
     def values(self) -> tuple[str, ...]:
-        """Each secret as sent and as a JSON string carries it, longest first (a value inside another
-        is replaced after it)."""
-        raw = [v for v in [self.api_key or "", *(value for _, value in self.headers)] if v]
-        forms = {form for v in raw for form in (v, json.dumps(v)[1:-1])}
-        return tuple(sorted(forms, key=len, reverse=True))
+        """Each secret as configured (the key, each header's value); every form of them is redacted."""
+        return tuple(dict.fromkeys(v for v in [self.api_key or "", *(value for _, value in self.headers)] if v))
+
+    @functools.cached_property
+    def redactor(self) -> Redactor:
+        """Compiled once per set of values (k3load.client.secret_forms.redactor caches it across objects)."""
+        return redactor(self.values)
 
     def redact(self, text: str) -> str:
-        for value in self.values:
-            if value in text:
-                text = text.replace(value, REDACTED)
-        return text
+        return self.redactor.redact(text)
 
     def redact_bytes(self, data: bytes) -> bytes:
-        for value in self.values:
-            raw = value.encode()
-            if raw in data:
-                data = data.replace(raw, REDACTED.encode())
-        return data
+        return self.redactor.redact_bytes(data)
 
     def __bool__(self) -> bool:
         return bool(self.values)
@@ -142,12 +181,19 @@ def access_problem(api_key: str | None, headers: Iterable[str], ca_bundle: str |
 def add_access_arguments(parser: argparse.ArgumentParser) -> None:
     """`--header`, `--ca-bundle`, `--insecure` for the `k3load` subcommands that reach the target, with
     the meaning of Locust's `--k3-header`, `--k3-ca-bundle`, `--k3-insecure`."""
-    parser.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+    parser.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'|@FILE",
                         help="extra header on every request to the target (repeatable), e.g. a gateway's token; "
-                        "its value is a secret: never written")
+                        "@FILE reads one header a line (# comments), and $K3_HEADER is used when no --header is "
+                        "given (one header a line, or @FILE), so no value need show in ps; values are secrets: "
+                        "never written")
     parser.add_argument("--ca-bundle", metavar="PEM", help="CA certificates trusted for an https target, on top of "
                         "the system's (a private CA)")
     parser.add_argument("--insecure", action="store_true", help="no TLS certificate verification at all")
+
+
+def access_headers(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The subcommand's `--header` items, else $K3_HEADER's (as Locust reads K3_HEADER for --k3-header)."""
+    return list(args.header) or env_headers(environ)
 
 
 def check_ca_bundle(path: str) -> str | None:

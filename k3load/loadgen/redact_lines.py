@@ -17,7 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from k3load.client.access import REDACTED
+from k3load.client.secret_forms import Redactor
+from k3load.private_files import open_private
 from k3load.rundir import secret_values
 
 VALUES_ENV = "K3LOAD_REDACT_VALUES"
@@ -36,17 +37,13 @@ def copy_redacted(proc: subprocess.Popen[bytes], log_path: Path) -> subprocess.P
     return copier
 
 
-def redact_line(line: bytes, values: list[str]) -> bytes:
-    for value in values:  # longest first, as Secrets.values orders them
-        line = line.replace(value.encode(), REDACTED.encode())
-    return line
-
-
 def main(argv: list[str]) -> int:
-    values = json.loads(os.environ.pop(VALUES_ENV, "[]"))
-    with open(argv[0], "ab") as out:
+    """Every secret replaced in every form (k3load.client.secret_forms) before a byte is written; the log
+    is created 0600, as every file of a run directory."""
+    redactor = Redactor(json.loads(os.environ.pop(VALUES_ENV, "[]")))
+    with open_private(Path(argv[0]), "ab") as out:
         for line in sys.stdin.buffer:
-            out.write(redact_line(line, values))
+            out.write(redactor.redact_bytes(line) if redactor else line)
             out.flush()
     return 0
 

@@ -21,9 +21,12 @@ Layout under DIR. Every path the record names (a rule's `evidence`, index.json, 
   evidence/custom-build.yaml|json  the custom build record (--custom-build)
 
 Secrets: the API key and gateway header values (k3load.client.access.Secrets) go in the headers of the
-requests to the target and are replaced by "[redacted]" in everything saved here, the operator's copied
-files included (a vLLM startup log prints its own --api-key); a copy that had to be changed says so in
-index.json's notes, and its sha256 is the redacted copy's.
+requests to the target and are replaced by "[redacted]" in everything saved here, in every form a server
+can echo them (k3load.client.secret_forms), the operator's copied files included (a vLLM startup log
+prints its own --api-key): they are redacted while they are copied, into a 0600 temporary file renamed
+into place, so no secret is ever on disk in clear, not even for the length of a copy or after an
+interrupted one. A copy that had to be changed says so in index.json's notes, and its sha256 is the
+redacted copy's. Every file here is 0600 and every folder 0700 (k3load.private_files).
 
 Host inventory JSON (one file per node): exactly what `k3load.sampler.nvml.inventory()` returns on
 that node, plus `node` and `container_image` (the tag that node runs). Read here:
@@ -56,7 +59,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from k3load.client.access import Secrets, Tls, gevent_patched, tls_hint
 from k3load.precheck.collect_env import parse_collect_env
 from k3load.precheck.startup_log import parse_startup_log
-from k3load.rundir import write_atomic, write_json_atomic
+from k3load.private_files import is_temp, make_dirs, make_run_dir, write_bytes_atomic
+from k3load.rundir import copy_file_redacted, scrub_bytes, write_atomic, write_json_atomic
 from k3load.sampler.fetch import same_origin
 from k3load.sampler.prom import LEGACY_FAMILIES, REQUIRED_SERIES
 
@@ -85,7 +89,11 @@ class Evidence:
 
 
 def sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def public_url(url: str) -> str:
@@ -105,30 +113,27 @@ class Gatherer:
         self.secrets = secrets or Secrets()
         self.root = out_dir / EVIDENCE
         if self.root.exists():
-            shutil.rmtree(self.root)  # a record must hold only this run's evidence
-        self.root.mkdir(parents=True)
+            shutil.rmtree(self.root)  # a record must hold only this run's evidence (and no interrupted copy)
+        make_run_dir(out_dir)
+        make_dirs(self.root)
         self.index: dict[str, Any] = {"files": [], "notes": []}
 
-    def _record(self, rel: str, source: str) -> None:
+    def _record(self, rel: str, source: str, sha256: str | None = None, size: int | None = None) -> None:
         path = self.root / rel
-        self.index["files"].append({"path": rel, "source": source, "sha256": sha256_file(path),
-                                    "bytes": path.stat().st_size})
+        self.index["files"].append({"path": rel, "source": source, "sha256": sha256 or sha256_file(path),
+                                    "bytes": path.stat().st_size if size is None else size})
 
     def copy(self, src: Path, rel: str) -> None:
-        (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, self.root / rel)
-        if self.secrets:
-            data = (self.root / rel).read_bytes()
-            if (clean := redact_body(data, self.secrets)) != data:
-                (self.root / rel).write_bytes(clean)
-                self.note(f"{rel}: secrets redacted from the copy of {Path(src).resolve()}")
-        self._record(rel, str(Path(src).resolve()))
+        """`src` copied to `rel`, redacted on the way (k3load.rundir.copy_file_redacted)."""
+        copied = copy_file_redacted(src, self.root / rel, self.secrets)
+        if copied.redacted:
+            self.note(f"{rel}: secrets redacted from the copy of {Path(src).resolve()}")
+        self._record(rel, str(Path(src).resolve()), copied.sha256, copied.bytes)
 
     def write(self, rel: str, content: bytes | str | Any, source: str) -> None:
         path = self.root / rel
         if isinstance(content, bytes):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(redact_body(content, self.secrets))
+            write_bytes_atomic(path, scrub_bytes(redact_body(content, self.secrets)))
         elif isinstance(content, str):
             write_atomic(path, self.secrets.redact(content))
         else:
@@ -177,17 +182,9 @@ def gather_local_nvml(g: Gatherer, image: str | None) -> None:
 
 
 def redact_body(data: bytes, secrets: Secrets) -> bytes:
-    """Every secret replaced, also one a JSON body hides behind escapes (`\\u0073k-...`): such a body is
-    saved re-serialised, its secrets replaced."""
-    if not secrets:
-        return data
-    data = secrets.redact_bytes(data)
-    try:
-        text = json.dumps(json.loads(data), ensure_ascii=False)
-    except (ValueError, RecursionError):
-        return data
-    clean = secrets.redact(text)
-    return clean.encode() if clean != text else data
+    """Every secret replaced in every form, also one a JSON body hides behind escapes (`\\u0073k-...`),
+    the rest of the body byte for byte as received."""
+    return secrets.redact_bytes(data) if secrets else data
 
 
 def _get(client: httpx.Client, url: str, headers: dict[str, str]) -> tuple[int | None, bytes, str | None]:
@@ -369,5 +366,5 @@ def load_evidence(out_dir: Path, platform: str) -> Evidence:
 def evidence_hashes(out_dir: Path) -> list[dict[str, str]]:
     """sha256 of every file under DIR/evidence (paths relative to it), sorted: compat.json fixes what it judged."""
     root = Path(out_dir) / EVIDENCE
-    files = sorted(p for p in root.rglob("*") if p.is_file())
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not is_temp(p))
     return [{"path": p.relative_to(root).as_posix(), "sha256": sha256_file(p)} for p in files]

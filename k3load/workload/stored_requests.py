@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from k3load.private_files import open_private
 from k3load.workload.scenario import Scenario, Turn, execute_tool
 
 STORED_REQUEST_SALT = "SAMPLE"
@@ -135,14 +136,15 @@ def _bodies(scenarios: list[Scenario], model: str, long_context: Callable[[Scena
 
 def write_stored_requests(scenarios: list[Scenario], out_dir: Path, model: str,
                           long_context: Callable[[Scenario], str | None]) -> dict[str, str]:
-    """Write every turn's body as `<scenario>/turn-<i>.json` plus `SHA256SUMS`; returns path -> sha."""
+    """Write every turn's body as `<scenario>/turn-<i>.json` plus `SHA256SUMS`; returns path -> sha. Files
+    0600, folders 0700, as every file of a run directory (k3load.private_files)."""
     sums: dict[str, str] = {}
     for rel, prepared, _ in _bodies(scenarios, model, long_context):
-        target = out_dir / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(prepared.body)
+        with open_private(out_dir / rel, "wb") as handle:
+            handle.write(prepared.body)
         sums[rel] = prepared.sha256
-    (out_dir / "SHA256SUMS").write_text("".join(f"{sha}  {rel}\n" for rel, sha in sorted(sums.items())))
+    with open_private(out_dir / "SHA256SUMS", "w", encoding="utf-8") as handle:
+        handle.write("".join(f"{sha}  {rel}\n" for rel, sha in sorted(sums.items())))
     return sums
 
 
