@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from k3load.command_name import withheld
 from k3load.events import Event, EventSink
 from k3load.rundir import JsonlLog
 
@@ -97,7 +98,15 @@ class LogTail:
             else:
                 self._follow_command()
         except Exception as exc:  # a log tail must never take the sampler down
-            self._event(Event.LOG_TAIL_ERROR, self._clock(), source=self.source, error=f"{type(exc).__name__}: {exc}")
+            self._event(Event.LOG_TAIL_ERROR, self._clock(), source=self.source, error=self._error(exc))
+
+    def _error(self, exc: Exception) -> str:
+        """The failure in one line; a command's by its program only (its words may hold tokens, and an OSError
+        names the word it could not run: `VLLM_API_KEY=...` when an assignment leads the command)."""
+        if self.cmd is None:
+            return f"{type(exc).__name__}: {exc}"
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        return f"{type(exc).__name__}: {why} ({withheld(self.cmd)})"
 
     def on_line(self, line: str) -> None:
         line = line.rstrip("\r\n")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import socket
 import threading
 import time
@@ -20,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from k3load.client.access import Tls, gevent_patched
+from k3load.command_name import command_program
 from k3load.events import Event
 from k3load.evidence import METRICS, SeriesTable
+from k3load.private_files import make_run_dir
 from k3load.rundir import JsonlLog
 from k3load.sampler.fetch import Fetched, fetch, health_url_for, redact_url, same_origin
 from k3load.sampler.gpu_poll import DcgmPoller, NvmlPoller
@@ -136,6 +137,7 @@ class Sampler:
         if self.started:
             raise RuntimeError("a Sampler starts once")
         self.started = True
+        make_run_dir(self.out_dir)  # 0700, its files 0600 (k3load.private_files)
         self._events = self._shared_events or JsonlLog(self.out_dir / "events.jsonl")
         self._metrics_log = JsonlLog(self.out_dir / METRICS, encode=SeriesTable().encode)
         self._gpu_log = JsonlLog(self.out_dir / "gpu.jsonl")
@@ -279,8 +281,7 @@ class Sampler:
 
     def _describe(self) -> dict[str, Any]:
         """What sampled what: URLs without credentials, the log command's program only (args may hold tokens)."""
-        cmd = self.server_log_cmd
-        program = (shlex.split(cmd) if isinstance(cmd, str) else list(cmd))[0] if cmd else None
+        program = command_program(self.server_log_cmd)
         metrics, health = self.metrics_url, self.health_url
         return {"metrics_url": redact_url(metrics) if metrics else None,
                 "metrics_urls": [redact_url(u) for u in self.metrics_urls],
