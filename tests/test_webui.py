@@ -248,8 +248,9 @@ def test_under_a_master_each_ui_test_is_its_own_run_with_every_workers_records(w
 
 
 def test_a_dead_server_is_said_in_the_state_and_the_tab(web_ui):
-    ui, _sim = web_ui()
-    ui.swarm(1, f"http://127.0.0.1:{_free_port()}")  # nobody listens there
+    dead = f"http://127.0.0.1:{_free_port()}"  # nobody listens there
+    ui, _sim = web_ui("--host", dead)  # given at start: the web UI refuses to change the target (ui_guard)
+    ui.swarm(1, dead)
     state = ui.wait_for(lambda s: s["error"] is not None, 30, "the harness error")
     assert "does not answer /v1/models" in state["error"] and state["verdict"] is None
     rows = {r["signal"]: r["value"] for r in ui.http.get(ui.base + "/stats/requests").json()["extended_stats"][0]
