@@ -9,8 +9,9 @@ precheck could not run (invalid recipe, missing input file: one line on stderr n
 file, line and field). argparse's own usage errors also exit 2, before anything is written: read
 DIR/compat.json, not only the exit status, when that matters.
 The bearer key comes from $K3_API_KEY (or --api-key); it is sent as a header and never written, nor
-are the values of --header (a gateway's token). --ca-bundle PEM trusts a private CA for an https target;
---insecure turns verification off.
+are the values of --header (a gateway's token; `--header @FILE` reads one a line, and $K3_HEADER is read
+when no --header is given, so that no value shows in ps). --ca-bundle PEM trusts a private CA for an
+https target; --insecure turns verification off.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from k3load.client.access import Secrets, Tls, access_problem, add_access_arguments
+from k3load.client.access import Secrets, Tls, access_headers, access_problem, add_access_arguments
 from k3load.client.origin import plain_http_warning
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.precheck import PrecheckError, RecipeError, recheck, run_precheck
@@ -56,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Gather (or recheck), print one line per rule, exit by status."""
     api_key = args.api_key or os.environ.get("K3_API_KEY") or None
+    args.header = access_headers(args)  # --header, else $K3_HEADER
     try:
         _check_recipe_path(args.recipe)
         if problem := access_problem(api_key, args.header, args.ca_bundle, args.insecure, prefix="--"):

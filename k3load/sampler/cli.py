@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from k3load.client.access import Secrets, Tls, access_problem, add_access_arguments
+from k3load.client.access import Secrets, Tls, access_headers, access_problem, add_access_arguments
 from k3load.client.origin import plain_http_warning
 from k3load.sampler.loop import Sampler
 
@@ -53,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.header = access_headers(args)  # --header, else $K3_HEADER
     problem = _problem(args)
     if problem:
         print(f"k3load sample: {problem}", file=sys.stderr)
