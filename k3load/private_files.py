@@ -94,3 +94,14 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def exposed(root: Path) -> list[str]:
+    """Files and folders under `root` (itself included, as ".") that others than their owner may read,
+    write or enter: what a run directory must not hold (Locust's own outputs, made with the umask)."""
+    out = []
+    for path in [Path(root), *sorted(Path(root).rglob("*"))]:
+        with contextlib.suppress(OSError):
+            if stat.S_IMODE(path.lstat().st_mode) & 0o077 and not path.is_symlink():
+                out.append(path.relative_to(root).as_posix() or ".")
+    return out

@@ -3,19 +3,18 @@ any subset of its characters, percent-encoding, base64 as in a Basic credential)
 in bytes and in a file copied in chunks; text without a secret is never changed. Property-based: random
 secrets, random encodings, random text around them (no sockets, tmp dirs only).
 
-`leaks` is the check, written apart from the redactor: it decodes instead of matching encodings.
+`leaks` (tests/secret_scan.py) is the check, written apart from the redactor: it decodes instead of
+matching encodings.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import io
 import json
-import re
 import string
 from pathlib import Path
-from urllib.parse import quote, quote_plus, unquote, unquote_plus
+from urllib.parse import quote, quote_plus
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -24,42 +23,10 @@ from hypothesis import strategies as st
 from k3load.client.access import REDACTED, Secrets
 from k3load.client.secret_forms import Redactor
 from k3load.rundir import copy_file_redacted
+from tests.secret_scan import encodings, leaks
 
 PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7F))
 SETTINGS = settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-_BASE64_RUN = re.compile(r"[A-Za-z0-9+/_=-]{8,}")
-
-
-def _json_unescape(text: str) -> str:
-    """JSON string escapes undone, again and again (JSON inside JSON) until nothing changes."""
-    for _ in range(5):
-        done = re.sub(r"\\(u[0-9a-fA-F]{4}|[\\/\"])",
-                      lambda m: chr(int(m.group(1)[1:], 16)) if m.group(1)[0] == "u" else m.group(1), text)
-        if done == text:
-            break
-        text = done
-    return text
-
-
-def _base64_decodings(text: str) -> list[bytes]:
-    """Every run of base64 characters decoded from each of its first four places, in both alphabets."""
-    out = []
-    for run in _BASE64_RUN.findall(text):
-        for start in range(4):
-            piece = run[start:].rstrip("=")
-            piece = piece[: len(piece) - 1] if len(piece) % 4 == 1 else piece + "=" * (-len(piece) % 4)
-            for alt in (b"+/", b"-_"):
-                with contextlib.suppress(ValueError):
-                    out.append(base64.b64decode(piece.encode(), altchars=alt))
-    return out
-
-
-def leaks(text: str, secret: str) -> bool:
-    """Whether `secret` can be read back from `text`: as it is, JSON-unescaped, percent-decoded (either
-    or both), or base64-decoded."""
-    texts = {text, _json_unescape(text), unquote(text), unquote_plus(text), unquote_plus(_json_unescape(text)),
-             _json_unescape(unquote(text))}
-    return any(secret in t for t in texts) or any(secret.encode() in raw for raw in _base64_decodings(text))
 
 
 # -- strategies -------------------------------------------------------------------------------------
@@ -150,10 +117,9 @@ KEY = "sk-k3-SECRET-4f9a2c"
 
 
 @pytest.mark.parametrize("echo", [
-    KEY, "".join(f"\\u{ord(c):04x}" for c in KEY), "".join(f"\\u{ord(c):04X}" for c in KEY),
-    "\\u0073k-k3-SECRET-4f9a2c", "\\\\u0073k-k3\\\\u002dSECRET-4f9a2c", "s%6B-k3\\u002DSECRET-4f9a2c",
-    quote(KEY, safe=""), "".join(f"%{ord(c):02x}" for c in KEY), base64.b64encode(f"probe:{KEY}".encode()).decode(),
-    base64.b64encode(KEY.encode()).decode(), base64.urlsafe_b64encode(b"\xff\xfe" + KEY.encode()).decode(),
+    KEY, *encodings(KEY).values(), "".join(f"\\u{ord(c):04X}" for c in KEY), "\\u0073k-k3-SECRET-4f9a2c",
+    "\\\\u0073k-k3\\\\u002dSECRET-4f9a2c", "s%6B-k3\\u002DSECRET-4f9a2c",
+    base64.urlsafe_b64encode(b"\xff\xfe" + KEY.encode()).decode(),
 ])
 def test_each_encoding_of_the_key(echo: str) -> None:
     assert leaks(echo, KEY)  # the check sees it

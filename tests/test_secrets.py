@@ -10,6 +10,7 @@ error bodies), served over plain HTTP or over TLS with a CA made here by the `op
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -29,17 +30,19 @@ from typing import Any
 import pytest
 
 from k3load.client import result as res
-from k3load.client.access import REDACTED, Secrets, Tls, parse_header
+from k3load.client.access import REDACTED, Secrets, Tls, env_headers, header_lines, parse_header
 from k3load.client.chat import ChatClient
 from k3load.client.transport import TRANSPORTS
 from k3load.evidence import lines, records_file
 from k3load.loadgen.inputs import HarnessError, check_options
 from k3load.loadgen.observe import Restarter
-from k3load.loadgen.options import public_options
+from k3load.loadgen.options import header, public_options
 from k3load.precheck import run_precheck
 from k3load.precheck.evidence import redact_body
+from k3load.private_files import exposed
 from k3load.rundir import JsonlLog, redact_in_files
 from k3load.sampler.fetch import fetch
+from tests.secret_scan import encodings, leaks
 from tests.test_locust_run import VERDICT_CODES, _plan, run_locust
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,8 +66,12 @@ class EchoHandler(BaseHTTPRequestHandler):
         pass
 
     def _echo(self) -> str:
+        """The secrets as received, and each in every form a server may echo it (JSON escapes, percent,
+        base64 of user:key; tests/secret_scan.py's `encodings`)."""
         auth, gateway = self.headers.get("Authorization"), self.headers.get("X-Gateway-Token")
-        return f"Authorization={auth!r} X-Gateway-Token={gateway!r}"
+        forms = [form for value in ((auth or "").removeprefix("Bearer "), gateway or "") if value
+                 for form in encodings(value).values()]
+        return f"Authorization={auth!r} X-Gateway-Token={gateway!r} forms={' '.join(forms)}"
 
     def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
         self.send_response(status)
@@ -202,10 +209,11 @@ def tls_echo(certs: SimpleNamespace) -> Iterator[EchoServer]:
 
 
 def _leaks(run_dir: Path, *texts: str) -> list[str]:
-    """Where a secret shows: files under the run directory (any bytes), and the given console texts."""
+    """Where a secret can be read back, in any form (tests/secret_scan.py): files under the run directory
+    (any bytes, compressed ones inflated), and the given console texts."""
     found = [f"{p.relative_to(run_dir)}: {s}" for p in sorted(run_dir.rglob("*")) if p.is_file()
-             for s in SECRETS if s in "".join(lines(p, errors="replace"))]
-    return found + [f"console: {s}" for text in texts for s in SECRETS if s in text]
+             for s in SECRETS if leaks("".join(lines(p, errors="replace")), s)]
+    return found + [f"console: {s}" for text in texts for s in SECRETS if leaks(text, s)]
 
 
 # -- units ------------------------------------------------------------------------------------------
@@ -228,10 +236,17 @@ def test_secrets_redact_values_and_their_json_form_and_never_show_in_errors_or_r
         Secrets.parse(KEY, [f"Authorization: Basic {GATEWAY}"])
 
 
-def test_run_json_options_keep_header_names_only_and_a_missing_ca_bundle_names_the_option(tmp_path: Path) -> None:
-    opts = SimpleNamespace(k3_api_key=KEY, k3_header=[GATEWAY_HEADER], k3_ca_bundle="", k3_insecure=True)
+def test_run_json_options_keep_header_names_and_command_programs_only_and_a_missing_ca_bundle_names_the_option(
+        tmp_path: Path) -> None:
+    opts = SimpleNamespace(k3_api_key=KEY, k3_header=[GATEWAY_HEADER, "X-Tenant: t-1\nX-Other: o-2"],
+                           k3_ca_bundle="", k3_insecure=True,
+                           k3_server_log_cmd=f"kubectl logs -f vllm-0 --token={GATEWAY}",
+                           k3_restart_cmd=f"VLLM_API_KEY={KEY} systemctl restart vllm")
     shown = public_options(opts)
-    assert shown["k3_header"] == ["X-Gateway-Token: ***"] and shown["k3_api_key"] == "***"
+    assert shown["k3_header"] == ["X-Gateway-Token: ***", "X-Tenant: ***", "X-Other: ***"]
+    assert shown["k3_api_key"] == "***" and "t-1" not in json.dumps(shown)
+    assert shown["k3_server_log_cmd"] == "kubectl … (arguments withheld: they may hold tokens)"
+    assert shown["k3_restart_cmd"] == "systemctl … (arguments withheld: they may hold tokens)"
     assert shown["k3_insecure"] is True and not _leaks(tmp_path, json.dumps(shown))
     base = dict(k3_sample_interval=1.0, k3_scrape_timeout=0.0, k3_max_restarts=3, k3_out=str(tmp_path / "out"),
                 k3_recipe=str(LOCAL), k3_container_info="", k3_startup_log="", k3_custom_build="",
@@ -329,9 +344,37 @@ def test_a_restarted_server_does_not_hold_the_harness_console_open(tmp_path: Pat
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)
 
 
+def test_headers_come_from_a_file_or_the_environment_and_errors_name_the_line_never_the_value(tmp_path: Path) -> None:
+    """curl's `-H @FILE`: one header a line, blank lines and # comments skipped; K3_HEADER: one a line, or
+    @FILE. A file's errors name the file and the line; no error repeats a value."""
+    file = tmp_path / "headers"
+    file.write_text(f"# the gateway's\n\n{GATEWAY_HEADER}\r\nX-Tenant: t-1\n")
+    assert header_lines([f"@{file}"]) == [GATEWAY_HEADER, "X-Tenant: t-1"]
+    assert Secrets.parse(KEY, [f"@{file}"]).request_headers()["X-Gateway-Token"] == GATEWAY
+    assert header(f"@{file}") == f"{GATEWAY_HEADER}\nX-Tenant: t-1"  # --k3-header: what a worker is told
+    assert env_headers({"K3_HEADER": f"{GATEWAY_HEADER}\nX-Tenant: t-1"}) == [f"{GATEWAY_HEADER}\nX-Tenant: t-1"]
+    assert Secrets.parse(None, env_headers({"K3_HEADER": f"@{file}"})).headers[1] == ("X-Tenant", "t-1")
+    assert env_headers({"K3_HEADER": " "}) == [] and env_headers({}) == []
+    bad = tmp_path / "bad"
+    for text, words in ((f"{GATEWAY_HEADER}\nX-Token {GATEWAY}\n", f"@{bad} line 2: must be 'Name: value'"),
+                        (f"\nBearer {GATEWAY}: x\n", f"@{bad} line 2: the text before ':' is not an HTTP header"),
+                        (f"X-Empty:\n{GATEWAY_HEADER}\n", f"@{bad} line 1: the value of X-Empty is empty")):
+        bad.write_text(text)
+        for call in (lambda: header_lines([f"@{bad}"]), lambda: header(f"@{bad}")):
+            with pytest.raises((ValueError, argparse.ArgumentTypeError)) as err:
+                call()
+            assert str(err.value).startswith(words) and GATEWAY not in str(err.value), err.value
+    for item, words in ((f"@{tmp_path / 'nope'}", f"@{tmp_path / 'nope'}: no such file"),
+                        (f"Bearer {GATEWAY}: x", "the text before ':'"),
+                        (f"{GATEWAY_HEADER}\nX {GATEWAY}", "line 2: must be 'Name: value'")):
+        with pytest.raises(ValueError) as err:
+            header_lines([item])
+        assert str(err.value).startswith(words) and GATEWAY not in str(err.value), err.value
+
+
 # -- the `k3load` subcommands that reach the target ---------------------------------------------------
-def _k3load(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    env = {**os.environ, "K3_API_KEY": KEY}
+def _k3load(*args: str, timeout_s: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "K3_API_KEY": KEY, **(env or {})}
     return subprocess.run([sys.executable, "-m", "k3load", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout_s)
 
@@ -356,15 +399,41 @@ def test_precheck_and_sample_commands_reach_a_tls_gateway_with_its_header_and_wr
     assert not _leaks(tmp_path, pre.stdout, pre.stderr, sample.stdout, sample.stderr)
 
 
+def test_precheck_and_sample_take_the_gateway_header_from_a_file_or_K3_HEADER(echo: EchoServer,
+                                                                               tmp_path: Path) -> None:
+    """No value on the command line, where ps and /proc/PID/cmdline show it to every local user."""
+    file = tmp_path / "headers"
+    file.write_text(f"# gateway\n{GATEWAY_HEADER}\n")
+    pre = _k3load("precheck", "--recipe", str(LOCAL), "--base-url", echo.url, "--no-nvml", "--header", f"@{file}",
+                  "--out", str(tmp_path / "pre"))
+    assert pre.returncode in (0, 2), pre.stderr
+    assert {"/version", "/v1/models", "/metrics"} <= echo.paths_with(3, GATEWAY)
+    echo.seen.clear()
+    sample = _k3load("sample", "--metrics-url", f"{echo.url}/metrics", "--nvml", "off", "--interval", "0.2",
+                     "--duration", "1", "--out", str(tmp_path / "sample"), env={"K3_HEADER": GATEWAY_HEADER})
+    assert sample.returncode == 0 and "0 failed" in sample.stdout, sample.stderr
+    assert {"/metrics", "/health"} <= echo.paths_with(3, GATEWAY) and {s[1] for s in echo.seen} == \
+        echo.paths_with(3, GATEWAY)
+    assert not _leaks(tmp_path / "pre", pre.stdout, pre.stderr) and not _leaks(tmp_path / "sample", sample.stdout,
+                                                                                     sample.stderr)
+    assert exposed(tmp_path / "pre") == [] and exposed(tmp_path / "sample") == []  # 0600 files, 0700 folders
+
+
 @pytest.mark.parametrize(("command", "code"), [("precheck", 3), ("sample", 2)])
 def test_the_subcommands_name_a_bad_access_option(tmp_path: Path, command: str, code: int) -> None:
     target = (["--recipe", str(LOCAL), "--base-url", "http://127.0.0.1:9", "--no-nvml"] if command == "precheck"
               else ["--metrics-url", "http://127.0.0.1:9/metrics"])
+    bad_file = tmp_path / "headers"
+    bad_file.write_text(f"{GATEWAY_HEADER}\n\nBad {GATEWAY}\n")
     for bad, line in ((["--ca-bundle", str(tmp_path / "nope.pem")], f"--ca-bundle {tmp_path / 'nope.pem'}: no such "
-                       "file"), (["--header", f"X-Token {GATEWAY}"], "--header: must be 'Name: value'")):
+                       "file"), (["--header", f"X-Token {GATEWAY}"], "--header: must be 'Name: value'"),
+                      (["--header", f"@{tmp_path / 'none'}"], f"--header: @{tmp_path / 'none'}: no such file"),
+                      (["--header", f"@{bad_file}"], f"--header: @{bad_file} line 3: must be 'Name: value'")):
         done = _k3load(command, *target, *bad, "--out", str(tmp_path / command))
         assert done.returncode == code and done.stderr.strip() == f"k3load {command}: {line}", done.stderr
         assert not (tmp_path / command).exists() and GATEWAY not in done.stderr
+    done = _k3load(command, *target, "--out", str(tmp_path / command), env={"K3_HEADER": f"X-Token {GATEWAY}"})
+    assert done.returncode == code and done.stderr.strip() == f"k3load {command}: --header: must be 'Name: value'"
 
 
 # -- whole runs (the run against the echoing server is a row of tests/test_reliability_matrix.py) -----
