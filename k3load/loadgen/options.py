@@ -168,10 +168,14 @@ COMMAND_OPTIONS = ("k3_server_log_cmd", "k3_restart_cmd")  # only the program: a
 
 def public_options(parsed: Any) -> dict[str, Any]:
     """Every option of the run with secrets replaced, for run.json: a header's name only, a command's
-    program only (k3load.command_name.withheld)."""
+    program only (k3load.command_name.withheld). The key and headers held out of the options at `init`
+    (k3load.loadgen.held_secrets) are said as if still there."""
+    kept = held_secrets.held(parsed)
+    held = {"k3_api_key": kept.api_key, "k3_header": list(kept.headers)}
     out = {}
     for key, value in sorted(vars(parsed).items()):
         secret = key in SECRET_OPTIONS or any(word in key.lower() for word in ("key", "token", "password"))
+        value = value or held.get(key, value)
         if key in SECRET_VALUE_OPTIONS:
             out[key] = [f"{parse_header(line)[0]}: ***" for line in header_lines(value or [])]
         elif key in COMMAND_OPTIONS:
