@@ -181,7 +181,7 @@ def access_problem(api_key: str | None, headers: Iterable[str], ca_bundle: str |
 def add_access_arguments(parser: argparse.ArgumentParser) -> None:
     """`--header`, `--ca-bundle`, `--insecure` for the `k3load` subcommands that reach the target, with
     the meaning of Locust's `--k3-header`, `--k3-ca-bundle`, `--k3-insecure`."""
-    parser.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'|@FILE",
+    parser.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'/@FILE",
                         help="extra header on every request to the target (repeatable), e.g. a gateway's token; "
                         "@FILE reads one header a line (# comments), and $K3_HEADER is used when no --header is "
                         "given (one header a line, or @FILE), so no value need show in ps; values are secrets: "
