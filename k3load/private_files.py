@@ -18,6 +18,7 @@ import contextlib
 import os
 import stat
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -94,6 +95,24 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def narrow_existing(paths: Iterable[Path]) -> None:
+    """Files made by others' writers (Locust's --csv, --logfile, --json-file, --html outputs inside a run
+    directory, opened before a run starts with the process's umask): 0600 where they exist and are ours."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+            if mode & 0o077 and os.stat(path).st_uid == os.geteuid():
+                os.chmod(path, mode & (DIR_MODE if Path(path).is_dir() else FILE_MODE))
+
+
+def restrict_umask() -> int:
+    """The process's umask with group and other bits added (what was there kept): every file the process
+    makes from now on without a mode of its own is its owner's only. Returns the umask it had."""
+    before = os.umask(0o077)
+    os.umask(before | 0o077)
+    return before
 
 
 def exposed(root: Path) -> list[str]:

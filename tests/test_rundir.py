@@ -24,7 +24,7 @@ from k3load.client.access import Secrets
 from k3load.loadgen.inputs import load_inputs
 from k3load.loadgen.redact_lines import VALUES_ENV
 from k3load.precheck.evidence import Gatherer, evidence_hashes
-from k3load.private_files import exposed, is_temp, make_run_dir
+from k3load.private_files import exposed, is_temp, make_run_dir, narrow_existing, restrict_umask
 from k3load.rundir import (
     JsonlLog,
     copy_file_redacted,
@@ -182,6 +182,22 @@ def test_every_file_of_a_run_directory_is_0600_and_every_folder_0700(tmp_path: P
     assert exposed(run) == ["late.txt"]
     moved = set_aside_previous_run(run, keep={run / "late.txt"})
     assert moved is not None and exposed(moved) == [] and oct(stat.S_IMODE(moved.stat().st_mode)) == "0o700"
+
+
+def test_others_outputs_are_narrowed_and_the_umask_only_ever_restricted(tmp_path: Path, umask_022: None) -> None:
+    """Locust's own outputs (opened before the run starts) narrowed at start; the umask that covers what
+    Locust opens later keeps every bit it had and adds group and other."""
+    late = [tmp_path / "locust_stats.csv", tmp_path / "locust.log"]
+    for path in late:
+        path.write_text("x\n")
+    narrow_existing([*late, tmp_path / "absent.csv"])
+    assert exposed(tmp_path) == []
+    before = restrict_umask()
+    try:
+        (tmp_path / "later.csv").write_text("y\n")
+        assert before == 0o022 and oct(stat.S_IMODE((tmp_path / "later.csv").stat().st_mode)) == "0o600"
+    finally:
+        os.umask(before)
 
 
 class _Interrupted(Exception):
