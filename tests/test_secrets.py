@@ -42,6 +42,7 @@ from k3load.precheck.evidence import redact_body
 from k3load.private_files import exposed
 from k3load.rundir import JsonlLog, redact_in_files
 from k3load.sampler.fetch import fetch
+from k3load.sampler.logtail import LogTail
 from tests.secret_scan import encodings, leaks
 from tests.test_locust_run import VERDICT_CODES, _plan, run_locust
 
@@ -315,6 +316,22 @@ def test_a_restart_commands_output_is_logged_redacted_and_outlives_the_harness_c
         time.sleep(0.05)
     assert log.read_text() == f"serve --api-key {REDACTED} --header {REDACTED}\nlater {REDACTED}\n"
     assert not _leaks(tmp_path)
+
+
+def test_a_log_command_that_cannot_run_is_named_by_its_program_only(tmp_path: Path) -> None:
+    """`VLLM_API_KEY=... kubectl logs ...` has no shell to take the assignment: the OSError names the first
+    word, the key; the event says the program and why."""
+    events: list[dict[str, Any]] = []
+    tail = LogTail(tmp_path / "server.log", lambda name, ts, **fields: events.append(fields), time.time,
+                   cmd=f"VLLM_API_KEY={KEY} no-such-program-k3 logs --token={GATEWAY}")
+    tail.start()
+    deadline = time.monotonic() + 10
+    while not events and time.monotonic() < deadline:
+        time.sleep(0.02)
+    tail.stop()
+    assert events[0]["error"] == ("FileNotFoundError: No such file or directory (no-such-program-k3 … (arguments "
+                                  "withheld: they may hold tokens))"), events
+    assert not _leaks(tmp_path, json.dumps(events))
 
 
 def test_a_restarted_server_does_not_hold_the_harness_console_open(tmp_path: Path) -> None:
