@@ -21,6 +21,7 @@ from k3load.evidence import lines
 from k3load.loadgen import held_secrets, ui_guard
 from k3load.loadgen.live import LINKS
 from k3load.loadgen.options import LIVE_OPTIONS, SAFE_WEB_HOST, add_options, run_access
+from k3load.private_files import exposed
 from tests.test_locust_run import ROOT, _free_port, _locust_group, _plan, locust_cmd
 from tests.test_workers_remote import _process, _wait
 from tests.webui_fixtures import WebUI, web_ui_fixture  # noqa: F401  (the web_ui fixture)
@@ -190,6 +191,7 @@ def test_the_web_ui_runs_no_ones_command_sends_the_key_nowhere_else_and_shows_no
     assert not marker.exists() and not elsewhere.exists()
     run_files = {str(p): "".join(lines(p, errors="replace")) for p in ui.out.rglob("*") if p.is_file()}
     assert run_files and not _leaks(run_files)
+    assert exposed(ui.out) == []  # every file 0600, every folder 0700 (k3load.private_files)
     log = (tmp_path / "locust.log").read_text()
     assert log.count("k3load: web UI: refused") == len(attacks) + 2 and not _leaks({"log": log})
 
@@ -327,3 +329,4 @@ def test_a_worker_with_the_same_key_in_its_environment_runs_the_masters_plan(sta
                 os.killpg(worker.pid, signal.SIGKILL)
     assert returncode in VERDICT_CODES, logs[0].read_text()[-3000:]
     assert "refuse" not in logs[1].read_text() and not _leaks({"worker": logs[1].read_text()})
+    assert exposed(out) == [] and (out / "locust_stats.csv").exists()  # Locust's own --csv outputs too

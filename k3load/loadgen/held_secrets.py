@@ -26,6 +26,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+from k3load.client.access import header_lines
 from k3load.client.origin import port
 
 ROUNDS = 100_000  # ~0.1 s once per process start and per test start on a worker
@@ -98,7 +99,7 @@ def check_token(secrets: Held, target_origin: str, salt: bytes | None = None) ->
 
 
 def _digest(secrets: Held, target_origin: str, salt: bytes, rounds: int) -> str:
-    material = json.dumps([target_origin, secrets.api_key, list(secrets.headers)]).encode()
+    material = json.dumps([target_origin, secrets.api_key, header_lines(secrets.headers)]).encode()
     return hashlib.pbkdf2_hmac("sha256", material, salt, rounds).hex()[:32]
 
 

@@ -38,6 +38,7 @@ from k3load.loadgen import delivery, held_secrets, sigterm, ui_guard, webui
 from k3load.loadgen.inputs import HARNESS_ERROR_EXIT, check_inputs
 from k3load.loadgen.options import add_options
 from k3load.loadgen.session import HarnessSession
+from k3load.private_files import restrict_umask
 from k3load.rundir import write_json_atomic
 from k3load.summary import format_summary, summarise
 
@@ -47,6 +48,7 @@ PLANS_DIR = Path(__file__).resolve().parents[2] / "plans"
 
 
 def _on_init(environment: Any, **_kwargs: Any) -> None:
+    restrict_umask()  # what Locust opens from here on (--csv, --html, --json-file) is this user's alone
     session = HarnessSession(environment)
     if session.role in ("local", "master"):
         _check_inputs(environment.parsed_options, session)

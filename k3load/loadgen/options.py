@@ -106,9 +106,11 @@ def add_options(parser: Any) -> None:
 def _access_options(group: Any) -> None:
     """How to reach a protected target: a gateway's headers and TLS trust (the key is --k3-api-key)."""
     group.add_argument("--k3-header", action="append", default=[], type=header, env_var="K3_HEADER",
-                       is_secret=True, metavar="'NAME: VALUE'",
+                       is_secret=True, metavar="'NAME: VALUE'/@FILE",
                        help="extra header on every request to the target (repeatable), e.g. a gateway's token; "
-                       "its value is a secret: never written to logs, records or reports")
+                       "@FILE reads one a line (blank lines and # comments skipped, as curl); K3_HEADER holds one a "
+                       "line, or @FILE (a worker reads its own); its value is a secret: never written to logs, "
+                       "records or reports, never sent to workers")
     group.add_argument("--k3-ca-bundle", default="", env_var="K3_CA_BUNDLE",
                        help="PEM file of CA certificates trusted for an https target, on top of the system's "
                        "(a private CA)")

@@ -39,6 +39,7 @@ from k3load.loadgen.options import locust_late_outputs, public_options, run_acce
 from k3load.loadgen.request_events import fire_request_events
 from k3load.loadgen.restart_drill import RestartDrill
 from k3load.loadgen.worker import WorkerLink
+from k3load.private_files import make_run_dir, narrow_existing
 from k3load.records import Attempt
 from k3load.rundir import JsonlLog, set_aside_previous_run, write_atomic, write_json_atomic
 from k3load.sampler import Sampler
@@ -154,8 +155,9 @@ class HarnessSession:
                         "not checked; run.json says so")
         reference = reference_record(Path(opts.k3_reference)) if getattr(opts, "k3_reference", "") else None
         self._discover_server()  # first: a server that does not answer leaves no run directory behind
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        make_run_dir(self.run_dir)  # 0700, and every file in it 0600 (k3load.private_files)
         self.previous_run_moved_to = set_aside_previous_run(self.run_dir, self._files_in_use())
+        narrow_existing(self.run_dir / p for p in locust_late_outputs(opts, self.run_dir))  # opened before init
         if self.previous_run_moved_to is not None:
             log.warning("k3load: %s held an earlier run; moved it to %s", self.run_dir, self.previous_run_moved_to)
         self._records = JsonlLog(self.run_dir / RECORDS)
