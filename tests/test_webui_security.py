@@ -72,7 +72,9 @@ def test_users_rates_live_options_and_a_shipped_plan_pass_and_the_target_is_boun
         assert why is not None and "bound" in why and "pw" not in why, other
     assert "bound" in (ui_guard.refusal({"host": TARGET}, None, PLANS) or "")  # no target given at start
     for plan in ("../plans/smoke", "/tmp/plan.yaml", "nosuchplan", "smoke.yaml"):
-        assert "plan" in (ui_guard.refusal({"k3_plan": plan}, TARGET, PLANS) or ""), plan
+        assert "plan" in (ui_guard.refusal({"k3_plan": plan}, TARGET, PLANS, "/srv/mine.yaml") or ""), plan
+    # the page sends the live options back as they are: the plan file given at start passes
+    assert ui_guard.refusal({"k3_plan": "/srv/mine.yaml"}, TARGET, PLANS, "/srv/mine.yaml") is None
 
 
 def test_user_settings_change_only_tasks_weight_and_count() -> None:

@@ -39,8 +39,9 @@ WHY_FIXED = {  # the options a refusal most often meets, said in words; any othe
 }
 
 
-def refusal(form: Mapping[str, Any], start_host: str | None, plans_dir: Path) -> str | None:
-    """Why this /swarm form is refused, or None. `form`: its field names to values (the first of each)."""
+def refusal(form: Mapping[str, Any], start_host: str | None, plans_dir: Path, start_plan: str = "") -> str | None:
+    """Why this /swarm form is refused, or None. `form`: its field names to values (the first of each); Locust's
+    page sends every live option back with its value, the plan given at start among them."""
     fixed = sorted(name for name in form if name not in SWARM_FIELDS | LIVE_OPTIONS | {"host"})
     if fixed:
         name = fixed[0]
@@ -52,7 +53,7 @@ def refusal(form: Mapping[str, Any], start_host: str | None, plans_dir: Path) ->
         return (f"the start request names another target ({origin(str(host)) or 'not a URL'}) than the one given at "
                 f"start ({origin(start_host) or 'none'}): the key is bound to that one; restart k3load with --host")
     plan = form.get("k3_plan")
-    if plan and not (PLAN_NAME.fullmatch(str(plan)) and (plans_dir / f"{plan}.yaml").is_file()):
+    if plan and plan != start_plan and not (PLAN_NAME.fullmatch(str(plan)) and (plans_dir / f"{plan}.yaml").is_file()):
         return "the start request names a plan that is not one shipped under plans/ (a file is chosen at start)"
     return None
 

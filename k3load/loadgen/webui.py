@@ -53,6 +53,7 @@ def register(environment: Any, live: LiveState | None = None) -> LiveState:
         {"href": "./k3load/state", "title": "k3load state (JSON)"},
         {"href": "./k3load/run/report.html", "title": "k3load report of the last judged run"}]
     app, auth = web_ui.app, web_ui.auth_required_if_enabled
+    start_plan = getattr(environment.parsed_options, "k3_plan", "") or ""  # a file given at start stays allowed
 
     @app.route("/k3load/state")
     @auth
@@ -87,7 +88,7 @@ def register(environment: Any, live: LiveState | None = None) -> LiveState:
             return None
         bound = held_secrets.held(environment.parsed_options).origin or environment.host
         if request.path == "/swarm":
-            why = ui_guard.refusal(request.form, bound, PLANS_DIR)
+            why = ui_guard.refusal(request.form, bound, PLANS_DIR, start_plan)
         else:
             why = ui_guard.user_settings_refusal(request.get_json(force=True, silent=True), bound)
         if why is None:
