@@ -35,7 +35,7 @@ from k3load.client.secret_forms import REDACTED, Redactor, redactor
 from k3load.clock import now
 from k3load.events import Event
 from k3load.evidence import LEGACY, RECORDS, GzipSink, start_flusher
-from k3load.private_files import DIR_MODE, make_dirs, open_private, temp_beside
+from k3load.private_files import DIR_MODE, make_dirs, open_private, temp_beside, write_bytes_atomic
 
 # How text files are written: a lone surrogate (a server's `"\\ud83d"`, or a byte that was not UTF-8,
 # kept by the client as U+DC80..U+DCFF) cannot be encoded as UTF-8; strict writing raised and lost
@@ -74,16 +74,7 @@ def scrub_bytes(data: bytes) -> bytes:
 
 def write_atomic(path: Path, text: str) -> None:
     """`text`, secrets replaced, in a 0600 temporary file beside `path`, renamed onto it."""
-    text = scrub(text)
-    fd, tmp = temp_beside(path)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors=ENCODING_ERRORS) as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_bytes_atomic(path, scrub(text).encode("utf-8", errors=ENCODING_ERRORS))
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
