@@ -109,7 +109,7 @@ def _open_tab(chrome: Any) -> None:
                                       if t.text.strip().lower() == "k3load"])[0].click()
 
 
-def test_the_k3load_tab_follows_a_manual_ramp_and_each_test_is_its_own_run(web_ui, driver):
+def test_the_k3load_tab_follows_a_manual_ramp_and_each_test_is_its_own_run(web_ui, driver, tmp_path):
     from selenium.webdriver.common.by import By
 
     ui, _sim = web_ui("--k3-manual")
@@ -163,3 +163,5 @@ def test_the_k3load_tab_follows_a_manual_ramp_and_each_test_is_its_own_run(web_u
     _click_text(driver, "Stop")
     state = ui.wait_for(lambda s: s["verdict"] is not None, 90, "the second verdict")
     assert state["run_id"] == rows["run"].split()[0] != first_run
+    # the page's own start requests (its live options under the names it gives them) were never refused
+    assert "web UI: refused" not in (tmp_path / "locust.log").read_text()

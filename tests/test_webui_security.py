@@ -77,6 +77,24 @@ def test_users_rates_live_options_and_a_shipped_plan_pass_and_the_target_is_boun
     assert ui_guard.refusal({"k3_plan": "/srv/mine.yaml"}, TARGET, PLANS, "/srv/mine.yaml") is None
 
 
+def test_the_live_options_pass_under_the_names_locusts_page_gives_them_and_are_read_as_values() -> None:
+    """Locust's page camelCases option names and snake_cases them back, mangling the digit of `k3_`: its start
+    request carries `k_3plan`, `k_3max_body_bytes`, ... (seen from the page in test_webui_browser)."""
+    assert ui_guard.page_name("k3_max_body_bytes") == "k_3max_body_bytes"
+    assert ui_guard.page_name("k3_plan") == "k_3plan" and ui_guard.page_name("user_count") == "user_count"
+    assert set(ui_guard.LIVE_TYPES) == set(LIVE_OPTIONS) and set(ui_guard.PAGE_NAMES.values()) == set(LIVE_OPTIONS)
+    page = {"user_count": "2", "spawn_rate": "1", "host": TARGET, "k_3plan": "smoke", "k_3seed": "7",
+            "k_3model": "", "k_3transport": "httpx", "k_3sample_interval": "0.5", "k_3max_body_bytes": "100",
+            "k_3max_line_bytes": "50"}
+    assert ui_guard.refusal(page, TARGET, PLANS) is None
+    assert ui_guard.live_settings(page) == {"k3_plan": "smoke", "k3_seed": 7, "k3_model": "", "k3_transport": "httpx",
+                                            "k3_sample_interval": 0.5, "k3_max_body_bytes": 100,
+                                            "k3_max_line_bytes": 50}
+    for key, bad in (("k_3seed", "x"), ("k3_transport", "curl"), ("k_3max_body_bytes", "0"),
+                     ("k_3sample_interval", "nan"), ("k_3plan", "/etc/passwd")):
+        assert ui_guard.refusal({**page, key: bad}, TARGET, PLANS) is not None, key
+
+
 def test_user_settings_change_only_tasks_weight_and_count() -> None:
     ok = {"user_class_name": "AgentUser", "tasks": ["play"], "weight": 2, "fixed_count": 0}
     assert ui_guard.user_settings_refusal(ok, TARGET) is None

@@ -15,14 +15,15 @@ is bound to it); a plan only by the name of one under plans/. Values are never r
 
 from __future__ import annotations
 
+import argparse
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from k3load.client.origin import is_loopback
 from k3load.loadgen.held_secrets import origin
-from k3load.loadgen.options import LIVE_OPTIONS
+from k3load.loadgen.options import LIVE_OPTIONS, TRANSPORTS, positive_bytes
 
 # Locust 2.47's own swarm form fields (webui: userCount, spawnRate, runTime, profile, userClasses, shapeClass,
 # sent snake_cased); `host` is checked apart
@@ -39,10 +40,55 @@ WHY_FIXED = {  # the options a refusal most often meets, said in words; any othe
 }
 
 
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise ValueError("must be a number > 0")
+    return value
+
+
+def _transport(text: str) -> str:
+    if text not in TRANSPORTS:
+        raise ValueError(f"must be one of {', '.join(TRANSPORTS)}")
+    return text
+
+
+# how each live option's text becomes its value (what argparse would make of it at start)
+LIVE_TYPES: dict[str, Callable[[str], Any]] = {
+    "k3_plan": str, "k3_seed": int, "k3_model": str, "k3_transport": _transport,
+    "k3_sample_interval": _positive_float, "k3_max_body_bytes": positive_bytes, "k3_max_line_bytes": positive_bytes}
+
+
+def page_name(dest: str) -> str:
+    """The name Locust's page gives an option in its start request: camelCased on the page and snake_cased
+    back (webui's `di`/`fi`: `/_([a-z0-9])/` up, then `/([a-z0-9])([A-Z0-9])/` to `$1_$2`), which mangles a
+    digit: `k3_max_body_bytes` comes back as `k_3max_body_bytes`, a name Locust's /swarm ignores."""
+    camel = re.sub(r"_([a-z0-9])", lambda m: m.group(1).upper(), dest)
+    return camel if camel[0].isupper() else re.sub(r"([a-z0-9])([A-Z0-9])", r"\1_\2", camel).lower()
+
+
+PAGE_NAMES = {page_name(dest): dest for dest in LIVE_OPTIONS if page_name(dest) != dest}
+
+
+def live_settings(form: Mapping[str, Any]) -> dict[str, Any]:
+    """The live options this form sets, as values, under either name (Locust applies a real name itself, with
+    no check; a page name, which it ignores, is applied by k3load.loadgen.webui). ValueError names the option."""
+    out = {}
+    for key, text in form.items():
+        dest = PAGE_NAMES.get(key, key)
+        if dest in LIVE_TYPES:
+            try:
+                out[dest] = LIVE_TYPES[dest](str(text))
+            except (ValueError, argparse.ArgumentTypeError) as exc:  # int(), float(), positive_bytes
+                why = str(exc) if not isinstance(exc, ValueError) or "must" in str(exc) else "is not a number"
+                raise ValueError(f"the start request's {dest} {why}") from None
+    return out
+
+
 def refusal(form: Mapping[str, Any], start_host: str | None, plans_dir: Path, start_plan: str = "") -> str | None:
     """Why this /swarm form is refused, or None. `form`: its field names to values (the first of each); Locust's
-    page sends every live option back with its value, the plan given at start among them."""
-    fixed = sorted(name for name in form if name not in SWARM_FIELDS | LIVE_OPTIONS | {"host"})
+    page sends every live option back with its value (under its page name), the plan given at start among them."""
+    fixed = sorted(name for name in form if name not in SWARM_FIELDS | LIVE_OPTIONS | PAGE_NAMES.keys() | {"host"})
     if fixed:
         name = fixed[0]
         why = WHY_FIXED.get(name, "it is fixed when k3load starts")
@@ -52,7 +98,10 @@ def refusal(form: Mapping[str, Any], start_host: str | None, plans_dir: Path, st
     if host is not None and (not origin(str(host)) or origin(str(host)) != origin(start_host)):
         return (f"the start request names another target ({origin(str(host)) or 'not a URL'}) than the one given at "
                 f"start ({origin(start_host) or 'none'}): the key is bound to that one; restart k3load with --host")
-    plan = form.get("k3_plan")
+    try:
+        plan = live_settings(form).get("k3_plan")
+    except ValueError as exc:
+        return str(exc)
     if plan and plan != start_plan and not (PLAN_NAME.fullmatch(str(plan)) and (plans_dir / f"{plan}.yaml").is_file()):
         return "the start request names a plan that is not one shipped under plans/ (a file is chosen at start)"
     return None

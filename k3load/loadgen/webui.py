@@ -92,6 +92,9 @@ def register(environment: Any, live: LiveState | None = None) -> LiveState:
         else:
             why = ui_guard.user_settings_refusal(request.get_json(force=True, silent=True), bound)
         if why is None:
+            if request.path == "/swarm":  # the page's names for the live options, which Locust ignores
+                for dest, value in ui_guard.live_settings(request.form).items():
+                    setattr(environment.parsed_options, dest, value)
             return None
         log.error("k3load: web UI: refused a request from %s: %s", request.remote_addr, why)
         if request.path == "/user":
