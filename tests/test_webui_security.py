@@ -350,3 +350,17 @@ def test_a_worker_with_the_same_key_in_its_environment_runs_the_masters_plan(sta
     assert returncode in VERDICT_CODES, logs[0].read_text()[-3000:]
     assert "refuse" not in logs[1].read_text() and not _leaks({"worker": logs[1].read_text()})
     assert exposed(out) == [] and (out / "locust_stats.csv").exists()  # Locust's own --csv outputs too
+
+
+def test_a_spool_name_from_the_worker_port_never_points_the_master_at_another_file(tmp_path) -> None:
+    """Whoever joins the worker port names its spool in `k3_join` / `k3_done`: only a name WorkerLink gives is
+    read, directly under DIR/spool/ (a name like `../../x` or `/etc/x` is no spool at all)."""
+    from k3load.loadgen.delivery import Workers
+
+    workers = Workers()
+    for i, name in enumerate(("../../secret.jsonl.gz", "/etc/passwd", "worker-1/../../x.jsonl", 7,
+                              "worker-12.jsonl.gz\n", "worker-12.jsonl.gz")):
+        workers.joined(f"w{i}", {"host": "h", "pid": 1, "spool": name})
+        workers.done(f"w{i}", {"run_id": "r", "sent": 0, "unsent": 0, "spool": name})
+    spools = [workers.tallies[f"w{i}"].spool for i in range(6)]
+    assert spools == [None, None, None, None, None, "worker-12.jsonl.gz"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # the session holds the ledger and calls in here: imported fo
 log = logging.getLogger("k3load")
 WAIT_MARGIN_S = 10.0  # on top of --stop-timeout: a worker's stop, its last sends and its spool's seal
 PUMP_STEP_S = 0.1
+SPOOL_NAME = re.compile(r"worker-[0-9]{1,10}\.jsonl(?:\.gz)?")  # k3load.loadgen.worker.WorkerLink.join
 SPOOL_GRACE_S = 2.0  # a sealed spool ends the wait for its worker only after this: its messages come first
 OURS = frozenset(Message)  # the messages `pump` hands on after Locust's master quit (k3load.events)
 
@@ -78,7 +80,8 @@ class Workers:
 
     def joined(self, worker: str, data: dict[str, Any]) -> None:
         tally = self.tally(worker)
-        tally.host, tally.pid, tally.spool = str(data.get("host") or ""), data.get("pid"), data.get("spool")
+        tally.host, tally.pid = str(data.get("host") or ""), data.get("pid")
+        tally.spool = _spool_name(data.get("spool"))
 
     def received(self, worker: str) -> None:
         """A record arrived: a worker that sends records is not done (its users run again)."""
@@ -89,7 +92,7 @@ class Workers:
     def done(self, worker: str, data: dict[str, Any]) -> None:
         tally = self.tally(worker)
         tally.sent, tally.unsent = int(data.get("sent") or 0), int(data.get("unsent") or 0)
-        tally.spool = data.get("spool", tally.spool)
+        tally.spool = _spool_name(data["spool"]) if "spool" in data else tally.spool
 
     def pending(self, spool_dir: Path, sealed_at: dict[str, float] | None = None, now: float = 0.0) -> list[str]:
         """Workers not complete by message, but for one whose spool is sealed (FINAL) since SPOOL_GRACE_S: its
@@ -219,6 +222,16 @@ def collect(session: HarnessSession, runner: MasterRunner, timeout_s: float) -> 
                              read_after_locust_quit=pumped[0],
                              by_worker={w: asdict(t) for w, t in sorted(workers.tallies.items())})
     return problems
+
+
+def _spool_name(name: Any) -> str | None:
+    """A spool is a file directly under DIR/spool/ named as WorkerLink names it, or none: a name from whoever
+    joined the worker port (`../../..`, `/etc/...`) never makes the master read another file."""
+    if isinstance(name, str) and SPOOL_NAME.fullmatch(name):
+        return name
+    if name is not None:
+        log.warning("k3load: a worker named a spool that is not one (%.80r): its spool is not read", name)
+    return None
 
 
 def _sealed(tally: Tally, spool_dir: Path) -> bool:
