@@ -38,6 +38,7 @@ class Event(StrEnum):
     HARNESS_ERROR = "harness_error"
     LONG_INPUT_UNFIT = "long_input_unfit"
     PRECHECK = "precheck"
+    DISK_SPACE_LOW = "disk_space_low"
     STAGE_DRAIN = "stage_drain"
     WORKER_SPOOLS = "worker_spools"
     LOAD_GENERATOR_CPU = "load_generator_cpu"
@@ -100,6 +101,9 @@ FIELDS: dict[Event, frozenset[str]] = {
     Event.LONG_INPUT_UNFIT: _f("scenario", "fixed_tokens", "max_tokens", "max_model_len"),
     # k3load.loadgen.observe.precheck: compat.json's status before the first request, the failed rule ids.
     Event.PRECHECK: _f("status", "failed"),
+    # k3load.loadgen.observe.precheck: the run directory's filesystem has less free space than the plan may
+    # write (k3load.disk_full.space_needed: bytes); the run goes on and stops if the disk fills.
+    Event.DISK_SPACE_LOW: _f("free_bytes", "needed_bytes", "filesystem", "mount_point"),
     # k3load.loadgen.drain: one drain window after a plan stage. users_stopped_ts: every client had left;
     # drained: true / false / null (metrics missing); first, last: readings {ts, running, waiting, kv_usage,
     # generation_tokens, aborted}; error: only when there was no reading. k3load.analysis.drain judges it.
