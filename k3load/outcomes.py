@@ -27,3 +27,8 @@ SERVER: Final = "server"
 GATEWAY: Final = "gateway"
 CLIENT: Final = "client"
 LAYERS: Final = (MODEL_OUTPUT, PARSER, SERVER, GATEWAY, CLIENT)
+
+# The one check the harness writes about itself: an answer it could not judge (an exception while assembling,
+# validating or recording it; k3load.workload.harness_error). Its layer is CLIENT; the analysis counts such an
+# answer neither as valid nor as the server's failure, and says "inconclusive, because ..." while any exist.
+HARNESS_ERROR: Final = "harness.error"

@@ -17,11 +17,12 @@ only values differing, or the whole twin the wrong one are each counted apart.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from k3load.client.result import STATUS_OK, StreamResult
+from k3load.outcomes import HARNESS_ERROR
 from k3load.records import Finding
+from k3load.workload import strict_json
 
 CHECK = "stream.equivalence"
 # The details of passing comparisons, read back by the analysis (rules as data, never by wording).
@@ -37,10 +38,8 @@ def answer_shape(result: StreamResult) -> dict[str, Any]:
     that does not parse is kept as it is, so it differs from any parsed value."""
     calls = []
     for call in result.tool_calls:
-        try:
-            arguments: Any = json.loads(call.arguments or "")
-        except json.JSONDecodeError:
-            arguments = call.arguments
+        parsed = strict_json.parse(call.arguments or "")  # refused (deep, NaN, ...): compared as text
+        arguments: Any = parsed.value if isinstance(parsed, strict_json.Parsed) else call.arguments
         calls.append({"name": call.name, "arguments": arguments})
     return {"tool_calls": calls, "finish_reason": result.finish_reason, "content": result.content.strip()}
 
@@ -70,7 +69,8 @@ def _structural(stream: dict[str, Any], whole: dict[str, Any]) -> bool:
 def compare_twins(stream: StreamResult, stream_findings: list[Finding], whole: StreamResult,
                   whole_findings: list[Finding]) -> Finding:
     """The `stream.equivalence` finding of the streamed twin (its `detail` one of OUTCOMES when ok)."""
-    if stream.status != STATUS_OK or whole.status != STATUS_OK:
+    unjudged = any(f.check == HARNESS_ERROR for f in (*stream_findings, *whole_findings))
+    if stream.status != STATUS_OK or whole.status != STATUS_OK or unjudged:  # a twin the harness could not judge
         return Finding(CHECK, True, None, NOT_COMPARED)
     stream_shape, whole_shape = answer_shape(stream), answer_shape(whole)
     diff = differences(stream_shape, whole_shape)

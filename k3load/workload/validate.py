@@ -12,7 +12,6 @@ known name, arguments parse, `jsonschema` passes, `finish_reason == tool_calls` 
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, NamedTuple
 
@@ -21,6 +20,7 @@ import jsonschema
 from k3load.client.result import STATUS_HTTP_ERROR, STATUS_OK, STATUS_STREAM_ERROR, STATUS_TIMEOUT, StreamResult
 from k3load.outcomes import CLIENT, GATEWAY, MODEL_OUTPUT, PARSER, SERVER
 from k3load.records import Finding, timing_fields
+from k3load.workload import strict_json
 from k3load.workload.scenario import Scenario, Turn
 
 # Markup that must never reach `content`: K2 and K3 tool sections, hermes tags, reasoning tags.
@@ -42,11 +42,9 @@ GATEWAY_STATUSES = (429, 502, 504)  # vLLM itself never answers these: a proxy o
 
 def vllm_error(body: str | None) -> dict[str, Any] | None:
     """vLLM's own JSON error body ({"error": {"message", "type", "code"}} in 0.32, the flat
-    {"object": "error", "message"} before): a server answer, not a proxy's page."""
-    try:
-        data = json.loads(body or "")
-    except (json.JSONDecodeError, TypeError):
-        return None
+    {"object": "error", "message"} before): a server answer, not a proxy's page. Read strictly
+    (k3load.workload.strict_json): a body nested without limit is no vLLM error, and never raises."""
+    data = strict_json.loads_or_none(body)
     if not isinstance(data, dict):
         return None
     nested = data.get("error")
@@ -171,11 +169,11 @@ def check_tool_calls(result: StreamResult, scenario: Scenario) -> list[Finding]:
         if schema is None:
             findings.append(_fail("tool_call.name", MODEL_OUTPUT, f"{where}: not one of the request's tools"))
             continue
-        try:
-            arguments = json.loads(call.arguments or "")
-        except json.JSONDecodeError as exc:
-            findings.append(_arguments_not_json(result, where, exc, call.arguments))
+        parsed = strict_json.parse(call.arguments or "")
+        if isinstance(parsed, strict_json.Refused):
+            findings.append(_arguments_not_json(result, where, parsed, call.arguments))
             continue
+        arguments = parsed.value
         if not isinstance(arguments, dict):
             findings.append(_fail("tool_call.arguments_schema", MODEL_OUTPUT, f"{where}: not an object"))
             continue
@@ -183,10 +181,16 @@ def check_tool_calls(result: StreamResult, scenario: Scenario) -> list[Finding]:
     return findings
 
 
-def _arguments_not_json(result: StreamResult, where: str, exc: json.JSONDecodeError, text: str | None) -> Finding:
+def _arguments_not_json(result: StreamResult, where: str, refused: strict_json.Refused, text: str | None) -> Finding:
     """Arguments that do not parse: the parser's fault, unless the model ran out of tokens mid-call
     (finish_reason `length`). A small model looping inside a string argument ("...-task-to-add-to-...")
-    until max_tokens leaves cut JSON that no parser could mend: that is the model's output."""
+    until max_tokens leaves cut JSON that no parser could mend: that is the model's output. Arguments that
+    are JSON but refused by the strict rules (nested past the limit, NaN, a key given twice, a number past
+    the limits: k3load.workload.strict_json) are what the model wrote, copied faithfully: `model_output`."""
+    if refused.strict:
+        return _fail("tool_call.arguments_json", MODEL_OUTPUT,
+                     f"{where}: arguments {refused.reason} ({_size(text)}: {_start(text)})")
+    exc = refused.reason
     if result.finish_reason == "length":
         return _fail("tool_call.arguments_json", MODEL_OUTPUT,
                      f"{where}: cut at max_tokens (finish_reason length) mid-arguments: {exc}: {text!r}")
@@ -313,15 +317,28 @@ def _minus(items: list[str], taken: list[str]) -> list[str]:
 def _check_json(result: StreamResult, turn: Turn) -> Finding:
     schema = turn.expect.get("schema") or \
         (turn.settings.get("response_format") or {}).get("json_schema", {}).get("schema", {})
-    try:
-        value = json.loads(result.content)
-    except json.JSONDecodeError as exc:
+    parsed = strict_json.parse(result.content)
+    if isinstance(parsed, strict_json.Refused) and parsed.strict:  # JSON, but not what a strict client reads
+        return _fail("expect.json", MODEL_OUTPUT, f"content {parsed.reason} ({_size(result.content)}: "
+                     f"{_start(result.content)})")
+    if isinstance(parsed, strict_json.Refused):
+        exc = parsed.reason
         if result.finish_reason == "length":  # cut by max_tokens: no grammar or parser can close it
             return _fail("expect.json", MODEL_OUTPUT, f"content cut at max_tokens (finish_reason length), not "
                          f"JSON ({exc}): {result.content[:200]!r}")
         layer = PARSER if "response_format" in turn.settings else MODEL_OUTPUT
         return _fail("expect.json", layer, f"content is not JSON ({exc}): {result.content[:200]!r}")
-    return _schema_finding("expect.json", value, schema, "content")
+    return _schema_finding("expect.json", parsed.value, schema, "content")
+
+
+def _size(text: str | None) -> str:
+    return f"{len(text or ''):,} characters"
+
+
+def _start(text: str | None) -> str:
+    """The first 80 characters, quoted: enough to recognise the shape, never a 100 KB detail."""
+    text = text or ""
+    return repr(text[:80]) + ("…" if len(text) > 80 else "")
 
 
 def validate(result: StreamResult, scenario: Scenario, turn: Turn, timing: dict[str, Any] | None = None,
