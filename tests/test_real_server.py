@@ -487,7 +487,10 @@ def test_kv_starved_server_is_judged_short_of_kv_with_the_limit_named(vllm_pool,
     # The sampler reads the KV gauge once a second (late, under this load), so a full cache shows as a
     # 100% peak only when a reading falls in it: a clean-clone run read 96% (22 of 23 blocks) at most in
     # c8 while vLLM preempted 10 requests there. Either names the KV cache as what ran out in the stage.
-    assert over["waiting_max"] > 0 and (over["kv_usage_max"] >= 0.98 or over["preemptions"]), over
+    # The waiting gauge likewise: a run with the machine oversubscribed read 0 waiting in every c8 scrape
+    # while vLLM preempted 2 there; the queue is asked of the whole run (its soak waited 9 s), not one stage.
+    assert over["kv_usage_max"] >= 0.98 or over["preemptions"], over
+    assert max(s["waiting_max"] or 0 for s in stages.values()) > 0, stages
     assert re.search(r"stage concurrency-c8 \(8 users\): .*(KV cache usage reached 100% > 98%|preemptions/min > )",
                      reasons(verdict, "resources"))
     # How long the queue stayed non-empty depends on this machine's speed (7 s and under 5 s both seen):
