@@ -17,6 +17,9 @@ from k3load.analysis.pillar import PillarResult
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.stats import decide_rate, more_attempts_to_decide, wilson
 from k3load.analysis.tool_calls import known_failures
+from k3load.analysis.unjudged import numbers as unjudged_numbers
+from k3load.analysis.unjudged import rule as unjudged_rule
+from k3load.analysis.unjudged import split as split_unjudged
 from k3load.outcomes import FAIL, INCONCLUSIVE, LAYERS, NOT_RUN, PASS
 from k3load.workload.plan import Plan
 from k3load.workload.validate import context_length
@@ -162,9 +165,19 @@ def _drill(attempts: list[AnyAttempt]) -> tuple[dict[str, Any], list[str]]:
     return numbers, []
 
 
-def _valid_rule(numbers: dict[str, Any], threshold: float) -> RuleResult:
+def _valid_rule(numbers: dict[str, Any], threshold: float, unjudged: int = 0) -> RuleResult:
+    """The valid rate over the judged attempts. A failing rate that the `unjudged` answers (the harness
+    could not judge them), were they all valid, would carry out of failing is not a failure: inconclusive."""
     rate = wilson(numbers["valid"], numbers["attempts"])
     status = decide_rate(rate, threshold)
+    if status == FAIL and unjudged and \
+            decide_rate(wilson(numbers["valid"] + unjudged, numbers["attempts"] + unjudged), threshold) != FAIL:
+        text = (f"inconclusive, because {rate.text()} judged attempts valid against {threshold:.0%} required, and "
+                f"the {unjudged} answers the harness could not judge would carry the rate out of failing were they "
+                "valid")
+        return RuleResult("agent.valid_rate", "agent_api", INCONCLUSIVE, text, rate.value, threshold,
+                          evidence=("records.jsonl (drill attempts and harness.error answers excluded)",),
+                          interval=(rate.low, rate.high))
     layers = ", ".join(f"{k} {v}" for k, v in numbers["failed_by_layer"].items() if v) or "none"
     worst = sorted(((n, c) for c, n in numbers["failed_by_check"].items()), reverse=True)[:4]
     checks = ", ".join(f"{c} x{n}" for n, c in worst)
@@ -198,8 +211,11 @@ def judge_agent_api(attempts: list[AnyAttempt], limits: dict[str, float], plan: 
     if not attempts:
         return PillarResult(NOT_RUN, ["no request was recorded"])
     tool_turns = plan.tool_turns if plan else "auto"
-    judged = [a for a in attempts if not a.drill]
+    answered, unjudged = split_unjudged(attempts)  # answers the harness could not judge: neither valid nor failed
+    judged = [a for a in answered if not a.drill]
     numbers = _rates(judged) | {"requests": _chains(attempts), "tool_turns": tool_turns}
+    numbers["unjudged"] = unjudged_numbers(unjudged)
+    harness = [unjudged_rule(numbers["unjudged"])] if unjudged else []
     known, known_rules, known_reasons = known_failures(judged, limits, plan)
     numbers |= known
     if reference is not None:  # the tool-call choices and schema accuracy against a trusted run
@@ -210,13 +226,14 @@ def judge_agent_api(attempts: list[AnyAttempt], limits: dict[str, float], plan: 
     numbers["timeout_drill"] = drill
     numbers["context_length_refusals"] = refusals = context_refusals(judged)
     if len(judged) < limits["min_attempts"]:
-        return PillarResult(INCONCLUSIVE, [f"inconclusive, because only {len(judged)} attempts were judged (at "
-                                           f"least {int(limits['min_attempts'])} are needed: one success is not "
-                                           "evidence)"], numbers)
-    rule = _valid_rule(numbers, limits["min_valid_rate"])
-    rules = [rule, *known_rules]
+        numbers["rules"] = [r.to_dict() for r in harness]
+        return PillarResult(INCONCLUSIVE, [r.reason for r in harness] + [
+            f"inconclusive, because only {len(judged)} attempts were judged (at least {int(limits['min_attempts'])} "
+            "are needed: one success is not evidence)"], numbers)
+    rule = _valid_rule(numbers, limits["min_valid_rate"], len(unjudged))
+    rules = [*harness, rule, *known_rules]
     numbers["rules"] = [r.to_dict() for r in rules]
-    reasons = ([rule.reason] if rule.status != PASS else []) + known_reasons
+    reasons = [r.reason for r in harness] + ([rule.reason] if rule.status != PASS else []) + known_reasons
     reasons += [r for r in [context_reason(refusals), tool_turns_reason(tool_turns)] if r] + drill_reasons
     statuses = {r.status for r in rules}
     if FAIL in statuses or drill_reasons:

@@ -70,10 +70,11 @@ def cpu_by_process(data: RunData, t0: float, t1: float) -> dict[str, float]:
 def _load_errors(frame: pd.DataFrame) -> pd.Series:
     """Failures load can cause: 5xx, 408, 429, timeouts, cut streams, transport errors. A 4xx refusal
     (e.g. vLLM's 400 '"auto" tool choice requires --enable-auto-tool-choice') is the request's or the
-    configuration's fault, not a shortage: it stays a failure of the agent pillar (layer `server`)."""
+    configuration's fault, not a shortage: it stays a failure of the agent pillar (layer `server`). A
+    `client_raised` (our client raised: nothing known of the answer) is never the server's."""
     status = frame["http_status"]
     refused = (frame["status"] == "http_error") & status.between(400, 499) & ~status.isin([408, 429])
-    return (frame["status"] != "ok") & ~refused
+    return (frame["status"] != "ok") & ~refused & (frame["status"] != "client_raised")
 
 
 def _error_kinds(errors: pd.DataFrame) -> dict[str, int]:

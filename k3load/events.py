@@ -36,6 +36,8 @@ class Event(StrEnum):
     STAGE_START = "stage_start"
     RUN_END = "run_end"
     HARNESS_ERROR = "harness_error"
+    ANSWER_UNJUDGED = "answer_unjudged"
+    TURN_FAILED = "turn_failed"
     LONG_INPUT_UNFIT = "long_input_unfit"
     PRECHECK = "precheck"
     DISK_SPACE_LOW = "disk_space_low"
@@ -96,6 +98,16 @@ FIELDS: dict[Event, frozenset[str]] = {
     Event.RUN_END: _f("attempts"),
     # k3load.loadgen.session.fail: the run could not start (a dead server, a bad file); no verdict follows.
     Event.HARNESS_ERROR: _f("error"),
+    # k3load.loadgen.console, local or master: an answer the harness could not judge (an exception of ours while
+    # it was read, validated or recorded), recorded as received with a `harness.error` finding. Written at the
+    # 1st, 10th, 100th ... of its kind in the process that sent it (kind: "RecursionError while validating the
+    # answer (k3load/workload/validate.py:175 check_tool_calls)"; count: so far; first_attempt_id: the first of
+    # its kind; attempt_id: this one; detail: its finding's; process: "ROLE PID"). A worker's are said on its
+    # console only; the run's totals are in the records (k3load.summary, analysis/unjudged.py).
+    Event.ANSWER_UNJUDGED: _f("kind", "count", "first_attempt_id", "attempt_id", "detail", "process"),
+    # k3load.loadgen.console, local or master: an exception left a turn with no record (the request could not be
+    # built, the record could not be written); at the same counts as answer_unjudged (message: the exception's).
+    Event.TURN_FAILED: _f("kind", "count", "message", "process"),
     # k3load.loadgen.session: a long-input scenario whose fixed part and answer budget exceed the server's
     # max_model_len; none of its requests are sent. Said once per scenario.
     Event.LONG_INPUT_UNFIT: _f("scenario", "fixed_tokens", "max_tokens", "max_model_len"),

@@ -9,6 +9,7 @@ shape, and registers the listeners.
 import locust  # noqa: F401  (first: gevent-patches sockets before anything else loads)
 from locust import events
 
+from k3load.loadgen import console
 from k3load.loadgen.listeners import register
 from k3load.loadgen.shape import PlanShape
 from k3load.loadgen.users import AgentUser, ColdUser, LongInputUser, SharedPrefixUser
@@ -16,3 +17,4 @@ from k3load.loadgen.users import AgentUser, ColdUser, LongInputUser, SharedPrefi
 __all__ = ["AgentUser", "ColdUser", "LongInputUser", "PlanShape", "SharedPrefixUser"]
 
 register(events)
+console.register(events)  # library request logs off the console at the default level

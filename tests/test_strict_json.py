@@ -149,7 +149,8 @@ SCENARIO = parse_scenario({
     ]}, Path("v.yaml"))
 CALL, JSON_TURN = SCENARIO.turns
 HOSTILE = {
-    "deep": ('{"id": ' + "[" * (DEEP - 1) + "]" * (DEEP - 1) + "}", "arguments nested 60,000 deep; at most 64 are read"),
+    "deep": ('{"id": ' + "[" * (DEEP - 1) + "]" * (DEEP - 1) + "}",
+             "arguments nested 60,000 deep; at most 64 are read"),
     "long_int": ('{"id": ' + "7" * 5000 + "}", "arguments with an integer of 5,000 digits; at most 4,300 are read"),
     "nan": ('{"id": NaN}', "arguments with NaN, which is not JSON"),
     "duplicate": ('{"id": 1, "id": 2}', 'arguments with the key "id" twice in one object'),

@@ -18,8 +18,11 @@ STATUS_TRUNCATED = "truncated"  # the stream ended without [DONE] (connection cl
 STATUS_MALFORMED = "malformed"  # bytes that are not SSE/JSON where they must be
 STATUS_TIMEOUT = "timeout"  # our own hard deadline passed
 STATUS_TRANSPORT_ERROR = "transport_error"  # connect refused, reset, DNS ...
+# The client itself raised before it could say how the exchange ended: nothing is known of the answer (the
+# record's `harness.error` finding names the exception; k3load.workload.harness_error). Never the server's.
+STATUS_CLIENT_RAISED = "client_raised"
 STATUSES = (STATUS_OK, STATUS_HTTP_ERROR, STATUS_STREAM_ERROR, STATUS_TRUNCATED, STATUS_MALFORMED,
-            STATUS_TIMEOUT, STATUS_TRANSPORT_ERROR)
+            STATUS_TIMEOUT, STATUS_TRANSPORT_ERROR, STATUS_CLIENT_RAISED)
 
 
 @dataclass

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import gevent
 from locust import User, constant, task
+from locust.exception import InterruptTaskSet, RescheduleTask, RescheduleTaskImmediately, StopTest, StopUser
 
 from k3load.client.chat import ChatClient
+from k3load.loadgen import console
 from k3load.loadgen.options import run_access
 from k3load.workload.conversation import RunContext, ScenarioPlay, StreamDrill
 from k3load.workload.plan import Stage
@@ -27,6 +29,8 @@ _numbers = itertools.count(1)
 DEAD_SERVER_PAUSE_S = 1.0
 ERROR_PAUSE_S = 0.2
 IDLE_PAUSE_S = 0.2
+# Locust's own control flow, raised through a task on purpose: never a harness error
+LOCUST_FLOW = (InterruptTaskSet, RescheduleTask, RescheduleTaskImmediately, StopTest, StopUser)
 
 
 class K3User(User):
@@ -49,13 +53,26 @@ class K3User(User):
         self.ctx = RunContext(run_id=session.run_id, model=session.model, user_id=self.user_id,
                               stage=lambda: session.stage_name, long_context=session.long_context,
                               sleep=gevent.sleep, max_tool_call_gap_ms=session.limits["agent_api"]
-                              ["max_tool_call_gap_ms"], drill=self._drill(session, opts))
+                              ["max_tool_call_gap_ms"], drill=self._drill(session, opts),
+                              on_unjudged=console.harness_errors(self.environment).unjudged)
         self.played: dict[str, int] = {}
         self.current: ScenarioPlay | None = None
 
     @task
     def play(self) -> None:
-        """One turn per task, so a stage change or the end of the run stops a user between turns."""
+        """One turn per task, so a stage change or the end of the run stops a user between turns. No
+        exception of ours reaches Locust's task runner (it would print a traceback per turn): an answer the
+        turn could not judge is already recorded (k3load.workload.conversation); what still escapes (the
+        request could not be built, the record could not be written) is counted and said by kind."""
+        try:
+            self._play()
+        except LOCUST_FLOW:
+            raise
+        except Exception as exc:
+            console.harness_errors(self.environment).turn_failed(exc)
+            gevent.sleep(ERROR_PAUSE_S)  # a turn that fails at once must not spin
+
+    def _play(self) -> None:
         session = self.environment.k3_session
         if session.fatal:  # a worker refusing the run, a master stopping it: not one more request
             gevent.sleep(IDLE_PAUSE_S)
@@ -74,8 +91,8 @@ class K3User(User):
         attempts = self.current.step(session.record)
         if attempts and attempts[-1].status == "transport_error":
             gevent.sleep(DEAD_SERVER_PAUSE_S)  # the server is gone: probe it, don't spin on refused connections
-        elif attempts and attempts[-1].status == "http_error":
-            gevent.sleep(ERROR_PAUSE_S)  # an instant refusal would otherwise flood the records
+        elif attempts and attempts[-1].status in ("http_error", "client_raised"):
+            gevent.sleep(ERROR_PAUSE_S)  # an instant refusal (or our client's bug) would otherwise flood the records
 
     def _drill(self, session: HarnessSession, opts: Any) -> StreamDrill | None:
         """The plan's streaming-equivalence drill for this user, its twins in flight together."""

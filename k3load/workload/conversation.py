@@ -3,6 +3,12 @@
 Why here and not in the locustfile: the same conversation logic must run under Locust, in tests
 and from a plain script; Locust only decides when and how many. Every attempt goes to `sink` the
 moment it ends (the Locust glue turns it into events and a JSONL line).
+
+One record per request sent, whatever comes back: an exception of ours once the request is sent (the
+client's, timing, validation, the twins' comparison, building the record) becomes the record of the
+answer as received with a `harness.error` finding (k3load.workload.harness_error), is never retried, and
+is handed to `RunContext.on_unjudged` after the sink (the console counts it); nothing from the answer
+leaves the turn as an exception. What the sink itself raises (the record could not be written) does.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from k3load.client.result import (
+    STATUS_CLIENT_RAISED,
     STATUS_HTTP_ERROR,
     STATUS_OK,
     STATUS_STREAM_ERROR,
@@ -25,6 +32,8 @@ from k3load.client.result import (
     StreamResult,
 )
 from k3load.records import Attempt, Finding, timing_fields
+from k3load.workload import harness_error
+from k3load.workload.harness_error import HarnessFault
 from k3load.workload.scenario import Scenario, Turn
 from k3load.workload.stored_requests import PreparedRequest, build_request
 from k3load.workload.stream_equivalence import compare_twins
@@ -108,6 +117,8 @@ class RunContext:
     sleep: Callable[[float], None] = time.sleep
     max_tool_call_gap_ms: float | None = None  # the plan's silence limit inside a streamed tool call
     drill: StreamDrill | None = None  # the streaming-equivalence drill (None: not played)
+    # Told of each attempt recorded with a `harness.error` finding, after its sink (k3load.loadgen.console)
+    on_unjudged: Callable[[Attempt], Any] = lambda attempt: None
     _requests: itertools.count = field(default_factory=itertools.count)
     _pairs: itertools.count = field(default_factory=lambda: itertools.count(1))
 
@@ -147,38 +158,124 @@ def make_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: Prep
         **(timing if timing is not None else timing_fields(result)))
 
 
+@dataclass
+class Judged:
+    """One answer and its findings; `fault` set when the harness could not judge it (its findings are then the
+    one `harness.error`), `timing` None when it could not be timed."""
+
+    result: StreamResult
+    findings: list[Finding]
+    timing: dict[str, Any] | None
+    fault: HarnessFault | None = None
+
+
+def send_and_judge(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, body: bytes,
+                   deadline_s: float) -> Judged:
+    """Send, time and validate one attempt; never raises an Exception (see the module docstring)."""
+    send_ts = time.time()
+    try:
+        result = client.send(body, deadline_s)
+    except Exception as exc:  # the client's own bug: the request may be out, so it is recorded
+        fault = HarnessFault.of(exc, harness_error.PHASE_SEND)
+        result = harness_error.unanswered(getattr(client, "transport", "unknown"), send_ts, time.time(), fault)
+        return Judged(result, [harness_error.finding(fault, result)], None, fault)
+    phase, timing = harness_error.PHASE_TIMING, None
+    try:
+        timing = timing_fields(result)
+        phase = harness_error.PHASE_VALIDATE
+        return Judged(result, validate(result, scenario, turn, timing, ctx.max_tool_call_gap_ms), timing)
+    except Exception as exc:  # a RecursionError in a hostile answer, a bug: recorded as received
+        fault = HarnessFault.of(exc, phase)
+        return Judged(result, [harness_error.finding(fault, result)], timing, fault)
+
+
+def record_of(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest, judged: Judged,
+              chain_id: str, number: int, will_retry: bool) -> Attempt:
+    """`make_attempt`, or, where building the record raised, the answer as received with a `harness.error`
+    finding (a bare record where even that cannot be built): never raises an Exception."""
+    try:
+        return make_attempt(ctx, scenario, turn, prepared, judged.result, judged.findings, chain_id, number,
+                            will_retry, judged.timing)
+    except Exception as exc:
+        fault = HarnessFault.of(exc, harness_error.PHASE_RECORD)
+    findings = [harness_error.finding(fault, judged.result)]
+    try:
+        return make_attempt(ctx, scenario, turn, prepared, judged.result, findings, chain_id, number, False,
+                            judged.timing or {})
+    except Exception:
+        return bare_attempt(ctx, scenario, turn, prepared, judged.result, findings, chain_id, number)
+
+
+def bare_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest, result: StreamResult,
+                 findings: list[Finding], chain_id: str, number: int) -> Attempt:
+    """The record with only what is certain to read: identity, status, times, the text as strings."""
+    def text(value: Any) -> str:
+        return value if isinstance(value, str) else ""
+
+    def number_or_none(value: Any) -> float | None:
+        return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    try:
+        stage = str(ctx.stage())
+    except Exception:
+        stage = "unknown"
+    send_ts = number_or_none(getattr(result, "send_ts", None)) or time.time()
+    end_ts = number_or_none(getattr(result, "end_ts", None)) or send_ts
+    http = getattr(result, "http_status", None)
+    return Attempt(
+        run_id=ctx.run_id, attempt_id=uuid.uuid4().hex, chain_id=chain_id, attempt=number, stage=stage,
+        scenario=scenario.name, family=scenario.family, turn=turn.index, turn_kind=turn.kind, user_id=ctx.user_id,
+        request_sha256=prepared.sha256, prefix_sha256=prepared.prefix_sha256, request_bytes=len(prepared.body),
+        transport=text(getattr(result, "transport", "")),
+        status=text(getattr(result, "status", "")) or STATUS_CLIENT_RAISED,
+        send_ts=send_ts, end_ts=end_ts, e2e_ms=(end_ts - send_ts) * 1000,
+        http_status=http if isinstance(http, int) and not isinstance(http, bool) else None,
+        error=text(getattr(result, "error", None)) or None, reasoning=text(getattr(result, "reasoning", "")),
+        content=text(getattr(result, "content", "")), findings=findings, valid=False, failed_layers=["client"],
+        primary_layer="client", stream=bool(turn.settings.get("stream", True)))
+
+
+def _handed(ctx: RunContext, attempt: Attempt, sink: Callable[[Attempt], Any]) -> None:
+    sink(attempt)
+    if harness_error.is_unjudged(attempt.findings):
+        ctx.on_unjudged(attempt)
+
+
 def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, salt: str,
              sink: Callable[[Attempt], Any], control: tuple[int, str] | None = None) -> list[Attempt]:
     """One request with its retries; returns every attempt (already sent to `sink`). `control` is the
-    (pair number, "cold" | "warm") of a prefix-cache control request; its retries keep both."""
+    (pair number, "cold" | "warm") of a prefix-cache control request; its retries keep both. An answer the
+    harness could not judge ends the chain (a retry would answer nothing about the server)."""
     prepared = build_request(scenario, turn.index, ctx.model, salt, ctx.long_context(scenario))
     policy = turn.retry
     chain_id = uuid.uuid4().hex
     attempts: list[Attempt] = []
     for number in range(1, policy["max_attempts"] + 1):
         drill = number == 1 and bool(policy.get("first_timeout_s"))
-        result = client.send(prepared.body, policy["first_timeout_s"] if drill else turn.settings["timeout_s"])
-        timing = timing_fields(result)
-        findings = validate(result, scenario, turn, timing, ctx.max_tool_call_gap_ms)
-        reason = retry_reason(result, findings)
+        judged = send_and_judge(client, ctx, scenario, turn, prepared.body,
+                                policy["first_timeout_s"] if drill else turn.settings["timeout_s"])
+        reason = None if judged.fault else retry_reason(judged.result, judged.findings)
         will_retry = reason in policy["when"] and number < policy["max_attempts"]
-        attempt = make_attempt(ctx, scenario, turn, prepared, result, findings, chain_id, number, will_retry, timing)
+        attempt = record_of(ctx, scenario, turn, prepared, judged, chain_id, number, will_retry)
         attempt.drill = drill
         if control is not None:
             attempt.control_pair, attempt.control_role = control
-        sink(attempt)
+        _handed(ctx, attempt, sink)
         attempts.append(attempt)
-        if not will_retry:
+        if not attempt.will_retry:
             break
-        ctx.sleep(retry_wait_s(policy, turn.settings["timeout_s"], result))
+        ctx.sleep(retry_wait_s(policy, turn.settings["timeout_s"], judged.result))
     return attempts
 
 
-def _send_once(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest
-               ) -> tuple[StreamResult, list[Finding], dict[str, Any]]:
-    result = client.send(prepared.body, turn.settings["timeout_s"])
-    timing = timing_fields(result)
-    return result, validate(result, scenario, turn, timing, ctx.max_tool_call_gap_ms), timing
+def _compared(stream: Judged, whole: Judged) -> None:
+    """The streamed twin's `stream.equivalence` finding; where comparing raised, the streamed twin is the
+    answer the harness could not judge."""
+    try:
+        stream.findings.append(compare_twins(stream.result, stream.findings, whole.result, whole.findings))
+    except Exception as exc:
+        stream.fault = HarnessFault.of(exc, harness_error.PHASE_COMPARE)
+        stream.findings = [harness_error.finding(stream.fault, stream.result)]
 
 
 def run_turn_both_ways(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, salt: str,
@@ -194,17 +291,16 @@ def run_turn_both_ways(client: Client, ctx: RunContext, scenario: Scenario, turn
     streamed = build_request(scenario, turn.index, ctx.model, salt, context)
     whole = build_request(whole_scenario, turn.index, ctx.model, salt, context)
     assert ctx.drill is not None
-    (s_result, s_findings, s_timing), (w_result, w_findings, w_timing) = ctx.drill.concurrently(
-        lambda: _send_once(client, ctx, scenario, turn, streamed),
-        lambda: _send_once(client, ctx, whole_scenario, whole_turn, whole))
-    s_findings.append(compare_twins(s_result, s_findings, w_result, w_findings))
+    s_judged, w_judged = ctx.drill.concurrently(
+        lambda: send_and_judge(client, ctx, scenario, turn, streamed.body, turn.settings["timeout_s"]),
+        lambda: send_and_judge(client, ctx, whole_scenario, whole_turn, whole.body, turn.settings["timeout_s"]))
+    _compared(s_judged, w_judged)
     pair = uuid.uuid4().hex
-    attempts = [make_attempt(ctx, scenario, turn, streamed, s_result, s_findings, uuid.uuid4().hex, 1, False, s_timing),
-                make_attempt(ctx, whole_scenario, whole_turn, whole, w_result, w_findings, uuid.uuid4().hex, 1, False,
-                             w_timing)]
+    attempts = [record_of(ctx, scenario, turn, streamed, s_judged, uuid.uuid4().hex, 1, False),
+                record_of(ctx, whole_scenario, whole_turn, whole, w_judged, uuid.uuid4().hex, 1, False)]
     for attempt, role in zip(attempts, ("stream", "whole"), strict=True):
         attempt.stream_pair, attempt.stream_role = pair, role
-        sink(attempt)
+        _handed(ctx, attempt, sink)
     return attempts
 
 
