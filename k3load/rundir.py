@@ -28,14 +28,15 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import Any, BinaryIO
 
 from k3load.client.access import Secrets
 from k3load.client.secret_forms import REDACTED, Redactor, redactor
 from k3load.clock import now
 from k3load.events import Event
-from k3load.evidence import LEGACY, RECORDS, GzipSink, start_flusher
-from k3load.private_files import DIR_MODE, make_dirs, open_private, temp_beside, write_bytes_atomic
+from k3load.evidence import LEGACY, RECORDS, GzipSink, PlainSink, start_flusher
+from k3load.private_files import DIR_MODE, make_dirs, temp_beside, write_bytes_atomic
+from k3load.rundir_lock import LOCK_NAME
 
 # How text files are written: a lone surrogate (a server's `"\\ud83d"`, or a byte that was not UTF-8,
 # kept by the client as U+DC80..U+DCFF) cannot be encoded as UTF-8; strict writing raised and lost
@@ -81,57 +82,169 @@ def write_json_atomic(path: Path, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
+class WriteGuard:
+    """Where the failed writes of a run's files go: the first OSError of any (a full disk, a quota, an I/O
+    error, a filesystem gone read-only) freezes every log it guards (each keeps what is in its file, a
+    readable prefix, and drops what follows: `JsonlLog.lost`) and calls `on_failure(path, exc)` once,
+    outside every log's lock. Later failures are not reported again. A writer of whole documents reports
+    its own failure with `failed(path, exc)` (`write_guarded`).
+
+    Why freeze them all: the run's evidence is one cut in time. A run that went on writing events while its
+    records could not be kept would hold a timeline the records never match; frozen at the first failure,
+    every file ends at about the same moment."""
+
+    def __init__(self, on_failure: Callable[[Path, OSError], None]) -> None:
+        self._on_failure = on_failure
+        self._logs: list[JsonlLog] = []
+        self._lock = threading.Lock()
+        self.failure: tuple[Path, OSError] | None = None
+
+    def add(self, log: JsonlLog) -> None:
+        with self._lock:
+            self._logs.append(log)
+            frozen = self.failure is not None
+        if frozen:
+            log.freeze()  # opened after the failure (a sampler started late): nothing of it is written
+
+    def failed(self, path: Path, exc: OSError) -> None:
+        with self._lock:
+            if self.failure is not None:
+                return
+            self.failure = (path, exc)
+            logs = list(self._logs)
+        for each in logs:
+            each.freeze()
+        self._on_failure(path, exc)
+
+
+def write_guarded(path: Path, text: str, guard: WriteGuard | None) -> bool:
+    """`write_atomic`, its OSError to `guard` (raised without one); False when it failed or `guard` has
+    stopped the writing already (nothing is written after a failure)."""
+    if guard is not None and guard.failure is not None:
+        return False
+    try:
+        write_atomic(path, text)
+    except OSError as exc:
+        if guard is None:
+            raise
+        guard.failed(path, exc)
+        return False
+    return True
+
+
 class JsonlLog:
-    """A thread-safe JSONL appender. A plain file's lines are flushed as written; a `.gz` path is compact
+    """A thread-safe JSONL appender. A plain file's lines are in the file as written; a `.gz` path is compact
     evidence (k3load.evidence): deflated, and in the file within half a second (an append flushes when the
     last flush is that old, a flusher flushes an idle log).
     `encode` (under the lock, in file order) turns a record into the line written (the metrics'
     `SeriesTable.encode`). `listeners` see each record appended, as given (e.g. the restarter reacts to
-    the sampler's `server_down`). `clock`: when a compressed log last flushed (tests replay a run's own)."""
+    the sampler's `server_down`). `clock`: when a compressed log last flushed (tests replay a run's own).
+
+    A write that fails (OSError: a full disk) leaves the file a readable prefix of what was written, up to
+    the last line (plain) or flush (compressed) that succeeded (k3load.evidence.FileAppender), and nothing
+    is written to it afterwards. With a `guard` (k3load.rundir.WriteGuard) the failure goes there once and
+    never reaches the caller: that line and every later one are dropped and counted (`lost`). Without one,
+    the failing append raises the OSError, and so does every later append. A flush by the flusher that
+    fails is kept for the next append (or the guard). `kept`: lines known to be in the file."""
 
     def __init__(self, path: Path, encode: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, guard: WriteGuard | None = None) -> None:
         make_dirs(path.parent)
-        self.path, self._encode = path, encode
+        self.path, self._encode, self._guard = path, encode, guard
         self._lock, self._closed = threading.Lock(), threading.Event()
-        self._sink: GzipSink | None = None
-        self._file: IO[str] | None = None
+        self.failed: OSError | None = None
+        self._frozen = False
+        self.appended = 0  # lines asked for, kept or not
+        self._sink: GzipSink | PlainSink
         if path.name.endswith(".gz"):
             self._sink = GzipSink(path, clock=clock)
-            start_flusher(self._lock, self._sink, self._closed)
+            start_flusher(self.flush, self._sink.every_s, self._closed)
         else:
-            self._file = open_private(path, "a", encoding="utf-8", errors=ENCODING_ERRORS)
+            self._sink = PlainSink(path)
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        if guard is not None:
+            guard.add(self)
+
+    @property
+    def kept(self) -> int:
+        """Lines in the file (a compressed log's as of its last flush)."""
+        return self._sink.kept_lines
+
+    @property
+    def lost(self) -> int:
+        """Lines asked for that are not in the file and never will be (after a failed write); 0 before."""
+        return self.appended - self.kept if (self.failed is not None or self._frozen) else 0
+
+    def identity(self) -> tuple[int, int] | None:
+        """(st_dev, st_ino) of the file this log writes to; None once closed."""
+        with self._lock:
+            if self._closed.is_set():
+                return None
+            stat = os.fstat(self._sink.fileno())
+        return stat.st_dev, stat.st_ino
 
     def append(self, record: dict[str, Any]) -> None:
         if self._encode is None:
             self.append_line(_dumps(record))
         else:
             with self._lock:
-                self._write(scrub(_dumps(self._encode(record))))
+                failure = self._write(scrub(_dumps(self._encode(record))))
+            self._report(failure)
         for listener in self.listeners:
             listener(record)
 
     def append_line(self, line: str) -> None:
         line = scrub(line)
         with self._lock:
-            self._write(line)
+            failure = self._write(line)
+        self._report(failure)
 
-    def _write(self, line: str) -> None:
-        if self._sink is not None:
-            if self._closed.is_set():
-                raise ValueError(f"{self.path}: written after close")  # as a closed text file raises
-            self._sink.write((line + "\n").encode("utf-8", ENCODING_ERRORS))
+    def _write(self, line: str) -> OSError | None:
+        """Under the lock: the line written, or dropped after a failure; a new failure returned."""
+        if self._closed.is_set():
+            raise ValueError(f"{self.path}: written after close")  # as a closed text file raises
+        self.appended += 1
+        if self.failed is not None and self._guard is None:
+            raise self.failed
+        if self.failed is not None or self._frozen:
+            return None
+        return self._attempt(lambda: self._sink.write((line + "\n").encode("utf-8", ENCODING_ERRORS)))
+
+    def _attempt(self, write: Callable[[], None]) -> OSError | None:
+        try:
+            write()
+        except OSError as exc:
+            if self.failed is None:
+                self.failed = exc
+                return exc
+        return None
+
+    def _report(self, failure: OSError | None) -> None:
+        """Outside the lock: a new failure to the guard, or raised without one."""
+        if failure is None:
             return
-        assert self._file is not None
-        self._file.write(line + "\n")
-        self._file.flush()
+        if self._guard is None:
+            raise failure
+        self._guard.failed(self.path, failure)
 
     def flush(self) -> None:
-        """A compressed log's lines so far readable from the file now (a plain log's always are)."""
+        """A compressed log's lines so far readable from the file now (a plain log's always are). Never raises
+        an OSError: a failure goes to the guard, or to the next append."""
         with self._lock:
-            if self._sink is not None and not self._closed.is_set():
-                self._sink.flush_due()
+            live = not (self._closed.is_set() or self.failed is not None or self._frozen)
+            failure = self._attempt(self._sink.flush_due) if live else None
+        if self._guard is not None:
+            self._report(failure)
+
+    def freeze(self) -> None:
+        """What was written kept (flushed, if the file takes it); nothing more is written, later lines are
+        dropped and counted (`lost`). The file stays open until `close`, which ends a compressed member."""
+        with self._lock:
+            live = not (self._closed.is_set() or self.failed is not None or self._frozen)
+            failure = self._attempt(self._sink.flush) if live else None
+            self._frozen = True
+        if self._guard is not None:
+            self._report(failure)
 
     def event(self, event: Event, **fields: Any) -> None:
         """An events.jsonl line: the run's clock (k3load.clock), the event name, its fields (k3load.events
@@ -139,12 +252,14 @@ class JsonlLog:
         self.append({"ts": now(), "event": Event(event).value, **fields})
 
     def close(self) -> None:
+        """Closes the file (a compressed one's member ended, unless a write failed). A failure here goes to
+        the guard; without one it is raised."""
         with self._lock:
-            if self._sink is not None and not self._closed.is_set():
-                self._closed.set()
-                self._sink.close()
-            elif self._file is not None:
-                self._file.close()
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            failure = self._attempt(self._sink.close)
+        self._report(failure)
 
 
 COPY_CHUNK_BYTES = 1 << 20
@@ -228,14 +343,15 @@ def set_aside_previous_run(run_dir: Path, keep: Collection[Path] = ()) -> Path |
     (verdict, reports, evidence) into its own manifest. Nothing is deleted or overwritten: the previous
     run keeps every file at the same relative path, so its manifest still verifies. `keep` (absolute
     paths) stay put: files this run already uses, such as Locust's --csv/--logfile outputs that Locust
-    opened before the run started; a kept file the previous manifest signed is also copied along.
+    opened before the run started; a kept file the previous manifest signed is also copied along. The
+    directory's lock file (k3load.rundir_lock) always stays: the run calling this holds it.
     """
     run_dir = Path(os.path.abspath(run_dir))
     run_id = previous_run_id(run_dir)
     if run_id is None:
         return None
     target = _new_sibling(run_dir, re.sub(r"[^A-Za-z0-9._-]+", "_", run_id).strip("._") or "run")
-    kept = {Path(os.path.abspath(p)) for p in keep}
+    kept = {Path(os.path.abspath(p)) for p in keep} | {run_dir / LOCK_NAME}  # the lock: the new run's
     _move_tree(run_dir, target, kept)
     signed = read_manifest(target / "manifest.sha256")
     for path in sorted(kept):
