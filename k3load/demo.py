@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from k3load.rundir_lock import in_use
 from k3load.sim.process import SimProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +25,8 @@ PROGRESS = ("k3load: stage", "k3load verdict", "because:", "report:", "k3load pr
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="run directory (replaced)")
+    parser.add_argument("--out", type=Path, default=Path("runs/demo"),
+                        help="run directory (replaced; refused while a live run holds it)")
     parser.add_argument("--plan", default="smoke", help="stage plan (name under plans/ or a file)")
     parser.add_argument("--recipe", default="recipes/local-dev.yaml", help="compat recipe")
     parser.add_argument("--sim-profile", type=Path, help="a sim profile (faults) to rehearse against")
@@ -37,6 +39,9 @@ def _locust_command(args: argparse.Namespace, url: str, sim_log: Path) -> list[s
 
 
 def run(args: argparse.Namespace) -> int:
+    if busy := in_use(args.out):  # a live run's directory is never removed (k3load.rundir_lock)
+        print(f"k3load demo: {busy}", file=sys.stderr, flush=True)
+        return 2
     if args.out.exists():
         subprocess.run(["rm", "-rf", str(args.out)], check=True)
     args.out.mkdir(parents=True)

@@ -94,5 +94,6 @@ def stopped_line(run_dir: Path, failed: Path, exc: OSError, records: int, when: 
     """The one line of a run stopped by a write that failed (see the module doc)."""
     stamp = time.strftime("%H:%M:%S", time.localtime(when))
     then = "once space is freed" if exc.errno in FULL else "once the filesystem is writable again"
-    return (f"{failure_head(run_dir, failed, exc)}: load stopped at {stamp} after {records:,} records; the evidence "
-            f"up to there is intact: `k3load analyze {shlex.quote(str(run_dir))}` {then}")
+    kept = f"{records:,} record{'' if records == 1 else 's'}"
+    return (f"{failure_head(run_dir, failed, exc)}: load stopped at {stamp} after {kept}; the evidence up to there "
+            f"is intact: `k3load analyze {shlex.quote(str(run_dir))}` {then}")

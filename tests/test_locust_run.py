@@ -21,6 +21,7 @@ from k3load.analysis.manifest import verify
 from k3load.evidence import lines, records_file
 from k3load.loadgen.options import LOCUST_CSV_SUFFIXES
 from k3load.records import read_records
+from k3load.rundir_lock import LOCK_NAME
 from tests.probes import Target, scrape, total
 from tests.test_event_catalogue import events_file_problems
 
@@ -280,7 +281,7 @@ def test_a_second_run_into_the_same_directory_sets_the_first_aside(start_sim, tm
     logfile = ("--logfile", str(out / "locust.log"))
     first = run_locust(sim.base_url, out, plan, "--k3-run-id", "first", *logfile, timeout_s=90)
     assert first.returncode in VERDICT_CODES, first.stderr[-3000:]
-    first_files = {p.relative_to(out) for p in out.rglob("*") if p.is_file()} - {Path("locust.log")}
+    first_files = {p.relative_to(out) for p in out.rglob("*") if p.is_file()} - {Path("locust.log"), Path(LOCK_NAME)}
     first_records = records_file(out).read_bytes()
     second = run_locust(sim.base_url, out, plan, "--k3-run-id", "second", *logfile, timeout_s=90)
     assert second.returncode in VERDICT_CODES, second.stderr[-3000:]

@@ -15,7 +15,9 @@
                                  run (in the background)
     quitting                  -> the master waits until every worker's records arrived (bounded; spools read
                                  where a worker fell short: k3load.loadgen.delivery); validation summary
-                                 written and printed
+                                 written and printed; the run directory's lock released. A run stopped by a
+                                 write that failed (a full disk) or whose directory was moved away while it
+                                 ran is judged nowhere: exit 2 (k3load.loadgen.hold)
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from k3load.loadgen.options import add_options
 from k3load.loadgen.session import HarnessSession
 from k3load.private_files import restrict_umask
 from k3load.rundir import write_json_atomic
+from k3load.rundir_lock import in_use
 from k3load.summary import format_summary, summarise
 
 log = logging.getLogger("k3load")
@@ -90,6 +93,8 @@ def _check_inputs(opts: Any, session: HarnessSession) -> None:
         return  # an Environment built in-process without our options: nothing to check
     try:
         check_inputs(opts, PLANS_DIR)
+        if busy := in_use(Path(opts.k3_out).resolve()):  # a live run's directory: refused before any load
+            raise ValueError(busy)
     except (ValueError, OSError) as exc:
         session.fail(str(exc))
         if session.role == "local":
@@ -162,8 +167,7 @@ def judges_at_stop(environment: Any) -> bool:
 def _on_quitting(environment: Any, **_kwargs: Any) -> None:
     session: HarnessSession | None = getattr(environment, "k3_session", None)
     if session is not None and session.fatal and session.role != "worker":
-        session.close()  # the error was said once when it happened (HarnessSession.fail): no verdict
-        environment.process_exit_code = HARNESS_ERROR_EXIT
+        _quit_fatal(environment, session)  # the error was said once when it happened (HarnessSession.fail)
         return
     if session is not None and session.link is not None:
         session.link.cpu.stop()  # a worker quitting without test_stop (never started): no reading follows
@@ -172,33 +176,69 @@ def _on_quitting(environment: Any, **_kwargs: Any) -> None:
     if session.finisher is not None:
         session.finisher.join()  # the web UI's last test, judged at its stop
     judgment = session.judgment if session.finished else finish_run(environment, session)
-    if judgment is None:
+    if judgment is None or session.fatal:  # a write failed at the end, the directory moved away: no verdict
+        _quit_fatal(environment, session)
         return
+    session.hold.release()
     accept = judgment.verdict == "limited" and environment.parsed_options.k3_accept_limited
     environment.process_exit_code = 0 if accept else judgment.exit_code
 
 
-def finish_run(environment: Any, session: HarnessSession, in_thread: bool = False) -> Judgment:
+def _quit_fatal(environment: Any, session: HarnessSession) -> None:
+    """No verdict: files closed (what a failed write left stays readable), records that could not be kept
+    counted, the directory's lock released, exit 2."""
+    session.close()
+    if lost := session.records_lost():
+        log.warning("k3load: %d answers not kept: they ended after the evidence could no longer be written, or "
+                    "waited for the write that failed (Locust's table counts them)", lost)
+    session.hold.release()
+    environment.process_exit_code = HARNESS_ERROR_EXIT
+
+
+def finish_run(environment: Any, session: HarnessSession, in_thread: bool = False) -> Judgment | None:
     """Master/local: the run's last records in, `run_end`, files closed, then the validation summary
     and the judgment (verdict.json, reports, alerts, manifest). `in_thread`: the CPU-bound part runs in
-    gevent's native thread pool, so this greenlet waits while the hub (the web UI) keeps serving."""
+    gevent's native thread pool, so this greenlet waits while the hub (the web UI) keeps serving.
+    None, the run fatal (exit 2), when its directory is no longer the one it opened (checked before the
+    first write of the end and again after the judgment: k3load.rundir_lock) or a write failed."""
     session.finished = True
     run_dir = session.run_dir
     assert run_dir is not None
     problems = delivery.collect(session, environment.runner, (environment.stop_timeout or 0)
                                 + delivery.WAIT_MARGIN_S) if session.role == "master" else []
+    if _moved_away(session):
+        session.close()
+        return None
     session.end_manual_stages()
     if session.events is not None:
         session.events.event(Event.RUN_END, attempts=session.attempts_written)
-    session.close()
-    if in_thread:
-        summary, judgment = gevent.get_hub().threadpool.apply(_summarise_and_judge, (run_dir, problems))
-    else:
-        summary, judgment = _summarise_and_judge(run_dir, problems)
+    session.close()  # a write that fails here stops the run too (k3load.loadgen.hold)
+    if session.fatal:
+        return None
+    try:
+        if in_thread:
+            summary, judgment = gevent.get_hub().threadpool.apply(_summarise_and_judge, (run_dir, problems))
+        else:
+            summary, judgment = _summarise_and_judge(run_dir, problems)
+    except OSError as exc:  # verdict.json, the reports: a full disk at the very end
+        if session.hold.guard is None:
+            raise
+        session.hold.guard.failed(run_dir, exc)
+        return None
+    if _moved_away(session):  # moved while it was judged: what it wrote went there by path
+        return None
     print(format_summary(summary, run_dir), flush=True)
     print(summary_line(judgment, run_dir), flush=True)
     session.judgment = judgment
     return judgment
+
+
+def _moved_away(session: HarnessSession) -> bool:
+    """The run directory is no longer this run's (k3load.rundir_lock): said once, the run fatal."""
+    moved = session.hold.moved(session.open_logs())
+    if moved is not None:
+        session.fail(f"{moved}: this run is not judged (`k3load analyze` on its files judges them)")
+    return moved is not None
 
 
 def _summarise_and_judge(run_dir: Path, problems: list[str]) -> tuple[dict[str, Any], Judgment]:

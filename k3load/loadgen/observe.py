@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from k3load.clock import wall_clock
+from k3load.disk_full import free_bytes, mount_of, size_text, space_needed
 from k3load.events import Event
 from k3load.loadgen.drain import StageDrain
 from k3load.loadgen.options import metrics_urls, run_access
@@ -46,7 +47,28 @@ def precheck(session: HarnessSession) -> dict[str, Any]:
     assert session.events is not None  # opened with the run directory
     session.events.event(Event.PRECHECK, status=compat.get("status"), failed=failed)
     log.warning("k3load precheck: %s%s", compat.get("status"), f" (failed: {', '.join(failed)})" if failed else "")
+    disk_space(session)
     return compat
+
+
+def disk_space(session: HarnessSession) -> None:
+    """Warn (a console line and `disk_space_low`) when the run directory's filesystem has less free space than
+    the plan may write (k3load.disk_full.space_needed); the run goes on, and stops if the disk fills."""
+    opts, run_dir, plan = session.env.parsed_options, session.run_dir, session.plan
+    assert run_dir is not None and session.events is not None  # start_run opened both before any observer
+    free = free_bytes(run_dir)
+    if plan is None or free is None:
+        return
+    sources = len(metrics_urls(opts, session.env.host)) or 1
+    needed = space_needed(plan, opts.k3_sample_interval, sources)
+    if free >= needed:
+        return
+    point, fstype = mount_of(run_dir)
+    log.warning("k3load: %s has %s free (%s at %s) and the plan %s may write up to %s: the run stops when the disk "
+                "fills; free space or give another --k3-out", opts.k3_out, size_text(free), fstype, point, plan.name,
+                size_text(needed))
+    session.events.event(Event.DISK_SPACE_LOW, free_bytes=free, needed_bytes=needed, filesystem=fstype,
+                         mount_point=point)
 
 
 def start_sampler(session: HarnessSession) -> Sampler:
@@ -64,7 +86,8 @@ def start_sampler(session: HarnessSession) -> Sampler:
                    health_url=f"{host}/health",
                    timeout_s=getattr(opts, "k3_scrape_timeout", 0) or None,
                    prometheus_url=getattr(opts, "k3_prometheus_url", "") or None,
-                   prometheus_selector=getattr(opts, "k3_prometheus_selector", "") or "").start()
+                   prometheus_selector=getattr(opts, "k3_prometheus_selector", "") or "",
+                   guard=session.hold.guard).start()
 
 
 def _path(value: str | None) -> Path | None:

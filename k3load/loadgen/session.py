@@ -9,6 +9,7 @@ count of records has arrived (k3load.loadgen.delivery), so workers on other mach
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import platform
@@ -33,15 +34,16 @@ from k3load.events import Event, Message
 from k3load.evidence import RECORDS
 from k3load.loadgen import delivery, held_secrets, observe
 from k3load.loadgen.drain import StageDrain
+from k3load.loadgen.hold import RunHold
 from k3load.loadgen.inputs import harness_error_line, load_inputs
 from k3load.loadgen.manual import LiveCounts, ManualStages
 from k3load.loadgen.options import locust_late_outputs, public_options, run_access
 from k3load.loadgen.request_events import fire_request_events
 from k3load.loadgen.restart_drill import RestartDrill
 from k3load.loadgen.worker import WorkerLink
-from k3load.private_files import make_run_dir, narrow_existing
+from k3load.private_files import narrow_existing
 from k3load.records import Attempt
-from k3load.rundir import JsonlLog, set_aside_previous_run, write_atomic, write_json_atomic
+from k3load.rundir import JsonlLog, set_aside_previous_run, write_atomic, write_guarded, write_json_atomic
 from k3load.sampler import Sampler
 from k3load.sampler.fetch import redact_url
 from k3load.workload.long_input import LongInputFit, estimate_tokens, fit_long_input
@@ -90,9 +92,11 @@ class HarnessSession:
         self._seen: set[str] = set()
         self._long_inputs: dict[str, LongInputFit] = {}
         self.attempts_written = 0
+        self._lost = 0  # the last run's records never kept (its log closed: JsonlLog.lost as it ended)
         self.sampler: Sampler | None = None
         self.reuse_design: gevent.Greenlet | None = None  # measuring the designed prefix reuse (reuse_design.json)
-        self.fatal = ""  # why the run could not start (a dead server, a bad file); nothing is judged then
+        self.fatal = ""  # why the run could not start or go on (a dead server, a bad file, a full disk): no verdict
+        self.hold = RunHold(self)  # master/local: the run directory's lock and its writers' guard (k3load.loadgen.hold)
         self.previous_run_moved_to: Path | None = None  # an earlier run found in the run directory went here
         self.tests = 0  # runs this process opened: the web UI opens one per test it starts
         self.finished = False  # master/local: this run's records are closed (the web UI judges it at test stop)
@@ -155,13 +159,13 @@ class HarnessSession:
                         "not checked; run.json says so")
         reference = reference_record(Path(opts.k3_reference)) if getattr(opts, "k3_reference", "") else None
         self._discover_server()  # first: a server that does not answer leaves no run directory behind
-        make_run_dir(self.run_dir)  # 0700, and every file in it 0600 (k3load.private_files)
+        self.hold.open(self.run_dir, self.run_id)  # 0700, locked: a live run's directory is refused, never moved
         self.previous_run_moved_to = set_aside_previous_run(self.run_dir, self._files_in_use())
         narrow_existing(self.run_dir / p for p in locust_late_outputs(opts, self.run_dir))  # opened before init
         if self.previous_run_moved_to is not None:
             log.warning("k3load: %s held an earlier run; moved it to %s", self.run_dir, self.previous_run_moved_to)
-        self._records = JsonlLog(self.run_dir / RECORDS)
-        self.events = JsonlLog(self.run_dir / "events.jsonl")
+        self._records = JsonlLog(self.run_dir / RECORDS, guard=self.hold.guard)  # a failed write stops the run
+        self.events = JsonlLog(self.run_dir / "events.jsonl", guard=self.hold.guard)
         self.events.event(Event.RUN_START, run_id=self.run_id, role=self.role,
                           previous_run_moved_to=_str_or_none(self.previous_run_moved_to))
         assert self.plan is not None
@@ -176,8 +180,9 @@ class HarnessSession:
         write_atomic(self.run_dir / "samples.sha256", "".join(f"{sha}  samples/{rel}\n"
                                                               for rel, sha in sorted(sums.items())))
         # designed prefix reuse, tokenized by the server beside the load, never before it (issue 15)
-        self.reuse_design = gevent.spawn(measure_into, self.run_dir, playable, self.run_id, self.model,
-                                         self.long_context, http_tokenizer(self._api_client, self.env.host, self.model))
+        self.reuse_design = gevent.spawn(self.hold.guarded, measure_into, self.run_dir, playable, self.run_id,
+                                         self.model, self.long_context,
+                                         http_tokenizer(self._api_client, self.env.host, self.model))
         observe.precheck(self)
         observe.watch_restarts(self)
         self.sampler = observe.start_sampler(self)
@@ -187,7 +192,7 @@ class HarnessSession:
     def _new_run_state(self) -> None:
         self.tests += 1
         self.finished, self.judgment, self.stage, self.previous_run_moved_to = False, None, None, None
-        self._seen, self.attempts_written = set(), 0
+        self._seen, self.attempts_written, self._lost = set(), 0, 0
         self.workers.clear()
         self.manual = ManualStages()
         self.live = LiveCounts()
@@ -203,14 +208,26 @@ class HarnessSession:
                 | {Path(p).resolve() for p in inputs if p})
 
     def fail(self, why: str) -> None:
-        """The run cannot start: said once, now, as one line on stderr (the web UI's terminal too); the
-        master's `quitting` then exits 2 without a verdict."""
+        """The run cannot start or go on: said once, now, as one line on stderr (the web UI's terminal too);
+        the master's `quitting` then exits 2 without a verdict."""
         if self.fatal:
             return
         self.fatal = why
         print(harness_error_line(why), file=sys.stderr, flush=True)
         if self.events is not None:
-            self.events.event(Event.HARNESS_ERROR, error=one_line(why)[:2000])
+            with contextlib.suppress(ValueError):  # closed already (a failure at the run's very end): said above
+                self.events.event(Event.HARNESS_ERROR, error=one_line(why)[:2000])
+
+    def records_kept(self) -> int:
+        """Records in records.jsonl.gz (as of its last flush)."""
+        return self._records.kept if self._records is not None else self.attempts_written
+
+    def records_lost(self) -> int:
+        """Records that ended after a write failed (or were waiting for the flush that failed): never kept."""
+        return self._records.lost if self._records is not None else self._lost
+
+    def open_logs(self) -> list[JsonlLog]:
+        return [x for x in (self._records, self.events) if x is not None]
 
     def _api_client(self) -> httpx.Client:
         """For the target's own API outside chat (/v1/models, /tokenize): the key, the gateway headers and
@@ -330,7 +347,7 @@ class HarnessSession:
         mix = {getattr(c, "family", c.__name__): int(c.weight) for c in self.env.user_classes}
         self.enter_stage(self.manual.next(users, spawn_rate, mix))
         assert self.plan is not None
-        write_atomic(self.run_dir / "plan.yaml", self.manual.plan_source(self.plan))
+        write_guarded(self.run_dir / "plan.yaml", self.manual.plan_source(self.plan), self.hold.guard)
 
     def set_stage_by_name(self, name: str, spec: dict[str, Any] | None = None) -> None:
         """Worker: the master's shape entered `name`. The master announces a stage before the spawn
@@ -377,7 +394,7 @@ class HarnessSession:
         """At the run's end: the last manual stage ends now; plan.yaml holds the stages as they ran."""
         if self.manual.active and self.run_dir is not None and self.plan is not None:
             self.manual.stop()
-            write_atomic(self.run_dir / "plan.yaml", self.manual.plan_source(self.plan))
+            write_guarded(self.run_dir / "plan.yaml", self.manual.plan_source(self.plan), self.hold.guard)
 
     def close(self) -> None:
         if self.reuse_design is not None:  # reuse_design.json is written before the run is judged
@@ -388,7 +405,9 @@ class HarnessSession:
             self.sampler = None
         for handle in (self._records, self.events):
             if handle is not None:
-                handle.close()
+                handle.close()  # a failure here goes to the guard: the run is then fatal
+        if self._records is not None:
+            self._lost = self._records.lost
         self._records = None  # a record arriving after the end is not this run's to write
 
 

@@ -29,7 +29,7 @@ from locust.runners import WorkerRunner
 from k3load.events import Message
 from k3load.loadgen import spools
 from k3load.loadgen.cpu import CpuReporter
-from k3load.rundir import JsonlLog
+from k3load.rundir import JsonlLog, WriteGuard
 
 log = logging.getLogger("k3load")
 SPOOL_MODES = ("auto", "off")
@@ -55,7 +55,7 @@ class WorkerLink:
             self.spool = None
         self.run_id, self.sent, self.unsent, self.joined = run_id, 0, 0, True
         if self.spool_mode != "off" and _is_this_run(run_dir, run_id):
-            self.spool = JsonlLog(run_dir / "spool" / f"worker-{os.getpid()}.jsonl.gz")
+            self.spool = JsonlLog(run_dir / "spool" / f"worker-{os.getpid()}.jsonl.gz", guard=WriteGuard(_spool_failed))
         else:
             why = "--k3-worker-spool off" if self.spool_mode == "off" else f"{run_dir} is not reachable here"
             log.info("k3load: worker: no spool (%s): records reach the master by message only", why)
@@ -97,6 +97,13 @@ class WorkerLink:
         except (RPCError, RPCSendError) as exc:  # Locust retried for 9 s; the spool (if any) still has it
             log.error("k3load: worker could not send %s to the master: %s", kind, exc)
             return False
+
+
+def _spool_failed(path: Path, exc: OSError) -> None:
+    """A spool that cannot be written (the master's disk full) is only a copy: said once, the records go on by
+    message (the master, writing to the same disk, stops the run)."""
+    log.warning("k3load: worker: %s cannot be written (%s): records reach the master by message only", path,
+                exc.strerror or exc)
 
 
 def _is_this_run(run_dir: Path, run_id: str) -> bool:

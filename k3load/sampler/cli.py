@@ -12,12 +12,15 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
 from k3load.client.access import Secrets, Tls, access_headers, access_problem, add_access_arguments
 from k3load.client.origin import plain_http_warning
+from k3load.disk_full import failure_head
+from k3load.rundir import WriteGuard
 from k3load.sampler.loop import Sampler
 
 
@@ -59,15 +62,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"k3load sample: {problem}", file=sys.stderr)
         return 2
     secrets = Secrets.parse(os.environ.get(args.api_key_env) or None, args.header)
+    done, stopped = threading.Event(), []
+    guard = WriteGuard(lambda path, exc: _write_failed(args.out, path, exc, done, stopped))
     sampler = Sampler(args.out, args.metrics_url, gpu_metrics_urls=args.gpu_metrics_url, interval_s=args.interval,
                       nvml="auto" if args.nvml == "auto" else None, server_log=args.server_log,
                       server_log_cmd=args.server_log_cmd, api_key=secrets.api_key, headers=dict(secrets.headers),
                       tls=Tls(args.ca_bundle, args.insecure),
                       timeout_s=args.scrape_timeout, health_url=args.health_url,
-                      prometheus_url=args.prometheus_url, prometheus_selector=args.prometheus_selector)
+                      prometheus_url=args.prometheus_url, prometheus_selector=args.prometheus_selector,
+                      guard=guard)
     if warning := plain_http_warning(sampler.health_url or sampler.metrics_url or "", bool(secrets)):
         print(warning, file=sys.stderr)  # the key's origin only: it goes nowhere else
-    done = threading.Event()
     previous = signal.signal(signal.SIGTERM, _setter(done))
     try:
         sampler.start()
@@ -83,7 +88,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"k3load sample: {summary.get('scrapes', 0)} scrapes ({summary.get('scrape_failures', 0)} failed), "
           f"{summary.get('gpu_rows', 0)} GPU readings, {summary.get('health_transitions', 0)} health transitions "
           f"-> {args.out}", flush=True)
-    return 0
+    return 2 if stopped else 0
+
+
+def _write_failed(out: Path, path: Path, exc: OSError, done: threading.Event, stopped: list[str]) -> None:
+    """A file could not be written (a full disk): one line, the sampler stops, exit 2; what it wrote stays."""
+    stopped.append(f"{failure_head(out, path, exc)}: sampling stopped at {time.strftime('%H:%M:%S')}; what was "
+                   "written up to there is intact")
+    print(f"k3load sample: {stopped[0]}", file=sys.stderr, flush=True)
+    done.set()
 
 
 def _problem(args: argparse.Namespace) -> str | None:

@@ -33,7 +33,7 @@ from typing import IO
 
 from k3load.command_name import withheld
 from k3load.events import Event, EventSink
-from k3load.rundir import JsonlLog
+from k3load.rundir import JsonlLog, WriteGuard
 
 FLAGS: tuple[tuple[Event, re.Pattern[str]], ...] = (
     (Event.LOG_OOM,
@@ -65,12 +65,13 @@ class LogTail:
     """Copies lines to `out_path` and flags them; runs in its own thread until `stop()`."""
 
     def __init__(self, out_path: Path, event: EventSink, clock: Callable[[], float], *, path: Path | None = None,
-                 cmd: str | list[str] | None = None, poll_s: float = 0.2, max_events_per_kind: int = 100) -> None:
+                 cmd: str | list[str] | None = None, poll_s: float = 0.2, max_events_per_kind: int = 100,
+                 guard: WriteGuard | None = None) -> None:
         if (path is None) == (cmd is None):
             raise ValueError("give exactly one of path (a file to follow) or cmd (a command to run)")
         self.path, self.cmd = path, cmd
         self.source = f"file:{path}" if path is not None else "cmd"
-        self._out = JsonlLog(out_path)
+        self._out = JsonlLog(out_path, guard=guard)  # a write that fails: to the run's guard (k3load.rundir)
         self._event, self._clock, self.poll_s = event, clock, poll_s
         self.max_events_per_kind = max_events_per_kind
         self.flagged: Counter[Event] = Counter()

@@ -23,7 +23,7 @@ from k3load.command_name import command_program
 from k3load.events import Event
 from k3load.evidence import METRICS, SeriesTable
 from k3load.private_files import make_run_dir
-from k3load.rundir import JsonlLog
+from k3load.rundir import JsonlLog, WriteGuard
 from k3load.sampler.fetch import Fetched, fetch, health_url_for, redact_url, same_origin
 from k3load.sampler.gpu_poll import DcgmPoller, NvmlPoller
 from k3load.sampler.health import HealthWatch
@@ -98,7 +98,9 @@ class Sampler:
     `tls`: the run's TLS trust for every https URL (a private CA bundle, or no verification). `events`:
     share the locust layer's events.jsonl writer (default: open DIR/events.jsonl). `timeout_s`: per
     request (default: the interval, at least 2 s, at most 10 s); `stop()` returns within about twice
-    that plus the log tail's few seconds (Prometheus's final read has `timeout_s` more).
+    that plus the log tail's few seconds (Prometheus's final read has `timeout_s` more). `guard`
+    (k3load.rundir.WriteGuard): where a write that fails goes (a full disk: the run stops), for every file
+    the sampler writes; without one such a write raises in the loop that made it (a `sampler_error`).
     """
 
     def __init__(self, out_dir: Path | str, metrics_url: str | Sequence[str] | None,
@@ -107,7 +109,8 @@ class Sampler:
                  api_key: str | None = None, clock: Callable[[], float] = time.time, *,
                  timeout_s: float | None = None, health_url: str | None = None, events: JsonlLog | None = None,
                  prometheus_url: str | None = None, prometheus_selector: str = "",
-                 headers: Mapping[str, str] | None = None, tls: Tls | None = None) -> None:
+                 headers: Mapping[str, str] | None = None, tls: Tls | None = None,
+                 guard: WriteGuard | None = None) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s!r}")  # the CLIs name their option first
         if server_log is not None and server_log_cmd is not None:
@@ -123,7 +126,7 @@ class Sampler:
         self.health_url = health_url or (health_url_for(self.metrics_url) if self.metrics_url else None)
         self.prometheus_url, self.prometheus_selector = prometheus_url or None, prometheus_selector or ""
         self._api_key, self._shared_events, self._headers = api_key, events, dict(headers or {})
-        self._tls = tls
+        self._tls, self._guard = tls, guard
         self._stop = threading.Event()
         self._loops: list[Periodic] = []
         self._errors: dict[str, int] = {}
@@ -138,9 +141,10 @@ class Sampler:
             raise RuntimeError("a Sampler starts once")
         self.started = True
         make_run_dir(self.out_dir)  # 0700, its files 0600 (k3load.private_files)
-        self._events = self._shared_events or JsonlLog(self.out_dir / "events.jsonl")
-        self._metrics_log = JsonlLog(self.out_dir / METRICS, encode=SeriesTable().encode)
-        self._gpu_log = JsonlLog(self.out_dir / "gpu.jsonl")
+        guard = self._guard
+        self._events = self._shared_events or JsonlLog(self.out_dir / "events.jsonl", guard=guard)
+        self._metrics_log = JsonlLog(self.out_dir / METRICS, encode=SeriesTable().encode, guard=guard)
+        self._gpu_log = JsonlLog(self.out_dir / "gpu.jsonl", guard=guard)
         self.event(Event.SAMPLER_START, self.clock(), **self._describe())
         self._start_gpu()
         self._watches = [self._start_metrics(url, first=i == 0) for i, url in enumerate(self.metrics_urls)]
@@ -245,7 +249,7 @@ class Sampler:
         if self.server_log is None and self.server_log_cmd is None:
             return None
         return LogTail(self.out_dir / "server.log", self.event, self.clock, path=self.server_log,
-                       cmd=self.server_log_cmd)
+                       cmd=self.server_log_cmd, guard=self._guard)
 
     def _add_loop(self, name: str, tick: Callable[[], None], interval_s: float | None = None) -> None:
         self._loops.append(Periodic(name, interval_s or self.interval_s, tick, self._stop, self._loop_error))
