@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.k3load-installed
 
-.PHONY: demo test lint clean browser prometheus
+.PHONY: demo test lint clean browser prometheus fuzz
 
 $(STAMP): pyproject.toml setup.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "k3load needs Python 3.11")'
@@ -34,6 +34,11 @@ prometheus:
 	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus \
 	  >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus \
 	  >/dev/null)) || echo "prometheus unavailable: the Prometheus test skips outside CI"
+
+# The property tests for a time budget (random seeds, round after round): make fuzz SECONDS=600
+SECONDS ?= 300
+fuzz: $(STAMP)
+	$(VENV)/bin/python scripts/fuzz.py --seconds $(SECONDS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

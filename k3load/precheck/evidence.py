@@ -308,7 +308,8 @@ def normalise_host(raw: Any, file: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         return {"node": Path(file).stem, "file": file, "problems": ["not a JSON object"], "driver_version": None,
                 "cuda_driver_max_version": None, "gpu_count": None, "gpu_names": [], "container_image": None}
-    gpus = [g for g in raw.get("gpus") or [] if isinstance(g, dict)]
+    listed = raw.get("gpus")
+    gpus = [g for g in listed if isinstance(g, dict)] if isinstance(listed, list) else []
     count = _first(raw, "gpu_count")
     host = {"node": str(_first(raw, "node") or Path(file).stem), "file": file,
             "source": raw.get("source", "file"), "container_image": raw.get("container_image"),
@@ -317,6 +318,9 @@ def normalise_host(raw: Any, file: str) -> dict[str, Any]:
             "gpu_count": count if isinstance(count, int) else (len(gpus) or None),
             "gpu_names": [str(g.get("name")) for g in gpus if g.get("name")],
             "topology": raw.get("topology") is not None, "problems": []}
+    if listed is not None and not isinstance(listed, list):
+        kind = {bool: "true/false", str: "a string", dict: "an object"}.get(type(listed), "a number")
+        host["problems"].append(f"gpus is {kind}, not a list")
     if host["driver_version"] is None:
         host["problems"].append("no driver_version")
     if host["gpu_count"] is None:
