@@ -3,7 +3,7 @@
     stopped_line(Path("runs/r1"), path, exc, records=1623, when=time.time())
     # 'disk full at runs/r1 (tmpfs at /mnt/r, 0 bytes free): load stopped at 21:05:14 after 1,623 records;
     #  the evidence up to there is intact: `k3load analyze runs/r1` once space is freed'
-    space_needed(plan, interval_s, metrics_sources)   # bytes a plan is expected to write (docs/records.md)
+    space_needed(plan, interval_s, metrics_sources, gpu_sources)   # bytes a plan may write (docs/records.md)
 
 Why one line naming the filesystem and what was kept: an operator whose disk filled needs three things
 and no traceback: where (the directory and the filesystem under it, which may not be the one they think),
@@ -29,16 +29,19 @@ FULL = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded"}
 # plan's estimate uses. Records dominate; a scrape line is per metrics source per sampling interval.
 RECORD_BYTES = 242  # records.jsonl.gz, per record
 SCRAPE_BYTES = 878  # metrics.jsonl.gz, per scrape of one source
+GPU_ROW_BYTES = 450  # gpu.jsonl, per GPU per reading (plain JSON: an H200's row with DCGM extras is 430 B)
+GPUS_PER_SOURCE = 8  # GPU readings are counted for a full node per source (an over-estimate off GPUs)
 FIXED_BYTES = 4_000_000  # the rest: samples/, evidence/, compat.json, reports, manifest (a few MB)
 REQUESTS_PER_USER_S = 1.0  # a user sends at most about one request a second against a real server
 
 
-def space_needed(plan: Plan, interval_s: float, metrics_sources: int = 1) -> int:
-    """Bytes the plan is expected to write, at most: its user-seconds at `REQUESTS_PER_USER_S`, its scrapes
-    (one per source per interval), and the fixed part."""
+def space_needed(plan: Plan, interval_s: float, metrics_sources: int = 1, gpu_sources: int = 1) -> int:
+    """Bytes the plan may write: its user-seconds at `REQUESTS_PER_USER_S` records, a scrape per metrics source
+    and a node's GPU rows per GPU source each interval, and the fixed part."""
     requests = sum(stage.users * stage.duration_s for stage in plan.stages) * REQUESTS_PER_USER_S
-    scrapes = plan.duration_s / interval_s * max(1, metrics_sources) if interval_s > 0 else 0
-    return int(requests * RECORD_BYTES + scrapes * SCRAPE_BYTES + FIXED_BYTES)
+    readings = plan.duration_s / interval_s if interval_s > 0 else 0
+    per_reading = max(1, metrics_sources) * SCRAPE_BYTES + max(1, gpu_sources) * GPUS_PER_SOURCE * GPU_ROW_BYTES
+    return int(requests * RECORD_BYTES + readings * per_reading + FIXED_BYTES)
 
 
 def free_bytes(path: Path) -> int | None:

@@ -154,9 +154,11 @@ def test_the_space_a_plan_needs_is_its_user_seconds_scrapes_and_the_rest():
     plan = parse_plan({"name": "p", "stages": [
         {"name": "a", "kind": "load", "duration_s": 100, "users": 4, "mix": {"agent": 1}},
         {"name": "r", "kind": "concurrency", "duration_s": 10, "steps": [2, 8], "mix": {"agent": 1}}]}, "p")
-    requests, scrapes = 4 * 100 + 2 * 10 + 8 * 10, 120 / 0.5 * 2
-    assert disk_full.space_needed(plan, 0.5, 2) == int(requests * disk_full.RECORD_BYTES
-                                                       + scrapes * disk_full.SCRAPE_BYTES + disk_full.FIXED_BYTES)
+    requests, readings = 4 * 100 + 2 * 10 + 8 * 10, 120 / 0.5
+    gpu_rows = readings * 3 * disk_full.GPUS_PER_SOURCE
+    assert disk_full.space_needed(plan, 0.5, 2, 3) == int(requests * disk_full.RECORD_BYTES + readings * 2
+                                                          * disk_full.SCRAPE_BYTES + gpu_rows * disk_full.GPU_ROW_BYTES
+                                                          + disk_full.FIXED_BYTES)
 
 
 # -- the whole run on a small tmpfs ------------------------------------------------------------------------------

@@ -60,7 +60,8 @@ def disk_space(session: HarnessSession) -> None:
     if plan is None or free is None:
         return
     sources = len(metrics_urls(opts, session.env.host)) or 1
-    needed = space_needed(plan, opts.k3_sample_interval, sources)
+    needed = space_needed(plan, opts.k3_sample_interval, sources, len(getattr(opts, "k3_gpu_metrics_url", None)
+                                                                      or []) or sources)
     if free >= needed:
         return
     point, fstype = mount_of(run_dir)
