@@ -233,13 +233,13 @@ def judge_agent_api(attempts: list[AnyAttempt], limits: dict[str, float], plan: 
     rule = _valid_rule(numbers, limits["min_valid_rate"], len(unjudged))
     rules = [*harness, rule, *known_rules]
     numbers["rules"] = [r.to_dict() for r in rules]
-    reasons = [r.reason for r in harness] + ([rule.reason] if rule.status != PASS else []) + known_reasons
+    reasons = ([rule.reason] if rule.status != PASS else []) + known_reasons
     reasons += [r for r in [context_reason(refusals), tool_turns_reason(tool_turns)] if r] + drill_reasons
     statuses = {r.status for r in rules}
-    if FAIL in statuses or drill_reasons:
-        return PillarResult(FAIL, reasons, numbers)
+    if FAIL in statuses or drill_reasons:  # what failed first; the answers the harness could not judge after it
+        return PillarResult(FAIL, reasons + [r.reason for r in harness], numbers)
     if INCONCLUSIVE in statuses:
-        return PillarResult(INCONCLUSIVE, reasons, numbers)
+        return PillarResult(INCONCLUSIVE, [r.reason for r in harness] + reasons, numbers)
     passed = [r.reason for r in known_rules if r.status == PASS]
     return PillarResult(PASS, [f"{rule.reason} (tool calls, structured output, reasoning/content separation, "
                                "expectations)", *passed, *reasons], numbers)

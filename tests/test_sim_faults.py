@@ -139,3 +139,29 @@ def test_bad_profile_is_a_clear_error_naming_the_field(tmp_path):
     run = subprocess.run([sys.executable, "-m", "k3load", "sim", "--profile", str(bad)], capture_output=True,
                          text=True, timeout=30)
     assert run.returncode == 2 and "http_error_rat" in run.stdout + run.stderr
+
+
+def test_hostile_json_arguments_and_structured_output(start_sim, client):
+    """--hostile-json-rate: JSON that Python's json takes leniently or crashes on, whole and streamed; mixed draws
+    each of the four shapes per answer."""
+    from k3load.workload import strict_json
+
+    t = _t(start_sim("--hostile-json-rate", "1", "--hostile-json-shape", "mixed"))
+    kinds = set()
+    for n in range(16):
+        ask = [{"role": "user", "content": f"What is the weather in Paris? ({n})"}]
+        call = chat(t, client, messages=ask, tools=[WEATHER]).json()["choices"][0]["message"]["tool_calls"][0]
+        refused = strict_json.parse(call["function"]["arguments"])
+        assert isinstance(refused, strict_json.Refused) and refused.strict, refused
+        kinds.add(refused.kind)
+    assert kinds == {strict_json.TOO_DEEP, strict_json.NUMBER_TOO_LONG, strict_json.NOT_JSON_NUMBER,
+                     strict_json.DUPLICATE_KEY}
+    deep = _t(start_sim("--hostile-json-rate", "1", "--hostile-json-shape", "deep"))
+    got = stream_chat(deep, client, messages=ASK, tools=[WEATHER])
+    arguments = "".join(tc["function"].get("arguments") or "" for c in got.chunks if c.get("choices")
+                        for tc in c["choices"][0]["delta"].get("tool_calls") or [])
+    assert got.done and strict_json.depth(arguments) == 60_000
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "o", "schema": schema}}
+    content = chat(deep, client, messages=ASK, response_format=fmt).json()["choices"][0]["message"]["content"]
+    assert strict_json.parse(content).kind == strict_json.TOO_DEEP  # type: ignore[union-attr]

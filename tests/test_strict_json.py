@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from k3load.client.result import StreamResult, ToolCall
@@ -32,8 +32,6 @@ from k3load.workload.strict_json import (
 )
 from k3load.workload.validate import validate, vllm_error
 
-SETTINGS = settings(max_examples=200, deadline=None, database=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow])
 DEEP = 60_000
 
 
@@ -91,7 +89,7 @@ def test_depth_is_measured_without_recursion_and_in_linear_time():
     assert depth('"unterminated [[[') == 0 and depth("]]][") == 0 and depth("1") == 0
 
 
-# -- properties --------------------------------------------------------------------------------------
+# -- properties (the conftest's profile: derandomised in `make test`, searched longer by `make fuzz`) ------
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(10**30), 10**30) | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20),
@@ -99,7 +97,6 @@ json_values = st.recursive(
     max_leaves=30)
 
 
-@SETTINGS
 @given(text=st.text(max_size=400) | st.text(alphabet='[]{}":,\\ 0123456789-.eENaIfinty', max_size=400))
 @example(text="[" * 70)
 @example(text='{"a":1,"a":1}')
@@ -113,7 +110,6 @@ def test_any_text_gives_parsed_or_refused_never_an_exception(text):
         assert got.kind in strict_json.KINDS and got.reason
 
 
-@SETTINGS
 @given(value=json_values, indent=st.sampled_from([None, 1]))
 def test_valid_json_within_the_limits_reads_as_json_loads_does(value, indent):
     text = json.dumps(value, indent=indent)
@@ -122,7 +118,6 @@ def test_valid_json_within_the_limits_reads_as_json_loads_does(value, indent):
     assert depth(text) <= MAX_DEPTH
 
 
-@SETTINGS
 @given(value=json_values)
 def test_a_model_json_value_nested_past_the_limit_is_refused(value):
     text = "[" * MAX_DEPTH + json.dumps([value]) + "]" * MAX_DEPTH

@@ -24,6 +24,9 @@ def help_of(cls: type, name: str) -> str:
     return {f.name: f for f in dataclasses.fields(cls)}[name].metadata["help"]
 
 
+HOSTILE_JSON_SHAPES = ("deep", "long_int", "nan", "duplicate_key")  # --hostile-json-shape (k3load.sim.faults)
+
+
 class ProfileError(ValueError):
     """A fault/engine profile that cannot be used; the message names the file and the field."""
 
@@ -36,6 +39,12 @@ class FaultProfile:
     Retry-After, resets, health flap, /metrics status and stall) are in gateway.py, which says why."""
 
     malformed_tool_args_rate: float = knob(0.0, "fault: tool-call arguments that are not valid JSON: parser")
+    hostile_json_rate: float = knob(0.0, "fault: the model writes JSON a lenient parser takes or chokes on, as the "
+                                         "first tool call's arguments (or a JSON answer's content): nested 60,000 "
+                                         "deep, a 5,000-digit integer, NaN or a key given twice "
+                                         "(--hostile-json-shape): model_output")
+    hostile_json_shape: str = knob("mixed", "fault: what --hostile-json-rate writes: deep, long_int, nan, "
+                                            "duplicate_key, or mixed (one of the four drawn per answer)")
     empty_tool_calls_rate: float = knob(0.0, "fault: finish_reason tool_calls with an empty tool_calls list: parser")
     raw_tool_markup_rate: float = knob(0.0, "fault: raw tool-call markup left in content instead of tool_calls: "
                                             "parser")
@@ -194,6 +203,9 @@ def validate(config: SimConfig) -> None:
             raise ProfileError(f"{name} must be positive")
     if config.answer_tokens_min > config.answer_tokens_max:
         raise ProfileError("answer_tokens_min must not exceed answer_tokens_max")
+    if f.hostile_json_shape not in (*HOSTILE_JSON_SHAPES, "mixed"):
+        raise ProfileError(f"faults.hostile_json_shape must be one of {', '.join(HOSTILE_JSON_SHAPES)} or mixed, "
+                           f"got {f.hostile_json_shape!r}")
 
 
 def _validate_wire(config: SimConfig) -> None:

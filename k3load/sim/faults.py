@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from k3load.sim.config import FaultProfile
+from k3load.sim.config import HOSTILE_JSON_SHAPES, FaultProfile
 from k3load.sim.generate import OutputPlan, Piece
 from k3load.sim.tokenizer import tokenize
 
@@ -25,6 +25,7 @@ _K3_MARKER = re.compile(r"(<\|(?:open|close|sep)\|>)")
 class FaultDecision:
     http_error: bool = False
     malformed_tool_args: bool = False
+    hostile_json: str = ""  # one of config.HOSTILE_JSON_SHAPES written as the model's JSON ("" none)
     empty_tool_calls: bool = False
     raw_tool_markup: bool = False
     reasoning_leak: bool = False
@@ -83,7 +84,14 @@ def decide(profile: FaultProfile, rng: random.Random, time_scale: float) -> Faul
         missing_think_transition=hit_if_set(profile.missing_think_transition_rate),
         skip_tool_call=hit_if_set(profile.skip_tool_call_rate))
     # the serving side: a disconnect that never reaches the engine (drawn after every model fault)
-    return dataclasses.replace(decision, ignore_disconnect=hit_if_set(profile.ignore_disconnect_rate))
+    decision = dataclasses.replace(decision, ignore_disconnect=hit_if_set(profile.ignore_disconnect_rate))
+    return dataclasses.replace(decision, hostile_json=_hostile_shape(profile, rng) if
+                               hit_if_set(profile.hostile_json_rate) else "")  # the model's, drawn last of all
+
+
+def _hostile_shape(profile: FaultProfile, rng: random.Random) -> str:
+    shape = profile.hostile_json_shape
+    return rng.choice(HOSTILE_JSON_SHAPES) if shape == "mixed" else shape
 
 
 def _as_content(text: str) -> list[Piece]:
@@ -108,6 +116,9 @@ def apply_to_plan(plan: OutputPlan, fault: FaultDecision) -> OutputPlan:
         pieces = [*_as_content("<|open|>think<|sep|>"), *thinking, *_as_content("<|close|>think<|sep|>"), *rest]
     if calls and fault.malformed_tool_args:
         pieces = _malformed_first_call(pieces, calls, _is_k3(plan))
+    elif fault.hostile_json:
+        pieces = _hostile_first_call(pieces, calls, _is_k3(plan), fault.hostile_json) if calls else \
+            _hostile_content(pieces, fault.hostile_json)
     if calls and fault.raw_tool_markup:
         markup = "".join(f"<|tool_call_begin|>{c['id']}<|tool_call_argument_begin|>{c['arguments']}<|tool_call_end|>"
                          for c in calls)
@@ -136,6 +147,51 @@ def _malformed_first_call(pieces: list[Piece], calls: list[dict[str, Any]], whol
         first += [Piece("tool_args", t) for t in args]
     later = [p for p in pieces[:-1] if p.kind in tool_kinds and p.tool_index > 0]
     return [*head, *first, *later, Piece("none")]  # EOS
+
+
+HOSTILE_DEPTH = 60_000
+
+
+def hostile_text(shape: str, arguments: str = "{}") -> str:
+    """JSON a lenient parser takes or crashes on: `deep` (arrays nested 60,000 deep, RecursionError in
+    Python's json), `long_int` (5,000 digits, past Python's 4,300-digit conversion limit), `nan` (NaN and
+    -Infinity, which JSON has not), `duplicate_key` (`arguments`' first key given again, else "key" twice)."""
+    if shape == "deep":
+        return '{"nested": ' + "[" * (HOSTILE_DEPTH - 1) + "]" * (HOSTILE_DEPTH - 1) + "}"
+    if shape == "long_int":
+        return '{"count": ' + "9" * 5000 + "}"
+    if shape == "nan":
+        return '{"value": NaN, "low": -Infinity}'
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = None
+    if isinstance(value, dict) and value:
+        key, item = next(iter(value.items()))
+        return arguments.rstrip()[:-1] + f", {json.dumps(key)}: {json.dumps(item)}}}"
+    return '{"key": 1, "key": 2}'
+
+
+def _hostile_first_call(pieces: list[Piece], calls: list[dict[str, Any]], whole: bool, shape: str) -> list[Piece]:
+    """The first call's arguments replaced by `hostile_text`, sent in one piece (60,000 brackets are no
+    60,000 tokens a max_tokens cut should see); any further calls keep their tokens."""
+    bad = calls[0]["arguments"] = hostile_text(shape, calls[0]["arguments"])
+    tool_kinds = ("tool_header", "tool_args", "tool_whole", "none")
+    head = [p for p in pieces if p.kind not in tool_kinds]
+    first = [p for p in pieces if p.kind == "tool_header" and p.tool_index == 0]
+    first += [Piece("none"), Piece("tool_whole", bad)] if whole else [Piece("tool_args", bad)]
+    later = [p for p in pieces[:-1] if p.kind in tool_kinds and p.tool_index > 0]
+    return [*head, *first, *later, Piece("none")]  # EOS
+
+
+def _hostile_content(pieces: list[Piece], shape: str) -> list[Piece]:
+    """A JSON answer (a structured output: its content starts with `{`) written as `hostile_text`; any other
+    answer is left as it is."""
+    content = "".join(p.text for p in pieces if p.kind == "content")
+    if not content.lstrip().startswith("{"):
+        return pieces
+    bad = hostile_text(shape, content)
+    return [*(p for p in pieces if p.kind == "reasoning"), Piece("content", bad), Piece("content", "")]  # EOS
 
 
 def _no_transition(plan: OutputPlan) -> OutputPlan:
