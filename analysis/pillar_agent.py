@@ -214,8 +214,10 @@ def judge_agent_api(attempts: list[AnyAttempt], limits: dict[str, float], plan: 
     answered, unjudged = split_unjudged(attempts)  # answers the harness could not judge: neither valid nor failed
     judged = [a for a in answered if not a.drill]
     numbers = _rates(judged) | {"requests": _chains(attempts), "tool_turns": tool_turns}
-    numbers["unjudged"] = unjudged_numbers(unjudged)
-    harness = [unjudged_rule(numbers["unjudged"])] if unjudged else []
+    harness = []
+    if unjudged:  # only then: a run without one is judged (and its verdict.json written) as before
+        numbers["unjudged"] = unjudged_numbers(unjudged)
+        harness = [unjudged_rule(numbers["unjudged"])]
     known, known_rules, known_reasons = known_failures(judged, limits, plan)
     numbers |= known
     if reference is not None:  # the tool-call choices and schema accuracy against a trusted run
