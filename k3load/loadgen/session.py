@@ -30,6 +30,7 @@ from k3load.analysis.pillar import thresholds
 from k3load.client.access import gevent_patched, tls_hint
 from k3load.client.origin import redirect_note
 from k3load.clock import now
+from k3load.disk_full import FULL
 from k3load.events import Event, Message
 from k3load.evidence import RECORDS
 from k3load.loadgen import delivery, held_secrets, observe
@@ -130,7 +131,12 @@ class HarnessSession:
             if self._pending_stage is not None:
                 self.set_stage_by_name(self._pending_stage)
         if self.role in ("master", "local") and (self.run_dir is None or self.finished):
-            self.start_run()
+            try:
+                self.start_run()
+            except OSError as exc:  # a full disk already at the start: the same one line as later on
+                if exc.errno in FULL and self.hold.guard is not None:
+                    self.hold.guard.failed(Path(exc.filename or self.run_dir or "."), exc)
+                raise
             if self.role == "master":
                 self.env.runner.send_message(Message.RUN, self.run_message())
 
