@@ -20,6 +20,11 @@ is never held whole: past the cap its bytes are only counted and hashed, and the
 SSELineTooLong with its length and sha256. Payloads that are not valid UTF-8 are decoded with
 `surrogateescape` (each bad byte kept as a lone surrogate U+DC80..U+DCFF, so the original bytes can
 be recovered) and counted in `invalid_utf8`, for the caller to report.
+
+The stream ends at `[DONE]`, as OpenAI's SDK reads it: the read that completes that event returns it as
+its last event, and whatever came after it in that read (and in any read fed later) is counted in
+`after_done`, never decoded nor held. Why: a proxy may keep the body open, or send pings, after the
+answer ended; the answer is the server's and what follows is not part of it.
 """
 
 from __future__ import annotations
@@ -95,7 +100,8 @@ class SSEDecoder:
     it: joined once, when its end arrives).
     """
 
-    __slots__ = ("_data", "_held", "_line", "_over", "_parts", "done", "events", "invalid_utf8", "max_line_bytes")
+    __slots__ = ("_data", "_held", "_line", "_over", "_parts", "after_done", "done", "events", "invalid_utf8",
+                 "max_line_bytes")
 
     def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         if max_line_bytes < 1:
@@ -107,7 +113,8 @@ class SSEDecoder:
         self._data: list[bytes] = []  # data lines of the event being built
         self._line = 0  # lines completed so far (for error positions)
         self.events = 0  # events dispatched so far
-        self.done = False  # [DONE] seen
+        self.done = False  # [DONE] seen: the stream ended there
+        self.after_done = 0  # bytes fed after the [DONE] event's blank line (counted, never decoded)
         self.invalid_utf8 = 0  # payloads that were not valid UTF-8 (decoded with surrogateescape)
 
     @property
@@ -116,7 +123,13 @@ class SSEDecoder:
         return self._held
 
     def feed(self, data: bytes) -> list[SSEEvent]:
-        """Decode one read. Raises SSEFormatError / SSEJSONError / SSELineTooLong on malformed input."""
+        """Decode one read. Raises SSEFormatError / SSEJSONError / SSELineTooLong on malformed input.
+
+        A read that completes the `[DONE]` event returns it last; the rest of that read, and every read
+        fed after it, is only counted (`after_done`)."""
+        if self.done:
+            self.after_done += len(data)
+            return []
         if not self._held and not self._data and data.find(b"\n") == len(data) - 2 and data.endswith(b"\n\n") \
                 and data.startswith(b"data: ") and data[-3] != 13 and len(data) <= self.max_line_bytes:
             # Nearly every read of a paced stream is one whole event: `data: {...}` and its blank line.
@@ -131,13 +144,13 @@ class SSEDecoder:
                 return []
         lines = data.split(b"\n")
         tail = lines.pop()
-        if len(data) > self.max_line_bytes and lines:
-            self._whole_lines_fit(lines)
-        if tail:
-            self._hold(tail)
+        # a read bigger than the cap may hold a whole over-long line: refused once the lines before it
+        # are read (a [DONE] among them ends the stream first)
+        too_long = self._first_too_long(lines) if len(data) > self.max_line_bytes and lines else len(lines)
         out: list[SSEEvent] = []
         pending = self._data
-        for line in lines:
+        start = self._line
+        for line in lines[:too_long] if too_long < len(lines) else lines:
             self._line += 1
             if line.startswith(b"data:"):
                 if line[-1] == 13:  # b"\r"
@@ -146,8 +159,16 @@ class SSEDecoder:
             elif not line or line == b"\r":
                 if pending:
                     out.append(self._dispatch())
+                    if self.done:  # the rest of this read is after the stream's end
+                        self.after_done = len(data) - sum(len(x) + 1 for x in lines[:self._line - start])
+                        return out
             elif line[0] != 58:  # b":" starts a comment
                 self._other_field(line.rstrip(b"\r"))
+        if too_long < len(lines):
+            self._hold(lines[too_long])
+            self._too_long()
+        if tail:
+            self._hold(tail)
         return out
 
     def _line_end(self, data: bytes) -> bytes:
@@ -176,13 +197,10 @@ class SSEDecoder:
             self._over = _Overflow(self._parts)
             self._parts = []
 
-    def _whole_lines_fit(self, lines: list[bytes]) -> None:
-        """A read bigger than the cap may hold a whole over-long line: refuse it too."""
-        longest = max(range(len(lines)), key=lambda i: len(lines[i]))
-        if len(lines[longest]) > self.max_line_bytes:
-            self._line += longest
-            self._hold(lines[longest])
-            self._too_long()
+    def _first_too_long(self, lines: list[bytes]) -> int:
+        """Index of the first whole line longer than the cap (len(lines): none is)."""
+        cap = self.max_line_bytes
+        return next((i for i, line in enumerate(lines) if len(line) > cap), len(lines))
 
     def _too_long(self) -> None:
         over = self._over
