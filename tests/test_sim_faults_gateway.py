@@ -80,6 +80,36 @@ def test_midstream_reset_is_a_reset_not_a_clean_close(start_sim):
     assert clean is None and cut.count(b"data: {") >= 5 and b"[DONE]" not in cut  # truncate: FIN, no RST
 
 
+def _until(sock: socket.socket, got: bytes, end: bytes) -> bytes:
+    while not got.endswith(end):
+        data = sock.recv(65536)
+        assert data, got
+        got += data
+    return got
+
+
+def test_a_body_held_open_after_done_ends_after_the_hold_or_when_the_client_leaves(start_sim):
+    """A proxy that passes `data: [DONE]` on and holds the chunked body open: the last chunk comes only
+    after the hold; a client that leaves at [DONE] ends the hold (the sim stops at once)."""
+    payload = json.dumps({"model": "tiny", "messages": HI, "stream": True, "max_tokens": 4}).encode()
+    for hold_ms in ("1500", "60000"):
+        sim = start_sim("--hold-after-done-rate", "1", "--hold-after-done-ms", hold_ms)
+        url = urlsplit(sim.base_url)
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {url.hostname}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\n\r\n")
+        with socket.create_connection((url.hostname, url.port), timeout=20) as sock:
+            sock.sendall(head.encode() + payload)
+            got = _until(sock, b"", b"data: [DONE]\n\n\r\n")
+            done_at = time.monotonic()
+            assert b"transfer-encoding: chunked" in got.lower() and not got.endswith(b"0\r\n\r\n")
+            if hold_ms == "1500":
+                _until(sock, got, b"0\r\n\r\n")
+                assert 1.0 < time.monotonic() - done_at < 10
+        if hold_ms == "60000":
+            started = time.monotonic()
+            assert sim.stop() == 0 and time.monotonic() - started < 5  # no handler left holding
+
+
 def test_resets_are_drawn_from_the_seed(start_sim, client):
     def pattern(sim) -> list[bool]:
         out = []
@@ -194,6 +224,8 @@ def test_profile_sets_the_gateway_faults(tmp_path: Path):
     ("faults", "http_error_status: 200", "http_error_status"),
     ("faults", "connection_reset_rate: 2", "connection_reset_rate"),
     ("faults", "metrics_stall_ms: -1", "metrics_stall_ms"),
+    ("faults", "hold_after_done_ms: -1", "hold_after_done_ms"),
+    ("faults", "hold_after_done_rate: 1.5", "hold_after_done_rate"),
     ("faults", "health_flap_period_s: fast", "health_flap_period_s"),
     ("faults", "http_error_retry_after_s: 1.5", "http_error_retry_after_s"),
     ("engine", "metrics_port: -2", "metrics_port"),

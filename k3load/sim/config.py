@@ -105,6 +105,11 @@ class FaultProfile:
     skip_tool_call_rate: float = knob(0.0, "fault: a model that skips tool calls: with tool_choice auto it answers in "
                                            "prose where it should call a tool (finish_reason stop, no calls): "
                                            "model_output; at temperature 0 the same request is skipped every time")
+    hold_after_done_rate: float = knob(0.0, "fault: streamed answers: a proxy that passes 'data: [DONE]' on but holds "
+                                            "the chunked body open for --hold-after-done-ms (its last chunk late, or "
+                                            "never if the client leaves first)")
+    hold_after_done_ms: float = knob(30000.0, "fault: how long --hold-after-done-rate holds the body open after "
+                                              "[DONE], wall ms (not scaled by --time-scale)")
 
 
 @dataclass
@@ -191,7 +196,7 @@ def validate(config: SimConfig) -> None:
     if f.http_error_style not in ("vllm", "gateway", "html"):
         raise ProfileError("faults.http_error_style must be 'vllm', 'gateway' or 'html'")
     _validate_wire(config)
-    for name in ("stream_empty_tool_calls_min_running", "tool_args_burst_ms"):
+    for name in ("stream_empty_tool_calls_min_running", "tool_args_burst_ms", "hold_after_done_ms"):
         if getattr(f, name) < 0:
             raise ProfileError(f"faults.{name} must not be negative, got {getattr(f, name)}")
     if config.tool_call_style not in ("k2", "k3"):

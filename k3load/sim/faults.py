@@ -46,6 +46,7 @@ class FaultDecision:
     missing_think_transition: bool = False
     skip_tool_call: bool = False  # the model answers in prose where it should call a tool
     ignore_disconnect: bool = False  # the engine keeps decoding after the client left (no abort)
+    hold_after_done_s: float = 0.0  # a proxy holds the streamed body open this long after [DONE] (wall s)
 
 
 def decide(profile: FaultProfile, rng: random.Random, time_scale: float) -> FaultDecision:
@@ -85,8 +86,11 @@ def decide(profile: FaultProfile, rng: random.Random, time_scale: float) -> Faul
         skip_tool_call=hit_if_set(profile.skip_tool_call_rate))
     # the serving side: a disconnect that never reaches the engine (drawn after every model fault)
     decision = dataclasses.replace(decision, ignore_disconnect=hit_if_set(profile.ignore_disconnect_rate))
-    return dataclasses.replace(decision, hostile_json=_hostile_shape(profile, rng) if
-                               hit_if_set(profile.hostile_json_rate) else "")  # the model's, drawn last of all
+    decision = dataclasses.replace(decision, hostile_json=_hostile_shape(profile, rng) if
+                                   hit_if_set(profile.hostile_json_rate) else "")  # the model's
+    # a proxy holding the body open after [DONE] (wall time: a proxy's, not the model's), drawn last of all
+    return dataclasses.replace(decision, hold_after_done_s=profile.hold_after_done_ms / 1000
+                               if hit_if_set(profile.hold_after_done_rate) else 0.0)
 
 
 def _hostile_shape(profile: FaultProfile, rng: random.Random) -> str:

@@ -66,6 +66,20 @@ def reset(request: web.BaseRequest) -> None:
     transport.abort()
 
 
+async def hold_open(request: web.BaseRequest, hold_s: float) -> bool:
+    """A proxy that passed the answer's `data: [DONE]` on but holds the chunked body open (its last chunk
+    sent late, as a gateway that waits on its upstream's close, its own accounting or an idle timer
+    does): wait `hold_s` wall seconds, or until the client leaves. True: the client is still there.
+    OpenAI's SDK stops reading at [DONE]; a client that reads to the body's end waits the whole hold."""
+    end = time.monotonic() + hold_s
+    while (left := end - time.monotonic()) > 0:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return False
+        await asyncio.sleep(min(left, 0.05))
+    return request.transport is not None and not request.transport.is_closing()
+
+
 class FrontDoor:
     """Per-server state of the gateway faults: start time (health flap) and chat requests seen
     (metrics stall window). `clock` is a parameter so unit tests can drive the flap."""

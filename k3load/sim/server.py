@@ -260,6 +260,8 @@ class SimServer:
         if (body.get("stream_options") or {}).get("include_usage"):
             await _send(resp, writer.usage(self._usage(seq)))
         await resp.write(b"data: [DONE]\n\n")
+        if fault.hold_after_done_s and not await gateway.hold_open(request, fault.hold_after_done_s):
+            return resp  # the client left while the body was held: nothing more to send
         await resp.write_eof()
         return resp
 
