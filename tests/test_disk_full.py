@@ -219,7 +219,7 @@ def test_a_disk_that_fills_mid_run_stops_the_load_with_one_line_and_exit_2(start
     records = [json.loads(x) for x in lines(out / RECORDS)]
     assert len(records) == kept >= 5
     served = _settled(sim)  # the server's own count: within a few turns of what was kept, not 120 s of load
-    assert served - kept <= 60, (served, kept)
+    assert served - kept <= 100, (served, kept)  # in flight at the stop and in the flush that failed: tens
     (small_disk / "ballast").unlink()
     for path in (out / "events.jsonl", out / "gpu.jsonl", out / "metrics.jsonl.gz"):
         if path.exists():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -136,11 +137,13 @@ def test_a_second_run_naming_a_live_runs_directory_exits_2_and_the_first_judges_
 
     sim = start_sim("--time-scale", "0.1")
     out = tmp_path / "shared"
-    plan = _plan(tmp_path, [{"name": "load", "kind": "load", "duration_s": 6, "users": 2, "mix": {"agent": 1}}])
+    plan = _plan(tmp_path, [{"name": "load", "kind": "load", "duration_s": 300, "users": 2, "mix": {"agent": 1}}])
     handle, group = _start(sim, out, plan, tmp_path / "first.log", "first")
     with handle, group as first:
         _wait_for_records(out, first)
-        second = run_locust(sim.base_url, out, plan, "--k3-run-id", "second", timeout_s=60)
+        second = run_locust(sim.base_url, out, plan, "--k3-run-id", "second", timeout_s=120)
+        assert first.poll() is None  # still live: the second was refused while it ran
+        first.send_signal(signal.SIGTERM)  # ends as Ctrl-C does: its records judged
         first_code = first.wait(90)
     output = (tmp_path / "first.log").read_text()
     assert second.returncode == 2, second.stderr[-3000:]
@@ -163,13 +166,14 @@ def test_a_run_whose_directory_is_moved_away_judges_nothing_there(start_sim, tmp
 
     sim = start_sim("--time-scale", "0.1")
     out = tmp_path / "r"
-    plan = _plan(tmp_path, [{"name": "load", "kind": "load", "duration_s": 5, "users": 2, "mix": {"agent": 1}}])
+    plan = _plan(tmp_path, [{"name": "load", "kind": "load", "duration_s": 300, "users": 2, "mix": {"agent": 1}}])
     handle, group = _start(sim, out, plan, tmp_path / "first.log", "first")
     with handle, group as first:
         _wait_for_records(out, first)
         os.rename(out, tmp_path / "r.moved")
         _previous_run(out, "other")  # another run's files now at DIR
         other = {p.name: p.read_bytes() for p in out.iterdir()}
+        first.send_signal(signal.SIGTERM)  # its end: the check before the end's first write
         code = first.wait(90)
     output = (tmp_path / "first.log").read_text()
     assert code == 2, output[-3000:]
