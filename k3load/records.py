@@ -100,6 +100,11 @@ class Attempt:
     # `stream_pair`, `stream_role` is "stream" or "whole". None outside the drill.
     stream_pair: str | None = None
     stream_role: str | None = None
+    # A streamed answer ends at [DONE] (end_ts, e2e_ms): the body bytes that came after it (counted, never
+    # waited for beyond a brief wait for the message's end), and whether the body was still open then (a
+    # proxy holding it: its connection closed, not reused). None without [DONE] and in older records.
+    after_done_bytes: int | None = None
+    after_done_open: bool | None = None
 
     def to_json(self) -> str:
         """The record's line, the same bytes as `asdict`'s, without its deep copy of every field: a quarter
@@ -138,12 +143,15 @@ def json_line(data: Any) -> str:
 
 def timing_fields(result: StreamResult) -> dict[str, float | int | None]:
     """TTFT, inter-token stats, decode time, tool-call cadence and the last silence (ms), keyed by
-    Attempt field name. A field that cannot be known for this attempt is left out (None in the record,
-    never 0). Why the cadence beside the inter-token stats: a parser that holds a K3 call back until it
-    is whole (vllm#50604) sends it in one delta after a long silence, which the averages hide and a
-    client reads as slow decoding; `tool_call_max_gap_ms` is that silence, `tool_call_deltas` shows
-    the call came in one piece."""
+    Attempt field name, with what the end's time left out (`after_done_bytes`, `after_done_open`: the
+    e2e time stops at [DONE]). A field that cannot be known for this attempt is left out (None in the
+    record, never 0). Why the cadence beside the inter-token stats: a parser that holds a K3 call back
+    until it is whole (vllm#50604) sends it in one delta after a long silence, which the averages hide
+    and a client reads as slow decoding; `tool_call_max_gap_ms` is that silence, `tool_call_deltas`
+    shows the call came in one piece."""
     out: dict[str, float | int | None] = {"e2e_ms": (result.end_ts - result.send_ts) * 1000}
+    if result.after_done_bytes is not None:
+        out["after_done_bytes"], out["after_done_open"] = result.after_done_bytes, result.after_done_open
     if result.first_token_ts is not None:
         out["ttft_ms"] = (result.first_token_ts - result.send_ts) * 1000
         out["decode_ms"] = (result.end_ts - result.first_token_ts) * 1000

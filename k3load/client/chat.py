@@ -13,6 +13,14 @@ status line and headers were in; `first_event_ts` the read that held the stream'
 (vLLM's role chunk: prefill done). `tool_chunk_idx` marks the chunks that carried a tool-call part,
 so a call held back and sent whole after a silence is told from one streamed piece by piece.
 
+The answer ends at `data: [DONE]`, as OpenAI's SDK reads it: the client stops reading there and
+`end_ts` is that read's time. The message's own end (the chunked body's last chunk) usually comes with
+it or a moment later, and is waited for at most END_WAIT_S so the connection can go back to the pool; a
+body still open then (a proxy holding the connection) is left and its connection closed, never reused,
+never drained. What came after [DONE] meanwhile is counted (`after_done_bytes`), never kept, and
+`after_done_open` says the body was still open. Before, such an answer was read until the proxy let go:
+20 s of end-to-end time the server never spent, and the user stalled for it.
+
 Deadline: `deadline_s` bounds the whole request, stream included. Cooperative transports (always
 geventhttpclient; httpx under gevent's monkey-patching) run inside a `gevent.Timeout`, which is a
 BaseException and is caught here by identity. httpx in a plain process bounds each phase before the
@@ -68,6 +76,10 @@ from k3load.clock import Clock, wall_clock
 
 ERROR_LINE_CHARS = 300  # `error` is one line, at most this long
 ERROR_BODY_CHARS = 4000  # `error_body` keeps the start of the server's body
+# After [DONE], the longest wait for the message's end (the terminating chunk a server writes right after
+# it, often in its own segment): long enough for a busy server or worker, short enough that a body held
+# open costs the user only this (its connection is then closed; end_ts is [DONE]'s time either way).
+END_WAIT_S = 0.1
 _ERROR_BODY_READ_BYTES = 64 * 1024  # an error body is read to its end but only this much kept
 
 
@@ -190,6 +202,7 @@ class _Exchange:
         self.asm = Assembler()
         self.resp: ResponseStream | None = None
         self.expired = False  # set by the watchdog thread
+        self.done_ts: float | None = None  # the time of the read that held [DONE]: the answer's end
 
     def fail(self, status: str, error: str) -> None:
         if not self.result.status:
@@ -197,6 +210,8 @@ class _Exchange:
             self.result.error = one_line(error, self.secrets)
 
     def deadline_passed(self) -> None:
+        if self.done_ts is not None:
+            return  # the answer had ended at [DONE]; only the wait for the message's end was cut
         got = len(self.result.chunk_ts)
         self.fail(res.STATUS_TIMEOUT, f"deadline of {self.deadline_s:g} s passed ({got} token chunks received)")
 
@@ -246,13 +261,15 @@ class _Exchange:
 
         Per token-bearing chunk it adds one test of what the chunk added (a tool-call part or not);
         per read, one test of whether the first event is still to come (bench/client_cost.py: no change
-        beyond its noise)."""
+        beyond its noise) and one of whether the stream ended or failed (bench/peers.py --baseline: CPU
+        per chunk 0.93-1.02x the tree before, within its noise)."""
         clock, result, asm = self.clock, self.result, self.asm
         decoder, add, chunk_ts = SSEDecoder(self.limits.line_bytes), asm.add, result.chunk_ts
         tool_idx, tool_part, no_event = result.tool_chunk_idx, TOOL_PART, True
         received, check_at, text_cap = 0, self.limits.body_bytes, self.limits.body_bytes
         floor = result.first_byte_ts or result.send_ts  # stamps never go back in time (see below)
-        for data in resp.reads():
+        reads = resp.reads()
+        for data in reads:
             # When the bytes reached this machine (k3load.client.transport). The transport bounds each read
             # by the one before, on the wall clock; µs of jitter between that clock and the run's could
             # still put a read a hair before the one before it (or the head): held at the last stamp.
@@ -261,20 +278,20 @@ class _Exchange:
                 t = floor
             floor = t
             received += len(data)
-            if result.status:
-                continue  # already failed: drain to the end so the connection stays usable
             if received > check_at:  # the text is at most the bytes received: summed rarely, so linear
                 check_at = received + text_cap
                 if asm.text_chars() > text_cap:
                     self.fail(res.STATUS_MALFORMED, f"streamed text over {text_cap} characters after {received} "
                               "body bytes (the rest read and dropped)")
-                    continue
+                    break
             try:
                 events = decoder.feed(data)
                 if no_event and events:
                     result.first_event_ts, no_event = t, False
                 for event in events:
-                    if event is not DONE and (got := add(event)):  # type: ignore[arg-type]
+                    if event is DONE:  # always the last event of its read: the decoder stops there
+                        self.done_ts = t
+                    elif got := add(event):  # type: ignore[arg-type]
                         if got & tool_part:
                             tool_idx.append(len(chunk_ts))
                         chunk_ts.append(t)
@@ -282,8 +299,39 @@ class _Exchange:
                 self._malformed(exc)
             if asm.error is not None:
                 self.fail(res.STATUS_STREAM_ERROR, "error event mid-stream: " + error_message(asm.error))
-        if not result.status:
+            if decoder.done or result.status:
+                break
+        if result.status and not decoder.done:
+            self._drain(resp, reads, decoder)
+        if decoder.done:
+            self._after_done(resp, decoder)
+        elif not result.status:
             self._stream_end(decoder)
+
+    def _drain(self, resp: ResponseStream, reads: Iterator[bytes], decoder: SSEDecoder) -> None:
+        """Failed before [DONE]: the rest is read and dropped, so the connection stays usable. After an
+        error event (vLLM sends [DONE] next) the SSE is still sound: decoded on, so its [DONE] ends it."""
+        sound = self.asm.error is not None
+        for data in reads:
+            if sound:
+                try:
+                    decoder.feed(data)
+                except SSEError:
+                    sound = False
+                if decoder.done:
+                    self.done_ts = max(self.clock() - resp.rx_lag, self.result.first_byte_ts or self.result.send_ts)
+                    return
+
+    def _after_done(self, resp: ResponseStream, decoder: SSEDecoder) -> None:
+        """The answer ended at [DONE]. Its message's end is waited for briefly (END_WAIT_S, within the
+        deadline) so the connection can be kept; a body still open is left to close(), which drops its
+        connection. Bytes after [DONE] are counted, never kept."""
+        result = self.result
+        if decoder.invalid_utf8:
+            self.fail(res.STATUS_MALFORMED, f"{decoder.invalid_utf8} SSE events {INVALID_UTF8_NOTE}")
+        result.after_done_bytes, result.after_done_open = decoder.after_done, True  # if the deadline cuts the wait
+        late = resp.wait_end(min(END_WAIT_S, max(self.deadline - self.clock(), 0.0)))
+        result.after_done_bytes, result.after_done_open = decoder.after_done + late, not resp.ended
 
     def _malformed(self, exc: Exception) -> None:
         content_type = self.resp.headers.get("content-type") if self.resp is not None else None
@@ -301,6 +349,8 @@ class _Exchange:
                     result.chunk_ts.append(t)
         except (SSEError, AssemblyError) as exc:
             self._malformed(exc)
+        if decoder.done:  # `data: [DONE]` as the body's last line: the message ended with it
+            result.after_done_bytes, result.after_done_open = 0, False
         if self.asm.error is not None:
             self.fail(res.STATUS_STREAM_ERROR, "error event mid-stream: " + error_message(self.asm.error))
         if decoder.invalid_utf8:
@@ -350,7 +400,7 @@ class _Exchange:
     def finish(self) -> StreamResult:
         result = self.result
         self.asm.fill(result)
-        result.end_ts = self.clock()
+        result.end_ts = self.clock() if self.done_ts is None else self.done_ts
         if result.chunk_ts:
             result.first_token_ts = result.chunk_ts[0]
         if not result.status:

@@ -67,6 +67,11 @@ class StreamResult:
     response_id: str | None = None
     usage: dict[str, Any] | None = None  # exactly as the server reported it
     retry_after_s: float | None = None  # an HTTP error's Retry-After, in seconds from its arrival
+    # A stream ends at [DONE] (end_ts is its read's time): body bytes after it, counted (those that came
+    # with it or during the brief wait for the message's end, never waited for longer), and whether the
+    # body was still open then (its connection closed, not reused). None: no [DONE], or not streamed.
+    after_done_bytes: int | None = None
+    after_done_open: bool | None = None
 
     @property
     def prompt_tokens(self) -> int | None:

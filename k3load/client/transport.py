@@ -21,7 +21,9 @@ late, bench/peers.py). The head's stamp is kept only when that one read held the
 Rules kept here: a redirect is never followed (the key and the gateway headers would go with it; the
 chat client names where it pointed, k3load.client.origin.redirect_note); one pool per transport, built
 once; one TLS context per process and kind (building one costs 23-33 ms of CPU); every response read to
-its end or closed (a response left half-read keeps its pool slot in geventhttpclient). Failures are
+its end or closed (a response left half-read keeps its pool slot in geventhttpclient), and one whose
+reader stopped early (an SSE stream at [DONE]) waits briefly for its message's end (`wait_end`): a
+connection goes back to the pool only once its message ended, else it is closed. Failures are
 raised as TransportError and its subclasses, with messages that name what happened and never the
 request headers.
 """
@@ -35,6 +37,7 @@ import socket
 import ssl
 import struct
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from typing import Protocol
@@ -79,6 +82,17 @@ class ResponseStream(Protocol):
 
     def reads(self) -> Iterator[bytes]:
         """Body bytes exactly as each socket read delivered them, until the message ends."""
+        ...
+
+    @property
+    def ended(self) -> bool:
+        """The message ended (its last chunk, or its length, was read): close() keeps the connection."""
+        ...
+
+    def wait_end(self, wait_s: float) -> int:
+        """After the reader stopped before the end (an SSE stream at [DONE]): read on for at most `wait_s`
+        until the message ends, keeping nothing; returns the body bytes read meanwhile. Never raises for
+        the connection: one that breaks or stays open is simply not `ended`."""
         ...
 
     def abort(self) -> None:
@@ -228,6 +242,53 @@ class _GeventResponse:
             if not data and not resp.message_complete:
                 raise BodyCut("connection closed before the end of the body")
 
+    @property
+    def ended(self) -> bool:
+        return bool(self._resp.message_complete)
+
+    def wait_end(self, wait_s: float) -> int:
+        """Reads with a socket timeout (no second gevent timer beside the caller's deadline), then one
+        last look that does not wait: a busy worker may wake for the time limit before it reads an end
+        that had already arrived, and that connection is still kept."""
+        resp = self._resp
+        count = self._take()
+        limit = time.monotonic() + wait_s
+        while not resp.message_complete and (left := limit - time.monotonic()) > 0:
+            if not self._read_within(left):
+                break
+            count += self._take()
+        if not resp.message_complete and self._read_within(0.0):
+            count += self._take()
+        return count
+
+    def _take(self) -> int:
+        """Body bytes the parser holds, dropped: their count."""
+        buf = self._resp._body_buffer
+        count = len(buf)
+        del buf[:]
+        return count
+
+    def _read_within(self, timeout_s: float) -> bool:
+        """One read of at most `timeout_s` fed to the parser; False when nothing came, the connection
+        ended or broke, or the bytes are not HTTP."""
+        resp = self._resp
+        sock = resp._sock
+        if sock is None:
+            return False
+        before = sock.gettimeout()
+        sock.settimeout(timeout_s)
+        try:
+            data = sock.recv(_GEVENT_BLOCK)
+        except (OSError, ConcurrentObjectUseError):  # timed out (TimeoutError), nothing there, broken
+            return False
+        finally:
+            sock.settimeout(before)  # before feeding: a message that ends there gives the socket back
+        try:
+            resp.feed(data)
+        except HTTPParseError:
+            return False
+        return bool(data)
+
     def abort(self) -> None:
         sock = self._resp._sock
         if sock is not None:
@@ -311,20 +372,61 @@ class GeventTransport:
 class _HttpxResponse:
     rx_lag = 0.0  # httpx hides its socket's reads: stamped when they return
 
-    def __init__(self, resp: httpx.Response) -> None:
+    def __init__(self, resp: httpx.Response, cooperative: bool) -> None:
         self._resp = resp
         self.status = resp.status_code
         self.headers = dict(resp.headers.items())  # httpx gives lower-case names
+        self._cooperative = cooperative
+        self._raw: Iterator[bytes] | None = None  # httpx's iterator, kept for wait_end
+        self.ended = False
 
     def reads(self) -> Iterator[bytes]:
+        # a for loop, not `yield from`: a reader that stops early closes this generator, and wait_end
+        # must still find httpx's iterator open
+        self._raw = raw = self._resp.iter_raw()
         try:
-            yield from self._resp.iter_raw()
+            for data in raw:  # noqa: UP028
+                yield data
         except httpx.TimeoutException as exc:
             raise TransportTimeout(_describe(exc)) from None
         except httpx.RemoteProtocolError as exc:
             raise BodyCut(f"body cut: {exc}") from None
         except httpx.TransportError as exc:
             raise BodyCut(f"connection broke mid-body: {_describe(exc)}") from None
+        self.ended = True
+
+    def wait_end(self, wait_s: float) -> int:
+        """httpx reads on with the timeout fixed when the response began, so the wait is bounded from
+        outside: a gevent.Timeout under gevent, else a timer thread that shuts the socket down (httpx
+        then closes that connection rather than pooling it)."""
+        raw = self._raw
+        if self.ended or raw is None:
+            return 0
+        count = 0
+        timer: gevent.Timeout | None = None
+        watchdog: threading.Timer | None = None
+        if self._cooperative:
+            timer = gevent.Timeout(wait_s)
+            timer.start()
+        else:
+            watchdog = threading.Timer(wait_s, self.abort)
+            watchdog.daemon = True
+            watchdog.start()
+        try:
+            for data in raw:
+                count += len(data)
+            self.ended = True
+        except gevent.Timeout as exc:
+            if exc is not timer:
+                raise
+        except (httpx.HTTPError, httpx.StreamError):
+            pass  # broken, shut down at the limit, or closed: not ended, so its connection is not kept
+        finally:
+            if timer is not None:
+                timer.close()
+            if watchdog is not None:
+                watchdog.cancel()
+        return count
 
     def abort(self) -> None:
         if self._resp.is_closed:  # read to its end: its connection may already serve another request
@@ -365,7 +467,7 @@ class HttpxTransport:
                                 connect=min(self._connect_timeout_s, timeout_s))
         request = self._client.build_request("POST", path, content=body, headers=headers, timeout=timeout)
         try:
-            return _HttpxResponse(self._client.send(request, stream=True, follow_redirects=False))
+            return _HttpxResponse(self._client.send(request, stream=True, follow_redirects=False), self.cooperative)
         except httpx.ConnectTimeout as exc:
             raise TransportError(f"connect timed out: {_describe(exc)}") from None
         except httpx.TimeoutException as exc:
