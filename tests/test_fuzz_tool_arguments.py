@@ -145,3 +145,41 @@ def test_each_strict_refusal_says_what_was_wrong(how: str, words: str) -> None:
             "long_int": '{"i": ' + "9" * 5_000 + "}"}[how]
     (finding,) = _call(name, text)
     assert not finding.ok and words in finding.detail, finding.detail[:300]
+
+
+def _json_turns() -> list[tuple[Any, dict[str, Any]]]:
+    """The shipped scenarios' structured-output turns, each with the schema the validator reads."""
+    turns = []
+    for path in sorted((ROOT / "scenarios").glob("*.yaml")):
+        for turn in load_scenario(path).turns:
+            schema = turn.expect.get("schema") or \
+                (turn.settings.get("response_format") or {}).get("json_schema", {}).get("schema")
+            if turn.kind == "json" and schema:
+                turns.append((turn, schema))
+    return turns
+
+
+JSON_TURNS = _json_turns()
+
+
+@given(st.sampled_from(range(len(JSON_TURNS))) if JSON_TURNS else st.nothing(), st.data())
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+def test_structured_outputs_drawn_from_their_schema_pass_and_mutated_ones_are_judged(i: int,
+                                                                                    data: st.DataObject) -> None:
+    from k3load.workload.validate import _check_json
+
+    turn, schema = JSON_TURNS[i]
+    value = data.draw(from_schema(schema))
+    text = json.dumps(value, ensure_ascii=False)
+    result = StreamResult(status="ok", transport="none", send_ts=0.0, end_ts=0.0, finish_reason="stop", content=text)
+    assert _check_json(result, turn).ok, _check_json(result, turn).detail[:300]
+    how = data.draw(st.sampled_from(MUTATIONS))
+    result.content = _mutate(text if text.startswith("{") else "{}", how, data)
+    finding = _check_json(result, turn)
+    assert finding.ok or (finding.layer in LAYERS and finding.detail)
+    if how in ("deep", "duplicate", "nan", "long_int"):
+        assert not finding.ok and finding.layer == "model_output", (how, finding)
+
+
+def test_the_shipped_scenarios_have_structured_output_turns_to_draw_for() -> None:
+    assert JSON_TURNS, "no kind: json turn with a schema under scenarios/"
