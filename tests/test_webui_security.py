@@ -57,6 +57,12 @@ def test_a_start_request_that_sets_anything_fixed_at_start_is_refused_without_it
     assert why is not None and name in why and FIXED[name] not in why
 
 
+def test_a_field_name_is_said_on_one_line_whatever_the_visitor_sent() -> None:
+    why = ui_guard.refusal({"x\nk3load: forged line": "1"}, TARGET, PLANS) or ""
+    assert "\n" not in why and "forged" in why
+    assert "\n" not in (ui_guard.user_settings_refusal({"a\nb": 1}, TARGET) or "")
+
+
 def test_users_rates_live_options_and_a_shipped_plan_pass_and_the_target_is_bound_to_its_origin() -> None:
     live = {"user_count": "4", "spawn_rate": "2", "run_time": "1m", "profile": "p", "shape_class": "Default",
             "user_classes": "AgentUser", "host": TARGET + "/", "k3_plan": "smoke", "k3_seed": "3",

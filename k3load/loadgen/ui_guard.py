@@ -90,8 +90,8 @@ def refusal(form: Mapping[str, Any], start_host: str | None, plans_dir: Path, st
     page sends every live option back with its value (under its page name), the plan given at start among them."""
     fixed = sorted(name for name in form if name not in SWARM_FIELDS | LIVE_OPTIONS | PAGE_NAMES.keys() | {"host"})
     if fixed:
-        name = fixed[0]
-        why = WHY_FIXED.get(name, "it is fixed when k3load starts")
+        name = _said(fixed[0])
+        why = WHY_FIXED.get(fixed[0], "it is fixed when k3load starts")
         more = f" (and {len(fixed) - 1} more)" if len(fixed) > 1 else ""
         return f"the start request sets {name}{more}: {why}; restart k3load with the option instead"
     host = form.get("host")
@@ -107,13 +107,18 @@ def refusal(form: Mapping[str, Any], start_host: str | None, plans_dir: Path, st
     return None
 
 
+def _said(name: str) -> str:
+    """A field name from the visitor, safe for one console line (a name may hold a newline or anything)."""
+    return name if name.isidentifier() and len(name) <= 60 else repr(name[:60])
+
+
 def user_settings_refusal(settings: Any, start_host: str | None) -> str | None:
     """POST /user sets any attribute of a user class (locust/env.py update_user_class): only these."""
     if not isinstance(settings, dict):
         return "the user settings are not an object"
     other = sorted(str(k) for k in settings if k not in USER_SETTINGS | {"host"})
     if other:
-        return f"the user settings set {other[0]}: only {', '.join(sorted(USER_SETTINGS))} may change"
+        return f"the user settings set {_said(other[0])}: only {', '.join(sorted(USER_SETTINGS))} may change"
     host = settings.get("host")
     if host is not None and (not origin(str(host)) or origin(str(host)) != origin(start_host)):
         return "the user settings name another target than the one given at start: the key is bound to that one"
