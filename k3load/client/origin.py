@@ -68,6 +68,17 @@ def origin(url: str) -> str:
     return f"{parts.scheme}://{host}" + (f":{number}" if number is not None else "")
 
 
+def key_origin(url: str | None) -> str:
+    """`scheme://host:port` (lower case, the scheme's default port made explicit) of a URL keyed traffic may
+    go to; "" for anything it cannot (no URL, no host, a bad port, not http(s)), which is no one's origin:
+    callers compare two only when the first is not "" (k3load.loadgen.held_secrets binds the key to one)."""
+    parts = _split((url or "").strip())
+    if parts is None or parts.scheme.lower() not in _DEFAULT_PORTS or not parts.hostname:
+        return ""
+    number, host = port(parts._replace(scheme=parts.scheme.lower())), parts.hostname.lower()
+    return f"{parts.scheme.lower()}://{f'[{host}]' if ':' in host else host}:{number}" if number else ""
+
+
 def redirect_kind(from_url: str, to_url: str) -> str:
     """What a redirect from `from_url` to `to_url` (absolute) may do: SAME_ORIGIN (follow, credentials
     kept), OTHER_ORIGIN (follow without them), DOWNGRADE or BAD_SCHEME (refuse)."""

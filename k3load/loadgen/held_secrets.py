@@ -22,16 +22,14 @@ import hashlib
 import hmac
 import json
 import os
-import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
 from k3load.client.access import header_lines
-from k3load.client.origin import port
+from k3load.client.origin import key_origin as origin
 
 ROUNDS = 100_000  # ~0.1 s once per process start and per test start on a worker
 SCHEME = "pbkdf2-sha256"
-HTTP = ("http", "https")
 
 
 @dataclass(frozen=True)
@@ -46,19 +44,6 @@ class Held:
 
 _HELD = Held()
 _OWNER: Any = None  # the parsed options they were taken from
-
-
-def origin(url: str | None) -> str:
-    """`scheme://host:port` with the scheme's default port made explicit; "" for anything keyed traffic cannot
-    go to (no URL, no host, a bad port, not http(s)), which is no one's origin, not even another ""."""
-    if not url:
-        return ""
-    try:
-        parts = urllib.parse.urlsplit(url.strip())
-    except ValueError:
-        return ""
-    number, host = port(parts._replace(scheme=parts.scheme.lower())), (parts.hostname or "").lower()
-    return f"{parts.scheme.lower()}://{host}:{number}" if host and number and parts.scheme.lower() in HTTP else ""
 
 
 def hold(parsed: Any, host: str | None) -> Held:

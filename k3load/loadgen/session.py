@@ -28,7 +28,7 @@ import k3load
 from k3load.analysis.agreement import REFERENCE_FILE, reference_record
 from k3load.analysis.pillar import thresholds
 from k3load.client.access import gevent_patched, tls_hint
-from k3load.client.origin import redirect_note
+from k3load.client.origin import key_origin, redirect_note
 from k3load.clock import now
 from k3load.disk_full import FULL
 from k3load.events import Event, Message
@@ -151,8 +151,8 @@ class HarnessSession:
         set aside like any earlier run found in the directory."""
         opts = self.env.parsed_options
         bound = held_secrets.held(opts).origin
-        if held_secrets.held(opts) and held_secrets.origin(self.env.host) != bound:  # ui_guard refuses it first
-            raise RuntimeError(f"the target is now {held_secrets.origin(self.env.host) or 'none'}, and k3load was "
+        if held_secrets.held(opts) and key_origin(self.env.host) != bound:  # ui_guard refuses it first
+            raise RuntimeError(f"the target is now {key_origin(self.env.host) or 'none'}, and k3load was "
                                f"started for {bound}: the key goes only there; restart k3load with --host")
         if self.finisher is not None:
             self.finisher.join()

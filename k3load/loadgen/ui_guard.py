@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from k3load.client.origin import is_loopback
-from k3load.loadgen.held_secrets import origin
+from k3load.client.origin import key_origin as origin
 from k3load.loadgen.options import LIVE_OPTIONS, TRANSPORTS, positive_bytes
 
 # Locust 2.47's own swarm form fields (webui: userCount, spawnRate, runTime, profile, userClasses, shapeClass,
@@ -95,7 +95,7 @@ def refusal(form: Mapping[str, Any], start_host: str | None, plans_dir: Path, st
         more = f" (and {len(fixed) - 1} more)" if len(fixed) > 1 else ""
         return f"the start request sets {name}{more}: {why}; restart k3load with the option instead"
     host = form.get("host")
-    if host is not None and (not origin(str(host)) or origin(str(host)) != origin(start_host)):
+    if _other_target(host, start_host):
         return (f"the start request names another target ({origin(str(host)) or 'not a URL'}) than the one given at "
                 f"start ({origin(start_host) or 'none'}): the key is bound to that one; restart k3load with --host")
     try:
@@ -105,6 +105,11 @@ def refusal(form: Mapping[str, Any], start_host: str | None, plans_dir: Path, st
     if plan and plan != start_plan and not (PLAN_NAME.fullmatch(str(plan)) and (plans_dir / f"{plan}.yaml").is_file()):
         return "the start request names a plan that is not one shipped under plans/ (a file is chosen at start)"
     return None
+
+
+def _other_target(host: Any, start_host: str | None) -> bool:
+    """A host given (even empty) that is not the start one's origin: the key is bound to that one."""
+    return host is not None and (not origin(str(host)) or origin(str(host)) != origin(start_host))
 
 
 def _said(name: str) -> str:
@@ -119,8 +124,7 @@ def user_settings_refusal(settings: Any, start_host: str | None) -> str | None:
     other = sorted(str(k) for k in settings if k not in USER_SETTINGS | {"host"})
     if other:
         return f"the user settings set {_said(other[0])}: only {', '.join(sorted(USER_SETTINGS))} may change"
-    host = settings.get("host")
-    if host is not None and (not origin(str(host)) or origin(str(host)) != origin(start_host)):
+    if _other_target(settings.get("host"), start_host):
         return "the user settings name another target than the one given at start: the key is bound to that one"
     return None
 
