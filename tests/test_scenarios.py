@@ -1,5 +1,6 @@
 """Scenario and plan files: every shipped file loads, bad files fail naming file and field, samples
-are canonical and current, and a warm request's shared prefix is byte-identical to the cold one's."""
+are current (bytes as sent, keys in declared order), and a warm request's shared prefix is
+byte-identical to the cold one's."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from k3load.workload.scenario import (
     parse_scenario,
     with_tool_turns,
 )
-from k3load.workload.stored_requests import build_request, canonical, check_stored_requests
+from k3load.workload.stored_requests import build_request, check_stored_requests, compact
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
@@ -109,11 +110,18 @@ def test_executor_table_then_default():
     assert execute_tool(scenario, "f", {"a": 2}) == "other"
 
 
-def test_conversation_history_is_scripted_and_canonical():
-    scenario = parse_scenario(_minimal(), Path("t.yaml"))
+def test_conversation_history_is_scripted_and_in_declared_order():
+    data = _minimal()
+    data["tools"][0]["function"]["parameters"]["properties"] = {"z": {"type": "integer"}, "a": {"type": "integer"}}
+    data["turns"][0]["reply"]["tool_calls"][0]["arguments"] = {"z": 2, "a": 1}
+    scenario = parse_scenario(data, Path("t.yaml"))
     second = build_request(scenario, 1, "m")
     body = json.loads(second.body)
-    assert second.body == canonical(body)
+    assert second.body == compact(body)  # compact bytes, nothing reordered on the way
+    assert list(body["tools"][0]["function"]) == ["name", "parameters"]
+    assert list(body["tools"][0]["function"]["parameters"]) == ["type", "properties", "required"]
+    assert list(body["tools"][0]["function"]["parameters"]["properties"]) == ["z", "a"]
+    assert body["messages"][2]["tool_calls"][0]["function"]["arguments"] == '{"z":2,"a":1}'
     roles = [m["role"] for m in body["messages"]]
     assert roles == ["system", "user", "assistant", "tool"]
     call = body["messages"][2]["tool_calls"][0]
@@ -127,8 +135,8 @@ def test_warm_requests_share_the_cold_prefix_byte_for_byte():
     assert len({r.prefix_sha256 for r in requests}) == 1 and len({r.sha256 for r in requests}) == len(requests)
     bodies = [json.loads(r.body) for r in requests]
     fixed = [b["messages"][:-1] for b in bodies]
-    assert all(canonical(f) == canonical(fixed[0]) for f in fixed)
-    assert all(canonical(b["tools"]) == canonical(bodies[0]["tools"]) for b in bodies)
+    assert all(compact(f) == compact(fixed[0]) for f in fixed)
+    assert all(compact(b["tools"]) == compact(bodies[0]["tools"]) for b in bodies)
     other_run = build_request(shared, 0, "m", salt="run-2")
     assert other_run.prefix_sha256 != requests[0].prefix_sha256  # a new run starts cold
 

@@ -1,9 +1,16 @@
-"""Scenario turns -> exact request bytes, stored canonically with their sha256.
+"""Scenario turns -> exact request bytes, stored with their sha256, keys in the order declared.
 
-Why canonical bytes: a run must be able to prove it sent what the last run sent, and a warm request
-must be shown to share the cold one's prefix byte for byte. The history of a conversation is built
-from the scenario's scripted replies and deterministic tool results, never from what the server
-answered, so every request of every run is known before the run starts.
+Why exact bytes: a run must be able to prove it sent what the last run sent, and a warm request must
+be shown to share the cold one's prefix byte for byte. The history of a conversation is built from the
+scenario's scripted replies and deterministic tool results, never from what the server answered, so
+every request of every run is known before the run starts.
+
+Why the declared key order and never sorted keys: a chat template renders a tool's properties, a
+response schema and every message in the order the body gives them, so key order is part of the
+prompt (a provider that reorders keys is a known defect class; MiniMax's provider verifier checks it).
+A body keeps the order its scenario gives, all the way down (tools, function, parameters, properties,
+response_format schemas, messages, a replayed call's arguments); only whitespace is normalised.
+`request_sha256` is over the body's bytes as sent.
 """
 
 from __future__ import annotations
@@ -21,9 +28,9 @@ from k3load.workload.scenario import Scenario, Turn, execute_tool
 STORED_REQUEST_SALT = "SAMPLE"
 
 
-def canonical(obj: Any) -> bytes:
-    """Sorted keys, fixed separators, UTF-8: one byte string per value."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+def compact(obj: Any) -> bytes:
+    """JSON as sent: keys in the order given, no whitespace, UTF-8 (not ASCII-escaped)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def sha256(data: bytes) -> str:
@@ -48,14 +55,20 @@ def _system(scenario: Scenario, salt: str) -> str:
 def _tools(scenario: Scenario, salt: str) -> list[dict[str, Any]]:
     """The tool definitions as sent. Kimi's chat template renders tool declarations before the system
     prompt, so a control pair's cold request would still hit the previous pair's tool head: for
-    `pair` the salt also opens the first tool's description (its first key as sent), making the whole
-    prefix new to the cache while the warm twin, same salt, repeats it byte for byte. `request` (the
-    cold family) is salted there too: with the salt only in the system prompt, every cold request
+    `pair` the salt also opens the first tool's description (where the scenario declares it, else
+    right after the name: the order stays the declared one), making the whole prefix after the first
+    tool's name new to the cache while the warm twin, same salt, repeats it byte for byte. `request`
+    (the cold family) is salted there too: with the salt only in the system prompt, every cold request
     shared the whole tool head with every other (23% of its prompt reused, issue 15)."""
     tools = [dict(t) for t in scenario.tools]
     if scenario.prefix_salt in ("pair", "request") and tools:
-        function = dict(tools[0]["function"])
-        function["description"] = f"[session {salt}] {function.get('description', '')}".rstrip()
+        declared = tools[0]["function"]
+        salted = f"[session {salt}] {declared.get('description', '')}".rstrip()
+        function: dict[str, Any] = {}
+        for key, value in declared.items():
+            function[key] = salted if key == "description" else value
+            if key == "name" and "description" not in declared:
+                function["description"] = salted
         tools[0] = {**tools[0], "function": function}
     return tools
 
@@ -72,7 +85,7 @@ def _replay_turn(scenario: Scenario, turn: Turn, messages: list[dict[str, Any]])
         return
     done = sum(len(m.get("tool_calls") or []) for m in messages if m["role"] == "assistant")
     wire_calls = [{"id": f"functions.{c['name']}:{done + i}", "type": "function",
-                   "function": {"name": c["name"], "arguments": canonical(c["arguments"]).decode()}}
+                   "function": {"name": c["name"], "arguments": compact(c["arguments"]).decode()}}
                   for i, c in enumerate(calls)]
     messages.append({"role": "assistant", "content": reply.get("content"), "tool_calls": wire_calls})
     for call, wire in zip(calls, wire_calls, strict=True):
@@ -102,8 +115,8 @@ def build_request(scenario: Scenario, turn_index: int, model: str, salt: str = S
         messages.append({"role": "user", "content": turn.user})
     tools = _tools(scenario, salt)
     body = _body(scenario, turn, model, messages, tools)
-    prefix = canonical({"messages": fixed, "tools": tools})
-    data = canonical(body)
+    prefix = compact({"messages": fixed, "tools": tools})  # each part's bytes as in the body
+    data = compact(body)
     return PreparedRequest(scenario.name, turn_index, data, sha256(data), sha256(prefix))
 
 
@@ -150,7 +163,10 @@ def write_stored_requests(scenarios: list[Scenario], out_dir: Path, model: str,
 
 def check_stored_requests(scenarios: list[Scenario], out_dir: Path, model: str,
                           long_context: Callable[[Scenario], str | None]) -> list[str]:
-    """Differences between the stored requests and what the scenarios produce now (empty: identical)."""
+    """Differences between the stored requests and what the scenarios produce now (empty: identical).
+
+    A stored body equal as JSON but with its keys in another order is a difference too, said with
+    the first key path whose order differs: the order is part of the prompt."""
     stored = {}
     sums_file = out_dir / "SHA256SUMS"
     if sums_file.exists():
@@ -160,6 +176,68 @@ def check_stored_requests(scenarios: list[Scenario], out_dir: Path, model: str,
     problems = []
     for rel, prepared, scenario in _bodies(scenarios, model, long_context):
         path = out_dir / rel
-        if not path.exists() or path.read_bytes() != prepared.body or stored.get(rel) != prepared.sha256:
-            problems.append(f"{rel}: stored sample differs from what {scenario.path} produces now")
+        if not path.exists():
+            problems.append(f"{path}: missing; {scenario.path} produces it")
+        elif path.read_bytes() != prepared.body:
+            problems.append(_body_problem(path, path.read_bytes(), prepared.body, scenario.path))
+        elif stored.get(rel) != prepared.sha256:
+            problems.append(f"{sums_file}: {rel}: sha256 is not the one of the body as sent ({prepared.sha256})")
     return problems
+
+
+def _body_problem(path: Path, stored: bytes, expected: bytes, source: Path) -> str:
+    try:
+        order = order_difference(json.loads(stored), json.loads(expected))
+    except ValueError:
+        order = None
+    if order is None:
+        return f"{path}: stored sample differs from what {source} produces now"
+    also = "" if _same_values(json.loads(stored), json.loads(expected)) else " (and its values differ too)"
+    return f"{path}: key order differs from what {source} declares{also}: {order}"
+
+
+def _same_values(a: Any, b: Any) -> bool:
+    """Equal as JSON, key order aside, strings holding JSON compared as the JSON they hold."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_values(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_values(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, str) and isinstance(b, str) and a != b:
+        inner = _json_text(a), _json_text(b)
+        return None not in inner and _same_values(*inner)
+    return type(a) is type(b) and a == b
+
+
+def order_difference(stored: Any, declared: Any, where: str = "") -> str | None:
+    """The first key path (depth first, in declared order) where `stored` lists the same keys as
+    `declared` in another order, with both orders; None when there is none (objects with other keys
+    are not looked into). A string holding JSON (a tool call's `arguments`) is looked into when the
+    two strings differ."""
+    if isinstance(stored, dict) and isinstance(declared, dict):
+        if stored.keys() != declared.keys():
+            return None  # other keys: a difference of content, not of order
+        if list(stored) != list(declared):
+            return f"{where.lstrip('.') or '(top level)'}: stored {list(stored)}, declared {list(declared)}"
+        pairs: Iterator[tuple[str, Any, Any]] = ((f"{where}.{k}", stored[k], v) for k, v in declared.items())
+    elif isinstance(stored, list) and isinstance(declared, list):
+        pairs = ((f"{where}[{i}]", a, b) for i, (a, b) in enumerate(zip(stored, declared, strict=False)))
+    elif isinstance(stored, str) and isinstance(declared, str) and stored != declared:
+        inner = _json_text(stored), _json_text(declared)
+        return None if None in inner else order_difference(*inner, f"{where} (JSON text)")
+    else:
+        return None
+    for path, a, b in pairs:
+        found = order_difference(a, b, path)
+        if found:
+            return found
+    return None
+
+
+def _json_text(text: str) -> Any:
+    """The object or array a string holds as JSON, else None."""
+    if not text.lstrip().startswith(("{", "[")):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None

@@ -1,5 +1,10 @@
 """`k3load samples`: write (or `--check`) the canonical request bodies the scenarios produce.
 
+Canonical means byte for byte as sent, never sorted: a body keeps the key order its scenario
+declares, all the way down (chat templates render property order, so it is part of the prompt); only
+whitespace is normalised. `--check` exits 1 when a stored body differs from what the scenarios produce
+now; when its key order differs it names the first key path whose order differs, with both orders.
+
 The repository keeps them under `samples/requests/` for the production model name and context
 (`kimi-k3`, 32,768 tokens as on the Hopper recipe, long inputs sized by a 3.5 chars/token estimate);
 every run also writes the bodies it actually sent to `DIR/samples/` with `DIR/samples.sha256`.
