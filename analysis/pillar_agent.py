@@ -11,11 +11,14 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from k3load.analysis.agreement import findings_schema_ok, reference_rules
+from k3load.analysis.clusters import attempt_key, rate_by_keys, rate_by_request
 from k3load.analysis.lean import AnyAttempt, by_findings
 from k3load.analysis.pillar import PillarResult
 from k3load.analysis.rules import RuleResult
-from k3load.analysis.stats import decide_rate, more_attempts_to_decide, wilson
+from k3load.analysis.stats import MIN_DISTINCT_REQUESTS, Rate, decide_rate, more_requests_to_decide, too_few_requests
 from k3load.analysis.tool_calls import known_failures
 from k3load.analysis.unjudged import numbers as unjudged_numbers
 from k3load.analysis.unjudged import rule as unjudged_rule
@@ -25,13 +28,16 @@ from k3load.workload.plan import Plan
 from k3load.workload.validate import context_length
 
 
-def _rates(attempts: list[AnyAttempt]) -> dict[str, Any]:
+def _rates(attempts: list[AnyAttempt]) -> tuple[dict[str, Any], Rate]:
     """Each failed attempt counted once, under its primary layer; a check failing only as the
     consequence of another layer's fault (a parser that lost the call fails `expect.tool_call`
-    too) is counted apart, as secondary."""
+    too) is counted apart, as secondary. Every rate's interval is over the distinct requests
+    (analysis/clusters.py); the valid rate is returned with the numbers."""
     layers = Counter(a.primary_layer for a in attempts if a.primary_layer)
     primary: Counter[str] = Counter()
     secondary: Counter[str] = Counter()
+    position = {id(a): i for i, a in enumerate(attempts)}
+    failing: dict[str, np.ndarray] = {}  # per primary check: which attempts failed it
     for findings, group in by_findings(attempts):  # each distinct list of findings read once
         failed = [f for f in findings if not f.ok]
         if not failed:
@@ -39,22 +45,29 @@ def _rates(attempts: list[AnyAttempt]) -> dict[str, Any]:
         for layer, n in Counter(a.primary_layer for a in group).items():
             for f in failed:
                 (primary if f.layer == layer else secondary)[f.check] += n
+        for f in failed:
+            marks = [position[id(a)] for a in group if a.primary_layer == f.layer]
+            if marks:
+                failing.setdefault(f.check, np.zeros(len(attempts), dtype=bool))[marks] = True
     tool_responses = [a for a in attempts if a.tool_calls or a.finish_reason == "tool_calls"]
-    schema_ok = [a for findings, group in by_findings(tool_responses) if findings_schema_ok(findings)
-                 for a in group]  # only counted
-    valid = wilson(sum(a.valid for a in attempts), len(attempts))
-    schema = wilson(len(schema_ok), len(tool_responses))
+    schema_ok = {id(a) for findings, group in by_findings(tool_responses) if findings_schema_ok(findings)
+                 for a in group}
+    keys = [attempt_key(a) for a in attempts]
+    valid = rate_by_keys(keys, [a.valid for a in attempts])
+    schema = rate_by_request(tool_responses, [id(a) in schema_ok for a in tool_responses])
     n = len(attempts)
     return {
-        "attempts": n, "valid": valid.k, "valid_rate": valid.value, "valid_rate_ci95": [valid.low, valid.high],
+        "attempts": n, "distinct_requests": valid.clusters, "valid": valid.k, "valid_rate": valid.value,
+        "valid_rate_ci95": [valid.low, valid.high],
         "failed_by_layer": {layer: layers.get(layer, 0) for layer in LAYERS},
         "failed_by_check": dict(sorted(primary.items())),
         "secondary_failures_by_check": dict(sorted(secondary.items())),
-        "check_failure_rates": {check: wilson(k, n).to_dict() for check, k in sorted(primary.items())},
+        "check_failure_rates": {check: rate_by_keys(keys, failing[check]).to_dict() for check in sorted(primary)},
         "tool_call_responses": len(tool_responses),
         "tool_call_schema_accuracy": schema.value, "tool_call_schema_accuracy_ci95":
             [schema.low, schema.high] if tool_responses else None,
-    }
+        "tool_call_schema_distinct_requests": schema.clusters,
+    }, valid
 
 
 def _chains(attempts: list[AnyAttempt]) -> dict[str, Any]:
@@ -165,15 +178,22 @@ def _drill(attempts: list[AnyAttempt]) -> tuple[dict[str, Any], list[str]]:
     return numbers, []
 
 
-def _valid_rule(numbers: dict[str, Any], threshold: float, unjudged: int = 0) -> RuleResult:
-    """The valid rate over the judged attempts. A failing rate that the `unjudged` answers (the harness
-    could not judge them), were they all valid, would carry out of failing is not a failure: inconclusive."""
-    rate = wilson(numbers["valid"], numbers["attempts"])
+def _valid_rule(numbers: dict[str, Any], threshold: float, rate: Rate, carried: Rate | None = None) -> RuleResult:
+    """The valid rate over the judged attempts, its interval over their distinct requests. A failing rate
+    that the answers the harness could not judge (`carried`: the rate were they all valid) would carry out
+    of failing is not a failure: inconclusive."""
     status = decide_rate(rate, threshold)
-    if status == FAIL and unjudged and \
-            decide_rate(wilson(numbers["valid"] + unjudged, numbers["attempts"] + unjudged), threshold) != FAIL:
-        text = (f"inconclusive, because {rate.text()} judged attempts valid against {threshold:.0%} required, and "
-                f"the {unjudged} answers the harness could not judge would carry the rate out of failing were they "
+    evidence = ("records.jsonl (drill attempts excluded)",)
+    few = too_few_requests(rate)
+    if few:
+        text = (f"inconclusive, because {few} were judged (at least {MIN_DISTINCT_REQUESTS} are needed: repeats of "
+                f"the same request are not new trials): {rate.text()} valid against {threshold:.0%} required")
+        return RuleResult("agent.valid_rate", "agent_api", INCONCLUSIVE, text, rate.value, threshold,
+                          evidence=evidence, interval=(rate.low, rate.high))
+    if status == FAIL and carried is not None and decide_rate(carried, threshold) != FAIL:
+        unjudged = carried.n - rate.n
+        text = (f"inconclusive, because {rate.text()} judged valid against {threshold:.0%} required, and the "
+                f"{unjudged} answers the harness could not judge would carry the rate out of failing were they "
                 "valid")
         return RuleResult("agent.valid_rate", "agent_api", INCONCLUSIVE, text, rate.value, threshold,
                           evidence=("records.jsonl (drill attempts and harness.error answers excluded)",),
@@ -181,16 +201,16 @@ def _valid_rule(numbers: dict[str, Any], threshold: float, unjudged: int = 0) ->
     layers = ", ".join(f"{k} {v}" for k, v in numbers["failed_by_layer"].items() if v) or "none"
     worst = sorted(((n, c) for c, n in numbers["failed_by_check"].items()), reverse=True)[:4]
     checks = ", ".join(f"{c} x{n}" for n, c in worst)
-    text = f"{rate.text()} attempts valid against {threshold:.0%} required"
+    text = f"{rate.text()} valid against {threshold:.0%} required"
     if status == FAIL:
         text += f" (failures counted once, by primary layer: {layers}; most frequent checks: {checks})"
     elif status == INCONCLUSIVE:
-        more = more_attempts_to_decide(rate, threshold)
+        more = more_requests_to_decide(rate, threshold)
         text = (f"inconclusive, because {text}: the interval straddles the threshold"
-                + (f"; about {more} more attempts at this rate would decide" if more else
+                + (f"; about {more} more distinct requests at this rate would decide" if more else
                    "; the rate sits on the threshold") + (f" (failures by layer: {layers})" if rate.k < rate.n else ""))
     return RuleResult("agent.valid_rate", "agent_api", status, text, rate.value, threshold,
-                      evidence=("records.jsonl (drill attempts excluded)",), interval=(rate.low, rate.high))
+                      evidence=evidence, interval=(rate.low, rate.high))
 
 
 def tool_turns_reason(tool_turns: str) -> str | None:
@@ -213,7 +233,8 @@ def judge_agent_api(attempts: list[AnyAttempt], limits: dict[str, float], plan: 
     tool_turns = plan.tool_turns if plan else "auto"
     answered, unjudged = split_unjudged(attempts)  # answers the harness could not judge: neither valid nor failed
     judged = [a for a in answered if not a.drill]
-    numbers = _rates(judged) | {"requests": _chains(attempts), "tool_turns": tool_turns}
+    rates, valid = _rates(judged)
+    numbers = rates | {"requests": _chains(attempts), "tool_turns": tool_turns}
     harness = []
     if unjudged:  # only then: a run without one is judged (and its verdict.json written) as before
         numbers["unjudged"] = unjudged_numbers(unjudged)
@@ -232,7 +253,10 @@ def judge_agent_api(attempts: list[AnyAttempt], limits: dict[str, float], plan: 
         return PillarResult(INCONCLUSIVE, [r.reason for r in harness] + [
             f"inconclusive, because only {len(judged)} attempts were judged (at least {int(limits['min_attempts'])} "
             "are needed: one success is not evidence)"], numbers)
-    rule = _valid_rule(numbers, limits["min_valid_rate"], len(unjudged))
+    carried = None
+    if unjudged:  # the rate were every answer the harness could not judge valid
+        carried = rate_by_request([*judged, *unjudged], [*(a.valid for a in judged), *([True] * len(unjudged))])
+    rule = _valid_rule(numbers, limits["min_valid_rate"], valid, carried)
     rules = [*harness, rule, *known_rules]
     numbers["rules"] = [r.to_dict() for r in rules]
     reasons = ([rule.reason] if rule.status != PASS else []) + known_reasons

@@ -5,6 +5,11 @@ of 80% as with 99%. A rule passes only when the interval's lower bound clears it
 only when the upper bound is below it; in between it is inconclusive and says about how many more
 attempts would decide. Why exact tests from `math` (no scipy): the counts are small, the formulas are
 short, and a verdict must be reproducible byte for byte without another dependency.
+
+Why clusters: a rate's unit of evidence is the distinct request (analysis/clusters.py), not the attempt.
+At temperature 0 a repeat of the same bytes is not a new trial: 4,373 attempts of 37 request bodies
+tell about 37 prompts, and a Wilson interval over the 4,373 was about a hundred times too narrow.
+`cluster_rate` gives the interval those distinct requests support (docs/verdict-rules.md).
 """
 
 from __future__ import annotations
@@ -27,44 +32,100 @@ MAX_MORE_ATTEMPTS = 1_000_000
 # there the two agree to well within the bootstrap's own resampling noise, and 2,000 resamples of an
 # hour's soak cost seconds of CPU per family. Below it every interval is the seeded bootstrap's.
 NORMAL_RATIO_FROM = 10_000
+# Fewer distinct requests than this decide no rate, whatever their attempts: a rate over a handful of
+# prompts says how those prompts fared, not how the deployment does ("inconclusive, because only N
+# distinct requests"). Ten: below it even 10 of 10 clean requests leave a 95% interval reaching 72%.
+MIN_DISTINCT_REQUESTS = 10
 
 
 @dataclass(frozen=True)
 class Rate:
-    """k successes of n with a 95% Wilson score interval (well-behaved at 0%, 100% and small n)."""
+    """k successes of n attempts with a 95% interval: Wilson's score interval (well-behaved at 0%, 100% and
+    small n) over `effective_n` trials. `clusters`: the distinct requests the attempts repeat
+    (`cluster_rate`); None for a count whose items are independent trials (`wilson`)."""
 
     k: int
     n: int
     low: float
     high: float
+    clusters: int | None = None
+    effective_n: float | None = None  # what the interval was computed from (None: n)
 
     @property
     def value(self) -> float | None:
         return self.k / self.n if self.n else None
 
     def to_dict(self) -> dict[str, float | int | None]:
-        return {"k": self.k, "n": self.n, "rate": self.value, "ci95": [self.low, self.high]}
+        out: dict[str, float | int | None] = {"k": self.k, "n": self.n, "rate": self.value,
+                                              "ci95": [self.low, self.high]}  # type: ignore[dict-item]
+        if self.clusters is not None:
+            out["distinct_requests"] = self.clusters
+            out["effective_n"] = self.effective_n
+        return out
 
     def text(self) -> str:
         if not self.n:
             return "no attempts"
-        return f"{self.value:.1%} of {self.n} (95% CI {self.low:.1%}-{self.high:.1%})"
+        if self.clusters is None:
+            return f"{self.value:.1%} of {self.n} (95% CI {self.low:.1%}-{self.high:.1%})"
+        return (f"{self.value:.1%} of {self.clusters:,} distinct requests (95% CI {self.low:.1%}-{self.high:.1%}), "
+                f"{self.n:,} attempts")
+
+
+def _wilson_bounds(p: float, n: float, z: float = Z95) -> tuple[float, float]:
+    """Wilson's score bounds for an observed share p of n (not necessarily whole) trials."""
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z * z / (4 * n * n)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def wilson(k: int, n: int, z: float = Z95) -> Rate:
     if n <= 0:
         return Rate(0, 0, 0.0, 1.0)
-    p = k / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    low = 0.0 if k == 0 else max(0.0, centre - half)  # exact at the edges, not 1 - 1e-16
-    high = 1.0 if k == n else min(1.0, centre + half)
+    low, high = _wilson_bounds(k / n, n, z)
+    low = 0.0 if k == 0 else low  # exact at the edges, not 1 - 1e-16
+    high = 1.0 if k == n else high
     return Rate(k, n, low, high)
 
 
+def cluster_rate(successes_per_cluster: Sequence[int], attempts_per_cluster: Sequence[int]) -> Rate:
+    """The rate over attempts, its 95% interval from the distinct requests (clusters) the attempts repeat.
+
+    The point estimate is successes over attempts (what a client sending this mix sees: a request sent
+    twice as often weighs twice), the rate every earlier verdict gave. Its interval is Wilson's over an
+    effective number of trials: the share's variance estimated from the clusters (the ratio estimator's
+    cluster-robust variance, C/(C-1) Σ(y_i - p·m_i)² / N²), n_eff = p(1-p)/variance, which is the attempts
+    over Kish's design effect 1 + (m̄ - 1)·ICC without estimating the ICC apart. Two bounds: n_eff is at
+    most the number of distinct requests (a repeat of the same request is not a new trial, however its
+    answers happened to vary), and where the clusters show no variance to estimate (every one at the same
+    share, 0% and 100% included) it is (Σm)²/Σm², the trials there are if every repeat repeats its
+    request's outcome (ICC 1). Vectorised: an hour's soak is a few hundred clusters, one pass each."""
+    y = np.asarray(successes_per_cluster, dtype=float)
+    m = np.asarray(attempts_per_cluster, dtype=float)
+    keep = m > 0
+    y, m = y[keep], m[keep]
+    clusters, n, k = len(m), int(m.sum()), round(float(y.sum()))
+    if not n:
+        return Rate(0, 0, 0.0, 1.0, 0, 0.0)
+    p = k / n
+    kish = n * n / float(m @ m)
+    effective = kish
+    if clusters > 1 and 0 < k < n:
+        residual = y - p * m
+        variance = clusters / (clusters - 1) * float(residual @ residual) / (n * n)
+        if variance > 0:
+            effective = p * (1 - p) / variance
+    effective = max(1.0, min(effective, float(clusters), float(n)))
+    low, high = _wilson_bounds(p, effective)
+    return Rate(k, n, 0.0 if k == 0 else low, 1.0 if k == n else high, clusters, effective)
+
+
 def decide_rate(rate: Rate, threshold: float) -> str:
-    """'pass' (lower bound clears the threshold), 'fail' (upper bound below it) or 'inconclusive'."""
+    """'pass' (lower bound clears the threshold), 'fail' (upper bound below it) or 'inconclusive'; always
+    inconclusive over fewer than MIN_DISTINCT_REQUESTS distinct requests (`too_few_requests`)."""
+    if too_few_requests(rate):
+        return INCONCLUSIVE
     if rate.n and rate.low >= threshold:
         return PASS
     if rate.n and rate.high < threshold:
@@ -72,27 +133,51 @@ def decide_rate(rate: Rate, threshold: float) -> str:
     return INCONCLUSIVE
 
 
-def more_attempts_to_decide(rate: Rate, threshold: float) -> int | None:
-    """About how many more attempts, at the rate seen so far, would move the interval clear of the
-    threshold; None when the observed rate sits on the threshold (no number of attempts decides)."""
+def too_few_requests(rate: Rate) -> str | None:
+    """'only N distinct requests' where a clustered rate has fewer than MIN_DISTINCT_REQUESTS, else None."""
+    if rate.clusters is None or rate.clusters >= MIN_DISTINCT_REQUESTS:
+        return None
+    return f"only {rate.clusters} distinct request{'' if rate.clusters == 1 else 's'}"
+
+
+def _at(rate: Rate, p: float, size: int) -> Rate:
+    """The rate were it seen at share p over `size` distinct requests (or attempts, unclustered), each new
+    request bringing the effective trials one brings now."""
+    if rate.clusters is None:
+        return wilson(round(p * size), size)
+    per = (rate.effective_n or 0.0) / rate.clusters if rate.clusters else 1.0
+    low, high = _wilson_bounds(p, max(1e-9, per * size))
+    return Rate(round(p * size), size, low, high, size, per * size)
+
+
+def more_requests_to_decide(rate: Rate, threshold: float) -> int | None:
+    """About how many more distinct requests (attempts, for an unclustered rate), at the rate seen so far,
+    would move the interval clear of the threshold; None when the observed rate sits on the threshold
+    (no number decides)."""
     if not rate.n:
         return None
     p = rate.k / rate.n
-    if abs(p - threshold) < 1e-9 or decide_rate(rate, threshold) != "inconclusive":
-        return None if abs(p - threshold) < 1e-9 else 0
-    n = rate.n
-    while n < MAX_MORE_ATTEMPTS:
-        n = max(n + 1, int(n * 1.25))
-        if decide_rate(wilson(round(p * n), n), threshold) != "inconclusive":
+    if abs(p - threshold) < 1e-9:
+        return None
+    if decide_rate(rate, threshold) != INCONCLUSIVE:
+        return 0
+    have = rate.n if rate.clusters is None else rate.clusters
+    size = have
+    while size < MAX_MORE_ATTEMPTS:
+        size = max(size + 1, int(size * 1.25))
+        if decide_rate(_at(rate, p, size), threshold) != INCONCLUSIVE:
             break
-    low, high = rate.n, n  # bisect the smallest deciding n
+    low, high = have, size  # bisect the smallest deciding size
     while high - low > 1:
         middle = (low + high) // 2
-        if decide_rate(wilson(round(p * middle), middle), threshold) != "inconclusive":
+        if decide_rate(_at(rate, p, middle), threshold) != INCONCLUSIVE:
             high = middle
         else:
             low = middle
-    return high - rate.n if high < MAX_MORE_ATTEMPTS else None
+    return high - have if high < MAX_MORE_ATTEMPTS else None
+
+
+more_attempts_to_decide = more_requests_to_decide  # the name unclustered callers knew
 
 
 def binomial_tail_ge(k: int, n: int, p: float = 0.5) -> float:

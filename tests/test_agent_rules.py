@@ -29,9 +29,22 @@ def test_a_rate_at_the_threshold_is_inconclusive_with_how_many_more_attempts():
     attempts = [_attempt(i) for i in range(30)]
     result = judge_agent_api(attempts, LIMITS)
     assert result.status == INCONCLUSIVE
-    assert "100.0% of 30 (95% CI 88.6%-100.0%)" in result.reasons[0]
-    assert "about 43 more attempts at this rate would decide" in result.reasons[0]
+    assert "100.0% of 30 distinct requests (95% CI 88.6%-100.0%), 30 attempts valid" in result.reasons[0]
+    assert "about 43 more distinct requests at this rate would decide" in result.reasons[0]
     assert judge_agent_api([_attempt(i) for i in range(80)], LIMITS).status == PASS
+
+
+def test_repeats_of_few_requests_at_temperature_0_are_not_new_trials():
+    """400 clean attempts of 40 request bodies: the interval is 40 requests' (it passed as 400 attempts)."""
+    attempts = [_attempt(i, request_sha256=f"q{i % 40}", temperature=0.0) for i in range(400)]
+    result = judge_agent_api(attempts, LIMITS)
+    assert result.status == INCONCLUSIVE
+    assert "100.0% of 40 distinct requests (95% CI 91.2%-100.0%), 400 attempts valid" in result.reasons[0]
+    assert result.numbers["distinct_requests"] == 40
+    few = judge_agent_api([_attempt(i, request_sha256=f"q{i % 7}") for i in range(400)], LIMITS)
+    assert few.status == INCONCLUSIVE and "inconclusive, because only 7 distinct requests" in few.reasons[0]
+    drawn = [_attempt(i, request_sha256=f"q{i % 7}", temperature=0.7) for i in range(400)]  # each a new draw
+    assert judge_agent_api(drawn, LIMITS).status == PASS
 
 
 def test_a_parser_fault_is_counted_once_under_the_parser():
