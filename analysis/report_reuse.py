@@ -10,8 +10,8 @@ from typing import Any
 
 from k3load.analysis.markdown import fmt, table
 
-COLUMNS = ("family", "requests", "prompt_tokens", "designed_share", "achieved_share", "achieved_share_ci95",
-           "achieved_of_design", "achieved_of_design_ci95", "reached_design", "finding")
+COLUMNS = ("family", "requests", "distinct_requests", "windows", "prompt_tokens", "designed_share", "achieved_share",
+           "achieved_share_ci95", "achieved_of_design", "achieved_of_design_ci95", "reached_design", "finding")
 
 
 def _pct(value: float | None) -> str | None:
@@ -22,15 +22,27 @@ def _ci(bounds: list[float] | None) -> str | None:
     return f"{bounds[0]:.1%}-{bounds[1]:.1%}" if bounds else None
 
 
+def _reached(reached: dict[str, Any]) -> str | None:
+    """k/n attempts, with the distinct requests they repeat and the interval over those."""
+    if not reached.get("n"):
+        return None
+    said = f"{reached.get('k')}/{reached.get('n')}"
+    if reached.get("distinct_requests") is not None:
+        said += f" ({reached['distinct_requests']} distinct, 95% CI {_ci(reached.get('ci95'))})"
+    return said
+
+
 def _row(name: str, row: dict[str, Any]) -> dict[str, Any]:
     reached = row.get("reached_design") or {}
     finding = row.get("finding") or {}
-    return {"family": name, "requests": row.get("attempts_with_usage"), "prompt_tokens": row.get("prompt_tokens"),
+    return {"family": name, "requests": row.get("attempts_with_usage"),
+            "distinct_requests": row.get("distinct_requests"), "windows": row.get("windows"),
+            "prompt_tokens": row.get("prompt_tokens"),
             "designed_share": _pct(row.get("designed_share")), "achieved_share": _pct(row.get("achieved_share")),
             "achieved_share_ci95": _ci(row.get("achieved_share_ci95")),
             "achieved_of_design": _pct(row.get("achieved_of_design")),
             "achieved_of_design_ci95": _ci(row.get("achieved_of_design_ci95")),
-            "reached_design": f"{reached.get('k')}/{reached.get('n')}" if reached.get("n") else None,
+            "reached_design": _reached(reached),
             "finding": (f"{finding.get('status')}" + (f" ({finding['layer']})" if finding.get("layer") else ""))
             if finding else None}
 
@@ -55,7 +67,8 @@ def markdown(cache_numbers: dict[str, Any]) -> str:
     return (head + "Designed: the tokens a request shares with one whose prefill finished before it was sent (the "
             "server's /tokenize, `reuse_design.json`), whole blocks of "
             f"{reuse.get('block_size')} tokens. Achieved: the responses' cached_tokens. Intervals: 95% bootstrap "
-            "over requests.\n\n" + table(rows, COLUMNS)
+            "over windows of the run (attempts sent together met the same cache, so a window is resampled whole, "
+            "never its attempts one by one); reached_design's over its distinct requests.\n\n" + table(rows, COLUMNS)
             + f"\nServer counters over the run: {fmt(metrics.get('prefix_cache_hits'))} prefix-cache hit tokens of "
             f"{fmt(metrics.get('prefix_cache_queries'))} queried (hit share {fmt(_pct(metrics.get('hit_share')))}).\n\n"
             + gaps + ("\n" if gaps else "") + "What the samples share by design (tokens):\n\n"

@@ -26,16 +26,21 @@ from typing import Any
 
 import numpy as np
 
+from k3load.analysis.clusters import attempt_key, rate_by_keys
 from k3load.analysis.lean import AnyAttempt
 from k3load.analysis.pillar import PillarResult
 from k3load.analysis.reuse_replay import DEFAULT_BLOCK, Geometry, designed_tokens
 from k3load.analysis.rundata import RunData
-from k3load.analysis.stats import ratio_cis, wilson
+from k3load.analysis.stats import ratio_cis
 from k3load.analysis.timeline import MetricIndex
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS, SERVER
 
 REACHED = 0.9  # an attempt "reached its design" when it reused at least this share of it
 METRICS_SLACK_S = 2.5  # let the scrape after the last request land
+# The reuse intervals resample windows of the run, not attempts: attempts sent close together met the same
+# cache (what was resident, evicted, in flight), so one window's attempts are one draw of the server's state.
+REUSE_WINDOW_S = 10.0
+MIN_WINDOWS = 20  # a run shorter than MIN_WINDOWS windows of REUSE_WINDOW_S is cut into this many, narrower
 
 
 @dataclass
@@ -48,6 +53,8 @@ class _Tokens:
     prompt: np.ndarray
     designed: np.ndarray
     achieved: np.ndarray
+    windows: np.ndarray  # each attempt's REUSE_WINDOW_S window of the run (int64), for the intervals
+    keys: np.ndarray  # each attempt's distinct request (analysis/clusters.py), for the reached-design rate
 
 
 def _column(values: list[Any]) -> np.ndarray:
@@ -71,14 +78,30 @@ def family_tokens(attempts: list[AnyAttempt], names: list[str], design: dict[str
     prompt = _column([attempts[i].prompt_tokens or 0 for i in kept])
     designed = _column([designs[i] for i in kept])
     achieved = _column([attempts[i].cached_tokens or 0 for i in kept])
+    sent = np.array([attempts[i].send_ts for i in kept], dtype=float)
+    start, span = (float(sent.min()), float(sent.max() - sent.min())) if len(sent) else (0.0, 0.0)
+    width = max(min(REUSE_WINDOW_S, span / MIN_WINDOWS), 1e-9)
+    windows = np.floor((sent - start) / width).astype(np.int64)
+    keys = np.array([attempt_key(attempts[i]) for i in kept], dtype=object)
     codes = {name: code for code, name in enumerate(names)}
     family = np.array([codes.get(a.family, -1) for a in attempts], dtype=np.int64)
     row_family, kept_family = family[np.array(rows, dtype=bool)], family[np.array(kept, dtype=np.int64)]
     out = []
     for code in range(len(names)):
         mine = kept_family == code
-        out.append(_Tokens(int(np.count_nonzero(row_family == code)), prompt[mine], designed[mine], achieved[mine]))
-    return [*out, _Tokens(int(sum(rows)), prompt, designed, achieved)]
+        out.append(_Tokens(int(np.count_nonzero(row_family == code)), prompt[mine], designed[mine], achieved[mine],
+                           windows[mine], keys[mine]))
+    return [*out, _Tokens(int(sum(rows)), prompt, designed, achieved, windows, keys)]
+
+
+def by_window(tokens: _Tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The achieved, prompt and designed tokens summed per window (the bootstrap's unit: attempts of one
+    window met the same cache, so they are resampled together), windows in time order."""
+    if not len(tokens.windows):
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    _, codes = np.unique(tokens.windows, return_inverse=True)
+    return tuple(np.bincount(codes, weights=np.asarray(c, dtype=float))  # type: ignore[return-value]
+                 for c in (tokens.achieved, tokens.prompt, tokens.designed))
 
 
 def family_rows(attempts: list[AnyAttempt], names: list[str], design: dict[str, int]) -> list[dict[str, Any]]:
@@ -86,22 +109,23 @@ def family_rows(attempts: list[AnyAttempt], names: list[str], design: dict[str, 
     threads, the largest first: numpy draws and sums with the GIL released. Each interval has its own
     seeded generator, so the threads change no number."""
     parts = family_tokens(attempts, names, design)
-    order = sorted(range(len(parts)), key=lambda i: -len(parts[i].achieved))
+    windows = [by_window(part) for part in parts]
+    order = sorted(range(len(parts)), key=lambda i: -len(windows[i][0]))
     with ThreadPoolExecutor(max_workers=max(1, min(len(parts), os.cpu_count() or 1))) as pool:
-        drawn = dict(zip(order, pool.map(lambda i: ratio_cis(parts[i].achieved, [parts[i].prompt,
-                                                                                  parts[i].designed]), order),
+        drawn = dict(zip(order, pool.map(lambda i: ratio_cis(windows[i][0], [windows[i][1], windows[i][2]]), order),
                          strict=True))
-    return [_row(part, *drawn[i]) for i, part in enumerate(parts)]
+    return [_row(part, *drawn[i], len(windows[i][0])) for i, part in enumerate(parts)]
 
 
-def _row(tokens: _Tokens, share_ci: tuple[float, float] | None, design_ci: tuple[float, float] | None
-         ) -> dict[str, Any]:
+def _row(tokens: _Tokens, share_ci: tuple[float, float] | None, design_ci: tuple[float, float] | None,
+         windows: int = 0) -> dict[str, Any]:
     prompt, designed, achieved = _total(tokens.prompt), _total(tokens.designed), _total(tokens.achieved)
-    with_design = tokens.designed > 0
-    reached = wilson(int(np.count_nonzero(with_design & (tokens.achieved >= REACHED * tokens.designed))),
-                     int(np.count_nonzero(with_design)))
+    with_design = np.asarray(tokens.designed > 0, dtype=bool)
+    hit = np.asarray(tokens.achieved >= REACHED * tokens.designed, dtype=bool)[with_design]
+    reached = rate_by_keys(list(tokens.keys[with_design]), hit)
     out: dict[str, Any] = {
         "attempts": tokens.rows, "attempts_with_usage": len(tokens.achieved),
+        "distinct_requests": len(set(tokens.keys.tolist())), "windows": windows,
         "attempts_with_design": int(np.count_nonzero(with_design)),
         "prompt_tokens": prompt, "designed_tokens": designed, "achieved_tokens": achieved,
         "designed_share": designed / prompt if prompt else None,
