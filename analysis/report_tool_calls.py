@@ -21,7 +21,9 @@ def _ci(rate: dict[str, Any] | None) -> str | None:
     if not rate or not rate.get("n"):
         return None
     low, high = rate["ci95"]
-    return f"{rate['rate']:.1%} ({low:.1%}-{high:.1%})"
+    distinct = rate.get("distinct_requests")  # the interval is over these (analysis/clusters.py)
+    return f"{rate['rate']:.1%} ({low:.1%}-{high:.1%}" + (f", {distinct} distinct requests)" if distinct is not None
+                                                          else ")")
 
 
 def _parallel(n: dict[str, Any]) -> str:

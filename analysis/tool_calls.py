@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from k3load.analysis.clusters import rate_by_request
 from k3load.analysis.lean import AnyAttempt, by_findings, first_finding
 from k3load.analysis.pillar import percentiles
 from k3load.analysis.rules import RuleResult
-from k3load.analysis.stats import wilson
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.workload.plan import Plan
 from k3load.workload.stream_equivalence import BOTH_VALID, NOT_COMPARED, OUTCOMES
@@ -61,13 +61,17 @@ def stream_equivalence(attempts: list[AnyAttempt], limits: dict[str, float], pla
     for attempt in streamed:
         row = per_stage.setdefault(attempt.stage, {"users": users.get(attempt.stage), **dict.fromkeys(OUTCOMES, 0)})
         row[_outcome(attempt) or NOT_COMPARED] += 1
-    for row in per_stage.values():
+    outcomes = {id(a): _outcome(a) or NOT_COMPARED for a in streamed}
+    for name, row in per_stage.items():
         compared = sum(row[o] for o in OUTCOMES if o != NOT_COMPARED)
         row["compared"] = compared
-        row["stream_path_failure_rate"] = wilson(row[STREAM_PATH_WRONG], compared).to_dict()
+        mine = [a for a in streamed if a.stage == name and outcomes[id(a)] != NOT_COMPARED]
+        row["stream_path_failure_rate"] = rate_by_request(
+            mine, [outcomes[id(a)] == STREAM_PATH_WRONG for a in mine]).to_dict()
     totals = Counter({o: sum(r[o] for r in per_stage.values()) for o in OUTCOMES})
     compared = sum(totals[o] for o in OUTCOMES if o != NOT_COMPARED)
-    rate = wilson(totals[STREAM_PATH_WRONG], compared)
+    judged = [a for a in streamed if outcomes[id(a)] != NOT_COMPARED]  # the interval: over distinct requests
+    rate = rate_by_request(judged, [outcomes[id(a)] == STREAM_PATH_WRONG for a in judged])
     numbers = {"drill": drill, "pairs": len(streamed), "compared": compared, "outcomes": dict(totals),
                "stream_path_failure_rate": rate.to_dict(), "by_stage": per_stage}
     evidence = ("records.jsonl stream_pair/stream_role, findings stream.equivalence",)
@@ -86,7 +90,8 @@ def stream_equivalence(attempts: list[AnyAttempt], limits: dict[str, float], pla
                                    f"pairs were compared (at least {need} are needed)", compared, need, None, evidence)
     return numbers, RuleResult("agent.stream_equivalence", PILLAR, PASS,
                                f"streamed and non-streamed answers agreed where the non-streamed was right in all "
-                               f"{compared} pairs ({totals[BOTH_VALID]} differed with both valid)", rate.value, 0.0,
+                               f"{compared} pairs of {rate.clusters} distinct requests ({totals[BOTH_VALID]} differed "
+                               "with both valid)", rate.value, 0.0,
                                None, evidence, (rate.low, rate.high))
 
 
@@ -108,7 +113,8 @@ def cadence(attempts: list[AnyAttempt], limits: dict[str, float]) -> tuple[dict[
                "deltas": _distribution([float(a.tool_call_deltas) for a in calls if a.tool_call_deltas]),
                "over_limit": len(over), "stalls": len(stalls)}
     evidence = ("records.jsonl tool_call_max_gap_ms, findings tool_call.cadence and stream.stall",)
-    rate = wilson(len(over) + len(stalls), len(calls) + len(stalls))
+    failed = {id(a) for a in over}
+    rate = rate_by_request([*calls, *stalls], [*(id(a) in failed for a in calls), *([True] * len(stalls))])
     numbers["over_limit_rate"] = rate.to_dict()
     if over or stalls:
         worst = max([a.tool_call_max_gap_ms or 0.0 for a in over] + [a.last_silence_ms or 0.0 for a in stalls])
@@ -122,7 +128,8 @@ def cadence(attempts: list[AnyAttempt], limits: dict[str, float]) -> tuple[dict[
         return numbers, None  # no streamed tool call: nothing to say about cadence
     longest = numbers["max_gap_ms"]["max"] or 0.0
     return numbers, RuleResult("agent.tool_call_cadence", PILLAR, PASS,
-                               f"{len(calls)} streamed tool calls, the longest silence inside one {longest:.0f} ms "
+                               f"{len(calls)} streamed tool calls ({rate.clusters} distinct requests), the longest "
+                               f"silence inside one {longest:.0f} ms "
                                f"(limit {limit:.0f} ms)", longest, limit, None, evidence, (rate.low, rate.high))
 
 
@@ -131,14 +138,16 @@ def parallel_calls(attempts: list[AnyAttempt]) -> dict[str, Any]:
     the calls asked for, and how the others went wrong (short, merged arguments, a call emitted twice)."""
     groups = [(findings, group, found) for findings, group in by_findings(attempts)
               if (found := first_finding(findings, "expect.calls")) is not None]
-    asked = [a for _findings, group, _found in groups for a in group]  # only counted below
-    right = sum(len(group) for _findings, group, found in groups if found.ok)
+    asked = [a for _findings, group, _found in groups for a in group]
+    exact = [found.ok for _findings, group, found in groups for _a in group]
+    right = sum(exact)
     failed_checks: Counter[str] = Counter()
     for findings, group, _found in groups:
         for f in findings:
             if not f.ok:
                 failed_checks[f.check] += len(group)
-    numbers: dict[str, Any] = {"answers": len(asked), "exact": right, "exact_rate": wilson(right, len(asked)).to_dict(),
+    numbers: dict[str, Any] = {"answers": len(asked), "exact": right,
+                               "exact_rate": rate_by_request(asked, exact).to_dict(),
                                "calls_per_answer": dict(sorted(Counter(len(a.tool_calls) for a in asked).items())),
                                "failed_checks": dict(sorted(failed_checks.items())),
                                "by_primary_layer": dict(sorted(Counter(a.primary_layer for a in asked
