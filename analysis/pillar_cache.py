@@ -24,6 +24,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from k3load.analysis.clusters import attempt_key
 from k3load.analysis.lean import AnyAttempt
 from k3load.analysis.pillar import PillarResult
 from k3load.analysis.rules import RuleResult
@@ -227,7 +228,11 @@ def judge_prefix_cache(data: RunData, index: MetricIndex, limits: dict[str, floa
     t0, t1 = pairs[0][0].send_ts, pairs[-1][1].end_ts
     window, gaps = _window(index, t0, t1)
     config = cache_config(data)
-    numbers: dict[str, Any] = {"control": _table(pairs), "pairs": len(pairs), "window": window,
+    # Each pair's fresh salt makes its bytes a distinct request (its warm twin repeats them on purpose): the
+    # pair is the unit of every test here, and the count of distinct cold requests says so.
+    distinct = len({attempt_key(c) for c, _ in pairs})
+    numbers: dict[str, Any] = {"control": _table(pairs), "pairs": len(pairs), "distinct_requests": distinct,
+                               "window": window,
                                "window_gaps": gaps,
                                "cache_config": {k: config.get(k) for k in (
                                    "block_size", "enable_prefix_caching", "mamba_block_size",
@@ -248,4 +253,5 @@ def judge_prefix_cache(data: RunData, index: MetricIndex, limits: dict[str, floa
     open_rules = [r.reason for r in rules if r.status == INCONCLUSIVE]
     if open_rules:
         return PillarResult(INCONCLUSIVE, open_rules, numbers)
-    return PillarResult(PASS, [f"{len(pairs)} cold/warm pairs: " + "; ".join(r.reason for r in rules)], numbers)
+    return PillarResult(PASS, [f"{len(pairs)} cold/warm pairs: " + "; ".join(r.reason for r in rules)
+                               + f" (pairs of {distinct} distinct requests)"], numbers)

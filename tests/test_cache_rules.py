@@ -71,6 +71,7 @@ def test_like_for_like_pairs_pass_on_a_healthy_cache():
     assert {r["id"]: r["status"] for r in numbers["rules"]} == {"cache.hits": "pass", "cache.latency": "pass",
                                                                 "cache.answers": "pass"}
     assert "8 cold/warm pairs" in reasons[0] and "McNemar" in reasons[0]
+    assert numbers["distinct_requests"] == 8 and reasons[0].endswith("(pairs of 8 distinct requests)")
 
 
 def test_a_weak_model_does_not_fail_the_cache():
