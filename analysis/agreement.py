@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from k3load.analysis.clusters import rate_by_request
 from k3load.analysis.lean import AnyAttempt, call_name, first_finding
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.rundata import read_attempts
@@ -113,13 +114,15 @@ def profile(attempts: list[AnyAttempt]) -> dict[str, Any]:
             "finish_reasons": dict(sorted(Counter(str(a.finish_reason) for a in answers).items()))}
 
 
-def f1_interval(tp: int, fp: int, fn: int) -> tuple[float | None, tuple[float, float] | None]:
+def f1_interval(tp: int, fp: int, fn: int, jaccard: Rate | None = None
+                ) -> tuple[float | None, tuple[float, float] | None]:
     """F1 and its 95% interval through the Jaccard index (module docstring); None when neither side
-    triggered on a comparable turn (F1 undefined)."""
+    triggered on a comparable turn (F1 undefined). `jaccard`: the index's rate over distinct requests (the
+    run's answers repeat their requests), else Wilson's over the counts."""
     m = tp + fp + fn
     if not m:
         return None, None
-    j = wilson(tp, m)
+    j = jaccard if jaccard is not None else wilson(tp, m)
     return 2 * tp / (2 * tp + fp + fn), (2 * j.low / (1 + j.low), 2 * j.high / (1 + j.high))
 
 
@@ -145,7 +148,7 @@ def _mix(counts: dict[str, int]) -> dict[str, Any]:
     return {reason: wilson(k, total).to_dict() for reason, k in sorted(counts.items())}
 
 
-def _tally(turns: dict[str, dict[str, Any]], answers: list[AnyAttempt]
+def _tally(turns: dict[str, dict[str, Any]], answers: list[AnyAttempt], scored: list[tuple[AnyAttempt, str]]
            ) -> tuple[dict[str, dict[str, Any]], Counter[str], Counter[str], Counter[str]]:
     """Each answer scored against its turn's label: rows per turn, totals (tp/fp/fn/tn, not_comparable),
     the primary layers of the disagreeing answers, and the tool-name checks of the agreeing calls."""
@@ -168,6 +171,7 @@ def _tally(turns: dict[str, dict[str, Any]], answers: list[AnyAttempt]
         row["triggered"] += hit
         row[outcome] += 1
         totals[outcome] += 1
+        scored.append((a, outcome))  # each comparable answer's outcome, for the intervals over distinct requests
         if outcome in ("fp", "fn"):
             layers[a.primary_layer or MODEL_OUTPUT] += 1
         if outcome == "tp" and ref.get("tool_names") is not None:
@@ -183,27 +187,38 @@ def agreement(reference: dict[str, Any], attempts: list[AnyAttempt]) -> dict[str
     """The judged run's answers against the reference profile (module docstring for the definitions)."""
     turns = {_key(t["scenario"], t["turn"]): t for t in reference.get("turns") or []}
     answers = [a for a in attempts if answered(a)]
-    rows, totals, layers, names = _tally(turns, answers)
+    scored: list[tuple[AnyAttempt, str]] = []
+    rows, totals, layers, names = _tally(turns, answers, scored)
     tp, fp, fn, tn = (totals[k] for k in ("tp", "fp", "fn", "tn"))
-    f1, f1_ci = f1_interval(tp, fp, fn)
+    f1, f1_ci = f1_interval(tp, fp, fn, _among(scored, ("tp", "fp", "fn")))
+
+    def share(among: tuple[str, ...]) -> Rate:  # tp among the answers with these outcomes, by distinct request
+        return _among(scored, among) if any(o in among for _, o in scored) else wilson(0, 0)
     for row in rows.values():
-        row["recall"] = wilson(row["tp"], row["tp"] + row["fn"]).to_dict() if row["tp"] + row["fn"] else None
+        mine = [(a, o) for a, o in scored if a.scenario == row["scenario"] and a.turn == row["turn"]]
+        row["recall"] = _among(mine, ("tp", "fn")).to_dict() if row["tp"] + row["fn"] else None
     calls = [a for a in answers if triggered(a)]
-    structured = [v for v in (json_valid(a) for a in answers) if v is not None]
+    judged = [(a, v) for a, v in ((a, json_valid(a)) for a in answers) if v is not None]
     return {
         "comparable": tp + fp + fn + tn, "not_comparable": totals["not_comparable"],
-        "trigger": {"tp": tp, "fp": fp, "fn": fn, "tn": tn, "precision": wilson(tp, tp + fp).to_dict(),
-                    "recall": wilson(tp, tp + fn).to_dict(), "f1": f1, "f1_ci95": list(f1_ci) if f1_ci else None},
+        "trigger": {"tp": tp, "fp": fp, "fn": fn, "tn": tn, "precision": share(("tp", "fp")).to_dict(),
+                    "recall": share(("tp", "fn")).to_dict(), "f1": f1, "f1_ci95": list(f1_ci) if f1_ci else None},
         "disagreeing_by_layer": dict(sorted(layers.items())),
         "tool_name_agreement": wilson(names["same"], names["compared"]).to_dict(),
         "schema_accuracy": _compared(_rate(reference.get("schema")),
-                                     wilson(sum(schema_ok(a) for a in calls), len(calls))),
+                                     rate_by_request(calls, [schema_ok(a) for a in calls])),
         "structured_output_validity": _compared(_rate(reference.get("structured_output")),
-                                                wilson(sum(structured), len(structured))),
+                                                rate_by_request(judged, [v for _, v in judged])),
         "finish_reasons": {"reference": _mix(reference.get("finish_reasons") or {}),
                            "run": _mix(dict(Counter(str(a.finish_reason) for a in answers)))},
         "by_turn": [rows[k] for k in sorted(rows)],
     }
+
+
+def _among(scored: list[tuple[AnyAttempt, str]], among: tuple[str, ...]) -> Rate:
+    """The share of true positives among the answers scored one of `among`, by distinct request."""
+    picked = [(a, o) for a, o in scored if o in among]
+    return rate_by_request([a for a, _ in picked], [o == "tp" for _, o in picked])
 
 
 def _rate(counts: dict[str, int] | None) -> Rate:
@@ -329,5 +344,6 @@ def _phrased(status: str, said: str, failed: str, bound: str) -> str:
 
 
 def _kn(rate: dict[str, Any]) -> dict[str, Any]:
-    """A Rate back from its to_dict()."""
-    return {"k": rate["k"], "n": rate["n"], "low": rate["ci95"][0], "high": rate["ci95"][1]}
+    """A Rate back from its to_dict() (with its distinct requests, where it was counted by them)."""
+    return {"k": rate["k"], "n": rate["n"], "low": rate["ci95"][0], "high": rate["ci95"][1],
+            "clusters": rate.get("distinct_requests"), "effective_n": rate.get("effective_n")}

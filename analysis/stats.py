@@ -95,8 +95,10 @@ def cluster_rate(successes_per_cluster: Sequence[int], attempts_per_cluster: Seq
     The point estimate is successes over attempts (what a client sending this mix sees: a request sent
     twice as often weighs twice), the rate every earlier verdict gave. Its interval is Wilson's over an
     effective number of trials: the share's variance estimated from the clusters (the ratio estimator's
-    cluster-robust variance, C/(C-1) Σ(y_i - p·m_i)² / N²), n_eff = p(1-p)/variance, which is the attempts
-    over Kish's design effect 1 + (m̄ - 1)·ICC without estimating the ICC apart. Two bounds: n_eff is at
+    cluster-robust variance, Σ(y_i - p·m_i)² / N²), n_eff = p(1-p)/variance, which is the attempts over
+    Kish's design effect 1 + (m̄ - 1)·ICC without estimating the ICC apart. Without the small-sample factor
+    C/(C-1), so that attempts that are each their own request get Wilson's interval exactly, as before
+    (the coverage test in tests/test_cluster_intervals.py holds without it). Two bounds: n_eff is at
     most the number of distinct requests (a repeat of the same request is not a new trial, however its
     answers happened to vary), and where the clusters show no variance to estimate (every one at the same
     share, 0% and 100% included) it is (Σm)²/Σm², the trials there are if every repeat repeats its
@@ -113,7 +115,7 @@ def cluster_rate(successes_per_cluster: Sequence[int], attempts_per_cluster: Seq
     effective = kish
     if clusters > 1 and 0 < k < n:
         residual = y - p * m
-        variance = clusters / (clusters - 1) * float(residual @ residual) / (n * n)
+        variance = float(residual @ residual) / (n * n)
         if variance > 0:
             effective = p * (1 - p) / variance
     effective = max(1.0, min(effective, float(clusters), float(n)))

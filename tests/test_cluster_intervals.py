@@ -68,7 +68,7 @@ def test_the_issues_example_reads_as_written():
     sizes = np.full(50, 87)
     successes = np.where(np.arange(50) < 46, sizes, 0)  # 46 prompts always pass, 4 always fail
     rate = cluster_rate(successes, sizes)
-    assert rate.text() == "92.0% of 50 distinct requests (95% CI 81.0%-96.9%), 4,350 attempts"
+    assert rate.text() == "92.0% of 50 distinct requests (95% CI 81.2%-96.8%), 4,350 attempts"
 
 
 def test_fewer_than_the_minimum_distinct_requests_decide_nothing():
@@ -88,6 +88,8 @@ def test_temperature_above_0_makes_every_attempt_its_own_draw():
     keys = [cluster_key("same", f"a{i}", 0.7, None) for i in range(200)]
     rate = rate_by_keys(keys, [True] * 200)
     assert rate.clusters == 200 and rate.low == wilson(200, 200).low
+    mixed = rate_by_keys([f"a{i}" for i in range(50)], [i % 5 != 0 for i in range(50)])
+    assert (mixed.low, mixed.high) == (wilson(40, 50).low, wilson(40, 50).high)  # each its own request: Wilson's
     frame = pd.DataFrame({"request_sha256": ["x", "x", "x"], "attempt_id": ["1", "2", "3"],
                           "temperature": [0.0, 0.7, 0.7], "seed": [None, None, 3]})
     assert list(request_cluster(frame)) == ["x", "2", "x"]

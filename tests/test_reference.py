@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,10 +47,16 @@ def attempt(scenario: str, turn: int, called: bool, *, status: str = "ok", drill
         findings.append(Finding("expect.json", json_ok, None if json_ok else "model_output"))
     return Attempt(run_id="r", attempt_id=str(random.random()), chain_id="c", attempt=1, stage="load",
                    scenario=scenario, family="agent", turn=turn, turn_kind="tool_call", user_id="u",
-                   request_sha256="x", prefix_sha256="p", transport="t", status=status, send_ts=0.0, end_ts=1.0,
+                   request_sha256=f"x{random.random()}", prefix_sha256="p", transport="t", status=status,
+                   send_ts=0.0, end_ts=1.0,
                    finish_reason=("tool_calls" if called else "stop") if status == "ok" else None,
                    tool_calls=calls if called and status == "ok" else [], findings=findings, primary_layer=layer,
                    drill=drill)
+
+
+def times(n: int, *args: Any, **kw: Any) -> list[Attempt]:
+    """n answers alike, each its own attempt and request."""
+    return [attempt(*args, **kw) for _ in range(n)]
 
 
 def reference_attempts() -> list[Attempt]:
@@ -73,9 +80,10 @@ def test_profile_labels_each_turn_by_the_reference_majority():
 
 
 def test_trigger_precision_recall_f1_and_their_intervals():
-    run = ([attempt("s", 0, True)] * 6 + [attempt("s", 0, False, layer="model_output")] * 4  # tp 6, fn 4
-           + [attempt("s", 1, True, names=["other"])] + [attempt("s", 1, False)] * 9  # fp 1, tn 9
-           + [attempt("s", 2, True)] * 5 + [attempt("t", 0, True)])  # no label, never answered: not comparable
+    # each answer its own request (the run's intervals are over distinct requests)
+    run = (times(6, "s", 0, True) + times(4, "s", 0, False, layer="model_output")  # tp 6, fn 4
+           + [attempt("s", 1, True, names=["other"])] + times(9, "s", 1, False)  # fp 1, tn 9
+           + times(5, "s", 2, True) + [attempt("t", 0, True)])  # no label, never answered: not comparable
     n = agreement(profile(reference_attempts()), run)
     trig = n["trigger"]
     assert (trig["tp"], trig["fp"], trig["fn"], trig["tn"]) == (6, 1, 4, 9)
@@ -112,7 +120,7 @@ def test_newcombe_difference_and_order_statistic_intervals_match_published_examp
 def test_reference_rules_fail_on_skipped_calls_and_are_inconclusive_on_too_little():
     record = {"run_id": "ref-1", "manifest_sha256": "ab" * 32, "path": "/r", "profile": profile(reference_attempts())}
     limits = thresholds(None)["agent_api"]
-    skipping = [attempt("s", 0, True)] * 10 + [attempt("s", 0, False)] * 20 + [attempt("s", 1, False)] * 10
+    skipping = times(10, "s", 0, True) + times(20, "s", 0, False) + times(10, "s", 1, False)
     numbers, rules = reference_rules(record, skipping, limits)
     by_id = {r.id: r for r in rules}
     assert numbers["run_id"] == "ref-1" and by_id["agent.reference_trigger_f1"].status == "fail"
