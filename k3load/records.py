@@ -52,6 +52,12 @@ class Attempt:
     first_byte_ts: float | None = None
     first_token_ts: float | None = None
     ttft_ms: float | None = None
+    # Time to the first answer token: send to the first chunk that added content or a tool-call part,
+    # after any reasoning (what a user of an agent waits for; the same as ttft_ms when the model did not
+    # think first), and the thinking between them: first token to first answer token, None when the
+    # answer had no reasoning. Both None when no answer token came or the answer was not streamed.
+    ttfa_ms: float | None = None
+    reasoning_ms: float | None = None
     itl_mean_ms: float | None = None
     itl_p50_ms: float | None = None
     itl_p99_ms: float | None = None
@@ -105,6 +111,11 @@ class Attempt:
     # proxy holding it: its connection closed, not reused). None without [DONE] and in older records.
     after_done_bytes: int | None = None
     after_done_open: bool | None = None
+    # The sampling the body asked for: its `temperature` and `seed` as sent (None where the body had none,
+    # and in older records). They say whether a repeat of the same bytes is a new trial: at temperature 0,
+    # or with a seed, it is not (analysis/clusters.py); above 0 without a seed every attempt is a new draw.
+    temperature: float | None = None
+    seed: int | None = None
 
     def to_json(self) -> str:
         """The record's line, the same bytes as `asdict`'s, without its deep copy of every field: a quarter
@@ -142,19 +153,23 @@ def json_line(data: Any) -> str:
 
 
 def timing_fields(result: StreamResult) -> dict[str, float | int | None]:
-    """TTFT, inter-token stats, decode time, tool-call cadence and the last silence (ms), keyed by
-    Attempt field name, with what the end's time left out (`after_done_bytes`, `after_done_open`: the
-    e2e time stops at [DONE]). A field that cannot be known for this attempt is left out (None in the
-    record, never 0). Why the cadence beside the inter-token stats: a parser that holds a K3 call back
-    until it is whole (vllm#50604) sends it in one delta after a long silence, which the averages hide
-    and a client reads as slow decoding; `tool_call_max_gap_ms` is that silence, `tool_call_deltas`
-    shows the call came in one piece."""
+    """TTFT, time to the first answer token (TTFA) and the reasoning before it, inter-token stats, decode
+    time, tool-call cadence and the last silence (ms), keyed by Attempt field name, with what the end's
+    time left out (`after_done_bytes`, `after_done_open`: the e2e time stops at [DONE]). A field that
+    cannot be known for this attempt is left out (None in the record, never 0). Why the cadence beside
+    the inter-token stats: a parser that holds a K3 call back until it is whole (vllm#50604) sends it in
+    one delta after a long silence, which the averages hide and a client reads as slow decoding;
+    `tool_call_max_gap_ms` is that silence, `tool_call_deltas` shows the call came in one piece."""
     out: dict[str, float | int | None] = {"e2e_ms": (result.end_ts - result.send_ts) * 1000}
     if result.after_done_bytes is not None:
         out["after_done_bytes"], out["after_done_open"] = result.after_done_bytes, result.after_done_open
     if result.first_token_ts is not None:
         out["ttft_ms"] = (result.first_token_ts - result.send_ts) * 1000
         out["decode_ms"] = (result.end_ts - result.first_token_ts) * 1000
+    if result.first_answer_ts is not None:
+        out["ttfa_ms"] = (result.first_answer_ts - result.send_ts) * 1000
+        if result.reasoning and result.first_token_ts is not None:
+            out["reasoning_ms"] = (result.first_answer_ts - result.first_token_ts) * 1000
     gaps = sorted((b - a) * 1000 for a, b in zip(result.chunk_ts, result.chunk_ts[1:], strict=False))
     if gaps:
         out["itl_mean_ms"] = statistics.fmean(gaps)

@@ -9,12 +9,24 @@ every repeat for a new trial, covers it far less often.
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
+import pytest
 
-from k3load.analysis.clusters import cluster_key, rate_by_keys, request_cluster
+from k3load.analysis.clusters import attempt_key, cluster_key, rate_by_keys, request_cluster
 from k3load.analysis.stats import MIN_DISTINCT_REQUESTS, cluster_rate, decide_rate, more_requests_to_decide, wilson
+from k3load.client.result import StreamResult
 from k3load.outcomes import INCONCLUSIVE, PASS
+from k3load.workload.conversation import RunContext, make_attempt
+from k3load.workload.plan import PlanError, parse_plan
+from k3load.workload.scenario import load_scenarios
+from k3load.workload.stored_requests import build_request
+
+ROOT = Path(__file__).resolve().parents[1]
 
 REPEATS = 600
 
@@ -93,3 +105,31 @@ def test_temperature_above_0_makes_every_attempt_its_own_draw():
     frame = pd.DataFrame({"request_sha256": ["x", "x", "x"], "attempt_id": ["1", "2", "3"],
                           "temperature": [0.0, 0.7, 0.7], "seed": [None, None, 3]})
     assert list(request_cluster(frame)) == ["x", "2", "x"]
+
+
+def test_a_plan_sets_temperature_and_seed_per_family_and_the_body_carries_them():
+    scenarios = load_scenarios(sorted((ROOT / "scenarios").glob("*.yaml")))
+    agent = next(s for s in scenarios if s.family == "agent")
+    stage = {"name": "load", "kind": "load", "duration_s": 5, "users": 1, "mix": {"agent": 1}}
+    plain = parse_plan({"name": "p", "stages": [stage]}, "p.yaml")
+    assert plain.sampled(agent) is agent  # as written: temperature 0, no seed
+    plan = parse_plan({"name": "p", "stages": [stage], "sampling": {"agent": {"temperature": 0.7, "seed": 7}}},
+                      "p.yaml")
+    body = json.loads(build_request(plan.sampled(agent), 0, "m").body)
+    assert body["temperature"] == 0.7 and body["seed"] == 7
+    assert "seed" not in json.loads(build_request(agent, 0, "m").body)
+    with pytest.raises(PlanError, match="sampling"):
+        parse_plan({"name": "p", "stages": [stage], "sampling": {"agent": {"top_k": 3}}}, "p.yaml")
+
+
+def test_each_attempt_records_the_temperature_and_seed_it_was_sent_with():
+    scenarios = load_scenarios(sorted((ROOT / "scenarios").glob("*.yaml")))
+    agent = next(s for s in scenarios if s.family == "agent")
+    drawn = replace(agent, turns=tuple(replace(t, settings={**t.settings, "temperature": 0.5}) for t in agent.turns))
+    prepared = build_request(drawn, 0, "m")
+    result = StreamResult(transport="t", status="ok", send_ts=1.0, end_ts=2.0)
+    ctx = RunContext(run_id="r", model="m", user_id="u")
+    attempt = make_attempt(ctx, drawn, drawn.turns[0], prepared, result, [], "c", 1, False, {})
+    assert (attempt.temperature, attempt.seed) == (0.5, None)
+    assert json.loads(attempt.to_json())["temperature"] == 0.5
+    assert attempt_key(attempt) == attempt.attempt_id  # a fresh draw: its own distinct request

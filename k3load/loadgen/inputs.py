@@ -99,7 +99,7 @@ def load_inputs(opts: Any, plans_dir: Path) -> tuple[dict[str, list[Scenario]], 
     plan = load_plan(path)
     by_family: dict[str, list[Scenario]] = {}
     for scenario in scenarios:
-        by_family.setdefault(scenario.family, []).append(with_tool_turns(scenario, plan.tool_turns))
+        by_family.setdefault(scenario.family, []).append(plan.sampled(with_tool_turns(scenario, plan.tool_turns)))
     missing = sorted(plan.families() - set(by_family))
     if missing:
         raise HarnessError(f"{path}: stages[].mix: families {', '.join(missing)} have no scenario in "

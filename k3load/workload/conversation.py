@@ -154,7 +154,8 @@ def make_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: Prep
         reasoning=result.reasoning, content=result.content,
         tool_calls=[c.as_message() for c in result.tool_calls], findings=findings,
         valid=all(f.ok for f in findings), failed_layers=failed, primary_layer=primary_layer(findings),
-        will_retry=will_retry, stream=turn.settings["stream"],
+        will_retry=will_retry, stream=turn.settings["stream"], temperature=turn.settings.get("temperature"),
+        seed=turn.settings.get("seed"),
         **(timing if timing is not None else timing_fields(result)))
 
 

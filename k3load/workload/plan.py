@@ -8,7 +8,7 @@ step can be judged on its own (the ramp report's knee).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,8 @@ class Plan:
     thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
     tool_turns: str = "auto"  # how turns that expect a tool call are sent (k3load.workload.scenario.with_tool_turns)
     stream_equivalence: dict[str, Any] | None = None  # the drill's settings (turns, share); None: not run
+    # Per family, `temperature` and `seed` sent over its turns' own settings (`sampled`); empty: as written
+    sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def duration_s(self) -> float:
@@ -61,6 +63,17 @@ class Plan:
 
     def families(self) -> set[str]:
         return {f for s in self.stages for f, w in s.mix.items() if w > 0}
+
+    def sampled(self, scenario: Any) -> Any:
+        """The scenario with every turn's temperature and seed as the plan's `sampling` sets them for its
+        family (the body, so its bytes and hash, say so: k3load.workload.stored_requests); as written
+        when the plan sets none. Why per family: at temperature 0 repeats of one request are one trial
+        (analysis/clusters.py); an operator who wants repeats to be draws says so here."""
+        settings = self.sampling.get(scenario.family)
+        if not settings:
+            return scenario
+        turns = tuple(replace(t, settings={**t.settings, **settings}) for t in scenario.turns)
+        return replace(scenario, turns=turns)
 
 
 def _schema() -> dict[str, Any]:
@@ -100,7 +113,8 @@ def parse_plan(data: Any, where: str, source: str = "") -> Plan:
     if duplicates:
         raise PlanError(f"{where}: stage names must be unique: {sorted(duplicates)}")
     return Plan(name=data["name"], stages=tuple(stages), source=source, thresholds=data.get("thresholds", {}),
-                tool_turns=data.get("tool_turns", "auto"), stream_equivalence=_drill(data.get("stream_equivalence")))
+                tool_turns=data.get("tool_turns", "auto"), stream_equivalence=_drill(data.get("stream_equivalence")),
+                sampling={k: dict(v) for k, v in (data.get("sampling") or {}).items() if v})
 
 
 def _drill(raw: dict[str, Any] | None) -> dict[str, Any] | None:

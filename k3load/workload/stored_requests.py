@@ -125,6 +125,8 @@ def _body(scenario: Scenario, turn: Turn, model: str, messages: list[dict[str, A
     s = turn.settings
     body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": s["max_tokens"],
                             "temperature": s["temperature"], "stream": s["stream"]}
+    if "seed" in s:  # a plan's per-family seed (Plan.sampled): the scenarios set none
+        body["seed"] = s["seed"]
     if s["stream"]:
         body["stream_options"] = {"include_usage": True}
     if tools:
