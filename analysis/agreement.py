@@ -188,7 +188,7 @@ def agreement(reference: dict[str, Any], attempts: list[AnyAttempt]) -> dict[str
     turns = {_key(t["scenario"], t["turn"]): t for t in reference.get("turns") or []}
     answers = [a for a in attempts if answered(a)]
     scored: list[tuple[AnyAttempt, str]] = []
-    rows, totals, layers, names = _tally(turns, answers, scored)
+    rows, totals, layers, _names = _tally(turns, answers, scored)  # names: counted per turn in rows
     tp, fp, fn, tn = (totals[k] for k in ("tp", "fp", "fn", "tn"))
     f1, f1_ci = f1_interval(tp, fp, fn, _among(scored, ("tp", "fp", "fn")))
 
@@ -199,12 +199,14 @@ def agreement(reference: dict[str, Any], attempts: list[AnyAttempt]) -> dict[str
         row["recall"] = _among(mine, ("tp", "fn")).to_dict() if row["tp"] + row["fn"] else None
     calls = [a for a in answers if triggered(a)]
     judged = [(a, v) for a, v in ((a, json_valid(a)) for a in answers) if v is not None]
+    named = [(a, tool_names(a) == list(want)) for a, o in scored if o == "tp"
+             and (want := turns[_key(a.scenario, a.turn)].get("tool_names")) is not None]
     return {
         "comparable": tp + fp + fn + tn, "not_comparable": totals["not_comparable"],
         "trigger": {"tp": tp, "fp": fp, "fn": fn, "tn": tn, "precision": share(("tp", "fp")).to_dict(),
                     "recall": share(("tp", "fn")).to_dict(), "f1": f1, "f1_ci95": list(f1_ci) if f1_ci else None},
         "disagreeing_by_layer": dict(sorted(layers.items())),
-        "tool_name_agreement": wilson(names["same"], names["compared"]).to_dict(),
+        "tool_name_agreement": rate_by_request([a for a, _ in named], [same for _, same in named]).to_dict(),
         "schema_accuracy": _compared(_rate(reference.get("schema")),
                                      rate_by_request(calls, [schema_ok(a) for a in calls])),
         "structured_output_validity": _compared(_rate(reference.get("structured_output")),
