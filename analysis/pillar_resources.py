@@ -9,13 +9,16 @@ back and served again (the restart check).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from k3load.analysis.drain import drain_audit, drain_reasons
+from k3load.analysis.gpu_growth import GpuGrowth, gpu_growth, memory_before, reservation_text, soak_creep
 from k3load.analysis.gpu_memory import memory_curve
 from k3load.analysis.health import CUT_STATUSES, DETECTION_S, DownSpell, down_spells
 from k3load.analysis.input_size import input_tokens
 from k3load.analysis.pillar import PillarResult
+from k3load.analysis.pillar_cache import cache_config
 from k3load.analysis.restart_drill import drill_reason, planned_down, planned_windows, restart_drill
 from k3load.analysis.rules import texts
 from k3load.analysis.rundata import RunData
@@ -161,26 +164,26 @@ def _restart_check(data: RunData, ts: float) -> dict[str, Any]:
                       f"was down, not counted as load errors); {by}"}
 
 
-def _memory_evidence(oom: bool, curve: list[dict[str, Any]], data: RunData, headroom_pct: float) -> str | None:
-    """Why this crash is a memory crash, or None: an OOM line in the log, or the GPUs' memory within
-    the headroom limit in the minute before it. A crash with neither is a stability finding."""
+def _memory_evidence(oom: bool, growth: GpuGrowth, ts: float, growth_limit_pct: float) -> str | None:
+    """Why this crash is a memory crash, or None: an OOM line in the log, or a GPU's memory grown over its
+    start-up baseline beyond the growth limit in the minute before it. vLLM's reservation is no evidence:
+    every healthy card sits there (analysis/gpu_growth.py). A crash with neither is a stability finding."""
     if oom:
         return "OOM line in the server log"
-    gpu = data.gpu
-    if not curve or gpu.empty or "memory_total_mib" not in gpu:
-        return None
-    before = [c for c in curve if c["t_rel_s"] <= 0]
-    total = float(memory_curve(gpu, float(gpu["ts"].min()), float(gpu["ts"].max()))["memory_total_mib"].max() or 0)
-    peak = max((c["memory_used_mib"] for c in before), default=None)
-    if peak is not None and total and (1 - peak / total) * 100 < headroom_pct:
-        return f"GPU memory at {peak / total:.0%} of {total:.0f} MiB before the crash"
+    before = memory_before(growth, ts)
+    if before is not None and before["growth_pct"] > growth_limit_pct:
+        return (f"GPU memory grew {before['growth_mib']:,.0f} MiB over its start-up baseline on {before['gpu']} "
+                f"({before['growth_pct']:.0f}% of what was free after start-up; {before['used_share']:.0%} of the "
+                "card) in the minute before the crash")
     return None
 
 
-def classify_crashes(data: RunData, headroom_pct: float = 5.0, spells: list[DownSpell] | None = None
-                     ) -> list[dict[str, Any]]:
+def classify_crashes(data: RunData, growth_limit_pct: float = 50.0, spells: list[DownSpell] | None = None,
+                     growth: GpuGrowth | None = None) -> list[dict[str, Any]]:
+    spells = down_spells(data) if spells is None else spells
+    growth = growth if growth is not None else gpu_growth(data, spells)
     out = []
-    for crash in _crash_times(data, down_spells(data) if spells is None else spells):
+    for crash in _crash_times(data, spells):
         stage = data.stage_of(crash["ts"])
         kinds = sorted({e["event"] for e in crash["events"]})
         lines = [e.get("line") for e in crash["events"] if e.get("line")]
@@ -188,10 +191,57 @@ def classify_crashes(data: RunData, headroom_pct: float = 5.0, spells: list[Down
         oom = Event.LOG_OOM in kinds
         out.append({"ts": crash["ts"], "stage": stage.name if stage else None,
                     "phase": PHASES.get(stage.kind if stage else None, "unknown phase"), "events": kinds,
-                    "oom": oom, "memory_evidence": _memory_evidence(oom, curve, data, headroom_pct),
+                    "oom": oom, "memory_evidence": _memory_evidence(oom, growth, crash["ts"], growth_limit_pct),
+                    "memory_before": memory_before(growth, crash["ts"]),
                     "log_lines": lines[:3], "conditions": _in_flight(data, crash["ts"]),
                     "memory_curve": curve, "restart": _restart_check(data, crash["ts"])})
     return out
+
+
+def _soak_windows(data: RunData) -> list[tuple[float, float]]:
+    """The soak stages while load was offered: up to when their users stopped (the drain is no load)."""
+    stopped = {e.get("stage"): e.get("users_stopped_ts") for e in data.events_named(Event.STAGE_DRAIN)}
+    return [(s.start_ts, min(s.end_ts, stopped.get(s.name) or s.end_ts)) for s in data.stages if s.kind == "soak"]
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min" if seconds >= 90 \
+        else f"{seconds:.0f} s"
+
+
+def gpu_memory_judgment(data: RunData, growth: GpuGrowth, resources: dict[str, float]
+                        ) -> tuple[dict[str, Any], list[str], list[str]]:
+    """(numbers, failing reasons, notes) of the run-wide GPU memory rules: the creep through the soak projected
+    to when the free memory is gone, against `min_gpu_runway_h` and the plan's own soak; and what was
+    reserved at start, said with the result (never judged)."""
+    if growth.empty:
+        return {"judged": False}, [], []
+    soaks = _soak_windows(data)
+    creep = soak_creep(growth, soaks)
+    soak_s = sum(t1 - t0 for t0, t1 in soaks)
+    required_s = max(resources.get("min_gpu_runway_h", 24.0) * 3600, soak_s)
+    numbers: dict[str, Any] = {"judged": True, "reserved": reservation_text(growth, cache_config(data)),
+                               "baselines": [{"gpu": b.gpu, "used_mib": b.used_mib, "total_mib": b.total_mib,
+                                              "source": b.source,
+                                              "life_start_ts": None if math.isinf(b.life_start_ts) else b.life_start_ts}
+                                             for b in growth.baselines],
+                               "creep": creep.to_dict() if creep else None, "soak_s": soak_s,
+                               "required_runway_s": required_s}
+    notes = [numbers["reserved"]] if numbers["reserved"] else []
+    if not soaks:
+        notes.append("GPU memory creep not judged: no soak stage ran")
+        return numbers, [], notes
+    if creep is None:
+        return numbers, [], notes
+    said = (f"GPU memory creeps {creep.mib_per_min:,.0f} MiB/min on {creep.gpu} through the soak (a line explains "
+            f"{creep.r2:.0%} of {creep.readings} readings over {_duration(creep.span_s)}): at this rate out of memory "
+            f"in {_duration(creep.runway_s)} ({creep.free_mib_at_end:,.0f} MiB free at the end)")
+    if creep.runway_s < required_s:
+        before = "before the end of another soak as long as the plan's" if creep.runway_s < soak_s else \
+            f"under the {resources.get('min_gpu_runway_h', 24.0):g} h runway required (min_gpu_runway_h)"
+        return numbers, [f"{said}, {before}: a leak or fragmentation outside the KV pool, which more GPUs only "
+                         "delay (gpu.jsonl, soak)"], notes
+    return numbers, [], [*notes, said]
 
 
 def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[str, float]]
@@ -200,13 +250,16 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
     if data.records.empty:
         return PillarResult(NOT_RUN, ["no request was recorded"]), []
     spells = down_spells(data)  # once: the stages, the crashes and the numbers read the same spells
+    growth = gpu_growth(data, spells)  # each GPU against its start-up baseline, read by stages and crashes
     table = []
     for stage in data.stages:
-        stats = stage_stats(data, index, stage, spells)
+        stats = stage_stats(data, index, stage, spells, growth)
         stats["problems"] = stage_problems(stats, limits)
         table.append(stats)
-    crashes = classify_crashes(data, (limits.get("resources") or {}).get("min_gpu_headroom_pct", 5.0), spells)
-    numbers: dict[str, Any] = {"stages": table, "crashes": crashes,
+    resources = limits.get("resources") or {}
+    crashes = classify_crashes(data, resources.get("max_gpu_growth_pct", 50.0), spells, growth)
+    memory, memory_reasons, memory_notes = gpu_memory_judgment(data, growth, resources)
+    numbers: dict[str, Any] = {"stages": table, "crashes": crashes, "gpu_memory": memory,
                                "health_spells": [s.to_dict() for s in spells]}
     reasons = []
     for crash in crashes:
@@ -215,6 +268,7 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
         reasons.append(f"{what} in stage {crash['stage']} ({crash['phase']}); "
                        f"{crash['conditions']['requests_in_flight']} requests in flight, "
                        f"{_largest_prompt(crash['conditions'])}; restart: {crash['restart']['detail']}")
+    reasons += memory_reasons
     saturated, saturated_within = _saturation(table, reasons)
     numbers["load_generator_saturated"] = [{"stage": s["stage"], "processes": saturated_processes(s)}
                                            for s in table if saturated_processes(s)]
@@ -240,4 +294,5 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
                        f"{', '.join(saturated_within)}: the latencies there are the client's as much as the "
                        "server's (within the SLOs even so)"] if saturated_within else []
     return PillarResult(PASS, [f"all {len(table)} stages within the SLOs and resource limits, no crash"
-                               + gpu_note] + ([drill] if drill else []) + saturation_note, numbers), table
+                               + gpu_note] + ([drill] if drill else []) + saturation_note + memory_notes,
+                        numbers), table

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from k3load.analysis import pillar_resources
+from k3load.analysis.gpu_growth import gpu_growth
 from k3load.analysis.gpu_memory import STALE_INTERVALS, gpu_identity, memory_curve, sampling_round_s
 from k3load.analysis.rundata import RunData
 
@@ -100,5 +101,9 @@ def test_a_crash_reads_the_memory_of_every_gpu_before_it(tmp_path: Path) -> None
     crash = 1796403680.0
     curve = pillar_resources._memory_curve(data, crash, span_s=10)
     assert len(curve) >= 19 and all(c["memory_used_mib"] > 8 * 184_320 + 25_000 for c in curve if -8 < c["t_rel_s"] < 4)
-    evidence = pillar_resources._memory_evidence(False, curve, data, headroom_pct=45.0)
-    assert evidence is not None and "of 2503067 MiB" in evidence.replace(",", "")
+    growth = gpu_growth(data, [])
+    # the H200 grew 25 GB over its first readings (18% of what was free): evidence under a 10% limit only;
+    # the sim's eight cards at their flat 62% are no evidence whatever the limit
+    evidence = pillar_resources._memory_evidence(False, growth, crash, growth_limit_pct=10.0)
+    assert evidence is not None and "grew 25195 MiB over its start-up baseline on vm GPU 0" in evidence.replace(",", "")
+    assert pillar_resources._memory_evidence(False, growth, crash, growth_limit_pct=50.0) is None

@@ -19,6 +19,7 @@ from typing import Any
 
 from k3load.sim.config import SimConfig
 from k3load.sim.generate import OutputPlan, Piece
+from k3load.sim.gpu_memory import GpuMemory
 from k3load.sim.metrics import SimMetrics
 from k3load.sim.prefix_cache import BlockPool, block_hashes, cacheable_hit_tokens
 
@@ -69,6 +70,7 @@ class Engine:
         self.config = config
         self.metrics = metrics
         self.pool = BlockPool(config.num_gpu_blocks)
+        self.memory = GpuMemory(config)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._wake = asyncio.Event()
@@ -76,6 +78,8 @@ class Engine:
 
     # -- the server's side -------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
+        if self.memory.serving_since is None:
+            self.memory.serving_since = time.monotonic()
         seq.hashes = block_hashes(seq.prompt_ids, self.config.block_size)
         self.waiting.append(seq)
         self._check_oom()
@@ -106,7 +110,9 @@ class Engine:
                 await self._wake.wait()
             cost_ms, emitted = self._step()
             await asyncio.sleep(self.config.time_s(cost_ms))
-            self._deliver(emitted, time.monotonic())
+            now = time.monotonic()
+            self._crash_if_oom(self.memory.creep_to(now))
+            self._deliver(emitted, now)
 
     # -- one step -------------------------------------------------------------------------------
     def _step(self) -> tuple[float, list[Sequence]]:
@@ -182,6 +188,7 @@ class Engine:
             seq.blocks, seq.computed = reused + fresh, hit_tokens
             self.running.append(seq)
             self._record_admission(seq, hit_tokens)
+            self._crash_if_oom(self.memory.prefill(seq.prefill_target - hit_tokens))
             chunk = self._prefill_chunk(seq, budget, emitted)
             budget -= chunk
             prefill += chunk
@@ -273,8 +280,7 @@ class Engine:
 
     def _publish_gauges(self) -> None:
         m = self.metrics
-        used_tokens = (self.pool.num_blocks - self.pool.num_free) * self.config.block_size
-        m.set_gpu_kv_tokens(used_tokens)
+        m.set_gpu_memory(self.memory.used_mib, self.memory.total_mib)  # the KV fill shows only in kv_usage
         if m.enabled:
             m.labels(m.running).set(len(self.running))
             m.labels(m.waiting).set(len(self.waiting))
@@ -294,6 +300,18 @@ class Engine:
                   f"{self.config.gpu_memory_mib / 1024:.2f} GiB of which {free_mib} MiB is free. "
                   f"(k3load sim: KV demand {demand} tokens > oom_kv_demand_tokens {limit})",
                   file=sys.stderr, flush=True)
+            os._exit(1)
+
+    def refresh_memory(self) -> None:
+        """The GPU gauges as of now (a scrape between steps, or while idle, sees the creep too)."""
+        self._crash_if_oom(self.memory.creep_to(time.monotonic()))
+        self.metrics.set_gpu_memory(self.memory.used_mib, self.memory.total_mib)
+
+    @staticmethod
+    def _crash_if_oom(message: str | None) -> None:
+        """A memory fault past the card: the process dies the way a CUDA OOM kills vLLM's engine."""
+        if message:
+            print(message, file=sys.stderr, flush=True)
             os._exit(1)
 
     def stats(self) -> dict[str, Any]:

@@ -155,7 +155,8 @@ class SimMetrics:
             "cache_hit_alignment_tokens": str(c.hybrid_block_size or "None"),
             "effective_attention_block_size": str(c.block_size),
             "enable_mamba_shared_prefix_checkpoint": str(bool(c.hybrid_block_size)),
-            "enable_prefix_caching": str(c.enable_prefix_caching), "gpu_memory_utilization": "0.92",
+            "enable_prefix_caching": str(c.enable_prefix_caching),
+            "gpu_memory_utilization": str(c.gpu_memory_utilization),
             "hash_block_size": "None", "is_attention_free": "False", "kv_cache_dtype_skip_layers": "[]",
             "kv_cache_layout": "None", "kv_cache_max_concurrency": f"{kv_tokens / c.max_model_len:.2f}",
             "kv_cache_memory_bytes": str(kv_tokens * c.kv_bytes_per_token), "kv_cache_size_tokens": str(kv_tokens),
@@ -184,16 +185,14 @@ class SimMetrics:
         self._gpu = [(used, free, {"gpu": str(i), "UUID": f"GPU-sim-{i:04d}", "device": f"nvidia{i}",
                                    "modelName": "SIMULATED GPU", "Hostname": "k3load-sim", "simulated": "true"})
                      for i in range(self.config.gpu_count)]
-        self.set_gpu_kv_tokens(0)
-
-    def set_gpu_kv_tokens(self, kv_tokens: int) -> None:
-        """Per-GPU memory = weights share + KV share (the KV pool is split evenly, as with TP)."""
         c = self.config
-        kv_mib = kv_tokens * c.kv_bytes_per_token / c.gpu_count / 2**20
+        self.set_gpu_memory(c.gpu_memory_utilization * c.gpu_memory_mib + c.gpu_context_mib, c.gpu_memory_mib)
+
+    def set_gpu_memory(self, used_mib: float, total_mib: float) -> None:
+        """Every simulated GPU shows the same use (k3load.sim.gpu_memory: vLLM's reservation, flat under load)."""
         for used, free, labels in self._gpu:
-            in_use = min(c.weights_mib_per_gpu + kv_mib, c.gpu_memory_mib)
-            used.labels(**labels).set(round(in_use))
-            free.labels(**labels).set(round(c.gpu_memory_mib - in_use))
+            used.labels(**labels).set(round(used_mib))
+            free.labels(**labels).set(round(total_mib - used_mib))
 
     @property
     def enabled(self) -> bool:

@@ -25,7 +25,7 @@ from k3load.sim import faults as fault_rules
 from k3load.sim import gateway, stream_parser
 from k3load.sim.config import SimConfig
 from k3load.sim.engine import Engine, Sequence
-from k3load.sim.generate import Piece, plan_output, truncate
+from k3load.sim.generate import OutputPlan, Piece, plan_output, truncate
 from k3load.sim.metrics import SimMetrics
 from k3load.sim.protocol import ApiError, ChunkWriter, completion, error_body, usage_body, validation_error
 from k3load.sim.request_checks import effective_max_tokens, validate_request
@@ -105,6 +105,7 @@ class SimServer:
     async def engine_prom(self, _request: web.Request) -> web.Response:
         """The engine's /metrics (also on the metrics port), held while the stall window is open."""
         await self.front.stall()
+        self.engine.refresh_memory()
         return web.Response(body=generate_latest(self.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -225,10 +226,18 @@ class SimServer:
             for _ in range(chunks):
                 self.metrics.count_parser(streaming, called)
 
+    def _think_s(self, plan: OutputPlan) -> float:
+        """Wall seconds of thinking added after each reasoning token: --think-ms spread over the answer's
+        reasoning tokens. Added on the wire (the engine's steps, KV and batch seats are not held longer)."""
+        tokens, think_ms = plan.reasoning_token_count, self.config.think_ms
+        return self.config.time_s(think_ms) / tokens if tokens > 0 and think_ms > 0 else 0.0
+
     async def _complete(self, seq: Sequence, writer: ChunkWriter) -> web.Response:
         pieces: list[Piece] = []
         while (item := (await seq.queue.get())[0]) is not None:
             pieces.append(item)
+        if think_s := self._think_s(seq.plan):
+            await asyncio.sleep(think_s * sum(1 for p in pieces if p.kind == "reasoning"))
         return web.json_response(completion(writer, seq.plan, pieces, self._usage(seq)))
 
     async def _stream(self, request: web.Request, body: dict[str, Any], seq: Sequence, writer: ChunkWriter,
@@ -239,6 +248,7 @@ class SimServer:
         cut_at = max(last // 2, 1)
         count = 0
         burst_s = fault.tool_args_burst_s  # vllm#50604: silence before the first tool-call delta
+        think_s = self._think_s(seq.plan)
         while (piece := (await seq.queue.get())[0]) is not None:
             if count == 0:
                 if fault.slow_first_token_s:
@@ -257,6 +267,8 @@ class SimServer:
                 await _send(resp, writer.finish(seq.plan.finish_reason, piece, seq.plan))
             elif (chunk := writer.delta(piece, seq.plan)) is not None:
                 await _send(resp, chunk)
+            if think_s and piece.kind == "reasoning":  # the first reasoning token on time, the answer later
+                await asyncio.sleep(think_s)
         if (body.get("stream_options") or {}).get("include_usage"):
             await _send(resp, writer.usage(self._usage(seq)))
         await resp.write(b"data: [DONE]\n\n")
