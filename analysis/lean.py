@@ -14,7 +14,7 @@ real `Attempt`s), in slots, with the repeated values shared:
 - repeated strings (stage, scenario, status, layers, hashes, user ids) are one object each.
 
 Dropped: the text (reasoning, content), the transport, the per-attempt inter-token percentiles and
-decode time, which no rule reads (the stage table reads `itl_mean_ms` from `RunData.records`).
+decode time, which no rule reads (the stage table reads `itl_mean_ms` and `ttfa_ms` from `RunData.records`).
 """
 
 from __future__ import annotations
@@ -73,6 +73,8 @@ class LeanAttempt:
     tool_call_max_gap_ms: float | None
     tool_call_deltas: int | None
     last_silence_ms: float | None
+    temperature: float | None = None  # as sent; with `seed`, what makes a repeat a new draw (analysis/clusters.py)
+    seed: int | None = None
 
 
 AnyAttempt = Attempt | LeanAttempt
@@ -174,4 +176,5 @@ def lean_attempt(record: dict[str, Any], shared: Interner) -> LeanAttempt:
         intern(finish, finish), http_status, get("error_body") if http_status == 400 else None,
         names, findings, valid, get("will_retry", False), get("drill", False), intern(layer, layer),
         get("control_pair"), intern(role, role), get("stream_pair"), intern(stream_role, stream_role),
-        get("tool_call_span_ms"), get("tool_call_max_gap_ms"), get("tool_call_deltas"), get("last_silence_ms"))
+        get("tool_call_span_ms"), get("tool_call_max_gap_ms"), get("tool_call_deltas"), get("last_silence_ms"),
+        get("temperature"), get("seed"))

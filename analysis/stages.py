@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from k3load.analysis.clusters import request_cluster
+from k3load.analysis.gpu_growth import GPU_NOISE_MIB, GpuGrowth, gpu_growth, stage_figures
 from k3load.analysis.health import DownSpell, down_spells
 from k3load.analysis.pillar import percentiles
 from k3load.analysis.restart_drill import planned_down, planned_windows
@@ -27,25 +29,13 @@ QUEUED_S = 2.0  # latency over its SLO while requests waited at least this long 
 def _latency(frame: pd.DataFrame) -> dict[str, float | None]:
     ok = frame[frame["status"] == "ok"]
     out: dict[str, float | None] = {}
-    for column, label in (("ttft_ms", "ttft"), ("itl_mean_ms", "itl"), ("e2e_ms", "e2e")):
+    # ttfa: the first answer token after any reasoning; only streamed answers have one (none: unknown, None)
+    for column, label in (("ttft_ms", "ttft"), ("ttfa_ms", "ttfa"), ("itl_mean_ms", "itl"), ("e2e_ms", "e2e")):
         known = ok[column].dropna()
         values = known.to_numpy() if known.dtype == np.float64 else [float(v) for v in known]
         for q, value in zip((50, 95, 99), percentiles(values, (0.50, 0.95, 0.99)), strict=True):
             out[f"{label}_p{q}_ms"] = value
     return out
-
-
-def _gpu(data: RunData, t0: float, t1: float) -> dict[str, Any]:
-    gpu = data.gpu
-    if gpu.empty or "ts" not in gpu:
-        return {"gpu_memory_peak_mib": None, "gpu_headroom_min_pct": None, "gpu_simulated": None}
-    rows = gpu[(gpu["ts"] >= t0) & (gpu["ts"] <= t1) & gpu["memory_used_mib"].notna()]
-    if rows.empty:
-        return {"gpu_memory_peak_mib": None, "gpu_headroom_min_pct": None, "gpu_simulated": None}
-    headroom = (1 - rows["memory_used_mib"] / rows["memory_total_mib"]) * 100
-    return {"gpu_memory_peak_mib": float(rows["memory_used_mib"].max()),
-            "gpu_headroom_min_pct": float(headroom.min()),
-            "gpu_simulated": bool(rows.get("simulated", pd.Series([False])).fillna(False).any())}
 
 
 def sampler_process(data: RunData) -> str:
@@ -101,15 +91,19 @@ def _errors(frame: pd.DataFrame, spells: list[DownSpell]) -> dict[str, Any]:
     mask = _load_errors(frame) & ~down
     errors = frame[mask]
     layers = errors["primary_layer"].fillna("unknown").value_counts()
+    # Per attempt, not per distinct request (docs/verdict-rules.md): a load error (5xx, 429, a timeout, a cut
+    # stream) is the server's state when the attempt was sent, not its prompt's, and the same bytes sent again
+    # fail or not on their own. The distinct requests are said beside it.
     rate = wilson(int(mask.sum()), int((~down).sum()))
     return {"errors": int(mask.sum()), "error_rate": rate.value, "error_rate_ci95": [rate.low, rate.high],
+            "error_rate_distinct_requests": int(request_cluster(frame[~down]).nunique()),
             "sent_while_down": int(down.sum()),
             "errors_by_layer": {str(k): int(v) for k, v in sorted(layers.items())},
             "error_kinds": _error_kinds(errors) if len(errors) else {}}
 
 
-def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: list[DownSpell] | None = None
-                ) -> dict[str, Any]:
+def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: list[DownSpell] | None = None,
+                growth: GpuGrowth | None = None) -> dict[str, Any]:
     t0, t1 = stage.start_ts, stage.end_ts
     frame = data.records[(data.records["stage"] == stage.name) & ~data.records["drill"].astype(bool)]
     planned = planned_windows(data)  # the restart drill's down on purpose is not the stage's
@@ -146,7 +140,7 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
         # The engine's own gauges, not any vllm:* series: with --disable-log-stats vLLM 0.32 still
         # serves vllm:tool_call_parser_invocations_total, and KV, queue and preemptions are unknown.
         "metrics_present": kv is not None or waiting is not None or running is not None,
-        **_gpu(data, t0, t1),
+        **stage_figures(growth if growth is not None else gpu_growth(data, spells), t0, t1),
     }
 
 
@@ -157,6 +151,8 @@ def _over(value: float | None, limit: float) -> bool:
 # (stats key, plan section, limit key, rule id, signal, reason template)
 LIMIT_RULES = (
     ("ttft_p95_ms", "slo", "ttft_p95_ms", "slo.ttft_p95", "latency", "TTFT p95 {v:.0f} ms > {lim:.0f} ms"),
+    ("ttfa_p95_ms", "slo", "ttfa_p95_ms", "slo.ttfa_p95", "latency",
+     "TTFA p95 {v:.0f} ms > {lim:.0f} ms (first answer token, after the reasoning)"),
     ("itl_p95_ms", "slo", "itl_p95_ms", "slo.itl_p95", "latency", "ITL p95 {v:.0f} ms > {lim:.0f} ms"),
     ("e2e_p95_ms", "slo", "e2e_p95_ms", "slo.e2e_p95", "latency", "e2e p95 {v:.0f} ms > {lim:.0f} ms"),
     ("waiting_sustained_s", "resources", "max_waiting_sustained_s", "resources.waiting_sustained", "resource",
@@ -177,8 +173,40 @@ def _error_breach(stats: dict[str, Any], limit: float) -> dict[str, Any] | None:
     layers = ", ".join(f"{k} {v}" for k, v in stats["errors_by_layer"].items())
     kinds = ", ".join(f"{k} x{v}" for k, v in list(stats["error_kinds"].items())[:3])
     return breach("slo.error_rate", "errors", stats["error_rate"], limit,
-                  f"error rate {stats['error_rate']:.1%} (95% CI from {low:.1%}) > {limit:.1%} "
+                  f"error rate {stats['error_rate']:.1%} (95% CI from {low:.1%}, over "
+                  f"{stats['attempts'] - stats.get('sent_while_down', 0):,} attempts of "
+                  f"{stats.get('error_rate_distinct_requests', '?')} distinct requests: a load error is drawn per "
+                  f"attempt) > {limit:.1%} "
                   f"(by layer: {layers}; {kinds})", f"records.jsonl stage={stats['stage']}")
+
+
+def gpu_problems(stats: dict[str, Any], resources: dict[str, float]) -> list[dict[str, Any]]:
+    """GPU memory against what the load added (analysis/gpu_growth.py), never against vLLM's reservation:
+    growth over the start-up baseline beyond `max_gpu_growth_pct` of what was free then; headroom under
+    `min_gpu_headroom_pct` of the card only where the load took it there (a card reserved below the floor at
+    start is said with the pass, not judged); free memory at the peak that could not hold another jump as
+    large as the largest seen."""
+    if stats.get("gpu_growth_max_pct") is None:
+        return []
+    out, where = [], f"gpu.jsonl stage={stats['stage']}"
+    grown, limit = stats["gpu_growth_max_pct"], resources["max_gpu_growth_pct"]
+    if grown > limit and stats["gpu_growth_max_mib"] >= GPU_NOISE_MIB:
+        out.append(breach("resources.gpu_growth", "resource", grown, limit,
+                          f"GPU memory grew {stats['gpu_growth_max_mib']:,.0f} MiB over its start-up baseline on "
+                          f"{stats['gpu_growth_gpu']} ({grown:.0f}% of what was free after start-up) > {limit:.0f}%",
+                          where))
+    headroom, floor = stats["gpu_headroom_min_pct"], resources["min_gpu_headroom_pct"]
+    if headroom < floor <= stats["gpu_baseline_headroom_min_pct"]:
+        out.append(breach("resources.gpu_headroom", "resource", headroom, floor,
+                          f"GPU memory headroom fell to {headroom:.1f}% < {floor:.0f}% (from "
+                          f"{stats['gpu_baseline_headroom_min_pct']:.1f}% after start-up)", where))
+    jump, free = stats.get("gpu_largest_jump_mib") or 0.0, stats["gpu_free_min_mib"]
+    if jump >= GPU_NOISE_MIB and free < jump:
+        out.append(breach("resources.gpu_jump", "resource", free, jump,
+                          f"only {free:,.0f} MiB free on {stats['gpu_free_min_gpu']} at the stage's peak, less than "
+                          f"the largest jump seen ({jump:,.0f} MiB between two readings): another as large would "
+                          "not fit", where))
+    return out
 
 
 def stage_problems(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
@@ -197,10 +225,7 @@ def stage_problems(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -
             source = "records.jsonl" if section == "slo" else "metrics.jsonl"
             problems.append(breach(rule_id, signal, stats[key], limit, text.format(v=stats[key], lim=limit),
                                    f"{source} {where}"))
-    headroom, floor = stats.get("gpu_headroom_min_pct"), limits["resources"]["min_gpu_headroom_pct"]
-    if headroom is not None and headroom < floor:
-        problems.append(breach("resources.gpu_headroom", "resource", headroom, floor,
-                               f"GPU memory headroom fell to {headroom:.1f}% < {floor:.0f}%", f"gpu.jsonl {where}"))
+    problems += gpu_problems(stats, limits["resources"])
     if stats.get("server_down_events"):
         problems.append(breach("stability.server_down", "stability", stats["server_down_events"], 0,
                                f"server down {stats['server_down_events']} time(s)", f"events.jsonl {where}"))
