@@ -82,8 +82,6 @@ def test_stored_bodies_keep_the_declared_order_all_the_way_down(path):
         assert [list(key_orders(a)) for a in sent] == [list(key_orders(a)) for a in declared], where
 
 
-@pytest.mark.xfail(strict=True, reason="k3load/workload/scenario.py _as_text serialises a tool result with "
-                   "sort_keys=True; drop it (and this mark) so tool results go out as declared too")
 def test_replayed_tool_results_keep_the_declared_order():
     data = yaml.safe_load((ROOT / "scenarios" / "agent_weather_trip.yaml").read_text())
     body = _stored(data["name"])[-1]

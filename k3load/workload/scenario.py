@@ -222,4 +222,4 @@ def execute_tool(scenario: Scenario, name: str, arguments: dict[str, Any]) -> st
 
 
 def _as_text(result: Any) -> str:
-    return result if isinstance(result, str) else json.dumps(result, sort_keys=True, separators=(",", ":"))
+    return result if isinstance(result, str) else json.dumps(result, separators=(",", ":"))
