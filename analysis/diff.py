@@ -4,12 +4,13 @@
     k3load diff runs/accepted runs/candidate --json   # one JSON object
 
 What it compares: the two verdicts, pillar statuses and limits side by side; per stage (matched by
-name) throughput and TTFT / ITL / e2e p50 and p95 with 95% intervals and a "changed beyond noise" flag;
-per scenario and turn, with A as the reference, tool-call trigger precision / recall / F1, tool-name
-agreement, argument schema accuracy, structured-output validity and the finish-reason mix
-(analysis/agreement.py defines each). Exit code 0 when no rule shows B worse than A beyond the
-thresholds of B's plan (`thresholds.diff`, defaults in analysis/pillar.py), DIFF_WORSE_EXIT when one
-does, 2 for input that is not two run directories with records.
+name) throughput and TTFT / TTFA (first answer token, after the reasoning) / ITL / e2e p50 and p95 with
+95% intervals and a "changed beyond noise" flag; per scenario and turn, with A as the reference, tool-call
+trigger precision / recall / F1, tool-name agreement, argument schema accuracy, structured-output
+validity and the finish-reason mix (analysis/agreement.py defines each). Exit code 0 when no rule
+shows B worse than A beyond the thresholds of B's plan (`thresholds.diff`, defaults in
+analysis/pillar.py), DIFF_WORSE_EXIT when one does, 2 for input that is not two run directories with
+records.
 
 Why these intervals. A percentile's interval is the distribution-free order-statistic interval: the
 sorted values between which the true percentile lies with 95% probability, from the binomial count of
@@ -47,7 +48,7 @@ if TYPE_CHECKING:  # pandas is imported only when a diff runs, not by every `k3l
     from k3load.analysis.rundata import RunData
 
 DIFF_WORSE_EXIT = 6  # B worse than A beyond the plan's thresholds (the verdict codes are 0, 3, 4, 5; errors 2)
-LATENCIES = (("ttft_ms", "ttft"), ("itl_mean_ms", "itl"), ("e2e_ms", "e2e"))
+LATENCIES = (("ttft_ms", "ttft"), ("ttfa_ms", "ttfa"), ("itl_mean_ms", "itl"), ("e2e_ms", "e2e"))
 QUANTILES = (0.5, 0.95)
 
 
@@ -183,6 +184,8 @@ def _stage_rules(stages: list[dict[str, Any]], limits: dict[str, float]) -> list
             if not latency and not measure.endswith("_per_s"):
                 continue
             rule_id = f"diff.{'latency' if latency else 'throughput'}.{row['stage']}.{measure}"
+            if a["value"] is None and b["value"] is None and measure.startswith("ttfa"):
+                continue  # no answer token timed in either run (not streamed, or recorded before TTFA was)
             if not a["ci95"] or not b["ci95"]:
                 rules.append(RuleResult(rule_id, "diff", INCONCLUSIVE, f"{row['stage']} {measure}: inconclusive, "
                                         "because a run has fewer than 2 answers in the stage", evidence=("records",)))

@@ -17,8 +17,9 @@ from k3load.analysis.pillar_resources import SATURATED_CPU_PCT
 
 LABELS = {"go": "導入可 — go", "limited": "制限付き観察 — limited", "rebuild": "環境再構築 — rebuild",
           "scale_up": "リソース増強 — scale_up"}
-STAGE_COLUMNS = ("stage", "kind", "users", "attempts", "error_rate", "requests_per_s", "ttft_p95_ms", "itl_p95_ms",
-                 "e2e_p95_ms", "kv_usage_max", "waiting_sustained_s", "preemptions", "gpu_memory_peak_mib")
+STAGE_COLUMNS = ("stage", "kind", "users", "attempts", "error_rate", "requests_per_s", "ttft_p95_ms",
+                 "ttfa_p95_ms", "itl_p95_ms", "e2e_p95_ms", "kv_usage_max", "waiting_sustained_s", "preemptions",
+                 "gpu_memory_peak_mib")
 CONTROL_COLUMNS = ("pair", "role", "turn", "status", "prompt_tokens", "cached_tokens", "ttft_ms", "e2e_ms", "valid",
                    "failed_checks")
 
@@ -74,8 +75,8 @@ def _ramp(j: Any) -> str:
     r = j.ramp
     if not r["steps"]:
         return "## Ramp\n\nNo concurrency steps in this plan.\n\n"
-    cols = ("stage", "users", "requests_per_s", "output_tokens_per_s", "ttft_p95_ms", "e2e_p95_ms", "error_rate",
-            "waiting_max", "kv_usage_max", "preemptions", "within_limits")
+    cols = ("stage", "users", "requests_per_s", "output_tokens_per_s", "ttft_p95_ms", "ttfa_p95_ms", "e2e_p95_ms",
+            "error_rate", "waiting_max", "kv_usage_max", "preemptions", "within_limits")
     return (f"## Ramp\n\nKnee: **{fmt(r['knee_users'])} users** ({fmt(r['knee_stage'])}); ran out first: "
             f"{fmt(r['ran_out_first'])}.\n\n" + table(r["steps"], cols) + "\n")
 

@@ -36,7 +36,7 @@ from k3load.events import Event
 from k3load.workload.plan import Plan, PlanError, parse_plan
 
 RECORD_COLUMNS = ("attempt_id", "chain_id", "attempt", "stage", "scenario", "family", "turn", "turn_kind",
-                  "status", "send_ts", "first_token_ts", "end_ts", "ttft_ms", "itl_mean_ms", "e2e_ms",
+                  "status", "send_ts", "first_token_ts", "end_ts", "ttft_ms", "ttfa_ms", "itl_mean_ms", "e2e_ms",
                   "prompt_tokens", "completion_tokens", "cached_tokens", "max_tokens", "valid", "drill",
                   "will_retry", "prefix_sha256", "request_sha256", "request_bytes", "http_status", "error", "user_id",
                   "primary_layer", "control_pair", "control_role")

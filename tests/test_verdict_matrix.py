@@ -88,6 +88,13 @@ def _cadence_details(verdict: dict) -> None:
     assert cadence["over_limit"] > 0 and cadence["max_gap_ms"]["max"] > 900, cadence  # 20,000 model ms at 0.05
 
 
+def _thinking_details(verdict: dict) -> None:
+    """Every stage timed its first answer tokens, after the reasoning (TTFT does not show the thinking)."""
+    stages = [s for s in verdict["pillars"]["resources"]["numbers"]["stages"] if s["attempts"]]
+    assert stages and all(s["ttfa_p95_ms"] > s["ttft_p95_ms"] and s["ttfa_p50_ms"] >= 150 for s in stages), stages
+    assert any(p["id"] == "slo.ttfa_p95" for s in stages for p in s["problems"])
+
+
 def _statuses(**changed: str) -> dict[str, str]:
     return ALL_PASS | changed
 
@@ -171,6 +178,10 @@ CASES = {
     "latency-slo-without-a-queue": Case(
         [], "limited", _statuses(resources="fail"), ("verdict", "resources: fail"),
         thresholds={"slo": {"ttft_p95_ms": 1.0}}),
+    # K3 thinks before it answers (issue 25): 1,500 model ms of thinking (0.15 s here) is judged on TTFA, not TTFT.
+    "long-thinking-judged-on-ttfa": Case(
+        ["--think-ms", "1500"], "limited", _statuses(resources="fail"), ("resources", "TTFA p95"),
+        thresholds={"slo": {"ttfa_p95_ms": 100.0}}, check=_thinking_details),
     "production-recipe-on-the-sim": Case([], "rebuild", _statuses(compat="fail", resources="*", prefix_cache="*",
                                                                   agent_api="*"), ("compat", "target_not_sim")),
 }

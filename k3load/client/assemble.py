@@ -16,6 +16,8 @@ are tested here on real captures without any socket. Rules, each from a real wir
   arrival of every chunk that carried a tool-call part (an id, a name or argument text), so a call
   held back and sent whole after a silence (vllm#50604) shows as such. A `"tool_calls": []` array,
   an empty `"arguments": ""`, or an id or name repeated (vLLM's `"name": null`) adds nothing.
+  `answered` turns true with the first chunk that adds content or a tool-call part (not reasoning):
+  the client reads it only until then, to time the first answer token after any thinking.
 Shapes that break the protocol raise AssemblyError (a typed error the client reports as malformed),
 never a KeyError or TypeError.
 """
@@ -47,7 +49,7 @@ class _CallParts:
 class Assembler:
     """Accumulates the chunks of one streamed answer, or takes one non-streamed body."""
 
-    __slots__ = ("_calls", "_content", "_reasoning", "error", "finish_reason", "response_id", "usage")
+    __slots__ = ("_calls", "_content", "_reasoning", "answered", "error", "finish_reason", "response_id", "usage")
 
     def __init__(self) -> None:
         self._reasoning: list[str] = []
@@ -57,6 +59,7 @@ class Assembler:
         self.response_id: str | None = None
         self.usage: dict[str, Any] | None = None
         self.error: dict[str, Any] | None = None  # the first in-band error object
+        self.answered = False  # a chunk added content or a tool-call part (not only reasoning)
 
     # -- streaming --------------------------------------------------------------------------------
     def add(self, chunk: dict[str, Any]) -> int:
@@ -99,6 +102,7 @@ class Assembler:
         if text:
             self._content.append(_text(text, "content"))
             token = TEXT
+            self.answered = True
         calls = delta.get("tool_calls")
         if calls:
             if type(calls) is not list:
@@ -106,6 +110,7 @@ class Assembler:
             for item in calls:
                 if self._tool_delta(item):
                     token |= TOOL_PART
+                    self.answered = True
         return token
 
     def _tool_delta(self, item: Any) -> bool:

@@ -8,10 +8,12 @@ the runner's job, so nothing here retries.
 Timing: every `*_ts` is epoch seconds from one perf_counter clock anchored once to time.time(), so
 intervals between them are monotonic and exact while the values still join with other wall-clock
 timelines. One timestamp per socket read: every token-bearing chunk decoded from a read gets the
-time of that read (`chunk_ts`); `first_token_ts` is the first of them; `first_byte_ts` is when the
-status line and headers were in; `first_event_ts` the read that held the stream's first SSE event
-(vLLM's role chunk: prefill done). `tool_chunk_idx` marks the chunks that carried a tool-call part,
-so a call held back and sent whole after a silence is told from one streamed piece by piece.
+time of that read (`chunk_ts`); `first_token_ts` is the first of them, `first_answer_ts` the first
+that added content or a tool-call part (after any reasoning: what a user of an agent waits for);
+`first_byte_ts` is when the status line and headers were in; `first_event_ts` the read that held the
+stream's first SSE event (vLLM's role chunk: prefill done). `tool_chunk_idx` marks the chunks that
+carried a tool-call part, so a call held back and sent whole after a silence is told from one streamed
+piece by piece.
 
 The answer ends at `data: [DONE]`, as OpenAI's SDK reads it: the client stops reading there and
 `end_ts` is that read's time. The message's own end (the chunked body's last chunk) usually comes with
@@ -259,13 +261,14 @@ class _Exchange:
     def _stream(self, resp: ResponseStream) -> None:
         """THE hot loop: one clock read per socket read, events decoded from it, chunks applied.
 
-        Per token-bearing chunk it adds one test of what the chunk added (a tool-call part or not);
-        per read, one test of whether the first event is still to come (bench/client_cost.py: no change
-        beyond its noise) and one of whether the stream ended or failed (bench/peers.py --baseline: CPU
-        per chunk 0.93-1.02x the tree before, within its noise)."""
+        Per token-bearing chunk it adds one test of what the chunk added (a tool-call part or not) and
+        one of whether the first answer token is still to come (while the answer is only reasoning, one
+        read of the assembler's `answered` too); per read, one test of whether the first event is still
+        to come (bench/client_cost.py: no change beyond its noise) and one of whether the stream ended or
+        failed (bench/peers.py --baseline: CPU per chunk 0.93-1.02x the tree before, within its noise)."""
         clock, result, asm = self.clock, self.result, self.asm
         decoder, add, chunk_ts = SSEDecoder(self.limits.line_bytes), asm.add, result.chunk_ts
-        tool_idx, tool_part, no_event = result.tool_chunk_idx, TOOL_PART, True
+        tool_idx, tool_part, no_event, no_answer = result.tool_chunk_idx, TOOL_PART, True, True
         received, check_at, text_cap = 0, self.limits.body_bytes, self.limits.body_bytes
         floor = result.first_byte_ts or result.send_ts  # stamps never go back in time (see below)
         reads = resp.reads()
@@ -294,6 +297,8 @@ class _Exchange:
                     elif got := add(event):  # type: ignore[arg-type]
                         if got & tool_part:
                             tool_idx.append(len(chunk_ts))
+                        if no_answer and asm.answered:
+                            result.first_answer_ts, no_answer = t, False
                         chunk_ts.append(t)
             except (SSEError, AssemblyError) as exc:
                 self._malformed(exc)
@@ -346,6 +351,8 @@ class _Exchange:
                 if event is not DONE and (got := self.asm.add(event)):  # type: ignore[arg-type]
                     if got & TOOL_PART:
                         result.tool_chunk_idx.append(len(result.chunk_ts))
+                    if result.first_answer_ts is None and self.asm.answered:
+                        result.first_answer_ts = t
                     result.chunk_ts.append(t)
         except (SSEError, AssemblyError) as exc:
             self._malformed(exc)

@@ -48,6 +48,10 @@ class StreamResult:
     end_ts: float
     first_byte_ts: float | None = None
     first_token_ts: float | None = None  # first chunk adding reasoning, content or a tool call
+    # First chunk adding content or a tool-call part (not reasoning): what a user of an agent waits for.
+    # The same as first_token_ts when the answer did not think first; None when nothing but reasoning
+    # came, and when not streamed.
+    first_answer_ts: float | None = None
     chunk_ts: list[float] = field(default_factory=list)  # arrival of every token-bearing chunk
     # Indices into chunk_ts of the chunks that added a tool-call part (an id, a name or argument text):
     # one per argument piece when a parser streams a call (K2), one per call when it holds each call

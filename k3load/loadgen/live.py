@@ -229,7 +229,8 @@ class LiveState:
             self._judging = None
 
 
-LATENCY_KEYS = ("ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "e2e_p50_ms", "e2e_p95_ms")
+LATENCY_KEYS = ("ttft_p50_ms", "ttft_p95_ms", "ttfa_p50_ms", "ttfa_p95_ms", "itl_p50_ms", "itl_p95_ms", "e2e_p50_ms",
+                "e2e_p95_ms")
 
 
 def _provisional(run_dir: Path, judge: Callable[[Path], Judgment] | None, stage: str) -> tuple[dict[str, Any], dict]:

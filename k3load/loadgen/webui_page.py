@@ -50,6 +50,7 @@ async function tick(){let s;try{s=await (await fetch('state',{cache:'no-store'})
    (st.left_s===null?'set by hand':`${num(st.left_s,0)} s left`):'\\u2013'],
   ['users',g.users],['requests/s',num(g.requests_per_s,2)],
   ['TTFT p50 / p95 ms',num(g.ttft_p50_ms,0)+' / '+num(g.ttft_p95_ms,0)],
+  ['first answer token (TTFA) p50 / p95 ms',num(g.ttfa_p50_ms,0)+' / '+num(g.ttfa_p95_ms,0)],
   ['ITL p50 / p95 ms',num(g.itl_p50_ms,0)+' / '+num(g.itl_p95_ms,0)],
   ['e2e p50 / p95 ms',num(g.e2e_p50_ms,0)+' / '+num(g.e2e_p95_ms,0)],
   ['KV cache usage',g.kv_usage==null?'\\u2013':num(g.kv_usage*100,1)+'%'],

@@ -140,6 +140,9 @@ class SimConfig:
     prefill_ms_per_token: float = knob(0.02, "prefill cost per uncached prompt token, model ms")
     # Output shape
     reasoning_tokens: int = knob(12, "tokens of reasoning before each answer (0: no reasoning field)")
+    think_ms: float = knob(0.0, "thinking time, model ms: added to the reasoning's own decode time, spread evenly over "
+                                "each answer's reasoning tokens (its first answer token comes this much later; needs "
+                                "--reasoning-tokens > 0; 0: none)")
     answer_tokens_min: int = knob(16, "shortest plain answer in tokens")
     answer_tokens_max: int = knob(64, "longest plain answer in tokens")
     tool_call_style: str = knob("k3", "k3: each call whole in one delta; k2: name first, then argument pieces")
