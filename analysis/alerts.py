@@ -1,7 +1,7 @@
 """`alerts.yaml`: Prometheus alerting rules for after go-live, from the limits this run accepted.
 
 Why generated: the thresholds that were proven here (KV ceiling, concurrency, input length, queue,
-TTFT SLO, GPU headroom) are exactly what must page someone when production drifts past them; the
+TTFT SLO, GPU memory growth) are exactly what must page someone when production drifts past them; the
 spec's rollback conditions (recurring OOM, persistent cache pressure, tool-call failures, leaving the
 official requirements) become rules too. Series names are vLLM's and dcgm-exporter's.
 
@@ -57,6 +57,8 @@ class Accepted:
     input_bucket: PromptBucket | None
     input_note: str
     notes: list[str] = field(default_factory=list)  # YAML comments: fallbacks and omitted alerts
+    gpu_free_floor_mib: float | None = None  # free memory below which a GPU has grown past what was accepted
+    gpu_note: str = ""
 
 
 def _kv(judgment: Any, plan_max: float) -> tuple[float, bool, str]:
@@ -118,6 +120,20 @@ def _input(judgment: Any) -> tuple[int | None, PromptBucket | None, str]:
         f"the accepted {limit} tokens, read from vLLM's prompt-length bucket le={le:.0f} ({rounding})"
 
 
+def _gpu_floor(judgment: Any, growth_pct: float) -> tuple[float | None, str]:
+    """The free memory a GPU may fall to: its start-up baseline (vLLM's reservation, flat on a healthy node)
+    less the growth the plan accepts, taken from the GPU that had least free. Never the card's share: a
+    headroom alert on a reserved card fires on every healthy node, a pager storm."""
+    resources = judgment.pillars.get("resources") if hasattr(judgment, "pillars") else None
+    baselines = ((resources.numbers if resources else {}).get("gpu_memory") or {}).get("baselines") or []
+    if not baselines:
+        return None, "no GPU memory was read in this run: no start-up baseline to alert against"
+    free = min(max(b["total_mib"] - b["used_mib"], 0.0) for b in baselines)
+    floor = free * (1 - growth_pct / 100)
+    return floor, (f"{floor:,.0f} MiB free: the least free memory of any GPU after start-up ({free:,.0f} MiB, "
+                   f"vLLM's reservation included) less the plan's max_gpu_growth_pct ({growth_pct:g}%)")
+
+
 def accepted(judgment: Any) -> Accepted:
     limits = thresholds(judgment.data.plan.thresholds if judgment.data.plan else None)
     kv, measured, kv_note = _kv(judgment, limits["resources"]["max_kv_usage"])
@@ -128,12 +144,26 @@ def accepted(judgment: Any) -> Accepted:
         notes.append(f"K3ConcurrencyAboveAccepted omitted: {users_note}, so no concurrency was accepted.")
     if bucket is None:
         notes.append(f"K3InputAboveAccepted omitted: {input_note}.")
-    return Accepted(limits, kv, measured, kv_note, users, users_note, tokens, bucket, input_note, notes)
+    floor, gpu_note = _gpu_floor(judgment, limits["resources"]["max_gpu_growth_pct"])
+    notes.append(f"K3GPUMemoryGrowth: {gpu_note}." if floor is not None else
+                 f"K3GPUMemoryGrowth omitted: {gpu_note} (K3GPUMemoryCreep still watches the trend).")
+    return Accepted(limits, kv, measured, kv_note, users, users_note, tokens, bucket, input_note, notes, floor,
+                    gpu_note)
 
 
 def _rule(name: str, expr: str, duration: str, severity: str, summary: str) -> dict[str, Any]:
     return {"alert": name, "expr": expr, "for": duration, "labels": {"severity": severity, "source": "k3load"},
             "annotations": {"summary": summary}}
+
+
+def _gpu_rules(acc: Accepted) -> list[dict[str, Any]]:
+    """GPU memory past what the run accepted: the free memory under its floor (vLLM's reservation is the
+    baseline, never the alarm)."""
+    if acc.gpu_free_floor_mib is None:
+        return []
+    return [_rule("K3GPUMemoryGrowth", f"min(DCGM_FI_DEV_FB_FREE) < {acc.gpu_free_floor_mib:.0f}", "5m", "critical",
+                  f"a GPU's free memory fell under {acc.gpu_note}: memory grew outside the KV pool "
+                  "(recurring OOM is a rollback condition)")]
 
 
 def _limit_rules(acc: Accepted) -> list[dict[str, Any]]:
@@ -155,7 +185,7 @@ def _limit_rules(acc: Accepted) -> list[dict[str, Any]]:
 def rules(judgment: Any, acc: Accepted | None = None) -> list[dict[str, Any]]:
     acc = acc or accepted(judgment)
     res, slo = acc.limits["resources"], acc.limits["slo"]
-    headroom = res["min_gpu_headroom_pct"] / 100
+    runway_s = max(res["min_gpu_runway_h"], 1.0) * 3600
     return [
         _rule("K3KVCachePressure", f"max(vllm:kv_cache_usage_perc) > {acc.kv_ceiling:g}", "5m", "warning",
               f"KV cache usage above {acc.kv_ceiling:.1%} for 5 minutes: {acc.kv_note}"),
@@ -170,8 +200,12 @@ def rules(judgment: Any, acc: Accepted | None = None) -> list[dict[str, Any]]:
               "prefix-cache hit ratio collapsed (persistent cache pressure is a rollback condition)"),
         _rule("K3TTFTAboveSLO", "histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket"
               f"[5m]))) > {slo['ttft_p95_ms'] / 1000:.3f}", "10m", "warning", "TTFT p95 above the accepted SLO"),
-        _rule("K3GPUMemoryHeadroom", f"min(DCGM_FI_DEV_FB_FREE / (DCGM_FI_DEV_FB_FREE + DCGM_FI_DEV_FB_USED)) < "
-              f"{headroom:.3f}", "5m", "critical", "GPU memory headroom below the accepted minimum"),
+        *_gpu_rules(acc),
+        # A steady fall of free memory over an hour, projected: the leak the soak rule judges. Two hours of it:
+        # a restart's own drop from an empty card to the reservation leaves the hour's window within the hour.
+        _rule("K3GPUMemoryCreep", f"min(predict_linear(DCGM_FI_DEV_FB_FREE[1h], {runway_s:.0f})) < 0", "2h",
+              "warning", f"at the last hour's trend a GPU runs out of memory within {runway_s / 3600:g} h "
+              "(min_gpu_runway_h): memory creeping outside vLLM's KV pool (a leak or fragmentation)"),
         _rule("K3ServerRestarts", "changes(process_start_time_seconds{job=~\".*vllm.*\"}[1h]) > 1", "0m", "critical",
               "the server restarted more than once in an hour: recurring OOM or crash is a rollback condition"),
         _rule("K3ToolCallParserNoCalls", "sum(rate(vllm:tool_call_parser_invocations_total{outcome=\"no_tool_call\"}"

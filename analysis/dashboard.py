@@ -55,16 +55,22 @@ def _quantile(q: float, bucket: str) -> str:
 
 
 def _memory_panels(acc: Accepted) -> list[dict[str, Any]]:
-    floor = acc.limits["resources"]["min_gpu_headroom_pct"]
+    """Used and free per GPU. vLLM reserves its KV pool at start (--gpu-memory-utilization), so "used" sits near
+    that share from the first scrape, flat: the line to watch is free memory against the run's floor (what was
+    free after start-up less the accepted growth), and its trend, not the card's share."""
     source = ("dcgm-exporter's series, as k3load's sampler reads them from a dcgm-exporter URL (it reads NVML "
               "directly on a local host; production Prometheus sees the exporter)")
+    floor = acc.gpu_free_floor_mib
+    said = (f"Red: {acc.gpu_note} (alert K3GPUMemoryGrowth)." if floor is not None else
+            f"No floor drawn: {acc.gpu_note}.")
     return [
-        _panel("GPU memory used", f"DCGM_FI_DEV_FB_USED per GPU (MiB): {source}.", "mbytes",
+        _panel("GPU memory used", f"DCGM_FI_DEV_FB_USED per GPU (MiB): flat at vLLM's start-up reservation on a "
+               f"healthy node; the KV cache's fill shows in KV cache usage, not here. {source}.", "mbytes",
                [(f"DCGM_FI_DEV_FB_USED{{{GPU}}}", "{{Hostname}} GPU {{gpu}}")], []),
-        _panel("GPU memory headroom", f"Free share of each GPU's framebuffer; the accepted minimum is the plan's "
-               f"min_gpu_headroom_pct ({floor:g}%), as alert K3GPUMemoryHeadroom. {source}.", "percent",
-               [(f"100 * DCGM_FI_DEV_FB_FREE{{{GPU}}} / (DCGM_FI_DEV_FB_FREE{{{GPU}}} + DCGM_FI_DEV_FB_USED{{{GPU}}})",
-                 "{{Hostname}} GPU {{gpu}}")], [(floor, "green")], below_is_bad=True),
+        _panel("GPU memory free", f"DCGM_FI_DEV_FB_FREE per GPU (MiB). {said} A steady fall is a creep (alert "
+               f"K3GPUMemoryCreep). {source}.", "mbytes",
+               [(f"DCGM_FI_DEV_FB_FREE{{{GPU}}}", "{{Hostname}} GPU {{gpu}}")],
+               [(floor, "red")] if floor is not None else [], below_is_bad=True),
     ]
 
 

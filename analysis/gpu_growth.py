@@ -142,7 +142,9 @@ def gpu_growth(data: RunData, spells: list[DownSpell]) -> GpuGrowth:
         used, source, after = found
         total = float(rows["total"].iloc[0])
         baselines.append(Baseline(str(name), starts[life], used, total, source))
-        jump = rows["used"][after].diff().reindex(rows.index).fillna(0.0)  # start-up's own climb is no jump
+        # from the last baseline reading on: the step into load counts, start-up's own climb does not
+        since = after | after.shift(-1, fill_value=False)
+        jump = rows["used"][since].diff().reindex(rows.index).fillna(0.0)
         parts.append(rows.assign(base_used_mib=used, base_free_mib=max(total - used, 0.0),
                                  growth_mib=rows["used"] - used, jump_mib=jump))
     readings = pd.concat(parts).sort_values("ts", kind="mergesort") if parts else table.iloc[0:0]

@@ -22,7 +22,8 @@ DEFAULT_THRESHOLDS: dict[str, dict[str, float]] = {
     "slo": {"ttft_p95_ms": 3000.0, "ttfa_p95_ms": 30000.0, "itl_p95_ms": 250.0, "e2e_p95_ms": 60000.0,
             "max_error_rate": 0.02},
     "resources": {"max_waiting_sustained_s": 10.0, "max_preemptions_per_min": 5.0, "max_kv_usage": 0.98,
-                  "min_gpu_headroom_pct": 5.0, "max_drain_s": 10.0, "max_restart_s": 600.0},
+                  "min_gpu_headroom_pct": 5.0, "max_gpu_growth_pct": 50.0, "min_gpu_runway_h": 24.0,
+                  "max_drain_s": 10.0, "max_restart_s": 600.0},
     "prefix_cache": {"min_warm_hit_ratio": 0.3, "min_latency_gain": 0.1, "min_reuse_of_design": 0.5},
     # `k3load diff A B`: how much worse B may be than A before the command exits non-zero (analysis/diff.py)
     "diff": {"min_comparable_attempts": 20, "min_trigger_f1": 0.9, "min_tool_name_agreement": 0.9,

@@ -12,14 +12,16 @@ from typing import Any
 RAMP_COLUMNS = ("stage", "users", "attempts", "requests_per_s", "output_tokens_per_s", "ttft_p50_ms",
                 "ttft_p95_ms", "ttft_p99_ms", "ttfa_p50_ms", "ttfa_p95_ms", "ttfa_p99_ms", "itl_p50_ms", "itl_p95_ms",
                 "itl_p99_ms", "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms", "error_rate", "waiting_max",
-                "waiting_sustained_s", "kv_usage_max", "preemptions", "gpu_memory_peak_mib", "gpu_headroom_min_pct")
+                "waiting_sustained_s", "kv_usage_max", "preemptions", "gpu_memory_peak_mib", "gpu_headroom_min_pct",
+                "gpu_growth_max_mib", "gpu_growth_max_pct")
 
 
 # The resource each rule is evidence of, in the order "what ran out first" is read: a step that
 # breached KV and latency ran out of KV (the latency followed from it).
 EXHAUSTED_BY_RULE = (
     ("resources.kv_usage", "KV cache"), ("resources.preemptions", "KV cache"),
-    ("resources.waiting_sustained", "scheduler queue"), ("resources.gpu_headroom", "GPU memory"),
+    ("resources.waiting_sustained", "scheduler queue"), ("resources.gpu_growth", "GPU memory"),
+    ("resources.gpu_jump", "GPU memory"), ("resources.gpu_headroom", "GPU memory"),
     ("stability.server_down", "server stability"), ("slo.error_rate", "error rate"),
     ("stability.health_flap", "health check"), ("slo.ttft_p95", "latency SLO"), ("slo.ttfa_p95", "latency SLO"),
     ("slo.itl_p95", "latency SLO"), ("slo.e2e_p95", "latency SLO"),

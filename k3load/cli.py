@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "model vLLM's behaviour; they are never evidence for a production verdict.")
     sim_cli.add_arguments(sim)
     sim.set_defaults(func=sim_cli.run)
-    samples = sub.add_parser("samples", help="write or check the request bodies the scenarios send, in their declared key order",
+    samples = sub.add_parser("samples", help="write or check the request bodies scenarios send (declared key order)",
                              description=stored_requests_cli.__doc__)
     stored_requests_cli.add_arguments(samples)
     samples.set_defaults(func=stored_requests_cli.run)

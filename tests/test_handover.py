@@ -88,6 +88,17 @@ def _scrape(base: dict[str, float | None], ts: float, kv: float, running: int) -
     return json.dumps({"ts": ts, "ok": True, "vllm_series": len(samples), "samples": samples})
 
 
+CARD_MIB, RESERVED_MIB = 294_912.0, 281_702.0  # a 288 GiB card at vLLM's 0.95 plus its CUDA context: 95.5% used
+
+
+def _reserved(t0: float, t1: float) -> list[dict[str, Any]]:
+    """Two GPUs as dcgm-exporter shows a healthy vLLM node: the start-up reservation, flat every second."""
+    return [{"ts": float(ts), "source": "dcgm:http://gpu-node-1:9400/metrics", "node": "gpu-node-1", "gpu": g,
+             "uuid": f"GPU-{g}", "memory_used_mib": RESERVED_MIB, "memory_total_mib": CARD_MIB,
+             "memory_free_mib": CARD_MIB - RESERVED_MIB, "simulated": False} for ts in range(int(t0) - 3, int(t1) + 1)
+            for g in (0, 1)]
+
+
 def _write_run(run: Path, raw_stages: list[dict[str, Any]], kv: dict[str, float],
                prompts: dict[str, list[int | None]]) -> None:
     base = parse((WIRE / "metrics_end.txt").read_text()).samples
@@ -101,7 +112,9 @@ def _write_run(run: Path, raw_stages: list[dict[str, Any]], kv: dict[str, float]
         events.append({"ts": t0, "event": "stage_start", "stage": stage.name, "kind": stage.kind, "users": stage.users})
         metrics += [_scrape(base, t0 + s + 0.5, kv[stage.name], stage.users) for s in range(int(stage.duration_s))]
         records += [_attempt(stage.name, n, t0 + 1 + n, p) for n, p in enumerate(prompts.get(stage.name, []))]
-    events.append({"ts": 1000 + parse_plan(plan, "plan").duration_s, "event": "run_end"})
+    end = 1000 + parse_plan(plan, "plan").duration_s
+    events.append({"ts": end, "event": "run_end"})
+    (run / "gpu.jsonl").write_text("".join(json.dumps(row) + "\n" for row in _reserved(1000, end)))
     (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     (run / "metrics.jsonl").write_text("".join(m + "\n" for m in metrics))
     (run / "records.jsonl").write_text("".join(r + "\n" for r in records))
@@ -265,11 +278,44 @@ def test_dashboard_is_grafana_json_with_the_runs_limits_as_thresholds(runs):
                            ("End-to-end latency", "e2e_p95_ms")):
             assert _lines(panels[title]) == [slo[key] / 1000], (name, title)
         assert _lines(panels["Preemptions per minute"]) == [res["max_preemptions_per_min"]]
-        assert _lines(panels["GPU memory headroom"]) == [res["min_gpu_headroom_pct"]]
+        floor = [] if name == "bare" else [(CARD_MIB - RESERVED_MIB) * (1 - res["max_gpu_growth_pct"] / 100)]
+        assert _lines(panels["GPU memory free"]) == floor, name  # the reservation's free memory, less the growth
         assert "vLLM exports no tool-call schema-failure metric" in \
             panels["Tool-call parser: outputs with no tool call"]["description"]
     assert "No accepted concurrency drawn: no concurrency step held within limits" in \
         {p["title"]: p for p in _panels(runs["unloaded"])}["Requests running and waiting"]["description"]
+
+
+def test_gpu_alerts_never_page_on_a_reserved_node_and_page_on_growth_and_creep(runs, tmp_path):
+    """vLLM's reservation (95.5% used from start to end) is the baseline: a day of it never fires either GPU alert;
+    free memory under the run's floor (the reservation's free less max_gpu_growth_pct) fires K3GPUMemoryGrowth;
+    a steady fall that would empty the card within min_gpu_runway_h fires K3GPUMemoryCreep after two hours of it;
+    a restart (an empty card, then the reservation again) fires neither."""
+    promtool = _tool("promtool")
+    shutil.copy(runs["held"] / "alerts.yaml", tmp_path / "alerts.yaml")
+    rules, free = _rules(runs["held"]), CARD_MIB - RESERVED_MIB
+    floor = float(re.search(r"< ([0-9.]+)$", rules["K3GPUMemoryGrowth"]["expr"]).group(1))
+    assert floor == round(free * (1 - DEFAULT_THRESHOLDS["resources"]["max_gpu_growth_pct"] / 100))
+    assert "K3GPUMemoryHeadroom" not in rules  # the card's share is no alarm on a node vLLM reserved
+    series = 'DCGM_FI_DEV_FB_FREE{Hostname="gpu-node-1",gpu="0"}'
+    cases = {  # free memory, one sample a minute
+        "reserved": (f"{free}x1440", [("K3GPUMemoryGrowth", "1440m", None), ("K3GPUMemoryCreep", "1440m", None)]),
+        "grown": (f"{free}x30 {floor - 1}x30", [("K3GPUMemoryGrowth", "30m", None),
+                                               ("K3GPUMemoryGrowth", "40m", {})]),
+        "creeping": (f"{free}-10x300", [("K3GPUMemoryCreep", "100m", None), ("K3GPUMemoryCreep", "200m", {})]),
+        "restarted": (f"{free}x60 {CARD_MIB}x5 {free}x300", [("K3GPUMemoryCreep", "300m", None),
+                                                            ("K3GPUMemoryGrowth", "300m", None)]),
+    }
+    groups = [{"interval": "1m", "input_series": [{"series": series, "values": values}],
+               "alert_rule_test": [_alert_case(rules, name, at, labels) for name, at, labels in checks]}
+              for values, checks in cases.values()]
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump({"rule_files": ["alerts.yaml"], "evaluation_interval": "1m",
+                                                        "tests": groups}))
+    run = subprocess.run([promtool, "test", "rules", str(tmp_path / "test.yaml")], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0 and "SUCCESS" in run.stdout, run.stdout + run.stderr
+    summary = rules["K3GPUMemoryGrowth"]["annotations"]["summary"]
+    assert f"{free:,.0f} MiB, vLLM's reservation included" in summary, summary
 
 
 def test_outputs_are_stable_bytes_and_signed(runs, tmp_path):

@@ -67,6 +67,13 @@ class FaultProfile:
     prefix_cache_never_hits: bool = knob(False, "fault: prefix caching reported on but never hits")
     metrics_disabled: bool = knob(False, "fault: as vLLM 0.32 with --disable-log-stats, only the tool-parser counter "
                                          "on /metrics, no other vllm:* series")
+    gpu_memory_creep_mib_per_s: float = knob(0.0, "fault: memory outside the KV pool grows this many MiB per GPU "
+                                                   "per wall second once serving began (a leak, fragmentation), "
+                                                   "never given back; past the card: a CUDA OOM crash (0: off)")
+    prefill_spike_mib_per_1k_tokens: float = knob(0.0, "fault: prefilling a prompt needs a buffer of this many MiB "
+                                                        "per GPU per 1,000 prompt tokens outside the profiled "
+                                                        "reservation; PyTorch's caching allocator keeps its high-"
+                                                        "water mark; past the card: a CUDA OOM crash (0: off)")
     oom_kv_demand_tokens: int = knob(0, "fault: crash with a CUDA-OOM line when queued+running KV demand passes this "
                                         "(0: off)")
     health_flap_period_s: float = knob(0.0, "fault: /health alternates 200 and 503 every N wall seconds since start, "
@@ -150,7 +157,12 @@ class SimConfig:
     # Simulated GPU memory (dcgm-exporter names, labelled simulated)
     gpu_count: int = knob(8, "simulated GPUs (DCGM_FI_DEV_FB_* gauges, labelled simulated)")
     gpu_memory_mib: int = knob(288 * 1024, "simulated memory per GPU, MiB")
-    weights_mib_per_gpu: int = knob(180 * 1024, "simulated weight memory per GPU, MiB")
+    weights_mib_per_gpu: int = knob(180 * 1024, "simulated weight memory per GPU, MiB (inside the reservation)")
+    gpu_memory_utilization: float = knob(0.9, "share of each card vLLM reserves at start for weights, activations "
+                                              "and the KV pool (vLLM's --gpu-memory-utilization, default 0.9; the "
+                                              "K3 recipe's 0.95): 'used' sits there from the first scrape, flat "
+                                              "under load")
+    gpu_context_mib: int = knob(1536, "memory per GPU outside the reservation (CUDA context, NCCL buffers), MiB")
     kv_bytes_per_token: int = knob(70_000, "simulated KV bytes per token across all GPUs")
     faults: FaultProfile = field(default_factory=FaultProfile)
 
@@ -209,6 +221,7 @@ def validate(config: SimConfig) -> None:
     for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_model_len", "max_num_batched_tokens"):
         if getattr(config, name) <= 0:
             raise ProfileError(f"{name} must be positive")
+    _validate_memory(config)
     if config.answer_tokens_min > config.answer_tokens_max:
         raise ProfileError("answer_tokens_min must not exceed answer_tokens_max")
     if f.hostile_json_shape not in (*HOSTILE_JSON_SHAPES, "mixed"):
@@ -233,3 +246,20 @@ def _validate_wire(config: SimConfig) -> None:
                            f"got {config.metrics_port}")
     if config.metrics_port > 0 and config.metrics_port == config.port:
         raise ProfileError("metrics_port must differ from port")
+
+
+def _validate_memory(config: SimConfig) -> None:
+    """vLLM refuses to start when the weights leave no room for a KV pool inside the reservation."""
+    if not 0.0 < config.gpu_memory_utilization <= 1.0:
+        raise ProfileError(f"gpu_memory_utilization must be within (0, 1], got {config.gpu_memory_utilization}")
+    if config.gpu_context_mib < 0 or config.weights_mib_per_gpu < 0:
+        raise ProfileError("gpu_context_mib and weights_mib_per_gpu must not be negative")
+    reserved = config.gpu_memory_utilization * config.gpu_memory_mib
+    if config.weights_mib_per_gpu >= reserved:
+        raise ProfileError(f"weights_mib_per_gpu {config.weights_mib_per_gpu} leaves no KV pool inside "
+                           f"gpu_memory_utilization {config.gpu_memory_utilization} of {config.gpu_memory_mib} MiB")
+    if reserved + config.gpu_context_mib > config.gpu_memory_mib:
+        raise ProfileError("gpu_memory_utilization x gpu_memory_mib + gpu_context_mib exceeds the card")
+    f = config.faults
+    if f.gpu_memory_creep_mib_per_s < 0 or f.prefill_spike_mib_per_1k_tokens < 0:
+        raise ProfileError("faults.gpu_memory_creep_mib_per_s and prefill_spike_mib_per_1k_tokens must not be negative")
