@@ -59,6 +59,7 @@ class Accepted:
     notes: list[str] = field(default_factory=list)  # YAML comments: fallbacks and omitted alerts
     gpu_free_floor_mib: float | None = None  # free memory below which a GPU has grown past what was accepted
     gpu_note: str = ""
+    ttfa_note: str = ""  # the first answer token after the reasoning: no vLLM series, said rather than alerted
 
 
 def _kv(judgment: Any, plan_max: float) -> tuple[float, bool, str]:
@@ -134,6 +135,18 @@ def _gpu_floor(judgment: Any, growth_pct: float) -> tuple[float | None, str]:
                    f"vLLM's reservation included) less the plan's max_gpu_growth_pct ({growth_pct:g}%)")
 
 
+def _ttfa(judgment: Any, slo_ms: float) -> str:
+    """What the run measured of TTFA. vLLM exports no series for it (`vllm:time_to_first_token_seconds` stops at
+    the first reasoning token, vllm/v1/metrics/loggers.py), so no alert can watch it in production."""
+    table = getattr(judgment, "stage_table", None) or []
+    seen = [(s["ttfa_p95_ms"], s["stage"]) for s in table if s.get("ttfa_p95_ms") is not None]
+    measured = (f"measured here at up to {max(seen)[0]:,.0f} ms (stage {max(seen)[1]})" if seen else
+                "not measured in this run (no streamed answer)")
+    return (f"time to the first answer token after the reasoning (TTFA) has no vLLM series (its TTFT ends at the "
+            f"first reasoning token): the accepted slo.ttfa_p95_ms is {slo_ms:,.0f} ms, {measured}; re-run k3load "
+            "against production to watch it")
+
+
 def accepted(judgment: Any) -> Accepted:
     limits = thresholds(judgment.data.plan.thresholds if judgment.data.plan else None)
     kv, measured, kv_note = _kv(judgment, limits["resources"]["max_kv_usage"])
@@ -147,8 +160,10 @@ def accepted(judgment: Any) -> Accepted:
     floor, gpu_note = _gpu_floor(judgment, limits["resources"]["max_gpu_growth_pct"])
     notes.append(f"K3GPUMemoryGrowth: {gpu_note}." if floor is not None else
                  f"K3GPUMemoryGrowth omitted: {gpu_note} (K3GPUMemoryCreep still watches the trend).")
+    ttfa_note = _ttfa(judgment, limits["slo"]["ttfa_p95_ms"])
+    notes.append(f"No TTFA alert: {ttfa_note}.")
     return Accepted(limits, kv, measured, kv_note, users, users_note, tokens, bucket, input_note, notes, floor,
-                    gpu_note)
+                    gpu_note, ttfa_note)
 
 
 def _rule(name: str, expr: str, duration: str, severity: str, summary: str) -> dict[str, Any]:

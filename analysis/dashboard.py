@@ -110,7 +110,7 @@ def _engine_panels(acc: Accepted) -> list[dict[str, Any]]:
 def _latency_panels(acc: Accepted) -> list[dict[str, Any]]:
     slo = acc.limits["slo"]
     rows = (("Time to first token", "vllm:time_to_first_token_seconds_bucket", "ttft_p95_ms",
-             " (alert K3TTFTAboveSLO)"),
+             f" (alert K3TTFTAboveSLO). Its first token may be reasoning: {acc.ttfa_note}"),
             ("Inter-token latency", "vllm:inter_token_latency_seconds_bucket", "itl_p95_ms", ""),
             ("End-to-end latency", "vllm:e2e_request_latency_seconds_bucket", "e2e_p95_ms", ""))
     return [_panel(title, f"p50 and p95 from {bucket} (interpolated within vLLM's buckets); red: the plan's "

@@ -280,6 +280,10 @@ def test_dashboard_is_grafana_json_with_the_runs_limits_as_thresholds(runs):
         assert _lines(panels["Preemptions per minute"]) == [res["max_preemptions_per_min"]]
         floor = [] if name == "bare" else [(CARD_MIB - RESERVED_MIB) * (1 - res["max_gpu_growth_pct"] / 100)]
         assert _lines(panels["GPU memory free"]) == floor, name  # the reservation's free memory, less the growth
+        assert f"the accepted slo.ttfa_p95_ms is {slo['ttfa_p95_ms']:,.0f} ms" in \
+            panels["Time to first token"]["description"]  # TTFA: said, as vLLM has no series for it
+        assert "# No TTFA alert: time to the first answer token after the reasoning (TTFA) has no vLLM series" in \
+            (run / "alerts.yaml").read_text()
         assert "vLLM exports no tool-call schema-failure metric" in \
             panels["Tool-call parser: outputs with no tool call"]["description"]
     assert "No accepted concurrency drawn: no concurrency step held within limits" in \
