@@ -27,6 +27,7 @@ evidence there (pillar_resources).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -220,7 +221,19 @@ def memory_before(growth: GpuGrowth, ts: float, span_s: float = 60.0) -> dict[st
             "used_share": float((rows["used"] / rows["total"]).max())}
 
 
-def reservation_text(growth: GpuGrowth, cache_config: dict[str, str]) -> str | None:
+KV_MEMORY_LINE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")  # vllm/v1/worker/gpu_worker.py
+KV_SIZE_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens")  # vllm/v1/core/kv_cache_utils.py
+
+
+def startup_kv(text: str) -> str | None:
+    """What vLLM's start-up log says of the KV pool it reserved, as the reason quotes it; None: not said."""
+    memory, size = KV_MEMORY_LINE.search(text), KV_SIZE_LINE.search(text)
+    said = ([f"KV cache memory {memory.group(1)} GiB"] if memory else []) + \
+        ([f"{size.group(1)} KV cache size {size.group(2)} tokens"] if size else [])
+    return f"the start-up log says {', '.join(said)}" if said else None
+
+
+def reservation_text(growth: GpuGrowth, cache_config: dict[str, str], startup_log: str = "") -> str | None:
     """What the server reserved at start, as the reason says it (never judged as pressure)."""
     first = [b for b in growth.baselines if b.life_start_ts == -math.inf] or growth.baselines
     if not first:
@@ -232,4 +245,6 @@ def reservation_text(growth: GpuGrowth, cache_config: dict[str, str]) -> str | N
     said = f", vLLM's --gpu-memory-utilization {utilization}" if utilization not in (None, "", "None") else \
         " (vLLM reserves its KV pool at start; vllm:cache_config_info not scraped)"
     pool = f", {int(blocks):,} KV blocks" if blocks not in (None, "", "None") and str(blocks).isdigit() else ""
-    return f"reserved at start: {share} of each card{said}{pool}; judged on what the load added to it"
+    log = startup_kv(startup_log)
+    return f"reserved at start: {share} of each card{said}{pool}{f' ({log})' if log else ''}; judged on what the " \
+           "load added to it"

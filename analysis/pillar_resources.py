@@ -204,6 +204,17 @@ def _soak_windows(data: RunData) -> list[tuple[float, float]]:
     return [(s.start_ts, min(s.end_ts, stopped.get(s.name) or s.end_ts)) for s in data.stages if s.kind == "soak"]
 
 
+def _startup_log(data: RunData) -> str:
+    """The vLLM start-up log the precheck saved (DIR/evidence/startup.log), its head only: the KV lines come
+    before the server listens."""
+    path = data.path / "evidence" / "startup.log"
+    try:
+        with path.open("rb") as handle:
+            return handle.read(1 << 20).decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min" if seconds >= 90 \
         else f"{seconds:.0f} s"
@@ -220,7 +231,8 @@ def gpu_memory_judgment(data: RunData, growth: GpuGrowth, resources: dict[str, f
     creep = soak_creep(growth, soaks)
     soak_s = sum(t1 - t0 for t0, t1 in soaks)
     required_s = max(resources.get("min_gpu_runway_h", 24.0) * 3600, soak_s)
-    numbers: dict[str, Any] = {"judged": True, "reserved": reservation_text(growth, cache_config(data)),
+    numbers: dict[str, Any] = {"judged": True, "reserved": reservation_text(growth, cache_config(data),
+                                                                            _startup_log(data)),
                                "baselines": [{"gpu": b.gpu, "used_mib": b.used_mib, "total_mib": b.total_mib,
                                               "source": b.source,
                                               "life_start_ts": None if math.isinf(b.life_start_ts) else b.life_start_ts}

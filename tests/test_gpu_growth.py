@@ -18,6 +18,7 @@ from k3load.analysis.rundata import RunData, StageWindow
 from k3load.analysis.stages import gpu_problems
 from k3load.sim.config import ProfileError, SimConfig, validate
 from k3load.sim.gpu_memory import GpuMemory
+from k3load.sim.server import startup_kv_lines
 
 CARD = 294_912.0  # a 288 GiB card
 RESERVED = 0.95 * CARD + 1536  # vLLM at --gpu-memory-utilization 0.95, plus its CUDA context: 95.5% used
@@ -166,3 +167,14 @@ def test_the_sims_memory_is_the_reservation_whatever_the_kv_fill() -> None:
 def test_a_memory_the_engine_could_not_start_with_is_refused(changes: dict[str, Any]) -> None:
     with pytest.raises(ProfileError):
         validate(SimConfig(**{"gpu_memory_utilization": 0.95} | changes))
+
+
+def test_the_reason_quotes_what_vllm_said_it_reserved() -> None:
+    """The start-up log's KV lines, as vLLM writes them (and the sim prints them), join cache_config_info's labels."""
+    log = "\n".join(startup_kv_lines(SimConfig(gpu_memory_utilization=0.95)))
+    growth = gpu_growth(_data(_rows({float(t): RESERVED for t in range(0, 20)})), [])
+    text = reservation_text(growth, {"gpu_memory_utilization": "0.95"}, log)
+    assert text is not None and text.startswith("reserved at start: 95.5% of each card, vLLM's "
+                                                "--gpu-memory-utilization 0.95 (the start-up log says KV cache "
+                                                "memory 1.07 GiB, GPU KV cache size 131,072 tokens)")
+    assert "vllm:cache_config_info not scraped" in (reservation_text(growth, {}) or "")

@@ -299,6 +299,17 @@ def _error(status: int, message: str, err_type: str) -> web.Response:
     return web.json_response(error_body(status, message, err_type), status=status)
 
 
+def startup_kv_lines(config: SimConfig) -> list[str]:
+    """vLLM's own start-up lines about the KV pool it reserved (vllm/v1/worker/gpu_worker.py
+    `determine_available_memory`, vllm/v1/core/kv_cache_utils.py), so a run reads the sim's reservation where
+    it reads a real server's."""
+    tokens = config.num_gpu_blocks * config.block_size
+    pool_gib = tokens * config.kv_bytes_per_token / config.gpu_count / 2**30  # one worker's share, as vLLM logs it
+    return [f"INFO [gpu_worker.py:760] Available KV cache memory: {pool_gib:.2f} GiB",
+            f"INFO [kv_cache_utils.py:2328] GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
+            f"{config.max_model_len:,} tokens per request: {tokens / config.max_model_len:.2f}x"]
+
+
 async def serve(config: SimConfig, ready: asyncio.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM; prints the URL once listening (port 0 picks a free one)."""
     server = SimServer(config)
@@ -308,6 +319,8 @@ async def serve(config: SimConfig, ready: asyncio.Event | None = None) -> None:
     await site.start()
     host, port = runner.addresses[0][:2]
     metrics_runner = await _start_metrics_port(server, config) if config.metrics_port else None
+    for line in startup_kv_lines(config):
+        print(line, flush=True)
     print(f"k3load sim (a stand-in, never evidence) listening on http://{host}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
