@@ -210,7 +210,7 @@ def agreement(reference: dict[str, Any], attempts: list[AnyAttempt]) -> dict[str
         "schema_accuracy": _compared(_rate(reference.get("schema")),
                                      rate_by_request(calls, [schema_ok(a) for a in calls])),
         "structured_output_validity": _compared(_rate(reference.get("structured_output")),
-                                                rate_by_request(judged, [v for _, v in judged])),
+                                                rate_by_request([a for a, _ in judged], [v for _, v in judged])),
         "finish_reasons": {"reference": _mix(reference.get("finish_reasons") or {}),
                            "run": _mix(dict(Counter(str(a.finish_reason) for a in answers)))},
         "by_turn": [rows[k] for k in sorted(rows)],

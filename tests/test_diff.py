@@ -31,12 +31,18 @@ STAGES = [
     {"name": "load", "kind": "load", "duration_s": 4, "users": 4, "mix": {"agent": 1}},
     {"name": "concurrency", "kind": "concurrency", "duration_s": 2, "steps": [2, 6], "mix": {"agent": 1}},
 ]
-SKIP = ["--skip-tool-call-rate", "0.5"]
+SKIP = ["--skip-tool-call-rate", "0.8"]  # per request body at temperature 0: most of the 17 tool-call requests
 # The plans' `thresholds.diff.min_relative_change` (default 0.25) set to this CI machine's run-to-run
 # noise, as analysis/diff.py means it to be set: in a clean-clone run with nothing beside it, the e2e p95
 # of the 2-s c2 step (about 30 answers) went from 95 to 126 ms (+33%) between the two identical runs,
 # intervals apart. Within-run intervals cannot see such a shift; the knob is for the host's noise.
-NOISE = {"diff": {"min_relative_change": 0.5}}
+# The agreement thresholds at 85%, not the default 90%: every interval counts distinct requests
+# (docs/verdict-rules.md), and these runs send the agent family's 27 distinct requests (17 of them tool-call
+# turns) over and over at temperature 0. Perfect agreement over 17 requests has an F1 interval from 0.8985:
+# it can clear 85%, never 90%. The skipping model's F1 must then fall clearly under 85%.
+AGREE = 0.85
+NOISE = {"diff": {"min_relative_change": 0.5, "min_trigger_f1": AGREE},
+         "agent_api": {"min_reference_trigger_f1": AGREE, "min_valid_rate": AGREE}}
 
 
 def _run(base: Path, name: str, sim_args: list[str], reference: Path | None = None) -> Path:
@@ -78,7 +84,7 @@ def test_healthy_pair_agrees_with_nothing_changed_beyond_noise(runs):
     assert result["thresholds"]["min_relative_change"] == NOISE["diff"]["min_relative_change"]
     trigger = result["agreement"]["trigger"]
     assert result["agreement"]["comparable"] >= 20 and trigger["tp"] > 0 and trigger["tn"] > 0
-    assert trigger["f1"] >= 0.99 and trigger["f1_ci95"][0] >= 0.9 and trigger["recall"]["rate"] >= 0.99, trigger
+    assert trigger["f1"] >= 0.99 and trigger["f1_ci95"][0] >= AGREE and trigger["recall"]["rate"] >= 0.99, trigger
     assert result["agreement"]["tool_name_agreement"]["rate"] == 1.0
     schema = result["agreement"]["schema_accuracy"]
     assert schema["reference"]["n"] > 0 and schema["drop_ci95"][0] <= 0 <= schema["drop_ci95"][1]
@@ -101,7 +107,7 @@ def test_a_model_that_skips_tool_calls_loses_recall_and_fails_the_diff(runs):
     result = json.loads(done.stdout)
     assert done.returncode == 6 == result["exit_code"], result["worse"]
     trigger = result["agreement"]["trigger"]
-    assert trigger["fn"] > 0 and trigger["recall"]["ci95"][1] < 0.9 and trigger["precision"]["rate"] == 1.0, trigger
+    assert trigger["fn"] > 0 and trigger["recall"]["ci95"][1] < AGREE and trigger["precision"]["rate"] == 1.0, trigger
     assert any("trigger F1" in w for w in result["worse"])
     skipped = [t for t in result["agreement"]["by_turn"] if t["reference_label"] == "tool_call" and t["fn"]]
     assert skipped and result["agreement"]["disagreeing_by_layer"] == {"model_output": trigger["fn"]}
@@ -147,7 +153,7 @@ def test_analyze_reference_rejudges_a_run_without_running_it_again(runs, tmp_pat
     agent = json.loads((b / "verdict.json").read_text())["pillars"]["agent_api"]
     rules = {r["id"]: r for r in agent["numbers"]["rules"]}
     assert rules["agent.reference_trigger_f1"]["status"] == "pass", done.stdout
-    assert rules["agent.reference_trigger_f1"]["interval"][0] >= 0.9
+    assert rules["agent.reference_trigger_f1"]["interval"][0] >= AGREE
     assert agent["numbers"]["reference"]["path"] == str(runs["a"].resolve())
     assert "reference.json" in (b / "manifest.sha256").read_text()  # the reference record is signed with the run
     bad = subprocess.run([sys.executable, "-m", "k3load", "analyze", str(b), "--reference", str(tmp_path)],

@@ -169,11 +169,15 @@ def test_client_going_away_frees_its_kv(start_sim, client):
     assert total(samples, "vllm:request_success_total", finished_reason="abort") == 1
 
 
-def test_simulated_gpu_memory_is_labelled_and_follows_kv(start_sim, client):
+def test_simulated_gpu_memory_is_labelled_and_stays_at_vllms_reservation_while_kv_fills(start_sim, client):
+    """vLLM reserves --gpu-memory-utilization of each card at start (Worker.determine_available_memory): the sim's
+    DCGM gauges sit there from the first scrape and stay there while a request fills the KV pool, whose fill
+    shows only in vllm:kv_cache_usage_perc; cache_config_info says the same share."""
     t = _target(start_sim("--step-base-ms", "40"))
     idle = scrape(t, client)
     used_idle = total(idle, "DCGM_FI_DEV_FB_USED", gpu="0", simulated="true")
-    assert used_idle > 0 and total(idle, "k3load_sim_info") == 1
+    assert used_idle == round(0.9 * 288 * 1024 + 1536) and total(idle, "k3load_sim_info") == 1
+    assert total(idle, "vllm:cache_config_info", gpu_memory_utilization="0.9") == 1
     with client.stream("POST", f"{t.base_url}/v1/chat/completions", json={
             "model": "tiny", "stream": True, "max_tokens": 200, "ignore_eos": True,
             "messages": [{"role": "system", "content": long_system_prompt()}, {"role": "user", "content": "q"}]}
@@ -183,5 +187,5 @@ def test_simulated_gpu_memory_is_labelled_and_follows_kv(start_sim, client):
         busy = scrape(t, client)
         for _ in lines:
             pass
-    assert total(busy, "DCGM_FI_DEV_FB_USED", gpu="0") > used_idle
+    assert total(busy, "DCGM_FI_DEV_FB_USED", gpu="0") == used_idle
     assert total(busy, "vllm:kv_cache_usage_perc") > 0

@@ -36,6 +36,11 @@ STAGES = [
      "mix": {"agent": 2, "shared_prefix": 1, "cold": 1, "long_input": 1}},
 ]
 ALL_PASS = {"compat": "pass", "resources": "pass", "prefix_cache": "pass", "agent_api": "pass"}
+# Every row's plan: the agent valid rate against 90%, not the default 95%. Its interval counts distinct requests
+# (docs/verdict-rules.md, the unit of evidence): 100% valid clears 95% only from 73 distinct requests, and these
+# short rows send 47-88 (the salted cold family's requests are most of them, fewer on a slower machine), so a
+# healthy row would hang on the machine's speed; 90% needs 35. The rows judge the verdict's logic, not the default.
+BASE_THRESHOLDS = {"agent_api": {"min_valid_rate": 0.9}}
 
 
 @dataclass
@@ -203,7 +208,7 @@ CASES = {
     # K3 thinks before it answers (issue 25): 4,000 model ms of thinking (0.2 s at 0.05) is judged on TTFA, not TTFT
     # (the slower answers leave fewer distinct requests: agent_api may not decide, and need not here).
     "long-thinking-judged-on-ttfa": Case(
-        ["--think-ms", "4000"], "limited", _statuses(resources="fail", agent_api="*"), ("resources", "TTFA p95"),
+        ["--think-ms", "4000"], "limited", _statuses(resources="fail"), ("resources", "TTFA p95"),
         thresholds={"slo": {"ttfa_p95_ms": 150.0}}, check=_thinking_details),
     # GPU memory as vLLM uses it (issue 25): the reservation is flat from the first scrape; only what the load
     # adds is judged. The sim's DCGM gauges are read from its /metrics (labelled simulated).
@@ -242,7 +247,9 @@ def _run_case(name: str, case: Case, base: Path) -> tuple[dict, int]:
         scenarios = short_control_prompt(tmp_path / "scenarios") if case.short_prompt else "scenarios/*.yaml"
         recipe = "recipes/kimi-k3.yaml" if name == "production-recipe-on-the-sim" else "recipes/local-dev.yaml"
         verdict, code, _ = accept(start_sim, tmp_path, case.sim, recipe=recipe, scenarios=scenarios, stages=STAGES,
-                                  options=case.options, thresholds=case.thresholds)
+                                  options=case.options,
+                                  thresholds={k: BASE_THRESHOLDS.get(k, {}) | case.thresholds.get(k, {})
+                                              for k in BASE_THRESHOLDS.keys() | case.thresholds.keys()})
         return verdict, code
     finally:
         for sim in sims:
