@@ -19,7 +19,7 @@ LABELS = {"go": "導入可 — go", "limited": "制限付き観察 — limited",
           "scale_up": "リソース増強 — scale_up"}
 STAGE_COLUMNS = ("stage", "kind", "users", "attempts", "error_rate", "requests_per_s", "ttft_p95_ms",
                  "ttfa_p95_ms", "itl_p95_ms", "e2e_p95_ms", "kv_usage_max", "waiting_sustained_s", "preemptions",
-                 "gpu_memory_peak_mib")
+                 "gpu_memory_peak_mib", "gpu_growth_max_mib")
 CONTROL_COLUMNS = ("pair", "role", "turn", "status", "prompt_tokens", "cached_tokens", "ttft_ms", "e2e_ms", "valid",
                    "failed_checks")
 
