@@ -309,7 +309,7 @@ def _f1_rule(numbers: dict[str, Any], threshold: float, who: str, evidence: tupl
                           None, threshold, evidence=evidence)
     low, high = trig["f1_ci95"]
     status = _decide(low, high, threshold)
-    recall, precision = Rate(**_kn(trig["recall"])), Rate(**_kn(trig["precision"]))
+    recall, precision = Rate.from_dict(trig["recall"]), Rate.from_dict(trig["precision"])
     said = (f"{who}: trigger F1 {trig['f1']:.3f} [{low:.3f}, {high:.3f}] {'<' if status == FAIL else 'vs'} "
             f"{threshold:g} (recall {recall.text()}: {trig['fn']} tool calls the reference made were answered "
             f"without one; precision {precision.text()}: {trig['fp']} calls where it answered)")
@@ -328,7 +328,7 @@ def _schema_rule(numbers: dict[str, Any], max_drop: float, who: str, evidence: t
                           None, max_drop, evidence=evidence)
     low, high = schema["drop_ci95"]
     status = FAIL if low > max_drop else PASS if high <= max_drop else INCONCLUSIVE
-    ref, run = Rate(**_kn(schema["reference"])), Rate(**_kn(schema["run"]))
+    ref, run = Rate.from_dict(schema["reference"]), Rate.from_dict(schema["run"])
     said = (f"{who}: tool-call argument schema accuracy {run.text()} against the reference's {ref.text()}: drop "
             f"{schema['drop']:.1%} [{low:.1%}, {high:.1%}], at most {max_drop:.0%} allowed")
     said = _phrased(status, said, f"model_output: {said}", "limit")
@@ -343,9 +343,3 @@ def _phrased(status: str, said: str, failed: str, bound: str) -> str:
     if status == INCONCLUSIVE:
         return f"inconclusive, because {said}: the interval straddles the {bound}"
     return said
-
-
-def _kn(rate: dict[str, Any]) -> dict[str, Any]:
-    """A Rate back from its to_dict() (with its distinct requests, where it was counted by them)."""
-    return {"k": rate["k"], "n": rate["n"], "low": rate["ci95"][0], "high": rate["ci95"][1],
-            "clusters": rate.get("distinct_requests"), "effective_n": rate.get("effective_n")}

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from k3load.analysis.agreement import agreement, profile
 from k3load.analysis.pillar import percentile, rounded, thresholds
 from k3load.analysis.rules import RuleResult
-from k3load.analysis.stats import Z95, decide_rate, wilson
+from k3load.analysis.stats import Z95, Rate, decide_rate
 from k3load.evidence import records_file
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 
@@ -234,7 +234,7 @@ def _agreement_rules(n: dict[str, Any], limits: dict[str, float]) -> list[RuleRe
                                 trig["f1"], floor, evidence=evidence, interval=(low, high)))
     names = n["tool_name_agreement"]
     floor = limits["min_tool_name_agreement"]
-    status = decide_rate(wilson(names["k"], names["n"]), floor) if names["n"] else INCONCLUSIVE
+    status = decide_rate(Rate.from_dict(names), floor) if names["n"] else INCONCLUSIVE  # by distinct request
     rules.append(RuleResult("diff.tool_name_agreement", "diff", status, f"tool-name agreement {_rate(names)} against "
                             f"{floor:.0%} required" + ("" if names["n"] else ": inconclusive, because no tool call "
                                                        "of B's met one of A's"), names["rate"], floor,
@@ -263,7 +263,9 @@ def _drop_rule(key: str, compared: dict[str, Any], limit: float) -> RuleResult:
 def _rate(rate: dict[str, Any]) -> str:
     if not rate["n"]:
         return "– of 0"
-    return f"{rate['rate']:.1%} [{rate['ci95'][0]:.1%}, {rate['ci95'][1]:.1%}] of {rate['n']}"
+    distinct = rate.get("distinct_requests")
+    of = f"{distinct} distinct requests, {rate['n']} answers" if distinct is not None else str(rate["n"])
+    return f"{rate['rate']:.1%} [{rate['ci95'][0]:.1%}, {rate['ci95'][1]:.1%}] of {of}"
 
 
 # -- the whole comparison ------------------------------------------------------------------------------

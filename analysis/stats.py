@@ -19,6 +19,7 @@ import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -62,6 +63,12 @@ class Rate:
             out["distinct_requests"] = self.clusters
             out["effective_n"] = self.effective_n
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Rate:
+        """A rate back from its `to_dict()` (verdict.json, a reference profile), its distinct requests kept."""
+        return cls(int(data["k"]), int(data["n"]), float(data["ci95"][0]), float(data["ci95"][1]),
+                   data.get("distinct_requests"), data.get("effective_n"))
 
     def text(self) -> str:
         if not self.n:
