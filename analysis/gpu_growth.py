@@ -10,7 +10,8 @@ than the profiled one (PyTorch's caching allocator then keeps the high-water mar
 CUDA graphs captured late, fragmentation, a leak. So each GPU is measured against itself:
 
 - its **baseline**: the last readings before the first request of each server life (the idle readings
-  `k3load sample` or the sampler took after start-up), else its first readings; a restart (a down spell
+  the sampler took after start-up: the run's scrapes before its first stage, or `k3load sample`'s
+  before traffic), else its first readings; a restart (a down spell
   that is not a health-check flap) starts a new life with a new baseline, as the restarted engine
   reserves its pool again;
 - **growth**: a reading's use over its baseline, in MiB and as a share of what was free at the baseline;
