@@ -24,6 +24,7 @@ from k3load.evidence import RECORDS
 from k3load.outcomes import HARNESS_ERROR, LAYERS
 from k3load.precheck.collect_env import parse_collect_env, parse_version
 from k3load.precheck.evidence import normalise_host
+from k3load.precheck.formats import EvidenceFormatError
 from k3load.precheck.startup_log import parse_startup_log
 from k3load.records import Attempt, Finding, read_records
 from k3load.rundir import JsonlLog
@@ -127,13 +128,27 @@ INVENTORY_KEYS = st.sampled_from(["node", "driver_version", "cuda_driver_max_ver
                                   "container_image", "topology", "source", "nvidia_smi"])
 
 
+INVENTORY_FIELDS = ("(top level)", "node", "host", "hostname", "driver_version", "cuda_driver_max_version",
+                    "gpu_count", "device_count", "gpus", "container_image", "topology")
+
+
 @given(st.one_of(JSON_VALUES, st.dictionaries(INVENTORY_KEYS, JSON_VALUES, max_size=9)))
 @example({"gpus": [{"name": "GB300"}], "gpu_count": 2, "driver_version": 580})
 @example({"gpu_count": True})
 @example({"gpus": True})  # found by the fuzzer: TypeError in normalise_host
-def test_any_inventory_json_is_one_node_with_its_problems_named(raw: Any) -> None:
-    host = normalise_host(raw, "hosts/n1.json")
-    assert isinstance(host["problems"], list) and all(isinstance(p, str) for p in host["problems"])
+@example({"driver_version": "580.95.05", "gpu_count": 2, "gpus": [{"name": "NVIDIA GB300"}, {}]})
+@example({"driver_version": None, "gpus": []})
+def test_any_inventory_json_is_one_node_judged_or_an_input_error_naming_the_field(raw: Any) -> None:
+    """Issue 38: a file that is not the inventory format is EvidenceFormatError naming the file and the
+    field (a harness error, never a `rebuild`); a well-formed one is one node, its gaps (nulls) named."""
+    try:
+        host = normalise_host(raw, "hosts/n1.json")
+    except EvidenceFormatError as exc:
+        assert str(exc).startswith("hosts/n1.json: ") and "\n" not in str(exc)
+        assert exc.field.split("[")[0] in INVENTORY_FIELDS, exc.field
+        return
+    assert isinstance(raw, dict) and "driver_version" in raw and ({"gpu_count", "gpus"} & set(raw))
+    assert set(host["problems"]) <= {"no driver_version", "no gpu_count"}
     assert host["node"] and (host["driver_version"] is None or isinstance(host["driver_version"], str))
     json.dumps(host)
 

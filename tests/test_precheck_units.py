@@ -13,6 +13,7 @@ import yaml
 
 from k3load.precheck.collect_env import major, parse_collect_env, parse_version, version_at_least
 from k3load.precheck.evidence import normalise_host, public_url
+from k3load.precheck.formats import EvidenceFormatError
 from k3load.precheck.recipe import GPU_GROUPS, RecipeError, load_recipe
 from k3load.precheck.startup_log import NOTICES, Notice, category, non_default_args, parse_startup_log
 
@@ -249,10 +250,17 @@ def test_host_inventory_in_the_nvml_shape() -> None:
     assert host["gpu_names"] == ["NVIDIA GB300"] * 4 and host["topology"] and host["problems"] == []
 
 
-def test_host_inventory_problems_are_named() -> None:
-    host = normalise_host({"host": "n9", "gpu_count": 8, "gpus": [{"name": "NVIDIA GB300"}]}, "hosts/x.json")
-    assert host["node"] == "n9" and host["problems"] == ["no driver_version", "gpu_count 8 but 1 entries in gpus"]
-    assert normalise_host([1, 2], "hosts/y.json")["problems"] == ["not a JSON object"]
+def test_host_inventory_not_recorded_is_a_problem_and_not_the_format_an_error() -> None:
+    """A null (NVML could not tell) is judged as "not recorded"; a missing or mistyped field is an input error."""
+    host = normalise_host({"host": "n9", "driver_version": None, "gpu_count": None}, "hosts/x.json")
+    assert host["node"] == "n9" and host["problems"] == ["no driver_version", "no gpu_count"]
+    with pytest.raises(EvidenceFormatError, match=r"^hosts/x.json: driver_version: missing"):
+        normalise_host({"host": "n9", "gpu_count": 8}, "hosts/x.json")
+    with pytest.raises(EvidenceFormatError, match=r"^hosts/x.json: gpus: 1 entries, but gpu_count is 8"):
+        normalise_host({"driver_version": "580.95.05", "gpu_count": 8, "gpus": [{"name": "NVIDIA GB300"}]},
+                       "hosts/x.json")
+    with pytest.raises(EvidenceFormatError, match=r"^hosts/y.json: \(top level\): a list, not a JSON object"):
+        normalise_host([1, 2], "hosts/y.json")
 
 
 def test_public_url_drops_credentials() -> None:

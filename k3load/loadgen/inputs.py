@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from k3load.client.access import access_problem
+from k3load.precheck.formats import check_input_files
 from k3load.precheck.recipe import load_recipe
 from k3load.workload.plan import Plan, load_plan, resolve
 from k3load.workload.scenario import Scenario, load_scenarios, with_tool_turns
@@ -112,3 +113,5 @@ def check_inputs(opts: Any, plans_dir: Path) -> None:
     check_options(opts)
     load_inputs(opts, plans_dir)
     load_recipe(Path(opts.k3_recipe))
+    check_input_files(container_info=opts.k3_container_info or None, host_inventories=opts.k3_host_inventory or [],
+                      custom_build=opts.k3_custom_build or None)  # each file as its format (docs/running.md)

@@ -19,16 +19,18 @@ from typing import Any
 
 from k3load.client.access import Secrets, Tls
 from k3load.precheck.evidence import EVIDENCE, Gatherer, gather_files, gather_local_nvml, gather_server, load_evidence
+from k3load.precheck.formats import EvidenceFormatError, check_input_files
 from k3load.precheck.recipe import Recipe, RecipeError, load_recipe
 from k3load.precheck.report import build_compat, write_compat
 from k3load.precheck.rules import evaluate
 
-__all__ = ["PrecheckError", "RecipeError", "recheck", "run_precheck"]
+__all__ = ["EvidenceFormatError", "PrecheckError", "RecipeError", "recheck", "run_precheck"]
 SAVED_RECIPE = "recipe.yaml"
 
 
 class PrecheckError(ValueError):
-    """An input the precheck cannot use (a file that does not exist): nothing was judged."""
+    """An input the precheck cannot use (a file that does not exist): nothing was judged. A file that is
+    not its format raises EvidenceFormatError (k3load.precheck.formats), naming the file and the field."""
 
 
 def _check_inputs(out_dir: Path, **paths: Path | list[Path] | tuple[Path, ...] | None) -> None:
@@ -64,6 +66,8 @@ def run_precheck(out_dir: Path, recipe_path: Path, base_url: str | None, *, cont
     recipe = load_recipe(recipe_path)  # first: a bad recipe must not leave a half-gathered record
     _check_inputs(out_dir, container_info=container_info, host_inventory=list(host_inventories),
                   startup_log=startup_log, custom_build=custom_build)
+    # each file read as its format before DIR/evidence is replaced: one that is not is an input error
+    check_input_files(container_info=container_info, host_inventories=host_inventories, custom_build=custom_build)
     secrets = secrets or Secrets(api_key)
     g = Gatherer(out_dir, secrets)
     g.copy(recipe.path, SAVED_RECIPE)

@@ -5,9 +5,10 @@
         --startup-log vllm-startup.log --image vllm/vllm-openai:kimi-k3 --out runs/r1
 
 Exit status: 0 pass, 1 fail, 2 inconclusive (nothing failed, but a rule could not decide), 3 the
-precheck could not run (invalid recipe, missing input file: one line on stderr naming the option, or the
-file, line and field). argparse's own usage errors also exit 2, before anything is written: read
-DIR/compat.json, not only the exit status, when that matters.
+precheck could not run (invalid recipe, missing input file, an input file that is not its format: one
+line on stderr naming the option, or the file, line and field; formats in docs/running.md). argparse's
+own usage errors also exit 2, before anything is written: read DIR/compat.json, not only the exit
+status, when that matters.
 The bearer key comes from $K3_API_KEY (or --api-key); it is sent as a header and never written, nor
 are the values of --header (a gateway's token; `--header @FILE` reads one a line, and $K3_HEADER is read
 when no --header is given, so that no value shows in ps). --ca-bundle PEM trusts a private CA for an
@@ -24,7 +25,7 @@ from pathlib import Path
 from k3load.client.access import Secrets, Tls, access_headers, access_problem, add_access_arguments
 from k3load.client.origin import plain_http_warning
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
-from k3load.precheck import PrecheckError, RecipeError, recheck, run_precheck
+from k3load.precheck import EvidenceFormatError, PrecheckError, RecipeError, recheck, run_precheck
 from k3load.precheck.report import COMPAT, summary_lines
 from k3load.yamlfile import one_line
 
@@ -33,16 +34,17 @@ EXIT_ERROR = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--recipe", type=Path, help="recipe YAML (recipes/kimi-k3.yaml for production, "
-                        "recipes/local-dev.yaml for the sim and the CPU build); with --recheck, defaults to the "
-                        "copy saved in DIR/evidence")
+    parser.add_argument("--recipe", type=Path, help="recipe YAML, required (recipes/kimi-k3.yaml for production, "
+                        "recipes/local-dev.yaml for the sim and the CPU build); only with --recheck may it be left "
+                        "out: the copy saved in DIR/evidence is used")
     parser.add_argument("--base-url", help="the server to check (http://HOST:PORT): /version, /v1/models, /metrics")
     parser.add_argument("--metrics-url", help="the engine's /metrics when it is not at --base-url (behind a "
                         "gateway); the key goes there only when it is on --base-url's host and port")
     parser.add_argument("--container-info", type=Path, help="saved `vllm collect-env` output from inside the "
                         "container (the only accepted source of the CUDA build)")
     parser.add_argument("--host-inventory", type=Path, action="append", default=[], metavar="FILE",
-                        help="per-node inventory JSON (repeat per node; shape in k3load/precheck/evidence.py)")
+                        help="per-node inventory JSON, as `k3load inventory` writes it (repeat per node; format in "
+                        "docs/running.md, example docs/examples/precheck/host-inventory.json)")
     parser.add_argument("--startup-log", type=Path, help="the vLLM server's startup log")
     parser.add_argument("--image", help="container image actually deployed (repository:tag)")
     parser.add_argument("--custom-build", type=Path, help="YAML/JSON record of a custom build: commit, pytorch_deps, "
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                                   image=args.image, custom_build=args.custom_build,
                                   secrets=Secrets.parse(api_key, args.header), tls=Tls(args.ca_bundle, args.insecure),
                                   use_local_nvml=not args.no_nvml, metrics_url=args.metrics_url)
-    except (RecipeError, PrecheckError) as exc:
+    except (RecipeError, PrecheckError, EvidenceFormatError) as exc:
         print(f"k3load precheck: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_ERROR
     except OSError as exc:  # an input that cannot be read, or DIR/evidence that cannot be written

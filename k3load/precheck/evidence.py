@@ -36,7 +36,8 @@ that node, plus `node` and `container_image` (the tag that node runs). Read here
    "gpu_count": 4, "gpus": [{"index": 0, "name": "NVIDIA GB300", "uuid": "GPU-...", "memory_total_mib": 284208.0,
                              "pci_bus_id": "00000000:18:00.0", "nvlink_active_links": 18}, ...],
    "topology": {"matrix": [["X", "NVLINK", ...], ...], "legend": {...}} | null}
-Required: driver_version and gpu_count (or gpus); `node` falls back to `host`, then the file name.
+The format, checked field by field (a file that is not it is an EvidenceFormatError, never a rule
+result), is in k3load/precheck/formats.py; an example is docs/examples/precheck/host-inventory.json.
 """
 
 from __future__ import annotations
@@ -53,11 +54,10 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from k3load.client.access import Secrets, Tls, gevent_patched, tls_hint
-from k3load.precheck.collect_env import parse_collect_env
+from k3load.precheck.formats import HOST_ALIASES, check_collect_env, check_host_inventory, read_custom_build, read_json
 from k3load.precheck.startup_log import parse_startup_log
 from k3load.private_files import is_temp, make_dirs, make_run_dir, write_bytes_atomic
 from k3load.rundir import copy_file_redacted, scrub_bytes, write_atomic, write_json_atomic
@@ -68,10 +68,6 @@ EVIDENCE = "evidence"
 ENDPOINTS = {"version": ("/version", "version.json"), "models": ("/v1/models", "models.json"),
              "metrics": ("/metrics", "metrics.txt")}
 SIM_FINGERPRINT = "k3loadsim"
-# Key names other producers may use for the same inventory facts (first found wins).
-HOST_ALIASES = {"node": ("node", "host", "hostname"), "driver_version": ("driver_version",),
-                "cuda_driver_max_version": ("cuda_driver_max_version", "cuda_driver_version"),
-                "gpu_count": ("gpu_count", "device_count")}
 
 
 @dataclass
@@ -304,10 +300,10 @@ def _first(raw: dict[str, Any], key: str) -> Any:
 
 
 def normalise_host(raw: Any, file: str) -> dict[str, Any]:
-    """One node's inventory in the shape the rules read; `problems` says what the file lacks."""
-    if not isinstance(raw, dict):
-        return {"node": Path(file).stem, "file": file, "problems": ["not a JSON object"], "driver_version": None,
-                "cuda_driver_max_version": None, "gpu_count": None, "gpu_names": [], "container_image": None}
+    """One node's inventory in the shape the rules read. A file that is not the format raises
+    EvidenceFormatError (k3load.precheck.formats); `problems` says what a well-formed one leaves
+    unrecorded (a driver version or GPU count given as null: NVML could not tell)."""
+    check_host_inventory(raw, file)
     listed = raw.get("gpus")
     gpus = [g for g in listed if isinstance(g, dict)] if isinstance(listed, list) else []
     count = _first(raw, "gpu_count")
@@ -318,22 +314,17 @@ def normalise_host(raw: Any, file: str) -> dict[str, Any]:
             "gpu_count": count if isinstance(count, int) else (len(gpus) or None),
             "gpu_names": [str(g.get("name")) for g in gpus if g.get("name")],
             "topology": raw.get("topology") is not None, "problems": []}
-    if listed is not None and not isinstance(listed, list):
-        kind = {bool: "true/false", str: "a string", dict: "an object"}.get(type(listed), "a number")
-        host["problems"].append(f"gpus is {kind}, not a list")
     if host["driver_version"] is None:
         host["problems"].append("no driver_version")
     if host["gpu_count"] is None:
         host["problems"].append("no gpu_count")
-    elif gpus and len(gpus) != host["gpu_count"]:
-        host["problems"].append(f"gpu_count {host['gpu_count']} but {len(gpus)} entries in gpus")
     return host
 
 
 def _load_files(root: Path, ev: Evidence, platform: str) -> None:
     collect = root / "container" / "collect-env.txt"
     if collect.exists():
-        ev.container = parse_collect_env(collect.read_text(encoding="utf-8", errors="replace"))
+        ev.container = check_collect_env(collect.read_text(encoding="utf-8", errors="replace"), collect)
         ev.files["container"] = "container/collect-env.txt"
     image = _json_file(root / "container" / "image.json")
     if isinstance(image, dict) and image.get("image"):
@@ -341,17 +332,13 @@ def _load_files(root: Path, ev: Evidence, platform: str) -> None:
         ev.files["image"] = "container/image.json"
     for path in sorted((root / "hosts").glob("*.json")):
         rel = f"hosts/{path.name}"
-        ev.hosts.append(normalise_host(_json_file(path), rel))
+        ev.hosts.append(normalise_host(read_json(path), rel))
     log = root / "startup.log"
     if log.exists():
         ev.startup = parse_startup_log(log.read_text(encoding="utf-8", errors="replace"), platform)
         ev.files["startup"] = "startup.log"
     for path in sorted(root.glob("custom-build.*")):
-        try:
-            record, error = yaml.safe_load(path.read_text(encoding="utf-8")), None
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            record, error = None, f"not valid YAML/JSON: {exc}"
-        ev.custom_build = {"record": record, "error": error, "file": path.name}
+        ev.custom_build = {"record": read_custom_build(path), "error": None, "file": path.name}
         ev.files["custom_build"] = path.name
 
 

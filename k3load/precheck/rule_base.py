@@ -23,5 +23,11 @@ def na_result(recipe: Recipe, rule_id: str, group: str) -> dict[str, Any] | None
     return result(rule_id, NA, f"not_applicable: {why}") if why else None
 
 
+def option(name: str) -> str:
+    """An input's option as `k3load precheck` and a Locust run spell it ("--startup-log / --k3-startup-log"):
+    the same rules judge both, and a reason must name the option the reader gave."""
+    return f"--{name} / --k3-{name}"
+
+
 def files_of(ev: Evidence, *kinds: str) -> list[str]:
     return [ev.files[k] for k in kinds if k in ev.files]

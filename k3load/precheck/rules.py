@@ -19,7 +19,7 @@ from k3load.outcomes import NOT_APPLICABLE as NA
 from k3load.precheck.collect_env import major, parse_version, version_at_least
 from k3load.precheck.evidence import Evidence
 from k3load.precheck.recipe import Recipe
-from k3load.precheck.rule_base import files_of, na_result, result
+from k3load.precheck.rule_base import files_of, na_result, option, result
 from k3load.precheck.server_rules import metrics_gap, metrics_reachable, server_reachable, target_not_sim
 from k3load.precheck.startup_log import cuda_init_problems, quote
 
@@ -33,8 +33,9 @@ def _host_files(ev: Evidence) -> list[str]:
 
 
 def _no_hosts_why(ev: Evidence) -> str:
-    nvml = next((n for n in ev.notes if n.startswith("no local NVML")), "local NVML not used (--no-nvml)")
-    return f"no --host-inventory and {nvml}"
+    nvml = next((n for n in ev.notes if n.startswith("no local NVML")), "local NVML not used (--no-nvml / "
+                "--k3-nvml off)")
+    return f"no {option('host-inventory')} and {nvml}"
 
 
 # -- vLLM version --------------------------------------------------------------------------------------------
@@ -116,8 +117,8 @@ def image_official(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
                       f"build never passes as the official image {', '.join(official)}", files)
     seen = _images(ev)
     if not seen:
-        return result("image_official", FAIL, "container image not recorded (--image, or container_image in the "
-                      "host inventories)", files)
+        return result("image_official", FAIL, f"container image not recorded ({option('image')}, or container_image "
+                      "in the host inventories)", files)
     accepted = {normalise_image(o) for o in official}
     wrong = {where: img for where, img in seen.items() if normalise_image(img) not in accepted}
     if wrong:
@@ -145,7 +146,7 @@ def cuda_build(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     c = ev.container
     if c is None:
         return result("cuda_build", FAIL, f"no CUDA {need} build info: no collect-env output saved "
-                      f"(--container-info){_driver_max_hint(ev)}", files + _host_files(ev))
+                      f"({option('container-info')}){_driver_max_hint(ev)}", files + _host_files(ev))
     torch = c["torch_version"] or "PyTorch not collected"
     if c["cuda_build"] is None:
         return result("cuda_build", FAIL, f"no CUDA {need} build info: collect-env has no 'CUDA used to build "
@@ -296,8 +297,8 @@ def startup_log(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     configuration notices (--enforce-eager and the like, startup_log.NOTICES) are named, not judged."""
     log = ev.startup
     if log is None:
-        return result("startup_log", INCONCLUSIVE, "no startup log saved (--startup-log): CUDA initialisation, "
-                      "communication backend and kernel loading not checked")
+        return result("startup_log", INCONCLUSIVE, f"no startup log saved ({option('startup-log')}): CUDA "
+                      "initialisation, communication backend and kernel loading not checked")
     files = files_of(ev, "startup")
     details = {"flagged": log["flagged"], "other_warnings": log["other_warnings"]}
     fails, gaps = cuda_init_problems(log) if recipe.platform == "cuda" else ([], [])
@@ -330,7 +331,7 @@ def custom_build(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     """A custom build is recorded in full (its own section), and judged apart from the official image."""
     cb = ev.custom_build
     if cb is None:
-        return result("custom_build", NA, "not_applicable: no custom build declared (--custom-build)")
+        return result("custom_build", NA, f"not_applicable: no custom build declared ({option('custom-build')})")
     problems = [cb["error"]] if cb["error"] else custom_build_problems(cb["record"])
     if problems:
         return result("custom_build", FAIL, f"custom build record incomplete: {'; '.join(problems)}", [cb["file"]])
