@@ -27,6 +27,7 @@ from k3load.analysis.rundata import RunData, gc_paused, load_run
 from k3load.analysis.timeline import MetricIndex, shared_indexes
 from k3load.analysis.verdict import EXIT_CODES, NEXT_ACTION, compat_pillar, decide
 from k3load.events import Event
+from k3load.outcomes import NOT_RUN
 from k3load.rundir import write_atomic
 
 OUTPUTS = ("verdict.json", "report.md", "report.html", "alerts.yaml", "dashboard.json", "manifest.sha256")
@@ -118,6 +119,19 @@ def _server_aborts(agent: PillarResult, data: RunData, index: MetricIndex) -> No
                                                       {"finished_reason": "abort"})
 
 
+class NothingJudged(ValueError):
+    """Every pillar `not_run`: the directory holds evidence of nothing. A harness error (exit 2, one line,
+    nothing written), never a verdict: `limited` on nothing would read as a judgment (issue 38)."""
+
+
+def nothing_judged(judgment: Judgment) -> str | None:
+    """Why nothing could be judged (each pillar's first reason), or None when a pillar was judged."""
+    if any(p.status != NOT_RUN for p in judgment.pillars.values()):
+        return None
+    why = "; ".join(f"{name}: {p.reasons[0]}" if p.reasons else name for name, p in judgment.pillars.items())
+    return f"{judgment.data.path}: nothing could be judged, every pillar is not_run ({why})"
+
+
 def evidence_gaps(problems: list[str], shown: int = 3) -> str:
     """Files the judgment could not fully read are said with the verdict, never only skipped."""
     more = f" (+{len(problems) - shown} more)" if len(problems) > shown else ""
@@ -126,6 +140,7 @@ def evidence_gaps(problems: list[str], shown: int = 3) -> str:
 
 def analyze(run_dir: Path, plots_beside: bool = False) -> Judgment:
     """Judge and write every output (atomically); the manifest is written last and covers the rest.
+    A run in which every pillar is `not_run` raises NothingJudged before anything is written.
     `plots_beside`: the report's plots drawn in a forked child meanwhile (analysis/plots_beside.py; only
     from a plain process with no other thread, as `k3load analyze` is)."""
     from k3load.analysis import alerts, dashboard, manifest, report_html, report_md
@@ -136,6 +151,8 @@ def analyze(run_dir: Path, plots_beside: bool = False) -> Judgment:
         with ThreadPoolExecutor(max_workers=1) as pool, shared_indexes():  # one metrics index: verdict and plots
             inputs = pool.submit(manifest.digests, run_dir, OUTPUTS)
             judgment = judge(run_dir, plotter)
+            if why := nothing_judged(judgment):
+                raise NothingJudged(why)
             text = json.dumps(judgment.verdict_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
             write_atomic(run_dir / "verdict.json", text)
             write_atomic(run_dir / "report.md", report_md.render(judgment))

@@ -7,6 +7,22 @@ import sys
 from pathlib import Path
 
 from k3load.analysis.verdict import EXIT_CODES
+from k3load.evidence import records_file
+
+HARNESS_ERROR_EXIT = 2  # not a run directory, an unreadable record, nothing judged: no verdict, nothing written
+
+
+def run_dir_problem(path: Path) -> str | None:
+    """Why `path` is not a run directory, or None. The one check before `analyze`, `verify` and `diff` read
+    anything: a folder with neither run.json nor records (a README, a precheck's --out) is refused, since
+    a verdict or a manifest written into it would look like a judgment of a run (issue 38)."""
+    if not path.exists():
+        return f"{path}: no such directory"
+    if not path.is_dir():
+        return f"{path}: not a directory"
+    if not (path / "run.json").is_file() and not records_file(path).is_file():
+        return f"{path}: not a run directory (no run.json, no {records_file(path).name})"
+    return None
 
 
 def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,20 +35,20 @@ def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_analyze(args: argparse.Namespace) -> int:
-    from k3load.analysis.analyze import analyze
+    from k3load.analysis.analyze import NothingJudged, analyze
 
-    if not args.run_dir.is_dir():
-        print(f"k3load analyze: {args.run_dir} is not a directory")
-        return 2
+    if problem := run_dir_problem(args.run_dir):
+        print(f"k3load analyze: {problem}", file=sys.stderr)
+        return HARNESS_ERROR_EXIT
     if getattr(args, "reference", None) is not None and not _set_reference(args.run_dir, args.reference):
-        return 2
+        return HARNESS_ERROR_EXIT
     from k3load.analysis.rundata import UnreadableRecords
 
     try:
         judgment = analyze(args.run_dir, plots_beside=True)  # a plain process: plots drawn in a child
-    except UnreadableRecords as exc:
+    except (UnreadableRecords, NothingJudged) as exc:
         print(f"k3load analyze: {exc}", file=sys.stderr)
-        return 2
+        return HARNESS_ERROR_EXIT
     print(summary_line(judgment, args.run_dir))
     if judgment.verdict == "limited" and args.accept_limited:
         return 0
@@ -68,6 +84,9 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 def run_verify(args: argparse.Namespace) -> int:
     from k3load.analysis.manifest import verify
 
+    if problem := run_dir_problem(args.run_dir):
+        print(f"k3load verify: {problem}", file=sys.stderr)
+        return HARNESS_ERROR_EXIT
     problems = verify(args.run_dir)
     for problem in problems:
         print(problem)

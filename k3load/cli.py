@@ -62,19 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 RUN_DIR_COMMANDS = ("analyze", "verify")
-HARNESS_ERROR_EXIT = 2  # a usage or input error: nothing was judged (argparse's own code too)
+HARNESS_ERROR_EXIT = analysis_cli.HARNESS_ERROR_EXIT  # a usage or input error: nothing was judged (argparse's too)
 
 
 def _missing_run_dir(args: argparse.Namespace) -> str | None:
-    """`analyze` / `verify` on a path that is not a run directory: said before anything is read, naming
-    the path (a verdict or a "FAILED" on nothing would look like a judgment)."""
+    """`analyze` / `verify` on a path that is not a run directory (no such directory, a file, a folder
+    with neither run.json nor records): said before anything is read or written, naming the path (a
+    verdict or a "FAILED" on nothing would look like a judgment). The check is analysis.cli.run_dir_problem."""
     if args.command not in RUN_DIR_COMMANDS:
         return None
-    if not args.run_dir.exists():
-        return f"k3load {args.command}: {args.run_dir}: no such directory"
-    if not args.run_dir.is_dir():
-        return f"k3load {args.command}: {args.run_dir}: not a directory"
-    return None
+    problem = analysis_cli.run_dir_problem(args.run_dir)
+    return f"k3load {args.command}: {problem}" if problem else None
 
 
 def main(argv: list[str] | None = None) -> int:
