@@ -30,6 +30,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from k3load import demo_restart
+from k3load.events import Event
 from k3load.rundir_lock import in_use
 from k3load.sim import cli as sim_cli
 from k3load.sim.config import ProfileError
@@ -103,7 +104,7 @@ def harness_error(out: Path, printed: str) -> str:
         events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines() if x.strip()]
     except (OSError, ValueError):
         return ""
-    return next((HARNESS_ERROR + e["error"] for e in events if e.get("event") == "harness_error"), "")
+    return next((HARNESS_ERROR + e["error"] for e in events if e.get("event") == Event.HARNESS_ERROR), "")
 
 
 def _run_with_sim(args: argparse.Namespace, sims: list[str], sim_log: Path, started: float) -> tuple[int, str]:
