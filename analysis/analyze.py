@@ -82,15 +82,15 @@ def _judge(run_dir: Path, plotter: PlotsBeside | None = None) -> Judgment:
     _server_aborts(pillars["agent_api"], data, index)
     reuse = judge_reuse(data, index, cache_limits, config)  # designed vs achieved reuse per family (issue 15)
     apply_reuse(pillars["prefix_cache"], data, index, cache_limits, config, reuse)
-    verdict, because, verdict_limits = decide(pillars, stage_table, ramp_table, unfinished_plan(data))
+    checklist = build_checklist(data, pillars)  # the signed record's lines: an open one is never `go`
+    verdict, because, verdict_limits = decide(pillars, stage_table, ramp_table, unfinished_plan(data), checklist)
     if ((data.compat or {}).get("target") or {}).get("is_sim"):
         because = [*because, "the target is the k3load sim: a rehearsal, never evidence for a production verdict"]
     if data.plan and (steered := tool_turns_reason(data.plan.tool_turns)):
         because = [*because, steered]
     if data.problems:
         because = [*because, evidence_gaps(data.problems)]
-    return Judgment(data, pillars, stage_table, ramp_table, verdict, because, verdict_limits,
-                    build_checklist(data, pillars))
+    return Judgment(data, pillars, stage_table, ramp_table, verdict, because, verdict_limits, checklist)
 
 
 def unfinished_plan(data: RunData) -> str | None:

@@ -1,12 +1,19 @@
 """The spec's signed-record checklist, each item ticked only from evidence in the run directory.
 
 Why "only from evidence": a reviewer signs the record, so an item is `ok` only when the file that
-proves it is there and says so; anything else is unticked with the reason (`not applicable` for GPU
-items under the local-dev recipe, `missing` when the file is absent).
+proves it is there and says so; anything else is unticked with the reason (`missing` when the file is
+absent). Each line has a `status` (`ItemStatus`): `ok`, `open` (not proven: the verdict is then never
+`go`, analysis/verdict.py reads these lines and nothing else for it), `not_applicable` (the recipe says
+the line does not apply: the local-dev recipe's CUDA, driver and GPU lines, said as such, not as
+failures) or `to_sign` (the signer's own line: the judge's name, filled in when the record is signed).
+Why the verdict reads the checklist: the seed's 導入可 is "all four indicators pass, with reproducible
+logs", and its signed checklist asks for the logs of model load, long input, concurrency and continuous
+operation; a `go` beside an open line would contradict the record it is signed on.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 from k3load.analysis.pillar import PillarResult
@@ -15,12 +22,32 @@ from k3load.events import Event
 from k3load.outcomes import PASS
 
 
+class ItemStatus(StrEnum):
+    OK = "ok"
+    OPEN = "open"
+    NOT_APPLICABLE = "not_applicable"
+    TO_SIGN = "to_sign"
+
+
+# The stage kinds the seed's checklist asks logs of, and what a run without one did not prove.
+REQUIRED_KINDS = {"load": "representative load", "long_input": "long input", "concurrency": "a concurrency ramp",
+                  "soak": "continuous operation"}
+NOT_APPLICABLE = "not_applicable"
+
+
 def _rules(data: RunData, *ids: str) -> list[dict[str, Any]]:
     return [r for r in (data.compat or {}).get("rules", []) if r.get("id") in ids]
 
 
-def _item(item: str, ok: bool, detail: str, evidence: list[str]) -> dict[str, Any]:
-    return {"item": item, "ok": ok, "detail": detail, "evidence": sorted(set(evidence))}
+def _item(item: str, ok: bool, detail: str, evidence: list[str], status: ItemStatus | None = None
+          ) -> dict[str, Any]:
+    status = status or (ItemStatus.OK if ok else ItemStatus.OPEN)
+    return {"item": item, "ok": ok, "status": status.value, "detail": detail, "evidence": sorted(set(evidence))}
+
+
+def open_items(checklist: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lines that keep a run from `go` (older checklists without `status`: every unticked line)."""
+    return [i for i in checklist if i.get("status", "ok" if i.get("ok") else "open") == ItemStatus.OPEN.value]
 
 
 def _rule_item(data: RunData, item: str, ids: tuple[str, ...]) -> dict[str, Any]:
@@ -29,8 +56,12 @@ def _rule_item(data: RunData, item: str, ids: tuple[str, ...]) -> dict[str, Any]
         return _item(item, False, "missing: no precheck evidence", [])
     evidence = ["compat.json", *(f"evidence/{e}" for r in rules for e in r.get("evidence", []))]
     statuses = {r["id"]: r["status"] for r in rules}
-    ok = all(s == PASS for s in statuses.values())
-    return _item(item, ok, ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())), evidence)
+    said = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
+    if all(s == NOT_APPLICABLE for s in statuses.values()):
+        recipe = ((data.compat or {}).get("recipe") or {}).get("name", "?")
+        return _item(item, False, f"not applicable under recipe {recipe}: {said}", evidence, ItemStatus.NOT_APPLICABLE)
+    ok = all(s in (PASS, NOT_APPLICABLE) for s in statuses.values()) and PASS in statuses.values()
+    return _item(item, ok, said, evidence)
 
 
 def _stage_logs(data: RunData) -> dict[str, Any]:
@@ -39,11 +70,37 @@ def _stage_logs(data: RunData) -> dict[str, Any]:
     ran = {a.stage for a in data.attempts}
     present = {s.kind for s in data.stages if s.name in ran}
     ok = needed <= present and bool(data.metrics)
-    missing = sorted(needed - present)
+    missing = [k for k in REQUIRED_KINDS if k not in present]
+    said = [f"no {k} stage {'ran' if k not in kinds else 'recorded a request'}: {REQUIRED_KINDS[k]} not proven"
+            for k in missing]
     detail = "records and server metrics for every stage kind" if ok else \
-        f"missing stage kinds: {missing or 'none'}; metrics {'present' if data.metrics else 'missing'}"
+        "; ".join(said + ([] if data.metrics else ["no server metrics recorded"]))
     return _item("Logs of load, long input, concurrency and soak", ok and needed <= kinds, detail,
                  ["records.jsonl", "metrics.jsonl", "events.jsonl"])
+
+
+def _restart(pillars: dict[str, PillarResult]) -> dict[str, Any]:
+    """The seed's restart check: the server restarted under load (the plan's restart stage with
+    --k3-restart-cmd) came back and held the same load (analysis/restart_drill.py)."""
+    drill = pillars["resources"].numbers.get("restart_drill") or {}
+    status, why = drill.get("status"), drill.get("why") or ""
+    item, evidence = "Restart check (back and serving the same load)", ["events.jsonl", "records.jsonl"]
+    if status == PASS:
+        return _item(item, True, why or "the restart drill passed", evidence)
+    return _item(item, False, f"restart not proven: the restart drill {why or (status or 'not_run')}", evidence)
+
+
+def _gpu_curves(data: RunData, crashes: list[dict[str, Any]]) -> dict[str, Any]:
+    """GPU memory curves around any OOM: not applicable on a CPU recipe's server (no GPU to read)."""
+    platform = ((data.compat or {}).get("recipe") or {}).get("platform")
+    item = "GPU memory curves tied to request conditions around any OOM"
+    evidence = ["gpu.jsonl", "events.jsonl", "records.jsonl"]
+    if data.gpu.empty and platform == "cpu":
+        return _item(item, False, f"not applicable: the recipe's platform is cpu; {len(crashes)} crash(es)", evidence,
+                     ItemStatus.NOT_APPLICABLE)
+    ok = (bool(crashes) and all(c["memory_curve"] for c in crashes)) or (not crashes and not data.gpu.empty)
+    return _item(item, ok, f"{len(crashes)} crash(es)" + ("" if not data.gpu.empty else "; no GPU telemetry"),
+                 evidence)
 
 
 def _spells(data: RunData) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -100,10 +157,8 @@ def build_checklist(data: RunData, pillars: dict[str, PillarResult]) -> list[dic
         _rule_item(data, "Clean startup log (communication, kernels, NCCL)", ("startup_log",)),
         _stage_logs(data),
         _monitoring(data),
-        _item("GPU memory curves tied to request conditions around any OOM",
-              (bool(crashes) and all(c["memory_curve"] for c in crashes)) or (not crashes and not data.gpu.empty),
-              f"{len(crashes)} crash(es)" + ("" if not data.gpu.empty else "; no GPU telemetry"),
-              ["gpu.jsonl", "events.jsonl", "records.jsonl"]),
+        _gpu_curves(data, crashes),
+        _restart(pillars),
         _item("Cold vs warm prefix-cache comparison", len(cache.get("control") or []) >= 2,
               f"{len(cache.get('control') or [])} control requests", ["records.jsonl", "metrics.jsonl"]),
         _item("prefix_cache_queries, prefix_cache_hits, prompt_tokens_cached",
@@ -118,6 +173,6 @@ def build_checklist(data: RunData, pillars: dict[str, PillarResult]) -> list[dic
               ["records.jsonl"]),
         _item("Judge, date, samples used and next action", bool(judge),
               f"judge {judge!r}" if judge else "judge to be filled in before signing",
-              ["run.json", "samples.sha256", "verdict.json"]),
+              ["run.json", "samples.sha256", "verdict.json"], None if judge else ItemStatus.TO_SIGN),
     ]
     return items

@@ -20,6 +20,9 @@ LABELS = {"go": "導入可 — go", "limited": "制限付き観察 — limited",
 STAGE_COLUMNS = ("stage", "kind", "users", "attempts", "error_rate", "requests_per_s", "ttft_p95_ms",
                  "ttfa_p95_ms", "itl_p95_ms", "e2e_p95_ms", "kv_usage_max", "waiting_sustained_s", "preemptions",
                  "gpu_memory_peak_mib", "gpu_growth_max_mib")
+# A checklist line's mark by its status (analysis/checklist.ItemStatus): ticked, open, not applicable under the
+# recipe, or the signer's own line.
+TICKS = {"ok": "☑", "open": "☐", "not_applicable": "n/a", "to_sign": "✎ to sign"}
 CONTROL_COLUMNS = ("pair", "role", "turn", "status", "prompt_tokens", "cached_tokens", "ttft_ms", "e2e_ms", "valid",
                    "failed_checks")
 
@@ -51,7 +54,7 @@ def _sections(j: Any) -> list[str]:
     out.append("## Pillars\n\n" + "".join(f"### {name}: `{p.status}`\n\n" + "".join(f"- {r}\n" for r in p.reasons)
                                         + "\n" for name, p in j.pillars.items()))
     out.append("## Checklist\n\n| ok | item | detail | evidence |\n|---|---|---|---|\n" + "".join(
-        f"| {'☑' if c['ok'] else '☐'} | {fmt(c['item'])} | {fmt(c['detail'])} | "
+        f"| {TICKS.get(c.get('status', ''), '☑' if c['ok'] else '☐')} | {fmt(c['item'])} | {fmt(c['detail'])} | "
         + ", ".join(f"[{e}]({e})" for e in c["evidence"]) + " |\n" for c in j.checklist))
     cache = j.pillars["prefix_cache"].numbers
     out.append("## Prefix cache: cold vs warm\n\n" + table(cache.get("control") or [], CONTROL_COLUMNS)

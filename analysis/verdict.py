@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from k3load.analysis.checklist import open_items as open_lines
 from k3load.analysis.pillar import PillarResult
 from k3load.analysis.pillar_agent import context_reason
 from k3load.analysis.rules import RESOURCE_SIGNALS
@@ -109,9 +110,17 @@ def _context_item(pillars: dict[str, PillarResult]) -> str | None:
     return f"input length: {reason}" if reason else None
 
 
+def not_proven(checklist: list[dict[str, Any]]) -> list[str]:
+    """The checklist's open lines as reasons: what the run did not prove, so never `go` (analysis/checklist.py).
+    The verdict reads these lines, not a second list of its own, so the two can never disagree."""
+    return [f"not proven: {item['item']} ({item['detail']})" for item in open_lines(checklist)]
+
+
 def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], ramp: dict[str, Any],
-           unfinished: str | None = None) -> tuple[str, list[str], dict[str, Any]]:
-    """(verdict, why, limits). `unfinished`: the plan did not finish (never `go`)."""
+           unfinished: str | None = None, checklist: list[dict[str, Any]] | None = None
+           ) -> tuple[str, list[str], dict[str, Any]]:
+    """(verdict, why, limits). `unfinished`: the plan did not finish (never `go`). `checklist`: the signed
+    record's lines; an open one is never `go` (it leads the reasons of a run otherwise `go`)."""
     limits = _limits(stage_table, ramp, pillars["agent_api"].numbers.get("context_length_refusals"))
     if pillars["compat"].status == FAIL:
         return "rebuild", ["compatibility failed: " + "; ".join(pillars["compat"].reasons)], limits
@@ -128,6 +137,10 @@ def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], 
     context = _context_item(pillars)
     open_items += [context] if context else []
     open_items += [unfinished] if unfinished else []
+    unproven = not_proven(checklist or [])
+    if unproven and not open_items:
+        return "limited", unproven, limits  # every pillar passed on a run that did not prove the whole seed
+    open_items += unproven
     if open_items:
         if limits["max_concurrency"] is not None and resources.status == FAIL:
             above = (f"{limits['ran_out_first']} ran out above it" if limits["ran_out_first"]

@@ -152,6 +152,9 @@ def json_line(data: Any) -> str:
     return line
 
 
+TIMING_DECIMALS = 3  # milliseconds to the microsecond
+
+
 def timing_fields(result: StreamResult) -> dict[str, float | int | None]:
     """TTFT, time to the first answer token (TTFA) and the reasoning before it, inter-token stats, decode
     time, tool-call cadence and the last silence (ms), keyed by Attempt field name, with what the end's
@@ -177,7 +180,9 @@ def timing_fields(result: StreamResult) -> dict[str, float | int | None]:
         out["itl_p99_ms"] = nearest_rank(gaps, 0.99)
     out.update(tool_call_cadence(result))
     out["last_silence_ms"] = last_silence_ms(result)
-    return out
+    # Durations to the microsecond: one socket read's stamp resolves no finer, and full float digits made
+    # the compressed record about a fifth larger than it needs be (compact evidence, docs/records.md).
+    return {k: round(v, TIMING_DECIMALS) if type(v) is float and k.endswith("_ms") else v for k, v in out.items()}
 
 
 def tool_call_cadence(result: StreamResult) -> dict[str, float | int]:

@@ -52,6 +52,8 @@ def test_the_stored_run_is_judged_byte_for_byte_as_stored(judged_now: Path, name
 def test_the_stored_judgment_is_a_real_one() -> None:
     """The comparison is worth something only if the stored verdict judged every pillar on evidence."""
     verdict = json.loads((JUDGED / "verdict.json").read_text())
-    assert verdict["verdict"] == "go"
+    # every pillar passes; its plan had no restart stage, so the seed is not all proven (issue 38): limited
+    assert verdict["verdict"] == "limited"
+    assert verdict["next_action"]["because"][0].startswith("not proven: Restart check")
     assert {name: p["status"] for name, p in verdict["pillars"].items()} == dict.fromkeys(
         ("agent_api", "compat", "prefix_cache", "resources"), "pass")

@@ -4,11 +4,7 @@ ready again, a good answer, and that load within the limits; a server that comes
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,39 +19,15 @@ from k3load.loadgen.restart_drill import RestartDrill
 from k3load.rundir import JsonlLog
 from k3load.sim.process import SimProcess
 from k3load.workload.plan import Stage
-from tests.conftest import FAST_SIM
-from tests.test_verdicts import SIM, _free_port, accept
+from tests.test_verdicts import accept_with_restart
 
 STAGES = [{"name": "load", "kind": "load", "duration_s": 3, "users": 4, "mix": {"agent": 3, "shared_prefix": 1}},
           # its own users and mix are not what the drill holds: the stage before's are
           {"name": "restart", "kind": "restart", "duration_s": 4, "users": 1, "mix": {"cold": 1}}]
 
 
-def _restart_command(pidfile: Path, port: int, log: Path, *faults: str) -> str:
-    """An operator's restart hook: stop the pidfile's sim (wait until it is gone, a zombie counts as gone),
-    then `exec` a new one on the same port, its pid in the pidfile."""
-    args = " ".join([*FAST_SIM, *SIM, *faults])
-    return (f"pid=$(cat {pidfile}); kill $pid; "
-            f"while s=$(awk '{{print $3}}' /proc/$pid/stat 2>/dev/null) && [ -n \"$s\" ] && [ \"$s\" != Z ]; "
-            f"do sleep 0.05; done; echo $$ > {pidfile}; exec {sys.executable} -m k3load sim {args} --port {port} "
-            f">> {log} 2>&1")
-
-
 def _drill(start_sim: Callable[..., SimProcess], tmp_path: Path, *faults: str) -> tuple[dict, Path]:
-    port, pidfile = _free_port(), tmp_path / "sim.pid"
-
-    def first_sim(*args: str) -> SimProcess:
-        sim = start_sim(*args)
-        pidfile.write_text(str(sim.proc.pid))  # type: ignore[union-attr]
-        return sim
-
-    command = _restart_command(pidfile, port, tmp_path / "restarted.log", *faults)
-    try:
-        verdict, _, out = accept(first_sim, tmp_path, ["--port", str(port)], stages=STAGES,
-                                 options=lambda sim: ["--k3-restart-cmd", command])
-    finally:
-        with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
-            os.kill(int(pidfile.read_text()), signal.SIGTERM)  # the restarted sim
+    verdict, _, out = accept_with_restart(start_sim, tmp_path, [], STAGES, faults)
     return verdict, out
 
 

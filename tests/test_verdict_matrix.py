@@ -41,6 +41,10 @@ ALL_PASS = {"compat": "pass", "resources": "pass", "prefix_cache": "pass", "agen
 # short rows send 47-88 (the salted cold family's requests are most of them, fewer on a slower machine), so a
 # healthy row would hang on the machine's speed; 90% needs 35. The rows judge the verdict's logic, not the default.
 BASE_THRESHOLDS = {"agent_api": {"min_valid_rate": 0.9}}
+# A healthy row's verdict: every pillar passes, but its plan has no restart stage (a restart drill per row would
+# cost CI a minute), so the seed's restart check is not proven and the verdict is at best `limited`, its first
+# reason saying so (issue 38). `go` itself is proven where the restart drill runs: tests/test_verdicts.py.
+HEALTHY = "limited"
 
 
 @dataclass
@@ -127,8 +131,8 @@ def _statuses(**changed: str) -> dict[str, str]:
 
 
 CASES = {
-    "healthy-seed-1": Case(["--seed", "1"], "go", ALL_PASS, ("prefix_cache", "cold/warm pairs")),
-    "healthy-seed-2": Case(["--seed", "2"], "go", ALL_PASS, ("agent_api", "attempts valid")),
+    "healthy-seed-1": Case(["--seed", "1"], HEALTHY, ALL_PASS, ("prefix_cache", "cold/warm pairs")),
+    "healthy-seed-2": Case(["--seed", "2"], HEALTHY, ALL_PASS, ("agent_api", "attempts valid")),
     # A server started with a tool-call parser that is not the model's (the K3 recipe names kimi_k3): the
     # model's call stays as markup in content. The real small model never writes markup in auto turns, so
     # this attribution is proven here (docs/real-server-results.md says why).
@@ -183,7 +187,7 @@ CASES = {
         _statuses(compat="*", resources="inconclusive", prefix_cache="inconclusive"),
         ("prefix_cache", "metrics missing")),
     "metrics-from-a-separate-port": Case(
-        ["--metrics-http-status", "404", "--metrics-port", "-1"], "go", ALL_PASS,
+        ["--metrics-http-status", "404", "--metrics-port", "-1"], HEALTHY, ALL_PASS,
         ("prefix_cache", "cold/warm pairs"), options=lambda sim: ["--k3-metrics-url", sim.metrics_url]),
     "metrics-disabled": Case(["--metrics-disabled"], "limited",  # compat: serve flags cannot be read either
                              _statuses(compat="inconclusive", resources="inconclusive", prefix_cache="inconclusive"),
@@ -193,7 +197,7 @@ CASES = {
     # let the sampler's first scrape reach the sim after the first chat request, and nothing was bracketed.
     "scrape-stall-during-the-control": Case(
         ["--metrics-stall-ms", "4000", "--metrics-stall-after-requests", "3", "--metrics-stall-requests", "12"],
-        "go", ALL_PASS, ("prefix_cache", "cold/warm pairs"), options=lambda sim: ["--k3-scrape-timeout", "1"]),
+        HEALTHY, ALL_PASS, ("prefix_cache", "cold/warm pairs"), options=lambda sim: ["--k3-scrape-timeout", "1"]),
     # ... and when no good scrape comes for long after it, the window is unbracketed: inconclusive, never a fail.
     "scrape-gap-after-the-control": Case(
         ["--metrics-stall-ms", "4000", "--metrics-stall-after-requests", "3", "--metrics-stall-requests", "0"],
@@ -213,7 +217,7 @@ CASES = {
     # GPU memory as vLLM uses it (issue 25): the reservation is flat from the first scrape; only what the load
     # adds is judged. The sim's DCGM gauges are read from its /metrics (labelled simulated).
     "vllm-reservation-at-0.95-is-not-pressure": Case(
-        ["--gpu-memory-utilization", "0.95"], "go", ALL_PASS,
+        ["--gpu-memory-utilization", "0.95"], HEALTHY, ALL_PASS,
         ("resources", "reserved at start: 95.5% of each card, vLLM's --gpu-memory-utilization 0.95"),
         check=_reservation_is_not_pressure),
     "gpu-memory-creeps-under-load": Case(
@@ -286,5 +290,12 @@ def test_verdict_matrix(name: str, verdicts: dict[str, Future[tuple[dict, int]]]
     assert any(text in r for r in reasons), summary
     assert code == {"go": 0, "limited": 3, "rebuild": 4, "scale_up": 5}[case.verdict]
     case.check(verdict)
+    # the verdict and the signed record's checklist never disagree: an open line is never `go`
+    opened = [i for i in verdict["checklist"] if i["status"] == "open"]
+    assert not (opened and verdict["verdict"] == "go"), opened
+    assert any(i["item"].startswith("Restart check") and i["status"] == "open" for i in opened)  # no drill here
+    if case.verdict == HEALTHY and case.statuses == ALL_PASS:
+        assert because[0].startswith("not proven: Restart check (back and serving the same load) (restart not "
+                                     "proven: the restart drill not run, because the plan has no restart stage)")
     if case.verdict != "scale_up":
         assert not any("more or larger GPUs" in b for b in because)

@@ -4,8 +4,11 @@ manifest."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -55,10 +58,47 @@ def accept(start_sim, tmp_path: Path, sim_args: list[str], recipe: str = "recipe
     return json.loads((out / "verdict.json").read_text()), run.returncode, out
 
 
+def restart_command(pidfile: Path, port: int, log: Path, *faults: str) -> str:
+    """An operator's restart hook: stop the pidfile's sim (wait until it is gone, a zombie counts as gone),
+    then `exec` a new one on the same port, its pid in the pidfile."""
+    args = " ".join([*FAST_SIM, *SIM, *faults])
+    return (f"pid=$(cat {pidfile}); kill $pid; "
+            f"while s=$(awk '{{print $3}}' /proc/$pid/stat 2>/dev/null) && [ -n \"$s\" ] && [ \"$s\" != Z ]; "
+            f"do sleep 0.05; done; echo $$ > {pidfile}; exec {sys.executable} -m k3load sim {args} --port {port} "
+            f">> {log} 2>&1")
+
+
+def accept_with_restart(start_sim, tmp_path: Path, sim_args: list[str], stages: list[dict],
+                        restart_faults: tuple[str, ...] = ()) -> tuple[dict, int, Path]:
+    """`accept` with the plan's restart stage drilled: the sim restarted on its port by `restart_command` (with
+    `restart_faults`: a server that comes back broken)."""
+    port, pidfile = _free_port(), tmp_path / "sim.pid"
+
+    def first_sim(*args: str):
+        sim = start_sim(*args)
+        pidfile.write_text(str(sim.proc.pid))
+        return sim
+
+    command = restart_command(pidfile, port, tmp_path / "restarted.log", *restart_faults)
+    try:
+        return accept(first_sim, tmp_path, [*sim_args, "--port", str(port)], stages=stages,
+                      options=lambda sim: ["--k3-restart-cmd", command])
+    finally:
+        with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)  # the restarted sim
+
+
+RESTART = {"name": "restart", "kind": "restart", "duration_s": 3, "users": 4, "mix": {"agent": 1}}
+
+
 def test_healthy_sim_is_go_reproducible_and_signed(start_sim, tmp_path):
-    verdict, code, out = accept(start_sim, tmp_path, [])
+    """Every stage kind the seed asks for, the restart drill included: `go`, every checklist line ticked (or not
+    applicable under the local-dev recipe, or the signer's own)."""
+    verdict, code, out = accept_with_restart(start_sim, tmp_path, [], [*STAGES, RESTART])
     assert set(verdict) == {"verdict", "pillars", "limits", "checklist", "next_action"}
     assert verdict["verdict"] == "go" and code == 0, verdict["next_action"]
+    assert verdict["pillars"]["resources"]["numbers"]["restart_drill"]["status"] == "pass"
+    assert {i["status"] for i in verdict["checklist"]} <= {"ok", "not_applicable", "to_sign"}, verdict["checklist"]
     assert {p["status"] for p in verdict["pillars"].values()} == {"pass"}
     assert "cold/warm pairs" in verdict["pillars"]["prefix_cache"]["reasons"][0]
     assert any("k3load sim" in b for b in verdict["next_action"]["because"])
