@@ -153,8 +153,12 @@ def test_the_healthy_real_model_earns_its_verdict_with_model_output_the_only_fai
     assert {p: s for p, s in statuses(verdict).items() if p != "agent_api"} == \
         {"compat": "pass", "resources": "pass", "prefix_cache": "pass"}, summary
     agent = statuses(verdict)["agent_api"]
+    opened = [i["item"] for i in verdict["checklist"] if i["status"] == "open"]
+    # no --k3-restart-cmd here: the plan's restart stage holds load on a server never restarted, so the seed's
+    # restart check stays open and the verdict is at best limited (issue 38); the only open line it may be
+    assert all(item.startswith("Restart check") for item in opened), (opened, summary)
     if agent == "pass":
-        assert verdict["verdict"] == "go" and code == 0, summary
+        assert verdict["verdict"] == ("limited" if opened else "go") and code == (3 if opened else 0), summary
     else:  # fail, or inconclusive: a few dozen attempts on two cores may not decide a rate near 95%
         assert agent in ("fail", "inconclusive") and verdict["verdict"] == "limited" and code == 3, summary
         said = reasons(verdict, "agent_api")
