@@ -10,6 +10,7 @@ from k3load.analysis import cli as analysis_cli
 from k3load.analysis import diff as diff_cli
 from k3load.analysis.verdict import EXIT_CODES
 from k3load.precheck import cli as precheck_cli
+from k3load.precheck import inventory as inventory_cli
 from k3load.sampler import cli as sampler_cli
 from k3load.sim import cli as sim_cli
 from k3load.workload import stored_requests_cli
@@ -49,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
                               description=precheck_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     precheck_cli.add_arguments(precheck)
     precheck.set_defaults(func=precheck_cli.run)
+    inventory = sub.add_parser("inventory", help="this node's GPU inventory (nvidia-smi) as --host-inventory JSON",
+                               description=inventory_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    inventory_cli.add_arguments(inventory)
+    inventory.set_defaults(func=inventory_cli.run)
     sample = sub.add_parser("sample", help="run the side sampler (/metrics, /health, GPUs, server log) into a "
                             "run directory", description=sampler_cli.__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)

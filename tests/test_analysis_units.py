@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 
-from k3load.analysis.analyze import analyze
+from k3load.analysis.analyze import NothingJudged, analyze
 from k3load.analysis.checklist import build_checklist
 from k3load.analysis.input_size import input_tokens
 from k3load.analysis.manifest import verify
@@ -105,16 +106,23 @@ def test_markdown_subset_renders_to_html():
     assert "<li>a <code>b</code></li>" in html and '<td><a href="f.json">f</a></td>' in html
 
 
+PRECHECK_PASSED = {"status": "pass", "recipe": {"name": "local-dev"}, "rules": []}
+
+
 def test_a_hand_made_directory_is_judged_and_signed(tmp_path: Path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "run.json").write_text(json.dumps({"run_id": "r", "model": "m", "started_ts": 0}))
     (run / "events.jsonl").write_text(json.dumps({"ts": 1, "event": "stage_start", "stage": "load",
                                                   "kind": "load", "users": 1}) + "\n")
+    with pytest.raises(NothingJudged, match="nothing could be judged, every pillar is not_run"):
+        analyze(run)  # issue 38: evidence of nothing is a harness error, never `limited`, and nothing is written
+    assert not (run / "verdict.json").exists()
+    (run / "compat.json").write_text(json.dumps(PRECHECK_PASSED))
     judgment = analyze(run)
     verdict = json.loads((run / "verdict.json").read_text())
     assert verdict["verdict"] == judgment.verdict == "limited"
-    assert verdict["pillars"]["compat"]["status"] == "not_run"
+    assert verdict["pillars"]["compat"]["status"] == "pass" and verdict["pillars"]["resources"]["status"] == "not_run"
     assert verdict["pillars"]["agent_api"]["reasons"] == ["no request was recorded"]
     assert verify(run) == []
     (run / "extra.txt").write_text("unsigned")
@@ -130,6 +138,7 @@ def test_unreadable_evidence_is_said_with_the_verdict(tmp_path: Path):
                "not_final": ["worker w2 (spool w2.jsonl)"]}]
     (run / "events.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
     (run / "metrics.jsonl").write_text('{"ts": 1, "ok": false, "error": "x"}\n{torn\n{"ts": 2, "ok": false}\n')
+    (run / "compat.json").write_text(json.dumps(PRECHECK_PASSED))  # one pillar judged (issue 38)
     analyze(run)
     verdict = json.loads((run / "verdict.json").read_text())
     note = verdict["next_action"]["because"][-1]
@@ -183,6 +192,7 @@ def test_a_run_cut_short_says_the_plan_did_not_finish_and_is_never_go(tmp_path: 
         {"name": "soak", "kind": "soak", "duration_s": 5, "users": 1, "mix": {"agent": 1}}]}))
     (run / "events.jsonl").write_text(json.dumps({"ts": 1, "event": "stage_start", "stage": "load", "kind": "load",
                                                   "users": 1}) + "\n")  # killed -9 during load: no run_end
+    (run / "compat.json").write_text(json.dumps(PRECHECK_PASSED))  # one pillar judged (issue 38)
     judgment = analyze(run)
     assert judgment.verdict != "go"
     assert "the plan did not finish, the run was cut short (no run_end in events.jsonl): stages soak not run" \

@@ -223,11 +223,15 @@ def test_every_record_written_reads_back_identically(tmp_path_factory: pytest.Te
 @settings(max_examples=12, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 def test_any_written_records_are_judged_to_a_verdict(tmp_path_factory: pytest.TempPathFactory,
                                                       records: list[Attempt]) -> None:
-    from k3load.analysis.analyze import analyze
+    from k3load.analysis.analyze import NothingJudged, analyze
 
     run = tmp_path_factory.mktemp("judged")
     _write_run(run, records)
-    judgment = analyze(run)
+    try:
+        judgment = analyze(run)
+    except NothingJudged:  # issue 38: no record and no compat.json, every pillar not_run: no verdict at all
+        assert not records and not (run / "verdict.json").exists()
+        return
     verdict = json.loads((run / "verdict.json").read_text())
     assert verdict["verdict"] == judgment.verdict in ("go", "limited", "rebuild", "scale_up")
     assert all(isinstance(reason, str) and reason for reason in verdict["next_action"]["because"])

@@ -57,7 +57,13 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from k3load.client.access import Secrets, Tls, gevent_patched, tls_hint
-from k3load.precheck.formats import HOST_ALIASES, check_collect_env, check_host_inventory, read_custom_build, read_json
+from k3load.precheck.formats import (
+    HOST_ALIASES,
+    check_collect_env,
+    check_host_inventory,
+    read_custom_build,
+    read_host_inventory,
+)
 from k3load.precheck.startup_log import parse_startup_log
 from k3load.private_files import is_temp, make_dirs, make_run_dir, write_bytes_atomic
 from k3load.rundir import copy_file_redacted, scrub_bytes, write_atomic, write_json_atomic
@@ -332,7 +338,7 @@ def _load_files(root: Path, ev: Evidence, platform: str) -> None:
         ev.files["image"] = "container/image.json"
     for path in sorted((root / "hosts").glob("*.json")):
         rel = f"hosts/{path.name}"
-        ev.hosts.append(normalise_host(read_json(path), rel))
+        ev.hosts.append(normalise_host(read_host_inventory(path), rel))  # a malformed copy: named by its path
     log = root / "startup.log"
     if log.exists():
         ev.startup = parse_startup_log(log.read_text(encoding="utf-8", errors="replace"), platform)
