@@ -98,6 +98,9 @@ def unfinished_plan(data: RunData) -> str | None:
     than its plan asked: said with the verdict, which is then never `go`."""
     if data.plan is None or not data.plan.stages:
         return None
+    if any(e.get("load_skipped") for e in data.events_named(Event.PRECHECK)):
+        return ("no load ran: the precheck's outcome is rebuild, so the run stopped before its first stage "
+                "(--k3-load-after-rebuild runs the plan anyway)")
     started = {e.get("stage") for e in data.events_named(Event.STAGE_START)}
     missing = [s.name for s in data.plan.stages if s.name not in started]
     ended = bool(data.events_named(Event.RUN_END))

@@ -123,7 +123,8 @@ def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], 
     record's lines; an open one is never `go` (it leads the reasons of a run otherwise `go`)."""
     limits = _limits(stage_table, ramp, pillars["agent_api"].numbers.get("context_length_refusals"))
     if pillars["compat"].status == FAIL:
-        return "rebuild", ["compatibility failed: " + "; ".join(pillars["compat"].reasons)], limits
+        return "rebuild", ["compatibility failed: " + "; ".join(pillars["compat"].reasons)] + \
+            ([unfinished] if unfinished else []), limits
     resources = pillars["resources"]
     if resources.status == FAIL:
         hard = _scale_up_reasons(resources, stage_table, ramp)

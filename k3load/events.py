@@ -111,8 +111,9 @@ FIELDS: dict[Event, frozenset[str]] = {
     # k3load.loadgen.session: a long-input scenario whose fixed part and answer budget exceed the server's
     # max_model_len; none of its requests are sent. Said once per scenario.
     Event.LONG_INPUT_UNFIT: _f("scenario", "fixed_tokens", "max_tokens", "max_model_len"),
-    # k3load.loadgen.observe.precheck: compat.json's status before the first request, the failed rule ids.
-    Event.PRECHECK: _f("status", "failed"),
+    # k3load.loadgen.observe.precheck: compat.json's status before the first request, the failed rule ids, and
+    # whether the load was skipped for it (status fail, the verdict rebuild, no --k3-load-after-rebuild).
+    Event.PRECHECK: _f("status", "failed", "load_skipped"),
     # k3load.loadgen.observe.precheck: the run directory's filesystem has less free space than the plan may
     # write (k3load.disk_full.space_needed: bytes); the run goes on and stops if the disk fills.
     Event.DISK_SPACE_LOW: _f("free_bytes", "needed_bytes", "filesystem", "mount_point"),

@@ -126,6 +126,13 @@ def _thinking_details(verdict: dict) -> None:
     assert any(p["id"] == "slo.ttfa_p95" for s in stages for p in s["problems"])
 
 
+def _rebuild_first(verdict: dict) -> None:
+    """rebuild is decided first (issue 38): the run stops before any load, saying so."""
+    because = verdict["next_action"]["because"]
+    assert any(b.startswith("no load ran: the precheck's outcome is rebuild") for b in because), because
+    assert verdict["pillars"]["resources"]["reasons"] == ["no request was recorded"]
+
+
 def _statuses(**changed: str) -> dict[str, str]:
     return ALL_PASS | changed
 
@@ -228,8 +235,9 @@ CASES = {
         ["--prefill-spike-mib-per-1k-tokens", "6000"], "scale_up",
         _statuses(resources="fail", prefix_cache="*", agent_api="*"), ("verdict", "after a long input"),
         check=_prefill_spike_details),
-    "production-recipe-on-the-sim": Case([], "rebuild", _statuses(compat="fail", resources="*", prefix_cache="*",
-                                                                  agent_api="*"), ("compat", "target_not_sim")),
+    "production-recipe-on-the-sim": Case([], "rebuild", _statuses(compat="fail", resources="not_run",
+                                                                  prefix_cache="not_run", agent_api="not_run"),
+                                         ("compat", "target_not_sim"), check=_rebuild_first),
 }
 
 

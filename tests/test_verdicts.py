@@ -124,6 +124,19 @@ def test_healthy_sim_is_go_reproducible_and_signed(start_sim, tmp_path):
     assert verify(out) == [f"changed: {RECORDS}"]
 
 
+def test_rebuild_stops_before_load_unless_asked_and_the_verdict_stays_rebuild(start_sim, tmp_path):
+    """The production recipe against the sim fails the precheck: by default no load runs (test_verdict_matrix's
+    production row); with --k3-load-after-rebuild the plan runs, its load judged beside the rebuild."""
+    stage = [{"name": "load", "kind": "load", "duration_s": 2, "users": 2, "mix": {"agent": 1}}]
+    verdict, code, out = accept(start_sim, tmp_path, [], recipe="recipes/kimi-k3.yaml", stages=stage,
+                                options=lambda sim: ["--k3-load-after-rebuild"])
+    assert verdict["verdict"] == "rebuild" and code == 4
+    assert verdict["pillars"]["resources"]["numbers"]["stages"][0]["attempts"] > 0
+    assert not any(b.startswith("no load ran") for b in verdict["next_action"]["because"])
+    precheck = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines() if '"precheck"' in x]
+    assert precheck[0]["status"] == "fail" and precheck[0]["load_skipped"] is False
+
+
 def _free_port() -> int:
     import socket
 

@@ -16,6 +16,7 @@ from k3load.clock import wall_clock
 from k3load.disk_full import free_bytes, mount_of, size_text, space_needed
 from k3load.events import Event
 from k3load.loadgen.drain import StageDrain
+from k3load.loadgen.hold import stop_load
 from k3load.loadgen.options import metrics_urls, run_access
 from k3load.loadgen.redact_lines import copy_redacted
 from k3load.loadgen.restart_drill import RestartDrill
@@ -45,8 +46,14 @@ def precheck(session: HarnessSession) -> dict[str, Any]:
                           metrics_url=next(iter(metrics_urls(opts, session.env.host)), None))
     failed = [r["id"] for r in compat.get("rules", []) if r.get("status") == "fail"]
     assert session.events is not None  # opened with the run directory
-    session.events.event(Event.PRECHECK, status=compat.get("status"), failed=failed)
+    # rebuild is decided first (analysis/verdict.py): no load on a deployment already judged to need rebuilding
+    session.load_skipped = compat.get("status") == "fail" and not opts.k3_load_after_rebuild
+    session.events.event(Event.PRECHECK, status=compat.get("status"), failed=failed, load_skipped=session.load_skipped)
     log.warning("k3load precheck: %s%s", compat.get("status"), f" (failed: {', '.join(failed)})" if failed else "")
+    if session.load_skipped:
+        log.warning("k3load: the precheck's verdict is rebuild: the run stops before any load (the reasons, the "
+                    "checklist and exit 4); --k3-load-after-rebuild runs the plan anyway")
+        stop_load(session.env)  # without a plan shape; a shape ends at its next tick
     disk_space(session)
     return compat
 

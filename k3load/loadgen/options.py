@@ -146,6 +146,11 @@ def _observation_options(group: Any) -> None:
                             "e.g. systemctl restart vllm, docker restart NAME)")
     group.add_argument("--k3-max-restarts", type=int, default=3, env_var="K3_MAX_RESTARTS",
                        help="at most this many restart commands per run")
+    group.add_argument("--k3-load-after-rebuild", action="store_true", default=False,
+                       env_var="K3_LOAD_AFTER_REBUILD",
+                       help="run the plan's load even when the precheck's outcome is rebuild (by default the run "
+                            "stops before any load: the reasons, the checklist and exit 4 in seconds); the verdict "
+                            "stays rebuild, with the resource evidence beside it")
 
 
 def _metrics_source_options(group: Any) -> None:

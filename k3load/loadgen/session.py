@@ -198,6 +198,7 @@ class HarnessSession:
     def _new_run_state(self) -> None:
         self.tests += 1
         self.finished, self.judgment, self.stage, self.previous_run_moved_to = False, None, None, None
+        self.load_skipped = False  # the precheck said rebuild: no load runs (k3load.loadgen.observe.precheck)
         self._seen, self.attempts_written, self._lost = set(), 0, 0
         self.workers.clear()
         self.manual = ManualStages()

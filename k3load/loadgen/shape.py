@@ -50,6 +50,8 @@ class PlanShape(LoadTestShape):
         except (RuntimeError, ValueError, OSError) as exc:
             session.fail(str(exc))  # a dead server or a bad scenario/plan: say so and end the run cleanly
             return None
+        if session.load_skipped:
+            return None  # the precheck said rebuild: the run ends before its first stage (exit 4)
         stage = self._planned(session)
         drain = session.drain
         if drain is not None and drain.due(session.stage, stage):
