@@ -325,7 +325,7 @@ def test_a_worker_without_the_masters_secrets_refuses_and_the_master_stops_with_
     master_text, worker_text = logs[0].read_text(), logs[1].read_text()
     assert returncode == 2, master_text[-3000:]
     assert time.monotonic() - start < 60  # stopped at the refusal, not after the 60-second stage
-    assert master_text.count("refused the run") == 1 and "K3_API_KEY" in master_text, master_text[-3000:]
+    assert master_text.count("cannot take part") == 1 and "K3_API_KEY" in master_text, master_text[-3000:]
     assert "worker refuses the run" in worker_text and "Traceback" not in worker_text, worker_text[-3000:]
     assert not (out / "records.jsonl.gz").exists() or not "".join(lines(out / "records.jsonl.gz")).strip()
     assert not _leaks({"master": master_text, "worker": worker_text})
@@ -370,3 +370,33 @@ def test_a_spool_name_from_the_worker_port_never_points_the_master_at_another_fi
         workers.done(f"w{i}", {"run_id": "r", "sent": 0, "unsent": 0, "spool": name})
     spools = [workers.tallies[f"w{i}"].spool for i in range(6)]
     assert spools == [None, None, None, None, None, "worker-12.jsonl.gz"]
+
+
+@pytest.mark.slow
+def test_a_workers_harness_error_stops_the_master_with_one_line_naming_it(start_sim, tmp_path):
+    """Issue 38: a worker started from another directory (its --k3-scenarios 'scenarios/*.yaml' matches no file)
+    says its harness error, tells the master, and both exit 2; the master never runs on with part of the load."""
+    sim, port, out = start_sim("--time-scale", "0.05"), _free_port(), tmp_path / "run"
+    plan = _plan(tmp_path, [{"name": "load", "kind": "load", "duration_s": 60, "users": 2, "mix": {"agent": 1}}])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    worker_cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "agent.py"), "--worker",
+                  "--master-host", "127.0.0.1", "--master-port", str(port), "--k3-worker-spool", "off"]
+    logs = [tmp_path / "master.log", tmp_path / "worker.log"]
+    start = time.monotonic()
+    with _process(_master_cmd(sim, out, plan, port), ROOT, logs[0]) as master, logs[1].open("w") as worker_log, \
+            subprocess.Popen(worker_cmd, cwd=elsewhere, stdout=worker_log, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True, env=_worker_env(K3_API_KEY=KEY, K3_HEADER=HEADER)) as worker:
+        try:
+            returncode = master.wait(90)
+            worker_code = worker.wait(30)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.pid, signal.SIGKILL)
+    master_text, worker_text = logs[0].read_text(), logs[1].read_text()
+    assert returncode == 2 and worker_code == 2, (master_text[-3000:], worker_text[-3000:])
+    assert time.monotonic() - start < 60  # stopped at the worker's error, not after the 60-second stage
+    named = [line for line in master_text.splitlines() if "cannot take part: harness error:" in line]
+    assert len(named) == 1 and "matched no file" in named[0], master_text[-3000:]
+    assert "Traceback" not in worker_text, worker_text[-3000:]
+    assert not (out / "verdict.json").exists()

@@ -23,13 +23,10 @@
 from __future__ import annotations
 
 import logging
-import os
-import socket
 from pathlib import Path
 from typing import Any
 
 import gevent
-from locust.exception import RPCError, RPCSendError
 
 from k3load.analysis.analyze import Judgment, analyze
 from k3load.analysis.cli import summary_line
@@ -126,18 +123,14 @@ def _check_worker_secrets(environment: Any, session: HarnessSession) -> None:
     why = held_secrets.worker_problem(token, held_secrets.held(environment.parsed_options), environment.host)
     if why is None:
         return
-    session.fail(f"worker refuses the run: {why}")
-    try:
-        environment.runner.send_message(Message.REFUSED, {"host": socket.gethostname(), "pid": os.getpid(),
-                                                          "why": why})
-    except (RPCError, RPCSendError) as exc:
-        log.error("k3load: worker could not tell the master it refuses: %s", exc)
+    session.fail(f"worker refuses the run: {why}")  # told to the master (k3load.loadgen.worker.tell_master)
 
 
 def _worker_refused(environment: Any, data: dict[str, Any]) -> None:
-    """Master: a worker refused the run; the run stops (exit 2, no verdict), its reason said once."""
+    """Master: a worker refused the run or met a harness error; the run stops (exit 2, no verdict), the worker
+    and its reason said once."""
     session = environment.k3_session
-    session.fail(f"worker {data.get('host')}:{data.get('pid')} refused the run: {data.get('why')}")
+    session.fail(f"worker {data.get('host')}:{data.get('pid')} cannot take part: {data.get('why')}")
     runner = environment.runner
     if environment.shape_class is None or getattr(environment.parsed_options, "headless", False):
         gevent.spawn(runner.quit if getattr(environment.parsed_options, "headless", False) else runner.stop)
@@ -169,6 +162,8 @@ def _on_quitting(environment: Any, **_kwargs: Any) -> None:
     if session is not None and session.fatal and session.role != "worker":
         _quit_fatal(environment, session)  # the error was said once when it happened (HarnessSession.fail)
         return
+    if session is not None and session.fatal:  # a worker's harness error, told to its master: not a clean exit
+        environment.process_exit_code = HARNESS_ERROR_EXIT
     if session is not None and session.link is not None:
         session.link.cpu.stop()  # a worker quitting without test_stop (never started): no reading follows
     if session is None or session.role == "worker" or session.run_dir is None:

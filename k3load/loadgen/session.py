@@ -41,7 +41,7 @@ from k3load.loadgen.manual import LiveCounts, ManualStages
 from k3load.loadgen.options import locust_late_outputs, public_options, run_access
 from k3load.loadgen.request_events import fire_request_events
 from k3load.loadgen.restart_drill import RestartDrill
-from k3load.loadgen.worker import WorkerLink
+from k3load.loadgen.worker import WorkerLink, tell_master
 from k3load.private_files import narrow_existing
 from k3load.records import Attempt
 from k3load.rundir import JsonlLog, set_aside_previous_run, write_atomic, write_guarded, write_json_atomic
@@ -224,6 +224,8 @@ class HarnessSession:
         if self.events is not None:
             with contextlib.suppress(ValueError):  # closed already (a failure at the run's very end): said above
                 self.events.event(Event.HARNESS_ERROR, error=one_line(why)[:2000])
+        if self.role == "worker":
+            tell_master(self.env, f"harness error: {one_line(why)[:2000]}")  # the master stops the run: exit 2
 
     def records_kept(self) -> int:
         """Records in records.jsonl.gz (as of its last flush)."""

@@ -35,6 +35,18 @@ log = logging.getLogger("k3load")
 SPOOL_MODES = ("auto", "off")
 
 
+def tell_master(environment: Any, why: str) -> None:
+    """A worker that cannot take part says so to its master (`k3_refused`: its host, pid and why), which stops
+    the run with one line naming it and exits 2: a worker's lost load must never pass for the whole plan's."""
+    runner = getattr(environment, "runner", None)
+    if not isinstance(runner, WorkerRunner):
+        return
+    try:
+        runner.send_message(Message.REFUSED, {"host": socket.gethostname(), "pid": os.getpid(), "why": why})
+    except (RPCError, RPCSendError) as exc:
+        log.error("k3load: worker could not tell the master: %s", exc)
+
+
 class WorkerLink:
     """One per worker process; the session delegates its worker-only parts here."""
 
