@@ -66,10 +66,11 @@ class Side:
 
 
 def load_side(path: Path) -> Side:
+    from k3load.analysis.cli import run_dir_problem
     from k3load.analysis.rundata import load_run
 
-    if not path.is_dir():
-        raise DiffInputError(f"{path}: not a run directory")
+    if problem := run_dir_problem(path):  # the one check analyze and verify make too
+        raise DiffInputError(problem)
     if not records_file(path).is_file():
         raise DiffInputError(f"{path}: no records.jsonl.gz (not a run directory, or the run never sent a request)")
     data = load_run(path)

@@ -28,7 +28,7 @@ from typing import Any
 
 import gevent
 
-from k3load.analysis.analyze import Judgment, analyze
+from k3load.analysis.analyze import Judgment, NothingJudged, analyze
 from k3load.analysis.cli import summary_line
 from k3load.client.origin import plain_http_warning
 from k3load.events import Event, Message
@@ -219,6 +219,9 @@ def finish_run(environment: Any, session: HarnessSession, in_thread: bool = Fals
         if session.hold.guard is None:
             raise
         session.hold.guard.failed(run_dir, exc)
+        return None
+    except NothingJudged as exc:  # every pillar not_run: a harness error, never a verdict (exit 2)
+        session.fail(str(exc))
         return None
     if _moved_away(session):  # moved while it was judged: what it wrote went there by path
         return None
