@@ -74,7 +74,10 @@ def unjudged_lines(found: dict[str, Any], run_dir: Path) -> list[str]:
 
 
 def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
-    lines = [f"k3load: {summary['all']['attempts']} attempts recorded in {records_file(run_dir)}"]
+    everything = summary["all"]
+    drills = everything.get("timeout_drills") or 0
+    counted = f" (and {drills} timeout drills, counted apart: their timeout is their purpose)" if drills else ""
+    lines = [f"k3load: {everything['attempts']} attempts recorded in {records_file(run_dir)}{counted}"]
     for name, group in summary["by_scenario"].items():
         rate = group["valid_rate"]
         failed = ", ".join(f"{k} {v}" for k, v in group["failed_by_layer"].items() if v) or "none failed"
