@@ -79,6 +79,22 @@ def _stage_logs(data: RunData) -> dict[str, Any]:
                  ["records.jsonl", "metrics.jsonl", "events.jsonl"])
 
 
+def _families(data: RunData) -> dict[str, Any]:
+    """Every family the plan's stages mixed in sent at least one request: a family that never ran (a worker
+    lost, a scenario file missing where a worker started, a long input that fits no server) left its part of
+    the seed unproven, however well the rest did."""
+    planned: dict[str, list[str]] = {}
+    for stage in (data.plan.stages if data.plan else ()):
+        for family, weight in stage.mix.items():
+            if weight > 0:
+                planned.setdefault(family, []).append(stage.name)
+    ran = {a.family for a in data.attempts}
+    missing = [f"family {family} (planned in {', '.join(stages)}) never ran: no attempt recorded"
+               for family, stages in sorted(planned.items()) if family not in ran]
+    detail = "; ".join(missing) if missing else f"{len(planned)} planned families ran: {', '.join(sorted(planned))}"
+    return _item("Every family of the plan's mix ran", not missing, detail, ["plan.yaml", "records.jsonl"])
+
+
 def _restart(pillars: dict[str, PillarResult]) -> dict[str, Any]:
     """The seed's restart check: the server restarted under load (the plan's restart stage with
     --k3-restart-cmd) came back and held the same load (analysis/restart_drill.py)."""
@@ -156,6 +172,7 @@ def build_checklist(data: RunData, pillars: dict[str, PillarResult]) -> list[dic
         _rule_item(data, "Every node's GPU model, count and topology", ("gpu_count", "gpu_model", "node_consistency")),
         _rule_item(data, "Clean startup log (communication, kernels, NCCL)", ("startup_log",)),
         _stage_logs(data),
+        _families(data),
         _monitoring(data),
         _gpu_curves(data, crashes),
         _restart(pillars),

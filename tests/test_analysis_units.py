@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 import yaml
 
 from k3load.analysis.analyze import NothingJudged, analyze
-from k3load.analysis.checklist import build_checklist
+from k3load.analysis.checklist import _families, build_checklist
 from k3load.analysis.input_size import input_tokens
 from k3load.analysis.manifest import verify
 from k3load.analysis.pillar import PillarResult, thresholds
@@ -24,6 +25,7 @@ from k3load.analysis.timeline import MetricIndex
 from k3load.analysis.verdict import decide
 from k3load.events import Event
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
+from k3load.workload.plan import parse_plan
 
 KEY = 'vllm:prefix_cache_hits_total{engine="0",model_name="m"}'
 WAIT = 'vllm:num_requests_waiting{engine="0",model_name="m"}'
@@ -273,3 +275,17 @@ def test_the_restart_check_says_whether_our_restart_command_ran():
         "bringing it back")
     alone = restart(earlier)  # a command before this crash is not this crash's restart
     assert alone["command_run"] is None and "no restart command ran (--k3-restart-cmd not given" in alone["detail"]
+
+
+def test_a_planned_family_that_never_ran_keeps_the_checklist_open_and_the_run_from_go(tmp_path: Path) -> None:
+    """Issue 38: a family the plan mixed in that sent nothing (a worker lost, a scenario file missing where it
+    started) leaves an open line, named, and so never `go`."""
+    data = RunData(path=tmp_path, records=pd.DataFrame([_attempt_row("a", 0, "ok", 0, 1, 100, 400)]))
+    data.plan = parse_plan({"name": "p", "stages": [{"name": "soak", "kind": "soak", "duration_s": 5, "users": 2,
+                                                     "mix": {"agent": 1, "cold": 1}}]}, "plan")
+    data.attempts = [SimpleNamespace(family="agent")]
+    line = _families(data)
+    assert line["status"] == "open" and line["detail"] == "family cold (planned in soak) never ran: no attempt recorded"
+    assert decide(_pillars(), [_step(2, [])], ramp([_step(2, [])]), checklist=[line])[0] == "limited"
+    data.attempts.append(SimpleNamespace(family="cold"))
+    assert _families(data)["status"] == "ok"
