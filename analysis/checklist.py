@@ -95,6 +95,20 @@ def _families(data: RunData) -> dict[str, Any]:
     return _item("Every family of the plan's mix ran", not missing, detail, ["plan.yaml", "records.jsonl"])
 
 
+def _workers(data: RunData) -> dict[str, Any]:
+    """Every load generator stayed: a worker the master lost mid-run (`worker_lost`) took its users' load with
+    it, so the stages after it ran on part of the plan's load."""
+    lost = data.events_named(Event.WORKER_LOST)
+    item, evidence = "Every load generator stayed to the end", ["events.jsonl"]
+    if not lost:
+        counts = {e.get("workers") for e in data.events_named(Event.STAGE_START)} - {None}
+        said = f"workers per stage: {', '.join(str(c) for c in sorted(counts))}" if counts else "one process"
+        return _item(item, True, said, evidence)
+    told = "; ".join(f"in stage {e.get('stage')}: {e.get('workers_now')} of {e.get('workers_before')} workers left"
+                     for e in lost)
+    return _item(item, False, f"a worker was lost ({told}): the load after it was part of the plan's", evidence)
+
+
 def _restart(pillars: dict[str, PillarResult]) -> dict[str, Any]:
     """The seed's restart check: the server restarted under load (the plan's restart stage with
     --k3-restart-cmd) came back and held the same load (analysis/restart_drill.py)."""
@@ -173,6 +187,7 @@ def build_checklist(data: RunData, pillars: dict[str, PillarResult]) -> list[dic
         _rule_item(data, "Clean startup log (communication, kernels, NCCL)", ("startup_log",)),
         _stage_logs(data),
         _families(data),
+        _workers(data),
         _monitoring(data),
         _gpu_curves(data, crashes),
         _restart(pillars),

@@ -43,6 +43,7 @@ class Event(StrEnum):
     DISK_SPACE_LOW = "disk_space_low"
     STAGE_DRAIN = "stage_drain"
     WORKER_SPOOLS = "worker_spools"
+    WORKER_LOST = "worker_lost"
     LOAD_GENERATOR_CPU = "load_generator_cpu"
     RESTART_COMMAND = "restart_command"
     RESTART_DRILL_SKIPPED = "restart_drill_skipped"
@@ -92,7 +93,7 @@ FIELDS: dict[Event, frozenset[str]] = {
     # run found there went, or null). k3load.rundir reads it back to name a run it sets aside.
     Event.RUN_START: _f("run_id", "role", "previous_run_moved_to"),
     # k3load.loadgen.session: a plan (or manual-N) stage begins; its window runs to the next one or run_end.
-    Event.STAGE_START: _f("stage", "kind", "users", "mix"),
+    Event.STAGE_START: _f("stage", "kind", "users", "mix", "workers"),  # workers: the master's, None run alone
     # k3load.loadgen.listeners.finish_run: the last records are in (attempts: written to records.jsonl.gz).
     # Without it the run was cut short.
     Event.RUN_END: _f("attempts"),
@@ -124,6 +125,9 @@ FIELDS: dict[Event, frozenset[str]] = {
                           "error"),
     # k3load.loadgen.delivery.collect, master: each worker's account of its records (not_final: the workers
     # still short after the wait, named; by_worker: each worker's Tally).
+    # k3load.loadgen.worker_count: the master's connected workers fell below the most seen this run (one died,
+    # was evicted, lost its network); its users' load is lost from then on.
+    Event.WORKER_LOST: _f("stage", "workers_before", "workers_now"),
     Event.WORKER_SPOOLS: _f("workers", "final", "not_final", "waited_s", "read_after_locust_quit", "by_worker"),
     # k3load.loadgen.cpu.write_reading, master: a worker's CPU per wall second (100 = one core), ts the
     # master's clock at receipt, worker_ts the worker's own. process: "worker HOST:PID".

@@ -289,3 +289,39 @@ def test_a_planned_family_that_never_ran_keeps_the_checklist_open_and_the_run_fr
     assert decide(_pillars(), [_step(2, [])], ramp([_step(2, [])]), checklist=[line])[0] == "limited"
     data.attempts.append(SimpleNamespace(family="cold"))
     assert _families(data)["status"] == "ok"
+
+
+def test_a_worker_lost_mid_run_is_counted_said_and_keeps_the_run_from_go(tmp_path: Path) -> None:
+    """Issue 38: the master's worker count falling is a `worker_lost` event (k3load.loadgen.worker_count), and
+    the checklist's line names it; with every worker to the end the line says the count per stage."""
+    from locust.runners import STATE_MISSING, STATE_RUNNING, MasterRunner, WorkerNodes
+
+    from k3load.analysis.checklist import _workers
+    from k3load.loadgen.worker_count import WorkerCount
+    from k3load.rundir import JsonlLog
+
+    class Master(MasterRunner):  # the count is Locust's own property over its worker nodes; no sockets here
+        def __init__(self) -> None:
+            self.clients = WorkerNodes()
+
+        def __del__(self) -> None:
+            pass
+
+    runner = Master()
+    for n in range(2):
+        runner.clients[f"w{n}"] = SimpleNamespace(id=f"w{n}", state=STATE_RUNNING)
+    events = JsonlLog(tmp_path / "events.jsonl")
+    count = WorkerCount()
+    count.check(runner, events, "load")
+    runner.clients["w1"].state = STATE_MISSING
+    count.check(runner, events, "soak")
+    count.check(runner, events, "soak")  # said once
+    assert count.now(object()) is None  # a local or worker runner: no count
+    events.close()
+    written = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["workers_before"], e["workers_now"]) for e in written] == [("worker_lost", 2, 1)]
+    data = RunData(path=tmp_path, events=written)
+    line = _workers(data)
+    assert line["status"] == "open" and "in stage soak: 1 of 2 workers left" in line["detail"]
+    data.events = [{"event": "stage_start", "ts": 1.0, "stage": "load", "workers": 2}]
+    assert _workers(data)["status"] == "ok" and _workers(data)["detail"] == "workers per stage: 2"

@@ -39,6 +39,7 @@ ELSEWHERE = {("k3load/cli.py", "precheck"), ("k3load/precheck/evidence.py", "cac
 LOCUST_LAYER = {Event.RUN_START, Event.STAGE_START, Event.RUN_END, Event.HARNESS_ERROR, Event.ANSWER_UNJUDGED,
                 Event.TURN_FAILED, Event.LONG_INPUT_UNFIT,
                 Event.PRECHECK, Event.DISK_SPACE_LOW, Event.STAGE_DRAIN, Event.WORKER_SPOOLS, Event.LOAD_GENERATOR_CPU,
+                Event.WORKER_LOST,
                 Event.RESTART_COMMAND, Event.RESTART_DRILL_SKIPPED, Event.RESTART_DRILL_START,
                 Event.RESTART_DRILL_DOWN, Event.RESTART_DRILL_READY, Event.RESTART_DRILL_FAILED}
 

@@ -42,6 +42,7 @@ from k3load.loadgen.options import locust_late_outputs, public_options, run_acce
 from k3load.loadgen.request_events import fire_request_events
 from k3load.loadgen.restart_drill import RestartDrill
 from k3load.loadgen.worker import WorkerLink, tell_master
+from k3load.loadgen.worker_count import WorkerCount
 from k3load.private_files import narrow_existing
 from k3load.records import Attempt
 from k3load.rundir import JsonlLog, set_aside_previous_run, write_atomic, write_guarded, write_json_atomic
@@ -105,6 +106,8 @@ class HarnessSession:
         self.judgment: Judgment | None = None  # the last finished run's judgment
         self.manual = ManualStages()  # stages `manual-N` when no plan shape drives the users
         self.live = LiveCounts()  # per-run counts the web UI shows (attempts, failures by layer)
+        self.load_skipped = False  # the precheck said rebuild: no load runs (k3load.loadgen.observe.precheck)
+        self.workers_seen = WorkerCount()  # the master's workers, a drop said as worker_lost
         self.drain: StageDrain | None = None  # master/local: the drain window after each plan stage
         self.restart_drill: RestartDrill | None = None  # master/local with --k3-restart-cmd: the restart stage's drill
 
@@ -199,6 +202,7 @@ class HarnessSession:
         self.tests += 1
         self.finished, self.judgment, self.stage, self.previous_run_moved_to = False, None, None, None
         self.load_skipped = False  # the precheck said rebuild: no load runs (k3load.loadgen.observe.precheck)
+        self.workers_seen = WorkerCount()  # the master's workers, a drop said as worker_lost
         self._seen, self.attempts_written, self._lost = set(), 0, 0
         self.workers.clear()
         self.manual = ManualStages()
@@ -342,8 +346,9 @@ class HarnessSession:
         log.warning("k3load: stage %s (%s, %d users: %s, %.0f s)", stage.name, stage.kind, stage.users, mix,
                     stage.duration_s)
         if self.events is not None:
+            self.workers_seen.check(self.env.runner, self.events, stage.name)
             self.events.event(Event.STAGE_START, stage=stage.name, kind=stage.kind, users=stage.users,
-                              mix=stage.mix)
+                              mix=stage.mix, workers=self.workers_seen.now(self.env.runner))
         if self.role == "master":
             manual = dataclasses.asdict(stage) if self.manual.active else None
             self.env.runner.send_message(Message.STAGE, {"name": stage.name, "stage": manual})

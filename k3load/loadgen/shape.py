@@ -52,6 +52,7 @@ class PlanShape(LoadTestShape):
             return None
         if session.load_skipped:
             return None  # the precheck said rebuild: the run ends before its first stage (exit 4)
+        session.workers_seen.check(self.runner, session.events, session.stage.name if session.stage else None)
         stage = self._planned(session)
         drain = session.drain
         if drain is not None and drain.due(session.stage, stage):
