@@ -130,6 +130,16 @@ def accept(target: VllmTarget, tmp_path: Path, setup: str, flags: list[str], *ex
     return json.loads((out / "verdict.json").read_text()), run.returncode, out
 
 
+def assert_cache_pass_or_undecided(verdict: dict[str, Any]) -> None:
+    """The cache pillar of a setup about something else (a crash, a starved KV pool): pass, or inconclusive for
+    want of evidence (too few pairs timed, the latency sign test undecided over 8 pairs on a busy machine),
+    never fail. Why not pass only: 8 pairs on two oversubscribed cores left the sign test at p=0.145 in a CI
+    run, a timing window the test cannot own (setup 1 proves the cache on a healthy server)."""
+    cache = verdict["pillars"]["prefix_cache"]
+    assert cache["status"] == "pass" or (cache["status"] == "inconclusive" and re.search(
+        r"more pairs would decide|fewer than two pairs have a first-token time", cache["reasons"][0])), cache["reasons"]
+
+
 def keep(setup: str, flags: list[str], out: Path) -> None:
     """The judgment and its setup, for docs/real-server-results.md and post-mortems."""
     dest = KEEP / setup
@@ -190,10 +200,13 @@ def healthy(vllm_pool: VllmPool) -> VllmTarget:
 # -- 2. prefix caching off ----------------------------------------------------------------------------------
 def test_prefix_caching_off_fails_the_cache_pillar_and_the_recipe(vllm_pool, healthy, tmp_path):
     """The server says so itself (vllm:cache_config_info): the cache pillar fails (never inconclusive),
-    and the local-dev recipe requires prefix caching, so compat fails first: `rebuild`."""
+    and the local-dev recipe requires prefix caching, so compat fails first: `rebuild`. The load runs anyway
+    (--k3-load-after-rebuild: by default a rebuild stops the run before any load) so the cache pillar's own
+    evidence is judged beside it."""
     target = vllm_pool.get("prefix_off")
     try:
-        verdict, code, _ = accept(target, tmp_path, "2-prefix-caching-off", PREFIX_OFF.flags(), stages=SHORT_STAGES)
+        verdict, code, _ = accept(target, tmp_path, "2-prefix-caching-off", PREFIX_OFF.flags(),
+                                  "--k3-load-after-rebuild", stages=SHORT_STAGES)
     finally:
         vllm_pool.stop("prefix_off")
     # stop() with a run dir given leaves nothing running and only the log (an own temp dir goes whole: setup 7b)
@@ -375,8 +388,9 @@ def test_crash_mid_soak_is_recorded_with_its_phase_and_the_restart_check(killed_
     # kill's time is itself an observation (the end the client stamped on the first request it cut), so
     # the sampler may see it first: 22 ms before it in one CI run.
     assert down["reason"] in ("connection refused", "connection reset") and -1 < down["ts"] - killed_run.kill_ts < 3
-    assert statuses(verdict) == {"compat": "pass", "resources": "fail", "prefix_cache": "pass",
-                                 "agent_api": "fail"}, json.dumps(verdict["next_action"], indent=1)
+    assert_cache_pass_or_undecided(verdict)  # this setup is about the crash: the cache is judged in setup 1
+    assert {p: s for p, s in statuses(verdict).items() if p != "prefix_cache"} == {
+        "compat": "pass", "resources": "fail", "agent_api": "fail"}, json.dumps(verdict["next_action"], indent=1)
     assert re.match(r"server crash \(no memory evidence\) in stage soak \(after long running: fragmentation or "
                     r"poor reuse\); \d+ requests "
                     r"in flight, largest prompt ~?\d+ tokens( \(estimated from the bytes sent\))?; "
@@ -399,7 +413,9 @@ def test_the_restart_drill_restarts_a_running_real_server_and_holds_the_load_bef
     drill = numbers["restart_drill"]
     assert drill["status"] == "pass" and drill["recovered"] is True, drill
     assert drill["down_seen"] is True and drill["up_before"] is True, drill
-    assert 5 < drill["time_to_ready_s"] < 240 and drill["time_to_first_good_answer_s"] > drill["time_to_ready_s"], drill
+    # the first good answer may be seen a poll before the readiness check notices (62.9 s vs 63.3 s in one run):
+    # both only after the restart command began, never before
+    assert 5 < drill["time_to_ready_s"] < 240 and drill["time_to_first_good_answer_s"] > 5, drill
     assert drill["held_from"] == "load" and drill["users"] == 2 and drill["held_attempts"] > 0, drill
     assert drill["held_problems"] == [], drill
     assert numbers["crashes"] == [] and not [e for e in seen if e["event"] == "restart_command"]
@@ -480,8 +496,9 @@ def test_kv_starved_server_is_judged_short_of_kv_with_the_limit_named(vllm_pool,
     flags = [" ".join(SERVER_ARGS), *(["--enforce-eager"] if EAGER else [])]
     verdict, code, out = accept(vllm_server, tmp_path, "3-kv-starved", flags, stages=KV_STAGES)
     resources = verdict["pillars"]["resources"]
-    assert statuses(verdict) == {"compat": "pass", "resources": "fail", "prefix_cache": "pass",
-                                 "agent_api": "fail"}, json.dumps(verdict["next_action"], indent=1)
+    assert_cache_pass_or_undecided(verdict)  # a starved KV pool evicts and delays the pairs; judged in setup 1
+    assert {p: s for p, s in statuses(verdict).items() if p != "prefix_cache"} == {
+        "compat": "pass", "resources": "fail", "agent_api": "fail"}, json.dumps(verdict["next_action"], indent=1)
     stages = {s["stage"]: s for s in resources["numbers"]["stages"]}
     over = stages["concurrency-c8"]
     # The sampler reads the KV gauge once a second (late, under this load), so a full cache shows as a
