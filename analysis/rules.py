@@ -3,7 +3,8 @@
 Why typed: the verdict, the ramp ("what ran out first") and the reports decide on a rule's `id` and
 `signal`, never on its English wording, so rewording a reason cannot change a verdict. Every rule
 names the evidence it read (file and selector); where that evidence is missing or broken, the rule is
-`inconclusive` and its reason says why, never `pass` or `fail`.
+`inconclusive` and its reason says why, never `pass` or `fail` (the one exception: the compat rules whose
+missing record the seed names as a reason to rebuild, docs/verdict-rules.md "Missing evidence, rule by rule").
 
 Signals (what kind of trouble a breach is evidence of) decide between `scale_up` and `limited`:
 `resource` (KV at its limit, sustained waiting, preemptions, GPU memory, an OOM), `queue_latency`
