@@ -144,9 +144,12 @@ def gpu_growth(data: RunData, spells: list[DownSpell]) -> GpuGrowth:
         used, source, after = found
         total = float(rows["total"].iloc[0])
         baselines.append(Baseline(str(name), starts[life], used, total, source))
-        # from the last baseline reading on: the step into load counts, start-up's own climb does not
+        # from the last baseline reading on: the step into load counts, start-up's own climb does not; and only
+        # the part above the baseline: a card emptied and filled again (a restart NVML watched) climbs back to
+        # the reservation, which is no jump
         since = after | after.shift(-1, fill_value=False)
-        jump = rows["used"][since].diff().reindex(rows.index).fillna(0.0)
+        level = rows["used"][since]
+        jump = (level - level.shift(1).clip(lower=used)).clip(lower=0.0).reindex(rows.index).fillna(0.0)
         parts.append(rows.assign(base_used_mib=used, base_free_mib=max(total - used, 0.0),
                                  growth_mib=rows["used"] - used, jump_mib=jump))
     readings = pd.concat(parts).sort_values("ts", kind="mergesort") if parts else table.iloc[0:0]

@@ -178,3 +178,14 @@ def test_the_reason_quotes_what_vllm_said_it_reserved() -> None:
                                                 "--gpu-memory-utilization 0.95 (the start-up log says KV cache "
                                                 "memory 1.07 GiB, GPU KV cache size 131,072 tokens)")
     assert "vllm:cache_config_info not scraped" in (reservation_text(growth, {}) or "")
+
+
+def test_a_card_emptied_and_filled_again_is_no_jump() -> None:
+    """NVML watches a restart the sampler did not see as a down spell (the card emptied, then the reservation taken
+    again): the climb back to the baseline is no jump and no growth; a rise above it still is."""
+    used = ({float(t): RESERVED for t in range(0, 20)} | {20.0: 500.0, 21.0: 120_000.0}
+            | {float(t): RESERVED for t in range(22, 40)})
+    stats = _stage(_data(_rows(used)), 10, 40)
+    assert stats["gpu_largest_jump_mib"] == 0 and gpu_problems(stats, LIMITS) == []
+    used[30.0] = RESERVED + 3000
+    assert _stage(_data(_rows(used)), 10, 40)["gpu_largest_jump_mib"] == 3000
