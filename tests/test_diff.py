@@ -163,7 +163,7 @@ def test_analyze_reference_rejudges_a_run_without_running_it_again(runs, tmp_pat
 
 def test_diff_refuses_what_is_not_a_run_directory(runs, tmp_path):
     missing = _diff(tmp_path / "nowhere", runs["b"])
-    assert missing.returncode == 2 and "not a run directory" in missing.stderr
+    assert missing.returncode == 2 and "nowhere: no such directory" in missing.stderr  # the one check of all three
     empty = _diff(runs["a"], tmp_path)
     assert empty.returncode == 2 and "no records.jsonl" in empty.stderr and not empty.stdout
 

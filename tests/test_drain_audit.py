@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from k3load.loadgen.drain import StageDrain, reading_of
+from k3load.loadgen.worker_count import WorkerCount
 from k3load.rundir import JsonlLog
 from k3load.workload.plan import Stage
 from tests.test_verdicts import accept
@@ -143,7 +144,8 @@ def test_the_plan_clock_stands_still_while_users_leave_so_a_short_stage_still_ru
                               plan=SimpleNamespace(stage_at=lambda t: next((s for s in (load, short, soak)
                                                                              if t < s.end_s), None)),
                               drain=StageDrain(SimpleNamespace(events=None), 5.0, read=lambda: _reading(0, 0, 0)),
-                              restart_drill=None, stage=None, events=None)
+                              restart_drill=None, stage=None, events=None, load_skipped=False,
+                              workers_seen=WorkerCount())
     session.enter_stage = lambda stage: (entered.append(stage.name), setattr(session, "stage", stage))
     runner = SimpleNamespace(user_count=0, environment=SimpleNamespace(k3_session=session))
     shape = shape_module.PlanShape()
