@@ -259,3 +259,21 @@ def test_the_locust_precheck_raises_on_a_recipe_it_cannot_use(tmp_path: Path) ->
     with pytest.raises(RecipeError, match=r"\(top level\): Additional properties are not allowed"):
         observe.precheck(session)
     assert not (tmp_path / "run" / "compat.json").exists()
+
+
+def test_what_a_worker_sends_is_said_on_one_printable_bounded_line() -> None:
+    """The worker port takes any message: a forged `k3_refused` with terminal escapes, a newline and a megabyte
+    of text stops the run (as any refusal does) but prints one bounded line, its control characters as repr."""
+    from types import SimpleNamespace
+
+    from k3load.loadgen import listeners
+
+    said: list[str] = []
+    session = SimpleNamespace(fail=said.append)
+    env = SimpleNamespace(k3_session=session, runner=None, shape_class=object,
+                          parsed_options=SimpleNamespace(headless=False))
+    listeners._worker_refused(env, {"host": "h\x1b[2J", "pid": 1, "why": "x\nk3load: forged line" + "y" * 10**6})
+    (line,) = said
+    assert "\x1b" not in line and "\n" not in line and len(line) < 2300 and "\\x1b[2J" in line
+    listeners._worker_refused(env, ["not", "a", "dict"])  # a malformed message: said, never a traceback
+    assert said[1] == "worker None:None cannot take part: None"

@@ -126,11 +126,21 @@ def _check_worker_secrets(environment: Any, session: HarnessSession) -> None:
     session.fail(f"worker refuses the run: {why}")  # told to the master (k3load.loadgen.worker.tell_master)
 
 
+def _printable(value: Any, limit: int) -> str:
+    """What a worker sent, safe for the master's one console line: the worker port is reachable by whoever can
+    connect to it (workers are not authenticated), so escapes and control characters are said as repr, and
+    the length is bounded."""
+    text = str(value)[:limit]
+    return text if text.isprintable() else repr(text)
+
+
 def _worker_refused(environment: Any, data: dict[str, Any]) -> None:
     """Master: a worker refused the run or met a harness error; the run stops (exit 2, no verdict), the worker
     and its reason said once."""
     session = environment.k3_session
-    session.fail(f"worker {data.get('host')}:{data.get('pid')} cannot take part: {data.get('why')}")
+    data = data if isinstance(data, dict) else {}
+    session.fail(f"worker {_printable(data.get('host'), 100)}:{_printable(data.get('pid'), 20)} cannot take part: "
+                 f"{_printable(data.get('why'), 2000)}")
     runner = environment.runner
     if environment.shape_class is None or getattr(environment.parsed_options, "headless", False):
         gevent.spawn(runner.quit if getattr(environment.parsed_options, "headless", False) else runner.stop)
