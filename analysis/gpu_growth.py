@@ -250,5 +250,7 @@ def reservation_text(growth: GpuGrowth, cache_config: dict[str, str], startup_lo
         " (vLLM reserves its KV pool at start; vllm:cache_config_info not scraped)"
     pool = f", {int(blocks):,} KV blocks" if blocks not in (None, "", "None") and str(blocks).isdigit() else ""
     log = startup_kv(startup_log)
+    late = "" if all(b.source == "before load" for b in first) else \
+        " (the baseline is the first readings, taken with load already running: growth before them is unseen)"
     return f"reserved at start: {share} of each card{said}{pool}{f' ({log})' if log else ''}; judged on what the " \
-           "load added to it"
+           f"load added to it{late}"

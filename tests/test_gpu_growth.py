@@ -189,3 +189,13 @@ def test_a_card_emptied_and_filled_again_is_no_jump() -> None:
     assert stats["gpu_largest_jump_mib"] == 0 and gpu_problems(stats, LIMITS) == []
     used[30.0] = RESERVED + 3000
     assert _stage(_data(_rows(used)), 10, 40)["gpu_largest_jump_mib"] == 3000
+
+
+def test_a_baseline_taken_under_load_is_said_as_such() -> None:
+    """The sampler started after the load did (no reading before the first request): the baseline is the first
+    readings, and the reason says growth before them is unseen, rather than implying a clean start."""
+    growth = gpu_growth(_data(_rows({float(t): RESERVED for t in range(20, 40)}), first_send=10.0), [])
+    assert growth.baselines[0].source == "first readings"
+    assert "growth before them is unseen" in (reservation_text(growth, {}) or "")
+    before = gpu_growth(_data(_rows({float(t): RESERVED for t in range(0, 40)}), first_send=10.0), [])
+    assert "unseen" not in (reservation_text(before, {}) or "")
