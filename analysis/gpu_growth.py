@@ -237,6 +237,16 @@ def startup_kv(text: str) -> str | None:
     return f"the start-up log says {', '.join(said)}" if said else None
 
 
+def _share(label: Any) -> float | None:
+    """`gpu_memory_utilization` as the server labelled it, when it is a share of a card; else None (never the
+    label's text: whatever a server sends must not reach the reason as it is)."""
+    try:
+        value = float(str(label)[:32])
+    except ValueError:
+        return None
+    return value if 0 < value <= 1 else None
+
+
 def reservation_text(growth: GpuGrowth, cache_config: dict[str, str], startup_log: str = "") -> str | None:
     """What the server reserved at start, as the reason says it (never judged as pressure)."""
     first = [b for b in growth.baselines if b.life_start_ts == -math.inf] or growth.baselines
@@ -244,11 +254,11 @@ def reservation_text(growth: GpuGrowth, cache_config: dict[str, str], startup_lo
         return None
     low, high = min(b.used_share for b in first), max(b.used_share for b in first)
     share = f"{low:.1%}" if round(low, 3) == round(high, 3) else f"{low:.1%}-{high:.1%}"
-    utilization = cache_config.get("gpu_memory_utilization")
+    utilization = _share(cache_config.get("gpu_memory_utilization"))  # a server's label: a number or nothing
     blocks = cache_config.get("num_gpu_blocks")
-    said = f", vLLM's --gpu-memory-utilization {utilization}" if utilization not in (None, "", "None") else \
+    said = f", vLLM's --gpu-memory-utilization {utilization:g}" if utilization is not None else \
         " (vLLM reserves its KV pool at start; vllm:cache_config_info not scraped)"
-    pool = f", {int(blocks):,} KV blocks" if blocks not in (None, "", "None") and str(blocks).isdigit() else ""
+    pool = f", {int(blocks):,} KV blocks" if str(blocks).isdigit() and len(str(blocks)) <= 12 else ""
     log = startup_kv(startup_log)
     late = "" if all(b.source == "before load" for b in first) else \
         " (the baseline is the first readings, taken with load already running: growth before them is unseen)"

@@ -199,3 +199,10 @@ def test_a_baseline_taken_under_load_is_said_as_such() -> None:
     assert "growth before them is unseen" in (reservation_text(growth, {}) or "")
     before = gpu_growth(_data(_rows({float(t): RESERVED for t in range(0, 40)}), first_send=10.0), [])
     assert "unseen" not in (reservation_text(before, {}) or "")
+
+
+def test_a_servers_odd_cache_labels_never_reach_the_reason_as_they_are() -> None:
+    growth = gpu_growth(_data(_rows({float(t): RESERVED for t in range(0, 20)})), [])
+    odd = reservation_text(growth, {"gpu_memory_utilization": "<b>" + "x" * 10**5, "num_gpu_blocks": "9" * 40})
+    assert odd is not None and "<b>" not in odd and "vllm:cache_config_info not scraped" in odd and len(odd) < 300
+    assert "--gpu-memory-utilization 0.95;" in (reservation_text(growth, {"gpu_memory_utilization": "0.95"}) or "")
