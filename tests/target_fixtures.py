@@ -34,6 +34,8 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +85,46 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if VLLM_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("vllm"):
             item.add_marker(pytest.mark.vllm)
+
+
+# Built in the background from the moment the session knows it will need them: the venv (about two minutes
+# from nothing), the tiny model and the real one (about a minute) are one-time, lock-guarded steps that need
+# no test, so on CI's clean clone they overlap the unit tests that come before the first vLLM test instead of
+# stalling it. Niced, so the tests running beside it keep the cores first. The fixtures below still call the
+# same ensure_* functions: they find the result, wait on its lock, or (the warm-up having failed) build it
+# themselves and raise the error as they always did.
+PREWARM = ("from pathlib import Path\n"
+           "from k3load.targets.vllm_install import ensure_venv, ensure_tiny_model\n"
+           "from k3load.targets.real_model import ensure_real_model\n"
+           "cache = Path({cache!r})\n"
+           "venv = ensure_venv(cache)\n"
+           "ensure_tiny_model(venv, cache)\n"
+           "ensure_real_model(venv, cache)\n")
+_prewarm: list[subprocess.Popen] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the warm-up when a selected test will use a vLLM fixture (never for a quick `-m 'not vllm'`)."""
+    if os.environ.get("K3LOAD_NO_PREWARM") or not any(
+            VLLM_FIXTURES & set(getattr(item, "fixturenames", ())) for item in session.items):
+        return
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "prewarm.log", "wb") as log:
+        _prewarm.append(subprocess.Popen([sys.executable, "-c", PREWARM.format(cache=str(folder))], cwd=REPO,
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         preexec_fn=lambda: os.nice(10), start_new_session=True))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A session that ends first (a quick -k, an -x stop) leaves no warm-up behind; the locks keep a
+    half-built step from being used (each writes its marker last)."""
+    for proc in _prewarm:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="session")
