@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.k3load-installed
 
-.PHONY: demo test lint clean browser prometheus fuzz
+.PHONY: demo test lint clean browser prometheus nginx fuzz
 
 $(STAMP): pyproject.toml setup.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "k3load needs Python 3.11")'
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml setup.py
 demo: $(STAMP)
 	$(VENV)/bin/k3load demo
 
-test: $(STAMP) browser prometheus
+test: $(STAMP) browser prometheus nginx
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -m "vllm or not vllm" --durations=40
 
@@ -34,6 +34,13 @@ prometheus:
 	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus \
 	  >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus \
 	  >/dev/null)) || echo "prometheus unavailable: the Prometheus test skips outside CI"
+
+# Debian's nginx stands in front of the sim in a test (buffered and unbuffered streams, two upstreams, a short
+# read timeout), run unprivileged on a loopback port (installed when missing and apt is usable).
+nginx:
+	@command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx \
+	  >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx \
+	  >/dev/null)) || echo "nginx unavailable: the nginx stream test skips outside CI"
 
 # The property tests for a time budget (random seeds, round after round): make fuzz SECONDS=600
 SECONDS ?= 300
