@@ -116,6 +116,17 @@ class Attempt:
     # or with a seed, it is not (analysis/clusters.py); above 0 without a seed every attempt is a new draw.
     temperature: float | None = None
     seed: int | None = None
+    # What joins the record to the server's and the gateways' logs: the `X-Request-Id` this attempt sent
+    # (k3load-<attempt_id>; vLLM takes it as its request id, `OpenAIServing._base_request_id`, so its chat
+    # id is `chatcmpl-<it>`, and nginx logs it as `$http_x_request_id`) and the `id` the server answered.
+    # None in older records, and response_id where no answer's id came.
+    request_id: str | None = None
+    response_id: str | None = None
+    # How the stream reached the client (k3load.client.result): its socket reads up to [DONE] and their
+    # bytes; many events per read in buffer-sized blocks is a proxy buffering it (analysis/buffering.py).
+    # None when not streamed, and in older records.
+    stream_reads: int | None = None
+    stream_bytes: int | None = None
 
     def to_json(self) -> str:
         """The record's line, the same bytes as `asdict`'s, without its deep copy of every field: a quarter

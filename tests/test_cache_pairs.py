@@ -101,11 +101,13 @@ class FakeClient:
 
     def __init__(self, flaky: bool = False) -> None:
         self.sent: list[bytes] = []
+        self.headers: list[dict[str, str]] = []
         self.clock = 1000.0
         self.flaky = flaky
 
-    def send(self, body: bytes, deadline_s: float) -> StreamResult:
+    def send(self, body: bytes, deadline_s: float, *, headers: dict[str, str] | None = None) -> StreamResult:
         self.sent.append(body)
+        self.headers.append(dict(headers or {}))
         self.clock += 1.0
         usage = {"prompt_tokens": 100, "completion_tokens": 5}
         if self.flaky and len(self.sent) % 2:
@@ -126,6 +128,27 @@ def test_pairs_keep_number_and_role_across_retries():
         for number, status in ((1, "timeout"), (2, "ok"))]
     _check_pairs([a for a in attempts if a.status == "ok"], 3)  # the warm twin waits for the cold retry
     assert len(set(client.sent)) == 3  # each pair: one body, sent four times
+
+
+def test_every_attempt_sends_its_own_request_id_and_a_conversation_its_session_id():
+    """The X-Request-Id is the record's (k3load-<attempt_id>: one grep finds vLLM's and the gateway's line);
+    under --k3-session-header every turn of one conversation, cold and warm twins and retries, sends one id."""
+    data = yaml.safe_load(CONTROL.read_text())
+    data["turns"] = [{"user": f"question {i}", "expect": {"kind": "any"}} for i in range(2)]
+    data["defaults"]["retry"] = {"max_attempts": 2, "when": ["timeout"]}
+    scenario = parse_scenario(data, Path("pairs.yaml"))
+    client, attempts = FakeClient(flaky=True), []
+    ctx = RunContext(run_id="r", model="m", user_id="u", session_header="X-Session-Id")
+    run_scenario(client, ctx, scenario, attempts.append)
+    run_scenario(client, ctx, scenario, attempts.append)  # a second conversation: its own session id
+    assert [h["X-Request-Id"] for h in client.headers] == [a.request_id for a in attempts]
+    assert all(a.request_id == f"k3load-{a.attempt_id}" for a in attempts)
+    assert len({a.request_id for a in attempts}) == len(attempts) == 16
+    sessions = [h["X-Session-Id"] for h in client.headers]
+    assert len(set(sessions[:8])) == len(set(sessions[8:])) == 1 and sessions[0] != sessions[8]
+    client = FakeClient()
+    run_scenario(client, RunContext(run_id="r", model="m", user_id="u"), scenario, [].append)
+    assert all(set(h) == {"X-Request-Id"} for h in client.headers)  # no session header unless asked
 
 
 def test_other_scenarios_carry_no_control_fields():

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from k3load.client import result as res
@@ -513,3 +514,50 @@ def test_a_token_that_came_with_a_late_read_head_is_stamped_when_it_arrived(tran
         assert blocked[0] - r.first_token_ts > 0.15, (blocked, r)  # though read only after the block
     else:
         assert r.first_byte_ts >= blocked[0] and r.first_token_ts >= blocked[0], (blocked, r)
+
+
+# -- how the stream arrived, and the request's own headers --------------------------------------------
+TOKENS = [{"id": "r2", "choices": [{"index": 0, "delta": {"content": f"w{i} "}, "finish_reason": None}]}
+          for i in range(6)]
+ROLE = {"id": "r2", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_the_reads_that_carried_a_stream_are_counted_with_their_bytes(raw_server: Callable[..., RawServer],
+                                                                      transport: str) -> None:
+    """One write per event arrives in about one read each; a proxy's block (every event in one write) in
+    one read. The bytes are the stream's to its [DONE], whatever the reads."""
+    paced = [sse(ROLE)] + [sse(t) for t in TOKENS] + [sse("[DONE]")]
+    block = b"".join(paced)
+    server = raw_server(lambda n: [(0.0, chunked_head() + chunk(block) + chunk(b""))] if n == 0 else
+                        [(0.0, chunked_head() + chunk(paced[0]))] + [(0.05, chunk(p)) for p in paced[1:]]
+                        + [(0.0, chunk(b""))])
+    with ChatClient(server.url, transport=transport) as client:
+        whole_block, paced_out = client.send(body(), 10.0), client.send(body(), 10.0)
+    for r in (whole_block, paced_out):
+        assert r.status == res.STATUS_OK and r.content == "".join(f"w{i} " for i in range(6)), r
+        assert r.stream_bytes == len(block), r
+    assert whole_block.stream_reads == 1 and len(set(whole_block.chunk_ts)) == 1
+    # eight writes 50 ms apart: a busy machine may read two at once, never more reads than writes
+    assert 2 <= paced_out.stream_reads <= len(paced), paced_out
+
+
+def test_a_request_carries_its_own_headers_and_the_sim_answers_with_its_id(start_sim: SimFactory) -> None:
+    """vLLM takes X-Request-Id as its request id (`chatcmpl-<it>`) and echoes it under
+    --enable-request-id-headers; the sim does the same. A request's own header never replaces the key, the
+    content type or a gateway header, and a line break in one is refused before anything is sent."""
+    sim = start_sim("--enable-request-id-headers")
+    with ChatClient(sim.base_url, api_key=SECRET) as client:
+        streamed = client.send(body(), 20.0, headers={"X-Request-Id": "k3load-abc", "X-Session-Id": "s1"})
+        whole = client.send(body(stream=False), 20.0, headers={"X-Request-Id": "k3load-def"})
+        for bad in ({"Authorization": "Bearer x"}, {"content-type": "text/plain"}, {"X-Id": "a\r\nEvil: 1"},
+                    {"Bad Name": "x"}):
+            with pytest.raises(ValueError, match="header"):
+                client.send(body(), 20.0, headers=bad)
+    assert streamed.status == whole.status == res.STATUS_OK, (streamed, whole)
+    assert streamed.response_id == "chatcmpl-k3load-abc" and whole.response_id == "chatcmpl-k3load-def"
+    assert streamed.stream_reads >= 1 and streamed.stream_bytes > 0
+    assert whole.stream_reads is None and whole.stream_bytes is None  # not streamed
+    # the echo, as vLLM's middleware answers it on every path
+    assert httpx.get(sim.base_url + "/health", headers={"X-Request-Id": "q1"}).headers["x-request-id"] == "q1"
+    assert len(httpx.get(sim.base_url + "/health").headers["x-request-id"]) == 32

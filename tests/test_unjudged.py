@@ -39,7 +39,7 @@ class FakeClient:
         self.sent = 0
         self.raises = raises
 
-    def send(self, body: bytes, deadline_s: float) -> StreamResult:
+    def send(self, body: bytes, deadline_s: float, *, headers: object = None) -> StreamResult:
         self.sent += 1
         if self.raises is not None:
             raise self.raises

@@ -50,10 +50,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -83,6 +84,7 @@ ERROR_BODY_CHARS = 4000  # `error_body` keeps the start of the server's body
 # open costs the user only this (its connection is then closed; end_ts is [DONE]'s time either way).
 END_WAIT_S = 0.1
 _ERROR_BODY_READ_BYTES = 64 * 1024  # an error body is read to its end but only this much kept
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field-name
 
 
 def wants_stream(body: bytes) -> bool:
@@ -141,21 +143,25 @@ class ChatClient:
     def transport(self) -> str:
         return self._transport.name
 
-    def send(self, body: bytes, deadline_s: float, *, stream: bool | None = None) -> StreamResult:
+    def send(self, body: bytes, deadline_s: float, *, stream: bool | None = None,
+             headers: Mapping[str, str] | None = None) -> StreamResult:
         """One attempt, ended by completion, failure or `deadline_s` seconds after the call.
 
-        `stream` overrides reading the body's `"stream"` field (saves a parse of a big body)."""
+        `stream` overrides reading the body's `"stream"` field (saves a parse of a big body). `headers` are
+        this request's own (its `X-Request-Id`, a session id for an affinity router): names and values are
+        checked (no line breaks, no header of the key's or the gateway's), never secrets."""
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be positive, not {deadline_s!r}")
+        sent = self._headers if not headers else {**self._headers, **self._own(headers)}
         exchange = _Exchange(self._transport.name, self._clock, deadline_s, self._secrets,
                              wants_stream(body) if stream is None else stream, self._limits)
         if not self._transport.cooperative:
-            exchange.run(self._transport, self._path, body, self._headers, watchdog=True)
+            exchange.run(self._transport, self._path, body, sent, watchdog=True)
             return exchange.finish()
         timer = gevent.Timeout(deadline_s)
         timer.start()
         try:
-            exchange.run(self._transport, self._path, body, self._headers, watchdog=False)
+            exchange.run(self._transport, self._path, body, sent, watchdog=False)
         except gevent.Timeout as exc:
             if exc is not timer:
                 raise
@@ -163,6 +169,17 @@ class ChatClient:
         finally:
             timer.close()
         return exchange.finish()
+
+    def _own(self, headers: Mapping[str, str]) -> dict[str, str]:
+        """A request's own headers, refused where they would replace the client's (Content-Type, the key,
+        a gateway header) or split the head (a line break)."""
+        taken = {name.lower() for name in self._headers}
+        for name, value in headers.items():
+            if name.lower() in taken:
+                raise ValueError(f"header {name!r} is the client's own (content type, API key or gateway header)")
+            if not _TOKEN.fullmatch(name) or any(c in value for c in "\r\n\0"):
+                raise ValueError(f"header {name!r}: not a header name, or a value with a line break")
+        return dict(headers)
 
     def close(self) -> None:
         self._transport.close()
@@ -272,7 +289,8 @@ class _Exchange:
         received, check_at, text_cap = 0, self.limits.body_bytes, self.limits.body_bytes
         floor = result.first_byte_ts or result.send_ts  # stamps never go back in time (see below)
         reads = resp.reads()
-        for data in reads:
+        result.stream_reads, result.stream_bytes = 0, 0
+        for count, data in enumerate(reads, start=1):
             # When the bytes reached this machine (k3load.client.transport). The transport bounds each read
             # by the one before, on the wall clock; µs of jitter between that clock and the run's could
             # still put a read a hair before the one before it (or the head): held at the last stamp.
@@ -281,6 +299,7 @@ class _Exchange:
                 t = floor
             floor = t
             received += len(data)
+            result.stream_reads, result.stream_bytes = count, received  # kept as they come: a deadline may cut
             if received > check_at:  # the text is at most the bytes received: summed rarely, so linear
                 check_at = received + text_cap
                 if asm.text_chars() > text_cap:

@@ -76,6 +76,12 @@ class StreamResult:
     # body was still open then (its connection closed, not reused). None: no [DONE], or not streamed.
     after_done_bytes: int | None = None
     after_done_open: bool | None = None
+    # How the stream's body reached the client: the socket reads that carried it up to [DONE] and their
+    # bytes. A server that writes each SSE event as it decodes arrives about one event per read; a proxy
+    # that buffers the stream (nginx's default `proxy_buffering on`) delivers it in a few buffer-sized
+    # blocks, many events per read and the first one late (analysis/buffering.py). None when not streamed.
+    stream_reads: int | None = None
+    stream_bytes: int | None = None
 
     @property
     def prompt_tokens(self) -> int | None:

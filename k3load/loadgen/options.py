@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,22 @@ def header(text: str) -> str:
         return "\n".join(header_lines([text]))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# Headers a request's session id may not take: the body's, the key's, the request id's, HTTP's own framing
+RESERVED_HEADERS = frozenset({"authorization", "content-type", "content-length", "transfer-encoding", "host",
+                              "connection", "x-request-id"})
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field-name
+
+
+def session_header(text: str) -> str:
+    """argparse type for --k3-session-header: a header name (RFC 9110 token), none of the reserved ones."""
+    name = text.strip()
+    if name and not _HEADER_NAME.fullmatch(name):
+        raise argparse.ArgumentTypeError(f"not a header name: {text!r}")
+    if name.lower() in RESERVED_HEADERS:
+        raise argparse.ArgumentTypeError(f"{name} is sent by k3load itself: name the header your router keys on")
+    return name
 
 
 def add_options(parser: Any) -> None:
@@ -111,6 +128,10 @@ def _access_options(group: Any) -> None:
                        "@FILE reads one a line (blank lines and # comments skipped, as curl); K3_HEADER holds one a "
                        "line, or @FILE (a worker reads its own); its value is a secret: never written to logs, "
                        "records or reports, never sent to workers")
+    group.add_argument("--k3-session-header", default="", type=session_header, env_var="K3_SESSION_HEADER",
+                       help="header a session-affinity router keys on: each conversation sends its own stable id in "
+                       "it (every turn, retry and cache-control twin of one conversation alike), so they meet one "
+                       "replica; not a secret, never the key's or a gateway header's name (default: none sent)")
     group.add_argument("--k3-ca-bundle", default="", env_var="K3_CA_BUNDLE",
                        help="PEM file of CA certificates trusted for an https target, on top of the system's "
                        "(a private CA)")

@@ -54,7 +54,8 @@ class K3User(User):
                               stage=lambda: session.stage_name, long_context=session.long_context,
                               sleep=gevent.sleep, max_tool_call_gap_ms=session.limits["agent_api"]
                               ["max_tool_call_gap_ms"], drill=self._drill(session, opts),
-                              on_unjudged=console.harness_errors(self.environment).unjudged)
+                              on_unjudged=console.harness_errors(self.environment).unjudged,
+                              session_header=getattr(opts, "k3_session_header", "") or None)
         self.played: dict[str, int] = {}
         self.current: ScenarioPlay | None = None
 

@@ -154,6 +154,8 @@ class SimConfig:
     answer_tokens_max: int = knob(64, "longest plain answer in tokens")
     tool_call_style: str = knob("k3", "k3: each call whole in one delta; k2: name first, then argument pieces")
     enable_prompt_tokens_details: bool = knob(True, "report usage.prompt_tokens_details.cached_tokens")
+    enable_request_id_headers: bool = knob(False, "answer every request with an X-Request-Id header: the one it "
+                                                   "sent, else a new id (vLLM's --enable-request-id-headers)")
     # Simulated GPU memory (dcgm-exporter names, labelled simulated)
     gpu_count: int = knob(8, "simulated GPUs (DCGM_FI_DEV_FB_* gauges, labelled simulated)")
     gpu_memory_mib: int = knob(288 * 1024, "simulated memory per GPU, MiB")

@@ -48,8 +48,11 @@ def validation_error(kind: str, loc: str, msg: str, items: int, ctx: str = "") -
 class ChunkWriter:
     """Builds the `chat.completion.chunk` objects of one streamed response, in vLLM's order."""
 
-    def __init__(self, model: str, version: str, named_tool: bool = False, has_tools: bool = False) -> None:
-        self.id = f"chatcmpl-{uuid.uuid4().hex[:16]}"
+    def __init__(self, model: str, version: str, named_tool: bool = False, has_tools: bool = False,
+                 request_id: str | None = None) -> None:
+        # vLLM takes an incoming X-Request-Id as the request's id (vllm 0.32: `_base_request_id` in
+        # entrypoints/serve/engine/serving.py; chat_completion/serving.py builds `chatcmpl-<it>`)
+        self.id = f"chatcmpl-{request_id if request_id is not None else uuid.uuid4().hex[:16]}"
         self.created = int(time.time())
         self.model = model
         self.fingerprint = f"vllm-{version}-k3loadsim"

@@ -15,6 +15,7 @@ import logging
 import random
 import signal
 import sys
+import uuid
 from collections import OrderedDict
 from typing import Any
 
@@ -55,6 +56,8 @@ class SimServer:
         ])
         self.app.on_startup.append(self._start_engine)
         self.app.on_cleanup.append(self._stop_engine)
+        if config.enable_request_id_headers:
+            self.app.on_response_prepare.append(_echo_request_id)
 
     async def _start_engine(self, _app: web.Application) -> None:
         self._engine_task = asyncio.get_running_loop().create_task(self.engine.run())
@@ -198,7 +201,8 @@ class SimServer:
         seq = Sequence(request_id="", prompt_ids=prompt_ids, plan=plan, max_tokens=max_tokens)
         self.engine.submit(seq)
         writer = ChunkWriter(self.config.model, self.config.vllm_version,
-                             named_tool=isinstance(body.get("tool_choice"), dict), has_tools=bool(body.get("tools")))
+                             named_tool=isinstance(body.get("tool_choice"), dict), has_tools=bool(body.get("tools")),
+                             request_id=request.headers.get("X-Request-Id"))
         try:
             if body.get("stream"):
                 return await self._stream(request, body, seq, writer, fault)
@@ -289,6 +293,12 @@ class SimServer:
         elif request.transport is not None:
             request.transport.close()  # truncated: no finish chunk, no [DONE]
         return resp
+
+
+async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """vLLM's XRequestIdMiddleware (entrypoints/serve/middleware/x_request_id.py): every response carries
+    the request's X-Request-Id, or a fresh one."""
+    response.headers["X-Request-Id"] = request.headers.get("X-Request-Id", uuid.uuid4().hex)
 
 
 async def _send(resp: web.StreamResponse, obj: dict[str, Any]) -> None:

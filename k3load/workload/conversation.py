@@ -17,7 +17,7 @@ import itertools
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -43,7 +43,17 @@ from k3load.workload.validate import primary_layer, validate
 class Client(Protocol):
     transport: str
 
-    def send(self, body: bytes, deadline_s: float) -> StreamResult: ...
+    def send(self, body: bytes, deadline_s: float, *, headers: Mapping[str, str] | None = None
+             ) -> StreamResult: ...
+
+
+REQUEST_ID_HEADER = "X-Request-Id"
+
+
+def request_id_of(attempt_id: str) -> str:
+    """The `X-Request-Id` an attempt sends: its own id, marked as ours, so one grep finds the record, vLLM's
+    log line (`chatcmpl-k3load-…`) and the gateway's (production-facts.md, "Request ids")."""
+    return f"k3load-{attempt_id}"
 
 
 RETRY_AFTER_MAX_S = 30.0  # the longest wait a server's Retry-After can impose on one retry
@@ -119,6 +129,9 @@ class RunContext:
     drill: StreamDrill | None = None  # the streaming-equivalence drill (None: not played)
     # Told of each attempt recorded with a `harness.error` finding, after its sink (k3load.loadgen.console)
     on_unjudged: Callable[[Attempt], Any] = lambda attempt: None
+    # The header a session-affinity router keys on (--k3-session-header): each conversation sends one
+    # stable id in it, so its turns (a control pair's cold and warm twins among them) meet one replica.
+    session_header: str | None = None
     _requests: itertools.count = field(default_factory=itertools.count)
     _pairs: itertools.count = field(default_factory=lambda: itertools.count(1))
 
@@ -138,10 +151,13 @@ class RunContext:
 
 def make_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest, result: StreamResult,
                  findings: list[Finding], chain_id: str, number: int, will_retry: bool,
-                 timing: dict[str, Any] | None = None) -> Attempt:
+                 timing: dict[str, Any] | None = None, attempt_id: str | None = None) -> Attempt:
     failed = sorted({f.layer for f in findings if not f.ok and f.layer})
+    attempt_id = attempt_id or uuid.uuid4().hex
     return Attempt(
-        run_id=ctx.run_id, attempt_id=uuid.uuid4().hex, chain_id=chain_id, attempt=number, stage=ctx.stage(),
+        run_id=ctx.run_id, attempt_id=attempt_id, request_id=request_id_of(attempt_id),
+        response_id=result.response_id, stream_reads=result.stream_reads, stream_bytes=result.stream_bytes,
+        chain_id=chain_id, attempt=number, stage=ctx.stage(),
         scenario=scenario.name, family=scenario.family, turn=turn.index, turn_kind=turn.kind,
         user_id=ctx.user_id, request_sha256=prepared.sha256, prefix_sha256=prepared.prefix_sha256,
         request_bytes=len(prepared.body),
@@ -168,26 +184,33 @@ class Judged:
     findings: list[Finding]
     timing: dict[str, Any] | None
     fault: HarnessFault | None = None
+    # The record's id, drawn before the send: the request carried it (request_id_of) as its X-Request-Id
+    attempt_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 def send_and_judge(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, body: bytes,
-                   deadline_s: float) -> Judged:
-    """Send, time and validate one attempt; never raises an Exception (see the module docstring)."""
-    send_ts = time.time()
+                   deadline_s: float, session_id: str | None = None) -> Judged:
+    """Send, time and validate one attempt; never raises an Exception (see the module docstring). The
+    request carries its record's id as `X-Request-Id`, and the conversation's id in the session header."""
+    attempt_id, send_ts = uuid.uuid4().hex, time.time()
+    headers = {REQUEST_ID_HEADER: request_id_of(attempt_id)}
+    if ctx.session_header and session_id:
+        headers[ctx.session_header] = session_id
     try:
-        result = client.send(body, deadline_s)
+        result = client.send(body, deadline_s, headers=headers)
     except Exception as exc:  # the client's own bug: the request may be out, so it is recorded
         fault = HarnessFault.of(exc, harness_error.PHASE_SEND)
         result = harness_error.unanswered(getattr(client, "transport", "unknown"), send_ts, time.time(), fault)
-        return Judged(result, [harness_error.finding(fault, result)], None, fault)
+        return Judged(result, [harness_error.finding(fault, result)], None, fault, attempt_id)
     phase, timing = harness_error.PHASE_TIMING, None
     try:
         timing = timing_fields(result)
         phase = harness_error.PHASE_VALIDATE
-        return Judged(result, validate(result, scenario, turn, timing, ctx.max_tool_call_gap_ms), timing)
+        return Judged(result, validate(result, scenario, turn, timing, ctx.max_tool_call_gap_ms), timing,
+                      attempt_id=attempt_id)
     except Exception as exc:  # a RecursionError in a hostile answer, a bug: recorded as received
         fault = HarnessFault.of(exc, phase)
-        return Judged(result, [harness_error.finding(fault, result)], timing, fault)
+        return Judged(result, [harness_error.finding(fault, result)], timing, fault, attempt_id)
 
 
 def record_of(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest, judged: Judged,
@@ -196,19 +219,20 @@ def record_of(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: Prepare
     finding (a bare record where even that cannot be built): never raises an Exception."""
     try:
         return make_attempt(ctx, scenario, turn, prepared, judged.result, judged.findings, chain_id, number,
-                            will_retry, judged.timing)
+                            will_retry, judged.timing, judged.attempt_id)
     except Exception as exc:
         fault = HarnessFault.of(exc, harness_error.PHASE_RECORD)
     findings = [harness_error.finding(fault, judged.result)]
     try:
         return make_attempt(ctx, scenario, turn, prepared, judged.result, findings, chain_id, number, False,
-                            judged.timing or {})
+                            judged.timing or {}, judged.attempt_id)
     except Exception:
-        return bare_attempt(ctx, scenario, turn, prepared, judged.result, findings, chain_id, number)
+        return bare_attempt(ctx, scenario, turn, prepared, judged.result, findings, chain_id, number,
+                            judged.attempt_id)
 
 
 def bare_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest, result: StreamResult,
-                 findings: list[Finding], chain_id: str, number: int) -> Attempt:
+                 findings: list[Finding], chain_id: str, number: int, attempt_id: str | None = None) -> Attempt:
     """The record with only what is certain to read: identity, status, times, the text as strings."""
     def text(value: Any) -> str:
         return value if isinstance(value, str) else ""
@@ -223,8 +247,10 @@ def bare_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: Prep
     send_ts = number_or_none(getattr(result, "send_ts", None)) or time.time()
     end_ts = number_or_none(getattr(result, "end_ts", None)) or send_ts
     http = getattr(result, "http_status", None)
+    attempt_id = attempt_id if isinstance(attempt_id, str) and attempt_id else uuid.uuid4().hex
     return Attempt(
-        run_id=ctx.run_id, attempt_id=uuid.uuid4().hex, chain_id=chain_id, attempt=number, stage=stage,
+        run_id=ctx.run_id, attempt_id=attempt_id, request_id=request_id_of(attempt_id), chain_id=chain_id,
+        attempt=number, stage=stage,
         scenario=scenario.name, family=scenario.family, turn=turn.index, turn_kind=turn.kind, user_id=ctx.user_id,
         request_sha256=prepared.sha256, prefix_sha256=prepared.prefix_sha256, request_bytes=len(prepared.body),
         transport=text(getattr(result, "transport", "")),
@@ -243,7 +269,8 @@ def _handed(ctx: RunContext, attempt: Attempt, sink: Callable[[Attempt], Any]) -
 
 
 def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, salt: str,
-             sink: Callable[[Attempt], Any], control: tuple[int, str] | None = None) -> list[Attempt]:
+             sink: Callable[[Attempt], Any], control: tuple[int, str] | None = None,
+             session_id: str | None = None) -> list[Attempt]:
     """One request with its retries; returns every attempt (already sent to `sink`). `control` is the
     (pair number, "cold" | "warm") of a prefix-cache control request; its retries keep both. An answer the
     harness could not judge ends the chain (a retry would answer nothing about the server)."""
@@ -254,7 +281,7 @@ def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, sa
     for number in range(1, policy["max_attempts"] + 1):
         drill = number == 1 and bool(policy.get("first_timeout_s"))
         judged = send_and_judge(client, ctx, scenario, turn, prepared.body,
-                                policy["first_timeout_s"] if drill else turn.settings["timeout_s"])
+                                policy["first_timeout_s"] if drill else turn.settings["timeout_s"], session_id)
         reason = None if judged.fault else retry_reason(judged.result, judged.findings)
         will_retry = reason in policy["when"] and number < policy["max_attempts"]
         attempt = record_of(ctx, scenario, turn, prepared, judged, chain_id, number, will_retry)
@@ -280,7 +307,7 @@ def _compared(stream: Judged, whole: Judged) -> None:
 
 
 def run_turn_both_ways(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, salt: str,
-                       sink: Callable[[Attempt], Any]) -> list[Attempt]:
+                       sink: Callable[[Attempt], Any], session_id: str | None = None) -> list[Attempt]:
     """The streaming-equivalence drill: the turn sent streamed (the bytes it always sends) and whole
     (the same body with `stream: false`) at once, one attempt each, no retries (the first answers are
     compared). The streamed attempt carries the comparison as its `stream.equivalence` finding, so both
@@ -293,8 +320,9 @@ def run_turn_both_ways(client: Client, ctx: RunContext, scenario: Scenario, turn
     whole = build_request(whole_scenario, turn.index, ctx.model, salt, context)
     assert ctx.drill is not None
     s_judged, w_judged = ctx.drill.concurrently(
-        lambda: send_and_judge(client, ctx, scenario, turn, streamed.body, turn.settings["timeout_s"]),
-        lambda: send_and_judge(client, ctx, whole_scenario, whole_turn, whole.body, turn.settings["timeout_s"]))
+        lambda: send_and_judge(client, ctx, scenario, turn, streamed.body, turn.settings["timeout_s"], session_id),
+        lambda: send_and_judge(client, ctx, whole_scenario, whole_turn, whole.body, turn.settings["timeout_s"],
+                               session_id))
     _compared(s_judged, w_judged)
     pair = uuid.uuid4().hex
     attempts = [record_of(ctx, scenario, turn, streamed, s_judged, uuid.uuid4().hex, 1, False),
@@ -317,6 +345,7 @@ class ScenarioPlay:
         self.client, self.ctx, self.scenario = client, ctx, scenario
         self.next_turn = 0
         self._salt = ctx.salt(scenario) if scenario.prefix_salt != "request" else ""
+        self.session_id = f"k3load-{uuid.uuid4().hex}"  # sent only under ctx.session_header
 
     @property
     def done(self) -> bool:
@@ -329,15 +358,15 @@ class ScenarioPlay:
             return self._pair(turn, sink)
         salt = self.ctx.salt(self.scenario) if self.scenario.prefix_salt == "request" else self._salt
         if self.ctx.drill is not None and self.ctx.drill.chooses(self.scenario, turn):
-            return run_turn_both_ways(self.client, self.ctx, self.scenario, turn, salt, sink)
-        return run_turn(self.client, self.ctx, self.scenario, turn, salt, sink)
+            return run_turn_both_ways(self.client, self.ctx, self.scenario, turn, salt, sink, self.session_id)
+        return run_turn(self.client, self.ctx, self.scenario, turn, salt, sink, session_id=self.session_id)
 
     def _pair(self, turn: Turn, sink: Callable[[Attempt], Any]) -> list[Attempt]:
         """Cold then warm, sequentially: the warm twin can only hit what the cold one left cached.
         The warm one is sent whatever the cold one's outcome (the analysis judges the pair)."""
         number, salt = self.ctx.next_pair()
-        cold = run_turn(self.client, self.ctx, self.scenario, turn, salt, sink, (number, "cold"))
-        warm = run_turn(self.client, self.ctx, self.scenario, turn, salt, sink, (number, "warm"))
+        cold = run_turn(self.client, self.ctx, self.scenario, turn, salt, sink, (number, "cold"), self.session_id)
+        warm = run_turn(self.client, self.ctx, self.scenario, turn, salt, sink, (number, "warm"), self.session_id)
         return cold + warm
 
 
