@@ -38,6 +38,7 @@ from typing import Any
 
 import pytest
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, whatever http_proxy says
 READY_PATH = "/__nginx_ready"  # answered by nginx itself, so readiness does not depend on an upstream
 # One JSON object per request: the client's X-Request-Id and nginx's own id find a request in the log.
 LOG_FIELDS = {"request_id": "$http_x_request_id", "nginx_request_id": "$request_id", "status": "$status",
@@ -147,7 +148,7 @@ class NginxProxy:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline and self.proc is not None and self.proc.poll() is None:
             try:
-                with urllib.request.urlopen(self.base_url + READY_PATH, timeout=2) as response:
+                with _DIRECT.open(self.base_url + READY_PATH, timeout=2) as response:
                     return response.status == 204
             except (urllib.error.URLError, OSError):
                 time.sleep(0.05)

@@ -31,7 +31,7 @@ from tests.conftest import FAST_SIM
 from tests.nginx_proxy import NginxProxy, ProxyConfig, nginx_binary, nginx_factory
 
 # 100 ms wall between events (1,000 model ms at FAST_SIM's 0.1): a 4 KB nginx buffer holds about 18 of them,
-# so a buffered first read comes seconds-scale late, and direct reads cannot merge events on a busy machine.
+# so a buffered first read comes seconds-scale late, and direct reads seldom merge events on a busy machine.
 DRIP = ["--slow-drip-rate", "1", "--slow-drip-ms", "1000", "--answer-tokens-min", "24", "--answer-tokens-max", "24"]
 # 6 s wall of thinking spread over an answer's reasoning tokens: cut to two by max_tokens (THINKING), a silence
 # of 3 s after each, three times a 1 s proxy_read_timeout.
