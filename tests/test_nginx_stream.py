@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -28,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from k3load.sim.process import SimProcess
 from tests.conftest import FAST_SIM
-from tests.nginx_proxy import NginxProxy, ProxyConfig, nginx_binary, nginx_factory
+from tests.nginx_proxy import NginxProxy, ProxyConfig, nginx_binary, nginx_factory, render
 
 # 100 ms wall between events (1,000 model ms at FAST_SIM's 0.1): a 4 KB nginx buffer holds about 18 of them,
 # so a buffered first read comes seconds-scale late, and direct reads seldom merge events on a busy machine.
@@ -298,3 +299,23 @@ def test_short_read_timeout_cuts_a_stream_after_its_first_byte(timeout_proxies: 
     [line] = proxy.log_for(f"timeout-{mode}")
     assert line["status"] == "200", line
     assert "upstream timed out" in proxy.error_log.read_text()
+
+
+def test_a_config_renders_to_the_directives_it_names(tmp_path: Path) -> None:
+    """No nginx needed: each ProxyConfig field is the directive the tests above rely on, every path in DIR."""
+    buffered = render(ProxyConfig(("http://127.0.0.1:1",)), tmp_path, 8080)
+    assert "proxy_buffering" not in buffered and "proxy_http_version" not in buffered  # nginx's defaults
+    assert "proxy_read_timeout 60000ms;" in buffered and "hash " not in buffered
+    assert "listen 127.0.0.1:8080;" in buffered and "daemon off;" in buffered
+    assert all(f"{kind}_temp_path {tmp_path}" in buffered for kind in ("client_body", "proxy", "fastcgi"))
+    routed = render(ProxyConfig(("http://127.0.0.1:1", "http://127.0.0.1:2/"), buffering=False,
+                                read_timeout_s=1.5, affinity_header="X-Session-Id"), tmp_path, 8080)
+    for directive in ("proxy_buffering off;", "proxy_http_version 1.1;", 'proxy_set_header Connection "";',
+                      "proxy_read_timeout 1500ms;", "hash $http_x_session_id consistent;",
+                      "server 127.0.0.1:1;", "server 127.0.0.1:2;"):
+        assert directive in routed
+    for bad in ({"upstreams": ()}, {"upstreams": ("127.0.0.1:1",)}, {"upstreams": ("http://h:1/v1",)},
+                {"upstreams": ("http://h:1",), "read_timeout_s": 0},
+                {"upstreams": ("http://h:1",), "affinity_header": "X-Id; evil"}):
+        with pytest.raises(ValueError):
+            ProxyConfig(**bad)
