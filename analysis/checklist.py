@@ -64,6 +64,27 @@ def _rule_item(data: RunData, item: str, ids: tuple[str, ...]) -> dict[str, Any]
     return _item(item, ok, said, evidence)
 
 
+def node_item(data: RunData) -> dict[str, Any]:
+    """The node line covers every node: each inventoried node (and each named in the per-node evidence) with
+    its driver, container tag and which of its own collect-env / startup log were given; a node without
+    what the others have keeps node_consistency inconclusive, so the line open. An older compat.json
+    (no per-node table) reads as it always did."""
+    item = _rule_item(data, "Every node's GPU model, count and topology",
+                      ("gpu_count", "gpu_model", "node_consistency"))
+    nodes = next((r.get("details", {}).get("nodes") for r in _rules(data, "node_consistency")), None)
+    if not nodes:
+        return item
+    kinds = [(key, said) for key, said in (("collect_env", "collect-env"), ("startup_log", "startup log"))
+             if any(n.get(key) for n in nodes.values())]
+    listed = ", ".join(f"{name} ({', '.join(_node_facts(facts, kinds))})" for name, facts in nodes.items())
+    return {**item, "detail": f"{item['detail']}; {len(nodes)} node(s): {listed}"}
+
+
+def _node_facts(facts: dict[str, Any], kinds: list[tuple[str, str]]) -> list[str]:
+    said = [f"driver {facts.get('driver') or 'not recorded'}", facts.get("image") or "container tag not recorded"]
+    return said + [what if facts.get(key) else f"no {what}" for key, what in kinds]
+
+
 def _stage_logs(data: RunData) -> dict[str, Any]:
     kinds = {s.kind for s in data.stages}
     needed = {"load", "long_input", "concurrency", "soak"}
@@ -183,7 +204,7 @@ def build_checklist(data: RunData, pillars: dict[str, PillarResult]) -> list[dic
         _item("Container tag, vLLM version and model id", bool(data.compat and data.run.get("model")),
               f"model {data.run.get('model')!r}", ["run.json", "compat.json"]),
         _rule_item(data, "CUDA 13 container build vs R580+ host driver", ("cuda_build", "driver_branch")),
-        _rule_item(data, "Every node's GPU model, count and topology", ("gpu_count", "gpu_model", "node_consistency")),
+        node_item(data),
         _rule_item(data, "Clean startup log (communication, kernels, NCCL)", ("startup_log",)),
         _stage_logs(data),
         _families(data),

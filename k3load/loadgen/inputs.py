@@ -18,15 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from k3load.client.access import access_problem
-from k3load.precheck.formats import check_input_files
+from k3load.precheck.formats import check_input_files, inventory_nodes
+from k3load.precheck.node_files import NodeFiles, NodeFilesError, parse_node_files, unknown_nodes
 from k3load.precheck.recipe import load_recipe
 from k3load.workload.plan import Plan, load_plan, resolve
 from k3load.workload.scenario import Scenario, load_scenarios, with_tool_turns
 from k3load.yamlfile import one_line
 
 HARNESS_ERROR_EXIT = 2  # as Locust's own unexpected-error code: no verdict was reached
-INPUT_FILES = (("--k3-container-info", "k3_container_info"), ("--k3-startup-log", "k3_startup_log"),
-               ("--k3-custom-build", "k3_custom_build"), ("--k3-host-inventory", "k3_host_inventory"))
+INPUT_FILES = (("--k3-custom-build", "k3_custom_build"), ("--k3-host-inventory", "k3_host_inventory"))
+# one file per node, NODE=PATH, or one bare path (k3load.precheck.node_files)
+NODE_FILES = (("--k3-container-info", "k3_container_info"), ("--k3-startup-log", "k3_startup_log"))
 
 
 class HarnessError(ValueError):
@@ -55,6 +57,18 @@ def check_options(opts: Any) -> None:
         value = getattr(opts, attr)
         for path in value if isinstance(value, list) else [value]:
             _existing_file(flag, path)
+    for files in node_files(opts).values():
+        for entry in files.entries:
+            _existing_file(files.flag, str(entry.path), f"{entry.node}={entry.path}" if entry.node else None)
+
+
+def node_files(opts: Any) -> dict[str, NodeFiles]:
+    """--k3-container-info and --k3-startup-log read as NODE=PATH entries (a bare path: one unnamed node);
+    a malformed one (an empty node, a node twice, a path missing) is a HarnessError naming the option."""
+    try:
+        return {attr: parse_node_files(getattr(opts, attr, "") or None, flag) for flag, attr in NODE_FILES}
+    except NodeFilesError as exc:
+        raise HarnessError(str(exc)) from None
 
 
 def _check_access(opts: Any) -> None:
@@ -65,14 +79,15 @@ def _check_access(opts: Any) -> None:
         raise HarnessError(problem)
 
 
-def _existing_file(flag: str, value: str) -> None:
+def _existing_file(flag: str, value: str, shown: str | None = None) -> None:
+    """`shown`: the entry as given when it is more than the path (NODE=PATH)."""
     if not value:
         return
     path = Path(value)
     if not path.exists():
-        raise HarnessError(f"{flag} {value}: no such file")
+        raise HarnessError(f"{flag} {shown or value}: no such file")
     if not path.is_file():
-        raise HarnessError(f"{flag} {value}: not a file")
+        raise HarnessError(f"{flag} {shown or value}: not a file")
 
 
 def scenario_paths(pattern: str) -> list[Path]:
@@ -113,5 +128,11 @@ def check_inputs(opts: Any, plans_dir: Path) -> None:
     check_options(opts)
     load_inputs(opts, plans_dir)
     load_recipe(Path(opts.k3_recipe))
-    check_input_files(container_info=opts.k3_container_info or None, host_inventories=opts.k3_host_inventory or [],
+    files = node_files(opts)
+    check_input_files(container_info=files["k3_container_info"].paths(),
+                      host_inventories=opts.k3_host_inventory or [],
                       custom_build=opts.k3_custom_build or None)  # each file as its format (docs/running.md)
+    nodes = inventory_nodes(opts.k3_host_inventory or [])
+    for given in files.values():  # NODE as the inventories name it, where they name nodes
+        if problem := unknown_nodes(given, nodes):
+            raise HarnessError(problem)

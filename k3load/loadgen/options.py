@@ -17,6 +17,7 @@ from k3load.client.body import MAX_BODY_BYTES
 from k3load.client.sse import MAX_LINE_BYTES
 from k3load.command_name import withheld
 from k3load.loadgen import held_secrets
+from k3load.precheck.node_files import NodeFilesAction
 from k3load.rundir import redact_in_files, scrub
 from k3load.sampler.fetch import redact_url
 
@@ -142,11 +143,19 @@ def _access_options(group: Any) -> None:
 def _observation_options(group: Any) -> None:
     group.add_argument("--k3-recipe", default="recipes/kimi-k3.yaml", env_var="K3_RECIPE",
                        help="compat recipe: recipes/kimi-k3.yaml (production) or recipes/local-dev.yaml (sim, CPU)")
-    group.add_argument("--k3-container-info", default="", env_var="K3_CONTAINER_INFO",
-                       help="saved `vllm collect-env` output from inside the serving container")
+    group.add_argument("--k3-container-info", action=NodeFilesAction, default="", env_var="K3_CONTAINER_INFO",
+                       metavar="[NODE=]FILE",
+                       help="saved `vllm collect-env` output from inside the serving container; per node: "
+                       "NODE=FILE, repeatable (NODE as its --k3-host-inventory names it; each node judged on its "
+                       "own); a bare FILE: a single node. K3_CONTAINER_INFO holds several NODE=FILE one a line or "
+                       "comma-separated")
     group.add_argument("--k3-host-inventory", action="append", default=[], env_var="K3_HOST_INVENTORY",
                        help="per-node GPU inventory JSON (repeatable)")
-    group.add_argument("--k3-startup-log", default="", env_var="K3_STARTUP_LOG", help="the server's startup log")
+    group.add_argument("--k3-startup-log", action=NodeFilesAction, default="", env_var="K3_STARTUP_LOG",
+                       metavar="[NODE=]FILE",
+                       help="the server's startup log; per node: NODE=FILE, repeatable (as --k3-container-info); a "
+                       "bare FILE: a single node. K3_STARTUP_LOG holds several NODE=FILE one a line or "
+                       "comma-separated")
     group.add_argument("--k3-image", default="", env_var="K3_IMAGE", help="container image deployed (repo:tag)")
     group.add_argument("--k3-custom-build", default="", env_var="K3_CUSTOM_BUILD",
                        help="record of a custom build (commit, deps, build time, reproduction, rollback image)")

@@ -5,6 +5,8 @@
                           container_info=Path("collect-env.txt"), host_inventories=[Path("n01.json")],
                           startup_log=Path("vllm.log"), image="vllm/vllm-openai:kimi-k3")
     compat["status"]   # "pass" | "fail" | "inconclusive"
+    # a multi-node K3: each node's startup log and collect-env, as NODE=PATH (k3load.precheck.node_files)
+    run_precheck(..., startup_log=["n01=n01.log", "n02=n02.log"], container_info=["n01=n01-env.txt", ...])
 
 Why two steps (gather, then judge the copies): everything read is saved under DIR/evidence first and
 the rules see only those copies, so `recheck(DIR)` gives the same rule results offline, on any machine.
@@ -19,13 +21,17 @@ from typing import Any
 
 from k3load.client.access import Secrets, Tls
 from k3load.precheck.evidence import EVIDENCE, Gatherer, gather_files, gather_local_nvml, gather_server, load_evidence
-from k3load.precheck.formats import EvidenceFormatError, check_input_files
+from k3load.precheck.formats import EvidenceFormatError, check_input_files, inventory_nodes
+from k3load.precheck.node_files import NodeFiles, NodeFilesError, as_node_files, unknown_nodes
 from k3load.precheck.recipe import Recipe, RecipeError, load_recipe
 from k3load.precheck.report import build_compat, write_compat
 from k3load.precheck.rules import evaluate
 
 __all__ = ["EvidenceFormatError", "PrecheckError", "RecipeError", "recheck", "run_precheck"]
 SAVED_RECIPE = "recipe.yaml"
+
+
+NodeFileInput = NodeFiles | Path | str | list[str] | list[Path] | None
 
 
 class PrecheckError(ValueError):
@@ -55,19 +61,38 @@ def judge(out_dir: Path, recipe: Recipe) -> dict[str, Any]:
     return compat
 
 
-def run_precheck(out_dir: Path, recipe_path: Path, base_url: str | None, *, container_info: Path | None = None,
-                 host_inventories: list[Path] | tuple[Path, ...] = (), startup_log: Path | None = None,
+def _node_files(container_info: NodeFileInput, startup_log: NodeFileInput,
+                host_inventories: list[Path] | tuple[Path, ...]) -> tuple[NodeFiles, NodeFiles]:
+    """Both per-node options read (a bare path: one unnamed node); a malformed entry, or a node that no
+    given inventory names, is a PrecheckError naming the option."""
+    try:
+        files = (as_node_files(container_info, "--container-info"), as_node_files(startup_log, "--startup-log"))
+    except NodeFilesError as exc:
+        raise PrecheckError(str(exc)) from None
+    nodes = inventory_nodes(list(host_inventories))  # each read as its format: a bad one is named first
+    for given in files:
+        if problem := unknown_nodes(given, nodes):
+            raise PrecheckError(problem)
+    return files
+
+
+def run_precheck(out_dir: Path, recipe_path: Path, base_url: str | None, *, container_info: NodeFileInput = None,
+                 host_inventories: list[Path] | tuple[Path, ...] = (), startup_log: NodeFileInput = None,
                  image: str | None = None, custom_build: Path | None = None, api_key: str | None = None,
                  use_local_nvml: bool = True, metrics_url: str | None = None, secrets: Secrets | None = None,
                  tls: Tls | None = None) -> dict[str, Any]:
     """Gather the evidence into DIR/evidence, judge it, write DIR/compat.json and return its content.
-    `metrics_url`: where the engine's /metrics is when not at `base_url` (the first --k3-metrics-url)."""
+    `metrics_url`: where the engine's /metrics is when not at `base_url` (the first --k3-metrics-url).
+    `container_info`, `startup_log`: one path (a single node), or NODE=PATH entries, one per node (as
+    NodeFiles, or their text: k3load.precheck.node_files), each node's judged on its own."""
     out_dir = Path(out_dir)
     recipe = load_recipe(recipe_path)  # first: a bad recipe must not leave a half-gathered record
-    _check_inputs(out_dir, container_info=container_info, host_inventory=list(host_inventories),
-                  startup_log=startup_log, custom_build=custom_build)
+    _check_inputs(out_dir, host_inventory=list(host_inventories), custom_build=custom_build)
+    container_info, startup_log = _node_files(container_info, startup_log, host_inventories)
+    _check_inputs(out_dir, container_info=container_info.paths(), startup_log=startup_log.paths())
     # each file read as its format before DIR/evidence is replaced: one that is not is an input error
-    check_input_files(container_info=container_info, host_inventories=host_inventories, custom_build=custom_build)
+    check_input_files(container_info=container_info.paths(), host_inventories=host_inventories,
+                      custom_build=custom_build)
     secrets = secrets or Secrets(api_key)
     g = Gatherer(out_dir, secrets)
     g.copy(recipe.path, SAVED_RECIPE)

@@ -3,10 +3,14 @@
     k3load precheck --recipe recipes/kimi-k3.yaml --base-url http://10.0.0.5:8000 \
         --container-info collect-env.txt --host-inventory n01.json --host-inventory n02.json \
         --startup-log vllm-startup.log --image vllm/vllm-openai:kimi-k3 --out runs/r1
+    # a multi-node K3: each node's startup log and collect-env, NODE as its host inventory names it
+    k3load precheck ... --host-inventory n01.json --host-inventory n02.json \
+        --startup-log n01=n01.log --startup-log n02=n02.log --container-info n01=n01-env.txt ...
 
 Exit status: 0 pass, 1 fail, 2 inconclusive (nothing failed, but a rule could not decide), 3 the
-precheck could not run (invalid recipe, missing input file, an input file that is not its format: one
-line on stderr naming the option, or the file, line and field; formats in docs/running.md). argparse's
+precheck could not run (invalid recipe, missing input file, an input file that is not its format, a
+malformed NODE=PATH or a NODE no --host-inventory names: one line on stderr naming the option, or the
+file, line and field; formats in docs/running.md). argparse's
 own usage errors also exit 2, before anything is written: read DIR/compat.json, not only the exit
 status, when that matters.
 The bearer key comes from $K3_API_KEY (or --api-key); it is sent as a header and never written, nor
@@ -26,6 +30,7 @@ from k3load.client.access import Secrets, Tls, access_headers, access_problem, a
 from k3load.client.origin import plain_http_warning
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.precheck import EvidenceFormatError, PrecheckError, RecipeError, recheck, run_precheck
+from k3load.precheck.node_files import NodeFilesAction
 from k3load.precheck.report import COMPAT, summary_lines
 from k3load.yamlfile import one_line
 
@@ -40,12 +45,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", help="the server to check (http://HOST:PORT): /version, /v1/models, /metrics")
     parser.add_argument("--metrics-url", help="the engine's /metrics when it is not at --base-url (behind a "
                         "gateway); the key goes there only when it is on --base-url's host and port")
-    parser.add_argument("--container-info", type=Path, help="saved `vllm collect-env` output from inside the "
-                        "container (the only accepted source of the CUDA build)")
+    parser.add_argument("--container-info", action=NodeFilesAction, default="", metavar="[NODE=]FILE",
+                        help="saved `vllm collect-env` output from inside the serving container (the only accepted "
+                        "source of the CUDA build); per node: NODE=FILE, repeated (NODE as its --host-inventory "
+                        "names it; several also one a line or comma-separated); a bare FILE: a single node")
     parser.add_argument("--host-inventory", type=Path, action="append", default=[], metavar="FILE",
                         help="per-node inventory JSON, as `k3load inventory` writes it (repeat per node; format in "
                         "docs/running.md, example docs/examples/precheck/host-inventory.json)")
-    parser.add_argument("--startup-log", type=Path, help="the vLLM server's startup log")
+    parser.add_argument("--startup-log", action=NodeFilesAction, default="", metavar="[NODE=]FILE",
+                        help="the vLLM server's startup log; per node: NODE=FILE, repeated (as --container-info); a "
+                        "bare FILE: a single node")
     parser.add_argument("--image", help="container image actually deployed (repository:tag)")
     parser.add_argument("--custom-build", type=Path, help="YAML/JSON record of a custom build: commit, pytorch_deps, "
                         "build_time, reproduction, rollback_image")

@@ -13,11 +13,14 @@ Layout under DIR. Every path the record names (a rule's `evidence`, index.json, 
   evidence/server/metrics.txt      GET /metrics body (vllm:cache_config_info, k3load_sim_info), from the
                                    first --k3-metrics-url when given; read only when it answered 200
   evidence/server/probe_chat.json  1-token chat answer, only when /metrics cannot tell sim from vLLM
-  evidence/container/collect-env.txt   the saved `vllm collect-env` output (--container-info)
+  evidence/container/collect-env.txt   the saved `vllm collect-env` output (--container-info, a bare path)
+  evidence/container/NODE/collect-env.txt   node NODE's (--container-info NODE=PATH, one per node)
   evidence/container/image.json    {"image": TAG} from --image
   evidence/hosts/NN-NAME.json      host inventories as given (--host-inventory), byte for byte
   evidence/hosts/local-nvml.json   this host's NVML inventory (k3load.sampler.nvml.inventory)
-  evidence/startup.log             the vLLM startup log (--startup-log)
+  evidence/startup.log             the vLLM startup log (--startup-log, a bare path: one unnamed node)
+  evidence/startup/NODE.log        node NODE's startup log (--startup-log NODE=PATH, one per node;
+                                   k3load.precheck.node_evidence)
   evidence/custom-build.yaml|json  the custom build record (--custom-build)
 
 Secrets: the API key and gateway header values (k3load.client.access.Secrets) go in the headers of the
@@ -59,12 +62,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from k3load.client.access import Secrets, Tls, gevent_patched, tls_hint
 from k3load.precheck.formats import (
     HOST_ALIASES,
-    check_collect_env,
     check_host_inventory,
+    inventory_node,
     read_custom_build,
     read_host_inventory,
 )
-from k3load.precheck.startup_log import parse_startup_log
+from k3load.precheck.node_evidence import gather_containers, gather_startups, load_node_files
+from k3load.precheck.node_files import NodeFiles, as_node_files
 from k3load.private_files import is_temp, make_dirs, make_run_dir, write_bytes_atomic
 from k3load.rundir import copy_file_redacted, scrub_bytes, write_atomic, write_json_atomic
 from k3load.sampler.fetch import same_origin
@@ -81,10 +85,12 @@ class Evidence:
     """Everything the rules may look at, loaded from DIR/evidence; None means "not gathered"."""
 
     server: dict[str, Any] | None = None
-    container: dict[str, Any] | None = None
+    container: dict[str, Any] | None = None  # the single-node form's collect-env (a bare path)
     image: str | None = None
     hosts: list[dict[str, Any]] = field(default_factory=list)
-    startup: dict[str, Any] | None = None
+    startup: dict[str, Any] | None = None  # the single-node form's startup log
+    node_containers: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> its collect-env facts
+    node_startups: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> its startup log facts
     custom_build: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)  # kind -> path relative to DIR/evidence
@@ -149,17 +155,16 @@ class Gatherer:
         write_json_atomic(self.root / "index.json", self.index)
 
 
-def gather_files(g: Gatherer, *, container_info: Path | None, host_inventories: list[Path] | tuple[Path, ...],
-                 startup_log: Path | None, image: str | None, custom_build: Path | None) -> None:
+def gather_files(g: Gatherer, *, container_info: NodeFiles | Path | None,
+                 host_inventories: list[Path] | tuple[Path, ...], startup_log: NodeFiles | Path | None,
+                 image: str | None, custom_build: Path | None) -> None:
     """Copy the operator's files byte for byte; name the local file each came from in the index."""
-    if container_info is not None:
-        g.copy(container_info, "container/collect-env.txt")
+    gather_containers(g, as_node_files(container_info, "--container-info"))
     if image is not None:
         g.write("container/image.json", {"image": image}, "--image")
     for i, path in enumerate(host_inventories):
         g.copy(path, f"hosts/{i:02d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', Path(path).stem)}.json")
-    if startup_log is not None:
-        g.copy(startup_log, "startup.log")
+    gather_startups(g, as_node_files(startup_log, "--startup-log"))
     if custom_build is not None:
         suffix = ".json" if Path(custom_build).suffix == ".json" else ".yaml"
         g.copy(custom_build, f"custom-build{suffix}")
@@ -313,7 +318,7 @@ def normalise_host(raw: Any, file: str) -> dict[str, Any]:
     listed = raw.get("gpus")
     gpus = [g for g in listed if isinstance(g, dict)] if isinstance(listed, list) else []
     count = _first(raw, "gpu_count")
-    host = {"node": str(_first(raw, "node") or Path(file).stem), "file": file,
+    host = {"node": inventory_node(raw, file), "file": file,
             "source": raw.get("source", "file"), "container_image": raw.get("container_image"),
             "driver_version": None if _first(raw, "driver_version") is None else str(_first(raw, "driver_version")),
             "cuda_driver_max_version": _first(raw, "cuda_driver_max_version"),
@@ -328,10 +333,7 @@ def normalise_host(raw: Any, file: str) -> dict[str, Any]:
 
 
 def _load_files(root: Path, ev: Evidence, platform: str) -> None:
-    collect = root / "container" / "collect-env.txt"
-    if collect.exists():
-        ev.container = check_collect_env(collect.read_text(encoding="utf-8", errors="replace"), collect)
-        ev.files["container"] = "container/collect-env.txt"
+    load_node_files(root, ev, platform)
     image = _json_file(root / "container" / "image.json")
     if isinstance(image, dict) and image.get("image"):
         ev.image = str(image["image"])
@@ -339,10 +341,6 @@ def _load_files(root: Path, ev: Evidence, platform: str) -> None:
     for path in sorted((root / "hosts").glob("*.json")):
         rel = f"hosts/{path.name}"
         ev.hosts.append(normalise_host(read_host_inventory(path), rel))  # a malformed copy: named by its path
-    log = root / "startup.log"
-    if log.exists():
-        ev.startup = parse_startup_log(log.read_text(encoding="utf-8", errors="replace"), platform)
-        ev.files["startup"] = "startup.log"
     for path in sorted(root.glob("custom-build.*")):
         ev.custom_build = {"record": read_custom_build(path), "error": None, "file": path.name}
         ev.files["custom_build"] = path.name

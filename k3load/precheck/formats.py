@@ -120,6 +120,18 @@ def read_host_inventory(path: Path | str) -> dict[str, Any]:
     return raw
 
 
+def inventory_node(raw: dict[str, Any], path: Path | str) -> str:
+    """The node an inventory names: `node` (or an alias), else its file name without the `NN-` that the
+    copy under evidence/hosts/ adds; the name NODE=PATH entries must match (k3load.precheck.node_files)."""
+    value = next((raw[k] for k in HOST_ALIASES["node"] if raw.get(k) is not None), None)
+    return str(value) if value else re.sub(r"^\d{2}-", "", Path(path).stem)
+
+
+def inventory_nodes(paths: list[Path] | tuple[Path, ...] | list[str]) -> list[str]:
+    """The node of each given inventory file (each read as its format: a bad one raises)."""
+    return [inventory_node(read_host_inventory(path), path) for path in paths]
+
+
 def check_collect_env(text: str, path: Path | str) -> dict[str, Any]:
     """The facts of a collect-env output; text that is not one (no version row at all) raises."""
     facts = parse_collect_env(text)
@@ -145,12 +157,14 @@ def read_custom_build(path: Path | str) -> dict[str, Any]:
     return record
 
 
-def check_input_files(*, container_info: Path | str | None = None,
+def check_input_files(*, container_info: Path | str | list[Path] | tuple[Path, ...] | None = None,
                       host_inventories: list[Path] | tuple[Path, ...] | list[str] = (),
                       custom_build: Path | str | None = None) -> None:
-    """Every given file read as its format; the first that is not raises EvidenceFormatError."""
-    if container_info:
-        check_collect_env(Path(container_info).read_text(encoding="utf-8", errors="replace"), container_info)
+    """Every given file read as its format; the first that is not raises EvidenceFormatError.
+    `container_info`: one collect-env, or each node's (k3load.precheck.node_files)."""
+    for path in container_info if isinstance(container_info, list | tuple) else [container_info]:
+        if path:
+            check_collect_env(Path(path).read_text(encoding="utf-8", errors="replace"), path)
     for path in host_inventories:
         read_host_inventory(path)
     if custom_build:

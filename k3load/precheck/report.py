@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from k3load.precheck.evidence import Evidence, evidence_hashes
+from k3load.precheck.node_evidence import containers
 from k3load.precheck.recipe import Recipe
 from k3load.precheck.rules import NA, custom_build_problems, overall
 from k3load.rundir import write_json_atomic
@@ -27,7 +28,7 @@ def custom_build_section(ev: Evidence) -> dict[str, Any] | None:
         return None
     record = cb["record"] if isinstance(cb["record"], dict) else None
     problems = [cb["error"]] if cb["error"] else custom_build_problems(cb["record"])
-    container = ev.container or {}
+    container = next((c.facts for c in containers(ev)), {})  # the unnamed node's, else the first node's
     return {"file": cb["file"], "complete": not problems, "problems": problems, "record": record,
             "image": ev.image, "observed": {"cuda_build": container.get("cuda_build"),
                                             "torch_version": container.get("torch_version"),

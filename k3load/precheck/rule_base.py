@@ -31,3 +31,13 @@ def option(name: str) -> str:
 
 def files_of(ev: Evidence, *kinds: str) -> list[str]:
     return [ev.files[k] for k in kinds if k in ev.files]
+
+
+def host_files(ev: Evidence) -> list[str]:
+    return [h["file"] for h in ev.hosts]
+
+
+def no_hosts_why(ev: Evidence) -> str:
+    nvml = next((n for n in ev.notes if n.startswith("no local NVML")), "local NVML not used (--no-nvml / "
+                "--k3-nvml off)")
+    return f"no {option('host-inventory')} and {nvml}"

@@ -18,47 +18,52 @@ from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.outcomes import NOT_APPLICABLE as NA
 from k3load.precheck.collect_env import major, parse_version, version_at_least
 from k3load.precheck.evidence import Evidence
+from k3load.precheck.node_evidence import NodeFacts, containers, missing_nodes, startups
+from k3load.precheck.node_rules import container_value, images_seen, node_consistency, normalise_image, not_given
 from k3load.precheck.recipe import Recipe
-from k3load.precheck.rule_base import files_of, na_result, option, result
-from k3load.precheck.server_rules import metrics_gap, metrics_reachable, server_reachable, target_not_sim
-from k3load.precheck.startup_log import cuda_init_problems, quote
+from k3load.precheck.rule_base import files_of, host_files, na_result, no_hosts_why, option, result
+from k3load.precheck.server_rules import metrics_reachable, server_reachable, target_not_sim
+from k3load.precheck.startup_rules import serve_flags, startup_log
 
 CUSTOM_REQUIRED = ("commit", "pytorch_deps", "build_time", "reproduction", "rollback_image")
 CUSTOM_OPTIONAL = ("image", "vllm_source", "cuda", "notes")
 __all__ = ["FAIL", "INCONCLUSIVE", "NA", "PASS", "evaluate", "overall", "result"]
 
 
-def _host_files(ev: Evidence) -> list[str]:
-    return [h["file"] for h in ev.hosts]
-
-
-def _no_hosts_why(ev: Evidence) -> str:
-    nvml = next((n for n in ev.notes if n.startswith("no local NVML")), "local NVML not used (--no-nvml / "
-                "--k3-nvml off)")
-    return f"no {option('host-inventory')} and {nvml}"
-
-
 # -- vLLM version --------------------------------------------------------------------------------------------
 def _seen_versions(ev: Evidence) -> dict[str, str]:
+    """Where each vLLM version was seen: /version, each node's collect-env and startup log (a named node's
+    as "collect-env n01")."""
     seen = {}
     if ev.server and ev.server["version"]:
         seen["/version"] = str(ev.server["version"])
-    if ev.container and ev.container["vllm_version"]:
-        seen["collect-env"] = ev.container["vllm_version"]
-    if ev.startup and ev.startup["vllm_version"]:
-        seen["startup log"] = ev.startup["vllm_version"]["value"]
+    for c in containers(ev):
+        if c.facts["vllm_version"]:
+            seen[_seen_at("collect-env", c)] = c.facts["vllm_version"]
+    for log in startups(ev):
+        if log.facts["vllm_version"]:
+            seen[_seen_at("startup log", log)] = log.facts["vllm_version"]["value"]
     return seen
+
+
+def _seen_at(kind: str, given: NodeFacts) -> str:
+    return f"{kind} {given.node}" if given.node else kind
+
+
+def _node_files(ev: Evidence) -> list[str]:
+    """Every node's collect-env and startup log under DIR/evidence."""
+    return [c.file for c in containers(ev)] + [log.file for log in startups(ev)]
 
 
 def _pin(version: dict[str, Any], text: str, ev: Evidence) -> tuple[bool, str]:
     """(pinned, source): a release is pinned by its public tag; a dev build only by a clean git sha."""
-    sha = version["sha"] or (ev.container or {}).get("vllm_git_sha")
+    sha = version["sha"] or container_value(ev, "vllm_git_sha")
     record = (ev.custom_build or {}).get("record")
     commit = record.get("commit") if isinstance(record, dict) else None
     if version["dev"] or version["sha"]:
         if sha is None and commit is None:
             return False, f"dev build {text} without a git sha"
-        if version["dirty"] or (ev.container or {}).get("vllm_local_changes"):
+        if version["dirty"] or container_value(ev, "vllm_local_changes"):
             return False, f"dev build {text} with uncommitted local changes (git sha {sha})"
         return True, f"git sha {sha or commit}"
     where = f"image {ev.image}" if ev.image else "the public release"
@@ -68,7 +73,7 @@ def _pin(version: dict[str, Any], text: str, ev: Evidence) -> tuple[bool, str]:
 def vllm_version(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     """Exact, agreed and recent enough: the same version everywhere it was seen, pinned, >= the minimum."""
     spec = recipe.section("vllm")
-    files = files_of(ev, "server_version", "container", "startup")
+    files = files_of(ev, "server_version") + _node_files(ev)
     seen = _seen_versions(ev)
     if not seen:
         return result("vllm_version", FAIL, "vLLM version not recorded (no /version, collect-env or startup log)")
@@ -92,30 +97,16 @@ def vllm_version(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
 
 
 # -- container: image and CUDA build -------------------------------------------------------------------------
-def normalise_image(image: str) -> str:
-    """repository:tag without registry default, library/ prefix or @sha256 digest (compared by tag)."""
-    name = image.strip().split("@", 1)[0]
-    for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
-        name = name.removeprefix(prefix)
-    return name.removeprefix("library/")
-
-
-def _images(ev: Evidence) -> dict[str, str]:
-    seen = {"--image": ev.image} if ev.image else {}
-    seen.update({f"node {h['node']}": h["container_image"] for h in ev.hosts if h.get("container_image")})
-    return seen
-
-
 def image_official(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     """The deployed container is the recipe's image; a custom build never counts as it."""
     if skip := na_result(recipe, "image_official", "image"):
         return skip
     official = recipe.section("image")["official"]
-    files = files_of(ev, "image", "custom_build") + _host_files(ev)
+    files = files_of(ev, "image", "custom_build") + host_files(ev)
     if ev.custom_build is not None:
         return result("image_official", FAIL, f"custom build declared (evidence/{ev.custom_build['file']}): a custom "
                       f"build never passes as the official image {', '.join(official)}", files)
-    seen = _images(ev)
+    seen = images_seen(ev)
     if not seen:
         return result("image_official", FAIL, f"container image not recorded ({option('image')}, or container_image "
                       "in the host inventories)", files)
@@ -136,33 +127,46 @@ def _driver_max_hint(ev: Evidence) -> str:
             "build, and never counts")
 
 
+def _cuda_one(c: NodeFacts, need: int, ev: Evidence) -> tuple[bool, str]:
+    """(passed, what) of one collect-env; a named node's said with its name."""
+    f, at = c.facts, f"{c.where}: " if c.node else ""
+    torch = f["torch_version"] or "PyTorch not collected"
+    if f["cuda_build"] is None:
+        return False, (f"{at}no CUDA {need} build info: collect-env has no 'CUDA used to build PyTorch' ({torch})"
+                       f"{_driver_max_hint(ev)}")
+    if major(f["cuda_build"]) != need:
+        return False, f"{at}container built with CUDA {f['cuda_build']} ({torch}); the recipe needs a CUDA {need} build"
+    if f["cuda_runtime"] is not None and major(f["cuda_runtime"]) != need:
+        return False, f"{at}PyTorch built with CUDA {f['cuda_build']} but the container's CUDA runtime is " \
+            f"{f['cuda_runtime']}"
+    if str(f["cuda_available"]).lower() in ("false", "no"):
+        return False, (f"{at}CUDA {f['cuda_build']} build ({torch}), but CUDA does not initialise inside the "
+                       f"container (Is CUDA available: {f['cuda_available']}; driver "
+                       f"{f['driver_version'] or 'not collected'})")
+    runtime = f", CUDA runtime {f['cuda_runtime']}" if f["cuda_runtime"] else ", CUDA runtime not collected"
+    return True, f"{at}CUDA {f['cuda_build']} build ({torch}{runtime})"
+
+
 def cuda_build(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
-    """CUDA build from collect-env inside the container — never from nvidia-smi's 'CUDA Version'."""
+    """CUDA build from collect-env inside the container — never from nvidia-smi's 'CUDA Version' — on every
+    node that gave one; an inventoried node without one, when others have theirs, is named (inconclusive)."""
     if skip := na_result(recipe, "cuda_build", "cuda"):
         return skip
     need = recipe.section("cuda")["build_major"]
-    files = files_of(ev, "container", "custom_build")
+    given = containers(ev)
+    files = [c.file for c in given] + files_of(ev, "custom_build")
     custom = " (custom build declared: see custom_build)" if ev.custom_build is not None else ""
-    c = ev.container
-    if c is None:
+    if not given:
         return result("cuda_build", FAIL, f"no CUDA {need} build info: no collect-env output saved "
-                      f"({option('container-info')}){_driver_max_hint(ev)}", files + _host_files(ev))
-    torch = c["torch_version"] or "PyTorch not collected"
-    if c["cuda_build"] is None:
-        return result("cuda_build", FAIL, f"no CUDA {need} build info: collect-env has no 'CUDA used to build "
-                      f"PyTorch' ({torch}){_driver_max_hint(ev)}{custom}", files)
-    if major(c["cuda_build"]) != need:
-        return result("cuda_build", FAIL, f"container built with CUDA {c['cuda_build']} ({torch}); the recipe "
-                      f"needs a CUDA {need} build{custom}", files)
-    if c["cuda_runtime"] is not None and major(c["cuda_runtime"]) != need:
-        return result("cuda_build", FAIL, f"PyTorch built with CUDA {c['cuda_build']} but the container's CUDA "
-                      f"runtime is {c['cuda_runtime']}{custom}", files)
-    if str(c["cuda_available"]).lower() in ("false", "no"):
-        return result("cuda_build", FAIL, f"CUDA {c['cuda_build']} build ({torch}), but CUDA does not initialise "
-                      f"inside the container (Is CUDA available: {c['cuda_available']}; driver "
-                      f"{c['driver_version'] or 'not collected'}){custom}", files)
-    runtime = f", CUDA runtime {c['cuda_runtime']}" if c["cuda_runtime"] else ", CUDA runtime not collected"
-    return result("cuda_build", PASS, f"CUDA {c['cuda_build']} build ({torch}{runtime}){custom}", files)
+                      f"({option('container-info')}){_driver_max_hint(ev)}", files + host_files(ev))
+    judged = [_cuda_one(c, need, ev) for c in given]
+    said = "; ".join(what for _, what in judged)
+    if not all(ok for ok, _ in judged):
+        return result("cuda_build", FAIL, "; ".join(what for ok, what in judged if not ok) + custom, files)
+    if missing := missing_nodes(ev, given):
+        return result("cuda_build", INCONCLUSIVE, f"{not_given(missing, 'collect-env', 'container-info')}; "
+                      f"{said}{custom}", files + host_files(ev))
+    return result("cuda_build", PASS, said + custom, files)
 
 
 # -- hosts: driver, GPUs, consistency ------------------------------------------------------------------------
@@ -171,11 +175,11 @@ def driver_branch(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     if skip := na_result(recipe, "driver_branch", "driver"):
         return skip
     need = recipe.section("driver")["min_branch"]
-    files = _host_files(ev) + files_of(ev, "container")
-    inside = (ev.container or {}).get("driver_version")
+    files = host_files(ev) + [c.file for c in containers(ev)]
+    inside = ", ".join(sorted({c.facts["driver_version"] for c in containers(ev) if c.facts["driver_version"]}))
     if not ev.hosts:
         seen = f"; collect-env saw driver {inside} inside the container, but no host was inventoried" if inside else ""
-        return result("driver_branch", FAIL, f"no NVIDIA driver recorded on any host: {_no_hosts_why(ev)}{seen}",
+        return result("driver_branch", FAIL, f"no NVIDIA driver recorded on any host: {no_hosts_why(ev)}{seen}",
                       files)
     problems = [f"{h['node']}: no driver_version" for h in ev.hosts if not h["driver_version"]]
     for h in ev.hosts:
@@ -183,14 +187,31 @@ def driver_branch(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
         if h["driver_version"] and (branch is None or branch < need):
             problems.append(f"{h['node']} driver {h['driver_version']} (R{branch}) is below R{need}: a fail, not "
                             "'probably works'")
-    drivers = {h["driver_version"] for h in ev.hosts if h["driver_version"]}
-    if inside and inside not in drivers:
-        problems.append(f"collect-env saw driver {inside} inside the container, the hosts report "
-                        f"{', '.join(sorted(drivers))}: the container info is from another host")
+    problems += _inside_drivers(ev)
     if problems:
         return result("driver_branch", FAIL, "; ".join(problems), files)
     listed = ", ".join(f"{h['node']} {h['driver_version']}" for h in ev.hosts)
     return result("driver_branch", PASS, f"R{need}+ on every node: {listed}", files)
+
+
+def _inside_drivers(ev: Evidence) -> list[str]:
+    """The driver each collect-env saw inside its container against the hosts': a named node's against its
+    own host's, the unnamed one's against every host's."""
+    drivers = {h["node"]: h["driver_version"] for h in ev.hosts if h["driver_version"]}
+    problems = []
+    for c in containers(ev):
+        inside = c.facts["driver_version"]
+        if not inside:
+            continue
+        if c.node in drivers:
+            if inside != drivers[c.node]:
+                problems.append(f"{c.where}: collect-env saw driver {inside} inside the container, its host reports "
+                                f"{drivers[c.node]}: the container info is from another host")
+        elif inside not in set(drivers.values()):
+            at = f"{c.where}: " if c.node else ""
+            problems.append(f"{at}collect-env saw driver {inside} inside the container, the hosts report "
+                            f"{', '.join(sorted(set(drivers.values())))}: the container info is from another host")
+    return problems
 
 
 def gpu_count(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
@@ -198,9 +219,9 @@ def gpu_count(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     if skip := na_result(recipe, "gpu_count", "gpu"):
         return skip
     need = recipe.section("gpu")["min_count"]
-    files = _host_files(ev)
+    files = host_files(ev)
     if not ev.hosts:
-        return result("gpu_count", FAIL, f"GPU count not recorded: {_no_hosts_why(ev)}", files)
+        return result("gpu_count", FAIL, f"GPU count not recorded: {no_hosts_why(ev)}", files)
     per_node = ", ".join(f"{h['node']}: {h['gpu_count']}" for h in ev.hosts)
     if any(h["gpu_count"] is None for h in ev.hosts):
         return result("gpu_count", FAIL, f"GPU count missing for a node ({per_node})", files)
@@ -215,105 +236,15 @@ def gpu_model(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     if skip := na_result(recipe, "gpu_model", "gpu"):
         return skip
     models = recipe.section("gpu")["models"]
-    files = _host_files(ev)
+    files = host_files(ev)
     names = {(h["node"], n) for h in ev.hosts for n in h["gpu_names"]}
     if not names:
-        return result("gpu_model", FAIL, f"GPU models not recorded: {_no_hosts_why(ev)}" if not ev.hosts
+        return result("gpu_model", FAIL, f"GPU models not recorded: {no_hosts_why(ev)}" if not ev.hosts
                       else "GPU models not recorded in the host inventories", files)
     wrong = sorted({f"{n} ({node})" for node, n in names if not any(m.lower() in n.lower() for m in models)})
     if wrong:
         return result("gpu_model", FAIL, f"not {'/'.join(models)}-class: {', '.join(wrong)}", files)
     return result("gpu_model", PASS, f"all GPUs are {', '.join(sorted({n for _, n in names}))}", files)
-
-
-def node_consistency(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
-    """All nodes run the same driver and the same container tag (and --image agrees with them)."""
-    if skip := na_result(recipe, "node_consistency", "driver"):
-        return skip
-    files = _host_files(ev) + files_of(ev, "image")
-    if not ev.hosts:
-        return result("node_consistency", INCONCLUSIVE, f"no nodes to compare: {_no_hosts_why(ev)}", files)
-    problems = []
-    drivers = {h["node"]: h["driver_version"] for h in ev.hosts}
-    if len(set(drivers.values())) > 1:
-        problems.append("nodes differ in driver: " + ", ".join(f"{n} {d}" for n, d in drivers.items()))
-    missing = [h["node"] for h in ev.hosts if not h.get("container_image")]
-    if missing:
-        problems.append(f"container tag not recorded for {', '.join(missing)}")
-    images = _images(ev)
-    if len({normalise_image(i) for i in images.values()}) > 1:
-        problems.append("nodes differ in container tag: " + ", ".join(f"{w} {i}" for w, i in images.items()))
-    if problems:
-        return result("node_consistency", FAIL, "; ".join(problems), files)
-    note = " (one node: real production is multi-node)" if len(ev.hosts) == 1 else ""
-    return result("node_consistency", PASS, f"{len(ev.hosts)} node(s) on driver {next(iter(drivers.values()))} "
-                  f"and {next(iter(images.values()))}{note}", files)
-
-
-# -- server configuration and startup log --------------------------------------------------------------------
-def _same(value: Any, required: Any) -> bool:
-    return str(value).strip().lower() == str(required).strip().lower()
-
-
-def _flag_value(flag: str, ev: Evidence) -> tuple[Any, str] | None:
-    """(value, where) of one server option; None when no evidence can tell."""
-    cache = (ev.server or {}).get("cache_config") or {}
-    if flag == "enable_prefix_caching" and "enable_prefix_caching" in cache:
-        return cache["enable_prefix_caching"], "vllm:cache_config_info"
-    args = (ev.startup or {}).get("args") or {}
-    if flag in args:
-        return args[flag], "startup log non-default args"
-    if args and flag != "enable_prefix_caching":  # absent from non-default args: vLLM's default (off/None)
-        return None, "not among the startup log's non-default args"
-    return None
-
-
-def serve_flags(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
-    """The recipe's server options are in effect: read from what the server reports, not from a launch script."""
-    required = recipe.section("serve")["required"]
-    files = files_of(ev, "server_metrics", "startup")
-    wrong, unknown, good = [], [], []
-    for flag, want in required.items():
-        seen = _flag_value(flag, ev)
-        if seen is None:
-            unknown.append(flag)
-        elif not _same(seen[0], want):
-            value = "not set" if seen[0] is None else f"is {seen[0]}"
-            wrong.append(f"{flag} {value} ({seen[1]}), needs {want}")
-        else:
-            good.append(f"{flag}={want}")
-    if wrong:
-        return result("serve_flags", FAIL, "; ".join(wrong), files)
-    if unknown:
-        gap = metrics_gap(ev) if ev.server is not None else None
-        return result("serve_flags", INCONCLUSIVE, (f"inconclusive, because {gap}; " if gap else "")
-                      + "not readable from /metrics or a startup log: "
-                      f"{', '.join(unknown)}" + (f" (confirmed: {', '.join(good)})" if good else ""), files)
-    return result("serve_flags", PASS, ", ".join(good), files)
-
-
-def startup_log(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
-    """No NCCL, communication or kernel warnings; on CUDA, initialisation, NCCL and kernels seen. Known
-    configuration notices (--enforce-eager and the like, startup_log.NOTICES) are named, not judged."""
-    log = ev.startup
-    if log is None:
-        return result("startup_log", INCONCLUSIVE, f"no startup log saved ({option('startup-log')}): CUDA "
-                      "initialisation, communication backend and kernel loading not checked")
-    files = files_of(ev, "startup")
-    details = {"flagged": log["flagged"], "other_warnings": log["other_warnings"]}
-    fails, gaps = cuda_init_problems(log) if recipe.platform == "cuda" else ([], [])
-    if log["flagged"]:
-        fails.insert(0, f"{len(log['flagged'])} NCCL/communication/kernel warning(s): {quote(log['flagged'])}")
-    if fails:
-        return result("startup_log", FAIL, "; ".join(fails), files, **details)
-    notes = sorted({w["notice"] for w in log["other_warnings"] if w.get("notice")})
-    noted = f"; noted, not judged: {'; '.join(notes)}" if notes else ""
-    if gaps:
-        return result("startup_log", INCONCLUSIVE, "; ".join(gaps) + noted, files, **details)
-    seen = [f"{k} {(log[k] or {}).get('value')}" for k in ("device", "comm_backend", "nccl_version") if log[k]]
-    other = f"; {len(log['other_warnings'])} other warning(s), not about compatibility" if log["other_warnings"] else ""
-    return result("startup_log", PASS, f"no NCCL, communication or kernel warnings in {log['lines']} lines"
-                  f"{'; ' + ', '.join(seen) if seen else ''}{other}{noted}", files, **details)
 
 
 # -- custom build --------------------------------------------------------------------------------------------
@@ -336,11 +267,13 @@ def custom_build(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     if problems:
         return result("custom_build", FAIL, f"custom build record incomplete: {'; '.join(problems)}", [cb["file"]])
     r = cb["record"]
-    sha = (ev.container or {}).get("vllm_git_sha")
     commit = str(r["commit"])
-    if sha and not (commit.startswith(sha) or sha.startswith(commit)):
-        return result("custom_build", FAIL, f"the container's vLLM git sha {sha} is not the recorded commit {commit}",
-                      [cb["file"], *files_of(ev, "container")])
+    for c in containers(ev):
+        sha = c.facts.get("vllm_git_sha")
+        if sha and not (commit.startswith(sha) or sha.startswith(commit)):
+            at = f" ({c.where})" if c.node else ""
+            return result("custom_build", FAIL, f"the container's vLLM git sha {sha}{at} is not the recorded commit "
+                          f"{commit}", [cb["file"], c.file])
     return result("custom_build", PASS, f"custom build recorded (commit {r['commit']}, built {r['build_time']}, "
                   f"rollback image {r['rollback_image']}); judged apart from the official image: see "
                   "image_official", [cb["file"]])
