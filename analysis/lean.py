@@ -75,6 +75,10 @@ class LeanAttempt:
     last_silence_ms: float | None
     temperature: float | None = None  # as sent; with `seed`, what makes a repeat a new draw (analysis/clusters.py)
     seed: int | None = None
+    # how a streamed answer reached the client (analysis/buffering.py: a proxy's blocks)
+    stream: bool = True
+    stream_reads: int | None = None
+    stream_bytes: int | None = None
 
 
 AnyAttempt = Attempt | LeanAttempt
@@ -177,4 +181,4 @@ def lean_attempt(record: dict[str, Any], shared: Interner) -> LeanAttempt:
         names, findings, valid, get("will_retry", False), get("drill", False), intern(layer, layer),
         get("control_pair"), intern(role, role), get("stream_pair"), intern(stream_role, stream_role),
         get("tool_call_span_ms"), get("tool_call_max_gap_ms"), get("tool_call_deltas"), get("last_silence_ms"),
-        get("temperature"), get("seed"))
+        get("temperature"), get("seed"), get("stream", True), get("stream_reads"), get("stream_bytes"))

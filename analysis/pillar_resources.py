@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from k3load.analysis.buffering import SERVER_SIDE, server_side_latency, stream_delivery
 from k3load.analysis.drain import drain_audit, drain_reasons
 from k3load.analysis.gpu_growth import GpuGrowth, gpu_growth, memory_before, reservation_text, soak_creep
 from k3load.analysis.gpu_memory import memory_curve
@@ -20,9 +21,9 @@ from k3load.analysis.input_size import input_tokens
 from k3load.analysis.pillar import PillarResult
 from k3load.analysis.pillar_cache import cache_config
 from k3load.analysis.restart_drill import drill_reason, planned_down, planned_windows, restart_drill
-from k3load.analysis.rules import texts
+from k3load.analysis.rules import breach, texts
 from k3load.analysis.rundata import RunData
-from k3load.analysis.stages import stage_problems, stage_stats
+from k3load.analysis.stages import QUEUED_S, stage_problems, stage_stats
 from k3load.analysis.timeline import MetricIndex
 from k3load.events import Event
 from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS
@@ -256,6 +257,28 @@ def gpu_memory_judgment(data: RunData, growth: GpuGrowth, resources: dict[str, f
     return numbers, [], [*notes, said]
 
 
+def proxy_latency(stats: dict[str, Any], index: MetricIndex, limits: dict[str, dict[str, float]]) -> None:
+    """A stage's client-side latency breaches judged again on the server's own histograms, the stream being
+    buffered by a proxy: kept (on the server's figure) where the server was over too, dropped where it was
+    within, and said as not judged (`latency_unjudged`) where its histogram cannot tell or there is none."""
+    breached = {p["id"] for p in stats["problems"] if p["id"] in SERVER_SIDE}
+    if not breached:
+        return
+    queued = (stats.get("waiting_sustained_s") or 0) >= QUEUED_S
+    kept = [p for p in stats["problems"] if p["id"] not in breached]
+    stats["server_side_latency"], stats["latency_unjudged"] = [], []
+    for judged in server_side_latency(stats, index, limits):
+        if judged.rule_id not in breached:
+            continue
+        stats["server_side_latency"].append({"id": judged.rule_id, "status": judged.status, "text": judged.text})
+        if judged.status == "over":
+            kept.append(breach(judged.rule_id, "queue_latency" if queued else "latency", None, None, judged.text,
+                               f"metrics.jsonl stage={stats['stage']}"))
+        elif judged.status == "unjudged":
+            stats["latency_unjudged"].append(judged.text)
+    stats["problems"] = kept
+
+
 def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[str, float]]
                     ) -> tuple[PillarResult, list[dict[str, Any]]]:
     """The pillar, and the per-stage table (the ramp report and the limits read it too)."""
@@ -268,12 +291,17 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
         stats = stage_stats(data, index, stage, spells, growth)
         stats["problems"] = stage_problems(stats, limits)
         table.append(stats)
+    delivery = stream_delivery(data.attempts, index, [s["stage"] for s in table if saturated_processes(s)])
+    if delivery.buffered:  # the client timed the proxy's blocks: the latency SLOs go to the server's histograms
+        for stats in table:
+            proxy_latency(stats, index, limits)
     resources = limits.get("resources") or {}
     crashes = classify_crashes(data, resources.get("max_gpu_growth_pct", 50.0), spells, growth)
     memory, memory_reasons, memory_notes = gpu_memory_judgment(data, growth, resources)
     numbers: dict[str, Any] = {"stages": table, "crashes": crashes, "gpu_memory": memory,
-                               "health_spells": [s.to_dict() for s in spells]}
-    reasons = []
+                               "health_spells": [s.to_dict() for s in spells], "stream_delivery": delivery.to_dict()}
+    reasons = [delivery.reason] if delivery.buffered else []
+    reasons += [f"stage {s['stage']}: {text}" for s in table for text in s.get("latency_unjudged", [])]
     for crash in crashes:
         what = "OOM crash" if crash["oom"] else "server crash" + ("" if crash["memory_evidence"] else
                                                                    " (no memory evidence)")

@@ -52,6 +52,29 @@ class Bracketed:
     evidence: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class QuantileBucket:
+    """Where a histogram's q-quantile lies: in (low, high] of its buckets (high may be inf), of `count`."""
+
+    q: float
+    low: float
+    high: float
+    count: int
+
+    def text(self, unit_ms: bool = True) -> str:
+        scale, unit = (1000.0, "ms") if unit_ms else (1.0, "s")
+        high = "+Inf" if self.high == float("inf") else f"{self.high * scale:g}"
+        return f"p{self.q * 100:g} in ({self.low * scale:g}, {high}] {unit} of {self.count:,} observed"
+
+
+def _le(text: str) -> float:
+    """A bucket's upper bound as Prometheus writes it ("0.005", "+Inf")."""
+    try:
+        return float(text)
+    except ValueError:
+        return float("inf")
+
+
 # Inside `shared_indexes()`, the index built of a list of lines: built again of the same (unchanged)
 # list, it is the same index. Why: the verdict and the HTML report's plots each index the run's
 # metrics, and at an hour of 1 Hz scrapes that is seconds and a million tuples each time.
@@ -279,6 +302,26 @@ class MetricIndex:
         if start is not None:
             longest = max(longest, points[-1][0] - start)
         return longest
+
+    def histogram_bucket(self, name: str, t0: float, t1: float, q: float) -> QuantileBucket | None:
+        """The bucket of a histogram (`name` without `_bucket`) that holds its q-quantile over the window,
+        summed over the sources and any other labels; None when nothing was observed (or never scraped).
+        Why a bucket and not an interpolated value: the server's histogram only says which bucket; a rule
+        that compares it with a limit passes when the whole bucket is within it, fails when the whole bucket
+        is over it, and cannot tell otherwise."""
+        bucket = name + "_bucket"
+        bounds = sorted({labels["le"] for scrape in self.scrapes for labels in scrape.values.get(bucket, ((), ()))[0]
+                         if "le" in labels}, key=_le)
+        counts = [(le, self.delta(bucket, t0, t1, {"le": le})) for le in bounds]
+        known = [(_le(le), c) for le, c in counts if c is not None]
+        if not known or known[-1][0] != float("inf") or known[-1][1] < 1:
+            return None
+        total, low = known[-1][1], 0.0
+        for high, cumulative in known:
+            if cumulative >= q * total:
+                return QuantileBucket(q, low, high, int(total))
+            low = high
+        return None  # unreachable: the +Inf bucket holds every observation
 
     def histogram_mean(self, name: str, t0: float, t1: float) -> float | None:
         total, count = self.delta(name + "_sum", t0, t1), self.delta(name + "_count", t0, t1)

@@ -19,6 +19,7 @@ import pytest
 
 from k3load.sim.process import SimProcess
 from tests.conftest import FAST_SIM
+from tests.nginx_proxy import NginxProxy, ProxyConfig
 from tests.scenario_edits import short_control_prompt
 from tests.test_verdicts import accept
 
@@ -57,6 +58,9 @@ class Case:
     thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
     short_prompt: bool = False
     check: Callable[[dict], None] = lambda verdict: None  # more to assert about this row
+    # Debian's nginx between the run and the sim (tests/nginx_proxy.py): True its default proxy (the stream
+    # buffered), False with `proxy_buffering off`; None: the run talks to the sim straight.
+    proxy: bool | None = None
 
 
 def _oom_details(verdict: dict) -> None:
@@ -131,6 +135,26 @@ def _rebuild_first(verdict: dict) -> None:
     because = verdict["next_action"]["because"]
     assert any(b.startswith("no load ran: the precheck's outcome is rebuild") for b in because), because
     assert verdict["pillars"]["resources"]["reasons"] == ["no request was recorded"]
+
+
+def _buffered_stream(verdict: dict) -> None:
+    """Behind nginx's default proxy the blocks are named as the gateway's, with the fix; no latency SLO is
+    judged on them: every TTFT or ITL breach left stands on the server's own histogram."""
+    resources = verdict["pillars"]["resources"]
+    delivery = resources["numbers"]["stream_delivery"]
+    assert delivery["delivery"] == "buffered" and delivery["layer"] == "gateway", delivery
+    assert delivery["events_per_read_p50"] >= 6 and delivery["bytes_per_read_p50"] >= 2048, delivery
+    assert "proxy_buffering off" in resources["reasons"][0]
+    for stage in resources["numbers"]["stages"]:
+        for problem in stage["problems"]:
+            if problem["id"] in ("slo.ttft_p95", "slo.itl_p95"):
+                assert "by the server's vllm:" in problem["reason"], problem
+            assert problem["id"] != "slo.ttfa_p95", problem  # vLLM has no series for it: never judged on blocks
+
+
+def _straight_stream(verdict: dict) -> None:
+    delivery = verdict["pillars"]["resources"]["numbers"]["stream_delivery"]
+    assert delivery["delivery"] == "straight" and delivery["events_per_read_p50"] < 3, delivery
 
 
 def _statuses(**changed: str) -> dict[str, str]:
@@ -236,6 +260,13 @@ CASES = {
         ["--prefill-spike-mib-per-1k-tokens", "6000"], "scale_up",
         _statuses(resources="fail", prefix_cache="*", agent_api="*"), ("verdict", "after a long input"),
         check=_prefill_spike_details),
+    # Real topology (issue 26): nginx's default proxy buffers the stream; a tight TTFT SLO the client's blocks
+    # break (about 60 ms) and the engine's first tokens keep (under 10 ms on the sim) is judged on the server's.
+    "nginx-default-proxy-buffers-the-stream": Case(
+        [], "limited", _statuses(resources="fail", prefix_cache="*"), ("resources", "gateway: the stream is buffered"),
+        thresholds={"slo": {"ttft_p95_ms": 40.0}}, check=_buffered_stream, proxy=True),
+    "nginx-unbuffered-streams-straight": Case([], HEALTHY, ALL_PASS, ("prefix_cache", "cold/warm pairs"),
+                                              check=_straight_stream, proxy=False),
     "production-recipe-on-the-sim": Case([], "rebuild", _statuses(compat="fail", resources="not_run",
                                                                   prefix_cache="not_run", agent_api="not_run"),
                                          ("compat", "target_not_sim"), check=_rebuild_first),
@@ -250,21 +281,32 @@ def _run_case(name: str, case: Case, base: Path) -> tuple[dict, int]:
     tmp_path = base / name
     tmp_path.mkdir()
     sims: list[SimProcess] = []
+    proxies: list[NginxProxy] = []
 
     def start_sim(*args: str) -> SimProcess:
         sim = SimProcess([*FAST_SIM, *args], tmp_path / f"sim-{len(sims)}.log").start()
         sims.append(sim)
         return sim
 
+    def options(sim: SimProcess) -> list[str]:
+        """The row's options; behind its nginx, the run's host is the proxy (Locust takes the last --host)."""
+        if case.proxy is None:
+            return case.options(sim)
+        proxies.append(NginxProxy(ProxyConfig(upstreams=(sim.base_url,), buffering=case.proxy),
+                                  tmp_path / "nginx").start())
+        return ["--host", proxies[-1].base_url, *case.options(sim)]
+
     try:
         scenarios = short_control_prompt(tmp_path / "scenarios") if case.short_prompt else "scenarios/*.yaml"
         recipe = "recipes/kimi-k3.yaml" if name == "production-recipe-on-the-sim" else "recipes/local-dev.yaml"
         verdict, code, _ = accept(start_sim, tmp_path, case.sim, recipe=recipe, scenarios=scenarios, stages=STAGES,
-                                  options=case.options,
+                                  options=options,
                                   thresholds={k: BASE_THRESHOLDS.get(k, {}) | case.thresholds.get(k, {})
                                               for k in BASE_THRESHOLDS.keys() | case.thresholds.keys()})
         return verdict, code
     finally:
+        for proxy in proxies:
+            proxy.stop()
         for sim in sims:
             sim.stop()
 
