@@ -14,6 +14,10 @@ Rules, each with the evidence it needs (missing evidence makes it inconclusive, 
   ratio is below 1 - `min_latency_gain` (pass) or above it (fail), with a bootstrap interval shown.
 - `cache.answers`: a hit that breaks the answers: warm twins invalid where their cold twins were
   valid, more often than chance (exact one-sided McNemar test on the discordant pairs).
+- `cache.routing` (two or more replicas scraped): which replica each twin met, from the per-source request
+  counters (analysis/replicas.py). Warm twins sent to another replica than their cold twin, where they
+  reused nothing, fail it: the router is not prefix-affine (the gateway layer), not eviction, and more pairs
+  would not help. The hits and latency rules then judge only the pairs whose twins met one replica.
 Why "inconclusive, because ...": K3 is hybrid, its KDA state is checkpointed only at block
 boundaries, and a cache can miss for reasons that say nothing about the deployment (a prompt shorter
 than one block, prefixes not byte-identical, eviction under capacity, a scrape gap).
@@ -27,17 +31,21 @@ from typing import Any
 from k3load.analysis.clusters import attempt_key
 from k3load.analysis.lean import AnyAttempt
 from k3load.analysis.pillar import PillarResult
+from k3load.analysis.replicas import Meeting, Routing, per_replica, reuse_by_meeting, reused, route_pairs
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.rundata import RunData
-from k3load.analysis.stats import bootstrap_median_ci, mcnemar_one_sided, sign_test_less
+from k3load.analysis.stats import bootstrap_median_ci, mcnemar_one_sided, sign_test_less, wilson
 from k3load.analysis.timeline import MetricIndex
 from k3load.events import Event
-from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS
+from k3load.outcomes import FAIL, GATEWAY, INCONCLUSIVE, NOT_RUN, PASS
 
 WINDOW_SLACK_S = 2.5  # gauges: let the window's last scrape land
 ALPHA = 0.05
 MIN_PAIRS = 5  # the fewest pairs an exact one-sided sign test can decide at ALPHA (1/32 < 0.05 < 1/16)
 SOURCES_AGREE = 0.10  # /metrics hits and the records' cached_tokens may differ by this share (or a block a request)
+ROUTING_FIX = ("use prefix-aware routing or session affinity, e.g. --k3-session-header NAME with a router keyed "
+               "on it")
+Pair = tuple[AnyAttempt, AnyAttempt]
 
 
 def control_pairs(data: RunData) -> list[tuple[AnyAttempt, AnyAttempt]]:
@@ -134,11 +142,14 @@ def _inconclusive(pairs: list[tuple[AnyAttempt, AnyAttempt]], config: dict[str, 
     return reasons
 
 
-def _hits_rule(pairs: list[tuple[AnyAttempt, AnyAttempt]], window: dict[str, Any], config: dict[str, str],
-               limits: dict[str, float]) -> RuleResult:
+def _hits_rule(pairs: list[Pair], window: dict[str, Any], config: dict[str, str], limits: dict[str, float],
+               judged: list[Pair] | None = None, scope: str | None = None) -> RuleResult:
+    """`judged`: the pairs whose rise and ratio count (`scope` says which, when not all): the server's window
+    covers every pair, so the two sources are compared over all of them."""
     hits = window.get("prefix_cache_hits")
     evidence = ("metrics.jsonl control window", "records.jsonl control pairs (cached_tokens)")
-    ratios = [w.cached_tokens / w.prompt_tokens for _, w in pairs if w.cached_tokens is not None and w.prompt_tokens]
+    judged = pairs if judged is None else judged
+    ratios = [w.cached_tokens / w.prompt_tokens for _, w in judged if w.cached_tokens is not None and w.prompt_tokens]
     ratio = statistics.fmean(ratios) if ratios else None
     if not hits:
         return RuleResult("cache.hits", "prefix_cache", FAIL, f"no prefix-cache hits although each of {len(pairs)} "
@@ -152,31 +163,44 @@ def _hits_rule(pairs: list[tuple[AnyAttempt, AnyAttempt]], window: dict[str, Any
         return RuleResult("cache.hits", "prefix_cache", INCONCLUSIVE, f"inconclusive, because the two sources of "
                           f"cache hits disagree: /metrics counted {server:.0f} cached tokens over the control window, "
                           f"the responses' usage {recorded}", server, recorded, evidence=evidence)
-    risen = [w for c, w in pairs if (w.cached_tokens or 0) > (c.cached_tokens or 0)]
+    if not judged:
+        return RuleResult("cache.hits", "prefix_cache", INCONCLUSIVE, "inconclusive, because no pair's twins were "
+                          "seen to meet one replica: the engine's cache cannot be judged apart from the routing",
+                          None, len(pairs), evidence=evidence)
+    risen = [w for c, w in judged if (w.cached_tokens or 0) > (c.cached_tokens or 0)]
+    among = f"the {scope}" if scope else f"{len(judged)} pairs"
     if has_usage and not risen:
         return RuleResult("cache.hits", "prefix_cache", FAIL, f"hits did not rise from cold to warm in any of "
-                          f"{len(pairs)} pairs (no warm twin reused more than its cold twin)", 0, len(pairs),
+                          f"{among} (no warm twin reused more than its cold twin)", 0, len(judged),
                           evidence=evidence)
-    if has_usage and len(risen) < len(pairs):
+    if has_usage and len(risen) < len(judged):
         return RuleResult("cache.hits", "prefix_cache", INCONCLUSIVE, f"inconclusive, because hits rose in only "
-                          f"{len(risen)} of {len(pairs)} pairs: the others' prefixes may have been evicted between "
-                          "the twins", len(risen), len(pairs), evidence=evidence)
+                          f"{len(risen)} of {among}: the others' prefixes may have been evicted between "
+                          "the twins", len(risen), len(judged), evidence=evidence)
     if ratio is not None and ratio < limits["min_warm_hit_ratio"]:
         return RuleResult("cache.hits", "prefix_cache", FAIL, f"warm requests reused only {ratio:.0%} of their "
                           f"prompt (at least {limits['min_warm_hit_ratio']:.0%} expected)", ratio,
                           limits["min_warm_hit_ratio"], evidence=evidence)
     return RuleResult("cache.hits", "prefix_cache", PASS, f"{hits:.0f} hit tokens of "
                       f"{window.get('prefix_cache_queries') or 0:.0f} queried, warm twins reused "
-                      f"{ratio or 0:.0%} of their prompt (both sources agree)" if has_usage else
+                      f"{ratio or 0:.0%} of their prompt (both sources agree{'; ' + scope if scope else ''})"
+                      if has_usage else
                       f"{hits:.0f} hit tokens of {window.get('prefix_cache_queries') or 0:.0f} queried (the "
                       "responses carry no cached_tokens: one source only)", ratio, limits["min_warm_hit_ratio"],
                       evidence=evidence)
 
 
-def _latency_rule(pairs: list[tuple[AnyAttempt, AnyAttempt]], limits: dict[str, float]) -> RuleResult:
+def _latency_rule(pairs: list[Pair], limits: dict[str, float], scope: str | None = None) -> RuleResult:
+    """`scope`: which pairs these are when not all (those whose twins met one replica): then more pairs would
+    not decide, more pairs that meet one replica would."""
     bound = 1 - limits["min_latency_gain"]
     ratios = [w.ttft_ms / c.ttft_ms for c, w in pairs if c.ttft_ms and w.ttft_ms is not None]
     evidence = ("records.jsonl control pairs (ttft_ms)",)
+    if scope and len(ratios) < MIN_PAIRS:
+        return RuleResult("cache.latency", "prefix_cache", INCONCLUSIVE, f"inconclusive, because only the {scope} "
+                          f"compare like with like ({len(ratios)} with a first-token time on both sides): a sign test "
+                          f"needs at least {MIN_PAIRS} to decide at 5% ({ROUTING_FIX})",
+                          statistics.median(ratios) if ratios else None, bound, evidence=evidence)
     if len(ratios) < 2:
         return RuleResult("cache.latency", "prefix_cache", INCONCLUSIVE, "inconclusive, because fewer than two "
                           "pairs have a first-token time on both sides", None, bound, evidence=evidence)
@@ -189,7 +213,8 @@ def _latency_rule(pairs: list[tuple[AnyAttempt, AnyAttempt]], limits: dict[str, 
     faster = sign_test_less(ratios, bound)
     slower = sign_test_less([-r for r in ratios], -bound)
     ci_text = f", 95% bootstrap CI {ci[0]:.2f}-{ci[1]:.2f}" if ci else ""
-    text = f"warm/cold TTFT ratio median {median:.2f} over {len(ratios)} pairs{ci_text} (at most {bound:.2f} needed"
+    of = f" (the {scope})" if scope else ""
+    text = f"warm/cold TTFT ratio median {median:.2f} over {len(ratios)} pairs{of}{ci_text} (at most {bound:.2f} needed"
     if faster < ALPHA:
         return RuleResult("cache.latency", "prefix_cache", PASS, f"{text}; sign test p={faster:.3f})", median, bound,
                           evidence=evidence, interval=ci)
@@ -197,8 +222,59 @@ def _latency_rule(pairs: list[tuple[AnyAttempt, AnyAttempt]], limits: dict[str, 
         return RuleResult("cache.latency", "prefix_cache", FAIL, f"no latency effect: {text}; sign test that it is "
                           f"above p={slower:.3f})", median, bound, evidence=evidence, interval=ci)
     return RuleResult("cache.latency", "prefix_cache", INCONCLUSIVE, f"inconclusive, because the latency effect is "
-                      f"not significant either way: {text}; sign test p={faster:.3f}; more pairs would decide)",
+                      f"not significant either way: {text}; sign test p={faster:.3f}; more pairs "
+                      f"{'that meet one replica ' if scope else ''}would decide)",
                       median, bound, evidence=evidence, interval=ci)
+
+
+def _judged(pairs: list[Pair], routing: Routing | None) -> tuple[list[Pair], str | None]:
+    """The pairs the hits and latency rules judge, and which they are when not all. Why: a warm twin on
+    another replica misses whatever the engine's cache does; judged with the others it reads as eviction.
+    Every pair is judged where routing cannot have cost reuse (one replica, every pair met one, or every warm
+    twin reused its prefix)."""
+    if routing is None or routing.count(Meeting.SAME) == len(pairs) or all(reused(c, w) for c, w in pairs):
+        return pairs, None
+    same = [p for p, r in zip(pairs, routing.pairs, strict=True) if r.meeting is Meeting.SAME]
+    return same, f"{len(same)} of {len(pairs)} pairs whose twins met one replica"
+
+
+def _share(k: int, n: int) -> str:
+    rate = wilson(k, n)
+    return f"{k} of {n} ({k / n:.0%}, 95% CI {rate.low:.0%}-{rate.high:.0%})" if n else "none"
+
+
+def _routing_rule(pairs: list[Pair], routing: Routing) -> RuleResult:
+    """Did the router send warm twins to another replica than their cold twin, where they reused nothing?
+    The per-source counters say so (analysis/replicas.py); more pairs would not change it."""
+    evidence = (f"metrics.jsonl per source ({routing.counter or 'no per-request counter'})",
+                "records.jsonl control pairs (send_ts, end_ts, cached_tokens)")
+    split = [p for p, r in zip(pairs, routing.pairs, strict=True) if r.meeting is Meeting.SPLIT]
+    unknown = [(p, r) for p, r in zip(pairs, routing.pairs, strict=True) if r.meeting is Meeting.UNKNOWN]
+    lost, missed = [p for p in split if not reused(*p)], [p for p, _ in unknown if not reused(*p)]
+    n, told = len(pairs), [reused(c, w) for c, w in pairs if reused(c, w) is not None]
+    got = f"warm twins that reused their prefix across the replicas: {_share(sum(told), len(told))}"
+    share = wilson(len(split), n)
+    interval = (share.low, share.high)
+    if lost:
+        more = f" ({len(unknown)} more could not be told)" if unknown else ""
+        return RuleResult("cache.routing", "prefix_cache", FAIL, f"the router sent {len(split)} of {n} warm twins "
+                          f"to another replica than their cold twin{more}, and {len(lost)} of them reused nothing: "
+                          f"routing is not prefix-affine ({ROUTING_FIX}); the gateway layer, not eviction ({got})",
+                          len(split), n, evidence=evidence, interval=interval)
+    if missed:
+        whys = sorted({r.why for _, r in unknown if r.why})
+        return RuleResult("cache.routing", "prefix_cache", INCONCLUSIVE, f"inconclusive, because the per-source "
+                          f"counters could not tell which replica {len(unknown)} of {n} pairs met ({'; '.join(whys)}) "
+                          f"and {len(missed)} of them reused nothing: routing or eviction (scrape faster than a "
+                          f"pair lasts with --k3-sample-interval, or {ROUTING_FIX})", len(unknown), n,
+                          evidence=evidence)
+    said = [f"{routing.count(Meeting.SAME)} of {n} pairs' twins met one replica"]
+    if split:
+        said.append(f"{len(split)} met another and still reused their prefix (a cache shared across replicas)")
+    said += [f"{len(unknown)} could not be told (each reused its prefix)"] if unknown else []
+    return RuleResult("cache.routing", "prefix_cache", PASS, f"{', '.join(said)} over {len(routing.sources)} "
+                      f"replicas (per-source {routing.counter or 'counters: none per request'}; {got})", len(split),
+                      n, evidence=evidence, interval=interval)
 
 
 def _answers_rule(pairs: list[tuple[AnyAttempt, AnyAttempt]]) -> RuleResult:
@@ -242,10 +318,18 @@ def judge_prefix_cache(data: RunData, index: MetricIndex, limits: dict[str, floa
     if config.get("enable_prefix_caching") == "False":
         return PillarResult(FAIL, ["prefix caching is off on the server (vllm:cache_config_info "
                                    "enable_prefix_caching=False)"], numbers)
+    routing = route_pairs(data, index, pairs)
+    if routing is not None:
+        numbers["routing"] = routing.to_dict() | {"layer": GATEWAY, "reuse": reuse_by_meeting(pairs, routing)}
+        numbers["replicas"] = per_replica(data, index, routing)
     reasons = _inconclusive(pairs, config, window, gaps, limits, metrics_seen)
     if reasons:
         return PillarResult(INCONCLUSIVE, [f"inconclusive, because {r}" for r in reasons], numbers)
-    rules = [_hits_rule(pairs, window, config, limits), _latency_rule(pairs, limits), _answers_rule(pairs)]
+    judged, scope = _judged(pairs, routing)
+    rules = [_hits_rule(pairs, window, config, limits, judged, scope), _latency_rule(judged, limits, scope),
+             _answers_rule(pairs)]
+    if routing is not None:
+        rules.insert(0, _routing_rule(pairs, routing))
     numbers["rules"] = [r.to_dict() for r in rules]
     failed = [r.reason for r in rules if r.status == FAIL]
     if failed:

@@ -1,0 +1,246 @@
+"""Which replica served each control request, read from the per-source counters; and each replica's load.
+
+Why: behind a router, a warm twin that reached another replica than its cold twin misses its prefix
+whatever that replica's cache does, and "the prefix may have been evicted" sends the operator after the
+wrong cause. Each `--k3-metrics-url` is one source (a `source` on every metrics.jsonl line), and a
+request-count counter moves by one on the replica that finished a request.
+
+How a request is placed, soundly or not at all: for every source serving the counter, take the last good
+scrape read before the request was sent and the first good scrape begun after it ended (plus `SETTLE_S`).
+The request's own count is then inside every source's bracket. If exactly one source moved, that source
+served it, whatever other traffic shared the window (every count, the request's among them, landed there).
+A pair's two requests, bracketed together, tell the pair's meeting even when both share one scrape interval:
+one source moved: the same replica; two sources moved by exactly one each and nothing else moved: another
+replica (`SPLIT`). Anything else is `UNKNOWN`, with why: a source without a bracketing scrape near the
+window, a failed scrape inside it (a restart could hide there), a counter that went down, other traffic.
+Pairs sent back to back with scrapes a second apart often share their brackets with their neighbours:
+the counters cannot tell those apart, and this says so rather than guess (scrape faster than a pair lasts:
+`--k3-sample-interval`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+from k3load.analysis.lean import AnyAttempt
+from k3load.analysis.rundata import RunData
+from k3load.analysis.timeline import MetricIndex
+
+# Counters that move by one per finished request, in order of preference (vLLM 0.32, docs in
+# ../shared/notes/vllm-wire-facts.md; the sim serves all three): the first every source carries is read.
+REQUEST_COUNTERS = ("vllm:request_success_total", "vllm:request_prompt_tokens_count",
+                    "vllm:e2e_request_latency_seconds_count")
+# vLLM counts a finished request just after its last chunk leaves (vllm/v1/engine/async_llm.py output
+# handler: outputs first, stats after): a scrape begun this soon after the client's end may not count it yet.
+SETTLE_S = 0.05
+GAUGE_SLACK_S = 2.5  # as pillar_cache.WINDOW_SLACK_S: let the window's last gauge scrape land
+
+
+class Meeting(StrEnum):
+    """Whether a pair's cold and warm twins met the same replica."""
+
+    SAME = "same"
+    SPLIT = "split"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One scrape of one source: the server's state was read somewhere in [ts, read_until_ts]; `count` is the
+    request counter (None: the scrape failed or did not carry it)."""
+
+    ts: float
+    read_until_ts: float
+    count: float | None
+
+
+@dataclass(frozen=True)
+class PairRoute:
+    """One control pair's serving sources (None: not told alone) and its meeting, or why unknown."""
+
+    pair: int
+    meeting: Meeting
+    cold_source: str | None = None
+    warm_source: str | None = None
+    why: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "meeting": self.meeting.value}
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Every control pair's route over the replicas (sources) that serve `counter`."""
+
+    counter: str | None
+    sources: tuple[str, ...]
+    pairs: tuple[PairRoute, ...]
+
+    def count(self, meeting: Meeting) -> int:
+        return sum(1 for p in self.pairs if p.meeting is meeting)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"counter": self.counter, "sources": list(self.sources),
+                **{m.value: self.count(m) for m in Meeting}, "pairs": [p.to_dict() for p in self.pairs]}
+
+
+def timelines(data: RunData, counter: str) -> dict[str, list[Tick]]:
+    """Each replica's scrapes in time order, with the counter summed over its label sets. A source that never
+    served a vllm:* series (a router's own /metrics) is no replica and is left out."""
+    out: dict[str, list[Tick]] = defaultdict(list)
+    replicas: set[str] = set()
+    prefix = counter + "{"
+    for line in data.metrics:
+        ts = line.get("ts")
+        if not isinstance(ts, (int, float)):
+            continue
+        source, count = str(line.get("source") or ""), None
+        if line.get("ok") and line.get("vllm_series"):
+            replicas.add(source)
+            values = [v for k, v in (line.get("samples") or {}).items()
+                      if v is not None and (k == counter or k.startswith(prefix))]
+            count = float(sum(values)) if values else None
+        out[source].append(Tick(ts, ts + (line.get("scrape_ms") or 0) / 1000, count))
+    for ticks in out.values():
+        ticks.sort(key=lambda t: t.ts)
+    return {s: ticks for s, ticks in out.items() if s in replicas}
+
+
+def request_counter(data: RunData) -> tuple[str | None, dict[str, list[Tick]]]:
+    """The first of REQUEST_COUNTERS that every replica carries, with its timelines (none: every replica's)."""
+    for counter in REQUEST_COUNTERS:
+        lines = timelines(data, counter)
+        if lines and all(any(t.count is not None for t in ticks) for ticks in lines.values()):
+            return counter, lines
+    return None, timelines(data, REQUEST_COUNTERS[0])
+
+
+def moved(ticks: dict[str, list[Tick]], edges: dict[str, float], t0: float, t1: float) -> dict[str, int] | str:
+    """Per source, how far the counter rose across a bracket that surely holds everything the server did for
+    requests sent at t0 or later and ended by t1; or why there is no such bracket on some source."""
+    out: dict[str, int] = {}
+    for source, line in sorted(ticks.items()):
+        name = source or "the target"
+        edge = edges.get(source, 2.5)
+        before = [i for i, t in enumerate(line) if t.read_until_ts <= t0]
+        after = bisect.bisect_left([t.ts for t in line], t1 + SETTLE_S)
+        if not before or after >= len(line) or t0 - line[before[-1]].ts > edge or line[after].ts - t1 > edge:
+            return f"no scrape of {name} brackets the window within {edge:.1f} s"
+        inside = line[before[-1]:after + 1]
+        counts = [t.count for t in inside if t.count is not None]
+        if len(counts) < len(inside):
+            return f"a scrape of {name} inside the window failed or lacked the counter"
+        if any(b < a for a, b in itertools.pairwise(counts)):
+            return f"the counter of {name} went down inside the window (a restart)"
+        out[source] = round(counts[-1] - counts[0])
+    return out
+
+
+def _single(rise: dict[str, int] | str) -> tuple[str | None, str | None]:
+    """(the one source that moved, None) or (None, why not)."""
+    if isinstance(rise, str):
+        return None, rise
+    up = [s for s, n in rise.items() if n > 0]
+    if len(up) == 1:
+        return up[0], None
+    if not up:
+        return None, "no source counted a request in the window"
+    return None, "several sources moved in the window (other traffic overlapped it)"
+
+
+def _pair_route(number: int, cold: AnyAttempt, warm: AnyAttempt, ticks: dict[str, list[Tick]],
+                edges: dict[str, float]) -> PairRoute:
+    """Each twin alone where its own bracket tells; else both together: one source moved, or two by one each
+    with nothing else counted."""
+    cold_at, _ = _single(moved(ticks, edges, cold.send_ts, cold.end_ts))
+    warm_at, _ = _single(moved(ticks, edges, warm.send_ts, warm.end_ts))
+    if cold_at and warm_at:
+        return PairRoute(number, Meeting.SAME if cold_at == warm_at else Meeting.SPLIT, cold_at, warm_at)
+    rise = moved(ticks, edges, cold.send_ts, warm.end_ts)
+    both, why = _single(rise)
+    if both:
+        return PairRoute(number, Meeting.SAME, both, both)
+    if not isinstance(rise, str) and sum(rise.values()) == 2 and sorted(rise.values())[-2:] == [1, 1]:
+        return PairRoute(number, Meeting.SPLIT, cold_at, warm_at)
+    return PairRoute(number, Meeting.UNKNOWN, cold_at, warm_at, why)
+
+
+def route_pairs(data: RunData, index: MetricIndex, pairs: Sequence[tuple[AnyAttempt, AnyAttempt]]
+                ) -> Routing | None:
+    """The route of every (cold, warm) pair, numbered from 1 as the pillar's control table; None where fewer
+    than two sources were scraped (one replica, or one URL in front of several: nothing to tell apart)."""
+    counter, ticks = request_counter(data)
+    if len(ticks) < 2:
+        return None
+    sources = tuple(sorted(ticks))
+    if counter is None:
+        why = "no replica served a per-request counter (" + ", ".join(REQUEST_COUNTERS) + ")"
+        return Routing(None, sources, tuple(PairRoute(n, Meeting.UNKNOWN, why=why) for n in range(1, len(pairs) + 1)))
+    edges = {s: index.edge_s(s) for s in ticks}
+    return Routing(counter, sources, tuple(_pair_route(n, c, w, ticks, edges)
+                                           for n, (c, w) in enumerate(pairs, start=1)))
+
+
+def reuse_by_meeting(pairs: Sequence[tuple[AnyAttempt, AnyAttempt]], routing: Routing) -> dict[str, dict[str, Any]]:
+    """The reuse users actually get: per meeting and over all pairs, how many warm twins reused more than their
+    cold twin and the warm twins' cached share of their prompt (pairs whose responses carry cached_tokens)."""
+    groups: dict[str, list[tuple[AnyAttempt, AnyAttempt]]] = {"all": list(pairs)}
+    for pair, route in zip(pairs, routing.pairs, strict=True):
+        groups.setdefault(route.meeting.value, []).append(pair)
+    out = {}
+    for name, group in groups.items():
+        told = [(c, w) for c, w in group if w.cached_tokens is not None and w.prompt_tokens]
+        prompt = sum(w.prompt_tokens or 0 for _, w in told)
+        out[name] = {"pairs": len(group), "warm_reused": sum(1 for c, w in told if reused(c, w)),
+                     "with_usage": len(told),
+                     "warm_hit_share": sum(w.cached_tokens or 0 for _, w in told) / prompt if prompt else None}
+    return out
+
+
+def reused(cold: AnyAttempt, warm: AnyAttempt) -> bool | None:
+    """Did the warm twin reuse more than its cold twin (None: its response carries no cached_tokens)?"""
+    if warm.cached_tokens is None:
+        return None
+    return warm.cached_tokens > (cold.cached_tokens or 0)
+
+
+def per_replica(data: RunData, index: MetricIndex, routing: Routing) -> list[dict[str, Any]]:
+    """Per source over the run: requests it finished, control requests placed on it, KV usage peak and mean,
+    waiting peak, prefix-cache hit share. Unknown is None, never 0."""
+    if not data.attempts:
+        return []
+    t0 = min(a.send_ts for a in data.attempts)
+    t1 = max(a.end_ts for a in data.attempts) + GAUGE_SLACK_S
+    kv = index.gauge_by_source("vllm:kv_cache_usage_perc", t0, t1)
+    waiting = index.gauge_by_source("vllm:num_requests_waiting", t0, t1)
+    placed: dict[str, int] = defaultdict(int)
+    for route in routing.pairs:
+        for source in (route.cold_source, route.warm_source):
+            if source is not None:
+                placed[source] += 1
+    rows = []
+    for source in routing.sources:
+        hits = _source_rise(index, "vllm:prefix_cache_hits_total", t0, t1, source)
+        queries = _source_rise(index, "vllm:prefix_cache_queries_total", t0, t1, source)
+        rows.append({"source": source or "target",
+                     "requests": _source_rise(index, routing.counter, t0, t1, source) if routing.counter else None,
+                     "control_requests": placed.get(source, 0),
+                     "kv_usage_max": (kv.get(source) or {}).get("max"),
+                     "kv_usage_mean": (kv.get(source) or {}).get("mean"),
+                     "waiting_max": (waiting.get(source) or {}).get("max"),
+                     "hit_share": hits / queries if hits is not None and queries else None})
+    return rows
+
+
+def _source_rise(index: MetricIndex, name: str, t0: float, t1: float, source: str) -> float | None:
+    """One source's counter rise over the window, from the last scrape before it (a drop is a restart)."""
+    points = [v for _, v in index.points(name, t0, t1, baseline=True, source=source)]
+    if len(points) < 2:
+        return None
+    return sum(b - a if b >= a else b for a, b in itertools.pairwise(points))
