@@ -2,11 +2,22 @@
 uses (unknown keys rejected, so a typo fails here and not on a cluster), and the consistency a running
 example depends on: the worker reaches the master's Service and port, every option on a container's
 command line is one the real Locust + k3load parser accepts, the Secret and its keys exist, the results
-volume holds --k3-out, and the plan in the ConfigMap is a valid plan whose families have scenarios."""
+volume holds --k3-out, and the plan in the ConfigMap is a valid plan whose families have scenarios.
+
+The manifests are rendered as `kubectl apply -k` would (kustomization.yaml's resources, namespace and
+images), and the precheck's wiring is checked on the rendered Job (issue 26 item 5): its init containers
+gather every input the compat rules need, gather.sh is run for real against a stand-in kubectl that answers
+as a two-node cluster would, the files it writes are the files the master's options name (through the same
+volume, mounted in both), and the precheck judged on them passes every rule that needs no server."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -14,7 +25,8 @@ import jsonschema
 import pytest
 import yaml
 
-from k3load.loadgen.inputs import load_inputs
+from k3load.loadgen.inputs import check_inputs, load_inputs, node_files
+from k3load.precheck import run_precheck
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "kubernetes"
@@ -23,8 +35,6 @@ DEFAULT_MASTER_PORT = 5557  # Locust's --master-port / --master-bind-port defaul
 NAME = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}
 LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
 STRINGS = {"type": "array", "items": {"type": "string"}}
-QUANTITIES = {"type": "object", "propertyNames": {"enum": ["cpu", "memory", "storage"]},
-              "additionalProperties": {"type": "string"}}
 PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
 
 
@@ -35,19 +45,32 @@ def _obj(required: list[str], **properties: Any) -> dict[str, Any]:
 METADATA = _obj(["name"], name=NAME, labels=LABELS)
 SELECTOR = _obj(["matchLabels"], matchLabels=LABELS)
 KEY_REF = _obj(["name", "key"], name=NAME, key={"type": "string"})
+FIELD_REF = _obj(["fieldPath"], fieldPath={"enum": ["metadata.name", "metadata.namespace"]})
 ENV = _obj(["name"], name={"type": "string", "pattern": "^[A-Z_][A-Z0-9_]*$"}, value={"type": "string"},
-           valueFrom=_obj(["secretKeyRef"], secretKeyRef=KEY_REF))
+           valueFrom={"oneOf": [_obj(["secretKeyRef"], secretKeyRef=KEY_REF), _obj(["fieldRef"], fieldRef=FIELD_REF)]})
+QUANTITIES = {"type": "object", "propertyNames": {"enum": ["cpu", "memory", "storage", "nvidia.com/gpu"]},
+              "additionalProperties": {"type": "string"}}
 CONTAINER = _obj(
-    ["name", "image", "command", "args"], name=NAME, image={"type": "string"}, command=STRINGS, args=STRINGS,
+    ["name", "image", "command"], name=NAME, image={"type": "string"}, command=STRINGS, args=STRINGS,
     env={"type": "array", "items": ENV},
     ports={"type": "array", "items": _obj(["containerPort"], name={"type": "string"}, containerPort=PORT,
                                           protocol={"enum": ["TCP"]})},
     volumeMounts={"type": "array", "items": _obj(["name", "mountPath"], name=NAME, mountPath={"type": "string"},
                                                  readOnly={"type": "boolean"})},
     resources=_obj([], requests=QUANTITIES, limits=QUANTITIES))
+KEY_PATHS = {"type": "array", "items": _obj(["key", "path"], key={"type": "string"}, path={"type": "string"})}
+PROJECTED = {"type": "array", "items": {"oneOf": [
+    _obj(["serviceAccountToken"], serviceAccountToken=_obj(["path"], path={"const": "token"},
+                                                           expirationSeconds={"type": "integer"})),
+    _obj(["configMap"], configMap=_obj(["name"], name={"enum": ["kube-root-ca.crt"]}, items=KEY_PATHS)),
+    _obj(["downwardAPI"], downwardAPI=_obj(["items"], items={"type": "array", "items": _obj(
+        ["path", "fieldRef"], path={"type": "string"}, fieldRef=FIELD_REF)}))]}}
 VOLUME = _obj(["name"], name=NAME, configMap=_obj(["name"], name=NAME),
-              persistentVolumeClaim=_obj(["claimName"], claimName=NAME))
+              persistentVolumeClaim=_obj(["claimName"], claimName=NAME),
+              emptyDir=_obj([], sizeLimit={"type": "string"}), projected=_obj(["sources"], sources=PROJECTED))
 POD_SPEC = _obj(["containers"], containers={"type": "array", "minItems": 1, "items": CONTAINER},
+                initContainers={"type": "array", "items": CONTAINER}, serviceAccountName=NAME,
+                automountServiceAccountToken={"type": "boolean"},
                 volumes={"type": "array", "items": VOLUME}, restartPolicy={"enum": ["Always", "Never", "OnFailure"]},
                 terminationGracePeriodSeconds={"type": "integer", "minimum": 0},
                 securityContext=_obj([], runAsNonRoot={"type": "boolean"}, runAsUser={"type": "integer"},
@@ -60,7 +83,25 @@ def _kind(api_version: str, kind: str, **properties: Any) -> dict[str, Any]:
                 kind={"const": kind}, metadata=METADATA, **properties)
 
 
+RBAC_RULES = {"type": "array", "minItems": 1, "items": _obj(
+    ["apiGroups", "resources", "verbs"], apiGroups=STRINGS, resources=STRINGS, resourceNames=STRINGS,
+    verbs={"type": "array", "items": {"enum": ["get", "list"]}})}  # read-only, by construction
+ROLE_REF = _obj(["apiGroup", "kind", "name"], apiGroup={"const": "rbac.authorization.k8s.io"},
+                kind={"enum": ["Role", "ClusterRole"]}, name=NAME)
+SUBJECTS = {"type": "array", "items": _obj(["kind", "name"], kind={"const": "ServiceAccount"}, name=NAME,
+                                           namespace=NAME)}
 SCHEMAS = {
+    "Kustomization": _obj(["apiVersion", "kind", "resources"], apiVersion={"const": "kustomize.config.k8s.io/v1beta1"},
+                          kind={"const": "Kustomization"}, namespace=NAME, resources=STRINGS,
+                          images={"type": "array", "items": _obj(["name"], name={"type": "string"},
+                                                                 newName={"type": "string"},
+                                                                 newTag={"type": "string"})}),
+    "ServiceAccount": _kind("v1", "ServiceAccount", automountServiceAccountToken={"const": False}),
+    "Role": _kind("rbac.authorization.k8s.io/v1", "Role", rules=RBAC_RULES),
+    "ClusterRole": _kind("rbac.authorization.k8s.io/v1", "ClusterRole", rules=RBAC_RULES),
+    "RoleBinding": _kind("rbac.authorization.k8s.io/v1", "RoleBinding", roleRef=ROLE_REF, subjects=SUBJECTS),
+    "ClusterRoleBinding": _kind("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", roleRef=ROLE_REF,
+                                subjects=SUBJECTS),
     "ConfigMap": _kind("v1", "ConfigMap", data={"type": "object", "additionalProperties": {"type": "string"}}),
     "Secret": _kind("v1", "Secret", type={"const": "Opaque"},
                     stringData={"type": "object", "additionalProperties": {"type": "string"}}),
@@ -93,10 +134,41 @@ def _documents() -> list[tuple[str, dict[str, Any]]]:
 
 
 DOCS = _documents()
+KUSTOMIZATION = yaml.safe_load((EXAMPLE / "manifests" / "kustomization.yaml").read_text())
+
+
+def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+    return spec.get("initContainers", []) + spec.get("containers", [])
+
+
+def _render() -> list[dict[str, Any]]:
+    """The manifests as `kubectl apply -k` applies them: the kustomization's resources, its namespace on every
+    namespaced object (and on the ServiceAccount subjects of the bindings), its images on every container."""
+    images = {i["name"]: i for i in KUSTOMIZATION.get("images", [])}
+    rendered = []
+    for resource in KUSTOMIZATION["resources"]:
+        for doc in yaml.safe_load_all((EXAMPLE / "manifests" / resource).read_text()):
+            if not doc:
+                continue
+            if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+                doc["metadata"]["namespace"] = KUSTOMIZATION["namespace"]
+            for subject in doc.get("subjects", []):
+                subject["namespace"] = KUSTOMIZATION["namespace"]
+            for container in _containers(doc):
+                name, _, tag = container["image"].partition(":")
+                if name in images:
+                    new = images[name]
+                    container["image"] = f"{new.get('newName', name)}:{new.get('newTag', tag)}"
+            rendered.append(doc)
+    return rendered
+
+
+RENDERED = _render() + [d for w, d in DOCS if d["kind"] == "Secret"]  # the Secret is created by hand
 
 
 def _one(kind: str, name: str | None = None) -> dict[str, Any]:
-    found = [d for _, d in DOCS if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    found = [d for d in RENDERED if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
     assert len(found) == 1, (kind, name, len(found))
     return found[0]
 
@@ -111,15 +183,22 @@ def _parser() -> Any:
     return parser
 
 
-def _container(workload: dict[str, Any]) -> dict[str, Any]:
-    (container,) = workload["spec"]["template"]["spec"]["containers"]
+def _container(workload: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+    """The workload's one container, or its container or init container `name`."""
+    if name is None:
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        return container
+    (container,) = [c for c in _containers(workload) if c["name"] == name]
     return container
 
 
-def _options(container: dict[str, Any]) -> argparse.Namespace:
-    """The container's command line through the real parser (an unknown option exits: a failure here)."""
-    command, args = container["command"], container["args"]
+def _options(container: dict[str, Any], mounts: dict[str, Path] | None = None) -> argparse.Namespace:
+    """The container's command line through the real parser (an unknown option exits: a failure here).
+    `mounts`: a mount path -> the local folder standing for the volume there (the args are read through it)."""
+    command, args = container["command"], list(container["args"])
     assert command[:2] == ["locust", "-f"] and (ROOT / command[2]).is_file(), command
+    for mount, local in (mounts or {}).items():
+        args = [str(local) + a[len(mount):] if a == mount or a.startswith(mount + "/") else a for a in args]
     return _parser().parse_args(command[1:] + args)
 
 
@@ -136,9 +215,9 @@ def test_each_document_is_valid_against_the_schema_of_its_kind(where, doc):
     jsonschema.validate(doc, SCHEMAS[doc["kind"]])
 
 
-def test_the_worker_reaches_the_master_service_on_its_port():
+def test_the_worker_reaches_the_master_service_on_its_port(gathered):
     service, job, workers = _one("Service"), _one("Job"), _one("Deployment")
-    master, worker = _options(_container(job)), _options(_container(workers))
+    master, worker = _master_options(gathered), _options(_container(workers))
     assert master.master and master.headless and worker.worker and not worker.master
     assert worker.master_host == service["metadata"]["name"]
     (port,) = service["spec"]["ports"]
@@ -155,12 +234,16 @@ def test_the_worker_reaches_the_master_service_on_its_port():
     assert rule["from"][0]["podSelector"]["matchLabels"] == workers["spec"]["template"]["metadata"]["labels"]
 
 
-def test_the_secret_holds_the_target_and_no_secret_is_on_a_command_line():
+def test_the_secret_holds_the_target_and_no_secret_is_on_a_command_line(gathered):
     parser = _parser()
     env_options = {a.env_var: a.dest for a in parser._actions if getattr(a, "env_var", None)}
+    secret_options = ("--k3-api-key", "--k3-header", "--host", "-H")
     for workload in (_one("Job"), _one("Deployment")):
+        for container in _containers(workload):  # init containers too: nothing secret on a command line
+            assert not any(arg.startswith(secret_options) for arg in container.get("args", [])), container["name"]
+            assert not any("secretKeyRef" in e.get("valueFrom", {}) for e in container.get("env", [])
+                           if container["name"] in ("collect-env", "gather")), container["name"]
         container = _container(workload)
-        assert not any(arg.startswith(("--k3-api-key", "--k3-header", "--host", "-H")) for arg in container["args"])
         for env in container.get("env", []):
             assert env["name"] in env_options, f"{env['name']}: no option reads it"
             ref = env["valueFrom"]["secretKeyRef"]
@@ -174,10 +257,10 @@ def test_the_secret_holds_the_target_and_no_secret_is_on_a_command_line():
     assert refs["Deployment"]["K3_API_KEY"] == refs["Job"]["K3_API_KEY"]
 
 
-def test_the_results_volume_holds_the_run_directory_and_the_plan_is_where_both_read_it():
+def test_the_results_volume_holds_the_run_directory_and_the_plan_is_where_both_read_it(gathered):
     job, workers = _one("Job"), _one("Deployment")
     pod = job["spec"]["template"]["spec"]
-    master = _options(_container(job))
+    master = _master_options(gathered)
     results = _mount_of(_container(job), pod, master.k3_out)
     assert results["persistentVolumeClaim"]["claimName"] == _one("PersistentVolumeClaim")["metadata"]["name"]
     plan_path = PurePosixPath(master.k3_plan)
@@ -189,7 +272,7 @@ def test_the_results_volume_holds_the_run_directory_and_the_plan_is_where_both_r
 
 
 def test_the_plan_in_the_config_map_is_a_valid_plan_with_scenarios_for_its_families(tmp_path):
-    (plan_file,) = _one("ConfigMap")["data"].items()
+    (plan_file,) = _one("ConfigMap", "k3load-plan")["data"].items()
     path = tmp_path / plan_file[0]
     path.write_text(plan_file[1])
     opts = argparse.Namespace(k3_scenarios=str(ROOT / "scenarios" / "*.yaml"), k3_plan=str(path))
@@ -197,7 +280,7 @@ def test_the_plan_in_the_config_map_is_a_valid_plan_with_scenarios_for_its_famil
     assert plan.stages and plan.families() <= set(scenarios)
 
 
-def test_the_targets_url_and_key_from_the_secret_stay_out_of_run_json(monkeypatch):
+def test_the_targets_url_and_key_from_the_secret_stay_out_of_run_json(monkeypatch, gathered):
     """The master's options as the Job gives them (the Secret's values in its environment) go to run.json
     with the key masked and no user:password left in the URL."""
     import json
@@ -206,7 +289,208 @@ def test_the_targets_url_and_key_from_the_secret_stay_out_of_run_json(monkeypatc
 
     monkeypatch.setenv("LOCUST_HOST", "https://probe:pw-SECRET@vllm.example.internal:8000")
     monkeypatch.setenv("K3_API_KEY", "sk-SECRET-key")
-    options = _options(_container(_one("Job")))
+    options = _master_options(gathered)
     assert options.host.startswith("https://probe:pw-SECRET@") and options.k3_api_key == "sk-SECRET-key"
     written = json.dumps(public_options(options))
     assert "SECRET" not in written and '"host": "https://vllm.example.internal:8000"' in written
+
+
+# -- the precheck's evidence, gathered in the cluster (issue 26 item 5) ---------------------------------------
+PRECHECK = ROOT / "tests" / "data" / "precheck"
+NODES = ("gb300-n01", "gb300-n02")
+POD_NAME = "k3load-master-x7k2p"
+SERVING_IMAGE = "vllm/vllm-openai:kimi-k3"
+FAKE_KUBECTL = """#!{python}
+# A stand-in kubectl: answers gather.sh's calls as a two-node cluster would, and records each call.
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["KUBECTL_CALLS"], "a") as calls:
+    calls.write(json.dumps(args) + "\\n")
+deployment_image = os.environ["FAKE_DEPLOYMENT_IMAGE"]
+if args[0] == "logs":
+    sys.stdout.write(open(os.environ["FAKE_STARTUP_LOG"]).read())
+elif args[:2] == ["get", "deployment"]:
+    print(deployment_image)
+elif args[:2] == ["get", "pods"]:
+    print("vllm-0 gb300-n01\\nvllm-1 gb300-n02")
+elif args[:2] == ["get", "pod"] and args[4] == os.environ["POD_NAME"]:
+    print(os.environ["FAKE_COLLECT_ENV_IMAGE"])
+elif args[:2] == ["get", "pod"]:
+    print(deployment_image)
+elif args[:2] == ["get", "node"]:
+    labels = {{"nvidia.com/cuda.driver.major": "580", "nvidia.com/cuda.driver.minor": "95",
+              "nvidia.com/cuda.driver.rev": "05", "nvidia.com/gpu.count": "4", "nvidia.com/gpu.product": "NVIDIA-GB300",
+              "nvidia.com/gpu.memory": "284208", "nvidia.com/cuda.runtime.major": "13",
+              "nvidia.com/cuda.runtime.minor": "0"}}
+    print(json.dumps({{"kind": "Node", "metadata": {{"name": args[2], "labels": labels}}}}))
+else:
+    sys.exit(f"stand-in kubectl: unexpected call {{args}}")
+"""
+
+
+def _env_value(env: dict[str, Any]) -> str:
+    """An env entry's value as the kubelet would set it in the rendered Job's pod."""
+    if "value" in env:
+        return env["value"]
+    field = env["valueFrom"]["fieldRef"]["fieldPath"]
+    return {"metadata.namespace": KUSTOMIZATION["namespace"], "metadata.name": POD_NAME}[field]
+
+
+def _run_gather(tmp: Path, collect_env_image: str = SERVING_IMAGE) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """gather.sh from the ConfigMap, run as the `gather` init container runs it, with the stand-in kubectl."""
+    gather = _container(_one("Job"), "gather")
+    script = _one("ConfigMap", "k3load-evidence")["data"]["gather.sh"]
+    bin_dir, evidence = tmp / "bin", tmp / "evidence"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    evidence.mkdir(exist_ok=True)
+    kubectl = bin_dir / "kubectl"
+    kubectl.write_text(FAKE_KUBECTL.format(python=sys.executable))
+    kubectl.chmod(0o755)
+    env = {e["name"]: _env_value(e) for e in gather["env"]}
+    env.update(EVIDENCE_DIR=str(evidence), KUBECTL_CALLS=str(tmp / "calls.jsonl"),
+               FAKE_DEPLOYMENT_IMAGE=SERVING_IMAGE, FAKE_COLLECT_ENV_IMAGE=collect_env_image,
+               FAKE_STARTUP_LOG=str(PRECHECK / "logs" / "k3-clean.log"),
+               PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]))
+    done = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    return done, evidence
+
+
+@pytest.fixture(scope="module")
+def gathered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The evidence folder as the init containers leave it: gather.sh's files and collect-env's output."""
+    done, evidence = _run_gather(tmp_path_factory.mktemp("gather"))
+    assert done.returncode == 0, done.stderr
+    out = _env_value(next(e for e in _container(_one("Job"), "collect-env")["env"] if e["name"] == "OUT"))
+    local = evidence / PurePosixPath(out).relative_to(_mount_path(_container(_one("Job"), "collect-env"), "evidence"))
+    shutil.copy(PRECHECK / "collect-env" / "cu130-gb300.txt", local)  # what `vllm collect-env` prints on a GB300
+    return evidence
+
+
+def _mount_path(container: dict[str, Any], volume: str) -> str:
+    (mount,) = [m["mountPath"] for m in container["volumeMounts"] if m["name"] == volume]
+    return mount
+
+
+def _master_options(evidence: Path) -> argparse.Namespace:
+    """The master's options with the evidence volume standing at `evidence` (its --config read from there)."""
+    master = _container(_one("Job"))
+    return _options(master, {_mount_path(master, "evidence"): evidence})
+
+
+def test_the_kustomization_renders_every_manifest_and_the_serving_image():
+    listed = sorted(KUSTOMIZATION["resources"])
+    assert listed == sorted(p.name for p in (EXAMPLE / "manifests").glob("*.yaml") if p.name != "kustomization.yaml")
+    collect_env = _container(_one("Job"), "collect-env")
+    assert collect_env["image"] == SERVING_IMAGE  # the placeholder replaced by kustomization.yaml's images
+    recipe = yaml.safe_load((ROOT / "recipes" / "kimi-k3.yaml").read_text())
+    assert collect_env["image"] in recipe["image"]["official"]
+    assert collect_env["resources"]["limits"]["nvidia.com/gpu"] == "1"  # CUDA initialises: a real driver seen
+    assert "vllm collect-env" in collect_env["command"][-1] and "vllm.collect_env" in collect_env["command"][-1]
+
+
+def test_the_init_containers_write_where_the_master_reads_through_one_volume(gathered):
+    job = _one("Job")
+    pod = job["spec"]["template"]["spec"]
+    master, gather, collect_env = _container(job), _container(job, "gather"), _container(job, "collect-env")
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "evidence"]
+    assert "emptyDir" in volume  # shared by the init containers and the master, gone with the pod
+    mount = _mount_path(master, "evidence")
+    assert _mount_path(gather, "evidence") == _mount_path(collect_env, "evidence") == mount
+    gather_env = {e["name"]: _env_value(e) for e in gather["env"]}
+    assert gather_env["EVIDENCE_DIR"] == mount
+    options = _master_options(gathered)
+    out = {e["name"]: e["value"] for e in collect_env["env"] if "value" in e}["OUT"]
+    assert options.k3_container_info == str(gathered / PurePosixPath(out).relative_to(mount))
+    assert master["args"][master["args"].index("--config") + 1] == f"{mount}/k3load.conf"
+    script = _one("ConfigMap", _volume(pod, gather, "/etc/k3load-evidence")["configMap"]["name"])
+    assert gather["command"] == ["sh", "/etc/k3load-evidence/gather.sh"] and "gather.sh" in script["data"]
+
+
+def _volume(pod: dict[str, Any], container: dict[str, Any], path: str) -> dict[str, Any]:
+    (name,) = [m["name"] for m in container["volumeMounts"] if m["mountPath"] == path]
+    return next(v for v in pod["volumes"] if v["name"] == name)
+
+
+def test_every_precheck_input_reaches_the_master_per_node(gathered, tmp_path):
+    master = _container(_one("Job"))
+    plan_dir = tmp_path / "plan"  # the plan ConfigMap's files, where the master mounts it
+    plan_dir.mkdir()
+    for name, text in _one("ConfigMap", "k3load-plan")["data"].items():
+        (plan_dir / name).write_text(text)
+    options = _options(master, {_mount_path(master, "evidence"): gathered, _mount_path(master, "plan"): plan_dir})
+    files = node_files(options)
+    assert files["k3_startup_log"].nodes() == list(NODES)
+    assert files["k3_startup_log"].paths() == [gathered / "startup" / f"{n}.log" for n in NODES]
+    assert [Path(p) for p in options.k3_host_inventory] == [gathered / "hosts" / f"{n}.json" for n in NODES]
+    assert options.k3_image == SERVING_IMAGE  # read from the Deployment by gather.sh
+    hosts = [json.loads(Path(p).read_text()) for p in options.k3_host_inventory]
+    assert [(h["node"], h["container_image"], h["driver_version"], h["gpu_count"]) for h in hosts] == [
+        (n, SERVING_IMAGE, "580.95.05", 4) for n in NODES]
+    # --k3-nvml off only where the inventories stand in for it (else driver and GPU rules fail: rebuild)
+    assert options.k3_nvml != "off" or options.k3_host_inventory
+    options.k3_recipe, options.k3_scenarios = str(ROOT / options.k3_recipe), str(ROOT / options.k3_scenarios)
+    check_inputs(options, ROOT / "plans")  # every option and file as a Locust run checks them before load
+
+
+def test_the_precheck_on_the_gathered_evidence_passes_every_rule_that_needs_no_server(gathered, tmp_path):
+    options = _master_options(gathered)
+    compat = run_precheck(tmp_path / "run", ROOT / options.k3_recipe, None, container_info=options.k3_container_info,
+                          host_inventories=[Path(p) for p in options.k3_host_inventory],
+                          startup_log=options.k3_startup_log, image=options.k3_image,
+                          use_local_nvml=options.k3_nvml != "off")
+    statuses = {r["id"]: r["status"] for r in compat["rules"]}
+    server = {"server_reachable", "metrics_reachable", "target_not_sim"}  # no server here: inconclusive
+    assert {k: v for k, v in statuses.items() if k not in server} == {
+        "vllm_version": "pass", "image_official": "pass", "cuda_build": "pass", "driver_branch": "pass",
+        "gpu_count": "pass", "gpu_model": "pass", "node_consistency": "pass", "serve_flags": "pass",
+        "startup_log": "pass", "custom_build": "not_applicable"}, compat["rules"]
+    reasons = {r["id"]: r["reason"] for r in compat["rules"]}
+    assert "node gb300-n02: no NCCL" in reasons["startup_log"] and "2 node(s)" in reasons["node_consistency"]
+
+
+def test_gather_stops_when_collect_env_ran_in_another_image(tmp_path):
+    done, evidence = _run_gather(tmp_path, collect_env_image="vllm/vllm-openai:v0.27.1")
+    assert done.returncode == 1 and not (evidence / "k3load.conf").exists()
+    assert done.stderr.strip() == ("k3load gather: collect-env ran in vllm/vllm-openai:v0.27.1, deployment vllm "
+                                   f"serves {SERVING_IMAGE}: set kustomization.yaml images")
+
+
+def test_the_evidence_token_reads_only_what_gather_calls_and_only_in_gather(tmp_path):
+    done, _ = _run_gather(tmp_path)
+    assert done.returncode == 0, done.stderr
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    pod = _one("Job")["spec"]["template"]["spec"]
+    account = _one("ServiceAccount", pod["serviceAccountName"])
+    rules = [(binding["roleRef"], rule) for kind in ("RoleBinding", "ClusterRoleBinding")
+             for binding in [_one(kind)] if binding["subjects"][0]["name"] == account["metadata"]["name"]
+             for rule in _one(binding["roleRef"]["kind"], binding["roleRef"]["name"])["rules"]]
+    gather_env = {e["name"]: _env_value(e) for e in _container(_one("Job"), "gather")["env"]}
+    for call in calls:  # each kubectl call gather.sh made is one the bound roles allow
+        verb, resource, name = _rbac_of(call)
+        assert any(resource in rule["resources"] and verb in rule["verbs"]
+                   and (not rule.get("resourceNames") or name in rule["resourceNames"]) for _, rule in rules), call
+    assert ["get", "deployment", "-n", "default", gather_env["SERVING_DEPLOYMENT"]] == calls[0][:5]
+    assert {c[0] if c[0] == "logs" else c[1] for c in calls} == {"deployment", "pod", "pods", "logs", "node"}
+    # the token is mounted in gather alone: the master and the workers hold no Kubernetes credential
+    assert pod["automountServiceAccountToken"] is False and account["automountServiceAccountToken"] is False
+    token_path = "/var/run/secrets/kubernetes.io/serviceaccount"
+    holders = [c["name"] for c in _containers(_one("Job")) + _containers(_one("Deployment"))
+               if any(m["mountPath"] == token_path for m in c.get("volumeMounts", []))]
+    assert holders == ["gather"]
+
+
+def _rbac_of(call: list[str]) -> tuple[str, str, str | None]:
+    """(verb, resource, name) of one kubectl call, as the API server authorises it."""
+    words, skip = [], False
+    for arg in call:
+        if not skip and arg in ("-n", "-o", "-l", "-c"):
+            skip = True
+        elif not skip and not arg.startswith("-"):
+            words.append(arg)
+        else:
+            skip = False
+    if words[0] == "logs":
+        return "get", "pods/log", words[1]
+    if words[1] == "pods":
+        return "list", "pods", None
+    return "get", {"deployment": "deployments", "pod": "pods", "node": "nodes"}[words[1]], words[2]

@@ -3,14 +3,17 @@
     k3load inventory --container-image vllm/vllm-openai:kimi-k3 --out n01.json          # on the node
     nvidia-smi --query-gpu=index,name,uuid,memory.total,pci.bus_id,driver_version --format=csv > n01.csv
     k3load inventory --from-csv n01.csv --node n01 --container-image vllm/vllm-openai:kimi-k3 --out n01.json
+    kubectl get node n01 -o json > n01-node.json      # on Kubernetes: the GPU operator's node labels
+    k3load inventory --from-node-labels n01-node.json --container-image vllm/vllm-openai:kimi-k3 --out n01.json
 
 On the node it runs that nvidia-smi query itself; `--from-csv FILE` (`-`: stdin) converts a saved one
 (from a node where k3load is not installed). The CSV is nvidia-smi's: a header row naming the queried
 fields (`memory.total [MiB]`), values with or without units (`--format=csv,nounits` too); without a
 header (`noheader`) the columns are the ones above, in that order. index, name and driver_version are
-required. What is written is the format of k3load/precheck/formats.py (docs/running.md), checked
-before it is written. Exit 0 written, 2 when the CSV is not that format (naming the file, the line and
-the field) or nvidia-smi cannot run.
+required. `--from-node-labels FILE` reads a Kubernetes node's GPU Feature Discovery labels instead
+(k3load/precheck/node_labels.py; `-`: stdin). What is written is the format of k3load/precheck/formats.py
+(docs/running.md), checked before it is written. Exit 0 written, 2 when the CSV (or the node) is not that
+format (naming the file, the line or label and the field) or nvidia-smi cannot run.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from k3load.precheck.formats import EvidenceFormatError, check_host_inventory
+from k3load.precheck.formats import EvidenceFormatError, check_host_inventory, read_json
+from k3load.precheck.node_labels import inventory_from_node_labels
 
 QUERY = ("index", "name", "uuid", "memory.total", "pci.bus_id", "driver_version")
 REQUIRED = ("index", "name", "driver_version")
@@ -120,6 +124,8 @@ def _nvidia_smi() -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-csv", metavar="FILE", help="convert a saved `nvidia-smi --query-gpu=... "
                         "--format=csv` output (`-`: stdin) instead of running nvidia-smi here; needs --node")
+    parser.add_argument("--from-node-labels", metavar="FILE", help="convert a Kubernetes node's GPU operator "
+                        "labels (`kubectl get node NAME -o json`; `-`: stdin) instead: the node is its metadata.name")
     parser.add_argument("--node", help="the node's name (default: this host's name; required with --from-csv)")
     parser.add_argument("--container-image", help="the container image (repository:tag) this node serves")
     parser.add_argument("--out", type=Path, help="write the JSON here (default: stdout)")
@@ -131,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
         print("k3load inventory: --from-csv needs --node (the name of the node the CSV came from)", file=sys.stderr)
         return EXIT_ERROR
     try:
+        if args.from_node_labels:
+            return _write(_from_node_labels(args.from_node_labels, args.container_image), args.out)
         if args.from_csv == "-":
             text, path = sys.stdin.read(), "<stdin>"
         elif args.from_csv:
@@ -141,13 +149,27 @@ def run(args: argparse.Namespace) -> int:
     except (EvidenceFormatError, OSError, UnicodeDecodeError) as exc:
         print(f"k3load inventory: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    return _write(record, args.out)
+
+
+def _from_node_labels(source: str, container_image: str | None) -> dict[str, Any]:
+    if source == "-":
+        try:
+            doc = json.loads(sys.stdin.read())
+        except json.JSONDecodeError as exc:
+            raise EvidenceFormatError("<stdin>", "(top level)", f"not JSON: {exc.msg}") from None
+        return inventory_from_node_labels(doc, "<stdin>", container_image)
+    return inventory_from_node_labels(read_json(source), source, container_image)
+
+
+def _write(record: dict[str, Any], out: Path | None) -> int:
     text = json.dumps(record, indent=2) + "\n"
-    if args.out is None:
+    if out is None:
         sys.stdout.write(text)
     else:
         from k3load.rundir import write_atomic
 
-        write_atomic(args.out, text)
+        write_atomic(out, text)
         print(f"k3load inventory: {record['node']}: {record['gpu_count']} GPUs, driver {record['driver_version']} "
-              f"-> {args.out}", file=sys.stderr)
+              f"-> {out}", file=sys.stderr)
     return 0
