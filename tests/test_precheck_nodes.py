@@ -245,3 +245,12 @@ def test_the_checklist_node_line_names_every_node(tmp_path: Path) -> None:
     assert item["status"] == "open"
     assert "gb300-n01 (driver 580.95.05, vllm/vllm-openai:kimi-k3, startup log)" in item["detail"]
     assert "gb300-n02 (driver 580.95.05, vllm/vllm-openai:kimi-k3, no startup log)" in item["detail"]
+
+
+def test_the_option_text_as_a_locust_run_hands_it_over_is_read_per_node(tmp_path: Path) -> None:
+    """k3load.loadgen.observe passes the option's value as Path(text): the entries survive it."""
+    text = f"gb300-n01={CLEAN_LOG}\ngb300-n02={NCCL_LOG}"
+    compat = run_precheck(tmp_path / "run", KIMI, None, host_inventories=HOSTS, startup_log=Path(text),
+                          container_info=Path(str(GOOD_ENV)), image=K3_IMAGE, use_local_nvml=False)
+    (log,) = [r for r in compat["rules"] if r["id"] == "startup_log"]
+    assert log["evidence"] == ["startup/gb300-n01.log", "startup/gb300-n02.log"] and log["status"] == "fail"
