@@ -91,16 +91,20 @@ class Routing:
 
 
 def timelines(data: RunData, counter: str) -> dict[str, list[Tick]]:
-    """Each replica's scrapes in time order, with the counter summed over its label sets. A source that never
-    served a vllm:* series (a router's own /metrics) is no replica and is left out."""
+    """Each replica's scrapes in time order, with the counter summed over its label sets. A source that answered
+    yet never served a vllm:* series (a router's own /metrics) is no replica and is left out; one that never
+    answered may be one, and stays (its failed scrapes leave every window unknown)."""
     out: dict[str, list[Tick]] = defaultdict(list)
     replicas: set[str] = set()
+    answered: set[str] = set()
     prefix = counter + "{"
     for line in data.metrics:
         ts = line.get("ts")
         if not isinstance(ts, (int, float)):
             continue
         source, count = str(line.get("source") or ""), None
+        if line.get("ok"):
+            answered.add(source)
         if line.get("ok") and line.get("vllm_series"):
             replicas.add(source)
             values = [v for k, v in (line.get("samples") or {}).items()
@@ -109,7 +113,7 @@ def timelines(data: RunData, counter: str) -> dict[str, list[Tick]]:
         out[source].append(Tick(ts, ts + (line.get("scrape_ms") or 0) / 1000, count))
     for ticks in out.values():
         ticks.sort(key=lambda t: t.ts)
-    return {s: ticks for s, ticks in out.items() if s in replicas}
+    return {s: ticks for s, ticks in out.items() if s in replicas or s not in answered}
 
 
 def request_counter(data: RunData) -> tuple[str | None, dict[str, list[Tick]]]:
@@ -121,29 +125,54 @@ def request_counter(data: RunData) -> tuple[str | None, dict[str, list[Tick]]]:
     return None, timelines(data, REQUEST_COUNTERS[0])
 
 
+@dataclass(frozen=True)
+class Counters:
+    """What the placement reads: each replica's timeline of the request counter, how far from a window a
+    bracketing scrape may be (`MetricIndex.edge_s`), and every attempt's (send_ts, end_ts) of the run."""
+
+    ticks: dict[str, list[Tick]]
+    edges: dict[str, float]
+    spans: tuple[tuple[float, float], ...] = ()
+
+    def rise(self, t0: float, t1: float) -> dict[str, int] | str:
+        """Per source, how far the counter rose across a bracket that surely holds what the server did for a
+        request sent at t0 or later and ended by t1; or why there is none on some source, or why the counts
+        cannot be whole (fewer than the attempts sent and ended inside every bracket: a replica not scraped)."""
+        if not self.ticks:
+            return "no replica was scraped"
+        out: dict[str, int] = {}
+        inner = [t0, t1 + SETTLE_S]  # where an attempt is surely counted in every source's bracket
+        for source, line in sorted(self.ticks.items()):
+            name, edge = source or "the target", self.edges.get(source, 2.5)
+            before = [i for i, t in enumerate(line) if t.read_until_ts <= t0]
+            after = bisect.bisect_left([t.ts for t in line], t1 + SETTLE_S)
+            if not before or after >= len(line) or t0 - line[before[-1]].ts > edge or line[after].ts - t1 > edge:
+                return f"no scrape of {name} brackets the window within {edge:.1f} s"
+            inside = line[before[-1]:after + 1]
+            counts = [t.count for t in inside if t.count is not None]
+            if len(counts) < len(inside):
+                return f"a scrape of {name} inside the window failed or lacked the counter"
+            if any(b < a for a, b in itertools.pairwise(counts)):
+                return f"the counter of {name} went down inside the window (a restart)"
+            out[source] = round(counts[-1] - counts[0])
+            inner = [max(inner[0], inside[0].read_until_ts), min(inner[1], inside[-1].ts)]
+        surely = sum(1 for send, end in self.spans if send >= inner[0] and end + SETTLE_S <= inner[1])
+        if sum(out.values()) < surely:
+            return (f"the replicas counted {sum(out.values())} requests where {surely} were sent and ended "
+                    "(a replica not scraped?)")
+        return out
+
+    def single(self, t0: float, t1: float) -> tuple[str | None, str | None]:
+        """(the one source that moved, None) or (None, why not)."""
+        return _single(self.rise(t0, t1))
+
+
 def moved(ticks: dict[str, list[Tick]], edges: dict[str, float], t0: float, t1: float) -> dict[str, int] | str:
-    """Per source, how far the counter rose across a bracket that surely holds everything the server did for
-    requests sent at t0 or later and ended by t1; or why there is no such bracket on some source."""
-    out: dict[str, int] = {}
-    for source, line in sorted(ticks.items()):
-        name = source or "the target"
-        edge = edges.get(source, 2.5)
-        before = [i for i, t in enumerate(line) if t.read_until_ts <= t0]
-        after = bisect.bisect_left([t.ts for t in line], t1 + SETTLE_S)
-        if not before or after >= len(line) or t0 - line[before[-1]].ts > edge or line[after].ts - t1 > edge:
-            return f"no scrape of {name} brackets the window within {edge:.1f} s"
-        inside = line[before[-1]:after + 1]
-        counts = [t.count for t in inside if t.count is not None]
-        if len(counts) < len(inside):
-            return f"a scrape of {name} inside the window failed or lacked the counter"
-        if any(b < a for a, b in itertools.pairwise(counts)):
-            return f"the counter of {name} went down inside the window (a restart)"
-        out[source] = round(counts[-1] - counts[0])
-    return out
+    """`Counters.rise` with no attempts known."""
+    return Counters(ticks, edges).rise(t0, t1)
 
 
 def _single(rise: dict[str, int] | str) -> tuple[str | None, str | None]:
-    """(the one source that moved, None) or (None, why not)."""
     if isinstance(rise, str):
         return None, rise
     up = [s for s, n in rise.items() if n > 0]
@@ -154,15 +183,14 @@ def _single(rise: dict[str, int] | str) -> tuple[str | None, str | None]:
     return None, "several sources moved in the window (other traffic overlapped it)"
 
 
-def _pair_route(number: int, cold: AnyAttempt, warm: AnyAttempt, ticks: dict[str, list[Tick]],
-                edges: dict[str, float]) -> PairRoute:
+def _pair_route(number: int, cold: AnyAttempt, warm: AnyAttempt, counters: Counters) -> PairRoute:
     """Each twin alone where its own bracket tells; else both together: one source moved, or two by one each
     with nothing else counted."""
-    cold_at, _ = _single(moved(ticks, edges, cold.send_ts, cold.end_ts))
-    warm_at, _ = _single(moved(ticks, edges, warm.send_ts, warm.end_ts))
+    cold_at, _ = counters.single(cold.send_ts, cold.end_ts)
+    warm_at, _ = counters.single(warm.send_ts, warm.end_ts)
     if cold_at and warm_at:
         return PairRoute(number, Meeting.SAME if cold_at == warm_at else Meeting.SPLIT, cold_at, warm_at)
-    rise = moved(ticks, edges, cold.send_ts, warm.end_ts)
+    rise = counters.rise(cold.send_ts, warm.end_ts)
     both, why = _single(rise)
     if both:
         return PairRoute(number, Meeting.SAME, both, both)
@@ -182,9 +210,9 @@ def route_pairs(data: RunData, index: MetricIndex, pairs: Sequence[tuple[AnyAtte
     if counter is None:
         why = "no replica served a per-request counter (" + ", ".join(REQUEST_COUNTERS) + ")"
         return Routing(None, sources, tuple(PairRoute(n, Meeting.UNKNOWN, why=why) for n in range(1, len(pairs) + 1)))
-    edges = {s: index.edge_s(s) for s in ticks}
-    return Routing(counter, sources, tuple(_pair_route(n, c, w, ticks, edges)
-                                           for n, (c, w) in enumerate(pairs, start=1)))
+    spans = tuple((a.send_ts, a.end_ts) for a in data.attempts if a.status == "ok")  # each surely served
+    counters = Counters(ticks, {s: index.edge_s(s) for s in ticks}, spans)
+    return Routing(counter, sources, tuple(_pair_route(n, c, w, counters) for n, (c, w) in enumerate(pairs, start=1)))
 
 
 def reuse_by_meeting(pairs: Sequence[tuple[AnyAttempt, AnyAttempt]], routing: Routing) -> dict[str, dict[str, Any]]:
