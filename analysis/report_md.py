@@ -60,6 +60,7 @@ def _sections(j: Any) -> list[str]:
     out.append("## Prefix cache: cold vs warm\n\n" + table(cache.get("control") or [], CONTROL_COLUMNS)
                + "\nServer counters over the control window:\n\n"
                + table([cache.get("window") or {}], tuple((cache.get("window") or {"window": None}).keys())))
+    out.append(_replicas(cache))
     out.append(report_reuse.markdown(cache))
     out.append("## Stages\n\n" + table(j.stage_table, STAGE_COLUMNS)
                + "".join(f"\n- {s['stage']}: " + _breaches(s["problems"]) for s in j.stage_table if s["problems"])
@@ -72,6 +73,24 @@ def _sections(j: Any) -> list[str]:
                f"| next action | {fmt(j.verdict_json()['next_action']['action'])} |\n\n"
                "Every evidence file is fixed by `manifest.sha256`; check it with `k3load verify DIR`.\n")
     return out
+
+
+REPLICA_COLUMNS = ("source", "requests", "control_requests", "kv_usage_max", "kv_usage_mean", "waiting_max",
+                   "hit_share")
+
+
+def _replicas(cache: dict[str, Any]) -> str:
+    """Per replica (one per metrics source, only where there are several): its load over the run and where the
+    control pairs went (analysis/replicas.py)."""
+    rows, routing = cache.get("replicas"), cache.get("routing") or {}
+    if not rows:
+        return ""
+    reuse = (routing.get("reuse") or {}).get("all") or {}
+    return ("## Replicas\n\n" + table(rows, REPLICA_COLUMNS)
+            + f"\nControl pairs whose twins met one replica: {fmt(routing.get('same'))}; another replica: "
+            f"{fmt(routing.get('split'))}; not told: {fmt(routing.get('unknown'))} (per-source "
+            f"`{fmt(routing.get('counter'))}`). Warm twins that reused their prefix across the replicas: "
+            f"{fmt(reuse.get('warm_reused'))} of {fmt(reuse.get('with_usage'))}.\n")
 
 
 def _ramp(j: Any) -> str:

@@ -9,9 +9,11 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
+from k3load.analysis import report_md
 from k3load.analysis.pillar import thresholds
 from k3load.analysis.pillar_cache import judge_prefix_cache
 from k3load.analysis.replicas import SETTLE_S, Meeting, moved, route_pairs, timelines
+from k3load.analysis.report_html import markdown_to_html
 from k3load.analysis.rundata import RunData, StageWindow
 from k3load.analysis.timeline import MetricIndex
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
@@ -112,6 +114,17 @@ def test_affinity_passes_and_says_every_pair_met_one_replica():
     assert rows[A]["hit_share"] == HIT * 4 / (PROMPT * 8)
     assert rows[B]["waiting_max"] == 1.0 and rows[A]["waiting_max"] == 0.0
     assert rows[A]["kv_usage_max"] == 0.18 and 0.1 < rows[A]["kv_usage_mean"] < 0.18
+
+
+def test_the_reports_show_each_replica_and_where_the_pairs_went():
+    numbers = _judge(_run(ROUND_ROBIN)).numbers
+    section = report_md._replicas(numbers)
+    assert section.startswith("## Replicas\n\n| source | requests | control_requests | kv_usage_max |")
+    assert f"| {A} | 8 | 8 | 0.18 |" in section
+    assert "met one replica: 4; another replica: 4; not told: 0" in section and "reused their prefix across the " \
+        "replicas: 4 of 8" in section
+    assert "<h2>Replicas</h2>" in markdown_to_html(section) and f"<td>{A}</td>" in markdown_to_html(section)
+    assert report_md._replicas({}) == ""  # one replica: no section
 
 
 def test_twins_that_share_one_scrape_interval_are_still_told_apart():
