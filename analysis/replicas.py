@@ -203,6 +203,8 @@ def route_pairs(data: RunData, index: MetricIndex, pairs: Sequence[tuple[AnyAtte
                 ) -> Routing | None:
     """The route of every (cold, warm) pair, numbered from 1 as the pillar's control table; None where fewer
     than two sources were scraped (one replica, or one URL in front of several: nothing to tell apart)."""
+    if len({str(line.get("source") or "") for line in data.metrics}) < 2:
+        return None  # before reading any sample: a one-source hour is a million of them
     counter, ticks = request_counter(data)
     if len(ticks) < 2:
         return None
