@@ -245,29 +245,37 @@ def _share(k: int, n: int) -> str:
 
 def _routing_rule(pairs: list[Pair], routing: Routing) -> RuleResult:
     """Did the router send warm twins to another replica than their cold twin, where they reused nothing?
-    The per-source counters say so (analysis/replicas.py); more pairs would not change it."""
+    The per-source counters say so (analysis/replicas.py); more pairs would not change it. A split twin whose
+    response carries no cached_tokens is not seen either way (a cache shared across replicas could serve it)."""
     evidence = (f"metrics.jsonl per source ({routing.counter or 'no per-request counter'})",
                 "records.jsonl control pairs (send_ts, end_ts, cached_tokens)")
-    split = [p for p, r in zip(pairs, routing.pairs, strict=True) if r.meeting is Meeting.SPLIT]
-    unknown = [(p, r) for p, r in zip(pairs, routing.pairs, strict=True) if r.meeting is Meeting.UNKNOWN]
-    lost, missed = [p for p in split if not reused(*p)], [p for p, _ in unknown if not reused(*p)]
+    routed = list(zip(pairs, routing.pairs, strict=True))
+    split = [p for p, r in routed if r.meeting is Meeting.SPLIT]
+    unknown = [(p, r) for p, r in routed if r.meeting is Meeting.UNKNOWN]
+    lost, unseen = [p for p in split if reused(*p) is False], [p for p in split if reused(*p) is None]
+    missed = [p for p, _ in unknown if not reused(*p)]
     n, told = len(pairs), [reused(c, w) for c, w in pairs if reused(c, w) is not None]
     got = f"warm twins that reused their prefix across the replicas: {_share(sum(told), len(told))}"
     share = wilson(len(split), n)
     interval = (share.low, share.high)
+    sent = f"the router sent {len(split)} of {n} warm twins to another replica than their cold twin" + (
+        f" ({len(unknown)} more could not be told)" if unknown else "")
     if lost:
-        more = f" ({len(unknown)} more could not be told)" if unknown else ""
-        return RuleResult("cache.routing", "prefix_cache", FAIL, f"the router sent {len(split)} of {n} warm twins "
-                          f"to another replica than their cold twin{more}, and {len(lost)} of them reused nothing: "
+        return RuleResult("cache.routing", "prefix_cache", FAIL, f"{sent}, and {len(lost)} of them reused nothing: "
                           f"routing is not prefix-affine ({ROUTING_FIX}); the gateway layer, not eviction ({got})",
                           len(split), n, evidence=evidence, interval=interval)
+    if unseen:
+        return RuleResult("cache.routing", "prefix_cache", INCONCLUSIVE, f"inconclusive, because {sent}, and their "
+                          "responses carry no cached_tokens: whether a cache shared across replicas served them is "
+                          f"not seen (vLLM's --enable-prompt-tokens-details shows it; or {ROUTING_FIX})", len(split),
+                          n, evidence=evidence, interval=interval)
     if missed:
         whys = sorted({r.why for _, r in unknown if r.why})
         return RuleResult("cache.routing", "prefix_cache", INCONCLUSIVE, f"inconclusive, because the per-source "
                           f"counters could not tell which replica {len(unknown)} of {n} pairs met ({'; '.join(whys)}) "
-                          f"and {len(missed)} of them reused nothing: routing or eviction (scrape faster than a "
-                          f"pair lasts with --k3-sample-interval, or {ROUTING_FIX})", len(unknown), n,
-                          evidence=evidence)
+                          f"and {len(missed)} of them were not seen to reuse their prefix: routing or eviction "
+                          f"(scrape faster than a pair lasts with --k3-sample-interval, or {ROUTING_FIX})",
+                          len(unknown), n, evidence=evidence)
     said = [f"{routing.count(Meeting.SAME)} of {n} pairs' twins met one replica"]
     if split:
         said.append(f"{len(split)} met another and still reused their prefix (a cache shared across replicas)")

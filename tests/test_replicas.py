@@ -104,6 +104,17 @@ def test_round_robin_names_the_router_not_eviction():
         rules["cache.latency"]["reason"]
 
 
+def test_split_twins_without_usage_name_the_router_but_do_not_fail_on_what_is_not_seen():
+    data = _run(ROUND_ROBIN)
+    for attempt in data.attempts:  # vLLM without --enable-prompt-tokens-details: no cached_tokens
+        attempt.cached_tokens = None
+    result = _judge(data)
+    assert result.status == INCONCLUSIVE, result.reasons
+    assert result.reasons[0].startswith("inconclusive, because the router sent 4 of 8 warm twins to another replica "
+                                        "than their cold twin, and their responses carry no cached_tokens")
+    assert "--enable-prompt-tokens-details" in result.reasons[0]
+
+
 def test_affinity_passes_and_says_every_pair_met_one_replica():
     result = _judge(_run([(A, A), (B, B)] * 4))
     assert result.status == PASS, result.reasons
@@ -145,6 +156,7 @@ def test_pairs_that_share_brackets_with_their_neighbours_are_unknown_and_said_so
     assert result.status == INCONCLUSIVE, result.reasons
     assert result.reasons[0].startswith("inconclusive, because the per-source counters could not tell which replica")
     assert "--k3-sample-interval" in result.reasons[0] and "routing or eviction" in result.reasons[0]
+    assert "4 of them were not seen to reuse their prefix" in result.reasons[0]
     assert not any("more pairs would decide" in r for r in result.reasons)
 
 
