@@ -206,14 +206,16 @@ def _soak_windows(data: RunData) -> list[tuple[float, float]]:
 
 
 def _startup_log(data: RunData) -> str:
-    """The vLLM start-up log the precheck saved (DIR/evidence/startup.log), its head only: the KV lines come
-    before the server listens."""
-    path = data.path / "evidence" / "startup.log"
-    try:
-        with path.open("rb") as handle:
-            return handle.read(1 << 20).decode(errors="replace")
-    except OSError:
-        return ""
+    """The vLLM start-up log the precheck saved (DIR/evidence/startup.log; per node evidence/startup/NODE.log,
+    the first node's), its head only: the KV lines come before the server listens."""
+    evidence = data.path / "evidence"
+    for path in [evidence / "startup.log", *sorted((evidence / "startup").glob("*.log"))]:
+        try:
+            with path.open("rb") as handle:
+                return handle.read(1 << 20).decode(errors="replace")
+        except OSError:
+            continue
+    return ""
 
 
 def _duration(seconds: float) -> str:

@@ -8,6 +8,7 @@ that served no chat request. The commands run four at a time to keep the module 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -27,6 +28,7 @@ import yaml
 
 from k3load.loadgen import observe
 from k3load.loadgen.inputs import HarnessError, check_options, plan_path, scenario_paths
+from k3load.loadgen.options import session_header
 from k3load.precheck.recipe import RecipeError
 from k3load.sim.process import SimProcess
 from k3load.yamlfile import YamlFileError, load_yaml_text
@@ -234,11 +236,22 @@ def _options(**changes: object) -> SimpleNamespace:
     ({"k3_host_inventory": [str(ROOT), "/nope/n2.json"]}, f"--k3-host-inventory {ROOT}: not a file"),
     ({"k3_custom_build": "/nope/build.yaml"}, "--k3-custom-build /nope/build.yaml: no such file"),
     ({"k3_out": str(ROOT / "README.md")}, f"--k3-out {ROOT / 'README.md'}: not a directory"),
+    ({"k3_session_header": "X-Route", "k3_header": ["X-Gateway-Token: s3cr3t\nx-route: 1"]},
+     "--k3-session-header X-Route: also a --k3-header (a gateway header, sent with its own value): name the header "
+     "your router keys on"),
 ])
 def test_option_errors_name_the_option_and_the_value(changes: dict, message: str) -> None:
     with pytest.raises(HarnessError) as err:
         check_options(_options(**changes))
     assert str(err.value) == message
+
+
+def test_a_session_header_is_a_header_name_that_k3load_does_not_send_itself() -> None:
+    for bad, words in (("X Route", "not a header name"), ("Authorization", "sent by k3load itself"),
+                       ("x-request-id", "sent by k3load itself")):
+        with pytest.raises(argparse.ArgumentTypeError, match=words):
+            session_header(bad)
+    assert session_header(" X-Session-Id ") == "X-Session-Id" and session_header("") == ""
 
 
 def test_a_plan_name_that_is_not_there_names_the_option_and_the_plans(tmp_path: Path) -> None:

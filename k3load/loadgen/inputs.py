@@ -77,6 +77,12 @@ def _check_access(opts: Any) -> None:
                              getattr(opts, "k3_ca_bundle", "") or None, bool(getattr(opts, "k3_insecure", False)))
     if problem:
         raise HarnessError(problem)
+    session = (getattr(opts, "k3_session_header", "") or "").lower()
+    gateway = {line.partition(":")[0].strip().lower() for text in getattr(opts, "k3_header", None) or []
+               for line in str(text).splitlines()}
+    if session and session in gateway:  # the client would refuse it on every request
+        raise HarnessError(f"--k3-session-header {opts.k3_session_header}: also a --k3-header (a gateway header, "
+                           "sent with its own value): name the header your router keys on")
 
 
 def _existing_file(flag: str, value: str, shown: str | None = None) -> None:

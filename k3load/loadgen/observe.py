@@ -17,6 +17,7 @@ from k3load.disk_full import free_bytes, mount_of, size_text, space_needed
 from k3load.events import Event
 from k3load.loadgen.drain import StageDrain
 from k3load.loadgen.hold import stop_load
+from k3load.loadgen.inputs import node_files
 from k3load.loadgen.options import metrics_urls, run_access
 from k3load.loadgen.redact_lines import copy_redacted
 from k3load.loadgen.restart_drill import RestartDrill
@@ -37,10 +38,11 @@ def precheck(session: HarnessSession) -> dict[str, Any]:
     opts, run_dir = session.env.parsed_options, session.run_dir
     assert run_dir is not None  # start_run opened it before any observer
     secrets, tls = run_access(opts)
+    files = node_files(opts)  # NODE=PATH entries, one per node (checked at init already)
     compat = run_precheck(run_dir, Path(opts.k3_recipe), session.env.host,
-                          container_info=_path(opts.k3_container_info),
+                          container_info=files["k3_container_info"],
                           host_inventories=[Path(p) for p in opts.k3_host_inventory or []],
-                          startup_log=_path(opts.k3_startup_log), image=opts.k3_image or None,
+                          startup_log=files["k3_startup_log"], image=opts.k3_image or None,
                           custom_build=_path(opts.k3_custom_build), secrets=secrets, tls=tls,
                           use_local_nvml=opts.k3_nvml != "off",
                           metrics_url=next(iter(metrics_urls(opts, session.env.host)), None))

@@ -36,7 +36,7 @@ from k3load.evidence import RECORDS
 from k3load.loadgen import delivery, held_secrets, observe
 from k3load.loadgen.drain import StageDrain
 from k3load.loadgen.hold import RunHold
-from k3load.loadgen.inputs import harness_error_line, load_inputs
+from k3load.loadgen.inputs import harness_error_line, load_inputs, node_files
 from k3load.loadgen.manual import LiveCounts, ManualStages
 from k3load.loadgen.options import locust_late_outputs, public_options, run_access
 from k3load.loadgen.request_events import fire_request_events
@@ -213,8 +213,8 @@ class HarnessSession:
         run is moved out: Locust's outputs (it opened them before test_start) and the k3 input files."""
         assert self.run_dir is not None
         opts = self.env.parsed_options
-        inputs = [opts.k3_container_info, opts.k3_startup_log, opts.k3_custom_build, opts.k3_server_log,
-                  *(opts.k3_host_inventory or [])]
+        per_node = [path for files in node_files(opts).values() for path in files.paths()]  # each NODE=PATH's
+        inputs = [*per_node, opts.k3_custom_build, opts.k3_server_log, *(opts.k3_host_inventory or [])]
         return ({self.run_dir / rel for rel in locust_late_outputs(opts, self.run_dir)}
                 | {Path(p).resolve() for p in inputs if p})
 
