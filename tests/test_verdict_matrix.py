@@ -58,9 +58,9 @@ class Case:
     thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
     short_prompt: bool = False
     check: Callable[[dict], None] = lambda verdict: None  # more to assert about this row
-    # Debian's nginx between the run and the sim (tests/nginx_proxy.py): True its default proxy (the stream
-    # buffered), False with `proxy_buffering off`; None: the run talks to the sim straight.
-    proxy: bool | None = None
+    # Debian's nginx between the run and the sim (tests/nginx_proxy.py), its ProxyConfig but the upstream
+    # (`{}`: nginx's default proxy, the stream buffered); None: the run talks to the sim straight.
+    proxy: dict[str, Any] | None = None
 
 
 def _oom_details(verdict: dict) -> None:
@@ -264,9 +264,15 @@ CASES = {
     # break (about 60 ms) and the engine's first tokens keep (under 10 ms on the sim) is judged on the server's.
     "nginx-default-proxy-buffers-the-stream": Case(
         [], "limited", _statuses(resources="fail", prefix_cache="*"), ("resources", "gateway: the stream is buffered"),
-        thresholds={"slo": {"ttft_p95_ms": 40.0}}, check=_buffered_stream, proxy=True),
+        thresholds={"slo": {"ttft_p95_ms": 40.0}}, check=_buffered_stream, proxy={}),
     "nginx-unbuffered-streams-straight": Case([], HEALTHY, ALL_PASS, ("prefix_cache", "cold/warm pairs"),
-                                              check=_straight_stream, proxy=False),
+                                              check=_straight_stream, proxy={"buffering": False}),
+    # nginx's proxy_read_timeout (1 s) cuts the answers whose first token stalls 2 s (40,000 model ms at 0.05):
+    # the gateway's 504s and cut streams, never capacity
+    "nginx-read-timeout-cuts-stalled-answers": Case(
+        ["--slow-first-token-rate", "0.3", "--slow-first-token-ms", "40000"], "limited",
+        _statuses(resources="fail", prefix_cache="*", agent_api="fail"), ("verdict", "gateway"),
+        proxy={"buffering": False, "read_timeout_s": 1.0}),
     "production-recipe-on-the-sim": Case([], "rebuild", _statuses(compat="fail", resources="not_run",
                                                                   prefix_cache="not_run", agent_api="not_run"),
                                          ("compat", "target_not_sim"), check=_rebuild_first),
@@ -292,8 +298,7 @@ def _run_case(name: str, case: Case, base: Path) -> tuple[dict, int]:
         """The row's options; behind its nginx, the run's host is the proxy (Locust takes the last --host)."""
         if case.proxy is None:
             return case.options(sim)
-        proxies.append(NginxProxy(ProxyConfig(upstreams=(sim.base_url,), buffering=case.proxy),
-                                  tmp_path / "nginx").start())
+        proxies.append(NginxProxy(ProxyConfig(upstreams=(sim.base_url,), **case.proxy), tmp_path / "nginx").start())
         return ["--host", proxies[-1].base_url, *case.options(sim)]
 
     try:
