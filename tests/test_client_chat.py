@@ -432,7 +432,10 @@ def test_error_detail_forms(payload: bytes, detail: str) -> None:
 
 # -- kernel receive times --------------------------------------------------------------------------
 # A server in its own process (this one is about to be blocked): the head and a role chunk at once,
-# the first token 0.3 s later, the end 0.5 s after that.
+# the first token 0.3 s later, the end 1.2 s after that: well after the client's block (0.1-0.8 s) ends, so
+# the read after the block holds the token alone. A read that took the end too carries the end's receive
+# time (the kernel stamps a TCP read with its last segment's): the end 0.5 s after the token came with the
+# block's end on a busy machine, and the token was stamped 0.8 s late.
 LATE_READ_SERVER = r"""
 import socket, sys, time
 srv = socket.create_server(("127.0.0.1", 0)); print(srv.getsockname()[1], flush=True)
@@ -445,7 +448,7 @@ token = b'data: {"id":"r","choices":[{"index":0,"delta":{"content":"hello"},"fin
 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
              + chunk(role))
 time.sleep(0.3); conn.sendall(chunk(token))
-time.sleep(0.5); conn.sendall(chunk(b"data: [DONE]\n\n") + chunk(b"")); conn.close()
+time.sleep(1.2); conn.sendall(chunk(b"data: [DONE]\n\n") + chunk(b"")); conn.close()
 """
 
 
