@@ -149,6 +149,45 @@ def start_nginx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[
     yield from nginx_factory(tmp_path_factory.mktemp("nginx"))
 
 
+# The read-timeout tests come first: the slow sim's answers they leave thinking finish during the streams
+# below, not at the module's end (a sim stops after its open answers).
+@pytest.fixture(scope="module")
+def timeout_proxies(sims: dict[str, SimProcess],
+                    start_nginx: Callable[[ProxyConfig], NginxProxy]) -> dict[str, NginxProxy]:
+    """One nginx per test, so that each error log's "upstream timed out" is that test's own."""
+    slow = sims["slow"].base_url
+    return {"whole": start_nginx(ProxyConfig((slow,), read_timeout_s=SHORT_READ_TIMEOUT_S)),
+            "buffered": start_nginx(ProxyConfig((slow,), read_timeout_s=SHORT_READ_TIMEOUT_S)),
+            "unbuffered": start_nginx(ProxyConfig((slow,), buffering=False, read_timeout_s=SHORT_READ_TIMEOUT_S))}
+
+
+def test_short_read_timeout_answers_504_before_the_first_byte(timeout_proxies: dict[str, NginxProxy]) -> None:
+    """A non-streamed answer sends nothing while the sim thinks (6 s): nginx gives up at 1 s with its 504."""
+    proxy = timeout_proxies["whole"]
+    answer = raw_post(proxy.base_url, json.dumps(THINKING).encode(), {"X-Request-Id": "timeout-whole"})
+    assert answer.status == 504 and b"<html>" in answer.raw, answer.raw[:300]
+    [line] = proxy.log_for("timeout-whole")
+    assert (line["status"], line["upstream_status"]) == ("504", "504"), line
+    assert "upstream timed out" in proxy.error_log.read_text()
+
+
+@pytest.mark.parametrize("mode", ["buffered", "unbuffered"])
+def test_short_read_timeout_cuts_a_stream_after_its_first_byte(timeout_proxies: dict[str, NginxProxy],
+                                                               mode: str) -> None:
+    """A stream's headers and first events go out before the silence: nginx's timeout then cuts it, a 200
+    without [DONE] (and without the chunked body's end), never a 504."""
+    proxy = timeout_proxies[mode]
+    body = json.dumps({**THINKING, "stream": True}).encode()
+    stream = raw_post(proxy.base_url, body, {"X-Request-Id": f"timeout-{mode}"})
+    assert stream.status == 200 and not stream.done, stream.raw[-300:]
+    if mode == "unbuffered":  # the role chunk and the first reasoning token came before the silence
+        assert stream.events == 2, stream.raw
+    assert not stream.raw.endswith(b"0\r\n\r\n")  # the chunked body never ended properly
+    [line] = proxy.log_for(f"timeout-{mode}")
+    assert line["status"] == "200", line
+    assert "upstream timed out" in proxy.error_log.read_text()
+
+
 @dataclass
 class Streamed:
     """The same streamed request sent direct and through both nginx configurations at once."""
@@ -264,41 +303,6 @@ def test_affinity_keeps_one_session_on_one_sim(sims: dict[str, SimProcess],
     assert all(len(upstreams) == 1 for upstreams in by_session.values()), by_session
     routed = [upstream for upstreams in by_session.values() for upstream in upstreams]
     assert _counted(pair, before, 12) == [3 * routed.count(host_port(sim)) for sim in pair]
-
-
-@pytest.fixture(scope="module")
-def timeout_proxies(sims: dict[str, SimProcess],
-                    start_nginx: Callable[[ProxyConfig], NginxProxy]) -> dict[str, NginxProxy]:
-    slow = sims["slow"].base_url
-    return {"buffered": start_nginx(ProxyConfig((slow,), read_timeout_s=SHORT_READ_TIMEOUT_S)),
-            "unbuffered": start_nginx(ProxyConfig((slow,), buffering=False, read_timeout_s=SHORT_READ_TIMEOUT_S))}
-
-
-def test_short_read_timeout_answers_504_before_the_first_byte(timeout_proxies: dict[str, NginxProxy]) -> None:
-    """A non-streamed answer sends nothing while the sim thinks (6 s): nginx gives up at 1 s with its 504."""
-    proxy = timeout_proxies["buffered"]
-    answer = raw_post(proxy.base_url, json.dumps(THINKING).encode(), {"X-Request-Id": "timeout-whole"})
-    assert answer.status == 504 and b"<html>" in answer.raw, answer.raw[:300]
-    [line] = proxy.log_for("timeout-whole")
-    assert (line["status"], line["upstream_status"]) == ("504", "504"), line
-    assert "upstream timed out" in proxy.error_log.read_text()
-
-
-@pytest.mark.parametrize("mode", ["buffered", "unbuffered"])
-def test_short_read_timeout_cuts_a_stream_after_its_first_byte(timeout_proxies: dict[str, NginxProxy],
-                                                               mode: str) -> None:
-    """A stream's headers and first events go out before the silence: nginx's timeout then cuts it, a 200
-    without [DONE] (and without the chunked body's end), never a 504."""
-    proxy = timeout_proxies[mode]
-    body = json.dumps({**THINKING, "stream": True}).encode()
-    stream = raw_post(proxy.base_url, body, {"X-Request-Id": f"timeout-{mode}"})
-    assert stream.status == 200 and not stream.done, stream.raw[-300:]
-    if mode == "unbuffered":  # the role chunk and the first reasoning token came before the silence
-        assert stream.events == 2, stream.raw
-    assert not stream.raw.endswith(b"0\r\n\r\n")  # the chunked body never ended properly
-    [line] = proxy.log_for(f"timeout-{mode}")
-    assert line["status"] == "200", line
-    assert "upstream timed out" in proxy.error_log.read_text()
 
 
 def test_a_config_renders_to_the_directives_it_names(tmp_path: Path) -> None:
