@@ -247,7 +247,8 @@ def _routing_rule(pairs: list[Pair], routing: Routing) -> RuleResult:
     """Did the router send warm twins to another replica than their cold twin, where they reused nothing?
     The per-source counters say so (analysis/replicas.py); more pairs would not change it. A split twin whose
     response carries no cached_tokens is not seen either way (a cache shared across replicas could serve it)."""
-    evidence = (f"metrics.jsonl per source ({routing.counter or 'no per-request counter'})",
+    read = ", ".join(routing.counters) or "no per-request counter"
+    evidence = (f"metrics.jsonl per source ({read})",
                 "records.jsonl control pairs (send_ts, end_ts, cached_tokens)")
     routed = list(zip(pairs, routing.pairs, strict=True))
     split = [p for p, r in routed if r.meeting is Meeting.SPLIT]
@@ -281,7 +282,7 @@ def _routing_rule(pairs: list[Pair], routing: Routing) -> RuleResult:
         said.append(f"{len(split)} met another and still reused their prefix (a cache shared across replicas)")
     said += [f"{len(unknown)} could not be told (each reused its prefix)"] if unknown else []
     return RuleResult("cache.routing", "prefix_cache", PASS, f"{', '.join(said)} over {len(routing.sources)} "
-                      f"replicas (per-source {routing.counter or 'counters: none per request'}; {got})", len(split),
+                      f"replicas (per-source {read}; {got})", len(split),
                       n, evidence=evidence, interval=interval)
 
 

@@ -5,17 +5,20 @@ whatever that replica's cache does, and "the prefix may have been evicted" sends
 wrong cause. Each `--k3-metrics-url` is one source (a `source` on every metrics.jsonl line), and a
 request-count counter moves by one on the replica that finished a request.
 
-How a request is placed, soundly or not at all: for every source serving the counter, take the last good
-scrape read before the request was sent and the first good scrape begun after it ended (plus `SETTLE_S`).
-The request's own count is then inside every source's bracket. If exactly one source moved, that source
-served it, whatever other traffic shared the window (every count, the request's among them, landed there).
-A pair's two requests, bracketed together, tell the pair's meeting even when both share one scrape interval:
-one source moved: the same replica; two sources moved by exactly one each and nothing else moved: another
-replica (`SPLIT`). Anything else is `UNKNOWN`, with why: a source without a bracketing scrape near the
-window, a failed scrape inside it (a restart could hide there), a counter that went down, other traffic.
-Pairs sent back to back with scrapes a second apart often share their brackets with their neighbours:
-the counters cannot tell those apart, and this says so rather than guess (scrape faster than a pair lasts:
-`--k3-sample-interval`).
+How a request is placed, soundly or not at all: the server counts a request twice, at admission (the prefix
+cache's queries, in prompt tokens, between its send and its first token) and at its finish (a request counter,
+between its send and its end). For either, on every source serving the counter, take the last good scrape
+read before the request was sent and the first good scrape begun after the counted moment's latest time (plus
+`SETTLE_S`). The request's own count is then inside every source's bracket. If exactly one source moved, that
+source served it, whatever other traffic shared the window (every count, the request's among them, landed
+there). A pair's two requests, bracketed together, tell the pair's meeting even when both share one scrape
+interval: one source moved: the same replica; two sources moved by exactly one request's count each and
+nothing else moved: another replica (`SPLIT`). Anything else is `UNKNOWN`, with why: a source without a
+bracketing scrape near the window, a failed scrape inside it (a restart could hide there), a counter that
+went down, other traffic. Why admission first: control requests run back to back, so the scrape before a
+request falls inside the previous one, whose finish is still to come but whose admission is long past.
+Requests shorter than a scrape interval share their brackets with their neighbours: the counters cannot tell
+those apart, and this says so rather than guess (scrape faster than a request lasts: `--k3-sample-interval`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from k3load.analysis.timeline import MetricIndex
 # ../shared/notes/vllm-wire-facts.md; the sim serves all three): the first every source carries is read.
 REQUEST_COUNTERS = ("vllm:request_success_total", "vllm:request_prompt_tokens_count",
                     "vllm:e2e_request_latency_seconds_count")
+# Moves by the prompt's tokens when a request is admitted (vLLM's KV cache manager, before its first token;
+# preempted requests left out: vllm-wire-facts.md), so by the request's `prompt_tokens`.
+ADMISSION_COUNTER = "vllm:prefix_cache_queries_total"
 # vLLM counts a finished request just after its last chunk leaves (vllm/v1/engine/async_llm.py output
 # handler: outputs first, stats after): a scrape begun this soon after the client's end may not count it yet.
 SETTLE_S = 0.05
@@ -76,17 +82,19 @@ class PairRoute:
 
 @dataclass(frozen=True)
 class Routing:
-    """Every control pair's route over the replicas (sources) that serve `counter`."""
+    """Every control pair's route over the replicas (sources), read from `counters` (admission first); `counter`
+    is the per-request one (finishes), counted per replica in the report."""
 
     counter: str | None
     sources: tuple[str, ...]
     pairs: tuple[PairRoute, ...]
+    counters: tuple[str, ...] = ()
 
     def count(self, meeting: Meeting) -> int:
         return sum(1 for p in self.pairs if p.meeting is meeting)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"counter": self.counter, "sources": list(self.sources),
+        return {"counter": self.counter, "counters": list(self.counters), "sources": list(self.sources),
                 **{m.value: self.count(m) for m in Meeting}, "pairs": [p.to_dict() for p in self.pairs]}
 
 
@@ -127,17 +135,31 @@ def request_counter(data: RunData) -> tuple[str | None, dict[str, list[Tick]]]:
 
 @dataclass(frozen=True)
 class Counters:
-    """What the placement reads: each replica's timeline of the request counter, how far from a window a
-    bracketing scrape may be (`MetricIndex.edge_s`), and every attempt's (send_ts, end_ts) of the run."""
+    """One counter as the placement reads it: each replica's timeline, how far from a window a bracketing scrape
+    may be (`MetricIndex.edge_s`), when the server counts a request (`admitted`: by its first token, by its
+    prompt's tokens; else by its end, by one), and every ok attempt's (send_ts, latest count ts, count)."""
 
+    name: str
     ticks: dict[str, list[Tick]]
     edges: dict[str, float]
-    spans: tuple[tuple[float, float], ...] = ()
+    admitted: bool = False
+    spans: tuple[tuple[float, float, float], ...] = ()
+
+    def latest(self, attempt: AnyAttempt) -> float:
+        """When the server has surely counted the attempt (client clock)."""
+        if self.admitted and attempt.first_token_ts is not None:
+            return min(attempt.first_token_ts, attempt.end_ts)
+        return attempt.end_ts
+
+    def unit(self, attempt: AnyAttempt) -> float | None:
+        """How far the counter moves for the attempt (None: not known)."""
+        return float(attempt.prompt_tokens) if self.admitted and attempt.prompt_tokens else (
+            None if self.admitted else 1.0)
 
     def rise(self, t0: float, t1: float) -> dict[str, int] | str:
-        """Per source, how far the counter rose across a bracket that surely holds what the server did for a
-        request sent at t0 or later and ended by t1; or why there is none on some source, or why the counts
-        cannot be whole (fewer than the attempts sent and ended inside every bracket: a replica not scraped)."""
+        """Per source, how far the counter rose across a bracket that surely holds what the server counted for a
+        request sent at t0 or later and counted by t1; or why there is none on some source, or why the counts
+        cannot be whole (fewer than the ok attempts counted inside every bracket: a replica not scraped)."""
         if not self.ticks:
             return "no replica was scraped"
         out: dict[str, int] = {}
@@ -151,25 +173,38 @@ class Counters:
             inside = line[before[-1]:after + 1]
             counts = [t.count for t in inside if t.count is not None]
             if len(counts) < len(inside):
-                return f"a scrape of {name} inside the window failed or lacked the counter"
+                return f"a scrape of {name} inside the window failed or lacked {self.name}"
             if any(b < a for a, b in itertools.pairwise(counts)):
-                return f"the counter of {name} went down inside the window (a restart)"
+                return f"{self.name} of {name} went down inside the window (a restart)"
             out[source] = round(counts[-1] - counts[0])
             inner = [max(inner[0], inside[0].read_until_ts), min(inner[1], inside[-1].ts)]
-        surely = sum(1 for send, end in self.spans if send >= inner[0] and end + SETTLE_S <= inner[1])
+        surely = sum(unit for send, latest, unit in self.spans if send >= inner[0] and latest + SETTLE_S <= inner[1])
         if sum(out.values()) < surely:
-            return (f"the replicas counted {sum(out.values())} requests where {surely} were sent and ended "
-                    "(a replica not scraped?)")
+            return (f"the replicas counted {sum(out.values())} where the attempts counted inside every bracket "
+                    f"make {surely:.0f} (a replica not scraped?)")
         return out
 
-    def single(self, t0: float, t1: float) -> tuple[str | None, str | None]:
-        """(the one source that moved, None) or (None, why not)."""
-        return _single(self.rise(t0, t1))
+    def place(self, attempt: AnyAttempt) -> str | None:
+        """The one source that counted the attempt, or None."""
+        return _single(self.rise(attempt.send_ts, self.latest(attempt)))[0]
+
+    def meet(self, cold: AnyAttempt, warm: AnyAttempt) -> tuple[Meeting, str | None, str | None]:
+        """The pair bracketed together: one source moved (the same replica, named), or two moved by exactly one
+        twin's count each with nothing else counted (another replica); else unknown, with why."""
+        rise = self.rise(cold.send_ts, self.latest(warm))
+        both, why = _single(rise)
+        if both:
+            return Meeting.SAME, both, None
+        units = (self.unit(cold), self.unit(warm))
+        if not isinstance(rise, str) and None not in units and sum(rise.values()) == sum(units) and \
+                sorted(v for v in rise.values() if v) == sorted(units):  # type: ignore[type-var]
+            return Meeting.SPLIT, None, None
+        return Meeting.UNKNOWN, None, why
 
 
 def moved(ticks: dict[str, list[Tick]], edges: dict[str, float], t0: float, t1: float) -> dict[str, int] | str:
-    """`Counters.rise` with no attempts known."""
-    return Counters(ticks, edges).rise(t0, t1)
+    """`Counters.rise` of a request counter with no attempts known."""
+    return Counters(REQUEST_COUNTERS[0], ticks, edges).rise(t0, t1)
 
 
 def _single(rise: dict[str, int] | str) -> tuple[str | None, str | None]:
@@ -183,20 +218,28 @@ def _single(rise: dict[str, int] | str) -> tuple[str | None, str | None]:
     return None, "several sources moved in the window (other traffic overlapped it)"
 
 
-def _pair_route(number: int, cold: AnyAttempt, warm: AnyAttempt, counters: Counters) -> PairRoute:
-    """Each twin alone where its own bracket tells; else both together: one source moved, or two by one each
-    with nothing else counted."""
-    cold_at, _ = counters.single(cold.send_ts, cold.end_ts)
-    warm_at, _ = counters.single(warm.send_ts, warm.end_ts)
+def _agreed(found: list[str | None]) -> str | None:
+    """The one source every counter that told named (None where none told, or two named different ones)."""
+    told = set(filter(None, found))
+    return told.pop() if len(told) == 1 else None
+
+
+def _pair_route(number: int, cold: AnyAttempt, warm: AnyAttempt, counters: list[Counters]) -> PairRoute:
+    """Each twin alone where a counter's bracket tells; else both together. Each counter's answer is sound, so
+    they never differ; if they ever did, the pair is unknown rather than either."""
+    cold_at = _agreed([c.place(cold) for c in counters])
+    warm_at = _agreed([c.place(warm) for c in counters])
     if cold_at and warm_at:
         return PairRoute(number, Meeting.SAME if cold_at == warm_at else Meeting.SPLIT, cold_at, warm_at)
-    rise = counters.rise(cold.send_ts, warm.end_ts)
-    both, why = _single(rise)
-    if both:
-        return PairRoute(number, Meeting.SAME, both, both)
-    if not isinstance(rise, str) and sum(rise.values()) == 2 and sorted(rise.values())[-2:] == [1, 1]:
-        return PairRoute(number, Meeting.SPLIT, cold_at, warm_at)
-    return PairRoute(number, Meeting.UNKNOWN, cold_at, warm_at, why)
+    met = [c.meet(cold, warm) for c in counters]
+    told = {m for m, _, _ in met if m is not Meeting.UNKNOWN}
+    if len(told) == 1:
+        meeting = told.pop()
+        same = _agreed([s for m, s, _ in met if m is meeting])
+        return PairRoute(number, meeting, cold_at or same, warm_at or same)
+    whys = sorted({w for _, _, w in met if w})
+    return PairRoute(number, Meeting.UNKNOWN, cold_at, warm_at,
+                     "the counters disagree" if told else "; ".join(whys) or None)
 
 
 def route_pairs(data: RunData, index: MetricIndex, pairs: Sequence[tuple[AnyAttempt, AnyAttempt]]
@@ -208,13 +251,21 @@ def route_pairs(data: RunData, index: MetricIndex, pairs: Sequence[tuple[AnyAtte
     counter, ticks = request_counter(data)
     if len(ticks) < 2:
         return None
-    sources = tuple(sorted(ticks))
-    if counter is None:
-        why = "no replica served a per-request counter (" + ", ".join(REQUEST_COUNTERS) + ")"
-        return Routing(None, sources, tuple(PairRoute(n, Meeting.UNKNOWN, why=why) for n in range(1, len(pairs) + 1)))
-    spans = tuple((a.send_ts, a.end_ts) for a in data.attempts if a.status == "ok")  # each surely served
-    counters = Counters(ticks, {s: index.edge_s(s) for s in ticks}, spans)
-    return Routing(counter, sources, tuple(_pair_route(n, c, w, counters) for n, (c, w) in enumerate(pairs, start=1)))
+    ok = [a for a in data.attempts if a.status == "ok"]  # each surely counted by some replica
+    counters = []
+    admitted = timelines(data, ADMISSION_COUNTER)
+    for name, lines, at_admission in ((ADMISSION_COUNTER, admitted, True), (counter, ticks, False)):
+        if name and lines and all(any(t.count is not None for t in line) for line in lines.values()):
+            c = Counters(name, lines, {s: index.edge_s(s) for s in lines}, at_admission)
+            counters.append(Counters(name, lines, c.edges, at_admission,
+                                     tuple((a.send_ts, c.latest(a), c.unit(a) or 1.0) for a in ok)))
+    names = tuple(c.name for c in counters)
+    if not counters:
+        why = "no replica served a per-request counter (" + ", ".join((ADMISSION_COUNTER, *REQUEST_COUNTERS)) + ")"
+        return Routing(counter, tuple(sorted(ticks)), tuple(PairRoute(n, Meeting.UNKNOWN, why=why)
+                                                            for n in range(1, len(pairs) + 1)))
+    return Routing(counter, tuple(sorted(ticks)), tuple(_pair_route(n, c, w, counters)
+                                                        for n, (c, w) in enumerate(pairs, start=1)), names)
 
 
 def reuse_by_meeting(pairs: Sequence[tuple[AnyAttempt, AnyAttempt]], routing: Routing) -> dict[str, dict[str, Any]]:

@@ -89,7 +89,7 @@ def _replicas(cache: dict[str, Any]) -> str:
     return ("## Replicas\n\n" + table(rows, REPLICA_COLUMNS)
             + f"\nControl pairs whose twins met one replica: {fmt(routing.get('same'))}; another replica: "
             f"{fmt(routing.get('split'))}; not told: {fmt(routing.get('unknown'))} (per-source "
-            f"`{fmt(routing.get('counter'))}`). Warm twins that reused their prefix across the replicas: "
+            f"{fmt(routing.get('counters'))}). Warm twins that reused their prefix across the replicas: "
             f"{fmt(reuse.get('warm_reused'))} of {fmt(reuse.get('with_usage'))}.\n")
 
 

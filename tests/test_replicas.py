@@ -25,11 +25,13 @@ LIMITS = thresholds(None)["prefix_cache"] | thresholds(None)["resources"]
 PROMPT, HIT = 1600, 1536
 
 
-def _attempt(pair: int, role: str, send: float, cached: int, ttft: float, duration: float = 0.3) -> Attempt:
+def _attempt(pair: int, role: str, send: float, cached: int, ttft: float, duration: float = 0.3,
+             first_token_ts: float | None = None) -> Attempt:
     return Attempt(run_id="r", attempt_id=f"{pair}-{role}", chain_id=f"{pair}-{role}", attempt=1, stage="control",
                    scenario="shared_prefix_control", family="shared_prefix", turn=pair - 1, turn_kind="answer",
                    user_id="u", request_sha256=f"req{pair}", prefix_sha256=f"pre{pair}", transport="t", status="ok",
-                   send_ts=send, end_ts=send + duration, prompt_tokens=PROMPT, cached_tokens=cached, ttft_ms=ttft,
+                   send_ts=send, end_ts=send + duration, first_token_ts=first_token_ts,
+                   prompt_tokens=PROMPT, cached_tokens=cached, ttft_ms=ttft,
                    valid=True, findings=[Finding("expect.answer", True, None, "")], control_pair=pair,
                    control_role=role)
 
@@ -118,8 +120,8 @@ def test_split_twins_without_usage_name_the_router_but_do_not_fail_on_what_is_no
 def test_affinity_passes_and_says_every_pair_met_one_replica():
     result = _judge(_run([(A, A), (B, B)] * 4))
     assert result.status == PASS, result.reasons
-    assert "8 of 8 pairs' twins met one replica over 2 replicas (per-source vllm:request_success_total" in \
-        result.reasons[0]
+    assert "8 of 8 pairs' twins met one replica over 2 replicas (per-source vllm:prefix_cache_queries_total, " \
+        "vllm:request_success_total" in result.reasons[0]
     rows = {r["source"]: r for r in result.numbers["replicas"]}
     assert rows[A]["requests"] == rows[B]["requests"] == 8 and rows[A]["control_requests"] == 8
     assert rows[A]["hit_share"] == HIT * 4 / (PROMPT * 8)
@@ -196,15 +198,23 @@ def test_split_pairs_that_still_hit_mean_a_shared_cache_and_pass():
 @st.composite
 def _scene(draw):
     """A cold/warm pair (cold sent at 10 s, warm when it ended) served by any of two or three sources, foreign
-    traffic at random times and sources, and each source scraped at random times (at least once: every replica
-    is given), some scrapes failed, some slow to read. The server counts a request after it was sent, by its end."""
+    traffic at random times, sources and sizes, and each source scraped at random times (at least once: every
+    replica is given), some scrapes failed, some slow to read. The server admits a request (its prompt's tokens
+    on vllm:prefix_cache_queries_total) after it was sent and by its first token, and finishes it (one on the
+    request counter) after that and by its end."""
     sources = ["s0", "s1", "s2"][:draw(st.integers(2, 3))]
     cold_s, warm_s = draw(st.floats(0.01, 2.0)), draw(st.floats(0.01, 2.0))
     spans = [(10.0, 10 + cold_s), (10 + cold_s, 10 + cold_s + warm_s)]
     served = [draw(st.sampled_from(sources)), draw(st.sampled_from(sources))]
-    finished = [send + (end - send) * draw(st.floats(0.001, 1.0)) for send, end in spans]
-    events = list(zip(finished, served, strict=True))
-    events += draw(st.lists(st.tuples(st.floats(5, 16), st.sampled_from(sources)), max_size=4))
+    first = [send + (end - send) * draw(st.floats(0.001, 1.0)) for send, end in spans]
+    admitted = [send + (ft - send) * draw(st.floats(0.001, 1.0)) for (send, _), ft in zip(spans, first, strict=True)]
+    finished = [ad + (end - ad) * draw(st.floats(0.0, 1.0)) for ad, (_, end) in zip(admitted, spans, strict=True)]
+    # (time, source, tokens admitted, requests finished)
+    events = [(t, s, PROMPT, 0) for t, s in zip(admitted, served, strict=True)]
+    events += [(t, s, 0, 1) for t, s in zip(finished, served, strict=True)]
+    for t, s, size in draw(st.lists(st.tuples(st.floats(5, 16), st.sampled_from(sources), st.sampled_from(
+            [1, PROMPT, 2 * PROMPT])), max_size=4)):
+        events += [(t, s, size, 0), (t + draw(st.floats(0, 1)), s, 0, 1)]
     metrics = []
     for source in sources:
         for ts in sorted(set(draw(st.lists(st.floats(5, 16), min_size=1, max_size=12)))):
@@ -212,15 +222,16 @@ def _scene(draw):
             if draw(st.integers(0, 5)) == 0:
                 metrics.append({"ts": ts, "source": source, "ok": False})
                 continue
-            count = sum(s == source and f <= ts + read for f, s in events)
-            metrics.append({"ts": ts, "source": source, "ok": True, "scrape_ms": read * 1000, "vllm_series": 1,
-                            "samples": {f'{SUCCESS}{{finished_reason="stop"}}': float(count)}})
-    return spans, served, metrics
+            seen = [e for e in events if e[1] == source and e[0] <= ts + read]
+            metrics.append({"ts": ts, "source": source, "ok": True, "scrape_ms": read * 1000, "vllm_series": 2,
+                            "samples": {f'{SUCCESS}{{finished_reason="stop"}}': float(sum(e[3] for e in seen)),
+                                        'vllm:prefix_cache_queries_total{engine="0"}': float(sum(e[2] for e in seen))}})
+    return spans, first, served, metrics
 
 
 @given(_scene())
 def test_a_request_is_placed_on_its_true_source_or_on_none(scene):
-    spans, served, metrics = scene
+    spans, _, served, metrics = scene
     ticks = timelines(RunData(path=Path("."), metrics=metrics), SUCCESS)
     index = MetricIndex(metrics)
     (send, end), truth = spans[0], served[0]
@@ -240,9 +251,9 @@ def test_a_request_is_placed_on_its_true_source_or_on_none(scene):
 
 @given(_scene())
 def test_a_pair_is_told_same_or_split_only_as_it_was(scene):
-    spans, served, metrics = scene
-    cold, warm = (_attempt(1, role, send, 0, 10.0, end - send) for role, (send, end) in zip(("cold", "warm"), spans,
-                                                                                              strict=True))
+    spans, first, served, metrics = scene
+    cold, warm = (_attempt(1, role, send, 0, 10.0, end - send, ft) for role, (send, end), ft in zip(
+        ("cold", "warm"), spans, first, strict=True))
     data = RunData(path=Path("."), attempts=[cold, warm], metrics=metrics)
     routing = route_pairs(data, MetricIndex(metrics), [(cold, warm)])
     assert routing is not None
