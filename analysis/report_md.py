@@ -60,7 +60,7 @@ def _sections(j: Any) -> list[str]:
     out.append("## Prefix cache: cold vs warm\n\n" + table(cache.get("control") or [], CONTROL_COLUMNS)
                + "\nServer counters over the control window:\n\n"
                + table([cache.get("window") or {}], tuple((cache.get("window") or {"window": None}).keys())))
-    out.append(_replicas(cache))
+    out += [_replicas(cache)] if cache.get("replicas") else []  # one replica: no section
     out.append(report_reuse.markdown(cache))
     out.append("## Stages\n\n" + table(j.stage_table, STAGE_COLUMNS)
                + "".join(f"\n- {s['stage']}: " + _breaches(s["problems"]) for s in j.stage_table if s["problems"])
