@@ -27,7 +27,7 @@ import bisect
 import itertools
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -39,8 +39,10 @@ from k3load.analysis.timeline import MetricIndex
 # ../shared/notes/vllm-wire-facts.md; the sim serves all three): the first every source carries is read.
 REQUEST_COUNTERS = ("vllm:request_success_total", "vllm:request_prompt_tokens_count",
                     "vllm:e2e_request_latency_seconds_count")
-# Moves by the prompt's tokens when a request is admitted (vLLM's KV cache manager, before its first token;
-# preempted requests left out: vllm-wire-facts.md), so by the request's `prompt_tokens`.
+# Moves by the prompt's tokens when a request is admitted, before its first token: vLLM's
+# vllm/v1/core/kv_cache_manager.py get_computed_blocks adds request.num_tokens (the prompt, for a new request:
+# the usage's prompt_tokens). A request tried again for want of blocks counts again: more, never less, which
+# leaves a window unknown, never a pair split where it was not.
 ADMISSION_COUNTER = "vllm:prefix_cache_queries_total"
 # vLLM counts a finished request just after its last chunk leaves (vllm/v1/engine/async_llm.py output
 # handler: outputs first, stats after): a scrape begun this soon after the client's end may not count it yet.
@@ -256,9 +258,8 @@ def route_pairs(data: RunData, index: MetricIndex, pairs: Sequence[tuple[AnyAtte
     admitted = timelines(data, ADMISSION_COUNTER)
     for name, lines, at_admission in ((ADMISSION_COUNTER, admitted, True), (counter, ticks, False)):
         if name and lines and all(any(t.count is not None for t in line) for line in lines.values()):
-            c = Counters(name, lines, {s: index.edge_s(s) for s in lines}, at_admission)
-            counters.append(Counters(name, lines, c.edges, at_admission,
-                                     tuple((a.send_ts, c.latest(a), c.unit(a) or 1.0) for a in ok)))
+            read = Counters(name, lines, {s: index.edge_s(s) for s in lines}, at_admission)
+            counters.append(replace(read, spans=tuple((a.send_ts, read.latest(a), read.unit(a) or 1.0) for a in ok)))
     names = tuple(c.name for c in counters)
     if not counters:
         why = "no replica served a per-request counter (" + ", ".join((ADMISSION_COUNTER, *REQUEST_COUNTERS)) + ")"
