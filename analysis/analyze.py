@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from k3load.analysis.agreement import read_reference
+from k3load.analysis.buffering import Delivery
 from k3load.analysis.checklist import build_checklist
 from k3load.analysis.pillar import PillarResult, rounded, thresholds
 from k3load.analysis.pillar_agent import judge_agent_api, tool_turns_reason
@@ -76,7 +77,8 @@ def _judge(run_dir: Path, plotter: PlotsBeside | None = None) -> Judgment:
     if plotter is not None:  # drawn in its child while the other pillars are judged
         plotter.submit(plot_inputs(ramp_table, data, index, resources.numbers.get("crashes", [])))
     pillars = {"compat": compat_pillar(data.compat), "resources": resources,
-               "prefix_cache": judge_prefix_cache(data, index, cache_limits),
+               "prefix_cache": judge_prefix_cache(data, index, cache_limits, buffered=(resources.numbers.get(
+                   "stream_delivery") or {}).get("delivery") == Delivery.BUFFERED),
                "agent_api": judge_agent_api(data.attempts, limits["agent_api"], data.plan,
                                             read_reference(run_dir, data.problems))}
     _server_aborts(pillars["agent_api"], data, index)

@@ -13,8 +13,11 @@ from hypothesis import strategies as st
 
 from k3load.analysis.buffering import Delivery, server_side_latency, stream_delivery
 from k3load.analysis.pillar import DEFAULT_THRESHOLDS
+from k3load.analysis.pillar_cache import through_blocks
 from k3load.analysis.pillar_resources import proxy_latency
+from k3load.analysis.rules import RuleResult
 from k3load.analysis.timeline import MetricIndex
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.records import Attempt
 
 TTFT = "vllm:time_to_first_token_seconds"
@@ -152,3 +155,15 @@ def test_the_quantile_bucket_holds_the_rank_whatever_the_counts(counts, before, 
     assert below < q * total <= below + counts[at]
     assert found.low == (uppers[at - 1] if at else 0.0) and found.high > found.low
     assert math.isinf(found.high) or found.high in uppers
+
+
+def test_the_caches_latency_effect_through_blocks_passes_as_measured_and_never_fails():
+    """The proxy adds the same block's wait to both twins: a gain that shows even so stands; no gain is unknown."""
+    rule = RuleResult("cache.latency", "prefix_cache", FAIL, "no latency effect: ratio 0.97", 0.97, 0.9)
+    held = through_blocks(rule)
+    assert held.status == INCONCLUSIVE and held.reason.startswith("inconclusive, because the stream is buffered")
+    assert held.reason.endswith("no latency effect: ratio 0.97") and held.measured == 0.97
+    passed = through_blocks(RuleResult("cache.latency", "prefix_cache", PASS, "ratio 0.67", 0.67, 0.9))
+    assert passed.status == PASS and "only hide a gain" in passed.reason
+    open_rule = RuleResult("cache.latency", "prefix_cache", INCONCLUSIVE, "inconclusive, because 3 pairs")
+    assert through_blocks(open_rule) is open_rule

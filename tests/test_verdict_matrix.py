@@ -150,6 +150,9 @@ def _buffered_stream(verdict: dict) -> None:
             if problem["id"] in ("slo.ttft_p95", "slo.itl_p95"):
                 assert "by the server's vllm:" in problem["reason"], problem
             assert problem["id"] != "slo.ttfa_p95", problem  # vLLM has no series for it: never judged on blocks
+    cache = verdict["pillars"]["prefix_cache"]  # the blocks hide the cache's gain: never a fail on them
+    latency = [r for r in cache["numbers"].get("rules", []) if r["id"] == "cache.latency"]
+    assert cache["status"] != "fail" and all("proxy's blocks" in r["reason"] for r in latency), cache["reasons"]
 
 
 def _straight_stream(verdict: dict) -> None:
