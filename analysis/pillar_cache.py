@@ -44,6 +44,10 @@ WINDOW_SLACK_S = 2.5  # gauges: let the window's last scrape land
 ALPHA = 0.05
 MIN_PAIRS = 5  # the fewest pairs an exact one-sided sign test can decide at ALPHA (1/32 < 0.05 < 1/16)
 SOURCES_AGREE = 0.10  # /metrics hits and the records' cached_tokens may differ by this share (or a block a request)
+# The share of pairs a prefix-affine router may still send apart and lose (a load-aware rebalance, a replica
+# rolled mid-run): routing fails only when the pairs split and lost are above it with 95% confidence, is said
+# with the pass when below it with 95% confidence, and undecided between.
+MAX_SPLIT_LOSS_SHARE = 0.05
 ROUTING_FIX = ("use prefix-aware routing or session affinity, e.g. --k3-session-header NAME with a router keyed "
                "on it")
 Pair = tuple[AnyAttempt, AnyAttempt]
@@ -152,6 +156,10 @@ def _hits_rule(pairs: list[Pair], window: dict[str, Any], config: dict[str, str]
     judged = pairs if judged is None else judged
     ratios = [w.cached_tokens / w.prompt_tokens for _, w in judged if w.cached_tokens is not None and w.prompt_tokens]
     ratio = statistics.fmean(ratios) if ratios else None
+    if scope and not judged:  # every pair met two replicas (or could not be told): no hit was to be had
+        return RuleResult("cache.hits", "prefix_cache", INCONCLUSIVE, "inconclusive, because no pair's twins were "
+                          "seen to meet one replica: the engine's cache cannot be judged apart from the routing",
+                          None, len(pairs), evidence=evidence)
     if not hits:
         return RuleResult("cache.hits", "prefix_cache", FAIL, f"no prefix-cache hits although each of {len(pairs)} "
                           f"prefixes was sent twice (queries {window.get('prefix_cache_queries')}, hits {hits})",
@@ -262,9 +270,16 @@ def _routing_rule(pairs: list[Pair], routing: Routing) -> RuleResult:
     interval = (share.low, share.high)
     sent = f"the router sent {len(split)} of {n} warm twins to another replica than their cold twin" + (
         f" ({len(unknown)} more could not be told)" if unknown else "")
-    if lost:
+    loss = wilson(len(lost), n - len(unknown))  # of the pairs whose meeting was told
+    if lost and loss.low > MAX_SPLIT_LOSS_SHARE:
         return RuleResult("cache.routing", "prefix_cache", FAIL, f"{sent}, and {len(lost)} of them reused nothing: "
                           f"routing is not prefix-affine ({ROUTING_FIX}); the gateway layer, not eviction ({got})",
+                          len(split), n, evidence=evidence, interval=interval)
+    if lost and loss.high >= MAX_SPLIT_LOSS_SHARE:
+        return RuleResult("cache.routing", "prefix_cache", INCONCLUSIVE, f"inconclusive, because {sent}, and "
+                          f"{len(lost)} of them reused nothing ({_share(len(lost), loss.n)} of the pairs told): a "
+                          f"rebalance now and then (at most {MAX_SPLIT_LOSS_SHARE:.0%} of conversations) or routing "
+                          f"that is not prefix-affine; more pairs would tell which ({ROUTING_FIX}; {got})",
                           len(split), n, evidence=evidence, interval=interval)
     if unseen:
         return RuleResult("cache.routing", "prefix_cache", INCONCLUSIVE, f"inconclusive, because {sent}, and their "
@@ -279,8 +294,12 @@ def _routing_rule(pairs: list[Pair], routing: Routing) -> RuleResult:
                           f"(scrape faster than a pair lasts with --k3-sample-interval, or {ROUTING_FIX})",
                           len(unknown), n, evidence=evidence)
     said = [f"{routing.count(Meeting.SAME)} of {n} pairs' twins met one replica"]
-    if split:
-        said.append(f"{len(split)} met another and still reused their prefix (a cache shared across replicas)")
+    if split and len(lost) < len(split):
+        said.append(f"{len(split) - len(lost)} met another and still reused their prefix (a cache shared across "
+                    "replicas)")
+    if lost:
+        said.append(f"{len(lost)} met another and reused nothing ({_share(len(lost), loss.n)} of the pairs told, "
+                    f"within the {MAX_SPLIT_LOSS_SHARE:.0%} a rebalancing router may lose)")
     said += [f"{len(unknown)} could not be told (each reused its prefix)"] if unknown else []
     return RuleResult("cache.routing", "prefix_cache", PASS, f"{', '.join(said)} over {len(routing.sources)} "
                       f"replicas (per-source {read}; {got})", len(split),

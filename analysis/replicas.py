@@ -145,7 +145,13 @@ class Counters:
     ticks: dict[str, list[Tick]]
     edges: dict[str, float]
     admitted: bool = False
-    spans: tuple[tuple[float, float, float], ...] = ()
+    spans: tuple[tuple[float, float, float], ...] = ()  # in send order
+
+    def __post_init__(self) -> None:
+        # Looked up by bisection, not by a walk over the run: a pair asks about three brackets a counter, and an
+        # hour's run holds thousands of scrapes a replica and hundreds of thousands of attempts.
+        object.__setattr__(self, "_times", {s: [t.ts for t in line] for s, line in self.ticks.items()})
+        object.__setattr__(self, "_sends", [send for send, _, _ in self.spans])
 
     def latest(self, attempt: AnyAttempt) -> float:
         """When the server has surely counted the attempt (client clock)."""
@@ -168,11 +174,14 @@ class Counters:
         inner = [t0, t1 + SETTLE_S]  # where an attempt is surely counted in every source's bracket
         for source, line in sorted(self.ticks.items()):
             name, edge = source or "the target", self.edges.get(source, 2.5)
-            before = [i for i, t in enumerate(line) if t.read_until_ts <= t0]
-            after = bisect.bisect_left([t.ts for t in line], t1 + SETTLE_S)
-            if not before or after >= len(line) or t0 - line[before[-1]].ts > edge or line[after].ts - t1 > edge:
+            times: list[float] = self._times[source]  # type: ignore[attr-defined]
+            last = bisect.bisect_right(times, t0) - 1  # read_until_ts >= ts: the one read before t0 is at or before
+            while last >= 0 and line[last].read_until_ts > t0:
+                last -= 1
+            after = bisect.bisect_left(times, t1 + SETTLE_S)
+            if last < 0 or after >= len(line) or t0 - line[last].ts > edge or line[after].ts - t1 > edge:
                 return f"no scrape of {name} brackets the window within {edge:.1f} s"
-            inside = line[before[-1]:after + 1]
+            inside = line[last:after + 1]
             counts = [t.count for t in inside if t.count is not None]
             if len(counts) < len(inside):
                 return f"a scrape of {name} inside the window failed or lacked {self.name}"
@@ -180,7 +189,9 @@ class Counters:
                 return f"{self.name} of {name} went down inside the window (a restart)"
             out[source] = round(counts[-1] - counts[0])
             inner = [max(inner[0], inside[0].read_until_ts), min(inner[1], inside[-1].ts)]
-        surely = sum(unit for send, latest, unit in self.spans if send >= inner[0] and latest + SETTLE_S <= inner[1])
+        sends: list[float] = self._sends  # type: ignore[attr-defined]
+        first, stop = bisect.bisect_left(sends, inner[0]), bisect.bisect_right(sends, inner[1])  # latest >= send
+        surely = sum(unit for _, latest, unit in self.spans[first:stop] if latest + SETTLE_S <= inner[1])
         if sum(out.values()) < surely:
             return (f"the replicas counted {sum(out.values())} where the attempts counted inside every bracket "
                     f"make {surely:.0f} (a replica not scraped?)")
@@ -259,7 +270,8 @@ def route_pairs(data: RunData, index: MetricIndex, pairs: Sequence[tuple[AnyAtte
     for name, lines, at_admission in ((ADMISSION_COUNTER, admitted, True), (counter, ticks, False)):
         if name and lines and all(any(t.count is not None for t in line) for line in lines.values()):
             read = Counters(name, lines, {s: index.edge_s(s) for s in lines}, at_admission)
-            counters.append(replace(read, spans=tuple((a.send_ts, read.latest(a), read.unit(a) or 1.0) for a in ok)))
+            counters.append(replace(read, spans=tuple(sorted((a.send_ts, read.latest(a), read.unit(a) or 1.0)
+                                                             for a in ok))))
     names = tuple(c.name for c in counters)
     if not counters:
         why = "no replica served a per-request counter (" + ", ".join((ADMISSION_COUNTER, *REQUEST_COUNTERS)) + ")"

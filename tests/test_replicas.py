@@ -261,3 +261,31 @@ def test_a_pair_is_told_same_or_split_only_as_it_was(scene):
     if route.meeting is not Meeting.UNKNOWN:
         assert route.meeting is (Meeting.SAME if served[0] == served[1] else Meeting.SPLIT)
     assert route.cold_source in (None, served[0]) and route.warm_source in (None, served[1])
+
+
+def test_every_pair_split_is_the_routers_never_the_engines_cache():
+    """Strict round robin with nothing else on it: every warm twin on the other replica, no hit anywhere. The
+    engine's cache had nothing to hit: cache.hits cannot be judged apart from the routing, never a fail."""
+    result = _judge(_run([(A, B), (B, A)] * 4))
+    rules = {r["id"]: r for r in result.numbers["rules"]}
+    assert rules["cache.routing"]["status"] == FAIL, rules["cache.routing"]
+    assert rules["cache.hits"]["status"] == INCONCLUSIVE and "no pair's twins were seen to meet one replica" in \
+        rules["cache.hits"]["reason"], rules["cache.hits"]
+    assert not any("no prefix-cache hits" in r for r in result.reasons), result.reasons
+
+
+def test_a_router_that_rebalances_now_and_then_is_not_failed_for_it():
+    """One pair split and lost: too few to fail routing (at most 5% of conversations may be rebalanced), said;
+    among many pairs it passes with the pass; many split pairs fail."""
+    few = {r["id"]: r for r in _judge(_run([(A, B)] + [(A, A)] * 15)).numbers["rules"]}
+    assert few["cache.routing"]["status"] == INCONCLUSIVE and "a rebalance now and then" in \
+        few["cache.routing"]["reason"], few["cache.routing"]
+    data = _run([(A, B)] + [(A, A), (B, B)] * 60, gap=1.5)
+    for line in data.metrics:  # _run's KV gauge grows a point a request: held low, as a cache of this size is
+        if line["ok"]:
+            line["samples"]['vllm:kv_cache_usage_perc{engine="0"}'] = 0.2
+    many = {r["id"]: r for r in _judge(data).numbers["rules"]}
+    assert many["cache.routing"]["status"] == PASS, many["cache.routing"]  # 1 of 121: below 5% with 95% confidence
+    assert "1 met another and reused nothing (1 of 121" in many["cache.routing"]["reason"]
+    lost = {r["id"]: r for r in _judge(_run([(A, B), (A, A)] * 8)).numbers["rules"]}
+    assert lost["cache.routing"]["status"] == FAIL and "routing is not prefix-affine" in lost["cache.routing"]["reason"]

@@ -37,7 +37,9 @@ from k3load.client.secret_forms import Redactor, redactor
 
 HEADER_ENV = "K3_HEADER"
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110 token)
-RESERVED_HEADERS = frozenset({"host", "content-length", "content-type", "transfer-encoding", "connection"})
+# Set by the harness itself: HTTP's framing, and each attempt's own X-Request-Id (k3load.workload.conversation)
+RESERVED_HEADERS = frozenset({"host", "content-length", "content-type", "transfer-encoding", "connection",
+                              "x-request-id"})
 
 
 def parse_header(text: str) -> tuple[str, str]:

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from k3load.client.access import RESERVED_HEADERS as ACCESS_RESERVED
 from k3load.client.access import Secrets, Tls, header_lines, parse_header
 from k3load.client.body import MAX_BODY_BYTES
 from k3load.client.sse import MAX_LINE_BYTES
@@ -51,9 +52,8 @@ def header(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-# Headers a request's session id may not take: the body's, the key's, the request id's, HTTP's own framing
-RESERVED_HEADERS = frozenset({"authorization", "content-type", "content-length", "transfer-encoding", "host",
-                              "connection", "x-request-id"})
+# Headers a request's session id may not take: the key's, and those the harness sets itself
+SESSION_RESERVED = ACCESS_RESERVED | {"authorization"}
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field-name
 
 
@@ -62,7 +62,7 @@ def session_header(text: str) -> str:
     name = text.strip()
     if name and not _HEADER_NAME.fullmatch(name):
         raise argparse.ArgumentTypeError(f"not a header name: {text!r}")
-    if name.lower() in RESERVED_HEADERS:
+    if name.lower() in SESSION_RESERVED:
         raise argparse.ArgumentTypeError(f"{name} is sent by k3load itself: name the header your router keys on")
     return name
 
