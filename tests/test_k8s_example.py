@@ -5,17 +5,19 @@ command line is one the real Locust + k3load parser accepts, the Secret and its 
 volume holds --k3-out, and the plan in the ConfigMap is a valid plan whose families have scenarios.
 
 The manifests are rendered as `kubectl apply -k` would (kustomization.yaml's resources, namespace and
-images), and the precheck's wiring is checked on the rendered Job (issue 26 item 5): its init containers
-gather every input the compat rules need, gather.sh is run for real against a stand-in kubectl that answers
-as a two-node cluster would, the files it writes are the files the master's options name (through the same
-volume, mounted in both), and the precheck judged on them passes every rule that needs no server."""
+images), and the precheck's wiring is checked on the rendered Job (issue 26 item 5): its `gather` init
+container collects every input the compat rules need, gather.sh is run for real against a stand-in kubectl
+that answers as a two-node cluster would (`kubectl exec POD -- vllm collect-env` with each node's own driver),
+the files it writes are the files the master's options name (through the same volume, mounted in both), each
+node's collect-env reaches its NODE=PATH and is judged against its own host, a pod whose start-up lines were
+rotated away stops it with one line, every kubectl call it makes is one its roles allow, and the precheck
+judged on what it wrote passes every rule that needs no server."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path, PurePosixPath
@@ -85,7 +87,7 @@ def _kind(api_version: str, kind: str, **properties: Any) -> dict[str, Any]:
 
 RBAC_RULES = {"type": "array", "minItems": 1, "items": _obj(
     ["apiGroups", "resources", "verbs"], apiGroups=STRINGS, resources=STRINGS, resourceNames=STRINGS,
-    verbs={"type": "array", "items": {"enum": ["get", "list"]}})}  # read-only, by construction
+    verbs={"type": "array", "items": {"enum": ["get", "list", "create"]}})}  # create: pods/exec only (a test)
 ROLE_REF = _obj(["apiGroup", "kind", "name"], apiGroup={"const": "rbac.authorization.k8s.io"},
                 kind={"enum": ["Role", "ClusterRole"]}, name=NAME)
 SUBJECTS = {"type": "array", "items": _obj(["kind", "name"], kind={"const": "ServiceAccount"}, name=NAME,
@@ -242,7 +244,7 @@ def test_the_secret_holds_the_target_and_no_secret_is_on_a_command_line(gathered
         for container in _containers(workload):  # init containers too: nothing secret on a command line
             assert not any(arg.startswith(secret_options) for arg in container.get("args", [])), container["name"]
             assert not any("secretKeyRef" in e.get("valueFrom", {}) for e in container.get("env", [])
-                           if container["name"] in ("collect-env", "gather")), container["name"]
+                           if container["name"] == "gather"), container["name"]
         container = _container(workload)
         for env in container.get("env", []):
             assert env["name"] in env_options, f"{env['name']}: no option reads it"
@@ -297,29 +299,47 @@ def test_the_targets_url_and_key_from_the_secret_stay_out_of_run_json(monkeypatc
 
 # -- the precheck's evidence, gathered in the cluster (issue 26 item 5) ---------------------------------------
 PRECHECK = ROOT / "tests" / "data" / "precheck"
-NODES = ("gb300-n01", "gb300-n02")
-POD_NAME = "k3load-master-x7k2p"
+PODS = {"vllm-0": "gb300-n01", "vllm-1": "gb300-n02"}  # the serving pods and the nodes they run on
+NODES = tuple(PODS.values())
+SAME_DRIVER = dict.fromkeys(NODES, "580.95.05")
+MIXED_DRIVERS = {"gb300-n01": "580.95.05", "gb300-n02": "580.105.08"}  # one K3 on two driver patch levels
 SERVING_IMAGE = "vllm/vllm-openai:kimi-k3"
-FAKE_KUBECTL = """#!{python}
+COLLECT_ENV = PRECHECK / "collect-env" / "cu130-gb300.txt"  # what `vllm collect-env` prints on a GB300
+STARTUP_LOG = PRECHECK / "logs" / "k3-clean.log"
+FAKE_KUBECTL = r"""#!{python}
 # A stand-in kubectl: answers gather.sh's calls as a two-node cluster would, and records each call.
-import json, os, sys
+import json, os, re, sys
 args = sys.argv[1:]
 with open(os.environ["KUBECTL_CALLS"], "a") as calls:
-    calls.write(json.dumps(args) + "\\n")
+    calls.write(json.dumps(args) + "\n")
+pods = json.loads(os.environ["FAKE_PODS"])  # pod -> node
+drivers = json.loads(os.environ["FAKE_DRIVERS"])  # node -> driver version
 deployment_image = os.environ["FAKE_DEPLOYMENT_IMAGE"]
 if args[0] == "logs":
-    sys.stdout.write(open(os.environ["FAKE_STARTUP_LOG"]).read())
+    log = open(os.environ["FAKE_STARTUP_LOG"]).read()
+    if args[3] in os.environ["FAKE_ROTATED"].split():  # the kubelet rotated the start-up lines away
+        log = log[log.index("non-default args: "):].split("\n", 1)[1]
+    sys.stdout.write(log)
+elif args[0] == "exec":
+    pod, command = args[3], args[args.index("--") + 1:]
+    if os.environ["FAKE_EXEC_FORBIDDEN"]:
+        sys.exit(f'Error from server (Forbidden): pods "{{pod}}" is forbidden: cannot create resource "pods/exec"')
+    if command == ["vllm", "collect-env"] and pod in os.environ["FAKE_NO_CLI"].split():
+        sys.exit("vllm: error: argument subparser: invalid choice: 'collect-env'")
+    if command not in (["vllm", "collect-env"], ["python3", "-m", "vllm.collect_env"]):
+        sys.exit(f"stand-in kubectl: unexpected exec {{command}}")
+    text = open(os.environ["FAKE_COLLECT_ENV"]).read()  # the driver its node's container sees
+    sys.stdout.write(re.sub(r"(?m)^(Nvidia driver version\s*: ).*$", lambda m: m[1] + drivers[pods[pod]], text))
 elif args[:2] == ["get", "deployment"]:
     print(deployment_image)
 elif args[:2] == ["get", "pods"]:
-    print("vllm-0 gb300-n01\\nvllm-1 gb300-n02")
-elif args[:2] == ["get", "pod"] and args[4] == os.environ["POD_NAME"]:
-    print(os.environ["FAKE_COLLECT_ENV_IMAGE"])
+    print("\n".join(f"{{pod}} {{node}}" for pod, node in pods.items()))
 elif args[:2] == ["get", "pod"]:
     print(deployment_image)
 elif args[:2] == ["get", "node"]:
-    labels = {{"nvidia.com/cuda.driver.major": "580", "nvidia.com/cuda.driver.minor": "95",
-              "nvidia.com/cuda.driver.rev": "05", "nvidia.com/gpu.count": "4", "nvidia.com/gpu.product": "NVIDIA-GB300",
+    major, minor, rev = drivers[args[2]].split(".")
+    labels = {{"nvidia.com/cuda.driver.major": major, "nvidia.com/cuda.driver.minor": minor,
+              "nvidia.com/cuda.driver.rev": rev, "nvidia.com/gpu.count": "4", "nvidia.com/gpu.product": "NVIDIA-GB300",
               "nvidia.com/gpu.memory": "284208", "nvidia.com/cuda.runtime.major": "13",
               "nvidia.com/cuda.runtime.minor": "0"}}
     print(json.dumps({{"kind": "Node", "metadata": {{"name": args[2], "labels": labels}}}}))
@@ -333,11 +353,14 @@ def _env_value(env: dict[str, Any]) -> str:
     if "value" in env:
         return env["value"]
     field = env["valueFrom"]["fieldRef"]["fieldPath"]
-    return {"metadata.namespace": KUSTOMIZATION["namespace"], "metadata.name": POD_NAME}[field]
+    return {"metadata.namespace": KUSTOMIZATION["namespace"], "metadata.name": "k3load-master-x7k2p"}[field]
 
 
-def _run_gather(tmp: Path, collect_env_image: str = SERVING_IMAGE) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """gather.sh from the ConfigMap, run as the `gather` init container runs it, with the stand-in kubectl."""
+def _run_gather(tmp: Path, drivers: dict[str, str] = SAME_DRIVER, rotated: tuple[str, ...] = (),
+                no_cli: tuple[str, ...] = ("vllm-1",), exec_forbidden: bool = False,
+                **env_overrides: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """gather.sh from the ConfigMap, run as the `gather` init container runs it, with the stand-in kubectl.
+    `rotated`: pods whose log lost its start-up lines; `no_cli`: pods whose vllm CLI lacks `collect-env`."""
     gather = _container(_one("Job"), "gather")
     script = _one("ConfigMap", "k3load-evidence")["data"]["gather.sh"]
     bin_dir, evidence = tmp / "bin", tmp / "evidence"
@@ -347,22 +370,33 @@ def _run_gather(tmp: Path, collect_env_image: str = SERVING_IMAGE) -> tuple[subp
     kubectl.write_text(FAKE_KUBECTL.format(python=sys.executable))
     kubectl.chmod(0o755)
     env = {e["name"]: _env_value(e) for e in gather["env"]}
-    env.update(EVIDENCE_DIR=str(evidence), KUBECTL_CALLS=str(tmp / "calls.jsonl"),
-               FAKE_DEPLOYMENT_IMAGE=SERVING_IMAGE, FAKE_COLLECT_ENV_IMAGE=collect_env_image,
-               FAKE_STARTUP_LOG=str(PRECHECK / "logs" / "k3-clean.log"),
+    env.update(env_overrides)
+    env.update(EVIDENCE_DIR=str(evidence), KUBECTL_CALLS=str(tmp / "calls.jsonl"), FAKE_DEPLOYMENT_IMAGE=SERVING_IMAGE,
+               FAKE_PODS=json.dumps(PODS), FAKE_DRIVERS=json.dumps(drivers), FAKE_ROTATED=" ".join(rotated),
+               FAKE_NO_CLI=" ".join(no_cli), FAKE_EXEC_FORBIDDEN="1" if exec_forbidden else "",
+               FAKE_STARTUP_LOG=str(STARTUP_LOG), FAKE_COLLECT_ENV=str(COLLECT_ENV),
                PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]))
     done = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=120)
     return done, evidence
 
 
+def _calls(tmp: Path) -> list[list[str]]:
+    return [json.loads(line) for line in (tmp / "calls.jsonl").read_text().splitlines()]
+
+
 @pytest.fixture(scope="module")
 def gathered(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The evidence folder as the init containers leave it: gather.sh's files and collect-env's output."""
+    """The evidence folder as `gather` leaves it, on two nodes with the same driver."""
     done, evidence = _run_gather(tmp_path_factory.mktemp("gather"))
     assert done.returncode == 0, done.stderr
-    out = _env_value(next(e for e in _container(_one("Job"), "collect-env")["env"] if e["name"] == "OUT"))
-    local = evidence / PurePosixPath(out).relative_to(_mount_path(_container(_one("Job"), "collect-env"), "evidence"))
-    shutil.copy(PRECHECK / "collect-env" / "cu130-gb300.txt", local)  # what `vllm collect-env` prints on a GB300
+    return evidence
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The evidence folder as `gather` leaves it, on two nodes at different driver patch levels."""
+    done, evidence = _run_gather(tmp_path_factory.mktemp("mixed"), drivers=MIXED_DRIVERS)
+    assert done.returncode == 0, done.stderr
     return evidence
 
 
@@ -377,31 +411,43 @@ def _master_options(evidence: Path) -> argparse.Namespace:
     return _options(master, {_mount_path(master, "evidence"): evidence})
 
 
-def test_the_kustomization_renders_every_manifest_and_the_serving_image():
+def _precheck(options: argparse.Namespace, out: Path, **override: Any) -> dict[str, dict[str, Any]]:
+    """The compat precheck on the master's options (no server): its rules by id."""
+    inputs = dict(container_info=options.k3_container_info, startup_log=options.k3_startup_log, image=options.k3_image,
+                  host_inventories=[Path(p) for p in options.k3_host_inventory])
+    compat = run_precheck(out, ROOT / options.k3_recipe, None, use_local_nvml=options.k3_nvml != "off",
+                          **(inputs | override))
+    return {r["id"]: r for r in compat["rules"]}
+
+
+def test_the_kustomization_renders_every_manifest_and_no_k3load_pod_asks_for_a_gpu():
     listed = sorted(KUSTOMIZATION["resources"])
     assert listed == sorted(p.name for p in (EXAMPLE / "manifests").glob("*.yaml") if p.name != "kustomization.yaml")
-    collect_env = _container(_one("Job"), "collect-env")
-    assert collect_env["image"] == SERVING_IMAGE  # the placeholder replaced by kustomization.yaml's images
+    job = _one("Job")
+    assert [c["name"] for c in job["spec"]["template"]["spec"]["initContainers"]] == ["gather"]
+    for workload in (job, _one("Deployment")):  # collect-env runs in the serving pods: no GPU held by k3load
+        for container in _containers(workload):
+            held = {**container["resources"].get("requests", {}), **container["resources"].get("limits", {})}
+            assert "nvidia.com/gpu" not in held, container["name"]
     recipe = yaml.safe_load((ROOT / "recipes" / "kimi-k3.yaml").read_text())
-    assert collect_env["image"] in recipe["image"]["official"]
-    assert collect_env["resources"]["limits"]["nvidia.com/gpu"] == "1"  # CUDA initialises: a real driver seen
-    assert "vllm collect-env" in collect_env["command"][-1] and "vllm.collect_env" in collect_env["command"][-1]
+    assert SERVING_IMAGE in recipe["image"]["official"]  # the stand-in Deployment's image: image_official can pass
 
 
-def test_the_init_containers_write_where_the_master_reads_through_one_volume(gathered):
+def test_gather_writes_where_the_master_reads_through_one_volume(gathered):
     job = _one("Job")
     pod = job["spec"]["template"]["spec"]
-    master, gather, collect_env = _container(job), _container(job, "gather"), _container(job, "collect-env")
+    master, gather = _container(job), _container(job, "gather")
     (volume,) = [v for v in pod["volumes"] if v["name"] == "evidence"]
-    assert "emptyDir" in volume  # shared by the init containers and the master, gone with the pod
+    assert "emptyDir" in volume  # shared by `gather` and the master, gone with the pod
     mount = _mount_path(master, "evidence")
-    assert _mount_path(gather, "evidence") == _mount_path(collect_env, "evidence") == mount
+    assert _mount_path(gather, "evidence") == mount
     gather_env = {e["name"]: _env_value(e) for e in gather["env"]}
-    assert gather_env["EVIDENCE_DIR"] == mount
-    options = _master_options(gathered)
-    out = {e["name"]: e["value"] for e in collect_env["env"] if "value" in e}["OUT"]
-    assert options.k3_container_info == str(gathered / PurePosixPath(out).relative_to(mount))
+    assert gather_env["EVIDENCE_DIR"] == mount and gather_env["COLLECT_ENV"] == "exec"
     assert master["args"][master["args"].index("--config") + 1] == f"{mount}/k3load.conf"
+    assert "--k3-container-info" not in master["args"]  # per node, from k3load.conf only
+    conf = (gathered / "k3load.conf").read_text()
+    assert f"k3-container-info = [{', '.join(f'{n}={mount}/container/{n}.txt' for n in NODES)}]" in conf.replace(
+        str(gathered), mount)
     script = _one("ConfigMap", _volume(pod, gather, "/etc/k3load-evidence")["configMap"]["name"])
     assert gather["command"] == ["sh", "/etc/k3load-evidence/gather.sh"] and "gather.sh" in script["data"]
 
@@ -419,13 +465,17 @@ def test_every_precheck_input_reaches_the_master_per_node(gathered, tmp_path):
         (plan_dir / name).write_text(text)
     options = _options(master, {_mount_path(master, "evidence"): gathered, _mount_path(master, "plan"): plan_dir})
     files = node_files(options)
-    assert files["k3_startup_log"].nodes() == list(NODES)
+    assert files["k3_startup_log"].nodes() == files["k3_container_info"].nodes() == list(NODES)
     assert files["k3_startup_log"].paths() == [gathered / "startup" / f"{n}.log" for n in NODES]
+    assert files["k3_container_info"].paths() == [gathered / "container" / f"{n}.txt" for n in NODES]
     assert [Path(p) for p in options.k3_host_inventory] == [gathered / "hosts" / f"{n}.json" for n in NODES]
     assert options.k3_image == SERVING_IMAGE  # read from the Deployment by gather.sh
     hosts = [json.loads(Path(p).read_text()) for p in options.k3_host_inventory]
     assert [(h["node"], h["container_image"], h["driver_version"], h["gpu_count"]) for h in hosts] == [
         (n, SERVING_IMAGE, "580.95.05", 4) for n in NODES]
+    for node in NODES:  # the whole log and the whole collect-env, as the stand-in cluster gave them
+        assert (gathered / "startup" / f"{node}.log").read_text() == STARTUP_LOG.read_text()
+        assert (gathered / "container" / f"{node}.txt").read_text() == COLLECT_ENV.read_text()
     # --k3-nvml off only where the inventories stand in for it (else driver and GPU rules fail: rebuild)
     assert options.k3_nvml != "off" or options.k3_host_inventory
     options.k3_recipe, options.k3_scenarios = str(ROOT / options.k3_recipe), str(ROOT / options.k3_scenarios)
@@ -433,44 +483,110 @@ def test_every_precheck_input_reaches_the_master_per_node(gathered, tmp_path):
 
 
 def test_the_precheck_on_the_gathered_evidence_passes_every_rule_that_needs_no_server(gathered, tmp_path):
-    options = _master_options(gathered)
-    compat = run_precheck(tmp_path / "run", ROOT / options.k3_recipe, None, container_info=options.k3_container_info,
-                          host_inventories=[Path(p) for p in options.k3_host_inventory],
-                          startup_log=options.k3_startup_log, image=options.k3_image,
-                          use_local_nvml=options.k3_nvml != "off")
-    statuses = {r["id"]: r["status"] for r in compat["rules"]}
+    rules = _precheck(_master_options(gathered), tmp_path / "run")
     server = {"server_reachable", "metrics_reachable", "target_not_sim"}  # no server here: inconclusive
-    assert {k: v for k, v in statuses.items() if k not in server} == {
+    assert {k: r["status"] for k, r in rules.items() if k not in server} == {
         "vllm_version": "pass", "image_official": "pass", "cuda_build": "pass", "driver_branch": "pass",
         "gpu_count": "pass", "gpu_model": "pass", "node_consistency": "pass", "serve_flags": "pass",
-        "startup_log": "pass", "custom_build": "not_applicable"}, compat["rules"]
-    reasons = {r["id"]: r["reason"] for r in compat["rules"]}
-    assert "node gb300-n02: no NCCL" in reasons["startup_log"] and "2 node(s)" in reasons["node_consistency"]
+        "startup_log": "pass", "custom_build": "not_applicable"}, rules
+    assert "node gb300-n02: no NCCL" in rules["startup_log"]["reason"]
+    assert "2 node(s)" in rules["node_consistency"]["reason"]
+    assert all(n in rules["cuda_build"]["reason"] for n in NODES), rules["cuda_build"]["reason"]
 
 
-def test_gather_stops_when_collect_env_ran_in_another_image(tmp_path):
-    done, evidence = _run_gather(tmp_path, collect_env_image="vllm/vllm-openai:v0.27.1")
+def test_each_nodes_collect_env_is_judged_against_its_own_host(mixed, tmp_path):
+    """Two driver patch levels in one cluster: each pod's collect-env carries its own node's driver and is
+    checked against that node's inventory, so driver_branch passes on both; the one collect-env the old
+    wiring took from whichever node was free stands for another host and fails it."""
+    options = _master_options(mixed)
+    files = node_files(options)["k3_container_info"]
+    assert files.nodes() == list(NODES)
+    for node, path in zip(files.nodes(), files.paths(), strict=True):
+        assert path == mixed / "container" / f"{node}.txt"
+        rows = [line for line in path.read_text().splitlines() if line.startswith("Nvidia driver version")]
+        assert rows == [f"Nvidia driver version        : {MIXED_DRIVERS[node]}"]
+    hosts = {h["node"]: h["driver_version"] for h in map(json.loads, (Path(p).read_text()
+                                                                       for p in options.k3_host_inventory))}
+    assert hosts == MIXED_DRIVERS
+    rules = _precheck(options, tmp_path / "run")
+    assert rules["driver_branch"]["status"] == "pass", rules["driver_branch"]
+    assert rules["driver_branch"]["reason"] == "R580+ on every node: gb300-n01 580.95.05, gb300-n02 580.105.08"
+    assert rules["cuda_build"]["status"] == "pass", rules["cuda_build"]
+    # the precheck's own judgement of the cluster, not of the example: the nodes' drivers differ
+    assert rules["node_consistency"]["status"] == "fail"
+    assert "nodes differ in driver: gb300-n01 580.95.05, gb300-n02 580.105.08" in rules["node_consistency"]["reason"]
+    # the old wiring: one collect-env, bare, from the GPU node the init container landed on (a free one, here
+    # outside the serving pool, at another patch level) for the whole cluster
+    free_node = tmp_path / "collect-env.txt"
+    free_node.write_text(COLLECT_ENV.read_text().replace(": 580.95.05", ": 580.82.07"))
+    old = _precheck(options, tmp_path / "old", container_info=str(free_node))
+    assert old["driver_branch"]["status"] == "fail"
+    assert old["driver_branch"]["reason"] == (
+        "collect-env saw driver 580.82.07 inside the container, the hosts report 580.105.08, 580.95.05: the "
+        "container info is from another host")
+
+
+def test_gather_stops_when_a_pods_start_up_lines_were_rotated_away(tmp_path):
+    done, evidence = _run_gather(tmp_path, rotated=("vllm-1",))
     assert done.returncode == 1 and not (evidence / "k3load.conf").exists()
-    assert done.stderr.strip() == ("k3load gather: collect-env ran in vllm/vllm-openai:v0.27.1, deployment vllm "
-                                   f"serves {SERVING_IMAGE}: set kustomization.yaml images")
+    said = [line for line in done.stderr.splitlines() if line.startswith("k3load gather:")]
+    assert said == [done.stderr.splitlines()[-1]] == [  # the stop, in one line, after vllm-0's inventory line
+        "k3load gather: pod vllm-1 (node gb300-n02): the start-up lines were rotated away (no vLLM 'non-default "
+        "args:' line in its log): restart the pod before the acceptance, or keep its log from start"]
+    assert not any(c[0] == "exec" and "vllm-1" in c for c in _calls(tmp_path))  # stopped before its collect-env
+    rotated = (evidence / "startup" / "gb300-n02.log").read_text()  # what the stand-in served: no start-up lines
+    assert rotated and "non-default args: " not in rotated
 
 
-def test_the_evidence_token_reads_only_what_gather_calls_and_only_in_gather(tmp_path):
+def test_gather_stops_naming_the_pod_when_collect_env_cannot_run(tmp_path):
+    done, evidence = _run_gather(tmp_path, exec_forbidden=True)
+    assert done.returncode == 1 and not (evidence / "k3load.conf").exists()
+    assert done.stderr.splitlines()[-1] == (
+        "k3load gather: pod vllm-0 (node gb300-n01): collect-env failed in container vllm (where exec is not "
+        "allowed: COLLECT_ENV=off, and give each node's by hand, README.md)")
+
+
+def test_gather_without_exec_writes_no_container_info(tmp_path):
+    """COLLECT_ENV=off, where exec is not allowed: no exec call, no k3-container-info (given by hand)."""
+    done, evidence = _run_gather(tmp_path, exec_forbidden=True, COLLECT_ENV="off")
+    assert done.returncode == 0, done.stderr
+    assert not any(c[0] == "exec" for c in _calls(tmp_path))
+    conf = (evidence / "k3load.conf").read_text()
+    assert "k3-container-info" not in conf and "k3-startup-log = [gb300-n01=" in conf
+    assert not list((evidence / "container").iterdir())
+
+
+def _bindings(account: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(role, rule) of every rule bound to the ServiceAccount `account`."""
+    return [(role, rule) for binding in RENDERED if binding["kind"] in ("RoleBinding", "ClusterRoleBinding")
+            if any(s["name"] == account for s in binding["subjects"])
+            for role in [_one(binding["roleRef"]["kind"], binding["roleRef"]["name"])] for rule in role["rules"]]
+
+
+def test_the_evidence_token_does_only_what_gather_calls_and_only_in_gather(tmp_path):
     done, _ = _run_gather(tmp_path)
     assert done.returncode == 0, done.stderr
-    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    calls = _calls(tmp_path)
     pod = _one("Job")["spec"]["template"]["spec"]
     account = _one("ServiceAccount", pod["serviceAccountName"])
-    rules = [(binding["roleRef"], rule) for kind in ("RoleBinding", "ClusterRoleBinding")
-             for binding in [_one(kind)] if binding["subjects"][0]["name"] == account["metadata"]["name"]
-             for rule in _one(binding["roleRef"]["kind"], binding["roleRef"]["name"])["rules"]]
+    rules = _bindings(account["metadata"]["name"])
     gather_env = {e["name"]: _env_value(e) for e in _container(_one("Job"), "gather")["env"]}
     for call in calls:  # each kubectl call gather.sh made is one the bound roles allow
-        verb, resource, name = _rbac_of(call)
-        assert any(resource in rule["resources"] and verb in rule["verbs"]
-                   and (not rule.get("resourceNames") or name in rule["resourceNames"]) for _, rule in rules), call
+        for verb, resource, name in _rbac_of(call):
+            assert any(resource in rule["resources"] and verb in rule["verbs"]
+                       and (not rule.get("resourceNames") or name in rule["resourceNames"])
+                       for _, rule in rules), (verb, resource, name, call)
     assert ["get", "deployment", "-n", "default", gather_env["SERVING_DEPLOYMENT"]] == calls[0][:5]
-    assert {c[0] if c[0] == "logs" else c[1] for c in calls} == {"deployment", "pod", "pods", "logs", "node"}
+    assert {c[0] if c[0] in ("logs", "exec") else c[1] for c in calls} == {
+        "deployment", "pod", "pods", "logs", "node", "exec"}
+    # exec: into the serving pods only, their serving container, collect-env only; the CLI first, then the module
+    execs = [(c[c.index("exec") + 3], c[c.index("-c") + 1], c[c.index("--") + 1:]) for c in calls if c[0] == "exec"]
+    cli, module = ["vllm", "collect-env"], ["python3", "-m", "vllm.collect_env"]
+    assert execs == [("vllm-0", "vllm", cli), ("vllm-1", "vllm", cli), ("vllm-1", "vllm", module)]
+    assert {c[c.index("-n") + 1] for c in calls if "-n" in c} == {KUSTOMIZATION["namespace"]}
+    # the only write: pods/exec, in a namespaced Role (the serving namespace), never cluster-wide
+    writes = [(role["kind"], rule["resources"]) for role, rule in rules if set(rule["verbs"]) - {"get", "list"}]
+    assert writes == [("Role", ["pods/exec"])]
     # the token is mounted in gather alone: the master and the workers hold no Kubernetes credential
     assert pod["automountServiceAccountToken"] is False and account["automountServiceAccountToken"] is False
     token_path = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -479,18 +595,22 @@ def test_the_evidence_token_reads_only_what_gather_calls_and_only_in_gather(tmp_
     assert holders == ["gather"]
 
 
-def _rbac_of(call: list[str]) -> tuple[str, str, str | None]:
-    """(verb, resource, name) of one kubectl call, as the API server authorises it."""
+def _rbac_of(call: list[str]) -> list[tuple[str, str, str | None]]:
+    """(verb, resource, name) of each permission the API server checks for one kubectl call. exec: `get`
+    (the WebSocket upgrade kubectl 1.30+ sends) and `create` (the SPDY POST; and checked on WebSocket too
+    from 1.35, AuthorizePodWebsocketUpgradeCreatePermission)."""
     words, skip = [], False
-    for arg in call:
+    for arg in call[:call.index("--")] if "--" in call else call:
         if not skip and arg in ("-n", "-o", "-l", "-c"):
             skip = True
         elif not skip and not arg.startswith("-"):
             words.append(arg)
         else:
             skip = False
+    if words[0] == "exec":
+        return [("get", "pods/exec", words[1]), ("create", "pods/exec", words[1])]
     if words[0] == "logs":
-        return "get", "pods/log", words[1]
+        return [("get", "pods/log", words[1])]
     if words[1] == "pods":
-        return "list", "pods", None
-    return "get", {"deployment": "deployments", "pod": "pods", "node": "nodes"}[words[1]], words[2]
+        return [("list", "pods", None)]
+    return [("get", {"deployment": "deployments", "pod": "pods", "node": "nodes"}[words[1]], words[2])]
