@@ -90,10 +90,24 @@ def test_a_saturated_load_generator_leaves_its_stages_out():
     assert stream_delivery(mixed, MetricIndex([]), ["concurrency-c12"]).delivery is Delivery.STRAIGHT
 
 
-def test_half_and_half_is_not_decided():
+def test_some_answers_in_blocks_are_a_server_or_client_behind_not_a_proxy():
+    """A proxy buffers every stream; half in blocks is undecided, never named a proxy."""
     mixed = [attempt(i, 4, 14_000) for i in range(10)] + [attempt(10 + i, 55, 14_000) for i in range(10)]
     found = stream_delivery(mixed, MetricIndex([]))
-    assert found.delivery is Delivery.UNKNOWN and "too close to half" in found.reason
+    assert found.delivery is Delivery.UNKNOWN and "a proxy buffers every stream" in found.reason
+
+
+def test_whole_answers_in_one_read_tell_nothing_of_a_proxy():
+    """A real vLLM (the tiny model on CPU) wrote whole answers faster than a busy client read them: 96-256 events in
+    one read. Those are left out; the answers in three reads or more decide (there 9-26% in blocks: no proxy)."""
+    whole = [attempt(i, 1, 24_000, chunks=96) for i in range(60)]
+    assert stream_delivery(whole, MetricIndex([])).delivery is Delivery.UNKNOWN
+    assert "60 arrived whole, in one or two reads" in stream_delivery(whole, MetricIndex([])).reason
+    bursts = [attempt(100 + i, 5, 24_000, chunks=96) for i in range(4)] + \
+        [attempt(200 + i, 90, 24_000, chunks=96) for i in range(30)]
+    found = stream_delivery(whole + bursts, MetricIndex([]))
+    assert found.delivery is Delivery.STRAIGHT and found.streams == 34, found.reason
+    assert "4 in blocks" in found.reason and "60 more arrived whole" in found.reason
 
 
 def _stage(problems: list[dict], waiting_s: float = 0.0) -> dict:
