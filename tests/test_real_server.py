@@ -518,8 +518,10 @@ def test_kv_starved_server_is_judged_short_of_kv_with_the_limit_named(vllm_pool,
     assert sum(s["preemptions"] or 0 for s in stages.values()) > 0, stages
     assert verdict["limits"]["ran_out_first"] == "KV cache"
     assert verdict["limits"]["kv_cache_usage_ceiling"] < 0.98
-    if verdict["verdict"] == "scale_up":  # even the base load did not fit
-        assert code == 5 and "even the base load stage exceeded its resource limits" in because(verdict)
+    if verdict["verdict"] == "scale_up":  # even the base load did not fit, or not even the smallest step did
+        # (one preemption in the 2-user step's few seconds is 8.5 a minute on a slow machine: seen in a clean run)
+        assert code == 5 and ("even the base load stage exceeded its resource limits" in because(verdict) or
+                              "no concurrency step stayed within limits (KV cache ran out first)" in because(verdict))
     else:
         assert verdict["verdict"] == "limited" and code == 3
         assert re.match(r"hold concurrency at \d users \(KV cache ran out above it\)", because(verdict))
