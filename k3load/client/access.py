@@ -37,6 +37,11 @@ from k3load.client.secret_forms import Redactor, redactor
 
 HEADER_ENV = "K3_HEADER"
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110 token)
+
+
+def is_header_name(name: str) -> bool:
+    """An HTTP header name (RFC 9110 token): the one check the client, the options and the secrets share."""
+    return bool(_TOKEN.fullmatch(name))  # fullmatch: `$` alone lets a trailing newline through
 # Set by the harness itself: HTTP's framing, and each attempt's own X-Request-Id (k3load.workload.conversation)
 RESERVED_HEADERS = frozenset({"host", "content-length", "content-type", "transfer-encoding", "connection",
                               "x-request-id"})
@@ -48,7 +53,7 @@ def parse_header(text: str) -> tuple[str, str]:
     name, value = name.strip(), value.strip()
     if not sep or not name:
         raise ValueError("must be 'Name: value'")
-    if not _TOKEN.match(name):  # not named: a value written without its name would show here
+    if not is_header_name(name):  # not named: a value written without its name would show here
         raise ValueError("the text before ':' is not an HTTP header name (spaces or characters a name cannot have)")
     if name.lower() in RESERVED_HEADERS:
         raise ValueError(f"{name} is set by the harness itself")

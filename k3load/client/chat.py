@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import ssl
 import threading
 import time
@@ -61,7 +60,7 @@ from urllib.parse import urlsplit
 import gevent
 
 from k3load.client import result as res
-from k3load.client.access import Secrets, Tls
+from k3load.client.access import Secrets, Tls, is_header_name
 from k3load.client.assemble import TOOL_PART, Assembler, AssemblyError, error_message
 from k3load.client.body import (
     INVALID_UTF8_NOTE,
@@ -84,7 +83,6 @@ ERROR_BODY_CHARS = 4000  # `error_body` keeps the start of the server's body
 # open costs the user only this (its connection is then closed; end_ts is [DONE]'s time either way).
 END_WAIT_S = 0.1
 _ERROR_BODY_READ_BYTES = 64 * 1024  # an error body is read to its end but only this much kept
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field-name
 
 
 def wants_stream(body: bytes) -> bool:
@@ -135,6 +133,7 @@ class ChatClient:
             raise ValueError("give api_key or secrets, not both")
         self._secrets = secrets if secrets is not None else Secrets(api_key or None)
         self._headers = {"Content-Type": "application/json", **self._secrets.request_headers()}
+        self._taken = frozenset(name.lower() for name in self._headers)  # a request's own may not replace these
         self._transport: Transport = TRANSPORTS[transport](origin, connect_timeout_s, max_connections,
                                                            ssl_context, tls)
         self._clock = clock or wall_clock()
@@ -173,11 +172,10 @@ class ChatClient:
     def _own(self, headers: Mapping[str, str]) -> dict[str, str]:
         """A request's own headers, refused where they would replace the client's (Content-Type, the key,
         a gateway header) or split the head (a line break)."""
-        taken = {name.lower() for name in self._headers}
         for name, value in headers.items():
-            if name.lower() in taken:
+            if name.lower() in self._taken:
                 raise ValueError(f"header {name!r} is the client's own (content type, API key or gateway header)")
-            if not _TOKEN.fullmatch(name) or any(c in value for c in "\r\n\0"):
+            if not is_header_name(name) or any(c in value for c in "\r\n\0"):
                 raise ValueError(f"header {name!r}: not a header name, or a value with a line break")
         return dict(headers)
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
 from k3load.client.access import RESERVED_HEADERS as ACCESS_RESERVED
-from k3load.client.access import Secrets, Tls, header_lines, parse_header
+from k3load.client.access import Secrets, Tls, header_lines, is_header_name, parse_header
 from k3load.client.body import MAX_BODY_BYTES
 from k3load.client.sse import MAX_LINE_BYTES
 from k3load.command_name import withheld
@@ -54,13 +53,12 @@ def header(text: str) -> str:
 
 # Headers a request's session id may not take: the key's, and those the harness sets itself
 SESSION_RESERVED = ACCESS_RESERVED | {"authorization"}
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field-name
 
 
 def session_header(text: str) -> str:
     """argparse type for --k3-session-header: a header name (RFC 9110 token), none of the reserved ones."""
     name = text.strip()
-    if name and not _HEADER_NAME.fullmatch(name):
+    if name and not is_header_name(name):
         raise argparse.ArgumentTypeError(f"not a header name: {text!r}")
     if name.lower() in SESSION_RESERVED:
         raise argparse.ArgumentTypeError(f"{name} is sent by k3load itself: name the header your router keys on")
