@@ -3,11 +3,16 @@
 Why a flat timeline: the Locust shape, the records' `stage` tags and the analysis must agree on
 exactly when each stage ran. Concurrency `steps` become one sub-stage per step (`NAME-cN`) so each
 step can be judged on its own (the ramp report's knee).
+
+A `search` stage (issue 27) is one entry that reserves `max_total_s` of the timeline: its steps are
+decided live (k3load.loadgen.search), run as stages `NAME-sK-cUSERS` that are in no plan, and the shape
+skips what is left of the reservation when the search ends early (k3load.loadgen.shape).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -18,10 +23,26 @@ import jsonschema
 from k3load.yamlfile import YamlFileError, read_yaml_file
 
 FAMILIES = ("agent", "shared_prefix", "cold", "long_input")
+SEARCH_ON = ("users",)  # what a search may vary today; `sessions_per_s` waits for open-loop arrivals
 
 
 class PlanError(ValueError):
     """A plan that cannot be used: the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """A `kind: search` stage's settings, its defaults filled in (the schema describes each key)."""
+
+    max_users: int
+    step_s: float
+    max_total_s: float
+    start_users: int = 1
+    factor: float = 2.0
+    resolution: float = 0.1
+    min_goodput: float = 0.99
+    max_step_s: float = 0.0  # 0: 3 x step_s (filled in by `search_spec`)
+    search_on: str = "users"
 
 
 @dataclass(frozen=True)
@@ -34,6 +55,10 @@ class Stage:
     spawn_rate: float
     mix: dict[str, int] = field(default_factory=dict)
     iterations_per_user: int | None = None
+    # A search: on the plan's stage (kind "search") its settings; on each step the shape runs, the same
+    # settings and `step`, the 1-based step index (repeats counted). None elsewhere.
+    search: SearchSpec | None = None
+    step: int | None = None
 
     @property
     def end_s(self) -> float:
@@ -50,6 +75,8 @@ class Plan:
     stream_equivalence: dict[str, Any] | None = None  # the drill's settings (turns, share); None: not run
     # Per family, `temperature` and `seed` sent over its turns' own settings (`sampled`); empty: as written
     sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The plan's `capacity:` block as written (targets, headroom, GPUs per replica, cost; read by the analysis)
+    capacity: dict[str, Any] = field(default_factory=dict)
 
     @property
     def duration_s(self) -> float:
@@ -89,6 +116,8 @@ def resolve(name_or_path: str, plans_dir: Path) -> Path:
 
 
 def _expand(raw: dict[str, Any]) -> list[tuple[str, dict[str, Any], int]]:
+    if raw["kind"] == "search":
+        return [(raw["name"], raw, int(raw.get("start_users", 1)))]
     if "steps" in raw:
         return [(f"{raw['name']}-c{n}", raw, n) for n in raw["steps"]]
     return [(raw["name"], raw, raw["users"])]
@@ -98,23 +127,53 @@ def parse_plan(data: Any, where: str, source: str = "") -> Plan:
     errors = sorted(jsonschema.Draft202012Validator(_schema()).iter_errors(data), key=lambda e: list(e.path))
     if errors:
         path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in errors[0].absolute_path)
-        raise PlanError(f"{where}: {path.lstrip('.') or '(top level)'}: {errors[0].message}")
+        raise PlanError(f"{where}: {path.lstrip('.') or '(top level)'}: {_message(errors[0])}")
     stages: list[Stage] = []
     start = 0.0
-    for raw in data["stages"]:
+    for i, raw in enumerate(data["stages"]):
+        search = search_spec(raw, f"{where}: stages[{i}]") if raw["kind"] == "search" else None
+        duration = search.max_total_s if search else float(raw["duration_s"])
         for name, spec, users in _expand(raw):
-            stages.append(Stage(name=name, kind=spec["kind"], start_s=start, duration_s=float(spec["duration_s"]),
+            stages.append(Stage(name=name, kind=spec["kind"], start_s=start, duration_s=duration,
                                 users=users, spawn_rate=float(spec.get("spawn_rate", users)),
                                 mix={k: v for k, v in spec["mix"].items() if v > 0},
-                                iterations_per_user=spec.get("iterations_per_user")))
-            start += float(spec["duration_s"])
+                                iterations_per_user=spec.get("iterations_per_user"), search=search))
+            start += duration
     names = [s.name for s in stages]
     duplicates = {n for n in names if names.count(n) > 1}
     if duplicates:
         raise PlanError(f"{where}: stage names must be unique: {sorted(duplicates)}")
     return Plan(name=data["name"], stages=tuple(stages), source=source, thresholds=data.get("thresholds", {}),
                 tool_turns=data.get("tool_turns", "auto"), stream_equivalence=_drill(data.get("stream_equivalence")),
-                sampling={k: dict(v) for k, v in (data.get("sampling") or {}).items() if v})
+                sampling={k: dict(v) for k, v in (data.get("sampling") or {}).items() if v},
+                capacity=dict(data.get("capacity") or {}))
+
+
+def search_spec(raw: dict[str, Any], where: str) -> SearchSpec:
+    """A search stage's settings with their defaults; what the schema cannot say is one PlanError line."""
+    if raw.get("search_on", "users") not in SEARCH_ON:
+        raise PlanError(f"{where}.search_on: {raw['search_on']!r} is not yet supported (open-loop arrivals do not "
+                        "exist yet): search on users")
+    step_s = float(raw["step_s"])
+    spec = SearchSpec(max_users=int(raw["max_users"]), step_s=step_s, max_total_s=float(raw["max_total_s"]),
+                      start_users=int(raw.get("start_users", 1)), factor=float(raw.get("factor", 2.0)),
+                      resolution=float(raw.get("resolution", 0.1)), min_goodput=float(raw.get("min_goodput", 0.99)),
+                      max_step_s=float(raw.get("max_step_s", 3 * step_s)), search_on="users")
+    if spec.start_users > spec.max_users:
+        raise PlanError(f"{where}.start_users: {spec.start_users} is above max_users {spec.max_users}")
+    if spec.max_step_s < spec.step_s:
+        raise PlanError(f"{where}.max_step_s: {spec.max_step_s:g} is below step_s {spec.step_s:g}")
+    if spec.max_total_s < spec.step_s or not math.isfinite(spec.max_total_s):
+        raise PlanError(f"{where}.max_total_s: {spec.max_total_s:g} leaves no room for one step of {spec.step_s:g} s")
+    return spec
+
+
+def _message(error: jsonschema.ValidationError) -> str:
+    """The schema's own words for a key a stage of this kind may not carry (`{"not": {}, "description"}`),
+    else jsonschema's."""
+    if error.validator == "not" and error.validator_value == {} and isinstance(error.schema, dict):
+        return str(error.schema.get("description") or error.message)
+    return error.message
 
 
 def _drill(raw: dict[str, Any] | None) -> dict[str, Any] | None:
