@@ -51,6 +51,8 @@ class Event(StrEnum):
     RESTART_DRILL_DOWN = "restart_drill_down"
     RESTART_DRILL_READY = "restart_drill_ready"
     RESTART_DRILL_FAILED = "restart_drill_failed"
+    SEARCH_STEP = "search_step"
+    SEARCH_END = "search_end"
     # the side sampler (k3load.sampler)
     SAMPLER_START = "sampler_start"
     SAMPLER_STOP = "sampler_stop"
@@ -146,6 +148,20 @@ FIELDS: dict[Event, frozenset[str]] = {
     Event.RESTART_DRILL_READY: _f("time_to_ready_s", "down_seen", "command_rc"),
     # k3load.loadgen.restart_drill: it did not (why), or the server was never restarted.
     Event.RESTART_DRILL_FAILED: _f("why", "waited_s", "command_rc"),
+    # k3load.loadgen.search_live, master/local: a step of a `kind: search` stage was decided (what the live search
+    # decided; the analysis recomputes it from records and metrics). stage: the step's (NAME-sK-cUSERS), search:
+    # the plan stage's NAME, step: K (repeats counted), goodput: the share of its requests that met every SLO,
+    # goodput_ci95 [low, high] (Wilson), requests: chains counted, queue_share: scrapes with requests waiting
+    # behind a full batch (k3load.analysis.full_batch; null without both gauges), past_capacity: that queue, KV
+    # or preemptions over their limits, kv_usage_max, decision: held | past_capacity | below_goodput |
+    # near_bound (repeated once, then decided on both runs' evidence, which a repeat's fields hold),
+    # duration_s: how long this run of the step went.
+    Event.SEARCH_STEP: _f("stage", "search", "users", "step", "goodput", "goodput_ci95", "requests", "queue_share",
+                          "past_capacity", "kv_usage_max", "decision", "duration_s"),
+    # k3load.loadgen.search_live, master/local: the search stage NAME ended (largest_held_users, first_failed_users:
+    # the bracket, null where none; ended: resolved | max_users_held | max_total_s | nothing_held | stopped;
+    # steps: how many were decided).
+    Event.SEARCH_END: _f("stage", "largest_held_users", "first_failed_users", "ended", "steps"),
     # k3load.sampler.loop: what samples what (URLs without credentials, api_key "set"|null, the log
     # command's program only, headers: their names only).
     Event.SAMPLER_START: _f("metrics_url", "metrics_urls", "health_url", "prometheus_url", "prometheus_selector",

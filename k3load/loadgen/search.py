@@ -121,7 +121,7 @@ def decide_step(evidence: StepEvidence, spec: SearchSpec, limits: ResourceLimits
         return None
     if not repeat:
         return NEAR_BOUND
-    return HELD if evidence.requests and rate.value >= spec.min_goodput else BELOW_GOODPUT
+    return HELD if rate.value is not None and rate.value >= spec.min_goodput else BELOW_GOODPUT
 
 
 @dataclass(frozen=True)
@@ -173,10 +173,11 @@ class SearchController:
             self._end("max_total_s")  # no room left for another step's minimum
         return result
 
-    def stop(self) -> None:
-        """The run stopped (or failed) during the search."""
+    def stop(self, why: str = "stopped") -> None:
+        """The run stopped (or failed) during the search (`stopped`), or the plan's clock passed its reservation
+        (`max_total_s`)."""
         if self.ended is None:
-            self._end("stopped")
+            self._end(why)
 
     def _advance(self, decision: str, evidence: StepEvidence) -> None:
         users = self.users

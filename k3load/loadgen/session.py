@@ -26,6 +26,7 @@ from locust.runners import MasterRunner, Runner, WorkerRunner
 
 import k3load
 from k3load.analysis.agreement import REFERENCE_FILE, reference_record
+from k3load.analysis.goodput import Slo
 from k3load.analysis.pillar import thresholds
 from k3load.client.access import gevent_patched, tls_hint
 from k3load.client.origin import key_origin, redirect_note
@@ -41,6 +42,7 @@ from k3load.loadgen.manual import LiveCounts, ManualStages
 from k3load.loadgen.options import locust_late_outputs, public_options, run_access
 from k3load.loadgen.request_events import fire_request_events
 from k3load.loadgen.restart_drill import RestartDrill
+from k3load.loadgen.search_live import LiveGoodput, LiveSearch
 from k3load.loadgen.worker import WorkerLink, tell_master
 from k3load.loadgen.worker_count import WorkerCount
 from k3load.private_files import narrow_existing
@@ -110,6 +112,8 @@ class HarnessSession:
         self.workers_seen = WorkerCount()  # the master's workers, a drop said as worker_lost
         self.drain: StageDrain | None = None  # master/local: the drain window after each plan stage
         self.restart_drill: RestartDrill | None = None  # master/local with --k3-restart-cmd: the restart stage's drill
+        self.goodput = LiveGoodput(Slo.from_limits(self.limits))  # master/local: requests meeting the SLO, per stage
+        self.search: LiveSearch | None = None  # master/local: the last search stage's (k3load.loadgen.shape)
 
     @property
     def role(self) -> str:
@@ -207,6 +211,7 @@ class HarnessSession:
         self.workers.clear()
         self.manual = ManualStages()
         self.live = LiveCounts()
+        self.goodput, self.search = LiveGoodput(Slo.from_limits(self.limits)), None
 
     def _files_in_use(self) -> set[Path]:
         """Files this run already uses that may sit in the run directory, left there when an earlier
@@ -349,9 +354,18 @@ class HarnessSession:
             self.workers_seen.check(self.env.runner, self.events, stage.name)
             self.events.event(Event.STAGE_START, stage=stage.name, kind=stage.kind, users=stage.users,
                               mix=stage.mix, workers=self.workers_seen.now(self.env.runner))
-        if self.role == "master":
-            manual = dataclasses.asdict(stage) if self.manual.active else None
-            self.env.runner.send_message(Message.STAGE, {"name": stage.name, "stage": manual})
+        if self.role == "master":  # a manual stage or a search step is in no plan: it goes whole to the workers
+            whole = dataclasses.asdict(dataclasses.replace(stage, search=None)) \
+                if self.manual.active or stage.step is not None else None
+            self.env.runner.send_message(Message.STAGE, {"name": stage.name, "stage": whole})
+
+    def search_step(self, stage: Stage) -> Stage | None:
+        """Master/local: the step to run now of the search stage `stage` (its search begun at the first call),
+        None once that search ended (k3load.loadgen.search_live)."""
+        if self.search is None or self.search.stage.name != stage.name:
+            assert self.run_dir is not None
+            self.search = LiveSearch.for_run(stage, self.run_dir, self.events, self.limits, self.goodput)
+        return self.search.step_now()
 
     def enter_manual_stage(self, users: int, spawn_rate: float) -> None:
         """Master/local, no plan shape: the user count was set (a test started, or changed from the
@@ -397,6 +411,7 @@ class HarnessSession:
         self._records.append_line(line)
         self.attempts_written += 1
         self.live.add(line)
+        self.goodput.add(line)
         return True
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
@@ -411,6 +426,8 @@ class HarnessSession:
             write_guarded(self.run_dir / "plan.yaml", self.manual.plan_source(self.plan), self.hold.guard)
 
     def close(self) -> None:
+        if self.search is not None:  # a search the run's end cut short says so (search_end, ended: stopped)
+            self.search.stop()
         if self.reuse_design is not None:  # reuse_design.json is written before the run is judged
             self.reuse_design.join(timeout=120)
             self.reuse_design = None

@@ -9,6 +9,11 @@ After each plan stage the users stop and the server is given a bounded drain win
 (k3load.loadgen.restart_drill). The plan's clock stands still during both, and while a stage's users
 finish their current turns before the next stage (up to --stop-timeout), so no stage is cut short or
 skipped: a 2 s stage after a stage whose answers take 5 s to end would otherwise never run.
+
+A `kind: search` stage reserves max_total_s of the plan; while the plan's clock is in it, the tick runs
+the search's current step (k3load.loadgen.search_live: each step a stage NAME-sK-cUSERS, no drain
+between them), and when the search ends the clock jumps to the end of the reservation, so the plan goes
+on with its next stage at once. A plan clock that passes the reservation first ends the search there.
 """
 
 from __future__ import annotations
@@ -30,11 +35,12 @@ class PlanShape(LoadTestShape):
         super().__init__()
         self._left_s = 0.0  # the plan's clock stood still this long while users left between stages
         self._leaving_since: float | None = None  # perf_counter when the current departure began
+        self._skipped_s = 0.0  # what ended searches left of their reservations: the plan's clock jumped it
 
     def reset_time(self) -> None:
         """A new test: its clock from zero, no departure time carried over."""
         super().reset_time()
-        self._left_s, self._leaving_since = 0.0, None
+        self._left_s, self._leaving_since, self._skipped_s = 0.0, None, 0.0
 
     def tick(self) -> tuple[int, float, list[type[User]] | None] | None:
         session = getattr(self.runner.environment, "k3_session", None)
@@ -53,14 +59,14 @@ class PlanShape(LoadTestShape):
         if session.load_skipped:
             return None  # the precheck said rebuild: the run ends before its first stage (exit 4)
         session.workers_seen.check(self.runner, session.events, session.stage.name if session.stage else None)
-        stage = self._planned(session)
+        stage = self._searching(session, self._planned(session))
         drain = session.drain
-        if drain is not None and drain.due(session.stage, stage):
+        if drain is not None and drain.due(session.stage, stage) and not same_search(session.stage, stage):
             if self.runner.user_count > 0:
                 return self._users_leave(stage)  # every client of the stage leaves first
             self._users_left()
             drain.run(session.stage)  # bounded; the plan's clock waits
-            stage = self._planned(session)
+            stage = self._searching(session, self._planned(session))
         if stage is None:
             return None
         if session.stage is None or session.stage.name != stage.name:
@@ -75,6 +81,8 @@ class PlanShape(LoadTestShape):
                 drill.run(stage, before)  # restart on purpose, then hold the load before it; the clock waits
             else:
                 session.enter_stage(stage)
+                if stage.step is not None and session.search is not None:
+                    session.search.enter(stage)  # the step's clock starts with its users
         stage = session.stage  # as entered (a drilled restart stage holds the load before it)
         classes = [USER_CLASSES[family] for family in sorted(stage.mix)]
         for user_class in classes:
@@ -94,14 +102,39 @@ class PlanShape(LoadTestShape):
 
     def _planned(self, session: HarnessSession) -> Stage | None:
         """The plan's stage now, on a clock that stood still during drain windows, restart drills and
-        the departures before them."""
+        the departures before them, and jumped the rest of each search that ended early."""
+        return session.plan.stage_at(self._plan_clock(session)) if session.plan else None
+
+    def _plan_clock(self, session: HarnessSession) -> float:
+        """Seconds into the plan: run time less the pauses, plus the reservations ended searches skipped."""
         paused = sum(getattr(x, "paused_s", 0.0) for x in (session.drain, session.restart_drill) if x is not None)
         leaving = 0.0 if self._leaving_since is None else time.perf_counter() - self._leaving_since
-        paused += self._left_s + leaving
-        return session.plan.stage_at(self.get_run_time() - paused) if session.plan else None
+        return self.get_run_time() - paused - self._left_s - leaving + self._skipped_s
+
+    def _searching(self, session: HarnessSession, stage: Stage | None) -> Stage | None:
+        """A search stage's current step in its place; once its search ended, what follows its reservation.
+        Bounded: each pass ends one search stage, and there are no more of them than stages."""
+        running = session.search
+        if running is not None and (stage is None or stage.name != running.stage.name):
+            running.stop("max_total_s")  # the plan's clock passed the reservation before the search ended
+        for _ in range(len(session.plan.stages) + 1 if session.plan else 1):
+            if stage is None or stage.search is None or stage.step is not None:
+                return stage
+            step = session.search_step(stage)
+            if step is not None:
+                return step
+            self._skipped_s += max(stage.end_s - self._plan_clock(session), 0.0)  # the rest of its reservation
+            stage = self._planned(session)
+        return stage
 
     @staticmethod
     def _must_drain(old: Stage | None, new: Stage) -> bool:
         """Locust's dispatcher keeps running users of classes a new tick leaves out, so a stage whose
         family mix differs starts from zero users (their current turns finish, within --stop-timeout)."""
         return old is not None and set(old.mix) != set(new.mix)
+
+
+def same_search(old: Stage | None, new: Stage | None) -> bool:
+    """Two steps of one search (the same plan stage's settings): no drain between them, as between a ramp's steps."""
+    return (old is not None and new is not None and old.step is not None and new.step is not None
+            and old.search is not None and old.search is new.search)

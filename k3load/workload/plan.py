@@ -135,7 +135,8 @@ def parse_plan(data: Any, where: str, source: str = "") -> Plan:
         duration = search.max_total_s if search else float(raw["duration_s"])
         for name, spec, users in _expand(raw):
             stages.append(Stage(name=name, kind=spec["kind"], start_s=start, duration_s=duration,
-                                users=users, spawn_rate=float(spec.get("spawn_rate", users)),
+                                users=users, spawn_rate=float(spec.get("spawn_rate", search.max_users if search
+                                                                       else users)),  # default: all at once
                                 mix={k: v for k, v in spec["mix"].items() if v > 0},
                                 iterations_per_user=spec.get("iterations_per_user"), search=search))
             start += duration
