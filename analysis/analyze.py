@@ -15,6 +15,8 @@ from typing import Any
 
 from k3load.analysis.agreement import read_reference
 from k3load.analysis.buffering import Delivery
+from k3load.analysis.capacity import PlannerInputs, capacity_plan, min_goodput, planner_inputs
+from k3load.analysis.capacity_context import assumptions, cold_cache, telemetry_gpus
 from k3load.analysis.checklist import build_checklist
 from k3load.analysis.pillar import PillarResult, rounded, thresholds
 from k3load.analysis.pillar_agent import judge_agent_api, tool_turns_reason
@@ -31,7 +33,8 @@ from k3load.events import Event
 from k3load.outcomes import NOT_RUN
 from k3load.rundir import write_atomic
 
-OUTPUTS = ("verdict.json", "report.md", "report.html", "alerts.yaml", "dashboard.json", "manifest.sha256")
+OUTPUTS = ("verdict.json", "capacity.json", "report.md", "report.html", "alerts.yaml", "dashboard.json",
+           "manifest.sha256")
 
 
 @dataclass
@@ -44,6 +47,7 @@ class Judgment:
     because: list[str]
     limits: dict[str, Any]
     checklist: list[dict[str, Any]]
+    capacity: dict[str, Any]  # capacity.json (analysis/capacity.py)
 
     def verdict_json(self) -> dict[str, Any]:
         """Exactly the contract's top-level keys."""
@@ -74,6 +78,7 @@ def _judge(run_dir: Path, plotter: PlotsBeside | None = None) -> Judgment:
     # 0.3 s alone for the resources, 1.85 s beside the reuse thread, the plots' inputs later by as much).
     resources, stage_table = judge_resources(data, index, limits)
     ramp_table = ramp(stage_table)
+    _capacity_marks(ramp_table, data, stage_table, limits)
     if plotter is not None:  # drawn in its child while the other pillars are judged
         plotter.submit(plot_inputs(ramp_table, data, index, resources.numbers.get("crashes", [])))
     pillars = {"compat": compat_pillar(data.compat), "resources": resources,
@@ -92,7 +97,34 @@ def _judge(run_dir: Path, plotter: PlotsBeside | None = None) -> Judgment:
         because = [*because, steered]
     if data.problems:
         because = [*because, evidence_gaps(data.problems)]
-    return Judgment(data, pillars, stage_table, ramp_table, verdict, because, verdict_limits, checklist)
+    capacity = plan_capacity(data, index, pillars, stage_table, verdict_limits)
+    return Judgment(data, pillars, stage_table, ramp_table, verdict, because, verdict_limits, checklist, capacity)
+
+
+def plan_capacity(data: RunData, index: MetricIndex, pillars: dict[str, PillarResult],
+                  stage_table: list[dict[str, Any]], limits: dict[str, Any],
+                  inputs: PlannerInputs | None = None) -> dict[str, Any]:
+    """capacity.json: `inputs` as the run asked (its options and plan) unless given (`k3load capacity`)."""
+    inputs = inputs or planner_inputs(data.run, data.plan, data.compat, telemetry_gpus(data))
+    bound = min_goodput(data.plan)
+    kind = next((k for k in ("search", "concurrency") if any(s["kind"] == k for s in stage_table)), None)
+    routing = next((r for r in pillars["prefix_cache"].numbers.get("rules", []) if r.get("id") == "cache.routing"),
+                   None)
+    plan = capacity_plan(stage_table, inputs, bound, limits.get("max_input_tokens"), [],
+                         assumptions(data, len(index.sources), routing, kind))
+    plan["what_if"] = [cold_cache(data, plan["per_replica"])]
+    return rounded(plan)
+
+
+def _capacity_marks(ramp_table: dict[str, Any], data: RunData, stage_table: list[dict[str, Any]],
+                    limits: dict[str, dict[str, float]]) -> None:
+    """What the ramp's plots mark: the SLO lines, the goodput bound and the capacity point (analysis/capacity.py,
+    from the stage table alone, so the plots can be drawn before the other pillars are judged)."""
+    bound = min_goodput(data.plan)
+    per = capacity_plan(stage_table, PlannerInputs(), bound, None, [], [])["per_replica"]
+    gpus = planner_inputs(data.run, data.plan, data.compat, telemetry_gpus(data)).gpus_per_replica
+    ramp_table["marks"] = {"slo": dict(limits["slo"]), "min_goodput": bound, "capacity_users": per["max_users_at_slo"],
+                           "gpus": gpus}
 
 
 def unfinished_plan(data: RunData) -> str | None:
@@ -160,6 +192,8 @@ def analyze(run_dir: Path, plots_beside: bool = False) -> Judgment:
                 raise NothingJudged(why)
             text = json.dumps(judgment.verdict_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
             write_atomic(run_dir / "verdict.json", text)
+            write_atomic(run_dir / "capacity.json", json.dumps(judgment.capacity, indent=2, sort_keys=True,
+                                                               ensure_ascii=False) + "\n")
             write_atomic(run_dir / "report.md", report_md.render(judgment))
             pngs = plotter.result() if plotter is not None else None
             write_atomic(run_dir / "report.html", report_html.render(judgment, pngs))

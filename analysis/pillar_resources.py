@@ -14,6 +14,8 @@ from typing import Any
 
 from k3load.analysis.buffering import SERVER_SIDE, server_side_latency, stream_delivery
 from k3load.analysis.drain import drain_audit, drain_reasons
+from k3load.analysis.full_batch import engine_cap
+from k3load.analysis.goodput import Slo
 from k3load.analysis.gpu_growth import GpuGrowth, gpu_growth, memory_before, reservation_text, soak_creep
 from k3load.analysis.gpu_memory import memory_curve
 from k3load.analysis.health import CUT_STATUSES, DETECTION_S, DownSpell, down_spells
@@ -289,8 +291,9 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
     spells = down_spells(data)  # once: the stages, the crashes and the numbers read the same spells
     growth = gpu_growth(data, spells)  # each GPU against its start-up baseline, read by stages and crashes
     table = []
+    slo, cap = Slo.from_limits(limits), engine_cap(data.path)
     for stage in data.stages:
-        stats = stage_stats(data, index, stage, spells, growth)
+        stats = stage_stats(data, index, stage, spells, growth, slo, cap)
         stats["problems"] = stage_problems(stats, limits)
         table.append(stats)
     delivery = stream_delivery(data.attempts, index, [s["stage"] for s in table if saturated_processes(s)])

@@ -33,25 +33,66 @@ def draw(inputs: PlotInputs) -> dict[str, bytes]:
 
 
 def ramp_plots(ramp: dict[str, Any]) -> dict[str, bytes]:
-    steps = ramp["steps"]
+    steps = [s for s in ramp["steps"] if s.get("users")]
     if not steps:
         return {}
+    marks = ramp.get("marks") or {}
     users = [s["users"] for s in steps]
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    for key, label in (("ttft_p95_ms", "TTFT p95"), ("e2e_p95_ms", "e2e p95"), ("itl_p95_ms", "ITL p95")):
-        ax.plot(users, [s[key] for s in steps], marker="o", label=label)
-    if ramp.get("knee_users"):
-        ax.axvline(ramp["knee_users"], color="green", linestyle="--", label="knee")
-    ax.set(xlabel="concurrent users", ylabel="ms", title="Latency vs concurrency")
-    ax.legend()
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    slo = marks.get("slo") or {}
+    for key, label, color in (("ttft_p95_ms", "TTFT p95", "tab:blue"),
+                              ("ttfa_p95_ms", "first answer p95", "tab:purple"), ("e2e_p95_ms", "e2e p95", "tab:red")):
+        values = [s.get(key) for s in steps]
+        if any(v is not None for v in values):
+            ax.plot(users, [float("nan") if v is None else v for v in values], marker="o", color=color, label=label)
+            if slo.get(key):
+                ax.axhline(slo[key], color=color, linestyle=":", linewidth=1, label=f"{label} SLO")
+    _capacity_line(ax, marks)
+    ax.set(xlabel="concurrent users", ylabel="ms", title="Latency and goodput vs load")
+    ax.set_yscale("log")
+    goodput = [s.get("goodput") for s in steps]
+    if any(g is not None for g in goodput):
+        ax2 = ax.twinx()
+        ax2.plot(users, [float("nan") if g is None else g for g in goodput], marker="s", color="tab:green",
+                 label="goodput")
+        ax2.axhline(marks.get("min_goodput", 0.99), color="tab:green", linestyle="--", linewidth=1,
+                    label="goodput bound")
+        ax2.set(ylabel="goodput (share of requests)", ylim=(0, 1.05))
+        ax2.legend(loc="lower right", fontsize=7)
+    ax.legend(loc="upper left", fontsize=7)
     latency = _png(fig)
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.plot(users, [s["output_tokens_per_s"] for s in steps], marker="o", label="output tok/s")
     ax2 = ax.twinx()
     ax2.plot(users, [s["requests_per_s"] for s in steps], marker="s", color="tab:orange", label="req/s")
+    _capacity_line(ax, marks)
     ax.set(xlabel="concurrent users", ylabel="output tokens/s", title="Throughput vs concurrency")
     ax2.set_ylabel("requests/s")
-    return {"latency_vs_concurrency": latency, "throughput_vs_concurrency": _png(fig)}
+    return {"latency_vs_concurrency": latency, "throughput_vs_concurrency": _png(fig), "pareto": _pareto(steps, marks)}
+
+
+def _capacity_line(ax: Any, marks: dict[str, Any]) -> None:
+    if marks.get("capacity_users"):
+        ax.axvline(marks["capacity_users"], color="green", linestyle="--",
+                   label=f"capacity {marks['capacity_users']} users")
+
+
+def _pareto(steps: list[dict[str, Any]], marks: dict[str, Any]) -> bytes:
+    """Each step's output tokens/s per user (what one agent sees) against per GPU (what the fleet pays):
+    the trade a planner picks a point on (vllm bench sweep's plot_pareto)."""
+    gpus = marks.get("gpus") or 1
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    x = [s["output_tokens_per_s"] / s["users"] for s in steps]
+    y = [s["output_tokens_per_s"] / gpus for s in steps]
+    ax.plot(x, y, marker="o", color="tab:blue")
+    for xi, yi, s in zip(x, y, steps, strict=True):
+        held = s["users"] == marks.get("capacity_users")
+        ax.annotate(f"{s['users']}" + (" (capacity)" if held else ""), (xi, yi), fontsize=7,
+                    color="green" if held else "black", textcoords="offset points", xytext=(4, 4))
+    per = "GPU" if marks.get("gpus") else "replica (GPUs unknown)"
+    ax.set(xlabel="output tokens/s per user", ylabel=f"output tokens/s per {per}",
+           title="Per-user speed vs per-GPU throughput")
+    return _png(fig)
 
 
 def timeline_plot(inputs: PlotInputs) -> dict[str, bytes]:

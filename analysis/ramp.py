@@ -13,14 +13,17 @@ RAMP_COLUMNS = ("stage", "users", "attempts", "requests_per_s", "output_tokens_p
                 "ttft_p95_ms", "ttft_p99_ms", "ttfa_p50_ms", "ttfa_p95_ms", "ttfa_p99_ms", "itl_p50_ms", "itl_p95_ms",
                 "itl_p99_ms", "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms", "error_rate", "waiting_max",
                 "waiting_sustained_s", "kv_usage_max", "preemptions", "gpu_memory_peak_mib", "gpu_headroom_min_pct",
-                "gpu_growth_max_mib", "gpu_growth_max_pct")
+                "gpu_growth_max_mib", "gpu_growth_max_pct", "goodput", "goodput_ci95", "goodput_requests_per_s",
+                "goodput_output_tokens_per_s", "goodput_sessions_per_s", "session_goodput", "past_capacity",
+                "full_batch_scrapes", "full_batch_queued_scrapes", "full_batch_cap")
 
 
 # The resource each rule is evidence of, in the order "what ran out first" is read: a step that
 # breached KV and latency ran out of KV (the latency followed from it).
 EXHAUSTED_BY_RULE = (
     ("resources.kv_usage", "KV cache"), ("resources.preemptions", "KV cache"),
-    ("resources.waiting_sustained", "scheduler queue"), ("resources.gpu_growth", "GPU memory"),
+    ("resources.waiting_sustained", "scheduler queue"), ("resources.full_batch_queue", "scheduler queue"),
+    ("resources.gpu_growth", "GPU memory"),
     ("resources.gpu_jump", "GPU memory"), ("resources.gpu_headroom", "GPU memory"),
     ("stability.server_down", "server stability"), ("slo.error_rate", "error rate"),
     ("stability.health_flap", "health check"), ("slo.ttft_p95", "latency SLO"), ("slo.ttfa_p95", "latency SLO"),
@@ -35,7 +38,8 @@ def _exhausted(problems: list[dict[str, Any]]) -> str:
 
 
 def ramp(stage_table: list[dict[str, Any]]) -> dict[str, Any]:
-    steps = sorted((s for s in stage_table if s["kind"] == "concurrency"), key=lambda s: (s["users"] or 0))
+    kind = "search" if any(s["kind"] == "search" for s in stage_table) else "concurrency"  # the search's, else
+    steps = sorted((s for s in stage_table if s["kind"] == kind), key=lambda s: (s["users"] or 0, s.get("start_ts") or 0.0))
     rows = [{c: s.get(c) for c in RAMP_COLUMNS} | {"within_limits": not s["problems"], "problems": s["problems"]}
             for s in steps]
     knee = None
@@ -48,4 +52,5 @@ def ramp(stage_table: list[dict[str, Any]]) -> dict[str, Any]:
     return {"steps": rows, "knee_users": knee["users"] if knee else None,
             "knee_stage": knee["stage"] if knee else None,
             "ran_out_first": _exhausted(first_bad["problems"]) if first_bad else None,
-            "first_step_past_knee": first_bad["stage"] if first_bad else None}
+            "first_step_past_knee": first_bad["stage"] if first_bad else None,
+            "largest_step_users": rows[-1]["users"] if rows else None}

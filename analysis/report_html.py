@@ -69,7 +69,7 @@ def markdown_to_html(text: str) -> str:
 
 def render(judgment: Any, pngs: dict[str, bytes] | None = None) -> str:
     """`pngs`: the plots already drawn (`plots_beside`); None draws them here."""
-    body = markdown_to_html(report_md.render(judgment))
+    head, rest = report_md.render_parts(judgment)  # the plots right after the verdict and the capacity plan
     if pngs is None:
         from k3load.analysis import plots  # matplotlib: imported only where the plots are drawn
 
@@ -78,5 +78,5 @@ def render(judgment: Any, pngs: dict[str, bytes] | None = None) -> str:
                       f'src="{data_uri(png)}">' for name, png in sorted(pngs.items()))
     title = html.escape(f"k3load — {judgment.verdict}")
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
-            f"<style>{CSS}</style></head><body class=\"verdict-{judgment.verdict}\">{body}"
-            f"<h2>Plots</h2>{figures or '<p>no timeline to plot</p>'}</body></html>\n")
+            f"<style>{CSS}</style></head><body class=\"verdict-{judgment.verdict}\">{markdown_to_html(head)}"
+            f"<h2>Plots</h2>{figures or '<p>no timeline to plot</p>'}{markdown_to_html(rest)}</body></html>\n")

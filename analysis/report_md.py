@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import time
+from pathlib import Path
 from typing import Any
 
-from k3load.analysis import report_drain, report_reference, report_reuse, report_tool_calls
+from k3load.analysis import report_capacity, report_drain, report_reference, report_reuse, report_tool_calls
 from k3load.analysis.markdown import fmt, table
 from k3load.analysis.pillar_resources import SATURATED_CPU_PCT
 
 LABELS = {"go": "導入可 — go", "limited": "制限付き観察 — limited", "rebuild": "環境再構築 — rebuild",
           "scale_up": "リソース増強 — scale_up"}
-STAGE_COLUMNS = ("stage", "kind", "users", "attempts", "error_rate", "requests_per_s", "ttft_p95_ms",
+STAGE_COLUMNS = ("stage", "kind", "users", "attempts", "error_rate", "requests_per_s", "goodput", "ttft_p95_ms",
                  "ttfa_p95_ms", "itl_p95_ms", "e2e_p95_ms", "kv_usage_max", "waiting_sustained_s", "preemptions",
                  "gpu_memory_peak_mib", "gpu_growth_max_mib")
 # A checklist line's mark by its status (analysis/checklist.ItemStatus): ticked, open, not applicable under the
@@ -47,6 +48,7 @@ def _sections(j: Any) -> list[str]:
         out.append("> **The target is the k3load sim: a rehearsal, never evidence for a production verdict.**\n")
     out.append(f"## Verdict: `{j.verdict}`\n\n**Next action:** {j.verdict_json()['next_action']['action']}\n\n"
                + "".join(f"- {b}\n" for b in j.because))
+    out.append(report_capacity.markdown(j.capacity))  # what a planner reads first (then the plots, in HTML)
     lim = j.limits
     out.append("## Limits that hold\n\n" + table([lim], ("max_concurrency", "max_input_tokens",
                                                       "kv_cache_usage_ceiling", "ran_out_first",
@@ -55,7 +57,7 @@ def _sections(j: Any) -> list[str]:
                                         + "\n" for name, p in j.pillars.items()))
     out.append("## Checklist\n\n| ok | item | detail | evidence |\n|---|---|---|---|\n" + "".join(
         f"| {TICKS.get(c.get('status', ''), '☑' if c['ok'] else '☐')} | {fmt(c['item'])} | {fmt(c['detail'])} | "
-        + ", ".join(f"[{e}]({e})" for e in c["evidence"]) + " |\n" for c in j.checklist))
+        + ", ".join(_link(e, j.data.path) for e in c["evidence"]) + " |\n" for c in j.checklist))
     cache = j.pillars["prefix_cache"].numbers
     out.append("## Prefix cache: cold vs warm\n\n" + table(cache.get("control") or [], CONTROL_COLUMNS)
                + "\nServer counters over the control window:\n\n"
@@ -73,6 +75,14 @@ def _sections(j: Any) -> list[str]:
                f"| next action | {fmt(j.verdict_json()['next_action']['action'])} |\n\n"
                "Every evidence file is fixed by `manifest.sha256`; check it with `k3load verify DIR`.\n")
     return out
+
+
+def _link(name: str, run_dir: Path) -> str:
+    """A link to the evidence file as it is on disk: records and metrics are written compressed
+    (`records.jsonl.gz`), while the checklist names the evidence (`records.jsonl`)."""
+    if not (run_dir / name).exists() and (run_dir / f"{name}.gz").exists():
+        name = f"{name}.gz"
+    return f"[{name}]({name})"
 
 
 REPLICA_COLUMNS = ("source", "requests", "control_requests", "kv_usage_max", "kv_usage_mean", "waiting_max",
@@ -97,10 +107,15 @@ def _ramp(j: Any) -> str:
     r = j.ramp
     if not r["steps"]:
         return "## Ramp\n\nNo concurrency steps in this plan.\n\n"
-    cols = ("stage", "users", "requests_per_s", "output_tokens_per_s", "ttft_p95_ms", "ttfa_p95_ms", "e2e_p95_ms",
-            "error_rate", "waiting_max", "kv_usage_max", "preemptions", "within_limits")
-    return (f"## Ramp\n\nKnee: **{fmt(r['knee_users'])} users** ({fmt(r['knee_stage'])}); ran out first: "
-            f"{fmt(r['ran_out_first'])}.\n\n" + table(r["steps"], cols) + "\n")
+    cols = ("stage", "users", "requests_per_s", "output_tokens_per_s", "goodput", "goodput_requests_per_s",
+            "ttft_p95_ms", "ttfa_p95_ms", "e2e_p95_ms", "error_rate", "waiting_max", "past_capacity", "kv_usage_max",
+            "preemptions", "within_limits")
+    if not r["first_step_past_knee"]:  # every step held: the largest is no knee, only as far as the ramp went
+        said = f"No limit reached up to **{fmt(r['largest_step_users'])} users**: every step held."
+    else:
+        said = (f"Knee: **{fmt(r['knee_users'])} users** ({fmt(r['knee_stage'])}); ran out first: "
+                f"{fmt(r['ran_out_first'])} ({fmt(r['first_step_past_knee'])}).")
+    return f"## Ramp\n\n{said}\n\n" + table(r["steps"], cols) + "\n"
 
 
 def _generator_cpu(j: Any) -> str:
@@ -156,4 +171,11 @@ def _ci(bounds: list[float] | None) -> str | None:
 
 def render(judgment: Any) -> str:
     return "\n".join(_sections(judgment))
+
+
+def render_parts(judgment: Any) -> tuple[str, str]:
+    """The record up to its capacity plan, and the rest: the HTML report puts the plots between them."""
+    sections = _sections(judgment)
+    cut = next((i + 1 for i, s in enumerate(sections) if s.startswith("## Capacity plan")), len(sections))
+    return "\n".join(sections[:cut]), "\n".join(sections[cut:])
 

@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 
 from k3load.analysis.clusters import request_cluster
+from k3load.analysis.full_batch import EngineCap, stage_batch_queue
+from k3load.analysis.goodput import Slo, stage_goodput
 from k3load.analysis.gpu_growth import GPU_NOISE_MIB, GpuGrowth, gpu_growth, stage_figures
 from k3load.analysis.health import DownSpell, down_spells
 from k3load.analysis.pillar import percentiles
@@ -24,6 +26,8 @@ from k3load.analysis.timeline import MetricIndex
 from k3load.events import Event
 
 QUEUED_S = 2.0  # latency over its SLO while requests waited at least this long grows with the queue
+# The stages that are load steps: a step the server only queued is past capacity (analysis/full_batch.py)
+STEP_KINDS = ("concurrency", "search")
 
 
 def _latency(frame: pd.DataFrame) -> dict[str, float | None]:
@@ -102,8 +106,23 @@ def _errors(frame: pd.DataFrame, spells: list[DownSpell]) -> dict[str, Any]:
             "error_kinds": _error_kinds(errors) if len(errors) else {}}
 
 
+def _capacity_figures(frame: pd.DataFrame, duration: float, index: MetricIndex, stage: StageWindow,
+                      slo: Slo | None, cap: EngineCap | None) -> dict[str, Any]:
+    """Goodput (analysis/goodput.py) and the queue behind a full batch (analysis/full_batch.py)."""
+    out: dict[str, Any] = stage_goodput(frame, slo, duration).to_dict() if slo is not None else {}
+    queue = stage_batch_queue(index, stage.start_ts, stage.end_ts, cap, stage.users)
+    out |= {"full_batch_scrapes": queue.scrapes if queue else None,
+            "full_batch_queued_scrapes": queue.queued if queue and queue.cap is not None else None,
+            "full_batch_cap": queue.cap if queue else None, "full_batch_cap_from": queue.cap_from if queue else None,
+            "past_capacity": queue.past_capacity if queue and queue.cap is not None else None}
+    return out
+
+
 def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: list[DownSpell] | None = None,
-                growth: GpuGrowth | None = None) -> dict[str, Any]:
+                growth: GpuGrowth | None = None, slo: Slo | None = None, cap: EngineCap | None = None
+                ) -> dict[str, Any]:
+    """`slo`: each request's limits, for the goodput (none: not computed); `cap`: the engine's max_num_seqs
+    where the server said it (analysis/full_batch.py)."""
     t0, t1 = stage.start_ts, stage.end_ts
     frame = data.records[(data.records["stage"] == stage.name) & ~data.records["drill"].astype(bool)]
     planned = planned_windows(data)  # the restart drill's down on purpose is not the stage's
@@ -141,6 +160,7 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
         # serves vllm:tool_call_parser_invocations_total, and KV, queue and preemptions are unknown.
         "metrics_present": kv is not None or waiting is not None or running is not None,
         **stage_figures(growth if growth is not None else gpu_growth(data, spells), t0, t1),
+        **_capacity_figures(frame, duration, index, stage, slo, cap),
     }
 
 
@@ -209,6 +229,16 @@ def gpu_problems(stats: dict[str, Any], resources: dict[str, float]) -> list[dic
     return out
 
 
+def full_batch_breach(stats: dict[str, Any]) -> dict[str, Any]:
+    """A load step the server only queued: requests waited behind a full batch for most of it."""
+    share = stats["full_batch_queued_scrapes"] / stats["full_batch_scrapes"]
+    return breach("resources.full_batch_queue", "resource", share, 0.5,
+                  f"requests waited behind a full batch in {stats['full_batch_queued_scrapes']} of "
+                  f"{stats['full_batch_scrapes']} scrapes ({share:.0%}; running at {stats['full_batch_cap']}, "
+                  f"{stats['full_batch_cap_from']}): the server queued this load, it did not hold it",
+                  f"metrics.jsonl stage={stats['stage']}")
+
+
 def stage_problems(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
     """The limits a stage exceeded, as typed breaches (empty: within limits)."""
     problems = []
@@ -226,6 +256,8 @@ def stage_problems(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -
             problems.append(breach(rule_id, signal, stats[key], limit, text.format(v=stats[key], lim=limit),
                                    f"{source} {where}"))
     problems += gpu_problems(stats, limits["resources"])
+    if stats.get("kind") in STEP_KINDS and stats.get("past_capacity"):
+        problems.append(full_batch_breach(stats))
     if stats.get("server_down_events"):
         problems.append(breach("stability.server_down", "stability", stats["server_down_events"], 0,
                                f"server down {stats['server_down_events']} time(s)", f"events.jsonl {where}"))

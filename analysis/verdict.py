@@ -17,6 +17,7 @@ from k3load.analysis.checklist import open_items as open_lines
 from k3load.analysis.pillar import PillarResult
 from k3load.analysis.pillar_agent import context_reason
 from k3load.analysis.rules import RESOURCE_SIGNALS
+from k3load.analysis.stages import STEP_KINDS
 from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS
 
 NEXT_ACTION = {
@@ -82,9 +83,9 @@ def _scale_up_reasons(resources: PillarResult, stage_table: list[dict[str, Any]]
     if loads and all(_resource_breaches(s) for s in loads):
         reasons.append("even the base load stage exceeded its resource limits: "
                        + "; ".join(_resource_breaches(loads[0])))
-    steps = [s for s in stage_table if s["kind"] == "concurrency"]
+    steps = [s for s in stage_table if s["kind"] in STEP_KINDS]
     if steps and ramp.get("knee_users") is None and _resource_breaches(min(steps, key=lambda s: s["users"] or 0)):
-        reasons.append(f"no concurrency step stayed within limits ({ramp.get('ran_out_first')} ran out first)")
+        reasons.append(f"no {steps[0]['kind']} step stayed within limits ({ramp.get('ran_out_first')} ran out first)")
     return reasons
 
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from k3load import __version__, demo
+from k3load.analysis import capacity_cli
 from k3load.analysis import cli as analysis_cli
 from k3load.analysis import diff as diff_cli
 from k3load.analysis.verdict import EXIT_CODES
@@ -41,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "worse than A beyond the thresholds of B's plan (thresholds.diff), 2 bad input.")
     diff_cli.add_arguments(diff)
     diff.set_defaults(func=diff_cli.run)
+    capacity = sub.add_parser("capacity", help="the capacity plan of a judged run, for your targets: replicas, GPUs, "
+                              "cost", description=capacity_cli.__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    capacity_cli.add_arguments(capacity)
+    capacity.set_defaults(func=capacity_cli.run)
     verify = sub.add_parser("verify", help="re-check a run directory against its manifest.sha256",
                             description="Re-check every evidence file of a judged run directory against its "
                             "manifest.sha256: exit 0 when all match, 1 when any file changed or is missing.")
@@ -66,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-RUN_DIR_COMMANDS = ("analyze", "verify")
+RUN_DIR_COMMANDS = ("analyze", "verify", "capacity")
 HARNESS_ERROR_EXIT = analysis_cli.HARNESS_ERROR_EXIT  # a usage or input error: nothing was judged (argparse's too)
 
 

@@ -127,6 +127,11 @@ class Attempt:
     # None when not streamed, and in older records.
     stream_reads: int | None = None
     stream_bytes: int | None = None
+    # The conversation this attempt belongs to: one playing of a scenario by one user (every turn, every
+    # retry and both twins of a stream drill share it), so a session's goodput is every turn's
+    # (analysis/goodput.py). The value the session header sends where --k3-session-header names one.
+    # None in older records.
+    session_id: str | None = None
 
     def to_json(self) -> str:
         """The record's line, the same bytes as `asdict`'s, without its deep copy of every field: a quarter

@@ -25,7 +25,7 @@ from k3load.analysis.analyze import analyze
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "tests" / "data" / "scale-run"
 JUDGED = ROOT / "tests" / "data" / "scale-run-judged"
-OUTPUTS = ("verdict.json", "report.md", "alerts.yaml")
+OUTPUTS = ("verdict.json", "capacity.json", "report.md", "alerts.yaml")
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,8 @@ try:
             judgment = judge(Path(sys.argv[1]), plotter)
             here = plots.draw(report_plot_inputs(judgment))
         got = plotter.result()
-        same = got == here and sorted(got) == ["latency_vs_concurrency", "throughput_vs_concurrency", "timeline"]
+        same = got == here and sorted(got) == ["latency_vs_concurrency", "pareto", "throughput_vs_concurrency",
+                                          "timeline"]
 finally:
     plotter.close()
 print(json.dumps({"forked": len(forked), "same": same, "left": [c for c in children() if c not in before]}))
@@ -69,7 +70,7 @@ def test_the_cli_report_holds_the_plots_the_judging_process_draws(tmp_path: Path
     assert done.returncode == 3 and "not proven: Restart check" in done.stdout, done.stderr  # no restart stage
     html = (beside / "report.html").read_bytes()
     assert html == (drawn_here / "report.html").read_bytes()
-    assert html.count(b"data:image/png;base64,") == 3  # latency, throughput, timeline
+    assert html.count(b"data:image/png;base64,") == 4  # latency and goodput, throughput, pareto, timeline
 
 
 @linux

@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from k3load.analysis.capacity_cli import add_planner_arguments
 from k3load.client.access import RESERVED_HEADERS as ACCESS_RESERVED
 from k3load.client.access import Secrets, Tls, header_lines, is_header_name, parse_header
 from k3load.client.body import MAX_BODY_BYTES
@@ -108,6 +109,7 @@ def add_options(parser: Any) -> None:
                        "message did not arrive; off: Locust messages only. Read from the worker's own command line "
                        "or environment")
     _observation_options(group)
+    add_planner_arguments(group, "--k3-")  # the capacity plan's targets (analysis/capacity.py, capacity.json)
     group.add_argument("--k3-secrets-check", default="", include_in_web_ui=False,
                        help="set by the master, never by hand: a salted PBKDF2-SHA256 check of the target's origin, "
                        "key and headers, relayed to workers in their place (each worker reads its own K3_API_KEY / "

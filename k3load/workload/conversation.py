@@ -285,7 +285,7 @@ def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, sa
         reason = None if judged.fault else retry_reason(judged.result, judged.findings)
         will_retry = reason in policy["when"] and number < policy["max_attempts"]
         attempt = record_of(ctx, scenario, turn, prepared, judged, chain_id, number, will_retry)
-        attempt.drill = drill
+        attempt.drill, attempt.session_id = drill, session_id
         if control is not None:
             attempt.control_pair, attempt.control_role = control
         _handed(ctx, attempt, sink)
@@ -328,7 +328,7 @@ def run_turn_both_ways(client: Client, ctx: RunContext, scenario: Scenario, turn
     attempts = [record_of(ctx, scenario, turn, streamed, s_judged, uuid.uuid4().hex, 1, False),
                 record_of(ctx, whole_scenario, whole_turn, whole, w_judged, uuid.uuid4().hex, 1, False)]
     for attempt, role in zip(attempts, ("stream", "whole"), strict=True):
-        attempt.stream_pair, attempt.stream_role = pair, role
+        attempt.stream_pair, attempt.stream_role, attempt.session_id = pair, role, session_id
         _handed(ctx, attempt, sink)
     return attempts
 

@@ -1,0 +1,204 @@
+"""The capacity plan: the largest load one replica held at the SLO, turned into replicas, GPUs and cost.
+
+Why from the judged steps and not a fit: a planner signs a number the run showed, with the bracket it
+lies in (the largest step held, the smallest that failed). A step held when it stayed within every
+limit of the plan (analysis/stages.py: SLO p95s, errors, KV, queue, the full-batch queue, GPU memory)
+and its goodput was not clearly below `min_goodput` (its 95% interval reaches it: analysis/goodput.py).
+The search's steps are read where the plan searched (kind `search`), else the concurrency ramp's.
+Written as `capacity.json` by `k3load analyze` and recomputed by `k3load capacity RUN` with other
+targets: a pure function of the run directory and the planner's inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from k3load.analysis.goodput import DEFAULT_MIN_GOODPUT
+from k3load.analysis.ramp import EXHAUSTED_BY_RULE
+
+CAPACITY_FORMAT = 1
+DEFAULT_HEADROOM = 0.3
+GOODPUT_RULE = "slo.goodput"
+
+
+@dataclass(frozen=True)
+class PlannerInputs:
+    """What the planner asks: targets, headroom, GPUs per replica, the GPU-hour price. The run's options
+    (--k3-target-users ...) win over the plan's `capacity:` block, key by key."""
+
+    target_users: tuple[int, ...] = ()
+    target_sessions_per_s: tuple[float, ...] = ()
+    headroom: float = DEFAULT_HEADROOM
+    gpus_per_replica: int | None = None
+    gpu_hour_cost: float | None = None
+
+    @classmethod
+    def of(cls, options: dict[str, Any], plan_capacity: dict[str, Any] | None) -> PlannerInputs:
+        plan = plan_capacity or {}
+
+        def pick(option: str, key: str, default: Any) -> Any:
+            value = options.get(option)
+            return value if value not in (None, [], "") else plan.get(key, default)
+
+        headroom = pick("k3_headroom", "headroom", DEFAULT_HEADROOM)
+        return cls(target_users=tuple(int(v) for v in pick("k3_target_users", "target_users", ()) or ()),
+                   target_sessions_per_s=tuple(float(v) for v in
+                                               pick("k3_target_sessions_per_s", "target_sessions_per_s", ()) or ()),
+                   headroom=float(DEFAULT_HEADROOM if headroom is None else headroom),
+                   gpus_per_replica=pick("k3_gpus_per_replica", "gpus_per_replica", None),
+                   gpu_hour_cost=pick("k3_gpu_hour_cost", "gpu_hour_cost", None))
+
+
+def replicas_for(target: float, per_replica: float, headroom: float) -> int | None:
+    """ceil(target / (per-replica capacity x (1 - headroom))): each replica planned to run at (1 - headroom)
+    of what it held. None when the replica held nothing (no number of them serves the target)."""
+    usable = per_replica * (1.0 - headroom)
+    if per_replica <= 0 or usable <= 0:
+        return None
+    return max(1, math.ceil(target / usable - 1e-9))
+
+
+def min_goodput(plan: Any) -> float:
+    """The plan's bound: the search stage's `min_goodput` (the first one), else the default 0.99."""
+    for stage in getattr(plan, "stages", ()) or ():
+        search = getattr(stage, "search", None)
+        if search is not None and getattr(search, "min_goodput", None) is not None:
+            return float(search.min_goodput)
+    return DEFAULT_MIN_GOODPUT
+
+
+def step_held(row: dict[str, Any], bound: float) -> bool:
+    """Within every limit and goodput not clearly below the bound (its interval's high reaches it)."""
+    ci = row.get("goodput_ci95")
+    return not row["problems"] and (ci is None or ci[1] >= bound)
+
+
+def _limiting(row: dict[str, Any], bound: float) -> dict[str, str]:
+    """What ran out at the first failed step, by rule id (never by the reason's wording)."""
+    ids = {p["id"]: p for p in row["problems"]}
+    for rule_id, resource in EXHAUSTED_BY_RULE:
+        if rule_id in ids:
+            return {"rule": rule_id, "resource": resource, "reason": ids[rule_id]["reason"]}
+    if row["problems"]:
+        first = row["problems"][0]
+        return {"rule": first["id"], "resource": "unknown", "reason": first["reason"]}
+    ci = row.get("goodput_ci95") or [None, None]
+    return {"rule": GOODPUT_RULE, "resource": "goodput",
+            "reason": f"{row.get('goodput', 0):.1%} of {row.get('goodput_requests')} requests met every SLO "
+                      f"(95% CI {ci[0]:.1%}-{ci[1]:.1%}) < {bound:.0%}"}
+
+
+def _steps(stage_table: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
+    for kind in ("search", "concurrency"):
+        rows = [s for s in stage_table if s["kind"] == kind and s.get("users")]
+        if rows:
+            return kind, rows
+    return None, []
+
+
+def _most_requests(row: dict[str, Any]) -> tuple[int, str]:
+    """Of repeats at one load, the step with the most evidence speaks for it."""
+    return row.get("goodput_requests") or 0, row["stage"]
+
+
+def _bracket(rows: list[dict[str, Any]], bound: float) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the capacity step, the first failed step): the largest load held below the smallest that failed;
+    a load held only where every step at it held (a repeat that failed counts)."""
+    by_users: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_users.setdefault(int(row["users"]), []).append(row)
+    failed = sorted(u for u, group in by_users.items() if not all(step_held(r, bound) for r in group))
+    first_bad = failed[0] if failed else None
+    held = [u for u in by_users if u not in failed and (first_bad is None or u < first_bad)]
+    best = max(held) if held else None
+    return (max(by_users[best], key=_most_requests) if best is not None else None,
+            next(r for r in by_users[first_bad] if not step_held(r, bound)) if first_bad is not None else None)
+
+
+def _per_replica(kind: str | None, rows: list[dict[str, Any]], bound: float, max_input: int | None
+                 ) -> dict[str, Any]:
+    held, bad = _bracket(rows, bound)
+    tried = max((int(r["users"]) for r in rows), default=None)
+    out: dict[str, Any] = {"source": kind, "min_goodput": bound, "max_users_at_slo": None,
+                           "max_users_at_slo_interval": None, "max_sessions_per_s_at_slo": None,
+                           "requests_per_s_at_slo": None, "output_tokens_per_s_at_slo": None,
+                           "sessions_per_s_at_slo": None, "goodput_at_max": None, "limiting": None,
+                           "limit_reached": bad is not None, "largest_load_tried": tried,
+                           "max_input_tokens_held": max_input, "capacity_stage": None}
+    if not rows:
+        out["inconclusive"] = "inconclusive, because the plan ran no concurrency or search steps"
+        return out
+    if bad is not None:
+        out["limiting"] = {**_limiting(bad, bound), "stage": bad["stage"], "users": bad["users"]}
+    if held is None:
+        out["inconclusive"] = (f"no step held at the SLO: the smallest ({bad['users'] if bad else '?'} users) "
+                               "already failed; capacity is below it")
+        out["max_users_at_slo_interval"] = [0, int(bad["users"]) - 1] if bad else None
+        return out
+    users = int(held["users"])
+    out |= {"max_users_at_slo": users, "capacity_stage": held["stage"],
+            "max_users_at_slo_interval": [users, int(bad["users"]) - 1 if bad else None],
+            "requests_per_s_at_slo": held.get("goodput_requests_per_s"),
+            "output_tokens_per_s_at_slo": held.get("goodput_output_tokens_per_s"),
+            "sessions_per_s_at_slo": held.get("goodput_sessions_per_s"),
+            "goodput_at_max": {"share": held.get("goodput"), "ci95": held.get("goodput_ci95"),
+                               "requests": held.get("goodput_requests")}}
+    return out
+
+
+def _target(kind: str, target: float, per_replica: float | None, inputs: PlannerInputs) -> dict[str, Any]:
+    replicas = replicas_for(target, per_replica, inputs.headroom) if per_replica else None
+    gpus = replicas * inputs.gpus_per_replica if replicas is not None and inputs.gpus_per_replica else None
+    row: dict[str, Any] = {kind: target, "per_replica": per_replica, "headroom": inputs.headroom,
+                           "replicas": replicas, "gpus_per_replica": inputs.gpus_per_replica, "gpus": gpus}
+    if replicas is None:
+        row["why_unknown"] = "the run measured no capacity at the SLO to size by"
+    elif gpus is None:
+        row["why_gpus_unknown"] = "GPUs per replica unknown: --k3-gpus-per-replica, or a precheck inventory"
+    if inputs.gpu_hour_cost is not None and gpus is not None:
+        row["cost_per_hour"] = gpus * inputs.gpu_hour_cost
+    return row
+
+
+def _cost(per: dict[str, Any], inputs: PlannerInputs) -> dict[str, Any] | None:
+    """Per replica planned at (1 - headroom) of its capacity: the price of a million output tokens and of
+    an agent session served within the SLO there."""
+    if inputs.gpu_hour_cost is None or not inputs.gpus_per_replica:
+        return None
+    hourly = inputs.gpus_per_replica * inputs.gpu_hour_cost
+    load = 1.0 - inputs.headroom
+    tokens, sessions = per.get("output_tokens_per_s_at_slo"), per.get("sessions_per_s_at_slo")
+    return {"gpu_hour_cost": inputs.gpu_hour_cost, "replica_cost_per_hour": hourly,
+            "per_million_output_tokens": hourly / (tokens * load * 3600 / 1e6) if tokens else None,
+            "per_agent_session": hourly / (sessions * load * 3600) if sessions else None}
+
+
+def planner_inputs(run: dict[str, Any], plan: Any, compat: dict[str, Any] | None, gpu_count: int | None
+                   ) -> PlannerInputs:
+    """The run's options and plan, GPUs per replica from them, else the precheck's inventory, else the GPUs
+    the run's telemetry saw (`gpu_count`)."""
+    inputs = PlannerInputs.of(run.get("options") or {}, getattr(plan, "capacity", None))
+    if inputs.gpus_per_replica:
+        return inputs
+    rule = next((r for r in (compat or {}).get("rules", []) if r.get("id") == "gpu_count"), None)
+    total = ((rule or {}).get("details") or {}).get("total")
+    found = total if isinstance(total, int) and total > 0 else gpu_count
+    return PlannerInputs(inputs.target_users, inputs.target_sessions_per_s, inputs.headroom, found or None,
+                         inputs.gpu_hour_cost)
+
+
+def capacity_plan(stage_table: list[dict[str, Any]], inputs: PlannerInputs, bound: float,
+                  max_input: int | None, what_if: list[dict[str, Any]], assumptions: list[str]) -> dict[str, Any]:
+    """capacity.json: per replica, the targets sized, the cost, the what-ifs and the assumptions."""
+    kind, rows = _steps(stage_table)
+    per = _per_replica(kind, rows, bound, max_input)
+    targets = [_target("users", float(n), per["max_users_at_slo"], inputs) for n in inputs.target_users]
+    rate = per["max_sessions_per_s_at_slo"] or per["sessions_per_s_at_slo"]
+    targets += [_target("sessions_per_s", r, rate, inputs) for r in inputs.target_sessions_per_s]
+    steps = [{"stage": r["stage"], "users": r["users"], "held": step_held(r, bound), "goodput": r.get("goodput"),
+              "goodput_ci95": r.get("goodput_ci95"), "past_capacity": r.get("past_capacity"),
+              "problems": [p["id"] for p in r["problems"]]} for r in rows]
+    return {"format": CAPACITY_FORMAT, "per_replica": per, "targets": targets, "cost": _cost(per, inputs),
+            "what_if": what_if, "assumptions": assumptions, "steps": steps}

@@ -1,0 +1,91 @@
+"""The report's "Capacity plan" section (capacity.json in words and tables), and `k3load capacity`'s lines.
+
+Why right after the verdict: a capacity planner opens the report for this, and the lead signs the
+verdict beside the load it holds at.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from k3load.analysis.markdown import fmt, table
+
+TARGET_COLUMNS = ("target", "per_replica", "headroom", "replicas", "gpus_per_replica", "gpus", "cost_per_hour")
+STEP_COLUMNS = ("stage", "users", "held", "goodput", "goodput_ci95", "past_capacity", "problems")
+
+
+def _pct(value: float | None) -> str:
+    return "?" if value is None else f"{value:.1%}"
+
+
+def headline(per: dict[str, Any]) -> str:
+    """One sentence: the capacity with its bracket, or why there is none."""
+    users, interval = per.get("max_users_at_slo"), per.get("max_users_at_slo_interval") or [None, None]
+    if per.get("inconclusive") and users is None:
+        return per["inconclusive"]
+    if not per.get("limit_reached"):
+        return (f"no limit reached up to {per.get('largest_load_tried')} users: each replica holds at least "
+                f"**{users} users** at the SLO (the largest load tried; capacity is above it)")
+    goodput = per.get("goodput_at_max") or {}
+    ci = goodput.get("ci95") or [None, None]
+    limiting = per.get("limiting") or {}
+    return (f"each replica holds **{users} users** at the SLO (between {interval[0]} and {interval[1]}: the "
+            f"largest step held and the one below the first that failed), goodput {_pct(goodput.get('share'))} "
+            f"(95% CI {_pct(ci[0])}-{_pct(ci[1])}); at {limiting.get('users')} users {limiting.get('resource')} "
+            f"ran out first ({limiting.get('rule')}: {limiting.get('reason')})")
+
+
+def _targets(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for t in plan.get("targets") or []:
+        target = f"{t['users']:g} users" if "users" in t else f"{t['sessions_per_s']:g} sessions/s"
+        rows.append({"target": target, **{k: t.get(k) for k in TARGET_COLUMNS if k != "target"}})
+    return rows
+
+
+def markdown(plan: dict[str, Any]) -> str:
+    per = plan["per_replica"]
+    out = [f"## Capacity plan\n\n{headline(per)}.\n\n",
+           table([{k: per.get(k) for k in ("max_users_at_slo", "requests_per_s_at_slo", "output_tokens_per_s_at_slo",
+                                           "sessions_per_s_at_slo", "max_input_tokens_held", "source")}],
+                 ("max_users_at_slo", "requests_per_s_at_slo", "output_tokens_per_s_at_slo", "sessions_per_s_at_slo",
+                  "max_input_tokens_held", "source")), "\n"]
+    rows = _targets(plan)
+    out.append(table(rows, TARGET_COLUMNS) + "\n" if rows else
+               "No target given: `--k3-target-users N` (or a plan's `capacity:` block, or `k3load capacity RUN "
+               "--target-users N`) sizes replicas, GPUs and cost for it.\n\n")
+    cost = plan.get("cost")
+    if cost:
+        out.append(f"Cost at {fmt(cost['gpu_hour_cost'])} per GPU-hour, each replica planned at its capacity less "
+                   f"the headroom: {fmt(cost['replica_cost_per_hour'])} per replica-hour, "
+                   f"{fmt(cost['per_million_output_tokens'])} per million output tokens at the SLO, "
+                   f"{fmt(cost['per_agent_session'])} per agent session.\n\n")
+    for what in plan.get("what_if") or []:
+        out.append(f"What if {what['case']}: {_what_if(what)}.\n\n")
+    out.append("Assumptions:\n\n" + "".join(f"- {a}\n" for a in plan.get("assumptions") or []) + "\n")
+    if plan.get("steps"):
+        out.append(table(plan["steps"], STEP_COLUMNS) + "\n")
+    return "".join(out)
+
+
+def _what_if(what: dict[str, Any]) -> str:
+    if what.get("inconclusive"):
+        return what["inconclusive"]
+    text = (f"the capacity step's requests found {_pct(what.get('measured_hit_share'))} of their prompt tokens "
+            f"cached; cold, each would prefill {fmt(what.get('prefill_tokens_factor'))}x the tokens: where prefill "
+            "bounds the load a replica holds, a cold cache costs capacity up to that factor, where decode bounds it, "
+            "little (one run at one hit share cannot tell which)")
+    if what.get("cold_ttft_p50_ms") is not None:
+        text += (f" (this run's cold family: TTFT p50 {fmt(what['cold_ttft_p50_ms'])} ms against "
+                 f"{fmt(what.get('cached_ttft_p50_ms'))} ms for the cached families)")
+    return text + (f"; {what['note']}" if what.get("note") else "")
+
+
+def summary_lines(plan: dict[str, Any]) -> list[str]:
+    """`k3load capacity`'s printout: the headline, then one line per target."""
+    lines = [f"k3load capacity: {headline(plan['per_replica']).replace('**', '')}"]
+    for row in _targets(plan):
+        lines.append(f"  {row['target']}: {fmt(row['replicas'])} replicas, {fmt(row['gpus'])} GPUs "
+                     f"(headroom {row['headroom']:.0%})" + (f", {fmt(row['cost_per_hour'])} per hour"
+                                                            if row.get("cost_per_hour") is not None else ""))
+    return lines
