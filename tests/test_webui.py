@@ -163,9 +163,14 @@ def _fake_session(run_dir: Path) -> Any:
     from types import SimpleNamespace
 
     runner = SimpleNamespace(state="running", user_count=3, stats=None, current_cpu_usage=12.5)
+    from k3load.analysis.goodput import Slo
+    from k3load.analysis.pillar import DEFAULT_THRESHOLDS
+    from k3load.loadgen.search_live import LiveGoodput
+
     return SimpleNamespace(env=SimpleNamespace(runner=runner), run_id="r1", run_dir=run_dir, stage=None,
                            stage_started=0.0, stage_name="manual-1", finished=False, judgment=None,
-                           live=LiveCounts(), fatal="")
+                           live=LiveCounts(), fatal="", goodput=LiveGoodput(Slo.from_limits(DEFAULT_THRESHOLDS)),
+                           search=None)
 
 
 def _scrape(ts: float, kv: float, waiting: float, hits: float, queries: float) -> str:

@@ -2,7 +2,13 @@
 
     run_id, run_dir     the current run (a new one per test started from the UI)
     error               the harness error that stopped the run before any load (then no verdict), or null
-    stage               {name, kind, users, elapsed_s, left_s (null for a manual stage)} or null
+    stage               {name, kind, users, elapsed_s, left_s (null for a manual stage), goodput, goodput_ci95,
+                        goodput_requests} or null: goodput is the share of the stage's requests so far that met every
+                        SLO (k3load.loadgen.search_live.LiveGoodput, the analysis's own test), with its Wilson interval
+    goodput             [{stage, requests, good, goodput, goodput_ci95}] for every stage of the run so far
+    search              the last `kind: search` stage's search (k3load.loadgen.search_live.LiveSearch.snapshot:
+                        the step, its users and evidence so far, the bracket last_good / first_bad, how it ended)
+                        or null
     signals             users, requests_per_s, the current stage's TTFT / ITL / e2e p50 and p95 (ms, from the
                         provisional judgment), kv_usage, running, waiting, preemptions (this run), prefix hit
                         ratio (this run), GPU memory per GPU and node, the load generator's CPU per process,
@@ -31,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import gevent
 from locust.runners import Runner
 
+from k3load.analysis.stats import wilson
 from k3load.evidence import METRICS, RECORDS, Follow, SeriesTable, evidence_file
 from k3load.sampler.prom import split_key
 
@@ -178,6 +185,8 @@ class LiveState:
                             "load_generator_cpu_pct": _cpu(runner), "attempts": session.live.attempts,
                             "valid": session.live.valid, "failed_by_layer": dict(session.live.failed_by_layer)},
                 "pillars": self._pillars(), "verdict": self._verdict(),
+                "goodput": [_goodput(name, c.requests, c.good) for name, c in session.goodput.stages.items()],
+                "search": session.search.snapshot() if session.search is not None else None,
                 "history": signals.history if signals else []}
 
     def _stage(self) -> dict[str, Any] | None:
@@ -186,8 +195,11 @@ class LiveState:
             return None
         elapsed = time.monotonic() - self.session.stage_started
         manual = stage.name.startswith("manual-")
+        count = self.session.goodput.of(stage.name)
+        good = _goodput(stage.name, count.requests, count.good)
         return {"name": stage.name, "kind": stage.kind, "users": stage.users, "elapsed_s": round(elapsed, 1),
-                "left_s": None if manual else round(max(stage.duration_s - elapsed, 0.0), 1)}
+                "left_s": None if manual else round(max(stage.duration_s - elapsed, 0.0), 1),
+                "goodput": good["goodput"], "goodput_ci95": good["goodput_ci95"], "goodput_requests": count.requests}
 
     def _pillars(self) -> dict[str, Any] | None:
         """Provisional while the run goes on; once judged, the verdict's own."""
@@ -240,6 +252,13 @@ def _provisional(run_dir: Path, judge: Callable[[Path], Judgment] | None, stage:
     judgment = judge(run_dir)
     row = next((r for r in judgment.stage_table if r.get("stage") == stage), {})
     return _pillar_summary(judgment.pillars), row
+
+
+def _goodput(stage: str, requests: int, good: int) -> dict[str, Any]:
+    """A stage's goodput so far: the share of its requests that met every SLO, with its Wilson 95% interval."""
+    rate = wilson(good, requests)
+    return {"stage": stage, "requests": requests, "good": good, "goodput": rate.value,
+            "goodput_ci95": [rate.low, rate.high] if requests else None}
 
 
 def _pillar_summary(pillars: dict[str, Any]) -> dict[str, dict[str, str]]:

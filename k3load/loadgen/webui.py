@@ -149,7 +149,10 @@ def tab_rows(state: dict[str, Any]) -> list[dict[str, str]]:
     rows = [("run", f"{state.get('run_id') or '–'}  ({state.get('run_dir') or 'no run yet'})"),
             ("stage", "–" if not stage else f"{stage['name']} ({stage['kind']}, {stage['users']} users), "
              + ("set by hand" if stage["left_s"] is None else f"{stage['left_s']:.0f} s left")),
+            ("stage goodput", "–" if not stage else _goodput(stage.get("goodput"), stage.get("goodput_ci95"),
+                                                              stage.get("goodput_requests"))),
             ("users", str(sig.get("users", 0))), ("requests/s", _num(sig.get("requests_per_s"), 2))]
+    rows += _search_rows(state.get("search"))
     for what in ("ttft", "itl", "e2e"):
         rows.append((f"{what} p50 / p95 (stage)", f"{_num(sig.get(f'{what}_p50_ms'), 0)} / "
                      f"{_num(sig.get(f'{what}_p95_ms'), 0)} ms"))
@@ -178,3 +181,28 @@ def tab_rows(state: dict[str, Any]) -> list[dict[str, str]]:
     else:
         rows.append(("verdict", "judged when the test stops: shown below (Locust stops refreshing this table then)"))
     return [{"signal": k, "value": v} for k, v in rows]
+
+
+def _goodput(share: float | None, ci95: list[float] | None, requests: int | None) -> str:
+    if not requests or share is None or not ci95:
+        return "–"
+    return f"{share * 100:.1f}% (95% CI {ci95[0] * 100:.1f}–{ci95[1] * 100:.1f}%) of {requests} requests"
+
+
+def _search_rows(search: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The capacity search's lines (k3load.loadgen.search_live.LiveSearch.snapshot): the step, its evidence so
+    far, the bracket."""
+    if not search:
+        return []
+    queue = search.get("queue_share")
+    last = search.get("last_decision")
+    step = ("–" if not search.get("step") else f"{search['step']} ({search['users']} users, "
+            f"{search['elapsed_s']:.0f} s" + (", a repeat near the bound" if search.get("repeat") else "") + ")")
+    return [("search", search["stage"] + (f" (ended: {search['ended']})" if search.get("ended") else "")),
+            ("search step", step),
+            ("search step goodput", _goodput(search.get("goodput"), search.get("goodput_ci95"), search.get("requests"))
+             + f" against {search['min_goodput'] * 100:.1f}%"),
+            ("search step queue behind a full batch", "–" if queue is None else f"{queue * 100:.0f}% of scrapes"),
+            ("search bracket (held / failed)", f"{search.get('last_good') or '–'} / {search.get('first_bad') or '–'} "
+             "users"),
+            ("search last decision", "–" if not last else f"{last['users']} users: {last['decision']}")]

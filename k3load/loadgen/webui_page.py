@@ -20,6 +20,8 @@ body.embed{margin:0 .5em} body.embed .full{display:none}
  &middot; <a href="./" target="_blank">this page alone</a></div>
 <h2>Verdict</h2><div id="verdict">at the test's stop</div><div id="links"></div>
 <div class="full"><h2>Now</h2><table id="signals"></table></div>
+<div id="search-box" style="display:none"><h2>Capacity search</h2><table id="search"></table></div>
+<h2>Goodput by stage (requests that met every SLO so far)</h2><table id="goodput"></table>
 <h2>KV usage, waiting and GPU memory, with the user count (dashed)</h2>
 <div class="charts"><div class="chart"><b>KV cache usage (%)</b><svg id="c-kv" width="360" height="140"></svg></div>
 <div class="chart"><b>waiting requests</b><svg id="c-waiting" width="360" height="140"></svg></div>
@@ -30,6 +32,19 @@ body.embed{margin:0 .5em} body.embed .full{display:none}
 if(new URLSearchParams(location.search).has('embed'))document.body.classList.add('embed');
 function esc(s){return String(s).replace(/[&<>"]/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]))}
 function num(v,d){return v===null||v===undefined?'\\u2013':Number(v).toFixed(d)}
+function pct(v){return v===null||v===undefined?'\\u2013':(v*100).toFixed(1)+'%'}
+function gp(v,ci,n){return n?`${pct(v)} (95% CI ${pct(ci[0])}\\u2013${pct(ci[1])}) of ${n} requests`:'\\u2013'}
+function searchRows(q){const d=q.last_decision;return [['search',q.stage+(q.ended?` (ended: ${q.ended})`:'')],
+ ['step',q.step?`${q.step}${q.repeat?' (repeat of a step near the bound)':''}`:'\\u2013'],
+ ['users',q.users===null?'\\u2013':q.users],
+ ['step time',`${num(q.elapsed_s,0)} s (at least ${num(q.step_s,0)}, at most ${num(q.max_step_s,0)})`],
+ ['goodput so far',gp(q.goodput,q.goodput_ci95,q.requests)+` against ${pct(q.min_goodput)}`],
+ ['queue behind a full batch',q.queue_share===null?'\\u2013':
+   pct(q.queue_share)+' of scrapes (past capacity above 50%)'],
+ ['KV usage (step max)',pct(q.kv_usage_max)],
+ ['bracket: last held / first failed',`${q.last_good??'\\u2013'} / ${q.first_bad??'\\u2013'} users`],
+ ['last decision',d?`${d.users} users: ${d.decision}`:'\\u2013'],
+ ['search time',`${num(q.total_s,0)} of at most ${num(q.max_total_s,0)} s`]]}
 function line(pts,w,h,max,dash,color){if(!pts.length)return '';
  const t0=pts[0][0],t1=Math.max(pts[pts.length-1][0],t0+1);
  const p=pts.map(([t,v])=>((t-t0)/(t1-t0)*(w-40)+30).toFixed(1)+','+(h-15-(v/max)*(h-25)).toFixed(1)).join(' ');
@@ -48,6 +63,7 @@ async function tick(){let s;try{s=await (await fetch('state',{cache:'no-store'})
  const g=s.signals||{},st=s.stage;const rows=[['state',s.state],
   ['stage',st?`${st.name} (${st.kind}, ${st.users} users) `+
    (st.left_s===null?'set by hand':`${num(st.left_s,0)} s left`):'\\u2013'],
+  ['stage goodput',st?gp(st.goodput,st.goodput_ci95,st.goodput_requests):'\\u2013'],
   ['users',g.users],['requests/s',num(g.requests_per_s,2)],
   ['TTFT p50 / p95 ms',num(g.ttft_p50_ms,0)+' / '+num(g.ttft_p95_ms,0)],
   ['first answer token (TTFA) p50 / p95 ms',num(g.ttfa_p50_ms,0)+' / '+num(g.ttfa_p95_ms,0)],
@@ -63,6 +79,12 @@ async function tick(){let s;try{s=await (await fetch('state',{cache:'no-store'})
   ['failures by layer',Object.entries(g.failed_by_layer||{}).map(([k,v])=>k+' '+v).join(', ')||'none']];
  document.getElementById('signals').innerHTML=rows.map(([k,v])=>
   `<tr data-key="${esc(k)}"><td>${esc(k)}</td><td>${esc(v)}</td></tr>`).join('');
+ const q=s.search,box=document.getElementById('search-box');box.style.display=q?'':'none';
+ document.getElementById('search').innerHTML=q?searchRows(q).map(([k,v])=>
+  `<tr data-key="${esc(k)}"><td>${esc(k)}</td><td>${esc(v)}</td></tr>`).join(''):'';
+ document.getElementById('goodput').innerHTML=(s.goodput||[]).map(x=>
+  `<tr data-stage="${esc(x.stage)}"><td>${esc(x.stage)}</td>`+
+  `<td>${esc(gp(x.goodput,x.goodput_ci95,x.requests))}</td></tr>`).join('');
  document.getElementById('pillars').innerHTML=Object.entries(s.pillars||{}).map(([k,p])=>
   `<tr><td>${esc(k)}</td><td><b>${esc(p.status)}</b> ${esc(p.reason)}</td></tr>`).join('');
  const v=document.getElementById('verdict'),l=document.getElementById('links');

@@ -1,0 +1,182 @@
+"""The live side of the capacity search (k3load/loadgen/search_live.py): goodput counted from record lines as the
+analysis counts it, the scrapes of a step, the steps a search stage runs and the events it writes, and what the
+web UI shows of it. No sockets, no Locust: record lines, a metrics file and a clock."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from k3load.analysis.goodput import Slo
+from k3load.analysis.pillar import DEFAULT_THRESHOLDS
+from k3load.events import FIELDS, Event
+from k3load.loadgen.live import LiveState
+from k3load.loadgen.manual import LiveCounts
+from k3load.loadgen.search import ResourceLimits
+from k3load.loadgen.search_live import LiveGoodput, LiveSearch, Scrapes
+from k3load.loadgen.shape import same_search
+from k3load.loadgen.webui import tab_rows
+from k3load.rundir import JsonlLog
+from k3load.workload.plan import parse_plan
+
+SLO = Slo.from_limits(DEFAULT_THRESHOLDS)  # ttft 3000, ttfa 30000, itl 250, e2e 60000 ms
+
+
+def record(chain: str, stage: str = "s", status: str = "ok", valid: bool = True, ttft_ms: float = 100.0,
+           will_retry: bool = False, drill: bool = False) -> str:
+    return json.dumps({"chain_id": chain, "stage": stage, "status": status, "valid": valid, "ttft_ms": ttft_ms,
+                       "ttfa_ms": ttft_ms, "itl_mean_ms": 20.0, "e2e_ms": 900.0, "will_retry": will_retry,
+                       "drill": drill})
+
+
+def test_live_goodput_counts_requests_as_chains_and_leaves_drills_and_client_errors_out():
+    goodput = LiveGoodput(SLO)
+    for line in [record("a"), record("b", ttft_ms=5000),  # over the TTFT limit: a request that missed the SLO
+                 record("c", valid=False), record("d", status="http_error"),
+                 record("e", status="timeout", will_retry=True), record("e"),  # retried: kept its agent waiting
+                 record("f", will_retry=True, status="timeout"), record("f", status="client_raised"),
+                 record("g", status="client_raised"), record("h", drill=True), record("i", stage="t"), "not json"]:
+        goodput.add(line)
+    count = goodput.of("s")
+    assert (count.requests, count.good) == (6, 1)  # a, b, c, d, e, f; only a met every SLO
+    assert (goodput.of("t").requests, goodput.of("nowhere").requests) == (1, 0)
+
+
+def scrape(ts: float, running: float, waiting: float, kv: float = 0.1, preempted: float = 0.0,
+           source: str = "http://s/metrics") -> str:
+    return json.dumps({"ts": ts, "source": source, "ok": True, "samples": {
+        'vllm:num_requests_running{engine="0"}': running, 'vllm:num_requests_waiting{engine="0"}': waiting,
+        'vllm:num_requests_waiting_by_reason{reason="capacity"}': 99.0,  # another series: never read as waiting
+        'vllm:kv_cache_usage_perc{engine="0"}': kv, 'vllm:num_preemptions_total{engine="0"}': preempted}})
+
+
+def test_scrapes_of_a_step_read_the_queue_behind_a_full_batch_kv_and_preemptions(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(scrape(1, 8, 5, kv=0.99, preempted=1) + "\n")  # before the step: not its evidence
+    scrapes = Scrapes(tmp_path)
+    scrapes.begin(2.0)
+    with metrics.open("a") as handle:
+        handle.write("\n".join([scrape(2, 8, 1, 0.3, 1), scrape(3, 8, 2, 0.4, 2), scrape(4, 7, 0, 0.2, 4),
+                                scrape(5, 8, 1, 0.5, 4), json.dumps({"ts": 6, "source": "x", "ok": False})]) + "\n")
+    scrapes.read()
+    queue = scrapes.queue(None, users=9)  # no cap known: the most it ran at once (8), below the 9 users
+    assert (queue.scrapes, queue.queued, queue.cap, queue.past_capacity) == (4, 3, 8, True)
+    assert scrapes.kv_usage_max() == 0.5 and scrapes.preemptions() == 3.0
+    assert scrapes.queue(None, users=8).past_capacity is False  # 8 users all ran: nothing capped them
+
+
+class FakeScrapes:
+    def __init__(self) -> None:
+        self.queued = False
+        self.began: list[float] = []
+
+    def begin(self, ts: float) -> None:
+        self.began.append(ts)
+
+    def read(self) -> None:
+        pass
+
+    def queue(self, cap: Any, users: int) -> Any:
+        from k3load.analysis.full_batch import BatchQueue
+        return BatchQueue(10, 9 if users > 8 else 0, 8, "test")
+
+    def kv_usage_max(self) -> float:
+        return 0.2
+
+    def preemptions(self) -> float:
+        return 0.0
+
+
+PLAN = parse_plan({"name": "p", "stages": [
+    {"name": "find", "kind": "search", "start_users": 4, "max_users": 16, "min_goodput": 0.9, "step_s": 5,
+     "max_step_s": 10, "max_total_s": 100, "mix": {"agent": 1}}]}, "p.yaml")
+
+
+def test_a_live_search_runs_named_steps_on_its_own_clock_and_says_each_decision(tmp_path):
+    clock = [0.0]
+    goodput, events = LiveGoodput(SLO), JsonlLog(tmp_path / "events.jsonl")
+    search = LiveSearch(PLAN.stages[0], goodput, FakeScrapes(), events, ResourceLimits(), None,
+                        clock=lambda: clock[0], wall=lambda: 1000 + clock[0])  # type: ignore[arg-type]
+    names = []
+    for _ in range(200):  # one look a second, as the shape ticks
+        step = search.step_now()
+        if step is None:
+            break
+        if not search.entered:
+            names.append(step.name)
+            assert step.kind == "search" and step.search is PLAN.stages[0].search and step.users == int(
+                step.name.rsplit("-c", 1)[1])
+            search.enter(step)
+        for i in range(40):  # 40 good requests a second
+            goodput.add(record(f"{step.name}-{clock[0]}-{i}", stage=step.name))
+        clock[0] += 1
+    assert names == ["find-s1-c4", "find-s2-c8", "find-s3-c16", "find-s4-c12", "find-s5-c10", "find-s6-c9"]
+    assert search.step_now() is None and search.end_said
+    search.stop()  # the run's end after the search ended: nothing more said
+    events.close()
+    lines = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert all(set(e) - {"ts", "event"} == FIELDS[Event(e["event"])] for e in lines)
+    steps = [e for e in lines if e["event"] == "search_step"]
+    assert [(e["users"], e["decision"]) for e in steps] == [(4, "held"), (8, "held"), (16, "past_capacity"),
+                                                            (12, "past_capacity"), (10, "past_capacity"),
+                                                            (9, "past_capacity")]
+    assert steps[0]["requests"] >= 200 and steps[0]["goodput"] == 1.0 and steps[0]["queue_share"] == 0.0
+    assert lines[-1] == {**lines[-1], "event": "search_end", "stage": "find", "largest_held_users": 8,
+                         "first_failed_users": 9, "ended": "resolved", "steps": 6}
+
+
+def test_a_search_stopped_midway_says_so_with_its_bracket(tmp_path):
+    events = JsonlLog(tmp_path / "events.jsonl")
+    search = LiveSearch(PLAN.stages[0], LiveGoodput(SLO), FakeScrapes(), events, ResourceLimits(), None,
+                        clock=lambda: 0.0)  # type: ignore[arg-type]
+    search.enter(search.step_now())
+    search.stop()
+    search.stop()
+    events.close()
+    lines = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["ended"], e["largest_held_users"], e["steps"]) for e in lines] == [
+        ("search_end", "stopped", None, 0)]
+
+
+def test_steps_of_one_search_are_not_drained_between():
+    plan = parse_plan({"name": "p", "stages": [
+        {"name": "a", "kind": "search", "max_users": 8, "step_s": 1, "max_total_s": 10, "mix": {"agent": 1}},
+        {"name": "b", "kind": "search", "max_users": 8, "step_s": 1, "max_total_s": 10, "mix": {"agent": 1}}]},
+        "p.yaml")
+    a, b = plan.stages
+    from dataclasses import replace
+    a1, a2, b1 = replace(a, step=1), replace(a, step=2), replace(b, step=1)
+    assert same_search(a1, a2) and not same_search(a2, b1) and not same_search(a, a1) and not same_search(None, a1)
+
+
+def test_the_web_ui_shows_the_search_and_each_stages_goodput(tmp_path):
+    goodput = LiveGoodput(SLO)
+    for i in range(50):
+        goodput.add(record(f"c{i}", stage="find-s1-c4", ttft_ms=100.0 if i else 9000.0))
+    search = LiveSearch(PLAN.stages[0], goodput, FakeScrapes(), None, ResourceLimits(), None,
+                        clock=lambda: 0.0)  # type: ignore[arg-type]
+    step = search.step_now()
+    search.enter(step)
+    search.step_now()
+    runner = SimpleNamespace(state="running", user_count=4, stats=None, current_cpu_usage=1.0)
+    session = SimpleNamespace(env=SimpleNamespace(runner=runner), run_id="r1", run_dir=tmp_path, stage=step,
+                              stage_started=0.0, stage_name=step.name, finished=False, judgment=None,
+                              live=LiveCounts(), fatal="", goodput=goodput, search=search)
+    state = LiveState(session, judge=lambda run_dir: None).state()  # type: ignore[arg-type,return-value]
+    assert state["stage"]["goodput"] == 0.98 and state["stage"]["goodput_requests"] == 50
+    assert state["goodput"] == [{"stage": "find-s1-c4", "requests": 50, "good": 49, "goodput": 0.98,
+                                 "goodput_ci95": state["stage"]["goodput_ci95"]}]
+    assert state["search"]["step"] == "find-s1-c4" and state["search"]["users"] == 4
+    assert state["search"]["requests"] == 50 and state["search"]["last_good"] is None
+    rows = {r["signal"]: r["value"] for r in tab_rows(state)}
+    assert rows["stage goodput"].startswith("98.0% (95% CI ") and rows["stage goodput"].endswith("of 50 requests")
+    assert rows["search step"] == "find-s1-c4 (4 users, 0 s)"
+    assert rows["search bracket (held / failed)"] == "– / – users"
+
+
+def test_the_run_dir_of_a_search_is_its_scrapes(tmp_path: Path):
+    search = LiveSearch.for_run(PLAN.stages[0], tmp_path, None, DEFAULT_THRESHOLDS, LiveGoodput(SLO))
+    assert search.cap is None and search.controller.limits == ResourceLimits(0.98, 5.0)
+    assert search.step_now().name == "find-s1-c4"
