@@ -85,9 +85,15 @@ def _limiting(row: dict[str, Any], bound: float) -> dict[str, str]:
         first = row["problems"][0]
         return {"rule": first["id"], "resource": "unknown", "reason": first["reason"]}
     ci = row.get("goodput_ci95") or [None, None]
-    return {"rule": GOODPUT_RULE, "resource": "goodput",
+    misses = row.get("goodput_misses") or {}
+    said = ", ".join(f"{k} {v}" for k, v in misses.items() if v)
+    what = ("the answers' validity, not the load: every miss was an answer that was not valid"
+            if misses and misses.get("invalid") and not misses.get("latency") and not misses.get("error")
+            else "goodput")
+    return {"rule": GOODPUT_RULE, "resource": what,
             "reason": f"{row.get('goodput', 0):.1%} of {row.get('goodput_requests')} requests met every SLO "
-                      f"(95% CI {ci[0]:.1%}-{ci[1]:.1%}) < {bound:.0%}"}
+                      f"(95% CI {ci[0]:.1%}-{ci[1]:.1%}) < {bound:.0%}" + (f"; attempts missed by {said}" if said
+                                                                          else "")}
 
 
 def _steps(stage_table: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:

@@ -86,6 +86,10 @@ class Goodput:
     requests_per_s: float
     output_tokens_per_s: float
     sessions_per_s: float | None
+    # The attempts that missed, by what they missed first: not answered (an error), answered but not valid
+    # (the model's or the parser's answer), or answered valid but late (a latency limit): which one says
+    # whether load or the answers' quality holds the goodput down.
+    misses: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"goodput": self.share, "goodput_ci95": list(self.share_ci95) if self.share_ci95 else None,
@@ -95,7 +99,7 @@ class Goodput:
                 "session_goodput_ci95": list(self.session_share_ci95) if self.session_share_ci95 else None,
                 "goodput_requests_per_s": self.requests_per_s,
                 "goodput_output_tokens_per_s": self.output_tokens_per_s,
-                "goodput_sessions_per_s": self.sessions_per_s}
+                "goodput_sessions_per_s": self.sessions_per_s, "goodput_misses": self.misses}
 
 
 def _share(good: int, total: int) -> tuple[float | None, tuple[float, float] | None]:
@@ -115,6 +119,10 @@ def stage_goodput(frame: pd.DataFrame, slo: Slo, duration_s: float) -> Goodput:
     ok_good = frame[good & frame["chain_id"].isin(good_chains.index)]
     tokens = float(pd.to_numeric(ok_good["completion_tokens"], errors="coerce").fillna(0).sum())
     duration = max(duration_s, 1e-9)
+    answered = frame["status"] == STATUS_OK
+    valid = answered & (frame["valid"] == True)  # noqa: E712 (None, NaN: not valid)
+    misses = {"error": int((~answered).sum()), "invalid": int((answered & ~valid).sum()),
+              "latency": int((valid & ~good).sum())}
     sessions = good_sessions = None
     session_share: tuple[float | None, tuple[float, float] | None] = (None, None)
     per_s = None
@@ -128,4 +136,4 @@ def stage_goodput(frame: pd.DataFrame, slo: Slo, duration_s: float) -> Goodput:
                    share_ci95=requests_share[1], sessions=sessions, good_sessions=good_sessions,
                    session_share=session_share[0], session_share_ci95=session_share[1],
                    requests_per_s=len(good_chains) / duration, output_tokens_per_s=tokens / duration,
-                   sessions_per_s=per_s)
+                   sessions_per_s=per_s, misses=misses)

@@ -39,7 +39,8 @@ def _exhausted(problems: list[dict[str, Any]]) -> str:
 
 def ramp(stage_table: list[dict[str, Any]]) -> dict[str, Any]:
     kind = "search" if any(s["kind"] == "search" for s in stage_table) else "concurrency"  # the search's, else
-    steps = sorted((s for s in stage_table if s["kind"] == kind), key=lambda s: (s["users"] or 0, s.get("start_ts") or 0.0))
+    steps = sorted((s for s in stage_table if s["kind"] == kind),
+                   key=lambda s: (s["users"] or 0, s.get("start_ts") or 0.0))
     rows = [{c: s.get(c) for c in RAMP_COLUMNS} | {"within_limits": not s["problems"], "problems": s["problems"]}
             for s in steps]
     knee = None

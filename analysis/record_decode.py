@@ -25,7 +25,7 @@ from k3load.workload.validate import primary_layer
 
 # Columns of RunData.records that no rule reads from the attempts: taken from the line as it passes.
 FRAME_ONLY = ("turn_kind", "itl_mean_ms", "ttfa_ms", "completion_tokens", "max_tokens", "error", "failed_layers",
-              "session_id")
+              "session_id", "intended_send_ts")
 # Every field LeanAttempt keeps and the frame-only ones, but the calls and findings (decoded apart).
 _OPTIONAL = tuple(name for name in dict.fromkeys([*(f.name for f in fields(LeanAttempt)), *FRAME_ONLY])
                   if name not in REQUIRED and name not in ("tool_calls", "findings"))
@@ -64,7 +64,7 @@ class RecordDecoder:
         self._append = attempts.append
         # one bound append per frame-only column, called written out (a loop over them cost 0.2 s an hour)
         (self._turn_kind, self._itl, self._ttfa, self._completion, self._max_tokens, self._error,
-         self._failed, self._session) = (columns[name].append for name in FRAME_ONLY)
+         self._failed, self._session, self._intended) = (columns[name].append for name in FRAME_ONLY)
         self.layer_lists: dict[tuple[Any, ...], list[Any]] = {}  # one list per distinct failed_layers
 
     def take(self, line: str | bytes) -> bool:
@@ -80,7 +80,7 @@ class RecordDecoder:
     def add(self, lean: Any, frame: tuple[Any, ...]) -> None:
         """An attempt and its frame-only values (in FRAME_ONLY's order); a line read whole comes here too."""
         self._append(lean)
-        turn_kind, itl, ttfa, completion, max_tokens, error, failed, session = frame
+        turn_kind, itl, ttfa, completion, max_tokens, error, failed, session, intended = frame
         self._turn_kind(turn_kind)
         self._itl(itl)
         self._ttfa(ttfa)
@@ -89,6 +89,7 @@ class RecordDecoder:
         self._error(error)
         self._failed(failed)
         self._session(session)
+        self._intended(intended)
 
     def _read(self, line: str | bytes) -> tuple[LeanAttempt, tuple[Any, ...]]:
         r = self._decode(line)
@@ -118,5 +119,6 @@ class RecordDecoder:
             r.last_silence_ms, r.temperature, r.seed, r.stream, r.stream_reads, r.stream_bytes)
         turn_kind, error = r.turn_kind, r.error
         frame = (intern(turn_kind, turn_kind), r.itl_mean_ms, r.ttfa_ms, r.completion_tokens, r.max_tokens,
-                 intern(error, error), self.layer_lists.setdefault(failed, list(failed)), r.session_id)
+                 intern(error, error), self.layer_lists.setdefault(failed, list(failed)), r.session_id,
+                 r.intended_send_ts)
         return lean, frame

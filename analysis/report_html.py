@@ -19,7 +19,8 @@ table{border-collapse:collapse;margin:.5em 0 1.2em;font-size:13px}td,th{border:1
 th{background:#f3f3f3}blockquote{border-left:4px solid #c00;margin:0;padding:.3em 1em;background:#fff3f3}
 code{background:#f3f3f3;padding:0 3px}h1{font-size:1.6em}.verdict-go h1{color:#070}.verdict-limited h1{color:#a60}
 .verdict-rebuild h1,.verdict-scale_up h1{color:#b00}img{max-width:100%;border:1px solid #ddd;margin:.5em 0}
-h1,h2,h3{font-family:system-ui,"Noto Sans CJK JP","Noto Sans JP",sans-serif}"""
+h1,h2,h3{font-family:system-ui,"Noto Sans CJK JP","Noto Sans JP","Hiragino Sans","Yu Gothic","Meiryo","IPAGothic",
+"TakaoPGothic","Droid Sans Fallback","Noto Sans CJK SC",sans-serif}"""
 _INLINE = [(re.compile(r"\*\*(.+?)\*\*"), r"<strong>\1</strong>"), (re.compile(r"`([^`]+)`"), r"<code>\1</code>"),
            (re.compile(r"\[([^\]]+)\]\(([^)]+)\)"), r'<a href="\2">\1</a>')]
 

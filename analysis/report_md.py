@@ -16,8 +16,10 @@ from k3load.analysis import report_capacity, report_drain, report_reference, rep
 from k3load.analysis.markdown import fmt, table
 from k3load.analysis.pillar_resources import SATURATED_CPU_PCT
 
-LABELS = {"go": "導入可 — go", "limited": "制限付き観察 — limited", "rebuild": "環境再構築 — rebuild",
-          "scale_up": "リソース増強 — scale_up"}
+# The seed's verdict names, each with its romanisation and the id: a reader (or a machine) without a Japanese
+# font still reads the verdict (the HTML names a CJK font stack too: analysis/report_html.py).
+LABELS = {"go": "導入可 (dōnyū-ka) — go", "limited": "制限付き観察 (seigen-tsuki kansatsu) — limited",
+          "rebuild": "環境再構築 (kankyō saikōchiku) — rebuild", "scale_up": "リソース増強 (risōsu zōkyō) — scale_up"}
 STAGE_COLUMNS = ("stage", "kind", "users", "attempts", "error_rate", "requests_per_s", "goodput", "ttft_p95_ms",
                  "ttfa_p95_ms", "itl_p95_ms", "e2e_p95_ms", "kv_usage_max", "waiting_sustained_s", "preemptions",
                  "gpu_memory_peak_mib", "gpu_growth_max_mib")

@@ -39,7 +39,8 @@ RECORD_COLUMNS = ("attempt_id", "chain_id", "attempt", "stage", "scenario", "fam
                   "status", "send_ts", "first_token_ts", "end_ts", "ttft_ms", "ttfa_ms", "itl_mean_ms", "e2e_ms",
                   "prompt_tokens", "completion_tokens", "cached_tokens", "max_tokens", "valid", "drill",
                   "will_retry", "prefix_sha256", "request_sha256", "request_bytes", "http_status", "error", "user_id",
-                  "primary_layer", "control_pair", "control_role", "session_id")
+                  "primary_layer", "control_pair", "control_role", "session_id",
+                  "intended_send_ts")
 
 
 @dataclass

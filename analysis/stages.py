@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from k3load.analysis.arrival_lag import arrival_lag
 from k3load.analysis.clusters import request_cluster
 from k3load.analysis.full_batch import EngineCap, stage_batch_queue
 from k3load.analysis.goodput import Slo, stage_goodput
@@ -110,6 +111,7 @@ def _capacity_figures(frame: pd.DataFrame, duration: float, index: MetricIndex, 
                       slo: Slo | None, cap: EngineCap | None) -> dict[str, Any]:
     """Goodput (analysis/goodput.py) and the queue behind a full batch (analysis/full_batch.py)."""
     out: dict[str, Any] = stage_goodput(frame, slo, duration).to_dict() if slo is not None else {}
+    out |= arrival_lag(frame)  # open-loop stages only (an empty dict elsewhere: the closed-loop rows are unchanged)
     queue = stage_batch_queue(index, stage.start_ts, stage.end_ts, cap, stage.users)
     out |= {"full_batch_scrapes": queue.scrapes if queue else None,
             "full_batch_queued_scrapes": queue.queued if queue and queue.cap is not None else None,

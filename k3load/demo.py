@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -40,6 +41,8 @@ from k3load.yamlfile import one_line
 ROOT = Path(__file__).resolve().parents[1]
 SIM_ARGS = ["--time-scale", "0.05", "--prefill-ms-per-token", "0.2", "--seed", "1"]
 HARNESS_ERROR = "k3load: harness error: "
+# Locust's own "[date time] host/LEVEL/logger: " before each log line: the demo stamps its own elapsed time
+LOCUST_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+\] [^ /]+/(?:INFO|WARNING|ERROR|CRITICAL|DEBUG)/[\w.]+: ")
 HARNESS_ERROR_EXIT = 2  # as the harness's own: nothing was judged
 PROGRESS = ("k3load: stage", "k3load verdict", "because:", "report:", "k3load precheck", "attempts recorded",
             "valid ", "restart drill", "restart command", HARNESS_ERROR)
@@ -70,7 +73,7 @@ def _locust_command(args: argparse.Namespace, url: str, sim_log: Path, restart: 
     return [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "agent.py"), "--headless",
             "--host", url, "--k3-out", str(args.out.resolve()), "--k3-plan", args.plan, "--k3-recipe", args.recipe,
             "--k3-startup-log", str(sim_log), "--k3-server-log", str(sim_log), "--k3-restart-cmd", restart,
-            "--only-summary", "--loglevel", "WARNING"]
+            "--only-summary", "--loglevel", "INFO"]  # progress lines are INFO; the demo shows only its markers
 
 
 def watch(command: list[str], started: float) -> tuple[int, str]:
@@ -84,7 +87,7 @@ def watch(command: list[str], started: float) -> tuple[int, str]:
             if HARNESS_ERROR in line and not error:
                 error = line[line.index(HARNESS_ERROR):].strip()
             if any(marker in line for marker in PROGRESS) or "Traceback" in line or "Error" in line:
-                print(f"[{time.monotonic() - started:5.0f}s] {line.rstrip()}", flush=True)
+                print(f"[{time.monotonic() - started:5.0f}s] {LOCUST_PREFIX.sub('', line.rstrip())}", flush=True)
         return proc.wait(), error
     finally:
         if proc.poll() is None:  # the demo was interrupted: Locust goes with it

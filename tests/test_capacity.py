@@ -218,3 +218,12 @@ def test_k3load_capacity_sizes_a_stored_run_for_a_target_and_writes_nothing_into
     bad = subprocess.run([sys.executable, "-m", "k3load", "capacity", str(tmp_path), "--target-users", "5"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "not a run directory" in bad.stderr
+
+
+def test_goodput_says_whether_errors_invalid_answers_or_latency_held_it_down() -> None:
+    frame = _frame([{"chain_id": "a"}, {"chain_id": "b", "status": "timeout"}, {"chain_id": "c", "valid": False},
+                    {"chain_id": "d", "valid": None}, {"chain_id": "e", "ttft_ms": 5000.0}])
+    assert stage_goodput(frame, SLO, 1.0).misses == {"error": 1, "invalid": 2, "latency": 1}
+    weak = _row("c1", 1, goodput=0.5, ci=(0.3, 0.7), goodput_misses={"error": 0, "invalid": 5, "latency": 0})
+    plan = capacity_plan([weak], PlannerInputs(), 0.99, None, [], [])
+    assert plan["per_replica"]["limiting"]["resource"].startswith("the answers' validity, not the load")

@@ -51,7 +51,7 @@ def precheck(session: HarnessSession) -> dict[str, Any]:
     # rebuild is decided first (analysis/verdict.py): no load on a deployment already judged to need rebuilding
     session.load_skipped = compat.get("status") == "fail" and not opts.k3_load_after_rebuild
     session.events.event(Event.PRECHECK, status=compat.get("status"), failed=failed, load_skipped=session.load_skipped)
-    log.warning("k3load precheck: %s%s", compat.get("status"), f" (failed: {', '.join(failed)})" if failed else "")
+    log.info("k3load precheck: %s%s", compat.get("status"), f" (failed: {', '.join(failed)})" if failed else "")
     if session.load_skipped:
         log.warning("k3load: the precheck's verdict is rebuild: the run stops before any load (the reasons, the "
                     "checklist and exit 4); --k3-load-after-rebuild runs the plan anyway")

@@ -348,7 +348,7 @@ class HarnessSession:
     def enter_stage(self, stage: Stage) -> None:
         self.stage, self.stage_started = stage, time.monotonic()
         mix = ", ".join(f"{k} {v}" for k, v in sorted(stage.mix.items()))
-        log.warning("k3load: stage %s (%s, %d users: %s, %.0f s)", stage.name, stage.kind, stage.users, mix,
+        log.info("k3load: stage %s (%s, %d users: %s, %.0f s)", stage.name, stage.kind, stage.users, mix,
                     stage.duration_s)
         if self.events is not None:
             self.workers_seen.check(self.env.runner, self.events, stage.name)

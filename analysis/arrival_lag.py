@@ -1,0 +1,36 @@
+"""Open-loop stages: how late the generator sent what the schedule meant to send.
+
+Why: an open-loop stage offers sessions at the plan's rate whatever the server does; a turn is late when
+every session slot (the stage's `users`) was busy when its time came, or the generator's CPU could not keep
+up. Each such turn's record keeps its intended time (`intended_send_ts`, k3load.loadgen.arrivals), so the
+lateness is measured, never hidden: the load offered was less than the plan's while it lasted, and a
+latency measured from the actual send leaves out the wait the agent saw (coordinated omission).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from k3load.analysis.pillar import percentiles
+from k3load.analysis.stats import wilson
+
+LATE_S = 1.0  # a turn sent this much after its intended time was held back by the generator
+
+
+def arrival_lag(frame: pd.DataFrame) -> dict[str, Any]:
+    """The stage's scheduled turns (first attempts with an intended time), their lateness and the late share."""
+    if "intended_send_ts" not in frame:
+        return {}
+    scheduled = frame[frame["intended_send_ts"].notna()]
+    if scheduled.empty:
+        return {}
+    lag_s = (scheduled["send_ts"] - scheduled["intended_send_ts"].astype(float)).clip(lower=0.0)
+    p50, p95, top = percentiles(lag_s.to_numpy() * 1000.0, (0.5, 0.95, 1.0))
+    late = int((lag_s > LATE_S).sum())
+    share = wilson(late, len(scheduled))
+    return {"scheduled_turns": len(scheduled), "late_turns": late, "late_share": share.value,
+            "late_share_ci95": [share.low, share.high], "send_lag_p50_ms": p50, "send_lag_p95_ms": p95,
+            "send_lag_max_ms": top,
+            "sessions_arrived": int(scheduled["session_id"].nunique()) if "session_id" in scheduled else None}
