@@ -145,7 +145,7 @@ def test_the_plan_clock_stands_still_while_users_leave_so_a_short_stage_still_ru
                                                                              if t < s.end_s), None)),
                               drain=StageDrain(SimpleNamespace(events=None), 5.0, read=lambda: _reading(0, 0, 0)),
                               restart_drill=None, stage=None, events=None, load_skipped=False,
-                              workers_seen=WorkerCount())
+                              workers_seen=WorkerCount(), search=None)
     session.enter_stage = lambda stage: (entered.append(stage.name), setattr(session, "stage", stage))
     runner = SimpleNamespace(user_count=0, environment=SimpleNamespace(k3_session=session))
     shape = shape_module.PlanShape()

@@ -117,8 +117,10 @@ class PlanShape(LoadTestShape):
         running = session.search
         if running is not None and (stage is None or stage.name != running.stage.name):
             running.stop("max_total_s")  # the plan's clock passed the reservation before the search ended
-        for _ in range(len(session.plan.stages) + 1 if session.plan else 1):
-            if stage is None or stage.search is None or stage.step is not None:
+        if stage is None or stage.search is None or session.plan is None:
+            return stage
+        for _ in range(len(session.plan.stages) + 1):
+            if stage is None or stage.search is None:
                 return stage
             step = session.search_step(stage)
             if step is not None:

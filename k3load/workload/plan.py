@@ -59,6 +59,9 @@ class Stage:
     # settings and `step`, the 1-based step index (repeats counted). None elsewhere.
     search: SearchSpec | None = None
     step: int | None = None
+    # Open-loop arrivals (k3load.loadgen.arrivals.Arrival, read by k3load.loadgen.users); None: closed-loop users.
+    # Not parsed from plans yet: the field lets the users' code read it on every stage meanwhile.
+    arrival: Any = None
 
     @property
     def end_s(self) -> float:
