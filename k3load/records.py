@@ -132,6 +132,11 @@ class Attempt:
     # (analysis/goodput.py). The value the session header sends where --k3-session-header names one.
     # None in older records.
     session_id: str | None = None
+    # Open-loop stages (a plan stage's `arrival`): when this request was meant to go, its session's arrival
+    # for the first turn, the previous turn's end plus the agent's gap for later ones. `send_ts` later than
+    # it is the generator running late (every session slot busy): coordinated omission, shown not hidden.
+    # None for retries, closed-loop stages and older records.
+    intended_send_ts: float | None = None
 
     def to_json(self) -> str:
         """The record's line, the same bytes as `asdict`'s, without its deep copy of every field: a quarter

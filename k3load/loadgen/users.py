@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -18,6 +19,7 @@ from locust.exception import InterruptTaskSet, RescheduleTask, RescheduleTaskImm
 
 from k3load.client.chat import ChatClient
 from k3load.loadgen import console
+from k3load.loadgen.arrivals import Arrival, Schedules
 from k3load.loadgen.options import run_access
 from k3load.workload.conversation import RunContext, ScenarioPlay, StreamDrill
 from k3load.workload.plan import Stage
@@ -29,6 +31,7 @@ _numbers = itertools.count(1)
 DEAD_SERVER_PAUSE_S = 1.0
 ERROR_PAUSE_S = 0.2
 IDLE_PAUSE_S = 0.2
+ARRIVAL_POLL_S = 0.5  # longest single wait for an open-loop session's turn (a stage change is seen by then)
 # Locust's own control flow, raised through a task on purpose: never a harness error
 LOCUST_FLOW = (InterruptTaskSet, RescheduleTask, RescheduleTaskImmediately, StopTest, StopUser)
 
@@ -58,6 +61,8 @@ class K3User(User):
                               session_header=getattr(opts, "k3_session_header", "") or None)
         self.played: dict[str, int] = {}
         self.current: ScenarioPlay | None = None
+        self.arrived_in: str | None = None  # the stage an open-loop session arrived in (None: closed-loop)
+        self.pace = random.Random(f"{opts.k3_seed}:{self.user_id}:think")  # the agents' gaps between turns
 
     @task
     def play(self) -> None:
@@ -79,21 +84,56 @@ class K3User(User):
             gevent.sleep(IDLE_PAUSE_S)
             return
         playable = session.playable(self.family)
-        if self.current is not None and self.current.scenario.name not in {s.name for s in playable}:
-            self.current = None  # the stage changed what this family plays (the control pairs end with it)
-        if self.current is None or self.current.done:
-            stage = session.stage
-            if not playable or self._budget_spent(stage):
-                gevent.sleep(IDLE_PAUSE_S)  # budget spent, or nothing of this family fits the server
-                return
-            if stage is not None:
-                self.played[stage.name] = self.played.get(stage.name, 0) + 1
-            self.current = ScenarioPlay(self.chat, self.ctx, self.rng.choice(playable))
+        stage = session.stage
+        if self.current is not None and (self.current.scenario.name not in {s.name for s in playable}
+                                         or self.arrived_in not in (None, stage.name if stage else None)):
+            # the stage changed what this family plays (the control pairs end with it), or an open-loop
+            # session's stage ended (it belongs to the stage it arrived in)
+            self.current = None
+        if (self.current is None or self.current.done) and not self._next_play(session, stage, playable):
+            gevent.sleep(IDLE_PAUSE_S)  # budget spent, nothing of this family fits the server, arrivals over
+            return
+        assert self.current is not None
+        wait = self.current.due_in_s(time.time())
+        if wait > 0:  # an open-loop session's arrival or its agent's gap: waited in slices, so a stage change shows
+            gevent.sleep(min(wait, ARRIVAL_POLL_S))
+            return
         attempts = self.current.step(session.record)
         if attempts and attempts[-1].status == "transport_error":
             gevent.sleep(DEAD_SERVER_PAUSE_S)  # the server is gone: probe it, don't spin on refused connections
         elif attempts and attempts[-1].status in ("http_error", "client_raised"):
             gevent.sleep(ERROR_PAUSE_S)  # an instant refusal (or our client's bug) would otherwise flood the records
+
+    def _next_play(self, session: HarnessSession, stage: Stage | None, playable: list[Any]) -> bool:
+        """The next scenario to play (an open-loop stage's: when its session arrives); False when there is none."""
+        if not playable or self._budget_spent(stage):
+            return False
+        arrival_ts = self._arrival(stage)
+        if arrival_ts is False:
+            return False
+        if stage is not None:
+            self.played[stage.name] = self.played.get(stage.name, 0) + 1
+        opened = isinstance(arrival_ts, float)
+        self.current = ScenarioPlay(self.chat, self.ctx, self.rng.choice(playable), arrival_ts if opened else None,
+                                    self.pace if opened else None)
+        self.arrived_in = stage.name if opened and stage is not None else None
+        return True
+
+    def _arrival(self, stage: Stage | None) -> float | bool | None:
+        """An open-loop stage's next session start for this user (k3load.loadgen.arrivals), False when its
+        arrivals are over; None in a closed-loop stage. Each process takes its share of the rate: its users
+        over the stage's (Locust splits a stage's users over the workers)."""
+        arrival = stage.arrival if stage is not None else None
+        if arrival is None:
+            return None
+        schedules = getattr(self.environment, "k3_arrivals", None)
+        if schedules is None:
+            schedules = self.environment.k3_arrivals = Schedules(self.environment.parsed_options.k3_seed)
+        runner = self.environment.runner
+        mine = getattr(runner, "target_user_count", 0) or stage.users
+        share = Arrival(arrival.sessions_per_s * min(1.0, mine / stage.users), arrival.process, arrival.burstiness)
+        ticket = schedules.of(stage.name, share, time.time(), stage.duration_s).take()
+        return False if ticket is None else ticket
 
     def _drill(self, session: HarnessSession, opts: Any) -> StreamDrill | None:
         """The plan's streaming-equivalence drill for this user, its twins in flight together."""

@@ -37,6 +37,7 @@ from k3load.workload.harness_error import HarnessFault
 from k3load.workload.scenario import Scenario, Turn
 from k3load.workload.stored_requests import PreparedRequest, build_request
 from k3load.workload.stream_equivalence import compare_twins
+from k3load.workload.think_time import gap_before
 from k3load.workload.validate import primary_layer, validate
 
 
@@ -270,7 +271,7 @@ def _handed(ctx: RunContext, attempt: Attempt, sink: Callable[[Attempt], Any]) -
 
 def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, salt: str,
              sink: Callable[[Attempt], Any], control: tuple[int, str] | None = None,
-             session_id: str | None = None) -> list[Attempt]:
+             session_id: str | None = None, intended_ts: float | None = None) -> list[Attempt]:
     """One request with its retries; returns every attempt (already sent to `sink`). `control` is the
     (pair number, "cold" | "warm") of a prefix-cache control request; its retries keep both. An answer the
     harness could not judge ends the chain (a retry would answer nothing about the server)."""
@@ -286,6 +287,7 @@ def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, sa
         will_retry = reason in policy["when"] and number < policy["max_attempts"]
         attempt = record_of(ctx, scenario, turn, prepared, judged, chain_id, number, will_retry)
         attempt.drill, attempt.session_id = drill, session_id
+        attempt.intended_send_ts = intended_ts if number == 1 else None
         if control is not None:
             attempt.control_pair, attempt.control_role = control
         _handed(ctx, attempt, sink)
@@ -307,7 +309,8 @@ def _compared(stream: Judged, whole: Judged) -> None:
 
 
 def run_turn_both_ways(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, salt: str,
-                       sink: Callable[[Attempt], Any], session_id: str | None = None) -> list[Attempt]:
+                       sink: Callable[[Attempt], Any], session_id: str | None = None,
+                       intended_ts: float | None = None) -> list[Attempt]:
     """The streaming-equivalence drill: the turn sent streamed (the bytes it always sends) and whole
     (the same body with `stream: false`) at once, one attempt each, no retries (the first answers are
     compared). The streamed attempt carries the comparison as its `stream.equivalence` finding, so both
@@ -329,6 +332,7 @@ def run_turn_both_ways(client: Client, ctx: RunContext, scenario: Scenario, turn
                 record_of(ctx, whole_scenario, whole_turn, whole, w_judged, uuid.uuid4().hex, 1, False)]
     for attempt, role in zip(attempts, ("stream", "whole"), strict=True):
         attempt.stream_pair, attempt.stream_role, attempt.session_id = pair, role, session_id
+        attempt.intended_send_ts = intended_ts
         _handed(ctx, attempt, sink)
     return attempts
 
@@ -341,31 +345,50 @@ class ScenarioPlay:
     one step (cold with a fresh salt, then its warm twin, the same bytes, once the cold one ended), so
     a stage change never separates a warm request from its cold twin."""
 
-    def __init__(self, client: Client, ctx: RunContext, scenario: Scenario) -> None:
+    def __init__(self, client: Client, ctx: RunContext, scenario: Scenario, arrival_ts: float | None = None,
+                 pace: random.Random | None = None) -> None:
+        """`arrival_ts` and `pace`: an open-loop session (k3load.loadgen.arrivals) that arrived then, and
+        the draws of its agent's gaps between turns (k3load.workload.think_time); None: closed-loop, each
+        turn sent when the last one ended."""
         self.client, self.ctx, self.scenario = client, ctx, scenario
         self.next_turn = 0
         self._salt = ctx.salt(scenario) if scenario.prefix_salt != "request" else ""
         self.session_id = f"k3load-{uuid.uuid4().hex}"  # sent only under ctx.session_header
+        self.intended_ts, self._pace = arrival_ts, pace  # when the next turn is meant to go (None: now)
 
     @property
     def done(self) -> bool:
         return self.next_turn >= len(self.scenario.turns)
 
+    def due_in_s(self, now: float) -> float:
+        """Seconds until the next turn is meant to go (0 or less: due)."""
+        return 0.0 if self.intended_ts is None else self.intended_ts - now
+
     def step(self, sink: Callable[[Attempt], Any]) -> list[Attempt]:
         turn = self.scenario.turns[self.next_turn]
         self.next_turn += 1
+        attempts = self._send(turn, sink, self.intended_ts)
+        if self._pace is not None and not self.done:  # the agent's gap: its tools run, its user reads and types
+            end = max((a.end_ts for a in attempts), default=time.time())
+            self.intended_ts = end + gap_before(self.scenario, self.next_turn, self._pace)
+        return attempts
+
+    def _send(self, turn: Turn, sink: Callable[[Attempt], Any], intended: float | None) -> list[Attempt]:
         if self.scenario.prefix_salt == "pair":
-            return self._pair(turn, sink)
+            return self._pair(turn, sink, intended)
         salt = self.ctx.salt(self.scenario) if self.scenario.prefix_salt == "request" else self._salt
         if self.ctx.drill is not None and self.ctx.drill.chooses(self.scenario, turn):
-            return run_turn_both_ways(self.client, self.ctx, self.scenario, turn, salt, sink, self.session_id)
-        return run_turn(self.client, self.ctx, self.scenario, turn, salt, sink, session_id=self.session_id)
+            return run_turn_both_ways(self.client, self.ctx, self.scenario, turn, salt, sink, self.session_id,
+                                      intended)
+        return run_turn(self.client, self.ctx, self.scenario, turn, salt, sink, session_id=self.session_id,
+                        intended_ts=intended)
 
-    def _pair(self, turn: Turn, sink: Callable[[Attempt], Any]) -> list[Attempt]:
+    def _pair(self, turn: Turn, sink: Callable[[Attempt], Any], intended: float | None) -> list[Attempt]:
         """Cold then warm, sequentially: the warm twin can only hit what the cold one left cached.
         The warm one is sent whatever the cold one's outcome (the analysis judges the pair)."""
         number, salt = self.ctx.next_pair()
-        cold = run_turn(self.client, self.ctx, self.scenario, turn, salt, sink, (number, "cold"), self.session_id)
+        cold = run_turn(self.client, self.ctx, self.scenario, turn, salt, sink, (number, "cold"), self.session_id,
+                        intended)
         warm = run_turn(self.client, self.ctx, self.scenario, turn, salt, sink, (number, "warm"), self.session_id)
         return cold + warm
 

@@ -59,6 +59,7 @@ class Scenario:
     tools: tuple[dict[str, Any], ...] = ()
     executors: dict[str, Any] = field(default_factory=dict)
     long_input: dict[str, Any] | None = None
+    user_think_s: dict[str, float] | None = None  # the gap before a turn after an answer, open-loop only
 
     def tool_schema(self, name: str) -> dict[str, Any] | None:
         for tool in self.tools:
@@ -157,7 +158,7 @@ def parse_scenario(data: Any, path: Path) -> Scenario:
                     path=path, description=data.get("description", ""), mode=data.get("mode", "conversation"),
                     prefix_salt=data.get("prefix_salt", "none"), context=tuple(data.get("context", [])),
                     tools=tuple(data.get("tools", [])), executors=data.get("executors", {}),
-                    long_input=data.get("long_input"))
+                    long_input=data.get("long_input"), user_think_s=data.get("user_think_s"))
 
 
 TOOL_TURN_CHOICES = ("auto", "required", "named")

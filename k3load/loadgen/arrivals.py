@@ -1,0 +1,83 @@
+"""Sessions arriving open-loop: a stage's `arrival` as a schedule of intended start times.
+
+Why open-loop: closed-loop users send their next request when the last one ends, so a slow server is
+offered less load and a queue hides behind users who simply wait (coordinated omission). Here agent
+sessions arrive at the plan's rate whatever the server does: a Poisson process (exponential gaps), a
+constant one, or gamma gaps whose shape is the burstiness (below 1 burstier than Poisson, above 1
+steadier; vLLM's `bench serve --burstiness`). Each session is then a closed-loop conversation with its
+agent's gaps between turns (k3load.workload.think_time).
+
+The stage's `users` is the most sessions in flight at once (the generator's bound). A session whose
+time has come while every slot is busy starts late: its records keep the intended time beside the
+actual send (`intended_send_ts`), so a saturated generator shows in the evidence instead of lowering the
+offered load unseen. One schedule per stage per process, shared by that process's users; seeded, so a
+run's arrival times repeat.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+PROCESSES = ("poisson", "constant", "gamma")
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A stage's `arrival:` block."""
+
+    sessions_per_s: float
+    process: str = "poisson"
+    burstiness: float = 1.0
+
+    @classmethod
+    def of(cls, raw: dict[str, Any] | None) -> Arrival | None:
+        if not raw:
+            return None
+        return cls(float(raw["sessions_per_s"]), str(raw.get("process", "poisson")),
+                   float(raw.get("burstiness", 1.0)))
+
+    def gap_s(self, rng: random.Random) -> float:
+        """The time to the next arrival: mean 1/rate for every process."""
+        mean = 1.0 / self.sessions_per_s
+        if self.process == "constant":
+            return mean
+        if self.process == "gamma":
+            return rng.gammavariate(self.burstiness, mean / self.burstiness)
+        return rng.expovariate(self.sessions_per_s)
+
+
+class ArrivalSchedule:
+    """The intended start times of one stage's sessions in this process, taken in order by free users."""
+
+    def __init__(self, arrival: Arrival, start_ts: float, end_ts: float, seed: str) -> None:
+        self.arrival, self.end_ts = arrival, end_ts
+        self._rng = random.Random(seed)
+        self._next = start_ts + arrival.gap_s(self._rng)
+        self.taken = 0
+
+    def take(self) -> float | None:
+        """The next session's intended start (epoch seconds; it may be past: the session is late), or None
+        when the stage's arrivals are over."""
+        if self._next >= self.end_ts:
+            return None
+        ts = self._next
+        self._next += self.arrival.gap_s(self._rng)
+        self.taken += 1
+        return ts
+
+
+class Schedules:
+    """One schedule per stage, made when the stage's first user asks (the stage's start is then known)."""
+
+    def __init__(self, seed: int | str) -> None:
+        self.seed = seed
+        self._by_stage: dict[str, ArrivalSchedule] = {}
+
+    def of(self, stage_name: str, arrival: Arrival, start_ts: float, duration_s: float) -> ArrivalSchedule:
+        found = self._by_stage.get(stage_name)
+        if found is None:
+            found = self._by_stage[stage_name] = ArrivalSchedule(arrival, start_ts, start_ts + duration_s,
+                                                                 f"{self.seed}:{stage_name}:arrivals")
+        return found
