@@ -16,7 +16,7 @@ from typing import Any
 from k3load.analysis.agreement import read_reference
 from k3load.analysis.buffering import Delivery
 from k3load.analysis.capacity import PlannerInputs, capacity_plan, min_goodput, planner_inputs
-from k3load.analysis.capacity_context import assumptions, cold_cache, telemetry_gpus
+from k3load.analysis.capacity_context import assumptions, cold_cache, search_said, telemetry_gpus
 from k3load.analysis.checklist import build_checklist
 from k3load.analysis.pillar import PillarResult, rounded, thresholds
 from k3load.analysis.pillar_agent import judge_agent_api, tool_turns_reason
@@ -113,6 +113,7 @@ def plan_capacity(data: RunData, index: MetricIndex, pillars: dict[str, PillarRe
     plan = capacity_plan(stage_table, inputs, bound, limits.get("max_input_tokens"), [],
                          assumptions(data, len(index.sources), routing, kind))
     plan["what_if"] = [cold_cache(data, plan["per_replica"])]
+    plan["search"] = search_said(data, plan["per_replica"])
     return rounded(plan)
 
 
@@ -136,6 +137,7 @@ def unfinished_plan(data: RunData) -> str | None:
         return ("no load ran: the precheck's outcome is rebuild, so the run stopped before its first stage "
                 "(--k3-load-after-rebuild runs the plan anyway)")
     started = {e.get("stage") for e in data.events_named(Event.STAGE_START)}
+    started |= {s.search for s in data.stages if s.search}  # a search ran when one of its steps did
     missing = [s.name for s in data.plan.stages if s.name not in started]
     ended = bool(data.events_named(Event.RUN_END))
     if not missing and ended:

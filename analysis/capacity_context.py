@@ -12,6 +12,7 @@ import pandas as pd
 
 from k3load.analysis.pillar import percentile
 from k3load.analysis.rundata import RunData
+from k3load.events import Event
 
 COLD_FAMILY = "cold"
 
@@ -84,3 +85,20 @@ def telemetry_gpus(data: RunData) -> int | None:
         return None
     nodes = gpu["node"].fillna("") if "node" in gpu else pd.Series("", index=gpu.index)
     return int(pd.DataFrame({"node": nodes, "gpu": gpu["gpu"]}).drop_duplicates().shape[0]) or None
+
+
+def search_said(data: RunData, per_replica: dict[str, Any]) -> dict[str, Any] | None:
+    """What the live search decided (its last `search_end`), beside the judgment's own reading of the same steps:
+    the two hold each step to the same rules (goodput, the full-batch queue, KV, preemptions, sustained waiting),
+    but the judgment also to the latency p95s, the error rate and GPU memory, so where they differ it is said."""
+    ends = data.events_named(Event.SEARCH_END)
+    if not ends:
+        return None
+    end = ends[-1]
+    said = {"stage": end.get("stage"), "largest_held_users": end.get("largest_held_users"),
+            "first_failed_users": end.get("first_failed_users"), "ended": end.get("ended"), "steps": end.get("steps")}
+    if said["largest_held_users"] != per_replica.get("max_users_at_slo"):
+        said["differs"] = (f"the live search held {said['largest_held_users']} users, the judgment of its steps "
+                           f"{per_replica.get('max_users_at_slo')}: a rule the search does not hold a step to "
+                           "(a latency p95, the error rate, GPU memory) failed a step it held; the judgment stands")
+    return said

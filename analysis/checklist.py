@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from k3load.analysis.pillar import PillarResult
-from k3load.analysis.rundata import RunData
+from k3load.analysis.rundata import RunData, StageWindow
 from k3load.events import Event
 from k3load.outcomes import PASS
 
@@ -86,10 +86,14 @@ def _node_facts(facts: dict[str, Any], kinds: list[tuple[str, str]]) -> list[str
 
 
 def _stage_logs(data: RunData) -> dict[str, Any]:
-    kinds = {s.kind for s in data.stages}
+    """A capacity search is a concurrency ramp whose steps the evidence chose: it stands for one."""
+    def kind(stage: StageWindow) -> str:
+        return "concurrency" if stage.kind == "search" else stage.kind
+
+    kinds = {kind(s) for s in data.stages}
     needed = {"load", "long_input", "concurrency", "soak"}
     ran = {a.stage for a in data.attempts}
-    present = {s.kind for s in data.stages if s.name in ran}
+    present = {kind(s) for s in data.stages if s.name in ran}
     ok = needed <= present and bool(data.metrics)
     missing = [k for k in REQUIRED_KINDS if k not in present]
     said = [f"no {k} stage {'ran' if k not in kinds else 'recorded a request'}: {REQUIRED_KINDS[k]} not proven"

@@ -106,6 +106,8 @@ def _no_window(data: RunData, stage: StageWindow, bound_s: float) -> str:
     if later and stage.kind == later[0].kind == "concurrency" and stage.name.rsplit("-c", 1)[0] == \
             later[0].name.rsplit("-c", 1)[0]:
         return "not audited: a step of a ramp, whose users went on into the next step (audited after its last step)"
+    if later and stage.search is not None and later[0].search == stage.search:
+        return "not audited: a step of a search, whose users went on into the next step (audited after its last step)"
     return "inconclusive, because no drain window was recorded after this stage (a run stopped early, or one " \
            "recorded before the drain audit existed)"
 

@@ -62,6 +62,11 @@ def markdown(plan: dict[str, Any]) -> str:
                    f"{fmt(cost['per_agent_session'])} per agent session.\n\n")
     for what in plan.get("what_if") or []:
         out.append(f"What if {what['case']}: {_what_if(what)}.\n\n")
+    search = plan.get("search")
+    if search:
+        out.append(f"The live search ({search['stage']}: {search['steps']} steps, ended {search['ended']}) held "
+                   f"{fmt(search['largest_held_users'])} users and failed at {fmt(search['first_failed_users'])}"
+                   + (f"; {search['differs']}" if search.get("differs") else "") + ".\n\n")
     out.append("Assumptions:\n\n" + "".join(f"- {a}\n" for a in plan.get("assumptions") or []) + "\n")
     if plan.get("steps"):
         out.append(table(plan["steps"], STEP_COLUMNS) + "\n")

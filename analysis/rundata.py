@@ -50,6 +50,7 @@ class StageWindow:
     start_ts: float
     end_ts: float
     users: int | None = None
+    search: str | None = None  # a search step: the plan's search stage it is a step of (stage_start's `search`)
 
 
 @dataclass
@@ -301,11 +302,16 @@ def _stage_windows(events: list[dict[str, Any]], attempts: list[AnyAttempt]) -> 
     starts = sorted((e for e in events if e.get("event") == Event.STAGE_START), key=lambda e: e["ts"])
     ends = [e["ts"] for e in events if e.get("event") == Event.RUN_END]
     last = max([*ends, *(a.end_ts for a in attempts)], default=None)
+    # A search step ends where the live search decided it (its `search_step`): the analysis judges the evidence
+    # the search judged, not the users' departure after the last step (k3load.loadgen.search)
+    decided = {e.get("stage"): e["ts"] for e in events if e.get("event") == Event.SEARCH_STEP}
+    searched = {e.get("stage"): e.get("search") for e in events if e.get("event") == Event.SEARCH_STEP}
     windows = []
     for i, event in enumerate(starts):
         end = starts[i + 1]["ts"] if i + 1 < len(starts) else (last if last is not None else event["ts"])
+        end = min(end, decided.get(event["stage"], end))
         windows.append(StageWindow(event["stage"], event.get("kind", ""), event["ts"], max(end, event["ts"]),
-                                   event.get("users")))
+                                   event.get("users"), event.get("search") or searched.get(event["stage"])))
     return windows
 
 

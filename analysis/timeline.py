@@ -285,12 +285,13 @@ class MetricIndex:
             waiting = self.points("vllm:num_requests_waiting", t0, t1, source=source)
             if running:  # a source without the running gauge is judged on waiting alone, never as no queue
                 waiting = [(ts, w if running.get(ts, 0) > 0 else 0) for ts, w in waiting]
-            values.append(self._sustained(waiting))
+            values.append(self.sustained(waiting))
         known = [v for v in values if v is not None]
         return max(known) if known else None
 
     @staticmethod
-    def _sustained(points: list[tuple[float, float]]) -> float | None:
+    def sustained(points: list[tuple[float, float]]) -> float | None:
+        """The longest stretch of (ts, value) points above zero, to the last point; None without points."""
         if not points:
             return None
         longest, start = 0.0, None

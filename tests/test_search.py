@@ -222,3 +222,15 @@ def test_seeded_noise_never_flips_the_answer(seed):
     trail = run(controller, goodput_world(8, below=0.9), seed=seed, noise=burst)
     assert (8, NEAR_BOUND) in trail and trail.index((8, NEAR_BOUND)) + 1 == trail.index((8, HELD))
     assert (controller.last_good, controller.first_bad, controller.ended) == (8, 9, "resolved")
+
+
+def test_requests_waiting_longer_on_end_than_the_plan_allows_fail_a_step_as_the_analysis_does() -> None:
+    """The analysis holds every step to resources.waiting_sustained; the search holds it to the same limit, so
+    the two agree on which steps held (a 5.5 s wait against a 5 s limit failed a step the search had held)."""
+    from k3load.loadgen.search import ResourceLimits, StepEvidence, past_capacity
+
+    limits = ResourceLimits.from_limits({"resources": {"max_waiting_sustained_s": 5}})
+    assert past_capacity(StepEvidence(requests=9, good=9, waiting_sustained_s=5.5), limits)
+    assert not past_capacity(StepEvidence(requests=9, good=9, waiting_sustained_s=4.0), limits)
+    both = StepEvidence(waiting_sustained_s=2.0).plus(StepEvidence(waiting_sustained_s=6.0))
+    assert both.waiting_sustained_s == 6.0 and past_capacity(both, limits)

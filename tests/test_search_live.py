@@ -88,6 +88,9 @@ class FakeScrapes:
     def preemptions(self) -> float:
         return 0.0
 
+    def waiting_sustained_s(self) -> float:
+        return 0.0
+
 
 PLAN = parse_plan({"name": "p", "stages": [
     {"name": "find", "kind": "search", "start_users": 4, "max_users": 16, "min_goodput": 0.9, "step_s": 5,

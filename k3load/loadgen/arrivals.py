@@ -17,44 +17,27 @@ run's arrival times repeat.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
-from typing import Any
 
-PROCESSES = ("poisson", "constant", "gamma")
+from k3load.workload.plan import ArrivalSpec
 
 
-@dataclass(frozen=True)
-class Arrival:
-    """A stage's `arrival:` block."""
-
-    sessions_per_s: float
-    process: str = "poisson"
-    burstiness: float = 1.0
-
-    @classmethod
-    def of(cls, raw: dict[str, Any] | None) -> Arrival | None:
-        if not raw:
-            return None
-        return cls(float(raw["sessions_per_s"]), str(raw.get("process", "poisson")),
-                   float(raw.get("burstiness", 1.0)))
-
-    def gap_s(self, rng: random.Random) -> float:
-        """The time to the next arrival: mean 1/rate for every process."""
-        mean = 1.0 / self.sessions_per_s
-        if self.process == "constant":
-            return mean
-        if self.process == "gamma":
-            return rng.gammavariate(self.burstiness, mean / self.burstiness)
-        return rng.expovariate(self.sessions_per_s)
+def gap_s(arrival: ArrivalSpec, rng: random.Random) -> float:
+    """The time to the next arrival: mean 1/rate for every process."""
+    mean = 1.0 / arrival.sessions_per_s
+    if arrival.process == "constant":
+        return mean
+    if arrival.process == "gamma":
+        return rng.gammavariate(arrival.burstiness, mean / arrival.burstiness)
+    return rng.expovariate(arrival.sessions_per_s)
 
 
 class ArrivalSchedule:
     """The intended start times of one stage's sessions in this process, taken in order by free users."""
 
-    def __init__(self, arrival: Arrival, start_ts: float, end_ts: float, seed: str) -> None:
+    def __init__(self, arrival: ArrivalSpec, start_ts: float, end_ts: float, seed: str) -> None:
         self.arrival, self.end_ts = arrival, end_ts
         self._rng = random.Random(seed)
-        self._next = start_ts + arrival.gap_s(self._rng)
+        self._next = start_ts + gap_s(arrival, self._rng)
         self.taken = 0
 
     def take(self) -> float | None:
@@ -63,7 +46,7 @@ class ArrivalSchedule:
         if self._next >= self.end_ts:
             return None
         ts = self._next
-        self._next += self.arrival.gap_s(self._rng)
+        self._next += gap_s(self.arrival, self._rng)
         self.taken += 1
         return ts
 
@@ -75,7 +58,7 @@ class Schedules:
         self.seed = seed
         self._by_stage: dict[str, ArrivalSchedule] = {}
 
-    def of(self, stage_name: str, arrival: Arrival, start_ts: float, duration_s: float) -> ArrivalSchedule:
+    def of(self, stage_name: str, arrival: ArrivalSpec, start_ts: float, duration_s: float) -> ArrivalSchedule:
         found = self._by_stage.get(stage_name)
         if found is None:
             found = self._by_stage[stage_name] = ArrivalSchedule(arrival, start_ts, start_ts + duration_s,

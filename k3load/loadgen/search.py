@@ -42,12 +42,14 @@ class ResourceLimits:
 
     max_kv_usage: float = 0.98
     max_preemptions_per_min: float = 5.0
+    max_waiting_sustained_s: float = 10.0
 
     @classmethod
     def from_limits(cls, limits: dict[str, dict[str, float]]) -> ResourceLimits:
         resources = limits.get("resources", {})
         return cls(max_kv_usage=float(resources.get("max_kv_usage", 0.98)),
-                   max_preemptions_per_min=float(resources.get("max_preemptions_per_min", 5.0)))
+                   max_preemptions_per_min=float(resources.get("max_preemptions_per_min", 5.0)),
+                   max_waiting_sustained_s=float(resources.get("max_waiting_sustained_s", 10.0)))
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ class StepEvidence:
     kv_usage_max: float | None = None
     preemptions: float | None = None
     duration_s: float = 0.0
+    # the longest stretch requests waited behind running ones (the analysis's resources.waiting_sustained)
+    waiting_sustained_s: float | None = None
 
     @property
     def goodput(self) -> Rate:
@@ -79,7 +83,8 @@ class StepEvidence:
                             queue=_queues(self.queue, other.queue), kv_usage_max=_most(self.kv_usage_max,
                                                                                         other.kv_usage_max),
                             preemptions=_total(self.preemptions, other.preemptions),
-                            duration_s=self.duration_s + other.duration_s)
+                            duration_s=self.duration_s + other.duration_s,
+                            waiting_sustained_s=_most(self.waiting_sustained_s, other.waiting_sustained_s))
 
 
 def _queues(a: BatchQueue | None, b: BatchQueue | None) -> BatchQueue | None:
@@ -97,11 +102,14 @@ def _total(a: float | None, b: float | None) -> float | None:
 
 
 def past_capacity(evidence: StepEvidence, limits: ResourceLimits) -> bool:
-    """Requests queued behind a full batch for most of the step, KV above its limit, or preemptions above theirs."""
+    """Requests queued behind a full batch for most of the step, KV above its limit, preemptions above theirs, or
+    requests waiting longer on end than the plan allows: the resource rules the analysis holds each step to
+    (analysis/stages.py), so the search and the judgment agree on which steps held."""
     queued = evidence.queue is not None and evidence.queue.past_capacity
     kv = evidence.kv_usage_max is not None and evidence.kv_usage_max > limits.max_kv_usage
     rate = evidence.preemptions_per_min
-    return queued or kv or (rate is not None and rate > limits.max_preemptions_per_min)
+    waited = evidence.waiting_sustained_s is not None and evidence.waiting_sustained_s > limits.max_waiting_sustained_s
+    return queued or kv or waited or (rate is not None and rate > limits.max_preemptions_per_min)
 
 
 def decide_step(evidence: StepEvidence, spec: SearchSpec, limits: ResourceLimits, elapsed_s: float,

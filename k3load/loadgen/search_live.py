@@ -26,6 +26,7 @@ from typing import Any
 
 from k3load.analysis.full_batch import RUNNING, WAITING, BatchQueue, EngineCap, batch_queue, engine_cap
 from k3load.analysis.goodput import STATUS_CLIENT_RAISED, Slo, attempt_good
+from k3load.analysis.timeline import MetricIndex
 from k3load.clock import now
 from k3load.events import Event
 from k3load.evidence import METRICS, SeriesTable
@@ -142,6 +143,17 @@ class Scrapes:
         readings = [r for r in readings if r.scrapes]
         return max(readings, key=lambda r: (r.past_capacity, r.share or 0.0, r.scrapes)) if readings else None
 
+    def waiting_sustained_s(self) -> float | None:
+        """The longest stretch requests waited behind running ones, worst source (as the analysis's
+        MetricIndex.sustained_queue_s: a waiting request with none running is no queue)."""
+        values = []
+        for p in self.sources.values():
+            running = dict(p.running)
+            waiting = [(ts, w if running.get(ts, 0) > 0 else 0) for ts, w in p.waiting] if running else p.waiting
+            values.append(MetricIndex.sustained(waiting))
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+
     def kv_usage_max(self) -> float | None:
         values = [p.kv_max for p in self.sources.values() if p.kv_max is not None]
         return max(values) if values else None
@@ -225,7 +237,8 @@ class LiveSearch:
         self.evidence = StepEvidence(requests=count.requests, good=count.good,
                                      queue=self.scrapes.queue(self.cap, self.step.users),
                                      kv_usage_max=self.scrapes.kv_usage_max(), preemptions=self.scrapes.preemptions(),
-                                     duration_s=self.clock() - self.step_started)
+                                     duration_s=self.clock() - self.step_started,
+                                     waiting_sustained_s=self.scrapes.waiting_sustained_s())
         return self.evidence
 
     def _say_step(self, result: StepResult) -> None:

@@ -51,7 +51,7 @@ from k3load.rundir import JsonlLog, set_aside_previous_run, write_atomic, write_
 from k3load.sampler import Sampler
 from k3load.sampler.fetch import redact_url
 from k3load.workload.long_input import LongInputFit, estimate_tokens, fit_long_input
-from k3load.workload.plan import Plan, Stage
+from k3load.workload.plan import ArrivalSpec, Plan, Stage
 from k3load.workload.reuse_design import http_tokenizer, measure_into
 from k3load.workload.scenario import Scenario
 from k3load.workload.stored_requests import write_stored_requests
@@ -382,7 +382,8 @@ class HarnessSession:
         that fires a worker's test_start, so before the plan is loaded it is kept until then. A manual
         stage comes whole (`spec`): it is in no plan."""
         if spec is not None:
-            self.stage, self.stage_started = Stage(**spec), time.monotonic()
+            whole = Stage(**{**spec, "arrival": ArrivalSpec.of(spec.get("arrival"))})  # asdict made it a dict
+            self.stage, self.stage_started = whole, time.monotonic()
             return
         if self.plan is None:
             self._pending_stage = name

@@ -11,6 +11,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import gevent
@@ -19,7 +20,7 @@ from locust.exception import InterruptTaskSet, RescheduleTask, RescheduleTaskImm
 
 from k3load.client.chat import ChatClient
 from k3load.loadgen import console
-from k3load.loadgen.arrivals import Arrival, Schedules
+from k3load.loadgen.arrivals import Schedules
 from k3load.loadgen.options import run_access
 from k3load.workload.conversation import RunContext, ScenarioPlay, StreamDrill
 from k3load.workload.plan import Stage
@@ -131,7 +132,7 @@ class K3User(User):
             schedules = self.environment.k3_arrivals = Schedules(self.environment.parsed_options.k3_seed)
         runner = self.environment.runner
         mine = getattr(runner, "target_user_count", 0) or stage.users
-        share = Arrival(arrival.sessions_per_s * min(1.0, mine / stage.users), arrival.process, arrival.burstiness)
+        share = replace(arrival, sessions_per_s=arrival.sessions_per_s * min(1.0, mine / stage.users))
         ticket = schedules.of(stage.name, share, time.time(), stage.duration_s).take()
         return False if ticket is None else ticket
 

@@ -46,6 +46,22 @@ class SearchSpec:
 
 
 @dataclass(frozen=True)
+class ArrivalSpec:
+    """A stage's `arrival:` block (the schema describes each key)."""
+
+    sessions_per_s: float
+    process: str = "poisson"
+    burstiness: float = 1.0
+
+    @classmethod
+    def of(cls, raw: ArrivalSpec | dict[str, Any] | None) -> ArrivalSpec | None:
+        if raw is None or isinstance(raw, ArrivalSpec):
+            return raw
+        return cls(float(raw["sessions_per_s"]), str(raw.get("process", "poisson")),
+                   float(raw.get("burstiness", 1.0)))
+
+
+@dataclass(frozen=True)
 class Stage:
     name: str
     kind: str
@@ -59,9 +75,9 @@ class Stage:
     # settings and `step`, the 1-based step index (repeats counted). None elsewhere.
     search: SearchSpec | None = None
     step: int | None = None
-    # Open-loop arrivals (k3load.loadgen.arrivals.Arrival, read by k3load.loadgen.users); None: closed-loop users.
-    # Not parsed from plans yet: the field lets the users' code read it on every stage meanwhile.
-    arrival: Any = None
+    # Open-loop: the stage's `arrival` (k3load.loadgen.arrivals schedules it, k3load.loadgen.users plays it);
+    # None: closed-loop users. A dict where a stage came whole in a message (dataclasses.asdict): `ArrivalSpec.of`.
+    arrival: ArrivalSpec | None = None
 
     @property
     def end_s(self) -> float:
@@ -134,6 +150,9 @@ def parse_plan(data: Any, where: str, source: str = "") -> Plan:
     stages: list[Stage] = []
     start = 0.0
     for i, raw in enumerate(data["stages"]):
+        if "arrival" in raw and (raw["kind"] == "search" or "steps" in raw):
+            raise PlanError(f"{where}: stages[{i}].arrival: open-loop arrivals are for a stage of its own `users` (the "
+                            "most sessions in flight), not for concurrency steps or a search (search_on: users)")
         search = search_spec(raw, f"{where}: stages[{i}]") if raw["kind"] == "search" else None
         duration = search.max_total_s if search else float(raw["duration_s"])
         for name, spec, users in _expand(raw):
@@ -141,7 +160,8 @@ def parse_plan(data: Any, where: str, source: str = "") -> Plan:
                                 users=users, spawn_rate=float(spec.get("spawn_rate", search.max_users if search
                                                                        else users)),  # default: all at once
                                 mix={k: v for k, v in spec["mix"].items() if v > 0},
-                                iterations_per_user=spec.get("iterations_per_user"), search=search))
+                                iterations_per_user=spec.get("iterations_per_user"), search=search,
+                                arrival=ArrivalSpec.of(spec.get("arrival"))))
             start += duration
     names = [s.name for s in stages]
     duplicates = {n for n in names if names.count(n) > 1}
