@@ -62,6 +62,15 @@ REAL = ServerConfig(model=MODEL, enforce_eager=True)
 MISTAKES = ServerConfig(model=MODEL, enforce_eager=True, drop_flags=["--tool-call-parser"],
                         extra_args=["--tool-call-parser", "pythonic", "--max-model-len", "1024",
                                     "--disable-log-stats"])
+# R3: an engine that runs two requests at once (issue 27's proof of the queue behind a full batch)
+QUEUED = ServerConfig(model=MODEL, enforce_eager=True, extra_args=["--max-num-seqs", "2"])
+# The capacity search on it: 1, 2, 4 users, then 3 between the largest held and the smallest failed. Each agent
+# request keeps the engine busy for seconds on two cores (a prefill of hundreds of tokens, up to 160 decoded),
+# so a third user's request waits beside the two running for most of a step. The goodput bound is 0: a 135M
+# model's answers are not what this search measures (a real plan keeps 0.99).
+SEARCH_STAGES = [{"name": "capacity", "kind": "search", "start_users": 1, "factor": 2, "max_users": 4,
+                  "resolution": 0.1, "min_goodput": 0.0, "step_s": 15, "max_step_s": 30, "max_total_s": 150,
+                  "mix": {"agent": 1}}]
 REAL_SMALL = ROOT / "plans" / "real-small.yaml"
 # The agent scenarios as written (auto tool turns), briefly: what the model does when it must decide.
 AUTO_STAGES = [{"name": "agents-auto", "kind": "load", "duration_s": 25, "users": 2, "mix": {"agent": 1}}]
@@ -239,6 +248,7 @@ def test_the_healthy_real_server_drains_after_every_stage(healthy_run) -> None:
 @pytest.fixture(scope="module")
 def auto_run(servers: VllmPool, healthy_run, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, int, list]:
     tmp_path = tmp_path_factory.mktemp("real-auto")
+    servers.start(queued=QUEUED)  # R3's server starts meanwhile
     return run(servers.get("real"), tmp_path, "r1-real-auto-tool-turns", [*REAL.flags(), "plan tool_turns auto"],
                _plan_like_real_small(tmp_path, AUTO_STAGES, "auto"))
 
@@ -322,3 +332,31 @@ def test_stats_disabled_reports_metrics_missing_never_a_pass(mistakes_run) -> No
     assert missing["reason"].startswith("no vllm:num_requests_running / vllm:num_requests_waiting / "
                                         "vllm:kv_cache_usage_perc on /metrics (only "), missing
     assert not [e for e in events(out) if e["event"] == "cache_config"]
+
+
+# -- R3. --max-num-seqs 2: the capacity search finds two users and names the queue -----------------------------
+def test_a_search_on_a_two_seat_engine_finds_two_users_and_names_the_queue(servers: VllmPool, mistakes_run,
+                                                                           tmp_path: Path) -> None:
+    """vLLM with --max-num-seqs 2: past two users a request waits beside a full batch, however short the step (a
+    15 s step is under any sustained-waiting limit). The search grows 1, 2, 4 and bisects to 3; the capacity is
+    2 users, between 2 and 2, and what ran out is the scheduler queue, with max_num_seqs read from the server's
+    own start-up log (its non-default args)."""
+    try:
+        verdict, code, _ = run(servers.get("queued"), tmp_path, "r3-real-two-seat-engine-search", QUEUED.flags(),
+                               _plan_like_real_small(tmp_path, SEARCH_STAGES, "named"))
+    finally:
+        servers.stop("queued")
+    out = tmp_path / "run"
+    capacity = json.loads((out / "capacity.json").read_text())
+    per, steps = capacity["per_replica"], json.dumps(capacity["steps"], indent=1)
+    assert per["source"] == "search" and per["max_users_at_slo"] == 2, steps
+    assert per["max_users_at_slo_interval"] == [2, 2] and per["limit_reached"], (per, steps)
+    assert per["limiting"]["resource"] == "scheduler queue", per["limiting"]
+    rows = {r["stage"]: r for r in verdict["pillars"]["resources"]["numbers"]["stages"] if r["kind"] == "search"}
+    assert all(r["full_batch_cap"] == 2 and "max_num_seqs 2 (the start-up log's non-default args" in
+               r["full_batch_cap_from"] for r in rows.values()), rows
+    held = {r["users"]: r["past_capacity"] for r in rows.values()}
+    assert held.get(2) is False and held.get(3) is True and held.get(4) is True, held
+    (end,) = [e for e in events(out) if e["event"] == "search_end"]
+    assert (end["largest_held_users"], end["first_failed_users"], end["ended"]) == (2, 3, "resolved"), end
+    assert code in (3, 5) and "## Capacity plan" in (out / "report.md").read_text()
