@@ -59,7 +59,8 @@ def ramp_plots(ramp: dict[str, Any]) -> dict[str, bytes]:
                     label="goodput bound")
         ax2.set(ylabel="goodput (share of requests)", ylim=(0, 1.05))
         ax2.legend(loc="lower right", fontsize=7)
-    ax.legend(loc="upper left", fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # nothing to name where no latency was known
+        ax.legend(loc="upper left", fontsize=7)
     latency = _png(fig)
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.plot(users, [s["output_tokens_per_s"] for s in steps], marker="o", label="output tok/s")

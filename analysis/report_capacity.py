@@ -29,8 +29,10 @@ def headline(per: dict[str, Any]) -> str:
     goodput = per.get("goodput_at_max") or {}
     ci = goodput.get("ci95") or [None, None]
     limiting = per.get("limiting") or {}
-    return (f"each replica holds **{users} users** at the SLO (between {interval[0]} and {interval[1]}: the "
-            f"largest step held and the one below the first that failed), goodput {_pct(goodput.get('share'))} "
+    bracket = (f"{interval[0]} held and {limiting.get('users')} failed: no load between them is untried"
+               if interval[0] == interval[1] else f"between {interval[0]} and {interval[1]}: the largest step held "
+               f"and one below the smallest that failed ({limiting.get('users')})")
+    return (f"each replica holds **{users} users** at the SLO ({bracket}), goodput {_pct(goodput.get('share'))} "
             f"(95% CI {_pct(ci[0])}-{_pct(ci[1])}); at {limiting.get('users')} users {limiting.get('resource')} "
             f"ran out first ({limiting.get('rule')}: {limiting.get('reason')})")
 

@@ -233,3 +233,14 @@ def test_goodput_says_whether_errors_invalid_answers_or_latency_held_it_down() -
     weak = _row("c1", 1, goodput=0.5, ci=(0.3, 0.7), goodput_misses={"error": 0, "invalid": 5, "latency": 0})
     plan = capacity_plan([weak], PlannerInputs(), 0.99, None, [], [])
     assert plan["per_replica"]["limiting"]["resource"].startswith("the answers' validity, not the load")
+
+
+@pytest.mark.parametrize("args", [["--target-users", "inf"], ["--target-users", "2.5"],
+                                  ["--target-sessions-per-s", "nan"], ["--headroom", "1"], ["--gpu-hour-cost", "-1"],
+                                  ["--gpus-per-replica", "0"]])
+def test_k3load_capacity_refuses_a_bad_number_in_one_line(args: list[str], tmp_path: Path) -> None:
+    from k3load.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["capacity", str(tmp_path), *args])
+    assert exit_info.value.code == 2

@@ -4,6 +4,7 @@ as a CI artifact: the self-contained report must render with its verdict, tables
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -43,7 +44,15 @@ def test_report_renders_in_headless_chromium(start_sim, tmp_path):
     url = (ARTIFACTS / "report.html").as_uri()
     dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=120)
     assert "k3load acceptance record" in dom.stdout and "Prefix cache: cold vs warm" in dom.stdout
-    assert dom.stdout.count("data:image/png;base64,") >= 3  # ramp plots and the timeline
+    assert dom.stdout.count("data:image/png;base64,") >= 4  # latency and goodput, throughput, pareto, timeline
+    # what a planner reads first (issue 27): the capacity plan and the plots right after the verdict
+    page = dom.stdout
+    assert page.index("Verdict:") < page.index("Capacity plan") < page.index(">Plots<") < page.index("Limits that hold")
+    assert 'alt="pareto"' in page and 'alt="latency_vs_concurrency"' in page
+    # every evidence link of the checklist opens a file of the run (records and metrics are written .gz)
+    links = set(re.findall(r'<a href="([^"#:]+)"', page))
+    assert links and all((ARTIFACTS / link).is_file() for link in links), sorted(links)
+    assert "records.jsonl.gz" in links
     subprocess.run([*base, f"--screenshot={shot}", "--window-size=1280,3000", url], capture_output=True,
                    timeout=120, check=True)
     png = shot.read_bytes()
