@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,36 +23,23 @@ from typing import Any
 from k3load.analysis.cli import HARNESS_ERROR_EXIT, run_dir_problem
 
 
-def _positive(kind: type) -> Any:
+def _number(kind: type, fits: Callable[[float], bool], said: str) -> Callable[[str], Any]:
+    """argparse type: `kind` of the text, finite and `fits`, else an error saying what it must be."""
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
-            value = 0
-        if not (value > 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+            value = None
+        if value is None or not math.isfinite(value) or not fits(value):
+            raise argparse.ArgumentTypeError(f"must be {said}, got {text!r}")
         return value
     return parse
 
 
-def _headroom(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be within [0, 1), got {text!r}")
-    return value
-
-
-def _cost(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
+_positive_int = _number(int, lambda v: v > 0, "a whole number > 0")
+_positive = _number(float, lambda v: v > 0, "a finite number > 0")
+_headroom = _number(float, lambda v: 0 <= v < 1, "within [0, 1)")
+_cost = _number(float, lambda v: v >= 0, "a finite number >= 0")
 
 
 def add_planner_arguments(parser: argparse.ArgumentParser | Any, prefix: str = "--") -> None:
@@ -60,16 +48,16 @@ def add_planner_arguments(parser: argparse.ArgumentParser | Any, prefix: str = "
     def env(name: str) -> dict[str, str]:
         return {"env_var": "K3_" + name.upper().replace("-", "_")} if prefix == "--k3-" else {}
 
-    parser.add_argument(f"{prefix}target-users", action="append", default=[], type=_positive(int), metavar="N",
+    parser.add_argument(f"{prefix}target-users", action="append", default=[], type=_positive_int, metavar="N",
                         help="size for N concurrent agents (repeatable): replicas = ceil(N / (capacity per replica "
                         "x (1 - headroom))), GPUs, cost", **env("target-users"))
-    parser.add_argument(f"{prefix}target-sessions-per-s", action="append", default=[], type=_positive(float),
+    parser.add_argument(f"{prefix}target-sessions-per-s", action="append", default=[], type=_positive,
                         metavar="R", help="size for R agent sessions arriving per second (repeatable)",
                         **env("target-sessions-per-s"))
     parser.add_argument(f"{prefix}headroom", type=_headroom, default=None, metavar="H",
                         help="share of each replica's capacity kept free (default 0.3, or the plan's capacity:)",
                         **env("headroom"))
-    parser.add_argument(f"{prefix}gpus-per-replica", type=_positive(int), default=None, metavar="G",
+    parser.add_argument(f"{prefix}gpus-per-replica", type=_positive_int, default=None, metavar="G",
                         help="GPUs one replica uses (default: the precheck's inventory, else the GPUs the run's "
                         "telemetry saw)", **env("gpus-per-replica"))
     parser.add_argument(f"{prefix}gpu-hour-cost", type=_cost, default=None, metavar="C",
