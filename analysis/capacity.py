@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from k3load.analysis.goodput import DEFAULT_MIN_GOODPUT
-from k3load.analysis.ramp import EXHAUSTED_BY_RULE
+from k3load.analysis.ramp import EXHAUSTED_BY_RULE, load_steps
 
 CAPACITY_FORMAT = 1
 DEFAULT_HEADROOM = 0.3
 GOODPUT_RULE = "slo.goodput"
+RATE = "sessions_per_s"  # a stage row's arrival rate (an open-loop step's)
 
 
 @dataclass(frozen=True)
@@ -110,14 +111,6 @@ def _limiting(row: dict[str, Any], bound: float) -> dict[str, str]:
                                                                           else "")}
 
 
-def _steps(stage_table: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
-    for kind in ("search", "concurrency"):
-        rows = [s for s in stage_table if s["kind"] == kind and s.get("users")]
-        if rows:
-            return kind, rows
-    return None, []
-
-
 def _most_requests(row: dict[str, Any]) -> tuple[int, str]:
     """Of repeats at one load, the step with the most evidence speaks for it."""
     return row.get("goodput_requests") or 0, row["stage"]
@@ -129,26 +122,34 @@ def _worst(rows: list[dict[str, Any]], bound: float) -> dict[str, Any]:
     return broke[0] if broke else max(rows, key=_most_requests)
 
 
-def _bracket(rows: list[dict[str, Any]], bound: float) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def _load_key(rows: list[dict[str, Any]]) -> str:
+    """What the steps varied: the arrival rate where they were open-loop (a search on sessions_per_s), else users."""
+    return RATE if rows and all(r.get(RATE) is not None for r in rows) else "users"
+
+
+def _bracket(rows: list[dict[str, Any]], bound: float, key: str
+             ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(the capacity step, the first failed step): the largest load held below the smallest that failed;
     a load held only where every step at it held (a repeat that failed counts)."""
-    by_users: dict[int, list[dict[str, Any]]] = {}
+    by_load: dict[float, list[dict[str, Any]]] = {}
     for row in rows:
-        by_users.setdefault(int(row["users"]), []).append(row)
-    failed = sorted(u for u, group in by_users.items() if not load_held(group, bound))
+        by_load.setdefault(float(row[key]), []).append(row)
+    failed = sorted(u for u, group in by_load.items() if not load_held(group, bound))
     first_bad = failed[0] if failed else None
-    held = [u for u in by_users if u not in failed and (first_bad is None or u < first_bad)]
+    held = [u for u in by_load if u not in failed and (first_bad is None or u < first_bad)]
     best = max(held) if held else None
-    return (max(by_users[best], key=_most_requests) if best is not None else None,
-            _worst(by_users[first_bad], bound) if first_bad is not None else None)
+    return (max(by_load[best], key=_most_requests) if best is not None else None,
+            _worst(by_load[first_bad], bound) if first_bad is not None else None)
 
 
 def _per_replica(kind: str | None, rows: list[dict[str, Any]], bound: float, max_input: int | None
                  ) -> dict[str, Any]:
-    held, bad = _bracket(rows, bound)
-    tried = max((int(r["users"]) for r in rows), default=None)
+    key = _load_key(rows)
+    held, bad = _bracket(rows, bound, key)
+    tried = max((r[key] for r in rows), default=None)
     out: dict[str, Any] = {"source": kind, "min_goodput": bound, "max_users_at_slo": None,
                            "max_users_at_slo_interval": None, "max_sessions_per_s_at_slo": None,
+                           "max_sessions_per_s_at_slo_interval": None, "searched_on": key,
                            "requests_per_s_at_slo": None, "output_tokens_per_s_at_slo": None,
                            "sessions_per_s_at_slo": None, "goodput_at_max": None, "limiting": None,
                            "limit_reached": bad is not None, "largest_load_tried": tried,
@@ -156,22 +157,38 @@ def _per_replica(kind: str | None, rows: list[dict[str, Any]], bound: float, max
     if not rows:
         out["inconclusive"] = "inconclusive, because the plan ran no concurrency or search steps"
         return out
+    unit = "sessions/s" if key == RATE else "users"
     if bad is not None:
-        out["limiting"] = {**_limiting(bad, bound), "stage": bad["stage"], "users": bad["users"]}
+        out["limiting"] = {**_limiting(bad, bound), "stage": bad["stage"], "users": bad["users"],
+                           RATE: bad.get(RATE)}
+    field = "max_sessions_per_s_at_slo" if key == RATE else "max_users_at_slo"
     if held is None:
-        out["inconclusive"] = (f"no step held at the SLO: the smallest ({bad['users'] if bad else '?'} users) "
+        out["inconclusive"] = (f"no step held at the SLO: the smallest ({bad[key] if bad else '?'} {unit}) "
                                "already failed; capacity is below it")
-        out["max_users_at_slo_interval"] = [0, int(bad["users"]) - 1] if bad else None
+        out[f"{field}_interval"] = [0, _below(bad[key], key)] if bad else None
         return out
-    users = int(held["users"])
-    out |= {"max_users_at_slo": users, "capacity_stage": held["stage"],
-            "max_users_at_slo_interval": [users, int(bad["users"]) - 1 if bad else None],
+    out |= {field: held[key], "capacity_stage": held["stage"],
+            f"{field}_interval": [held[key], _below(bad[key], key) if bad else None],
             "requests_per_s_at_slo": held.get("goodput_requests_per_s"),
             "output_tokens_per_s_at_slo": held.get("goodput_output_tokens_per_s"),
             "sessions_per_s_at_slo": held.get("goodput_sessions_per_s"),
             "goodput_at_max": {"share": held.get("goodput"), "ci95": held.get("goodput_ci95"),
                                "requests": held.get("goodput_requests")}}
     return out
+
+
+def _below(failed: float, key: str) -> float:
+    """The top of the bracket: one user below the first that failed; a rate, the failed rate itself (open)."""
+    return int(failed) - 1 if key == "users" else failed
+
+
+def _other_bracket(per: dict[str, Any]) -> dict[str, Any]:
+    """The other search's capacity and what ran out there (a plan searching on users and on rate): the primary
+    is the plan's last search; the targets of each kind are sized by their own."""
+    key = "max_sessions_per_s_at_slo" if per["searched_on"] == RATE else "max_users_at_slo"
+    return {key: per[key], f"{key}_interval": per[f"{key}_interval"],
+            f"{per['searched_on']}_search": {"limiting": per["limiting"], "capacity_stage": per["capacity_stage"],
+                                             "limit_reached": per["limit_reached"]}}
 
 
 def _target(kind: str, target: float, per_replica: float | None, inputs: PlannerInputs) -> dict[str, Any]:
@@ -218,12 +235,16 @@ def planner_inputs(run: dict[str, Any], plan: Any, compat: dict[str, Any] | None
 def capacity_plan(stage_table: list[dict[str, Any]], inputs: PlannerInputs, bound: float,
                   max_input: int | None, what_if: list[dict[str, Any]], assumptions: list[str]) -> dict[str, Any]:
     """capacity.json: per replica, the targets sized, the cost, the what-ifs and the assumptions."""
-    kind, rows = _steps(stage_table)
+    kind, rows = load_steps(stage_table)
     per = _per_replica(kind, rows, bound, max_input)
+    other = load_steps(stage_table, on_rate=per["searched_on"] != RATE)  # a plan that searched on both
+    if other[1]:
+        per |= _other_bracket(_per_replica(*other, bound, max_input))
     targets = [_target("users", float(n), per["max_users_at_slo"], inputs) for n in inputs.target_users]
-    rate = per["max_sessions_per_s_at_slo"] or per["sessions_per_s_at_slo"]
+    rate = per["max_sessions_per_s_at_slo"] or per["sessions_per_s_at_slo"]  # searched on rate, else as measured
     targets += [_target("sessions_per_s", r, rate, inputs) for r in inputs.target_sessions_per_s]
-    steps = [{"stage": r["stage"], "users": r["users"], "held": step_held(r, bound), "goodput": r.get("goodput"),
+    steps = [{"stage": r["stage"], "users": r["users"], RATE: r.get(RATE), "held": step_held(r, bound),
+              "goodput": r.get("goodput"),
               "goodput_ci95": r.get("goodput_ci95"), "past_capacity": r.get("past_capacity"),
               "problems": [p["id"] for p in r["problems"]]} for r in rows]
     return {"format": CAPACITY_FORMAT, "per_replica": per, "targets": targets, "cost": _cost(per, inputs),

@@ -96,9 +96,16 @@ def search_said(data: RunData, per_replica: dict[str, Any]) -> dict[str, Any] | 
         return None
     end = ends[-1]
     said = {"stage": end.get("stage"), "largest_held_users": end.get("largest_held_users"),
-            "first_failed_users": end.get("first_failed_users"), "ended": end.get("ended"), "steps": end.get("steps")}
-    if said["largest_held_users"] != per_replica.get("max_users_at_slo"):
-        said["differs"] = (f"the live search held {said['largest_held_users']} users, the judgment of its steps "
-                           f"{per_replica.get('max_users_at_slo')}: a rule the search does not hold a step to "
-                           "(a latency p95, the error rate, GPU memory) failed a step it held; the judgment stands")
+            "first_failed_users": end.get("first_failed_users"),
+            "largest_held_sessions_per_s": end.get("largest_held_sessions_per_s"),
+            "first_failed_sessions_per_s": end.get("first_failed_sessions_per_s"), "ended": end.get("ended"),
+            "steps": end.get("steps")}
+    rate = per_replica.get("searched_on") == "sessions_per_s"
+    live = said["largest_held_sessions_per_s"] if rate else said["largest_held_users"]
+    judged = per_replica.get("max_sessions_per_s_at_slo" if rate else "max_users_at_slo")
+    if live != judged:
+        unit = "sessions/s" if rate else "users"
+        said["differs"] = (f"the live search held {live} {unit}, the judgment of its steps {judged}: a rule the "
+                           "search does not hold a step to (a latency p95, the error rate, GPU memory) failed a step "
+                           "it held; the judgment stands")
     return said

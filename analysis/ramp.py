@@ -15,7 +15,7 @@ RAMP_COLUMNS = ("stage", "users", "attempts", "requests_per_s", "output_tokens_p
                 "waiting_sustained_s", "kv_usage_max", "preemptions", "gpu_memory_peak_mib", "gpu_headroom_min_pct",
                 "gpu_growth_max_mib", "gpu_growth_max_pct", "goodput", "goodput_ci95", "goodput_requests_per_s",
                 "goodput_output_tokens_per_s", "goodput_sessions_per_s", "session_goodput", "past_capacity",
-                "full_batch_scrapes", "full_batch_queued_scrapes", "full_batch_cap")
+                "full_batch_scrapes", "full_batch_queued_scrapes", "full_batch_cap", "sessions_per_s")
 
 
 # The resource each rule is evidence of, in the order "what ran out first" is read: a step that
@@ -37,10 +37,25 @@ def _exhausted(problems: list[dict[str, Any]]) -> str:
     return next((name for rule_id, name in EXHAUSTED_BY_RULE if rule_id in ids), "unknown")
 
 
+def load_steps(stage_table: list[dict[str, Any]], on_rate: bool | None = None
+               ) -> tuple[str | None, list[dict[str, Any]]]:
+    """The load steps the ramp and the capacity plan read: the plan's last search's (a plan may search on users,
+    then on rate), else the concurrency ramp's. `on_rate`: only a search on rate (True), or only steps of users
+    (False: the last users search, else the ramp); None: whichever came last."""
+    searches = [s for s in stage_table if s["kind"] == "search" and s.get("users")]
+    if on_rate is not None:
+        searches = [s for s in searches if (s.get("sessions_per_s") is not None) == on_rate]
+    if searches:
+        last = searches[-1].get("search")
+        return "search", [s for s in searches if s.get("search") == last]
+    ramp_rows = [s for s in stage_table if s["kind"] == "concurrency" and s.get("users")]
+    return ("concurrency", ramp_rows) if ramp_rows and not on_rate else (None, [])
+
+
 def ramp(stage_table: list[dict[str, Any]]) -> dict[str, Any]:
-    kind = "search" if any(s["kind"] == "search" for s in stage_table) else "concurrency"  # the search's, else
-    steps = sorted((s for s in stage_table if s["kind"] == kind),
-                   key=lambda s: (s["users"] or 0, s.get("start_ts") or 0.0))
+    steps = sorted(load_steps(stage_table)[1],  # by the load: a rate search's, else its users
+                   key=lambda s: (s.get("sessions_per_s") or s["users"] or 0, s.get("start_ts") or 0.0))
+    on_rate = bool(steps) and all(s.get("sessions_per_s") is not None for s in steps)
     rows = [{c: s.get(c) for c in RAMP_COLUMNS} | {"within_limits": not s["problems"], "problems": s["problems"]}
             for s in steps]
     knee = None
@@ -50,7 +65,8 @@ def ramp(stage_table: list[dict[str, Any]]) -> dict[str, Any]:
             knee = row
         elif not row["within_limits"] and first_bad is None:
             first_bad = row
-    return {"steps": rows, "knee_users": knee["users"] if knee else None,
+    return {"steps": rows, "knee_users": knee["users"] if knee and not on_rate else None,
+            "knee_sessions_per_s": knee.get("sessions_per_s") if knee and on_rate else None,
             "knee_stage": knee["stage"] if knee else None,
             "ran_out_first": _exhausted(first_bad["problems"]) if first_bad else None,
             "first_step_past_knee": first_bad["stage"] if first_bad else None,

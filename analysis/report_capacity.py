@@ -11,6 +11,8 @@ from typing import Any
 from k3load.analysis.markdown import fmt, table
 
 TARGET_COLUMNS = ("target", "per_replica", "headroom", "replicas", "gpus_per_replica", "gpus", "cost_per_hour")
+PER_REPLICA_COLUMNS = ("max_users_at_slo", "max_sessions_per_s_at_slo", "requests_per_s_at_slo",
+                       "output_tokens_per_s_at_slo", "sessions_per_s_at_slo", "max_input_tokens_held", "source")
 STEP_COLUMNS = ("stage", "users", "held", "goodput", "goodput_ci95", "past_capacity", "problems")
 
 
@@ -20,20 +22,28 @@ def _pct(value: float | None) -> str:
 
 def headline(per: dict[str, Any]) -> str:
     """One sentence: the capacity with its bracket, or why there is none."""
-    users, interval = per.get("max_users_at_slo"), per.get("max_users_at_slo_interval") or [None, None]
+    rate = per.get("searched_on") == "sessions_per_s"
+    unit = "sessions/s" if rate else "users"
+    users = per.get("max_sessions_per_s_at_slo" if rate else "max_users_at_slo")
+    interval = per.get("max_sessions_per_s_at_slo_interval" if rate else "max_users_at_slo_interval") or [None, None]
     if per.get("inconclusive") and users is None:
         return per["inconclusive"]
     if not per.get("limit_reached"):
-        return (f"no limit reached up to {per.get('largest_load_tried')} users: each replica holds at least "
-                f"**{users} users** at the SLO (the largest load tried; capacity is above it)")
+        return (f"no limit reached up to {per.get('largest_load_tried')} {unit}: each replica holds at least "
+                f"**{users} {unit}** at the SLO (the largest load tried; capacity is above it)")
     goodput = per.get("goodput_at_max") or {}
     ci = goodput.get("ci95") or [None, None]
     limiting = per.get("limiting") or {}
-    bracket = (f"{interval[0]} held and {limiting.get('users')} failed: no load between them is untried"
-               if interval[0] == interval[1] else f"between {interval[0]} and {interval[1]}: the largest step held "
-               f"and one below the smallest that failed ({limiting.get('users')})")
-    return (f"each replica holds **{users} users** at the SLO ({bracket}), goodput {_pct(goodput.get('share'))} "
-            f"(95% CI {_pct(ci[0])}-{_pct(ci[1])}); at {limiting.get('users')} users {limiting.get('resource')} "
+    failed = limiting.get("sessions_per_s" if rate else "users")
+    if rate:
+        bracket = f"held at {interval[0]}, failed at {failed}: the capacity lies between them"
+    elif interval[0] == interval[1]:
+        bracket = f"{interval[0]} held and {failed} failed: no load between them is untried"
+    else:
+        bracket = (f"between {interval[0]} and {interval[1]}: the largest step held and one below the smallest "
+                   f"that failed ({failed})")
+    return (f"each replica holds **{users} {unit}** at the SLO ({bracket}), goodput {_pct(goodput.get('share'))} "
+            f"(95% CI {_pct(ci[0])}-{_pct(ci[1])}); at {failed} {unit} {limiting.get('resource')} "
             f"ran out first ({limiting.get('rule')}: {limiting.get('reason')})")
 
 
@@ -47,11 +57,17 @@ def _targets(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 def markdown(plan: dict[str, Any]) -> str:
     per = plan["per_replica"]
-    out = [f"## Capacity plan\n\n{headline(per)}.\n\n",
-           table([{k: per.get(k) for k in ("max_users_at_slo", "requests_per_s_at_slo", "output_tokens_per_s_at_slo",
-                                           "sessions_per_s_at_slo", "max_input_tokens_held", "source")}],
-                 ("max_users_at_slo", "requests_per_s_at_slo", "output_tokens_per_s_at_slo", "sessions_per_s_at_slo",
-                  "max_input_tokens_held", "source")), "\n"]
+    other = per.get("users_search") or per.get("sessions_per_s_search")
+    also = ""
+    if other:  # the plan searched on users and on rate: the other search's capacity too
+        key = "max_users_at_slo" if per.get("users_search") else "max_sessions_per_s_at_slo"
+        unit = "users" if per.get("users_search") else "sessions/s"
+        limiting = other.get("limiting") or {}
+        also = (f"Its other search: **{fmt(per.get(key))} {unit}** (bracket {fmt(per.get(key + '_interval'))}"
+                + (f"; {limiting.get('resource')} ran out first, {limiting.get('rule')}" if limiting else "")
+                + ").\n\n")
+    out = [f"## Capacity plan\n\n{headline(per)}.\n\n{also}",
+           table([{k: per.get(k) for k in PER_REPLICA_COLUMNS}], PER_REPLICA_COLUMNS), "\n"]
     rows = _targets(plan)
     out.append(table(rows, TARGET_COLUMNS) + "\n" if rows else
                "No target given: `--k3-target-users N` (or a plan's `capacity:` block, or `k3load capacity RUN "
@@ -66,8 +82,11 @@ def markdown(plan: dict[str, Any]) -> str:
         out.append(f"What if {what['case']}: {_what_if(what)}.\n\n")
     search = plan.get("search")
     if search:
+        rate = search.get("largest_held_sessions_per_s") is not None or search.get("first_failed_sessions_per_s")
+        held, failed = ((search.get("largest_held_sessions_per_s"), search.get("first_failed_sessions_per_s")) if rate
+                        else (search.get("largest_held_users"), search.get("first_failed_users")))
         out.append(f"The live search ({search['stage']}: {search['steps']} steps, ended {search['ended']}) held "
-                   f"{fmt(search['largest_held_users'])} users and failed at {fmt(search['first_failed_users'])}"
+                   f"{fmt(held)} {'sessions/s' if rate else 'users'} and failed at {fmt(failed)}"
                    + (f"; {search['differs']}" if search.get("differs") else "") + ".\n\n")
     out.append("Assumptions:\n\n" + "".join(f"- {a}\n" for a in plan.get("assumptions") or []) + "\n")
     if plan.get("steps"):

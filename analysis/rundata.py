@@ -51,6 +51,7 @@ class StageWindow:
     end_ts: float
     users: int | None = None
     search: str | None = None  # a search step: the plan's search stage it is a step of (stage_start's `search`)
+    sessions_per_s: float | None = None  # an open-loop stage's arrival rate (stage_start's; None: closed-loop)
 
 
 @dataclass
@@ -311,7 +312,8 @@ def _stage_windows(events: list[dict[str, Any]], attempts: list[AnyAttempt]) -> 
         end = starts[i + 1]["ts"] if i + 1 < len(starts) else (last if last is not None else event["ts"])
         end = min(end, decided.get(event["stage"], end))
         windows.append(StageWindow(event["stage"], event.get("kind", ""), event["ts"], max(end, event["ts"]),
-                                   event.get("users"), event.get("search") or searched.get(event["stage"])))
+                                   event.get("users"), event.get("search") or searched.get(event["stage"]),
+                                   event.get("sessions_per_s")))
     return windows
 
 

@@ -112,6 +112,10 @@ def _capacity_figures(frame: pd.DataFrame, duration: float, index: MetricIndex, 
     """Goodput (analysis/goodput.py) and the queue behind a full batch (analysis/full_batch.py)."""
     out: dict[str, Any] = stage_goodput(frame, slo, duration).to_dict() if slo is not None else {}
     out |= arrival_lag(frame)  # open-loop stages only (an empty dict elsewhere: the closed-loop rows are unchanged)
+    if stage.sessions_per_s is not None:
+        out["sessions_per_s"] = stage.sessions_per_s  # the arrival rate offered (a rate search's step: its load)
+    if stage.search is not None:
+        out["search"] = stage.search  # the plan's search stage this step belongs to
     queue = stage_batch_queue(index, stage.start_ts, stage.end_ts, cap, stage.users)
     out |= {"full_batch_scrapes": queue.scrapes if queue else None,
             "full_batch_queued_scrapes": queue.queued if queue and queue.cap is not None else None,

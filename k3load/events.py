@@ -95,7 +95,9 @@ FIELDS: dict[Event, frozenset[str]] = {
     # run found there went, or null). k3load.rundir reads it back to name a run it sets aside.
     Event.RUN_START: _f("run_id", "role", "previous_run_moved_to"),
     # k3load.loadgen.session: a plan (or manual-N) stage begins; its window runs to the next one or run_end.
-    Event.STAGE_START: _f("stage", "kind", "users", "mix", "workers"),  # workers: the master's, None run alone
+    # workers: the master's, None run alone; sessions_per_s: an open-loop stage's arrival rate (its `arrival`;
+    # null for closed-loop users)
+    Event.STAGE_START: _f("stage", "kind", "users", "mix", "workers", "sessions_per_s"),
     # k3load.loadgen.listeners.finish_run: the last records are in (attempts: written to records.jsonl.gz).
     # Without it the run was cut short.
     Event.RUN_END: _f("attempts"),
@@ -156,12 +158,15 @@ FIELDS: dict[Event, frozenset[str]] = {
     # or preemptions over their limits, kv_usage_max, decision: held | past_capacity | below_goodput |
     # near_bound (repeated once, then decided on both runs' evidence, which a repeat's fields hold),
     # duration_s: how long this run of the step went.
-    Event.SEARCH_STEP: _f("stage", "search", "users", "step", "goodput", "goodput_ci95", "requests", "queue_share",
-                          "past_capacity", "kv_usage_max", "decision", "duration_s"),
+    # A rate search's step (search_on: sessions_per_s): sessions_per_s its arrival rate, users its session slots.
+    Event.SEARCH_STEP: _f("stage", "search", "users", "sessions_per_s", "step", "goodput", "goodput_ci95", "requests",
+                          "queue_share", "past_capacity", "kv_usage_max", "decision", "duration_s"),
     # k3load.loadgen.search_live, master/local: the search stage NAME ended (largest_held_users, first_failed_users:
-    # the bracket, null where none; ended: resolved | max_users_held | max_total_s | nothing_held | stopped;
-    # steps: how many were decided).
-    Event.SEARCH_END: _f("stage", "largest_held_users", "first_failed_users", "ended", "steps"),
+    # the bracket, null where none; a rate search's in largest_held_sessions_per_s, first_failed_sessions_per_s;
+    # ended: resolved | max_users_held | max_rate_held | max_total_s | nothing_held | stopped; steps: how many
+    # were decided).
+    Event.SEARCH_END: _f("stage", "largest_held_users", "first_failed_users", "largest_held_sessions_per_s",
+                         "first_failed_sessions_per_s", "ended", "steps"),
     # k3load.sampler.loop: what samples what (URLs without credentials, api_key "set"|null, the log
     # command's program only, headers: their names only).
     Event.SAMPLER_START: _f("metrics_url", "metrics_urls", "health_url", "prometheus_url", "prometheus_selector",

@@ -244,3 +244,32 @@ def test_k3load_capacity_refuses_a_bad_number_in_one_line(args: list[str], tmp_p
     with pytest.raises(SystemExit) as exit_info:
         main(["capacity", str(tmp_path), *args])
     assert exit_info.value.code == 2
+
+
+def test_a_rate_search_is_sized_in_sessions_per_s() -> None:
+    rows = [_row("r1", 64, kind="search", sessions_per_s=0.5), _row("r2", 64, kind="search", sessions_per_s=1.0),
+            _row("r3", 64, ["resources.full_batch_queue"], kind="search", sessions_per_s=2.0),
+            _row("r4", 64, kind="search", sessions_per_s=1.5)]
+    plan = capacity_plan(rows, PlannerInputs(target_sessions_per_s=(30.0,), headroom=0.25, gpus_per_replica=4), 0.99,
+                         None, [], [])
+    per = plan["per_replica"]
+    assert per["searched_on"] == "sessions_per_s" and per["max_users_at_slo"] is None
+    assert per["max_sessions_per_s_at_slo"] == 1.5 and per["max_sessions_per_s_at_slo_interval"] == [1.5, 2.0]
+    (target,) = plan["targets"]
+    assert target["replicas"] == math.ceil(30.0 / (1.5 * 0.75)) and target["gpus"] == target["replicas"] * 4
+    assert headline(per).startswith("each replica holds **1.5 sessions/s** at the SLO (held at 1.5, failed at 2.0")
+
+
+def test_a_plan_searching_on_users_and_on_rate_sizes_each_target_by_its_own_search() -> None:
+    rows = [_row("u1", 4, kind="search", search="users"), _row("u2", 8, ["resources.full_batch_queue"],
+                                                               kind="search", search="users"),
+            _row("r1", 64, kind="search", sessions_per_s=1.0, search="rate"),
+            _row("r2", 64, ["resources.kv_usage"], kind="search", sessions_per_s=2.0, search="rate")]
+    plan = capacity_plan(rows, PlannerInputs(target_users=(40,), target_sessions_per_s=(10.0,), headroom=0.5),
+                         0.99, None, [], [])
+    per = plan["per_replica"]
+    assert per["searched_on"] == "sessions_per_s" and per["max_sessions_per_s_at_slo"] == 1.0  # the last search
+    assert per["max_users_at_slo"] == 4 and per["max_users_at_slo_interval"] == [4, 7]
+    assert per["users_search"]["limiting"]["rule"] == "resources.full_batch_queue"
+    users, rate = plan["targets"]
+    assert users["replicas"] == 20 and rate["replicas"] == 20  # 40 / (4 x 0.5), 10 / (1.0 x 0.5)

@@ -46,7 +46,7 @@ def test_a_search_stage_reserves_max_total_s_with_its_defaults():
     ({"max_users": None}, "'max_users' is a required property"),
     ({"step_s": None}, "'step_s' is a required property"),
     ({"max_total_s": None}, "'max_total_s' is a required property"),
-    ({"search_on": "sessions_per_s"}, "stages[0].search_on: 'sessions_per_s' is not yet supported"),
+    ({"search_on": "sessions_per_s"}, "stages[0].max_sessions_per_s: required for a search on sessions_per_s"),
     ({"search_on": "tokens"}, "stages[0].search_on"),
     ({"factor": 1}, "stages[0].factor"),
     ({"resolution": 1}, "stages[0].resolution"),
@@ -234,3 +234,54 @@ def test_requests_waiting_longer_on_end_than_the_plan_allows_fail_a_step_as_the_
     assert not past_capacity(StepEvidence(requests=9, good=9, waiting_sustained_s=4.0), limits)
     both = StepEvidence(waiting_sustained_s=2.0).plus(StepEvidence(waiting_sustained_s=6.0))
     assert both.waiting_sustained_s == 6.0 and past_capacity(both, limits)
+
+
+# -- a search on the arrival rate (search_on: sessions_per_s) --------------------------------------------------
+RATE_SPEC = SearchSpec(max_users=64, step_s=10, max_total_s=2000, search_on="sessions_per_s",
+                       start_sessions_per_s=0.5, max_sessions_per_s=16.0, resolution=0.1, max_step_s=30)
+
+
+def rate_world(capacity_per_s: float) -> Callable[[float, int, random.Random], StepEvidence]:
+    """A server whose batch fills above `capacity_per_s` sessions a second."""
+    def evidence(rate: float, seconds: int, rng: random.Random) -> StepEvidence:
+        n = int(60 * rate * seconds)
+        queued = seconds * 2 if rate > capacity_per_s else 0
+        return StepEvidence(n, n, BatchQueue(seconds * 2, queued, 8, "test"), 0.3, 0.0, float(seconds))
+    return evidence
+
+
+def run_rate(controller: SearchController, world: Callable[[float, int, random.Random], StepEvidence]
+             ) -> list[tuple[float, int, str]]:
+    rng, total, trail = random.Random(0), 0, []
+    for _ in range(1000):
+        if controller.load is None:
+            return trail
+        rate = controller.load
+        assert controller.sessions_per_s == rate and controller.users == 64  # the session slots, every step
+        for seconds in range(1, 10_000):
+            total += 1
+            result = controller.observe(world(rate, seconds, rng), seconds, total)
+            if result is not None or controller.ended:
+                break
+        if result is not None:
+            trail.append((result.sessions_per_s, result.users, result.decision))
+    raise AssertionError("the search never ended")
+
+
+def test_a_rate_search_grows_then_halves_the_bracket_to_its_resolution():
+    controller = SearchController(RATE_SPEC)
+    trail = run_rate(controller, rate_world(3.1))
+    rates = [t[0] for t in trail]
+    assert rates[:4] == [0.5, 1.0, 2.0, 4.0] and trail[3][2] == PAST_CAPACITY
+    assert controller.ended == "resolved" and controller.last_good <= 3.1 < controller.first_bad
+    assert controller.first_bad - controller.last_good <= 0.1 * controller.last_good
+    assert abs(controller.last_good - 3.1) / 3.1 < 0.1  # within the resolution of the true bound
+
+
+def test_a_rate_search_ends_at_its_top_rate_or_at_nothing_held():
+    top = SearchController(RATE_SPEC)
+    assert [t[0] for t in run_rate(top, rate_world(100.0))] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]
+    assert top.ended == "max_rate_held" and top.last_good == 16.0
+    none = SearchController(RATE_SPEC)
+    run_rate(none, rate_world(0.01))
+    assert none.ended == "nothing_held" and none.last_good is None and none.first_bad <= 0.05

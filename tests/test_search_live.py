@@ -183,3 +183,45 @@ def test_the_run_dir_of_a_search_is_its_scrapes(tmp_path: Path):
     search = LiveSearch.for_run(PLAN.stages[0], tmp_path, None, DEFAULT_THRESHOLDS, LiveGoodput(SLO))
     assert search.cap is None and search.controller.limits == ResourceLimits(0.98, 5.0)
     assert search.step_now().name == "find-s1-c4"
+
+
+def test_a_rate_search_runs_open_loop_steps_named_by_their_rate(tmp_path):
+    """search_on sessions_per_s: each step an open-loop stage (its `arrival` at the step's rate, max_users session
+    slots), named NAME-sK-rRATE, the bracket in sessions/s in search_end."""
+    plan = parse_plan({"name": "p", "stages": [
+        {"name": "rate", "kind": "search", "search_on": "sessions_per_s", "start_sessions_per_s": 0.5,
+         "max_sessions_per_s": 8, "max_users": 32, "min_goodput": 0.9, "step_s": 5, "max_step_s": 10,
+         "max_total_s": 300, "arrival_process": "gamma", "burstiness": 2, "mix": {"agent": 1}}]}, "p.yaml")
+    clock, now_rate = [0.0], [0.0]
+
+    class RateScrapes(FakeScrapes):
+        def queue(self, cap: Any, users: int) -> Any:
+            from k3load.analysis.full_batch import BatchQueue
+            return BatchQueue(10, 9 if now_rate[0] > 3.0 else 0, 8, "test")
+
+    goodput, events = LiveGoodput(SLO), JsonlLog(tmp_path / "events.jsonl")
+    search = LiveSearch(plan.stages[0], goodput, RateScrapes(), events, ResourceLimits(), None,
+                        clock=lambda: clock[0], wall=lambda: 1000 + clock[0])  # type: ignore[arg-type]
+    steps = []
+    for _ in range(400):
+        step = search.step_now()
+        if step is None:
+            break
+        if not search.entered:
+            assert step.users == 32 and step.arrival is not None and step.arrival.process == "gamma"
+            assert step.arrival.burstiness == 2.0
+            steps.append((step.name, step.arrival.sessions_per_s))
+            now_rate[0] = step.arrival.sessions_per_s
+            search.enter(step)
+        for i in range(40):
+            goodput.add(record(f"{step.name}-{clock[0]}-{i}", stage=step.name))
+        clock[0] += 1
+    assert steps[:4] == [("rate-s1-r0p5", 0.5), ("rate-s2-r1", 1.0), ("rate-s3-r2", 2.0), ("rate-s4-r4", 4.0)]
+    events.close()
+    lines = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert all(set(e) - {"ts", "event"} == FIELDS[Event(e["event"])] for e in lines)
+    end = lines[-1]
+    assert end["event"] == "search_end" and end["ended"] == "resolved" and end["largest_held_users"] is None
+    assert end["largest_held_sessions_per_s"] <= 3.0 < end["first_failed_sessions_per_s"]
+    assert end["first_failed_sessions_per_s"] - end["largest_held_sessions_per_s"] <= 0.1 * \
+        end["largest_held_sessions_per_s"]

@@ -4,7 +4,9 @@ Why a pure class: the search is a decision procedure over noisy evidence, and it
 repeatable; kept apart from Locust (k3load.loadgen.search_live feeds it, k3load.loadgen.shape runs its
 steps) it is tested step by step with made-up evidence, seeded noise included (tests/test_search.py).
 
-The procedure (issue 27, item 3), on `search_on: users`:
+The procedure (issue 27, item 3), on `search_on: users` (on `sessions_per_s` the same over the arrival rate,
+from start_sessions_per_s to max_sessions_per_s, each step an open-loop stage with max_users session slots,
+the bracket halved until within `resolution`; `max_rate_held`):
     grow     from start_users, each held step times `factor` (rounded up, at least one more), up to
              max_users; a held step of max_users ends it (`max_users_held`);
     bisect   after the first failed step, between the largest held and the smallest failed, until they
@@ -33,7 +35,7 @@ from k3load.analysis.stats import Rate, wilson
 from k3load.workload.plan import SearchSpec
 
 HELD, PAST_CAPACITY, BELOW_GOODPUT, NEAR_BOUND = "held", "past_capacity", "below_goodput", "near_bound"
-ENDS = ("resolved", "max_users_held", "max_total_s", "nothing_held", "stopped")
+ENDS = ("resolved", "max_users_held", "max_rate_held", "max_total_s", "nothing_held", "stopped")
 
 
 @dataclass(frozen=True)
@@ -134,30 +136,46 @@ def decide_step(evidence: StepEvidence, spec: SearchSpec, limits: ResourceLimits
 
 @dataclass(frozen=True)
 class StepResult:
-    """One decided step (a repeat is its own step, its evidence the combined one)."""
+    """One decided step (a repeat is its own step, its evidence the combined one). `users`: the step's users
+    (a rate search's: its session slots); `sessions_per_s`: a rate search's rate, else None."""
 
     step: int
     users: int
     decision: str
     evidence: StepEvidence
+    sessions_per_s: float | None = None
 
 
 @dataclass
 class SearchController:
-    """Drives one search stage: `users` is the step to run now (None once ended); `observe` looks at it."""
+    """Drives one search stage: `load` is the step to run now (users, or sessions/s on a rate search; None once
+    ended); `observe` looks at it."""
 
     spec: SearchSpec
     limits: ResourceLimits = field(default_factory=ResourceLimits)
-    users: int | None = None
+    load: float | None = None
     step: int = 1
-    last_good: int | None = None
-    first_bad: int | None = None
+    last_good: float | None = None
+    first_bad: float | None = None
     ended: str | None = None
     results: list[StepResult] = field(default_factory=list)
     _first_try: StepEvidence | None = None  # a near-bound step being repeated: its first run's evidence
 
     def __post_init__(self) -> None:
-        self.users = min(self.spec.start_users, self.spec.max_users)
+        spec = self.spec
+        self.load = (min(spec.start_sessions_per_s, spec.max_sessions_per_s) if spec.on_rate
+                     else min(spec.start_users, spec.max_users))
+
+    @property
+    def users(self) -> int | None:
+        """The running step's users: its load on a users search, the session slots (max_users) on a rate search."""
+        if self.load is None:
+            return None
+        return self.spec.max_users if self.spec.on_rate else int(self.load)
+
+    @property
+    def sessions_per_s(self) -> float | None:
+        return self.load if self.spec.on_rate else None
 
     @property
     def repeating(self) -> bool:
@@ -166,7 +184,8 @@ class SearchController:
     def observe(self, evidence: StepEvidence, step_elapsed_s: float, total_elapsed_s: float) -> StepResult | None:
         """One look at the running step (its own evidence so far): its result once decided (the controller
         then moves on to the next step, or ends), else None. Past max_total_s the search ends undecided."""
-        if self.ended is not None or self.users is None:
+        users = self.users
+        if self.ended is not None or users is None:
             return None
         combined = evidence if self._first_try is None else self._first_try.plus(evidence)
         decision = decide_step(combined, self.spec, self.limits, step_elapsed_s, self.repeating)
@@ -174,7 +193,7 @@ class SearchController:
             if total_elapsed_s >= self.spec.max_total_s:
                 self._end("max_total_s")
             return None
-        result = StepResult(self.step, self.users, decision, combined)
+        result = StepResult(self.step, users, decision, combined, self.sessions_per_s)
         self.results.append(result)
         self._advance(decision, evidence)
         if self.ended is None and total_elapsed_s + self.spec.step_s > self.spec.max_total_s:
@@ -188,18 +207,18 @@ class SearchController:
             self._end(why)
 
     def _advance(self, decision: str, evidence: StepEvidence) -> None:
-        users = self.users
-        assert users is not None
+        load = self.load
+        assert load is not None
         self.step += 1
         if decision == NEAR_BOUND:
             self._first_try = evidence
             return
         self._first_try = None
         if decision == HELD:
-            self.last_good = users if self.last_good is None else max(self.last_good, users)
+            self.last_good = load if self.last_good is None else max(self.last_good, load)
         else:
-            self.first_bad = users if self.first_bad is None else min(self.first_bad, users)
-        self.users = self._next(users)
+            self.first_bad = load if self.first_bad is None else min(self.first_bad, load)
+        self.load = self._next_rate(load) if self.spec.on_rate else self._next(int(load))
 
     def _next(self, users: int) -> int | None:
         spec = self.spec
@@ -207,13 +226,28 @@ class SearchController:
             if users >= spec.max_users:
                 return self._end("max_users_held")
             return min(spec.max_users, max(math.ceil(users * spec.factor), users + 1))
-        low = self.last_good or 0
+        low = int(self.last_good or 0)
         if self.first_bad - low <= 1:
             return self._end("resolved" if self.last_good else "nothing_held")
         if self.last_good and self.first_bad - low <= spec.resolution * low:
             return self._end("resolved")
-        return (low + self.first_bad) // 2
+        return (low + int(self.first_bad)) // 2
+
+    def _next_rate(self, rate: float) -> float | None:
+        """A rate search: grow by `factor` up to max_sessions_per_s, then halve the bracket until it is within
+        `resolution` of the largest rate held; a failed first rate halves down to `resolution` of itself."""
+        spec = self.spec
+        if self.first_bad is None:
+            if rate >= spec.max_sessions_per_s:
+                return self._end("max_rate_held")
+            return min(spec.max_sessions_per_s, rate * spec.factor)
+        low = self.last_good or 0.0
+        if low and self.first_bad - low <= spec.resolution * low:
+            return self._end("resolved")
+        if not low and self.first_bad <= spec.resolution * spec.start_sessions_per_s:
+            return self._end("nothing_held")
+        return round((low + self.first_bad) / 2, 6)
 
     def _end(self, why: str) -> None:
-        self.ended, self.users, self._first_try = why, None, None
+        self.ended, self.load, self._first_try = why, None, None
 

@@ -34,7 +34,7 @@ from k3load.loadgen.live import Tail
 from k3load.loadgen.search import ResourceLimits, SearchController, StepEvidence, StepResult, past_capacity
 from k3load.rundir import JsonlLog
 from k3load.sampler.prom import split_key
-from k3load.workload.plan import Stage
+from k3load.workload.plan import ArrivalSpec, Stage
 
 KV = "vllm:kv_cache_usage_perc"
 PREEMPTIONS = "vllm:num_preemptions_total"
@@ -165,7 +165,10 @@ class Scrapes:
         return sum(deltas) if deltas else None
 
 
-def step_name(search: Stage, step: int, users: int) -> str:
+def step_name(search: Stage, step: int, users: int, sessions_per_s: float | None = None) -> str:
+    """NAME-sK-cUSERS, or on a rate search NAME-sK-rRATE (the rate's point a `p`: 1.5/s is r1p5)."""
+    if sessions_per_s is not None:
+        return f"{search.name}-s{step}-r{f'{sessions_per_s:.4g}'.replace('.', 'p')}"
     return f"{search.name}-s{step}-c{users}"
 
 
@@ -205,12 +208,15 @@ class LiveSearch:
         if self.controller.ended is not None:
             self._say_end()
             return None
-        users = self.controller.users
+        users, rate = self.controller.users, self.controller.sessions_per_s
         if self.step is None or self.step.step != self.controller.step:
             assert users is not None
-            self.step = replace(self.stage, name=step_name(self.stage, self.controller.step, users), users=users,
-                                step=self.controller.step,
-                                duration_s=self.stage.search.max_step_s if self.stage.search else 0.0)
+            spec = self.stage.search
+            arrival = (ArrivalSpec(rate, spec.arrival_process, spec.burstiness) if spec is not None and rate is not None
+                       else None)  # a rate search's step: sessions arriving open-loop at its rate
+            self.step = replace(self.stage, name=step_name(self.stage, self.controller.step, users, rate), users=users,
+                                step=self.controller.step, arrival=arrival,
+                                duration_s=spec.max_step_s if spec else 0.0)
             self.step_started, self.evidence, self.entered = self.clock(), StepEvidence(), False
         return self.step
 
@@ -254,8 +260,12 @@ class LiveSearch:
         self.end_said = True
         c = self.controller
         if self.events is not None:
-            self.events.event(Event.SEARCH_END, stage=self.stage.name, largest_held_users=c.last_good,
-                              first_failed_users=c.first_bad, ended=c.ended, steps=len(c.results))
+            rate = c.spec.on_rate
+            self.events.event(Event.SEARCH_END, stage=self.stage.name, ended=c.ended, steps=len(c.results),
+                              largest_held_users=None if rate else c.last_good,
+                              first_failed_users=None if rate else c.first_bad,
+                              largest_held_sessions_per_s=c.last_good if rate else None,
+                              first_failed_sessions_per_s=c.first_bad if rate else None)
 
     def snapshot(self) -> dict[str, Any]:
         """For the web UI: the step, its evidence so far, the bracket, the last decision."""
@@ -263,6 +273,7 @@ class LiveSearch:
         rate = e.goodput
         return {"stage": self.stage.name, "step": self.step.name if self.step else None,
                 "step_index": c.step if c.ended is None else None, "users": c.users,
+                "sessions_per_s": c.sessions_per_s,
                 "repeat": c.repeating, "elapsed_s": round(self.clock() - self.step_started, 1),
                 "step_s": self.stage.search.step_s if self.stage.search else None,
                 "max_step_s": self.stage.search.max_step_s if self.stage.search else None,
@@ -271,7 +282,8 @@ class LiveSearch:
                 "goodput_ci95": [rate.low, rate.high] if e.requests else None,
                 "queue_share": e.queue.share if e.queue else None, "kv_usage_max": e.kv_usage_max,
                 "last_good": c.last_good, "first_bad": c.first_bad, "ended": c.ended,
-                "last_decision": ({"users": self.last.users, "decision": self.last.decision}
+                "last_decision": ({"users": self.last.users, "sessions_per_s": self.last.sessions_per_s,
+                                   "decision": self.last.decision}
                                   if self.last else None),
                 "total_s": round(self.clock() - self.started, 1),
                 "max_total_s": self.stage.search.max_total_s if self.stage.search else None}
@@ -282,7 +294,8 @@ def step_fields(step: str, search: str, result: StepResult, own: StepEvidence,
     """The `search_step` event's fields: the decision's evidence (combined for a repeat), this run's duration."""
     e = result.evidence
     rate = e.goodput
-    return {"stage": step, "search": search, "users": result.users, "step": result.step,
+    return {"stage": step, "search": search, "users": result.users, "sessions_per_s": result.sessions_per_s,
+            "step": result.step,
             "goodput": round(rate.value, 6) if rate.value is not None else None,
             "goodput_ci95": [round(rate.low, 6), round(rate.high, 6)] if e.requests else None,
             "requests": e.requests, "queue_share": round(e.queue.share, 4) if e.queue and e.queue.share is not None

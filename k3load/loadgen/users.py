@@ -62,7 +62,7 @@ class K3User(User):
                               session_header=getattr(opts, "k3_session_header", "") or None)
         self.played: dict[str, int] = {}
         self.current: ScenarioPlay | None = None
-        self.arrived_in: str | None = None  # the stage an open-loop session arrived in (None: closed-loop)
+        self.arrived_in: Stage | None = None  # the stage an open-loop session arrived in (None: closed-loop)
         self.pace = random.Random(f"{opts.k3_seed}:{self.user_id}:think")  # the agents' gaps between turns
 
     @task
@@ -87,9 +87,9 @@ class K3User(User):
         playable = session.playable(self.family)
         stage = session.stage
         if self.current is not None and (self.current.scenario.name not in {s.name for s in playable}
-                                         or self.arrived_in not in (None, stage.name if stage else None)):
+                                         or not _goes_on(self.arrived_in, stage)):
             # the stage changed what this family plays (the control pairs end with it), or an open-loop
-            # session's stage ended (it belongs to the stage it arrived in)
+            # session's stage ended (it belongs to the stage it arrived in, or to its search)
             self.current = None
         if (self.current is None or self.current.done) and not self._next_play(session, stage, playable):
             gevent.sleep(IDLE_PAUSE_S)  # budget spent, nothing of this family fits the server, arrivals over
@@ -117,7 +117,7 @@ class K3User(User):
         opened = isinstance(arrival_ts, float)
         self.current = ScenarioPlay(self.chat, self.ctx, self.rng.choice(playable), arrival_ts if opened else None,
                                     self.pace if opened else None)
-        self.arrived_in = stage.name if opened and stage is not None else None
+        self.arrived_in = stage if opened else None
         return True
 
     def _arrival(self, stage: Stage | None) -> float | bool | None:
@@ -153,6 +153,13 @@ class K3User(User):
         chat: Any = getattr(self, "chat", None)
         if chat is not None:
             chat.close()
+
+
+def _goes_on(arrived_in: Stage | None, stage: Stage | None) -> bool:
+    """An open-loop session goes on only in the stage it arrived in: a rate search's next step offers its own
+    rate, not the last one's sessions still at work (a backlog carried over from a step past capacity would fail
+    every step after it, however light); a closed-loop play (arrived in no stage) goes on as before."""
+    return arrived_in is None or (stage is not None and stage.name == arrived_in.name)
 
 
 def _concurrently(first: Callable[[], Any], second: Callable[[], Any]) -> tuple[Any, Any]:

@@ -23,7 +23,7 @@ import jsonschema
 from k3load.yamlfile import YamlFileError, read_yaml_file
 
 FAMILIES = ("agent", "shared_prefix", "cold", "long_input")
-SEARCH_ON = ("users",)  # what a search may vary today; `sessions_per_s` waits for open-loop arrivals
+SEARCH_ON = ("users", "sessions_per_s")  # what a search varies: closed-loop users, or open-loop sessions
 
 
 class PlanError(ValueError):
@@ -43,6 +43,15 @@ class SearchSpec:
     min_goodput: float = 0.99
     max_step_s: float = 0.0  # 0: 3 x step_s (filled in by `search_spec`)
     search_on: str = "users"
+    # search_on sessions_per_s: the rates tried, and how sessions arrive at each (a step's `arrival`)
+    start_sessions_per_s: float = 1.0
+    max_sessions_per_s: float = 0.0
+    arrival_process: str = "poisson"
+    burstiness: float = 1.0
+
+    @property
+    def on_rate(self) -> bool:
+        return self.search_on == "sessions_per_s"
 
 
 @dataclass(frozen=True)
@@ -175,14 +184,19 @@ def parse_plan(data: Any, where: str, source: str = "") -> Plan:
 
 def search_spec(raw: dict[str, Any], where: str) -> SearchSpec:
     """A search stage's settings with their defaults; what the schema cannot say is one PlanError line."""
-    if raw.get("search_on", "users") not in SEARCH_ON:
-        raise PlanError(f"{where}.search_on: {raw['search_on']!r} is not yet supported (open-loop arrivals do not "
-                        "exist yet): search on users")
+    on = raw.get("search_on", "users")
+    if on == "sessions_per_s" and "max_sessions_per_s" not in raw:
+        raise PlanError(f"{where}.max_sessions_per_s: required for a search on sessions_per_s")
     step_s = float(raw["step_s"])
     spec = SearchSpec(max_users=int(raw["max_users"]), step_s=step_s, max_total_s=float(raw["max_total_s"]),
                       start_users=int(raw.get("start_users", 1)), factor=float(raw.get("factor", 2.0)),
                       resolution=float(raw.get("resolution", 0.1)), min_goodput=float(raw.get("min_goodput", 0.99)),
-                      max_step_s=float(raw.get("max_step_s", 3 * step_s)), search_on="users")
+                      max_step_s=float(raw.get("max_step_s", 3 * step_s)), search_on=on,
+                      max_sessions_per_s=float(raw.get("max_sessions_per_s", 0.0)),
+                      start_sessions_per_s=min(float(raw.get("start_sessions_per_s", 1.0)),
+                                               float(raw.get("max_sessions_per_s", 1.0))),
+                      arrival_process=str(raw.get("arrival_process", "poisson")),
+                      burstiness=float(raw.get("burstiness", 1.0)))
     if spec.start_users > spec.max_users:
         raise PlanError(f"{where}.start_users: {spec.start_users} is above max_users {spec.max_users}")
     if spec.max_step_s < spec.step_s:
