@@ -273,7 +273,7 @@ class LiveSearch:
         rate = e.goodput
         return {"stage": self.stage.name, "step": self.step.name if self.step else None,
                 "step_index": c.step if c.ended is None else None, "users": c.users,
-                "sessions_per_s": c.sessions_per_s,
+                "sessions_per_s": c.sessions_per_s, "search_on": c.spec.search_on,
                 "repeat": c.repeating, "elapsed_s": round(self.clock() - self.step_started, 1),
                 "step_s": self.stage.search.step_s if self.stage.search else None,
                 "max_step_s": self.stage.search.max_step_s if self.stage.search else None,

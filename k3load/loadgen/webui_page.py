@@ -34,16 +34,18 @@ function esc(s){return String(s).replace(/[&<>"]/g,c=>({'&':'&amp;','<':'&lt;','
 function num(v,d){return v===null||v===undefined?'\\u2013':Number(v).toFixed(d)}
 function pct(v){return v===null||v===undefined?'\\u2013':(v*100).toFixed(1)+'%'}
 function gp(v,ci,n){return n?`${pct(v)} (95% CI ${pct(ci[0])}\\u2013${pct(ci[1])}) of ${n} requests`:'\\u2013'}
+function unitOf(q){return q.search_on==='sessions_per_s'?'sessions/s':'users'}
 function searchRows(q){const d=q.last_decision;return [['search',q.stage+(q.ended?` (ended: ${q.ended})`:'')],
  ['step',q.step?`${q.step}${q.repeat?' (repeat of a step near the bound)':''}`:'\\u2013'],
- ['users',q.users===null?'\\u2013':q.users],
+ ['users',q.users===null?'\\u2013':q.users+(q.sessions_per_s!=null?
+   ` session slots, ${q.sessions_per_s} sessions/s arriving`:'')],
  ['step time',`${num(q.elapsed_s,0)} s (at least ${num(q.step_s,0)}, at most ${num(q.max_step_s,0)})`],
  ['goodput so far',gp(q.goodput,q.goodput_ci95,q.requests)+` against ${pct(q.min_goodput)}`],
  ['queue behind a full batch',q.queue_share===null?'\\u2013':
    pct(q.queue_share)+' of scrapes (past capacity above 50%)'],
  ['KV usage (step max)',pct(q.kv_usage_max)],
- ['bracket: last held / first failed',`${q.last_good??'\\u2013'} / ${q.first_bad??'\\u2013'} users`],
- ['last decision',d?`${d.users} users: ${d.decision}`:'\\u2013'],
+ ['bracket: last held / first failed',`${q.last_good??'\\u2013'} / ${q.first_bad??'\\u2013'} ${unitOf(q)}`],
+ ['last decision',d?`${d.sessions_per_s??d.users} ${unitOf(q)}: ${d.decision}`:'\\u2013'],
  ['search time',`${num(q.total_s,0)} of at most ${num(q.max_total_s,0)} s`]]}
 function line(pts,w,h,max,dash,color){if(!pts.length)return '';
  const t0=pts[0][0],t1=Math.max(pts[pts.length-1][0],t0+1);
