@@ -110,8 +110,8 @@ def plan_capacity(data: RunData, index: MetricIndex, pillars: dict[str, PillarRe
     kind = next((k for k in ("search", "concurrency") if any(s["kind"] == k for s in stage_table)), None)
     routing = next((r for r in pillars["prefix_cache"].numbers.get("rules", []) if r.get("id") == "cache.routing"),
                    None)
-    plan = capacity_plan(stage_table, inputs, bound, limits.get("max_input_tokens"), [],
-                         assumptions(data, len(index.sources), routing, kind))
+    plan = capacity_plan(stage_table, inputs, bound, limits.get("max_input_tokens"), [], [])
+    plan["assumptions"] = assumptions(data, len(index.sources), routing, kind, plan["per_replica"]["searched_on"])
     plan["what_if"] = [cold_cache(data, plan["per_replica"])]
     plan["search"] = search_said(data, plan["per_replica"])
     return rounded(plan)
@@ -124,8 +124,9 @@ def _capacity_marks(ramp_table: dict[str, Any], data: RunData, stage_table: list
     bound = min_goodput(data.plan)
     per = capacity_plan(stage_table, PlannerInputs(), bound, None, [], [])["per_replica"]
     gpus = planner_inputs(data.run, data.plan, data.compat, telemetry_gpus(data)).gpus_per_replica
-    ramp_table["marks"] = {"slo": dict(limits["slo"]), "min_goodput": bound, "capacity_users": per["max_users_at_slo"],
-                           "gpus": gpus}
+    on_rate = per["searched_on"] == "sessions_per_s"  # the ramp's steps are then the rate search's: x is the rate
+    ramp_table["marks"] = {"slo": dict(limits["slo"]), "min_goodput": bound, "gpus": gpus, "on_rate": on_rate,
+                           "capacity_load": per["max_sessions_per_s_at_slo" if on_rate else "max_users_at_slo"]}
 
 
 def unfinished_plan(data: RunData) -> str | None:

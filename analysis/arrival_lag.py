@@ -17,6 +17,15 @@ from k3load.analysis.pillar import percentiles
 from k3load.analysis.stats import wilson
 
 LATE_S = 1.0  # a turn sent this much after its intended time was held back by the generator
+LATE_SHARE = 0.1  # more late turns than this: the step did not offer its rate (a search's step is not held)
+MIN_SCHEDULED = 10  # fewer scheduled turns: too few to say
+
+
+def offered_late(scheduled: int, late: int) -> bool:
+    """An open-loop step that could not offer its rate: more than LATE_SHARE of its scheduled turns went out
+    late (every session slot busy: sessions lasting longer as the server slows, or too few slots). Its
+    latencies are measured from the late sends, so the wait its agents saw is not in them: not held."""
+    return scheduled >= MIN_SCHEDULED and late / scheduled > LATE_SHARE
 
 
 def arrival_lag(frame: pd.DataFrame) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Why from the judged steps and not a fit: a planner signs a number the run showed, with the bracket it
 lies in (the largest step held, the smallest that failed). A step held when it stayed within every
 limit of the plan (analysis/stages.py: SLO p95s, errors, KV, queue, the full-batch queue, GPU memory)
-and its goodput was not clearly below `min_goodput` (its 95% interval reaches it: analysis/goodput.py).
+and its goodput was at or above `min_goodput` (the point estimate, as the live search decides: its 95%
+interval is said beside it; analysis/goodput.py).
 The search's steps are read where the plan searched (kind `search`), else the concurrency ramp's.
 Written as `capacity.json` by `k3load analyze` and recomputed by `k3load capacity RUN` with other
 targets: a pure function of the run directory and the planner's inputs.
@@ -15,12 +16,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from k3load.analysis.full_batch import MIN_SCRAPES, PAST_CAPACITY_SHARE
 from k3load.analysis.goodput import DEFAULT_MIN_GOODPUT
 from k3load.analysis.ramp import EXHAUSTED_BY_RULE, load_steps
 
 CAPACITY_FORMAT = 1
 DEFAULT_HEADROOM = 0.3
 GOODPUT_RULE = "slo.goodput"
+FULL_BATCH_RULE = "resources.full_batch_queue"
 RATE = "sessions_per_s"  # a stage row's arrival rate (an open-loop step's)
 
 
@@ -44,12 +47,15 @@ class PlannerInputs:
             return value if value not in (None, [], "") else plan.get(key, default)
 
         headroom = pick("k3_headroom", "headroom", DEFAULT_HEADROOM)
+        gpus, cost = pick("k3_gpus_per_replica", "gpus_per_replica", None), pick("k3_gpu_hour_cost", "gpu_hour_cost",
+                                                                                   None)
+        # numbers as numbers whatever carried them (run.json, a plan): a text "4" never multiplies a string
         return cls(target_users=tuple(int(v) for v in pick("k3_target_users", "target_users", ()) or ()),
                    target_sessions_per_s=tuple(float(v) for v in
                                                pick("k3_target_sessions_per_s", "target_sessions_per_s", ()) or ()),
                    headroom=float(DEFAULT_HEADROOM if headroom is None else headroom),
-                   gpus_per_replica=pick("k3_gpus_per_replica", "gpus_per_replica", None),
-                   gpu_hour_cost=pick("k3_gpu_hour_cost", "gpu_hour_cost", None))
+                   gpus_per_replica=int(gpus) if gpus not in (None, "") else None,
+                   gpu_hour_cost=float(cost) if cost not in (None, "") else None)
 
 
 def replicas_for(target: float, per_replica: float, headroom: float) -> int | None:
@@ -61,33 +67,45 @@ def replicas_for(target: float, per_replica: float, headroom: float) -> int | No
     return max(1, math.ceil(target / usable - 1e-9))
 
 
-def min_goodput(plan: Any) -> float:
-    """The plan's bound: the search stage's `min_goodput` (the first one), else the default 0.99."""
-    for stage in getattr(plan, "stages", ()) or ():
-        search = getattr(stage, "search", None)
-        if search is not None and getattr(search, "min_goodput", None) is not None:
-            return float(search.min_goodput)
-    return DEFAULT_MIN_GOODPUT
+def min_goodput(plan: Any, search: str | None = None) -> float:
+    """The bound a search's steps are held to: that search stage's `min_goodput` (`search`: its name; None: the
+    plan's last search, the one the capacity is read from), else the default 0.99 (a concurrency ramp)."""
+    found = [s.search for s in getattr(plan, "stages", ()) or ()
+             if getattr(s, "search", None) is not None and (search is None or s.name == search)]
+    return float(found[-1].min_goodput) if found else DEFAULT_MIN_GOODPUT
 
 
 def step_held(row: dict[str, Any], bound: float) -> bool:
     """Within every limit and goodput at or above the bound. The point estimate decides, as the live search
     decides a step whose interval still straddles the bound after its repeat (k3load.loadgen.search): the
     interval is said beside it (an interval clearly above or below agrees with its point anyway)."""
-    return not row["problems"] and load_goodput([row]) >= bound
+    return load_held([row], bound)
 
 
-def load_goodput(rows: list[dict[str, Any]]) -> float:
+def load_goodput(rows: list[dict[str, Any]]) -> float | None:
     """The goodput of one load over all its steps together (a near-bound step and its repeat are one body
-    of evidence, as the live search judged them); 1.0 where no request was judged (nothing against it)."""
+    of evidence, as the live search judged them); None where no request was judged."""
     requests = sum(r.get("goodput_requests") or 0 for r in rows)
     good = sum(r.get("goodput_good_requests") or 0 for r in rows)
-    return good / requests if requests else 1.0
+    return good / requests if requests else None
+
+
+def _pooled_queue(rows: list[dict[str, Any]]) -> bool:
+    """The queue behind a full batch over every step at one load, their scrapes together (as the live search
+    pools a repeat's): past capacity where most of them showed it."""
+    scrapes = sum(r.get("full_batch_scrapes") or 0 for r in rows if r.get("full_batch_queued_scrapes") is not None)
+    queued = sum(r.get("full_batch_queued_scrapes") or 0 for r in rows)
+    return scrapes >= MIN_SCRAPES and queued / scrapes > PAST_CAPACITY_SHARE
 
 
 def load_held(rows: list[dict[str, Any]], bound: float) -> bool:
-    """One load, over every step run at it: within every limit in each, goodput together at the bound."""
-    return all(not r["problems"] for r in rows) and load_goodput(rows) >= bound
+    """One load, over every step run at it: within every limit (the queue behind a full batch over their
+    scrapes together), and their goodput together at the bound; a load no request was judged at never held."""
+    other = [p for r in rows for p in r["problems"] if p["id"] != FULL_BATCH_RULE]
+    goodput = load_goodput(rows)
+    queued = _pooled_queue(rows) if len(rows) > 1 else any(p["id"] == FULL_BATCH_RULE for r in rows
+                                                            for p in r["problems"])
+    return not other and not queued and goodput is not None and goodput >= bound
 
 
 def _limiting(row: dict[str, Any], bound: float) -> dict[str, str]:

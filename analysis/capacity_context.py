@@ -53,7 +53,8 @@ def cold_cache(data: RunData, per_replica: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def assumptions(data: RunData, sources: int, routing: dict[str, Any] | None, source_kind: str | None) -> list[str]:
+def assumptions(data: RunData, sources: int, routing: dict[str, Any] | None, source_kind: str | None,
+                searched_on: str | None = None) -> list[str]:
     """The plan's assumptions, each in words a planner can check against their deployment."""
     out = ["an even router: each replica gets the same share of the agents (one replica, the target URL, "
            "was measured)"]
@@ -69,7 +70,11 @@ def assumptions(data: RunData, sources: int, routing: dict[str, Any] | None, sou
     else:
         out.append("data parallel and multi-node: the capacity is of everything behind the target URL; a "
                    "replica with more ranks or nodes than the one measured needs its own run")
-    if source_kind in ("concurrency", "search"):
+    if searched_on == "sessions_per_s":
+        out.append("agent sessions arriving open-loop at each step's rate, each with its agents' gaps between turns "
+                   "(the scenarios' tool run times and user think times), a session ending with the step it "
+                   "arrived in: a fleet whose agents' gaps differ offers a different load per session")
+    elif source_kind in ("concurrency", "search"):
         out.append("closed-loop users with no think time: each keeps one request in flight, back to back; agents "
                    "that think or run tools between turns hold fewer in flight each, so more of them fit per "
                    "replica, and sessions/s here are the sessions as the scenarios play them")
@@ -105,7 +110,7 @@ def search_said(data: RunData, per_replica: dict[str, Any]) -> dict[str, Any] | 
     judged = per_replica.get("max_sessions_per_s_at_slo" if rate else "max_users_at_slo")
     if live != judged:
         unit = "sessions/s" if rate else "users"
-        said["differs"] = (f"the live search held {live} {unit}, the judgment of its steps {judged}: a rule the "
-                           "search does not hold a step to (a latency p95, the error rate, GPU memory) failed a step "
-                           "it held; the judgment stands")
+        said["differs"] = (f"the live search held {live} {unit}, the judgment of its steps {judged}: the judgment "
+                           "holds each step to every rule of the stage table (the latency p95s, the error rate and "
+                           "GPU memory too) over the requests that ended by the step's decision; it stands")
     return said

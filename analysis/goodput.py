@@ -9,7 +9,8 @@ against it; a failed request never meets the SLO.
 
 A request is a chain of attempts (its retries): it met the SLO only when every attempt did, since a
 retried request kept its agent waiting through the failed try. A session is one playing of a scenario
-(records' `session_id`); it met the SLO when every request of it in the stage did. Attempts our own
+(records' `session_id`), counted in the stage it started in; it met the SLO when every request of it in
+that stage did. Attempts our own
 client raised on (`client_raised`: nothing is known of the answer) are left out of both counts.
 
 The same test, `attempt_good`, serves the live search (k3load.loadgen) and the judgment, so the search
@@ -127,7 +128,10 @@ def stage_goodput(frame: pd.DataFrame, slo: Slo, duration_s: float) -> Goodput:
     session_share: tuple[float | None, tuple[float, float] | None] = (None, None)
     per_s = None
     if "session_id" in frame and frame["session_id"].notna().any():
-        known = frame["session_id"].notna().to_numpy()
+        # a session counts in the stage it started in (its first turn's first attempt): one that goes on into
+        # the next stage or step is not counted twice, nor one that came in from the last
+        started = frame.loc[(frame["turn"] == 0) & (frame["attempt"] == 1), "session_id"].dropna()
+        known = frame["session_id"].isin(set(started)).to_numpy()
         by_session = good[known].groupby(frame["session_id"][known].to_numpy(), sort=False).all()
         sessions, good_sessions = len(by_session), int(np.count_nonzero(by_session.to_numpy()))
         session_share = _share(good_sessions, sessions)

@@ -37,7 +37,9 @@ def ramp_plots(ramp: dict[str, Any]) -> dict[str, bytes]:
     if not steps:
         return {}
     marks = ramp.get("marks") or {}
-    users = [s["users"] for s in steps]
+    on_rate = bool(marks.get("on_rate"))  # a rate search's steps: the load is their arrival rate
+    users = [s["sessions_per_s"] if on_rate else s["users"] for s in steps]
+    load = "sessions arriving per second" if on_rate else "concurrent users"
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     slo = marks.get("slo") or {}
     for key, label, color in (("ttft_p95_ms", "TTFT p95", "tab:blue"),
@@ -48,7 +50,7 @@ def ramp_plots(ramp: dict[str, Any]) -> dict[str, bytes]:
             if slo.get(key):
                 ax.axhline(slo[key], color=color, linestyle=":", linewidth=1, label=f"{label} SLO")
     _capacity_line(ax, marks)
-    ax.set(xlabel="concurrent users", ylabel="ms", title="Latency and goodput vs load")
+    ax.set(xlabel=load, ylabel="ms", title="Latency and goodput vs load")
     ax.set_yscale("log")
     goodput = [s.get("goodput") for s in steps]
     if any(g is not None for g in goodput):
@@ -67,31 +69,37 @@ def ramp_plots(ramp: dict[str, Any]) -> dict[str, bytes]:
     ax2 = ax.twinx()
     ax2.plot(users, [s["requests_per_s"] for s in steps], marker="s", color="tab:orange", label="req/s")
     _capacity_line(ax, marks)
-    ax.set(xlabel="concurrent users", ylabel="output tokens/s", title="Throughput vs concurrency")
+    ax.set(xlabel=load, ylabel="output tokens/s", title="Throughput vs load")
     ax2.set_ylabel("requests/s")
     return {"latency_vs_concurrency": latency, "throughput_vs_concurrency": _png(fig), "pareto": _pareto(steps, marks)}
 
 
 def _capacity_line(ax: Any, marks: dict[str, Any]) -> None:
-    if marks.get("capacity_users"):
-        ax.axvline(marks["capacity_users"], color="green", linestyle="--",
-                   label=f"capacity {marks['capacity_users']} users")
+    if marks.get("capacity_load"):
+        unit = "sessions/s" if marks.get("on_rate") else "users"
+        ax.axvline(marks["capacity_load"], color="green", linestyle="--",
+                   label=f"capacity {marks['capacity_load']:g} {unit}")
 
 
 def _pareto(steps: list[dict[str, Any]], marks: dict[str, Any]) -> bytes:
-    """Each step's output tokens/s per user (what one agent sees) against per GPU (what the fleet pays):
-    the trade a planner picks a point on (vllm bench sweep's plot_pareto)."""
+    """Each step's decode speed per request (what one agent sees) against output tokens/s per GPU (what the fleet
+    pays): the trade a planner picks a point on (vllm bench sweep's plot_pareto)."""
     gpus = marks.get("gpus") or 1
     fig, ax = plt.subplots(figsize=(6, 3.4))
-    x = [s["output_tokens_per_s"] / s["users"] for s in steps]
-    y = [s["output_tokens_per_s"] / gpus for s in steps]
+    on_rate = bool(marks.get("on_rate"))
+    # what one agent sees: its answer's decode speed, 1 / the median inter-token latency (vLLM's plot_pareto
+    # reads 1 / TPOT); steps without a streamed answer are left out
+    shown = [s for s in steps if s.get("itl_p50_ms")]
+    x = [1000.0 / s["itl_p50_ms"] for s in shown]
+    y = [s["output_tokens_per_s"] / gpus for s in shown]
     ax.plot(x, y, marker="o", color="tab:blue")
-    for xi, yi, s in zip(x, y, steps, strict=True):
-        held = s["users"] == marks.get("capacity_users")
-        ax.annotate(f"{s['users']}" + (" (capacity)" if held else ""), (xi, yi), fontsize=7,
+    for xi, yi, s in zip(x, y, shown, strict=True):
+        load = s["sessions_per_s"] if on_rate else s["users"]
+        held = load == marks.get("capacity_load")
+        ax.annotate(f"{load:g}" + ("/s" if on_rate else "") + (" (capacity)" if held else ""), (xi, yi), fontsize=7,
                     color="green" if held else "black", textcoords="offset points", xytext=(4, 4))
     per = "GPU" if marks.get("gpus") else "replica (GPUs unknown)"
-    ax.set(xlabel="output tokens/s per user", ylabel=f"output tokens/s per {per}",
+    ax.set(xlabel="output tokens/s per request (1 / ITL p50)", ylabel=f"output tokens/s per {per}",
            title="Per-user speed vs per-GPU throughput")
     return _png(fig)
 

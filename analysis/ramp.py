@@ -23,6 +23,7 @@ RAMP_COLUMNS = ("stage", "users", "attempts", "requests_per_s", "output_tokens_p
 EXHAUSTED_BY_RULE = (
     ("resources.kv_usage", "KV cache"), ("resources.preemptions", "KV cache"),
     ("resources.waiting_sustained", "scheduler queue"), ("resources.full_batch_queue", "scheduler queue"),
+    ("load.offered_late", "session slots (the offered rate)"),
     ("resources.gpu_growth", "GPU memory"),
     ("resources.gpu_jump", "GPU memory"), ("resources.gpu_headroom", "GPU memory"),
     ("stability.server_down", "server stability"), ("slo.error_rate", "error rate"),
@@ -70,4 +71,5 @@ def ramp(stage_table: list[dict[str, Any]]) -> dict[str, Any]:
             "knee_stage": knee["stage"] if knee else None,
             "ran_out_first": _exhausted(first_bad["problems"]) if first_bad else None,
             "first_step_past_knee": first_bad["stage"] if first_bad else None,
-            "largest_step_users": rows[-1]["users"] if rows else None}
+            "largest_step_users": rows[-1]["users"] if rows else None,
+            "largest_step_sessions_per_s": rows[-1].get("sessions_per_s") if rows and on_rate else None}

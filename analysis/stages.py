@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from k3load.analysis.arrival_lag import arrival_lag
+from k3load.analysis.arrival_lag import LATE_S, LATE_SHARE, arrival_lag, offered_late
 from k3load.analysis.clusters import request_cluster
 from k3load.analysis.full_batch import EngineCap, stage_batch_queue
 from k3load.analysis.goodput import Slo, stage_goodput
@@ -131,6 +131,8 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
     where the server said it (analysis/full_batch.py)."""
     t0, t1 = stage.start_ts, stage.end_ts
     frame = data.records[(data.records["stage"] == stage.name) & ~data.records["drill"].astype(bool)]
+    if stage.search is not None:  # a search step: what ended by its decision, the evidence the live search judged
+        frame = frame[frame["end_ts"] <= t1]
     planned = planned_windows(data)  # the restart drill's down on purpose is not the stage's
     # rates over the time load was offered: a restart drill's wait for the server is no load time
     duration = max(t1 - t0 - sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in planned), 1e-9)
@@ -264,6 +266,13 @@ def stage_problems(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -
     problems += gpu_problems(stats, limits["resources"])
     if stats.get("kind") in STEP_KINDS and stats.get("past_capacity"):
         problems.append(full_batch_breach(stats))
+    late = offered_late(stats.get("scheduled_turns") or 0, stats.get("late_turns") or 0)
+    if stats.get("kind") in STEP_KINDS and late:  # sessions outlasting their slots: the server slowed (a resource)
+        problems.append(breach("load.offered_late", "resource", stats["late_share"], LATE_SHARE,
+                               f"{stats['late_turns']} of {stats['scheduled_turns']} scheduled turns went out more "
+                               f"than {LATE_S:g} s late (p95 {stats['send_lag_p95_ms']:.0f} ms): every session slot "
+                               "was busy, so the step did not offer its rate and its latencies leave out the wait",
+                               f"records.jsonl stage={stats['stage']}"))
     if stats.get("server_down_events"):
         problems.append(breach("stability.server_down", "stability", stats["server_down_events"], 0,
                                f"server down {stats['server_down_events']} time(s)", f"events.jsonl {where}"))

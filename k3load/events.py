@@ -95,9 +95,9 @@ FIELDS: dict[Event, frozenset[str]] = {
     # run found there went, or null). k3load.rundir reads it back to name a run it sets aside.
     Event.RUN_START: _f("run_id", "role", "previous_run_moved_to"),
     # k3load.loadgen.session: a plan (or manual-N) stage begins; its window runs to the next one or run_end.
-    # workers: the master's, None run alone; sessions_per_s: an open-loop stage's arrival rate (its `arrival`;
-    # null for closed-loop users)
-    Event.STAGE_START: _f("stage", "kind", "users", "mix", "workers", "sessions_per_s"),
+    # workers: the master's, None run alone; sessions_per_s: an open-loop stage's arrival rate (its `arrival`),
+    # search: a search step's plan stage (both only where they apply)
+    Event.STAGE_START: _f("stage", "kind", "users", "mix", "workers", "sessions_per_s", "search"),
     # k3load.loadgen.listeners.finish_run: the last records are in (attempts: written to records.jsonl.gz).
     # Without it the run was cut short.
     Event.RUN_END: _f("attempts"),

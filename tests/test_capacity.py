@@ -26,7 +26,7 @@ SLO = Slo(ttft_ms=1000.0, ttfa_ms=5000.0, itl_ms=100.0, e2e_ms=10000.0)
 
 def _frame(rows: list[dict]) -> pd.DataFrame:
     base = {"status": "ok", "valid": True, "ttft_ms": 100.0, "ttfa_ms": 100.0, "itl_mean_ms": 10.0, "e2e_ms": 500.0,
-            "completion_tokens": 10, "session_id": None}
+            "completion_tokens": 10, "session_id": None, "turn": 0, "attempt": 1}
     return pd.DataFrame([base | r for r in rows])
 
 
@@ -55,16 +55,17 @@ def test_the_vectorised_goodput_is_the_same_test_row_by_row(rows: list[tuple]) -
 def test_a_retried_request_and_a_session_with_one_bad_turn_do_not_count_as_good() -> None:
     frame = _frame([
         {"chain_id": "a", "session_id": "s1"},
-        {"chain_id": "b", "session_id": "s1", "status": "timeout", "completion_tokens": None},  # b's first try
-        {"chain_id": "b", "session_id": "s1"},  # b's retry answered in time: b still kept its agent waiting
+        {"chain_id": "b", "session_id": "s1", "status": "timeout", "completion_tokens": None, "turn": 1},
+        {"chain_id": "b", "session_id": "s1", "turn": 1, "attempt": 2},  # b's retry in time: b still kept it waiting
         {"chain_id": "c", "session_id": "s2"},
-        {"chain_id": "d", "session_id": "s2", "status": "client_raised"},  # our client's fault: left out
+        {"chain_id": "d", "session_id": "s2", "status": "client_raised", "turn": 1},  # our client's fault: left out
+        {"chain_id": "e", "session_id": "s0", "turn": 3},  # a session that started in the stage before: not counted
     ])
     g = stage_goodput(frame, SLO, duration_s=10.0)
-    assert (g.requests, g.good_requests) == (3, 2)  # a, c good; b not; d not counted
-    assert (g.sessions, g.good_sessions) == (2, 1)
-    assert g.requests_per_s == pytest.approx(0.2) and g.output_tokens_per_s == pytest.approx(2.0)
-    assert g.share == pytest.approx(2 / 3) and g.share_ci95[0] < 2 / 3 < g.share_ci95[1]
+    assert (g.requests, g.good_requests) == (4, 3)  # a, c, e good; b not; d not counted
+    assert (g.sessions, g.good_sessions) == (2, 1)  # s1 (b missed) and s2; s0 started before the stage
+    assert g.requests_per_s == pytest.approx(0.3) and g.output_tokens_per_s == pytest.approx(3.0)
+    assert g.share == pytest.approx(3 / 4) and g.share_ci95[0] < 3 / 4 < g.share_ci95[1]
     assert g.sessions_per_s == pytest.approx(0.1)
 
 
@@ -273,3 +274,15 @@ def test_a_plan_searching_on_users_and_on_rate_sizes_each_target_by_its_own_sear
     assert per["users_search"]["limiting"]["rule"] == "resources.full_batch_queue"
     users, rate = plan["targets"]
     assert users["replicas"] == 20 and rate["replicas"] == 20  # 40 / (4 x 0.5), 10 / (1.0 x 0.5)
+
+
+def test_a_load_no_request_was_judged_at_never_held_and_repeats_pool_their_queue() -> None:
+    empty = _row("c4", 4, goodput_requests=0, goodput_good_requests=0)
+    assert not step_held(empty, 0.99)  # the live search decides such a step below the bound too
+    queued = {"full_batch_scrapes": 10, "full_batch_queued_scrapes": 6}  # 60%: past capacity alone
+    calm = {"full_batch_scrapes": 10, "full_batch_queued_scrapes": 3}
+    rows = [_row("s1", 4, ["resources.full_batch_queue"], kind="search", **queued), _row("s2", 4, kind="search",
+                                                                                          **calm)]
+    assert capacity_plan(rows, PlannerInputs(), 0.99, None, [], [])["per_replica"]["max_users_at_slo"] == 4  # 45%
+    rows[1] = _row("s2", 4, kind="search", full_batch_scrapes=10, full_batch_queued_scrapes=5)  # 55% together
+    assert capacity_plan(rows, PlannerInputs(), 0.99, None, [], [])["per_replica"]["max_users_at_slo"] is None

@@ -285,3 +285,14 @@ def test_a_rate_search_ends_at_its_top_rate_or_at_nothing_held():
     none = SearchController(RATE_SPEC)
     run_rate(none, rate_world(0.01))
     assert none.ended == "nothing_held" and none.last_good is None and none.first_bad <= 0.05
+
+
+def test_an_open_loop_step_that_sent_its_turns_late_did_not_offer_its_rate() -> None:
+    from k3load.loadgen.search import ResourceLimits, StepEvidence, past_capacity
+
+    limits = ResourceLimits()
+    assert past_capacity(StepEvidence(requests=50, good=50, scheduled=50, late=6), limits)  # 12% late
+    assert not past_capacity(StepEvidence(requests=50, good=50, scheduled=50, late=5), limits)  # 10%: not above
+    assert not past_capacity(StepEvidence(requests=9, good=9, scheduled=9, late=9), limits)  # too few to say
+    both = StepEvidence(scheduled=20, late=1).plus(StepEvidence(scheduled=20, late=4))
+    assert (both.scheduled, both.late) == (40, 5) and past_capacity(both, limits)

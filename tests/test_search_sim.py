@@ -12,7 +12,8 @@ the search must find, within 20%.
 
 Why time scale 0.5: requests last long enough (a few hundred ms) that a waiting 9th user shows in most scrapes
 of a 5 s step on a busy two-core machine; at 0.2 the gaps between a user's turns made it 62% (near the 50%
-line). About 100 s of wall time, bounded by the two max_total_s."""
+line). About 100 s of wall time here (more where the machine is slow: each search may take up to its
+max_total_s, 150 s, to resolve)."""
 
 from __future__ import annotations
 
@@ -36,11 +37,11 @@ PLAN = {"name": "search-sim", "thresholds": {"agent_api": {"min_valid_rate": 0.9
     {"name": "load", "kind": "load", "duration_s": 2, "users": 2, "mix": MIX},
     # min_goodput 0.9: 35 good requests clear it, within a 5 s step of 2 users; the queue decides above 8
     {"name": "find", "kind": "search", "start_users": 2, "factor": 2, "max_users": 32, "resolution": 0.1,
-     "min_goodput": 0.9, "step_s": 5, "max_step_s": 10, "max_total_s": 80, "mix": MIX},
+     "min_goodput": 0.9, "step_s": 5, "max_step_s": 10, "max_total_s": 150, "mix": MIX},
     {"name": "after", "kind": "load", "duration_s": 2, "users": 2, "mix": MIX},
     {"name": "rate", "kind": "search", "search_on": "sessions_per_s", "start_sessions_per_s": 4, "factor": 2,
      "max_sessions_per_s": 32, "resolution": 0.1, "max_users": 128, "arrival_process": "constant",
-     "min_goodput": 0.9, "step_s": 6, "max_step_s": 10, "max_total_s": 80, "mix": MIX},
+     "min_goodput": 0.9, "step_s": 6, "max_step_s": 10, "max_total_s": 150, "mix": MIX},
 ]}
 NO_GAP = {"median_s": 0, "sigma": 0}
 
@@ -91,7 +92,7 @@ def test_the_searches_find_the_batch_cap_of_the_sim_on_users_and_on_rate(start_s
         assert s["stage"] == f"find-s{s['step']}-c{s['users']}"
         assert (starts[s["stage"]]["kind"], starts[s["stage"]]["users"]) == ("search", s["users"])
     # the plan went on at once: `after` started within seconds of the search's end, not at max_total_s
-    assert starts["after"]["ts"] - end["ts"] < 5 and took < 80 + 80 + 60  # both reservations, with room
+    assert starts["after"]["ts"] - end["ts"] < 5 and took < 150 + 150 + 60  # both reservations, with room
     _the_rate_search_finds_where_the_sessions_fill_the_batch(out, events)
 
 

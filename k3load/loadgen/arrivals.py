@@ -52,10 +52,10 @@ class ArrivalSchedule:
 
 
 class Schedules:
-    """One schedule per stage, made when the stage's first user asks (the stage's start is then known)."""
+    """One schedule per stage, made when the stage's first user asks, from the stage's entry."""
 
-    def __init__(self, seed: int | str) -> None:
-        self.seed = seed
+    def __init__(self, seed: int | str, run_id: str = "") -> None:
+        self.seed, self.run_id = seed, run_id  # one set per run: a second test of the same plan starts afresh
         self._by_stage: dict[str, ArrivalSchedule] = {}
 
     def of(self, stage_name: str, arrival: ArrivalSpec, start_ts: float, duration_s: float) -> ArrivalSchedule:

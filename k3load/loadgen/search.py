@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from k3load.analysis.arrival_lag import offered_late
 from k3load.analysis.full_batch import BatchQueue
 from k3load.analysis.stats import Rate, wilson
 from k3load.workload.plan import SearchSpec
@@ -68,6 +69,9 @@ class StepEvidence:
     duration_s: float = 0.0
     # the longest stretch requests waited behind running ones (the analysis's resources.waiting_sustained)
     waiting_sustained_s: float | None = None
+    # an open-loop step's turns with an intended time, and how many went out late (every session slot busy)
+    scheduled: int = 0
+    late: int = 0
 
     @property
     def goodput(self) -> Rate:
@@ -86,7 +90,8 @@ class StepEvidence:
                                                                                         other.kv_usage_max),
                             preemptions=_total(self.preemptions, other.preemptions),
                             duration_s=self.duration_s + other.duration_s,
-                            waiting_sustained_s=_most(self.waiting_sustained_s, other.waiting_sustained_s))
+                            waiting_sustained_s=_most(self.waiting_sustained_s, other.waiting_sustained_s),
+                            scheduled=self.scheduled + other.scheduled, late=self.late + other.late)
 
 
 def _queues(a: BatchQueue | None, b: BatchQueue | None) -> BatchQueue | None:
@@ -105,13 +110,14 @@ def _total(a: float | None, b: float | None) -> float | None:
 
 def past_capacity(evidence: StepEvidence, limits: ResourceLimits) -> bool:
     """Requests queued behind a full batch for most of the step, KV above its limit, preemptions above theirs, or
-    requests waiting longer on end than the plan allows: the resource rules the analysis holds each step to
-    (analysis/stages.py), so the search and the judgment agree on which steps held."""
+    requests waiting longer on end than the plan allows, or (open-loop) the rate offered late: the rules the
+    analysis holds each step to (analysis/stages.py), so the search and the judgment agree on which steps held."""
     queued = evidence.queue is not None and evidence.queue.past_capacity
     kv = evidence.kv_usage_max is not None and evidence.kv_usage_max > limits.max_kv_usage
     rate = evidence.preemptions_per_min
     waited = evidence.waiting_sustained_s is not None and evidence.waiting_sustained_s > limits.max_waiting_sustained_s
-    return queued or kv or waited or (rate is not None and rate > limits.max_preemptions_per_min)
+    return queued or kv or waited or offered_late(evidence.scheduled, evidence.late) or \
+        (rate is not None and rate > limits.max_preemptions_per_min)
 
 
 def decide_step(evidence: StepEvidence, spec: SearchSpec, limits: ResourceLimits, elapsed_s: float,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from k3load.analysis.arrival_lag import LATE_S
 from k3load.analysis.full_batch import RUNNING, WAITING, BatchQueue, EngineCap, batch_queue, engine_cap
 from k3load.analysis.goodput import STATUS_CLIENT_RAISED, Slo, attempt_good
 from k3load.analysis.timeline import MetricIndex
@@ -44,6 +45,8 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 class StageCount:
     requests: int = 0
     good: int = 0
+    scheduled: int = 0  # open-loop turns with an intended time (analysis/arrival_lag.py)
+    late: int = 0  # of them, sent more than LATE_S after it
 
 
 class LiveGoodput:
@@ -63,6 +66,11 @@ class LiveGoodput:
             return
         stage, chain = str(record.get("stage")), str(record.get("chain_id"))
         key, retrying = (stage, chain), bool(record.get("will_retry"))
+        intended, sent = record.get("intended_send_ts"), record.get("send_ts")
+        if isinstance(intended, (int, float)) and isinstance(sent, (int, float)):
+            count = self.stages.setdefault(stage, StageCount())
+            count.scheduled += 1
+            count.late += int(sent - intended > LATE_S)
         if record.get("status") == STATUS_CLIENT_RAISED:  # nothing known of the answer: not counted
             if not retrying and key in self._retrying_bad:
                 self._retrying_bad.discard(key)
@@ -240,7 +248,8 @@ class LiveSearch:
         assert self.step is not None
         self.scrapes.read()
         count = self.goodput.of(self.step.name)
-        self.evidence = StepEvidence(requests=count.requests, good=count.good,
+        self.evidence = StepEvidence(requests=count.requests, good=count.good, scheduled=count.scheduled,
+                                     late=count.late,
                                      queue=self.scrapes.queue(self.cap, self.step.users),
                                      kv_usage_max=self.scrapes.kv_usage_max(), preemptions=self.scrapes.preemptions(),
                                      duration_s=self.clock() - self.step_started,

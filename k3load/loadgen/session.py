@@ -354,7 +354,9 @@ class HarnessSession:
             self.workers_seen.check(self.env.runner, self.events, stage.name)
             self.events.event(Event.STAGE_START, stage=stage.name, kind=stage.kind, users=stage.users,
                               mix=stage.mix, workers=self.workers_seen.now(self.env.runner),
-                              **({"sessions_per_s": stage.arrival.sessions_per_s} if stage.arrival else {}))
+                              **({"sessions_per_s": stage.arrival.sessions_per_s} if stage.arrival else {}),
+                              **({"search": self.search.stage.name} if stage.step is not None and self.search
+                                 else {}))
         if self.role == "master":  # a manual stage or a search step is in no plan: it goes whole to the workers
             whole = dataclasses.asdict(dataclasses.replace(stage, search=None)) \
                 if self.manual.active or stage.step is not None else None

@@ -127,13 +127,16 @@ class K3User(User):
         arrival = stage.arrival if stage is not None else None
         if arrival is None:
             return None
+        session = self.environment.k3_session
         schedules = getattr(self.environment, "k3_arrivals", None)
-        if schedules is None:
-            schedules = self.environment.k3_arrivals = Schedules(self.environment.parsed_options.k3_seed)
+        if schedules is None or schedules.run_id != session.run_id:  # a new test (the web UI's next): new schedules
+            schedules = self.environment.k3_arrivals = Schedules(self.environment.parsed_options.k3_seed,
+                                                                 session.run_id)
         runner = self.environment.runner
         mine = getattr(runner, "target_user_count", 0) or stage.users
         share = replace(arrival, sessions_per_s=arrival.sessions_per_s * min(1.0, mine / stage.users))
-        ticket = schedules.of(stage.name, share, time.time(), stage.duration_s).take()
+        entered = time.time() - (time.monotonic() - session.stage_started)  # the schedule runs from the stage's entry
+        ticket = schedules.of(stage.name, share, entered, stage.duration_s).take()
         return False if ticket is None else ticket
 
     def _drill(self, session: HarnessSession, opts: Any) -> StreamDrill | None:
