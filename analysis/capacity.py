@@ -117,7 +117,10 @@ def _limiting(row: dict[str, Any], bound: float) -> dict[str, str]:
     if row["problems"]:
         first = row["problems"][0]
         return {"rule": first["id"], "resource": "unknown", "reason": first["reason"]}
-    ci = row.get("goodput_ci95") or [None, None]
+    ci = row.get("goodput_ci95")
+    if not row.get("goodput_requests") or ci is None or row.get("goodput") is None:
+        return {"rule": GOODPUT_RULE, "resource": "goodput",
+                "reason": "no request was judged at this load (none answered or counted): it cannot be said to hold"}
     misses = row.get("goodput_misses") or {}
     said = ", ".join(f"{k} {v}" for k, v in misses.items() if v)
     what = ("the answers' validity, not the load: every miss was an answer that was not valid"

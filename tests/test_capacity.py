@@ -277,8 +277,10 @@ def test_a_plan_searching_on_users_and_on_rate_sizes_each_target_by_its_own_sear
 
 
 def test_a_load_no_request_was_judged_at_never_held_and_repeats_pool_their_queue() -> None:
-    empty = _row("c4", 4, goodput_requests=0, goodput_good_requests=0)
+    empty = _row("c4", 4, goodput=0.0, goodput_ci95=None, goodput_requests=0, goodput_good_requests=0)
     assert not step_held(empty, 0.99)  # the live search decides such a step below the bound too
+    per = capacity_plan([_row("c2", 2), empty], PlannerInputs(), 0.99, None, [], [])["per_replica"]
+    assert per["max_users_at_slo"] == 2 and per["limiting"]["reason"].startswith("no request was judged")
     queued = {"full_batch_scrapes": 10, "full_batch_queued_scrapes": 6}  # 60%: past capacity alone
     calm = {"full_batch_scrapes": 10, "full_batch_queued_scrapes": 3}
     rows = [_row("s1", 4, ["resources.full_batch_queue"], kind="search", **queued), _row("s2", 4, kind="search",
