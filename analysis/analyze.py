@@ -112,7 +112,8 @@ def plan_capacity(data: RunData, index: MetricIndex, pillars: dict[str, PillarRe
                    None)
     plan = capacity_plan(stage_table, inputs, bound, limits.get("max_input_tokens"), [], [])
     plan["assumptions"] = assumptions(data, len(index.sources), routing, kind, plan["per_replica"]["searched_on"])
-    plan["what_if"] = [cold_cache(data, plan["per_replica"])]
+    plan["what_if"] = [cold_cache(data, plan["per_replica"], thresholds(data.plan.thresholds if data.plan else None)
+                                  ["slo"])]
     plan["search"] = search_said(data, plan["per_replica"])
     return rounded(plan)
 

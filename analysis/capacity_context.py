@@ -15,6 +15,7 @@ from k3load.analysis.rundata import RunData
 from k3load.events import Event
 
 COLD_FAMILY = "cold"
+MIN_COLD = 5  # cold-family requests at the capacity step needed to read their latency
 
 
 def _hit_share(ok: pd.DataFrame) -> tuple[float | None, int]:
@@ -23,33 +24,54 @@ def _hit_share(ok: pd.DataFrame) -> tuple[float | None, int]:
     return (float(known["cached_tokens"].sum()) / prompt if prompt > 0 else None), len(known)
 
 
-def cold_cache(data: RunData, per_replica: dict[str, Any]) -> dict[str, Any]:
-    """The capacity step's measured prefix-cache hit share, and what a cold cache would ask: every request
-    prefilling the tokens the cache saved too (the factor). No capacity number is made of it: where prefill
-    bounds the load a cold cache costs up to that factor, where decode bounds it little, and one run at one
-    hit share cannot tell which; the cold family's TTFT beside the cached families' in this run shows how
-    much prefill weighs here."""
+def cold_cache(data: RunData, per_replica: dict[str, Any], slo: dict[str, float] | None = None) -> dict[str, Any]:
+    """The capacity with the measured prefix-cache hit share against a cold cache, from the cold family's requests
+    at the capacity step's own load (the same users or rate, beside the cached families'):
+
+    - on users: the load holds cold where the cold family's TTFT and e2e p95 there stayed within the SLO (the
+      users a replica holds are its batch's, each holding one slot: a cold cache changes their latency);
+    - on rate: the rate times the cached families' e2e p50 over the cold family's, where the batch bounds it
+      (requests in flight are the rate times their service time);
+    - without cold requests at that load: inconclusive, naming why. The hit share and the prefill it saved
+      (the factor) are said beside it."""
     stage = per_replica.get("capacity_stage")
     out: dict[str, Any] = {"case": "cold prefix cache", "measured_hit_share": None, "prefill_tokens_factor": None,
-                           "cold_ttft_p50_ms": None, "cached_ttft_p50_ms": None}
+                           "cold_requests": 0, "cold_ttft_p95_ms": None, "cached_ttft_p95_ms": None,
+                           "cold_e2e_p50_ms": None, "cached_e2e_p50_ms": None, "max_users_at_slo_cold": None,
+                           "max_sessions_per_s_at_slo_cold": None}
     records = data.records
     if stage is None or records.empty:
         out["inconclusive"] = "inconclusive, because no step held at the SLO"
         return out
-    ok = records[(records["status"] == "ok") & ~records["drill"].astype(bool)]
-    share, n = _hit_share(ok[ok["stage"] == stage])
+    ok = records[(records["status"] == "ok") & ~records["drill"].astype(bool) & (records["stage"] == stage)]
+    share, n = _hit_share(ok)
     out["measured_hit_share"], out["requests"] = share, n
-    if share is None:
-        out["inconclusive"] = "inconclusive, because no answer in the capacity step said its prompt and cached tokens"
+    out["prefill_tokens_factor"] = 1.0 / (1.0 - share) if share is not None and share < 1 else None
+    cold, cached = ok[ok["family"] == COLD_FAMILY], ok[ok["family"] != COLD_FAMILY]
+    out["cold_requests"] = len(cold)
+    for name, frame in (("cold", cold), ("cached", cached)):
+        out[f"{name}_ttft_p95_ms"] = percentile(frame["ttft_ms"].dropna().tolist(), 0.95) if len(frame) else None
+        out[f"{name}_e2e_p50_ms"] = percentile(frame["e2e_ms"].dropna().tolist(), 0.5) if len(frame) else None
+    if len(cold) < MIN_COLD:
+        out["inconclusive"] = (f"inconclusive, because {len(cold)} cold-family requests ran at the capacity step "
+                               f"({stage}; {MIN_COLD} needed): add `cold` to its mix")
         return out
-    factor = 1.0 / (1.0 - share) if share < 1 else None
-    out["prefill_tokens_factor"] = factor
-    cold = ok[ok["family"] == COLD_FAMILY]["ttft_ms"].dropna().tolist()
-    cached = ok[ok["family"] != COLD_FAMILY]["ttft_ms"].dropna().tolist()
-    out["cold_ttft_p50_ms"] = percentile(cold, 0.5) if cold else None
-    out["cached_ttft_p50_ms"] = percentile(cached, 0.5) if cached else None
-    if not cold:
-        out["note"] = "no cold-family answer in this run: the cold TTFT is unknown (add `cold` to a stage's mix)"
+    if per_replica.get("searched_on") == "sessions_per_s":
+        rate, warm_e2e, cold_e2e = (per_replica.get("max_sessions_per_s_at_slo"), out["cached_e2e_p50_ms"],
+                                    out["cold_e2e_p50_ms"])
+        if rate and warm_e2e and cold_e2e:
+            out["max_sessions_per_s_at_slo_cold"] = rate * warm_e2e / cold_e2e
+        return out
+    limits = slo or {}
+    cold_e2e95 = percentile(cold["e2e_ms"].dropna().tolist(), 0.95)
+    over = [f"{what} p95 {value:.0f} ms > {limits[key]:.0f} ms" for what, key, value in
+            (("TTFT", "ttft_p95_ms", out["cold_ttft_p95_ms"]), ("e2e", "e2e_p95_ms", cold_e2e95))
+            if value is not None and key in limits and value > limits[key]]
+    if over:
+        out["below"] = (f"below {per_replica.get('max_users_at_slo')} users: there, the cold family's requests broke "
+                        + ", ".join(over))
+    else:
+        out["max_users_at_slo_cold"] = per_replica.get("max_users_at_slo")
     return out
 
 

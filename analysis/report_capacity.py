@@ -95,16 +95,21 @@ def markdown(plan: dict[str, Any]) -> str:
 
 
 def _what_if(what: dict[str, Any]) -> str:
+    hits = (f"the capacity step's requests found {_pct(what.get('measured_hit_share'))} of their prompt tokens cached "
+            f"(cold, each would prefill {fmt(what.get('prefill_tokens_factor'))}x the tokens)")
     if what.get("inconclusive"):
-        return what["inconclusive"]
-    text = (f"the capacity step's requests found {_pct(what.get('measured_hit_share'))} of their prompt tokens "
-            f"cached; cold, each would prefill {fmt(what.get('prefill_tokens_factor'))}x the tokens: where prefill "
-            "bounds the load a replica holds, a cold cache costs capacity up to that factor, where decode bounds it, "
-            "little (one run at one hit share cannot tell which)")
-    if what.get("cold_ttft_p50_ms") is not None:
-        text += (f" (this run's cold family: TTFT p50 {fmt(what['cold_ttft_p50_ms'])} ms against "
-                 f"{fmt(what.get('cached_ttft_p50_ms'))} ms for the cached families)")
-    return text + (f"; {what['note']}" if what.get("note") else "")
+        return f"{hits}; {what['inconclusive']}"
+    if what.get("max_sessions_per_s_at_slo_cold") is not None:
+        return (f"{hits}; about **{fmt(what['max_sessions_per_s_at_slo_cold'])} sessions/s** cold, where the batch "
+                f"bounds it (the rate times the cached families' e2e p50, {fmt(what.get('cached_e2e_p50_ms'))} ms, "
+                f"over the cold family's, {fmt(what.get('cold_e2e_p50_ms'))} ms, at the same load)")
+    if what.get("below"):
+        return f"{hits}; {what['below']}"
+    if what.get("max_users_at_slo_cold") is not None:
+        return (f"{hits}; the same **{fmt(what['max_users_at_slo_cold'])} users** hold cold: the cold family's "
+                f"{fmt(what.get('cold_requests'))} requests at that load stayed within the SLO (TTFT p95 "
+                f"{fmt(what.get('cold_ttft_p95_ms'))} ms against {fmt(what.get('cached_ttft_p95_ms'))} ms cached)")
+    return hits
 
 
 def summary_lines(plan: dict[str, Any]) -> list[str]:

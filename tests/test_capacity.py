@@ -288,3 +288,31 @@ def test_a_load_no_request_was_judged_at_never_held_and_repeats_pool_their_queue
     assert capacity_plan(rows, PlannerInputs(), 0.99, None, [], [])["per_replica"]["max_users_at_slo"] == 4  # 45%
     rows[1] = _row("s2", 4, kind="search", full_batch_scrapes=10, full_batch_queued_scrapes=5)  # 55% together
     assert capacity_plan(rows, PlannerInputs(), 0.99, None, [], [])["per_replica"]["max_users_at_slo"] is None
+
+
+def _cold_run(cold_ttft: float, cold_e2e: float) -> object:
+    from types import SimpleNamespace
+
+    rows = [{"stage": "c8", "status": "ok", "drill": False, "family": "agent", "ttft_ms": 100.0, "e2e_ms": 1000.0,
+             "prompt_tokens": 1000, "cached_tokens": 900} for _ in range(20)]
+    rows += [{"stage": "c8", "status": "ok", "drill": False, "family": "cold", "ttft_ms": cold_ttft,
+              "e2e_ms": cold_e2e, "prompt_tokens": 1000, "cached_tokens": 0} for _ in range(10)]
+    return SimpleNamespace(records=pd.DataFrame(rows))
+
+
+def test_the_cold_cache_what_if_reads_the_cold_familys_requests_at_the_capacity_load() -> None:
+    from k3load.analysis.capacity_context import cold_cache
+
+    slo = {"ttft_p95_ms": 3000.0, "e2e_p95_ms": 60000.0}
+    users = {"capacity_stage": "c8", "searched_on": "users", "max_users_at_slo": 8}
+    held = cold_cache(_cold_run(800.0, 2000.0), users, slo)
+    assert held["max_users_at_slo_cold"] == 8 and held["cold_requests"] == 10
+    assert held["measured_hit_share"] == pytest.approx(18000 / 30000) and held["prefill_tokens_factor"] == 2.5
+    broke = cold_cache(_cold_run(4000.0, 5000.0), users, slo)
+    assert broke["max_users_at_slo_cold"] is None and broke["below"].startswith("below 8 users") and \
+        "TTFT p95 4000 ms > 3000 ms" in broke["below"]
+    rate = cold_cache(_cold_run(800.0, 2000.0), {"capacity_stage": "c8", "searched_on": "sessions_per_s",
+                                                 "max_sessions_per_s_at_slo": 6.0}, slo)
+    assert rate["max_sessions_per_s_at_slo_cold"] == pytest.approx(6.0 * 1000.0 / 2000.0)
+    none = cold_cache(_cold_run(800.0, 2000.0), {"capacity_stage": "other", "searched_on": "users"}, slo)
+    assert none["inconclusive"].startswith("inconclusive, because 0 cold-family requests")
