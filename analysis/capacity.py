@@ -212,10 +212,12 @@ def _other_bracket(per: dict[str, Any]) -> dict[str, Any]:
                                              "limit_reached": per["limit_reached"]}}
 
 
-def _target(kind: str, target: float, per_replica: float | None, inputs: PlannerInputs) -> dict[str, Any]:
+def _target(kind: str, target: float, per_replica: float | None, inputs: PlannerInputs, basis: str
+            ) -> dict[str, Any]:
+    """One target sized; `basis`: which per-replica figure it was sized by, said in the row."""
     replicas = replicas_for(target, per_replica, inputs.headroom) if per_replica else None
     gpus = replicas * inputs.gpus_per_replica if replicas is not None and inputs.gpus_per_replica else None
-    row: dict[str, Any] = {kind: target, "per_replica": per_replica, "headroom": inputs.headroom,
+    row: dict[str, Any] = {kind: target, "per_replica": per_replica, "basis": basis, "headroom": inputs.headroom,
                            "replicas": replicas, "gpus_per_replica": inputs.gpus_per_replica, "gpus": gpus}
     if replicas is None:
         row["why_unknown"] = "the run measured no capacity at the SLO to size by"
@@ -261,9 +263,13 @@ def capacity_plan(stage_table: list[dict[str, Any]], inputs: PlannerInputs, boun
     other = load_steps(stage_table, on_rate=per["searched_on"] != RATE)  # a plan that searched on both
     if other[1]:
         per |= _other_bracket(_per_replica(*other, bound, max_input))
-    targets = [_target("users", float(n), per["max_users_at_slo"], inputs) for n in inputs.target_users]
-    rate = per["max_sessions_per_s_at_slo"] or per["sessions_per_s_at_slo"]  # searched on rate, else as measured
-    targets += [_target("sessions_per_s", r, rate, inputs) for r in inputs.target_sessions_per_s]
+    targets = [_target("users", float(n), per["max_users_at_slo"], inputs, "max_users_at_slo: closed-loop users")
+               for n in inputs.target_users]
+    searched = per["max_sessions_per_s_at_slo"] is not None  # a rate search's, else the sessions the step completed
+    rate, basis = ((per["max_sessions_per_s_at_slo"], "max_sessions_per_s_at_slo: the rate search") if searched else
+                   (per["sessions_per_s_at_slo"], "sessions_per_s_at_slo: the sessions the capacity step's closed-loop "
+                                                  "users started and served within the SLO (no think time)"))
+    targets += [_target("sessions_per_s", r, rate, inputs, basis) for r in inputs.target_sessions_per_s]
     steps = [{"stage": r["stage"], "users": r["users"], RATE: r.get(RATE), "held": step_held(r, bound),
               "goodput": r.get("goodput"),
               "goodput_ci95": r.get("goodput_ci95"), "past_capacity": r.get("past_capacity"),

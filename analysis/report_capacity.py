@@ -10,7 +10,8 @@ from typing import Any
 
 from k3load.analysis.markdown import fmt, table
 
-TARGET_COLUMNS = ("target", "per_replica", "headroom", "replicas", "gpus_per_replica", "gpus", "cost_per_hour")
+TARGET_COLUMNS = ("target", "per_replica", "headroom", "replicas", "gpus_per_replica", "gpus", "cost_per_hour",
+                  "basis")
 PER_REPLICA_COLUMNS = ("max_users_at_slo", "max_sessions_per_s_at_slo", "requests_per_s_at_slo",
                        "output_tokens_per_s_at_slo", "sessions_per_s_at_slo", "max_input_tokens_held", "source")
 STEP_COLUMNS = ("stage", "users", "held", "goodput", "goodput_ci95", "past_capacity", "problems")
