@@ -21,6 +21,14 @@ LATE_SHARE = 0.1  # more late turns than this: the step did not offer its rate (
 MIN_SCHEDULED = 10  # fewer scheduled turns: too few to say
 
 
+def offered_short(offered: float, arrived: int) -> bool:
+    """An open-loop step whose sessions did not even start: fewer began than its rate offered over its time, by
+    more than two standard deviations of a Poisson count (every slot busy, so the schedule's tickets waited
+    untaken: too few to show as late turns; an honest Poisson step falls that short about 2% of the time, and
+    is then read as past capacity: the conservative side). `offered`: the rate times the step's seconds."""
+    return offered >= 5 and arrived < offered - 2 * offered ** 0.5
+
+
 def offered_late(scheduled: int, late: int) -> bool:
     """An open-loop step that could not offer its rate: more than LATE_SHARE of its scheduled turns went out
     late (every session slot busy: sessions lasting longer as the server slows, or too few slots). Its

@@ -24,6 +24,7 @@ EXHAUSTED_BY_RULE = (
     ("resources.kv_usage", "KV cache"), ("resources.preemptions", "KV cache"),
     ("resources.waiting_sustained", "scheduler queue"), ("resources.full_batch_queue", "scheduler queue"),
     ("load.offered_late", "session slots (the offered rate)"),
+    ("load.offered_short", "session slots (the offered rate)"),
     ("resources.gpu_growth", "GPU memory"),
     ("resources.gpu_jump", "GPU memory"), ("resources.gpu_headroom", "GPU memory"),
     ("stability.server_down", "server stability"), ("slo.error_rate", "error rate"),

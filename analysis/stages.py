@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from k3load.analysis.arrival_lag import LATE_S, LATE_SHARE, arrival_lag, offered_late
+from k3load.analysis.arrival_lag import LATE_S, LATE_SHARE, arrival_lag, offered_late, offered_short
 from k3load.analysis.clusters import request_cluster
 from k3load.analysis.full_batch import EngineCap, stage_batch_queue
 from k3load.analysis.goodput import Slo, stage_goodput
@@ -266,6 +266,13 @@ def stage_problems(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -
     problems += gpu_problems(stats, limits["resources"])
     if stats.get("kind") in STEP_KINDS and stats.get("past_capacity"):
         problems.append(full_batch_breach(stats))
+    offered = (stats.get("sessions_per_s") or 0) * (stats.get("duration_s") or 0)
+    short = stats.get("sessions_per_s") is not None and offered_short(offered, stats.get("sessions_arrived") or 0)
+    if stats.get("kind") in STEP_KINDS and short:
+        problems.append(breach("load.offered_short", "resource", stats.get("sessions_arrived") or 0, offered,
+                               f"{stats.get('sessions_arrived') or 0} sessions started of {offered:.0f} its rate "
+                               "offered: every session slot was busy, the step did not offer its rate",
+                               f"records.jsonl stage={stats['stage']}"))
     late = offered_late(stats.get("scheduled_turns") or 0, stats.get("late_turns") or 0)
     if stats.get("kind") in STEP_KINDS and late:  # sessions outlasting their slots: the server slowed (a resource)
         problems.append(breach("load.offered_late", "resource", stats["late_share"], LATE_SHARE,

@@ -296,3 +296,15 @@ def test_an_open_loop_step_that_sent_its_turns_late_did_not_offer_its_rate() -> 
     assert not past_capacity(StepEvidence(requests=9, good=9, scheduled=9, late=9), limits)  # too few to say
     both = StepEvidence(scheduled=20, late=1).plus(StepEvidence(scheduled=20, late=4))
     assert (both.scheduled, both.late) == (40, 5) and past_capacity(both, limits)
+
+
+def test_an_open_loop_step_whose_sessions_never_started_did_not_offer_its_rate() -> None:
+    """One session slot at 8 sessions/s: the schedule's tickets wait untaken, so too few turns are sent to show
+    as late; fewer sessions began than the rate offered (seen on the sim: the step was held before this rule)."""
+    from k3load.analysis.arrival_lag import offered_short
+    from k3load.loadgen.search import ResourceLimits, StepEvidence, past_capacity
+
+    assert offered_short(48.0, 6) and not offered_short(48.0, 40) and not offered_short(3.0, 0)
+    assert past_capacity(StepEvidence(requests=6, good=6, arrived=6, offered=48.0), ResourceLimits())
+    assert not past_capacity(StepEvidence(requests=45, good=45, arrived=45, offered=48.0), ResourceLimits())
+    assert not past_capacity(StepEvidence(requests=9, good=9), ResourceLimits())  # closed-loop: nothing offered

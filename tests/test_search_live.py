@@ -213,8 +213,9 @@ def test_a_rate_search_runs_open_loop_steps_named_by_their_rate(tmp_path):
             steps.append((step.name, step.arrival.sessions_per_s))
             now_rate[0] = step.arrival.sessions_per_s
             search.enter(step)
-        for i in range(40):
-            goodput.add(record(f"{step.name}-{clock[0]}-{i}", stage=step.name))
+        for i in range(40):  # each a new session's first turn, sent on time
+            line = json.loads(record(f"{step.name}-{clock[0]}-{i}", stage=step.name))
+            goodput.add(json.dumps(line | {"turn": 0, "attempt": 1, "intended_send_ts": 5.0, "send_ts": 5.1}))
         clock[0] += 1
     assert steps[:4] == [("rate-s1-r0p5", 0.5), ("rate-s2-r1", 1.0), ("rate-s3-r2", 2.0), ("rate-s4-r4", 4.0)]
     events.close()

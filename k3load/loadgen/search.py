@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from k3load.analysis.arrival_lag import offered_late
+from k3load.analysis.arrival_lag import offered_late, offered_short
 from k3load.analysis.full_batch import BatchQueue
 from k3load.analysis.stats import Rate, wilson
 from k3load.workload.plan import SearchSpec
@@ -72,6 +72,8 @@ class StepEvidence:
     # an open-loop step's turns with an intended time, and how many went out late (every session slot busy)
     scheduled: int = 0
     late: int = 0
+    arrived: int = 0  # sessions that started (their first turn sent)
+    offered: float = 0.0  # the step's rate times its seconds (0: closed-loop)
 
     @property
     def goodput(self) -> Rate:
@@ -91,7 +93,8 @@ class StepEvidence:
                             preemptions=_total(self.preemptions, other.preemptions),
                             duration_s=self.duration_s + other.duration_s,
                             waiting_sustained_s=_most(self.waiting_sustained_s, other.waiting_sustained_s),
-                            scheduled=self.scheduled + other.scheduled, late=self.late + other.late)
+                            scheduled=self.scheduled + other.scheduled, late=self.late + other.late,
+                            arrived=self.arrived + other.arrived, offered=self.offered + other.offered)
 
 
 def _queues(a: BatchQueue | None, b: BatchQueue | None) -> BatchQueue | None:
@@ -116,7 +119,8 @@ def past_capacity(evidence: StepEvidence, limits: ResourceLimits) -> bool:
     kv = evidence.kv_usage_max is not None and evidence.kv_usage_max > limits.max_kv_usage
     rate = evidence.preemptions_per_min
     waited = evidence.waiting_sustained_s is not None and evidence.waiting_sustained_s > limits.max_waiting_sustained_s
-    return queued or kv or waited or offered_late(evidence.scheduled, evidence.late) or \
+    short = evidence.offered > 0 and offered_short(evidence.offered, evidence.arrived)
+    return queued or kv or waited or short or offered_late(evidence.scheduled, evidence.late) or \
         (rate is not None and rate > limits.max_preemptions_per_min)
 
 

@@ -47,6 +47,7 @@ class StageCount:
     good: int = 0
     scheduled: int = 0  # open-loop turns with an intended time (analysis/arrival_lag.py)
     late: int = 0  # of them, sent more than LATE_S after it
+    arrived: int = 0  # open-loop sessions started (their first turn's first attempt)
 
 
 class LiveGoodput:
@@ -71,6 +72,8 @@ class LiveGoodput:
             count = self.stages.setdefault(stage, StageCount())
             count.scheduled += 1
             count.late += int(sent - intended > LATE_S)
+            count.arrived += int(record.get("turn") == 0 and record.get("attempt") == 1
+                                 and record.get("stream_role") != "whole")  # a drill's twin is the same session
         if record.get("status") == STATUS_CLIENT_RAISED:  # nothing known of the answer: not counted
             if not retrying and key in self._retrying_bad:
                 self._retrying_bad.discard(key)
@@ -248,8 +251,10 @@ class LiveSearch:
         assert self.step is not None
         self.scrapes.read()
         count = self.goodput.of(self.step.name)
+        elapsed = self.clock() - self.step_started
+        rate = self.step.arrival.sessions_per_s if self.step.arrival is not None else 0.0
         self.evidence = StepEvidence(requests=count.requests, good=count.good, scheduled=count.scheduled,
-                                     late=count.late,
+                                     late=count.late, arrived=count.arrived, offered=rate * elapsed,
                                      queue=self.scrapes.queue(self.cap, self.step.users),
                                      kv_usage_max=self.scrapes.kv_usage_max(), preemptions=self.scrapes.preemptions(),
                                      duration_s=self.clock() - self.step_started,
