@@ -14,6 +14,7 @@ used to leave the compat pillar unproven, and `--k3-accept-limited` then exited 
 from __future__ import annotations
 
 import glob
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,14 @@ def plan_path(value: str, plans_dir: Path) -> Path:
     return path
 
 
+def as_played(scenario: Scenario, plan: Plan) -> Scenario:
+    """The scenario as this plan plays it: its tool turns and sampling as the plan says (a logged
+    scenario's body stays as logged: k3load.workload.logged), its history the scenario's own `history`,
+    else the plan's (default scripted)."""
+    played = scenario if scenario.is_logged else plan.sampled(with_tool_turns(scenario, plan.tool_turns))
+    return replace(played, history=scenario.history or getattr(plan, "history", None) or "scripted")
+
+
 def load_inputs(opts: Any, plans_dir: Path) -> tuple[dict[str, list[Scenario]], Plan]:
     """Scenarios by family and the plan; a plan family with no scenario names both options."""
     scenarios = load_scenarios(scenario_paths(opts.k3_scenarios))
@@ -121,7 +130,7 @@ def load_inputs(opts: Any, plans_dir: Path) -> tuple[dict[str, list[Scenario]], 
     plan = load_plan(path)
     by_family: dict[str, list[Scenario]] = {}
     for scenario in scenarios:
-        by_family.setdefault(scenario.family, []).append(plan.sampled(with_tool_turns(scenario, plan.tool_turns)))
+        by_family.setdefault(scenario.family, []).append(as_played(scenario, plan))
     missing = sorted(plan.families() - set(by_family))
     if missing:
         raise HarnessError(f"{path}: stages[].mix: families {', '.join(missing)} have no scenario in "

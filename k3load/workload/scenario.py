@@ -16,6 +16,7 @@ from typing import Any
 
 import jsonschema
 
+from k3load.workload import logged
 from k3load.yamlfile import YamlFileError, read_yaml_file
 
 DEFAULT_RETRY = {"max_attempts": 1, "backoff_s": 0.0,
@@ -35,6 +36,11 @@ class Turn:
     user: str | None = None
     reply: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)  # defaults merged with the turn's overrides
+    # A logged turn (k3load.workload.logged): the messages it adds, its body's other keys as logged, the
+    # answer the agent got (None: none was recorded)
+    messages: tuple[dict[str, Any], ...] = ()
+    request: dict[str, Any] | None = None
+    recorded: dict[str, Any] | None = None
 
     @property
     def kind(self) -> str:
@@ -60,8 +66,20 @@ class Scenario:
     executors: dict[str, Any] = field(default_factory=dict)
     long_input: dict[str, Any] | None = None
     user_think_s: dict[str, float] | None = None  # the gap before a turn after an answer, open-loop only
+    history: str | None = None  # scripted | model; None: as the plan says (default scripted)
+    source: dict[str, Any] | None = None  # a logged scenario's origin (k3load import)
 
-    def tool_schema(self, name: str) -> dict[str, Any] | None:
+    @property
+    def is_logged(self) -> bool:
+        return self.mode == logged.LOGGED
+
+    def tool_schema(self, name: str, turn: Turn | None = None) -> dict[str, Any] | None:
+        """The parameter schema of tool `name` as the request offered it: a logged turn's own tools
+        (normalised: k3load.workload.logged), else the scenario's."""
+        if self.is_logged:
+            offered = logged.request_tools(turn.request if turn is not None else None) if turn is not None else \
+                [t for turn_ in self.turns for t in logged.request_tools(turn_.request)]
+            return next((logged.tool_parameters(t) for t in offered if logged.tool_name(t) == name), None)
         for tool in self.tools:
             if tool["function"]["name"] == name:
                 return tool["function"]["parameters"]
@@ -88,6 +106,9 @@ def _check_shape(data: Any, path: Path) -> None:
 
 
 def _check_references(data: dict[str, Any], path: Path) -> None:
+    if data.get("mode") == logged.LOGGED:
+        _check_logged(data, path)
+        return
     tools = {t["function"]["name"]: t["function"]["parameters"] for t in data.get("tools", [])}
     for i, tool in enumerate(data.get("tools", [])):
         try:
@@ -114,6 +135,47 @@ def _check_references(data: dict[str, Any], path: Path) -> None:
             except jsonschema.ValidationError as exc:
                 raise ScenarioError(f"{where}.reply.tool_calls[{j}].arguments: {exc.message}") from exc
         _check_turn_order(data, i, turn, where)
+
+
+def _check_logged(data: dict[str, Any], path: Path) -> None:
+    """A logged scenario: every turn has its body and messages; its tools' schemas are valid once
+    normalised; executors and expectations name tools the turn (or some turn) offered."""
+    offered: set[str] = set()
+    for i, turn in enumerate(data["turns"]):
+        where = f"{path}: turns[{i}]"
+        for key in ("request", "messages"):
+            if key not in turn:
+                raise ScenarioError(f"{where}.{key}: required in a logged scenario")
+        for key in ("user", "reply", *TURN_SETTINGS):
+            if key in turn:
+                raise ScenarioError(f"{where}.{key}: a logged turn takes its settings from its `request`")
+        tools = turn["request"].get("tools", [])
+        if not isinstance(tools, list):
+            raise ScenarioError(f"{where}.request.tools: not a list")
+        names = set()
+        for j, tool in enumerate(tools):
+            name = logged.tool_name(tool)
+            if name is None:
+                raise ScenarioError(f"{where}.request.tools[{j}]: no function name")
+            try:
+                jsonschema.Draft202012Validator.check_schema(logged.tool_parameters(tool))
+            except jsonschema.SchemaError as exc:
+                raise ScenarioError(f"{where}.request.tools[{j}].function.parameters: not a valid JSON Schema, "
+                                    f"even normalised: {exc.message}") from exc
+            names.add(name)
+        for key in ("tools", "calls"):
+            for name in turn["expect"].get(key, []):
+                if name not in names:
+                    raise ScenarioError(f"{where}.expect.{key}: unknown tool {name!r} (not in the turn's request)")
+        if turn["expect"]["kind"] == "json" and "schema" not in turn["expect"] and \
+                "response_format" not in turn["request"]:
+            raise ScenarioError(f"{where}.expect.schema: a json turn needs a schema or a response_format")
+        offered |= names
+    for name in data.get("executors", {}):
+        if name not in offered:
+            raise ScenarioError(f"{path}: executors.{name}: no turn offers a tool of that name")
+    if data.get("prefix_salt", "none") != "none":
+        raise ScenarioError(f"{path}: prefix_salt: a logged scenario is sent as logged (none)")
 
 
 def _check_turn_order(data: dict[str, Any], i: int, turn: dict[str, Any], where: str) -> None:
@@ -152,13 +214,21 @@ def parse_scenario(data: Any, path: Path) -> Scenario:
     _check_shape(data, path)
     _check_references(data, path)
     defaults = data.get("defaults", {})
-    turns = tuple(Turn(index=i, expect=t["expect"], user=t.get("user"), reply=t.get("reply"),
-                       settings=_merge(defaults, t)) for i, t in enumerate(data["turns"]))
-    return Scenario(name=data["name"], family=data["family"], system_prompt=data["system_prompt"], turns=turns,
+    if data.get("mode") == logged.LOGGED:
+        merged = _merge(defaults, {})
+        turns = tuple(Turn(index=i, expect=t["expect"], settings=logged.settings_of(t["request"], merged),
+                           messages=tuple(t["messages"]), request=t["request"], recorded=t.get("recorded"))
+                      for i, t in enumerate(data["turns"]))
+    else:
+        turns = tuple(Turn(index=i, expect=t["expect"], user=t.get("user"), reply=t.get("reply"),
+                           settings=_merge(defaults, t)) for i, t in enumerate(data["turns"]))
+    return Scenario(name=data["name"], family=data["family"], system_prompt=data.get("system_prompt", ""),
+                    turns=turns,
                     path=path, description=data.get("description", ""), mode=data.get("mode", "conversation"),
                     prefix_salt=data.get("prefix_salt", "none"), context=tuple(data.get("context", [])),
                     tools=tuple(data.get("tools", [])), executors=data.get("executors", {}),
-                    long_input=data.get("long_input"), user_think_s=data.get("user_think_s"))
+                    long_input=data.get("long_input"), user_think_s=data.get("user_think_s"),
+                    history=data.get("history"), source=data.get("source"))
 
 
 TOOL_TURN_CHOICES = ("auto", "required", "named")
@@ -175,7 +245,7 @@ def with_tool_turns(scenario: Scenario, choice: str) -> Scenario:
     exactly one and expects a single call (a named choice yields one call; parallel calls need
     `required`), else falls back to `required`. Answer and JSON turns keep their own choice.
     """
-    if choice == "auto":
+    if choice == "auto" or scenario.is_logged:  # a logged body is sent as logged
         return scenario
     turns = tuple(
         replace(t, settings={**t.settings, "tool_choice": _tool_choice(t, choice)})
@@ -216,6 +286,8 @@ def load_scenarios(paths: list[Path]) -> list[Scenario]:
 def execute_tool(scenario: Scenario, name: str, arguments: dict[str, Any]) -> str:
     """The deterministic tool result (as the tool message's content)."""
     executor = scenario.executors[name]
+    if not isinstance(arguments, dict):  # a model's call whose arguments are not an object: no row matches
+        return _as_text(executor["default"])
     for row in executor.get("table", []):
         if row["match"].items() <= arguments.items():
             return _as_text(row["result"])

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from k3load.private_files import open_private
+from k3load.workload import logged
 from k3load.workload.scenario import Scenario, Turn, execute_tool
 
 STORED_REQUEST_SALT = "SAMPLE"
@@ -105,6 +106,9 @@ def fixed_messages(scenario: Scenario, salt: str, long_context: str | None) -> l
 def build_request(scenario: Scenario, turn_index: int, model: str, salt: str = STORED_REQUEST_SALT,
                   long_context: str | None = None) -> PreparedRequest:
     """The exact bytes of one turn's request."""
+    if scenario.is_logged:
+        turn = scenario.turns[turn_index]
+        return prepared_with_history(scenario, turn, model, logged.history_through(scenario.turns, turn_index), salt)
     fixed = fixed_messages(scenario, salt, long_context)
     messages = [dict(m) for m in fixed]
     if scenario.mode == "conversation":
@@ -118,6 +122,22 @@ def build_request(scenario: Scenario, turn_index: int, model: str, salt: str = S
     prefix = compact({"messages": fixed, "tools": tools})  # each part's bytes as in the body
     data = compact(body)
     return PreparedRequest(scenario.name, turn_index, data, sha256(data), sha256(prefix))
+
+
+def prepared_with_history(scenario: Scenario, turn: Turn, model: str, messages: list[dict[str, Any]], salt: str,
+                          long_context: str | None = None) -> PreparedRequest:
+    """One turn's bytes with `messages` as its whole history: a logged turn's body as logged around them
+    (k3load.workload.logged), else the scripted body. `history: model` builds `messages` from what the
+    model answered (k3load.workload.model_history); `build_request` from the script."""
+    if scenario.is_logged:
+        body = logged.body_with(turn.request or {"messages": None}, model, messages)
+        prefix = compact({"messages": logged.leading_system(messages), "tools": logged.request_tools(turn.request)})
+    else:
+        tools = _tools(scenario, salt)
+        body = _body(scenario, turn, model, messages, tools)
+        prefix = compact({"messages": fixed_messages(scenario, salt, long_context), "tools": tools})
+    data = compact(body)
+    return PreparedRequest(scenario.name, turn.index, data, sha256(data), sha256(prefix))
 
 
 def _body(scenario: Scenario, turn: Turn, model: str, messages: list[dict[str, Any]],

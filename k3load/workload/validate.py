@@ -153,7 +153,7 @@ def check_transport(result: StreamResult) -> list[Finding]:
     return [_fail("transport", transport_layer(result), detail)]
 
 
-def check_tool_calls(result: StreamResult, scenario: Scenario) -> list[Finding]:
+def check_tool_calls(result: StreamResult, scenario: Scenario, turn: Turn | None = None) -> list[Finding]:
     findings: list[Finding] = []
     if result.finish_reason == "tool_calls" and not result.tool_calls:
         findings.append(_fail("tool_call.present", PARSER, "finish_reason tool_calls with no tool_calls"))
@@ -165,7 +165,7 @@ def check_tool_calls(result: StreamResult, scenario: Scenario) -> list[Finding]:
                               "emitted one call twice (vllm#24478)"))
     for call in result.tool_calls:
         where = f"call {call.index} ({call.name})"
-        schema = scenario.tool_schema(call.name or "")
+        schema = scenario.tool_schema(call.name or "", turn)
         if schema is None:
             findings.append(_fail("tool_call.name", MODEL_OUTPUT, f"{where}: not one of the request's tools"))
             continue
@@ -351,8 +351,9 @@ def validate(result: StreamResult, scenario: Scenario, turn: Turn, timing: dict[
     if not transport[0].ok:
         stalled = stall(result, turn, timing, max_tool_call_gap_ms)
         return [stalled] if stalled else transport
-    return transport + check_tool_calls(result, scenario) + check_cadence(result, timing, max_tool_call_gap_ms) + \
-        check_separation(result) + check_transition(result, turn) + check_expectation(result, turn)
+    return transport + check_tool_calls(result, scenario, turn) + \
+        check_cadence(result, timing, max_tool_call_gap_ms) + check_separation(result) + \
+        check_transition(result, turn) + check_expectation(result, turn)
 
 
 # Upstream first: a failure there makes every later judgment of the same attempt a consequence
