@@ -53,6 +53,7 @@ class Event(StrEnum):
     RESTART_DRILL_FAILED = "restart_drill_failed"
     SEARCH_STEP = "search_step"
     SEARCH_END = "search_end"
+    REPLAY_END = "replay_end"
     # the side sampler (k3load.sampler)
     SAMPLER_START = "sampler_start"
     SAMPLER_STOP = "sampler_stop"
@@ -167,6 +168,14 @@ FIELDS: dict[Event, frozenset[str]] = {
     # were decided).
     Event.SEARCH_END: _f("stage", "largest_held_users", "first_failed_users", "largest_held_sessions_per_s",
                          "first_failed_sessions_per_s", "ended", "steps"),
+    # k3load.loadgen.replay, master/local: a replay stage's rows in this process at the stage's end (share "I of N":
+    # rows index mod N == I; rows_due, rows_sent, rows_late (over 1 s), rows_not_played (not reached by the end),
+    # rows_cut (to fit max_model_len), worst_lag_s, users, in_flight_max; the blocks' sizing: tokenizer,
+    # tokens_per_word, blocks_verified, verified_tokens_min/max, tokenize_calls; fell_behind: who and why, or null).
+    Event.REPLAY_END: _f("stage", "trace", "speed", "block_tokens", "max_rows", "share", "share_note", "rows_due",
+                         "rows_sent", "rows_late", "rows_not_played", "rows_cut", "worst_lag_s", "users",
+                         "in_flight_max", "tokenizer", "tokens_per_word", "blocks_verified", "verified_tokens_min",
+                         "verified_tokens_max", "tokenize_calls", "fell_behind"),
     # k3load.sampler.loop: what samples what (URLs without credentials, api_key "set"|null, the log
     # command's program only, headers: their names only).
     Event.SAMPLER_START: _f("metrics_url", "metrics_urls", "health_url", "prometheus_url", "prometheus_selector",

@@ -42,7 +42,7 @@ LOCUST_LAYER = {Event.RUN_START, Event.STAGE_START, Event.RUN_END, Event.HARNESS
                 Event.WORKER_LOST,
                 Event.RESTART_COMMAND, Event.RESTART_DRILL_SKIPPED, Event.RESTART_DRILL_START,
                 Event.RESTART_DRILL_DOWN, Event.RESTART_DRILL_READY, Event.RESTART_DRILL_FAILED,
-                Event.SEARCH_STEP, Event.SEARCH_END}
+                Event.SEARCH_STEP, Event.SEARCH_END, Event.REPLAY_END}
 
 
 def undeclared(lines: Iterable[str]) -> list[str]:

@@ -84,9 +84,10 @@ class PlanShape(LoadTestShape):
                 if stage.step is not None and session.search is not None:
                     session.search.enter(stage)  # the step's clock starts with its users
         stage = session.stage  # as entered (a drilled restart stage holds the load before it)
-        classes = [USER_CLASSES[family] for family in sorted(stage.mix)]
+        # a replay stage has no mix: its users (of the agent class) play the trace's rows (k3load.loadgen.replay)
+        classes = [USER_CLASSES[family] for family in sorted(stage.mix) or ["agent"]]
         for user_class in classes:
-            user_class.weight = stage.mix[user_class.family]
+            user_class.weight = stage.mix.get(user_class.family, 1)
         return stage.users, stage.spawn_rate, list(classes)  # as Locust's list[type[User]]
 
     def _users_leave(self, stage: Stage | None) -> tuple[int, float, None]:

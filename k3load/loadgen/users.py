@@ -22,8 +22,10 @@ from k3load.client.chat import ChatClient
 from k3load.loadgen import console
 from k3load.loadgen.arrivals import Schedules
 from k3load.loadgen.options import run_access
+from k3load.loadgen.replay import Replays, ReplayState, Ticket, event_writer, process_share, server_count
 from k3load.workload.conversation import RunContext, ScenarioPlay, StreamDrill
 from k3load.workload.plan import Stage
+from k3load.workload.trace import TraceError
 
 if TYPE_CHECKING:  # the session is the environment's (k3load.loadgen.listeners): for the annotations only
     from k3load.loadgen.session import HarnessSession
@@ -64,6 +66,8 @@ class K3User(User):
         self.current: ScenarioPlay | None = None
         self.arrived_in: Stage | None = None  # the stage an open-loop session arrived in (None: closed-loop)
         self.pace = random.Random(f"{opts.k3_seed}:{self.user_id}:think")  # the agents' gaps between turns
+        self.ticket: tuple[str, Ticket] | None = None  # a replay stage's row this user holds (stage name, row)
+        self.free_since = 0.0  # when this user's last replayed row ended (0: it sent none yet)
 
     @task
     def play(self) -> None:
@@ -84,8 +88,11 @@ class K3User(User):
         if session.fatal:  # a worker refusing the run, a master stopping it: not one more request
             gevent.sleep(IDLE_PAUSE_S)
             return
-        playable = session.playable(self.family)
         stage = session.stage
+        if stage is not None and stage.replay is not None:
+            self._replay(session, stage)  # a production trace: its rows, not this family's scenarios
+            return
+        playable = session.playable(self.family)
         if self.current is not None and (self.current.scenario.name not in {s.name for s in playable}
                                          or not _goes_on(self.arrived_in, stage)):
             # the stage changed what this family plays (the control pairs end with it), or an open-loop
@@ -138,6 +145,44 @@ class K3User(User):
         entered = time.time() - (time.monotonic() - session.stage_started)  # the schedule runs from the stage's entry
         ticket = schedules.of(stage.name, share, entered, stage.duration_s).take()
         return False if ticket is None else ticket
+
+    def _replay(self, session: HarnessSession, stage: Stage) -> None:
+        """One row of a replay stage (k3load.loadgen.replay): take the next, wait for its time in slices (a stage
+        change shows), send it. A row held when its stage ended is not sent (counted as not played)."""
+        state = self._replay_state(session, stage)
+        if state is None:
+            return
+        if self.ticket is None or self.ticket[0] != stage.name:
+            taken = state.take(time.time(), self.free_since)
+            if taken is None:
+                self.ticket = None
+                gevent.sleep(IDLE_PAUSE_S)  # every row of this process taken (or none reached before the end)
+                return
+            self.ticket = (stage.name, taken)
+        ticket = self.ticket[1]
+        wait = ticket.due_ts - time.time()
+        if wait > 0:
+            gevent.sleep(min(wait, ARRIVAL_POLL_S))
+            return
+        self.ticket = None
+        try:
+            state.play(ticket, self.chat, self.ctx, session.record, session.model)
+        finally:
+            self.free_since = time.time()
+
+    def _replay_state(self, session: HarnessSession, stage: Stage) -> ReplayState | None:
+        """This process's schedule of the stage's rows, made by its first user from the stage's entry; a trace
+        that can no longer be read (it was checked when the plan loaded) ends the run, said once."""
+        replays = getattr(self.environment, "k3_replays", None)
+        if replays is None or replays.run_id != session.run_id:  # a new test (the web UI's next): afresh
+            replays = self.environment.k3_replays = Replays(session.run_id)
+        entered = time.time() - (time.monotonic() - session.stage_started)
+        try:
+            return replays.of(stage, entered, process_share(self.environment.runner, self.environment.parsed_options),
+                              server_count(session), session.max_model_len, event_writer(session))
+        except TraceError as exc:
+            session.fail(str(exc))
+            return None
 
     def _drill(self, session: HarnessSession, opts: Any) -> StreamDrill | None:
         """The plan's streaming-equivalence drill for this user, its twins in flight together."""

@@ -193,9 +193,17 @@ def plan_output(request: dict[str, Any], rng: random.Random, reasoning_tokens: i
     return OutputPlan(pieces, "stop" if named else "tool_calls", calls)
 
 
-def truncate(plan: OutputPlan, max_tokens: int, ignore_eos: bool, rng: random.Random) -> OutputPlan:
-    """Apply max_tokens (finish 'length') or, with ignore_eos, pad the answer up to it."""
+def truncate(plan: OutputPlan, max_tokens: int, ignore_eos: bool, rng: random.Random,
+             min_tokens: int = 0) -> OutputPlan:
+    """Apply max_tokens (finish 'length') or, with ignore_eos, pad the answer up to it. `min_tokens`: a plain
+    answer shorter than it goes on past its EOS until it is that long, then ends (vLLM's SamplingParams.min_tokens:
+    EOS and stop tokens are suppressed until then), so min_tokens = max_tokens gives exactly that many tokens,
+    finish 'length'."""
     pieces = plan.pieces
+    if min_tokens > len(pieces) - 1 and plan.finish_reason == "stop" and not plan.tool_calls:
+        extra = _pieces("content", " " + _words(rng, min_tokens))[: min_tokens - len(pieces) + 1]
+        pieces = [*pieces[:-1], *extra, pieces[-1]]  # the EOS moved to after min_tokens tokens
+        plan = OutputPlan(pieces, plan.finish_reason, plan.tool_calls)
     if ignore_eos and len(pieces) < max_tokens and plan.finish_reason == "stop" and not plan.tool_calls:
         pieces = pieces[:-1] + _pieces("content", " " + _words(rng, max_tokens))  # past EOS
         pieces += [Piece("content", " more")] * (max_tokens - len(pieces))

@@ -35,7 +35,20 @@ def validate_request(body: Any, config: SimConfig) -> None:
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, "
                        f"value={max_tokens})", param="max_tokens")
+    _check_min_tokens(body.get("min_tokens"), max_tokens)
     _check_tool_choice(body)
+
+
+def _check_min_tokens(min_tokens: Any, max_tokens: Any) -> None:
+    """vLLM's SamplingParams._verify_args (vllm/sampling_params.py): min_tokens at or above 0 and at most
+    max_tokens; a 400 before scheduling."""
+    if min_tokens is None:
+        return
+    if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or min_tokens < 0:
+        raise ApiError(400, f"min_tokens must be greater than or equal to 0, got {min_tokens}.", param="min_tokens")
+    if isinstance(max_tokens, int) and min_tokens > max_tokens:
+        raise ApiError(400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.",
+                       param="min_tokens")
 
 
 def _check_tool_choice(body: dict[str, Any]) -> None:

@@ -194,7 +194,8 @@ class SimServer:
         rng = self._plan_rng(body, rng)
         answer_len = rng.randint(self.config.answer_tokens_min, self.config.answer_tokens_max)
         plan = plan_output(body, rng, self.config.reasoning_tokens, answer_len, self.config.tool_call_style)
-        plan = truncate(fault_rules.apply_to_plan(plan, fault), max_tokens, bool(body.get("ignore_eos")), rng)
+        plan = truncate(fault_rules.apply_to_plan(plan, fault), max_tokens, bool(body.get("ignore_eos")), rng,
+                        body.get("min_tokens") or 0)
         if body.get("stream"):  # the streaming parser's own failures; the whole twin never has them
             crowded = self.engine.held + 1 >= self.config.faults.stream_empty_tool_calls_min_running
             plan = stream_parser.apply_streaming(plan, fault, crowded)

@@ -7,6 +7,10 @@ step can be judged on its own (the ramp report's knee).
 A `search` stage (issue 27) is one entry that reserves `max_total_s` of the timeline: its steps are
 decided live (k3load.loadgen.search), run as stages `NAME-sK-cUSERS` that are in no plan, and the shape
 skips what is left of the reservation when the search ends early (k3load.loadgen.shape).
+
+A `replay` stage (issue 28) plays a production trace (k3load.workload.trace) open-loop at its own pace
+(k3load.loadgen.replay); it has no family mix. Its `trace:` is resolved against the plan file's directory
+when the plan is loaded, so the run directory's copy of the plan names the file that was played.
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ from typing import Any
 
 import jsonschema
 
+from k3load.workload.trace import TraceError, read_trace
 from k3load.yamlfile import YamlFileError, read_yaml_file
 
 FAMILIES = ("agent", "shared_prefix", "cold", "long_input")
 SEARCH_ON = ("users", "sessions_per_s")  # what a search varies: closed-loop users, or open-loop sessions
+HISTORIES = ("scripted", "model")  # what drives a conversation's history (the plan's `history`)
 
 
 class PlanError(ValueError):
@@ -71,6 +77,25 @@ class ArrivalSpec:
 
 
 @dataclass(frozen=True)
+class ReplaySpec:
+    """A `kind: replay` stage's trace and how it is played (the schema describes each key). `trace` is the
+    path as resolved (absolute when the plan came from a file)."""
+
+    trace: str
+    speed: float = 1.0
+    block_tokens: int = 512
+    max_rows: int | None = None
+
+    @classmethod
+    def of(cls, raw: ReplaySpec | dict[str, Any] | None) -> ReplaySpec | None:
+        if raw is None or isinstance(raw, ReplaySpec):
+            return raw
+        max_rows = raw.get("max_rows")
+        return cls(str(raw["trace"]), float(raw.get("speed", 1.0)), int(raw.get("block_tokens", 512)),
+                   int(max_rows) if max_rows is not None else None)
+
+
+@dataclass(frozen=True)
 class Stage:
     name: str
     kind: str
@@ -87,6 +112,8 @@ class Stage:
     # Open-loop: the stage's `arrival` (k3load.loadgen.arrivals schedules it, k3load.loadgen.users plays it);
     # None: closed-loop users. A dict where a stage came whole in a message (dataclasses.asdict): `ArrivalSpec.of`.
     arrival: ArrivalSpec | None = None
+    # A replay stage's trace (k3load.loadgen.replay plays it); None elsewhere. A dict where a stage came whole.
+    replay: ReplaySpec | None = None
 
     @property
     def end_s(self) -> float:
@@ -105,6 +132,9 @@ class Plan:
     sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The plan's `capacity:` block as written (targets, headroom, GPUs per replica, cost; read by the analysis)
     capacity: dict[str, Any] = field(default_factory=dict)
+    # scripted: each conversation's history is its scenario's script; model: the model's own answers and tool
+    # calls drive it (k3load.workload.model_history)
+    history: str = "scripted"
 
     @property
     def duration_s(self) -> float:
@@ -151,7 +181,19 @@ def _expand(raw: dict[str, Any]) -> list[tuple[str, dict[str, Any], int]]:
     return [(raw["name"], raw, raw["users"])]
 
 
-def parse_plan(data: Any, where: str, source: str = "") -> Plan:
+def _replay(raw: dict[str, Any], base_dir: Path | None) -> ReplaySpec | None:
+    """A replay stage's settings, its trace resolved against the plan file's directory (as written when the
+    plan came from no file: a relative path then means the working directory)."""
+    if raw["kind"] != "replay":
+        return None
+    trace = Path(raw["trace"]).expanduser()
+    if base_dir is not None and not trace.is_absolute():
+        trace = (base_dir / trace).resolve()
+    return ReplaySpec.of({**raw, "trace": str(trace)})
+
+
+def parse_plan(data: Any, where: str, source: str = "", base_dir: Path | None = None) -> Plan:
+    """`base_dir`: the plan file's directory, for a replay stage's relative `trace:` (None: as written)."""
     errors = sorted(jsonschema.Draft202012Validator(_schema()).iter_errors(data), key=lambda e: list(e.path))
     if errors:
         path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in errors[0].absolute_path)
@@ -168,9 +210,9 @@ def parse_plan(data: Any, where: str, source: str = "") -> Plan:
             stages.append(Stage(name=name, kind=spec["kind"], start_s=start, duration_s=duration,
                                 users=users, spawn_rate=float(spec.get("spawn_rate", search.max_users if search
                                                                        else users)),  # default: all at once
-                                mix={k: v for k, v in spec["mix"].items() if v > 0},
+                                mix={k: v for k, v in spec.get("mix", {}).items() if v > 0},
                                 iterations_per_user=spec.get("iterations_per_user"), search=search,
-                                arrival=ArrivalSpec.of(spec.get("arrival"))))
+                                arrival=ArrivalSpec.of(spec.get("arrival")), replay=_replay(spec, base_dir)))
             start += duration
     names = [s.name for s in stages]
     duplicates = {n for n in names if names.count(n) > 1}
@@ -179,7 +221,7 @@ def parse_plan(data: Any, where: str, source: str = "") -> Plan:
     return Plan(name=data["name"], stages=tuple(stages), source=source, thresholds=data.get("thresholds", {}),
                 tool_turns=data.get("tool_turns", "auto"), stream_equivalence=_drill(data.get("stream_equivalence")),
                 sampling={k: dict(v) for k, v in (data.get("sampling") or {}).items() if v},
-                capacity=dict(data.get("capacity") or {}))
+                capacity=dict(data.get("capacity") or {}), history=data.get("history", "scripted"))
 
 
 def search_spec(raw: dict[str, Any], where: str) -> SearchSpec:
@@ -227,4 +269,17 @@ def load_plan(path: Path) -> Plan:
         text, data = read_yaml_file(path, "plan")
     except YamlFileError as exc:
         raise PlanError(str(exc)) from None
-    return parse_plan(data, str(path), text)
+    plan = parse_plan(data, str(path), text, path.resolve().parent)
+    check_traces(plan, str(path))
+    return plan
+
+
+def check_traces(plan: Plan, where: str) -> None:
+    """Every replay stage's trace read and checked now, so a missing file or a bad line stops the run before its
+    first request (k3load.workload.trace; its error names the file and line)."""
+    for stage in plan.stages:
+        if stage.replay is not None:
+            try:
+                read_trace(Path(stage.replay.trace), stage.replay.block_tokens, stage.replay.max_rows)
+            except TraceError as exc:
+                raise PlanError(f"{where}: stage {stage.name}: trace: {exc}") from None

@@ -1,0 +1,234 @@
+"""Production traces (issue 28): the Mooncake-format parser, the prompts built from hash_ids, the replay's
+schedule and its plan keys. No sockets but the sim's tokenizer called in-process."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import random
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from k3load.loadgen.replay import Share, body, fell_behind, fitted, process_share, start
+from k3load.sim.tokenizer import tokenize
+from k3load.workload.plan import PlanError, load_plan, parse_plan
+from k3load.workload.trace import MAX_LINE_BYTES, TraceError, TraceRow, parse_lines, read_trace, shared_prefix_blocks
+from k3load.workload.trace_prompts import CALIBRATE_BLOCKS, VERIFY_BLOCKS, BlockTexts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mooncake_trace(sessions: int = 8, turns: int = 5, block_tokens: int = 64, span_ms: int = 8000,
+                   seed: int = 1) -> list[dict[str, Any]]:
+    """A Mooncake-format trace: conversations whose every turn carries the shared system block (id 0) and the
+    full blocks of its previous turn, then new ones (its last block partial, so never reused: a longer prompt
+    fills it with other tokens), spread over `span_ms`."""
+    rng = random.Random(seed)
+    rows, next_id = [], 1
+    for _ in range(sessions):
+        ids, t = [0], rng.uniform(0, span_ms * 0.4)
+        for _ in range(turns):
+            new = rng.randint(1, 3)
+            ids = [*ids, *range(next_id, next_id + new)]
+            next_id += new
+            tail = rng.randint(1, block_tokens)
+            rows.append({"timestamp": int(t), "input_length": (len(ids) - 1) * block_tokens + tail,
+                         "output_length": rng.randint(4, 24), "hash_ids": list(ids)})
+            ids = ids[:-1]  # the partial block is not the next turn's
+            t += rng.uniform(0.1, 0.6) * span_ms / turns
+    return sorted(rows, key=lambda r: r["timestamp"])
+
+
+def write_trace(path: Path, rows: list[dict[str, Any]]) -> Path:
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return path
+
+
+def sim_count(text: str) -> int:
+    """The sim's /tokenize count of a prompt, in-process."""
+    return len(tokenize(text))
+
+
+# -- the parser -----------------------------------------------------------------------------------------------
+def test_a_trace_reads_in_order_gzipped_or_not(tmp_path: Path) -> None:
+    rows = mooncake_trace(block_tokens=512)
+    plain = read_trace(write_trace(tmp_path / "t.jsonl", rows))
+    zipped = read_trace(write_trace(tmp_path / "t.jsonl.gz", rows))
+    assert plain == zipped and len(plain) == len(rows)
+    assert plain[0] == TraceRow(rows[0]["timestamp"], rows[0]["input_length"], rows[0]["output_length"],
+                                tuple(rows[0]["hash_ids"]), 1)
+    assert len(read_trace(tmp_path / "t.jsonl", max_rows=7)) == 7
+
+
+@pytest.mark.parametrize("line, says", [
+    ('{"timestamp": 1, "input_length": 600, "output_length": 5, "hash_ids": [1]}', "1 hash_ids for input_length 600"),
+    ('{"timestamp": -1, "input_length": 5, "output_length": 5, "hash_ids": [1]}', "timestamp must be"),
+    ('{"timestamp": 1, "input_length": 0, "output_length": 5, "hash_ids": []}', "input_length must be at least 1"),
+    ('{"timestamp": 1, "input_length": 5, "output_length": 2.5, "hash_ids": [1]}', "output_length must be an integer"),
+    ('{"timestamp": 1, "input_length": 5, "output_length": 5, "hash_ids": [-3]}', "hash_ids must be a list"),
+    ('{"timestamp": 1, "input_length": 5, "output_length": 5, "hash_ids": [true]}', "hash_ids must be a list"),
+    ('[1, 2]', "must be a JSON object"),
+    ('{"timestamp": 1,', "not JSON"),
+    ('{"timestamp": 0, "input_length": 5, "output_length": 5, "hash_ids": [1]}', "is before line 1's"),
+])
+def test_a_bad_line_is_named_by_file_and_line(tmp_path: Path, line: str, says: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"timestamp": 5, "input_length": 5, "output_length": 5, "hash_ids": [9]}\n\n' + line + "\n")
+    with pytest.raises(TraceError) as caught:
+        read_trace(path)
+    assert str(caught.value).startswith(f"{path}:3: ") and says in str(caught.value)
+
+
+def test_an_empty_unreadable_or_endless_trace_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="no rows"):
+        read_trace(write_trace(tmp_path / "empty.jsonl", []))
+    with pytest.raises(TraceError, match="cannot read"):
+        read_trace(tmp_path / "absent.jsonl")
+    (tmp_path / "bad.gz").write_bytes(b"not gzip")
+    with pytest.raises(TraceError, match="cannot read"):
+        read_trace(tmp_path / "bad.gz")
+    (tmp_path / "long.jsonl").write_bytes(b" " * (MAX_LINE_BYTES + 10))
+    with pytest.raises(TraceError, match=r"long.jsonl:1: line longer"):
+        read_trace(tmp_path / "long.jsonl")
+
+
+@settings(max_examples=200)
+@given(st.lists(st.one_of(st.binary(max_size=200), st.text(max_size=200).map(str.encode),
+                          st.builds(lambda t, i, o, h: json.dumps({"timestamp": t, "input_length": i,
+                                                                  "output_length": o, "hash_ids": h}).encode(),
+                                    st.one_of(st.integers(-5, 10**6), st.floats(allow_nan=True), st.none()),
+                                    st.integers(-2, 3000), st.integers(-2, 50),
+                                    st.lists(st.integers(-2, 10), max_size=8))), max_size=12))
+@example([b'{"timestamp": 1e999, "input_length": 1, "output_length": 1, "hash_ids": [0]}'])
+@example([b"[" * 100_000])
+def test_any_bytes_parse_to_ordered_rows_or_one_named_error(lines: list[bytes]) -> None:
+    try:
+        rows = list(parse_lines(lines, "fuzz.jsonl", block_tokens=512))
+    except TraceError as exc:
+        assert str(exc).startswith("fuzz.jsonl:")
+        return
+    assert all(a.timestamp_ms <= b.timestamp_ms for a, b in itertools.pairwise(rows))
+    assert all(len(r.hash_ids) == -(-r.input_length // 512) and r.output_length >= 1 for r in rows)
+
+
+def test_shared_prefix_blocks_follow_the_chain_from_the_start() -> None:
+    rows = [TraceRow(0, 3, 1, ids, 1) for ids in ((1, 2, 3), (1, 2, 4), (5, 2, 3), (1, 2, 3, 9), (2, 3))]
+    assert shared_prefix_blocks(rows) == [0, 2, 0, 3, 0]  # (2, 3) alone is not a prefix anyone had
+
+
+# -- prompts --------------------------------------------------------------------------------------------------
+def test_equal_hash_ids_give_equal_bytes_and_blocks_are_block_tokens_long() -> None:
+    calls: list[str] = []
+
+    def count(text: str) -> int:
+        calls.append(text)
+        return sim_count(text)
+
+    texts = BlockTexts(64, count, list(range(100)))
+    assert len(calls) == CALIBRATE_BLOCKS + VERIFY_BLOCKS  # bounded, whatever the trace
+    assert texts.fit.tokenizer == "server /tokenize" and texts.fit.verified_tokens == [64] * VERIFY_BLOCKS
+    one, two = texts.prompt((0, 7, 8), 64 * 2 + 10), texts.prompt((0, 7, 9), 64 * 3)
+    assert sim_count(one) == 138 and sim_count(two) == 192
+    shared = len(texts.text(0) + texts.text(7))
+    assert one[:shared] == two[:shared] and one[shared:] != two[shared:shared + len(one) - shared]
+    assert BlockTexts(64, sim_count, [1]).text(7) == texts.text(7)  # another process, the same bytes
+    assert texts.text(8, 10) == texts.text(8)[: len(texts.text(8, 10))]  # a cut block: a prefix of the whole
+
+
+def test_without_a_tokenizer_the_blocks_are_estimated_and_said_so() -> None:
+    def refused(_text: str) -> int:
+        raise ValueError("/tokenize: HTTPStatusError")
+
+    for count in (None, refused):
+        fit = BlockTexts(512, count).fit
+        assert fit.tokenizer.startswith("estimate") and fit.as_dict()["blocks_verified"] == 0
+
+
+# -- the schedule and the plan --------------------------------------------------------------------------------
+def _plan(trace: str, **extra: Any) -> dict[str, Any]:
+    return {"name": "p", "stages": [{"name": "replay", "kind": "replay", "trace": trace, "users": 4,
+                                     "duration_s": 30, **extra}]}
+
+
+def test_a_replay_stage_parses_with_its_defaults_and_its_trace_beside_the_plan(tmp_path: Path) -> None:
+    write_trace(tmp_path / "t.jsonl", mooncake_trace(block_tokens=512))
+    (tmp_path / "p.yaml").write_text(json.dumps({**_plan("t.jsonl"), "history": "model"}))
+    plan = load_plan(tmp_path / "p.yaml")
+    spec = plan.stages[0].replay
+    assert spec is not None and (spec.trace, spec.speed, spec.block_tokens, spec.max_rows) == \
+        (str(tmp_path / "t.jsonl"), 1.0, 512, None)
+    assert plan.stages[0].mix == {} and plan.families() == set() and plan.history == "model"
+    assert parse_plan(_plan("x"), "p").history == "scripted"
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"mix": {"agent": 1}}, "not for a replay stage"), ({"speed": 0}, "speed"), ({"arrival": {"sessions_per_s": 1}},
+                                                                                 "not for a replay stage"),
+    ({"block_tokens": 0}, "block_tokens")])
+def test_a_bad_replay_stage_is_refused_naming_the_key(change: dict[str, Any], says: str) -> None:
+    with pytest.raises(PlanError, match=says):
+        parse_plan(_plan("t.jsonl", **change), "p.yaml")
+    with pytest.raises(PlanError, match="only for a replay stage"):
+        parse_plan({"name": "p", "stages": [{"name": "l", "kind": "load", "duration_s": 1, "users": 1,
+                                             "mix": {"agent": 1}, "trace": "t.jsonl"}]}, "p.yaml")
+    with pytest.raises(PlanError, match="history"):
+        parse_plan({**_plan("t"), "history": "free"}, "p.yaml")
+
+
+def test_a_bad_trace_stops_the_plan_naming_the_line(tmp_path: Path) -> None:
+    rows = mooncake_trace(block_tokens=512)
+    write_trace(tmp_path / "t.jsonl", [*rows[:3], {**rows[3], "hash_ids": [1]}])
+    (tmp_path / "p.yaml").write_text(json.dumps(_plan("t.jsonl")))
+    with pytest.raises(PlanError, match=r"stage replay: trace: .*t.jsonl:4: 1 hash_ids"):
+        load_plan(tmp_path / "p.yaml")
+
+
+def test_rows_are_due_at_the_traces_pace_split_by_process_and_bounded_by_the_stage(tmp_path: Path) -> None:
+    rows = mooncake_trace(block_tokens=64, span_ms=8000)
+    write_trace(tmp_path / "t.jsonl", rows)
+    plan = parse_plan(_plan(str(tmp_path / "t.jsonl"), speed=2, block_tokens=64, duration_s=2), "p.yaml")
+    state = start(plan.stages[0], 1000.0, Share(), None, None)
+    t0 = rows[0]["timestamp"]
+    expected = [1000 + (r["timestamp"] - t0) / 2000 for r in rows]
+    assert [t.due_ts for t in state.tickets] == pytest.approx([e for e in expected if e < 1002])
+    assert state.not_played == sum(e >= 1002 for e in expected) > 0  # past the stage's end: counted, not dropped
+    halves = [start(plan.stages[0], 1000.0, Share(k, 2), None, None) for k in (0, 1)]
+    assert sorted(t.index for h in halves for t in h.tickets) == [t.index for t in state.tickets]
+    assert {t.index % 2 for t in halves[1].tickets} == {1}
+    summary = state.summary()
+    assert summary["rows_due"] == len(rows) and summary["rows_not_played"] == len(rows) and not summary["fell_behind"]
+
+
+def test_a_worker_takes_its_share_and_one_that_cannot_know_it_plays_only_as_worker_zero() -> None:
+    worker = type("WorkerRunner", (), {})
+    assert process_share(SimpleNamespace(), SimpleNamespace()) == Share()
+    assert process_share(SimpleNamespace(**{"__class__": worker}), None) == Share()
+    runner = worker()
+    runner.worker_index = 2
+    assert process_share(runner, SimpleNamespace(processes=4)) == Share(2, 4)
+    assert process_share(runner, SimpleNamespace(processes=None)).why.startswith("worker count unknown")
+
+
+def test_a_row_is_cut_to_the_context_and_asks_for_its_answer_length() -> None:
+    row = TraceRow(0, 3000, 100, tuple(range(6)), 1)
+    assert fitted(row, None) == (3000, 100, False) and fitted(row, 4096) == (3000, 100, False)
+    assert fitted(row, 2048) == (2048 - 64 - 100, 100, True)
+    sent = json.loads(body("m", "hello", 52))
+    assert (sent["max_tokens"], sent["min_tokens"], sent["stream"]) == (52, 52, True)
+
+
+def test_who_fell_behind_is_named() -> None:
+    summary = {"rows_late": 3, "rows_sent": 40, "worst_lag_s": 2.5, "users": 4, "share": "0 of 1"}
+    assert "while all 4 users" in fell_behind(summary, 3)
+    assert "could not keep up" in fell_behind(summary, 0)
+    assert fell_behind({**summary, "rows_late": 0}, 0) is None
