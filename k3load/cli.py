@@ -14,6 +14,7 @@ from k3load.precheck import cli as precheck_cli
 from k3load.precheck import inventory as inventory_cli
 from k3load.sampler import cli as sampler_cli
 from k3load.sim import cli as sim_cli
+from k3load.traffic import import_cli
 from k3load.workload import stored_requests_cli
 
 
@@ -65,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     sampler_cli.add_arguments(sample)
     sample.set_defaults(func=sampler_cli.run)
+    importer = sub.add_parser("import", help="turn an agent's request log into scenarios that play as logged "
+                              "(secrets replaced)", description=import_cli.__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    import_cli.add_arguments(importer)
+    importer.set_defaults(func=import_cli.run)
     demo_parser = sub.add_parser("demo", help="full acceptance run against the embedded sim, ending in a report",
                                  description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_arguments(demo_parser)

@@ -1,0 +1,1 @@
+"""Bring your own traffic: agent request logs turned into scenarios (issue 28)."""
