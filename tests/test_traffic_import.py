@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -258,3 +259,30 @@ def test_every_written_file_loads_with_the_shipped_schema(tmp_path: Path) -> Non
     assert yaml.safe_load(text)["mode"] == "logged"
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["a_0001.yaml", "import.json"]
     assert oct((tmp_path / "o" / "a_0001.yaml").stat().st_mode & 0o777) == "0o600"
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(st.binary(max_size=200) | JSON_VALUE.map(lambda v: json.dumps(v).encode()) |
+                      st.fixed_dictionaries({"messages": st.lists(st.dictionaries(st.sampled_from(
+                          ["role", "content", "tool_calls"]), JSON_VALUE, max_size=3), max_size=3)},
+                          optional={"custom_id": JSON_VALUE, "body": JSON_VALUE, "request": JSON_VALUE,
+                                    "response": JSON_VALUE}).map(lambda v: json.dumps(v).encode()),
+                      max_size=8))
+def test_any_bytes_in_a_log_are_read_or_named_never_raised(tmp_path_factory: pytest.TempPathFactory,
+                                                           lines: list[bytes]) -> None:
+    """Every line of arbitrary bytes is a usable request or a problem naming its file:line; nothing raises,
+    and whatever was read rebuilds and writes as a scenario file that loads."""
+    folder = tmp_path_factory.mktemp("fuzz")
+    log = folder / "log.jsonl"
+    log.write_bytes(b"\n".join(line.replace(b"\n", b" ") for line in lines) + b"\n")
+    exchanges, problems = read_exchanges([log], max_line_bytes=150)
+    assert all(re.fullmatch(r"log\.jsonl:\d+", p.where) and p.reason for p in problems)
+    non_blank = sum(1 for line in lines if line.replace(b"\n", b" ").strip())
+    assert len(exchanges) + len(problems) >= non_blank - sum(1 for line in lines if b'"custom_id"' in line)
+    conversations, _ = rebuild(exchanges)
+    for i, c in enumerate(conversations):
+        path = folder / f"f_{i}.yaml"
+        path.write_text(scenario_files.to_yaml(scenario_files.scenario_of(c, f"f_{i}", "agent", "log.jsonl")))
+        scenario = load_scenario(path)
+        assert [json.loads(build_request(scenario, t.index, "m").body)["messages"] for t in scenario.turns] == \
+            [as_sent(e.body, "m")["messages"] for e in c.turns]

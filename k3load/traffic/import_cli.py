@@ -36,13 +36,14 @@ from k3load.traffic.exchanges import Exchange, Problem, read_exchanges
 from k3load.traffic.log_lines import MAX_LINE_BYTES, LogFileError
 from k3load.traffic.threads import Conversation, rebuild
 from k3load.workload import logged
-from k3load.workload.plan import FAMILIES
 
 if TYPE_CHECKING:
     from k3load.traffic.redact import LogRedactor
 
 EXIT_WRITTEN, EXIT_NOTHING_WRITTEN = 0, 2
 SUMMARY_FILE = "import.json"
+# cold is salted per request and long_input sized to the server by k3load: a logged request is neither
+IMPORT_FAMILIES = ("agent", "shared_prefix")
 SHOWN_PROBLEMS = 20  # on stderr; import.json lists up to MAX_LISTED_PROBLEMS
 MAX_LISTED_PROBLEMS = 1000
 
@@ -58,8 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", required=True, help="the scenarios' name stem (NAME_0001, ...)")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR",
                         help="the folder to write (must not exist, or be empty)")
-    parser.add_argument("--family", default="agent", choices=FAMILIES,
-                        help="the family the scenarios belong to in a plan's mix (default agent)")
+    parser.add_argument("--family", default="agent", choices=IMPORT_FAMILIES,
+                        help="the family the scenarios belong to in a plan's mix (default agent; cold and "
+                             "long_input are built by k3load, never logged)")
     parser.add_argument("--sample", type=int, metavar="N",
                         help="write at most N conversations, a representative subset by tool set and length")
     parser.add_argument("--redact-pattern", action="append", default=[], metavar="REGEX",
