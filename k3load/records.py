@@ -137,6 +137,24 @@ class Attempt:
     # it is the generator running late (every session slot busy): coordinated omission, shown not hidden.
     # None for retries, closed-loop stages and older records.
     intended_send_ts: float | None = None
+    # Whose answers the conversation's history held (k3load.workload.model_history): "scripted" (the scenario's
+    # replies and results, whatever the server answered) or "model" (the model's own answers, its calls
+    # executed and fed back). None in older records and outside a played scenario (a replay, a probe).
+    history: str | None = None
+    # history "model" only (None otherwise): the turn at which the conversation's history first differed from
+    # the script (other calls, other arguments, a call where the script answered or the reverse, an extra round
+    # or a skipped turn; None while on script: until then turns keep their expectations, after it they are
+    # judged on validity alone); `model_round` 0 for a scripted turn's request, k for its k-th extra round
+    # (the model's calls fed back before the next scripted turn; `turn` stays the scripted turn's index).
+    off_script_turn: int | None = None
+    model_round: int | None = None
+    # history "model", set on a request's final answer: its calls that no executor or recorded result could
+    # answer (each got the marked error result, model_history.NO_RESULT); the scripted turns skipped after it
+    # (they carried only results of calls the model did not make); whether the extra rounds' cap ended the
+    # model's calls (its last calls' results stay in the history, the next scripted turn follows them).
+    unanswered_calls: int | None = None
+    skipped_turns: int | None = None
+    rounds_capped: bool | None = None
 
     def to_json(self) -> str:
         """The record's line, the same bytes as `asdict`'s, without its deep copy of every field: a quarter

@@ -32,8 +32,9 @@ from k3load.client.result import (
     StreamResult,
 )
 from k3load.records import Attempt, Finding, timing_fields
-from k3load.workload import harness_error
+from k3load.workload import harness_error, model_history
 from k3load.workload.harness_error import HarnessFault
+from k3load.workload.model_history import Body
 from k3load.workload.scenario import Scenario, Turn
 from k3load.workload.stored_requests import PreparedRequest, build_request
 from k3load.workload.stream_equivalence import compare_twins
@@ -271,11 +272,14 @@ def _handed(ctx: RunContext, attempt: Attempt, sink: Callable[[Attempt], Any]) -
 
 def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, salt: str,
              sink: Callable[[Attempt], Any], control: tuple[int, str] | None = None,
-             session_id: str | None = None, intended_ts: float | None = None) -> list[Attempt]:
+             session_id: str | None = None, intended_ts: float | None = None, body: Body | None = None
+             ) -> list[Attempt]:
     """One request with its retries; returns every attempt (already sent to `sink`). `control` is the
     (pair number, "cold" | "warm") of a prefix-cache control request; its retries keep both. An answer the
-    harness could not judge ends the chain (a retry would answer nothing about the server)."""
-    prepared = build_request(scenario, turn.index, ctx.model, salt, ctx.long_context(scenario))
+    harness could not judge ends the chain (a retry would answer nothing about the server). `body`: the
+    request's bytes where the history is not the script's (k3load.workload.model_history)."""
+    prepared = body(scenario, turn, salt) if body else \
+        build_request(scenario, turn.index, ctx.model, salt, ctx.long_context(scenario))
     policy = turn.retry
     chain_id = uuid.uuid4().hex
     attempts: list[Attempt] = []
@@ -310,17 +314,19 @@ def _compared(stream: Judged, whole: Judged) -> None:
 
 def run_turn_both_ways(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, salt: str,
                        sink: Callable[[Attempt], Any], session_id: str | None = None,
-                       intended_ts: float | None = None) -> list[Attempt]:
+                       intended_ts: float | None = None, body: Body | None = None) -> list[Attempt]:
     """The streaming-equivalence drill: the turn sent streamed (the bytes it always sends) and whole
-    (the same body with `stream: false`) at once, one attempt each, no retries (the first answers are
-    compared). The streamed attempt carries the comparison as its `stream.equivalence` finding, so both
-    are recorded when the later one ends."""
-    whole_turn = replace(turn, settings={**turn.settings, "stream": False})
+    (the same body with `stream: false`; a logged body also without its `stream_options`) at once, one
+    attempt each, no retries (the first answers are compared). The streamed attempt carries the comparison
+    as its `stream.equivalence` finding, so both are recorded when the later one ends."""
+    logged_whole = None if turn.request is None else \
+        {k: False if k == "stream" else v for k, v in turn.request.items() if k != "stream_options"}
+    whole_turn = replace(turn, settings={**turn.settings, "stream": False}, request=logged_whole)
     whole_scenario = replace(scenario, turns=tuple(whole_turn if t.index == turn.index else t
                                                    for t in scenario.turns))
     context = ctx.long_context(scenario)
-    streamed = build_request(scenario, turn.index, ctx.model, salt, context)
-    whole = build_request(whole_scenario, turn.index, ctx.model, salt, context)
+    build = body or (lambda s, t, salt_: build_request(s, t.index, ctx.model, salt_, context))
+    streamed, whole = build(scenario, turn, salt), build(whole_scenario, whole_turn, salt)
     assert ctx.drill is not None
     s_judged, w_judged = ctx.drill.concurrently(
         lambda: send_and_judge(client, ctx, scenario, turn, streamed.body, turn.settings["timeout_s"], session_id),
@@ -341,7 +347,8 @@ class ScenarioPlay:
     """One playing of a scenario, a turn at a time (so a Locust user can stop between turns).
 
     Conversations go on after a failed turn: the history is scripted, so later turns are still
-    meaningful and their results still count. A `pair` scenario plays each turn as a control pair in
+    meaningful and their results still count (under `history: model` the model's answers make it, one
+    request a step: k3load.workload.model_history). A `pair` scenario plays each turn as a control pair in
     one step (cold with a fresh salt, then its warm twin, the same bytes, once the cold one ended), so
     a stage change never separates a warm request from its cold twin."""
 
@@ -355,33 +362,40 @@ class ScenarioPlay:
         self._salt = ctx.salt(scenario) if scenario.prefix_salt != "request" else ""
         self.session_id = f"k3load-{uuid.uuid4().hex}"  # sent only under ctx.session_header
         self.intended_ts, self._pace = arrival_ts, pace  # when the next turn is meant to go (None: now)
+        self._model = model_history.ModelHistory(scenario, ctx.model, ctx.long_context(scenario)) \
+            if model_history.drives(scenario) else None
 
     @property
     def done(self) -> bool:
-        return self.next_turn >= len(self.scenario.turns)
+        return self._model.done if self._model else self.next_turn >= len(self.scenario.turns)
 
     def due_in_s(self, now: float) -> float:
         """Seconds until the next turn is meant to go (0 or less: due)."""
         return 0.0 if self.intended_ts is None else self.intended_ts - now
 
     def step(self, sink: Callable[[Attempt], Any]) -> list[Attempt]:
-        turn = self.scenario.turns[self.next_turn]
-        self.next_turn += 1
-        attempts = self._send(turn, sink, self.intended_ts)
+        if self._model:
+            attempts = self._model.step(self._send, sink, self.intended_ts)
+        else:
+            self.next_turn += 1
+            attempts = self._send(self.scenario.turns[self.next_turn - 1], model_history.scripted_sink(sink),
+                                  self.intended_ts)
         if self._pace is not None and not self.done:  # the agent's gap: its tools run, its user reads and types
             end = max((a.end_ts for a in attempts), default=time.time())
-            self.intended_ts = end + gap_before(self.scenario, self.next_turn, self._pace)
+            self.intended_ts = end + (self._model.gap_s(self._pace) if self._model else
+                                      gap_before(self.scenario, self.next_turn, self._pace))
         return attempts
 
-    def _send(self, turn: Turn, sink: Callable[[Attempt], Any], intended: float | None) -> list[Attempt]:
+    def _send(self, turn: Turn, sink: Callable[[Attempt], Any], intended: float | None,
+              body: Body | None = None) -> list[Attempt]:
         if self.scenario.prefix_salt == "pair":
             return self._pair(turn, sink, intended)
         salt = self.ctx.salt(self.scenario) if self.scenario.prefix_salt == "request" else self._salt
         if self.ctx.drill is not None and self.ctx.drill.chooses(self.scenario, turn):
             return run_turn_both_ways(self.client, self.ctx, self.scenario, turn, salt, sink, self.session_id,
-                                      intended)
+                                      intended, body)
         return run_turn(self.client, self.ctx, self.scenario, turn, salt, sink, session_id=self.session_id,
-                        intended_ts=intended)
+                        intended_ts=intended, body=body)
 
     def _pair(self, turn: Turn, sink: Callable[[Attempt], Any], intended: float | None) -> list[Attempt]:
         """Cold then warm, sequentially: the warm twin can only hit what the cold one left cached.
