@@ -5,6 +5,11 @@ every session slot (the stage's `users`) was busy when its time came, or the gen
 up. Each such turn's record keeps its intended time (`intended_send_ts`, k3load.loadgen.arrivals), so the
 lateness is measured, never hidden: the load offered was less than the plan's while it lasted, and a
 latency measured from the actual send leaves out the wait the agent saw (coordinated omission).
+
+A replay stage (k3load.loadgen.replay) schedules a trace's rows the same way: each row's record keeps its
+intended time, so the same figures count its late rows, and its `replay_end` events (one per load-generator
+process) add what records cannot say: rows not reached by the stage's end, rows cut to the context, the
+tokenizer that sized the blocks, and which generator fell behind (`replay_figures`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,23 @@ def offered_late(scheduled: int, late: int) -> bool:
     late (every session slot busy: sessions lasting longer as the server slows, or too few slots). Its
     latencies are measured from the late sends, so the wait its agents saw is not in them: not held."""
     return scheduled >= MIN_SCHEDULED and late / scheduled > LATE_SHARE
+
+
+REPLAY_SUMS = ("rows_due", "rows_sent", "rows_late", "rows_not_played", "rows_cut")
+
+
+def replay_figures(ends: list[dict[str, Any]], stage: str) -> dict[str, Any]:
+    """A replay stage's `replay_end` events summed over its processes (an empty dict for other stages)."""
+    mine = [e for e in ends if e.get("stage") == stage]
+    if not mine:
+        return {}
+    out: dict[str, Any] = {key: sum(int(e.get(key) or 0) for e in mine) for key in REPLAY_SUMS}
+    out |= {"trace": mine[0].get("trace"), "speed": mine[0].get("speed"), "block_tokens": mine[0].get("block_tokens"),
+            "processes": len(mine), "worst_lag_s": max(float(e.get("worst_lag_s") or 0.0) for e in mine),
+            "in_flight_max": sum(int(e.get("in_flight_max") or 0) for e in mine),
+            "tokenizer": sorted({str(e.get("tokenizer")) for e in mine}),
+            "fell_behind": [e["fell_behind"] for e in mine if e.get("fell_behind")]}
+    return {"replay": out}
 
 
 def arrival_lag(frame: pd.DataFrame) -> dict[str, Any]:

@@ -12,7 +12,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from k3load.analysis.arrival_lag import LATE_S, LATE_SHARE, arrival_lag, offered_late, offered_short
+from k3load.analysis.arrival_lag import (
+    LATE_S,
+    LATE_SHARE,
+    arrival_lag,
+    offered_late,
+    offered_short,
+    replay_figures,
+)
 from k3load.analysis.clusters import request_cluster
 from k3load.analysis.full_batch import EngineCap, stage_batch_queue
 from k3load.analysis.goodput import Slo, stage_goodput
@@ -169,6 +176,7 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
         "metrics_present": kv is not None or waiting is not None or running is not None,
         **stage_figures(growth if growth is not None else gpu_growth(data, spells), t0, t1),
         **_capacity_figures(frame, duration, index, stage, slo, cap),
+        **replay_figures(data.events_named(Event.REPLAY_END), stage.name),  # a replay stage's rows (arrival_lag.py)
     }
 
 
@@ -280,6 +288,12 @@ def stage_problems(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -
                                f"than {LATE_S:g} s late (p95 {stats['send_lag_p95_ms']:.0f} ms): every session slot "
                                "was busy, so the step did not offer its rate and its latencies leave out the wait",
                                f"records.jsonl stage={stats['stage']}"))
+    if stats.get("kind") == "replay" and late:  # the trace's pace was not offered: its latencies leave out the wait
+        why = "; ".join((stats.get("replay") or {}).get("fell_behind") or []) or "the load generator fell behind"
+        problems.append(breach("load.offered_late", "resource", stats["late_share"], LATE_SHARE,
+                               f"{stats['late_turns']} of {stats['scheduled_turns']} trace rows went out more than "
+                               f"{LATE_S:g} s late: {why}", f"records.jsonl stage={stats['stage']}",
+                               f"events.jsonl replay_end stage={stats['stage']}"))
     if stats.get("server_down_events"):
         problems.append(breach("stability.server_down", "stability", stats["server_down_events"], 0,
                                f"server down {stats['server_down_events']} time(s)", f"events.jsonl {where}"))

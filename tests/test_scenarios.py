@@ -38,8 +38,10 @@ def test_every_shipped_scenario_loads(path):
 def test_every_shipped_plan_loads(path):
     plan = load_plan(path)
     kinds = [s.kind for s in plan.stages]
-    # a capacity plan (a search stage) is for sizing, not acceptance: its load and its search are enough
-    required = {"load", "search"} if "search" in kinds else {"load", "long_input", "concurrency", "soak", "restart"}
+    # a capacity plan (a search stage) is for sizing, not acceptance: its load and its search are enough; so are a
+    # replay plan's load and its production trace
+    required = {"load", "search"} if "search" in kinds else {"load", "replay"} if "replay" in kinds else \
+        {"load", "long_input", "concurrency", "soak", "restart"}
     assert required <= set(kinds)
     assert plan.families() <= {s.family for s in load_scenarios(SCENARIOS)}
 

@@ -232,3 +232,33 @@ def test_who_fell_behind_is_named() -> None:
     assert "while all 4 users" in fell_behind(summary, 3)
     assert "could not keep up" in fell_behind(summary, 0)
     assert fell_behind({**summary, "rows_late": 0}, 0) is None
+
+
+def test_a_late_row_names_whether_the_users_were_busy_or_the_process_was_slow(tmp_path: Path) -> None:
+    write_trace(tmp_path / "t.jsonl", mooncake_trace(block_tokens=64))
+    state = start(parse_plan(_plan(str(tmp_path / "t.jsonl"), block_tokens=64), "p").stages[0], 1000.0, Share(),
+                  None, None)
+    first, second = state.tickets[0], state.tickets[1]
+    assert state.take(first.due_ts + 5, free_since=first.due_ts + 4) is first  # its user was still sending
+    assert state.take(second.due_ts + 5, free_since=0.0) is second  # its user was free: the process lagged
+    assert state.late_all_busy == 1
+
+
+def test_replay_figures_sum_the_processes_and_a_late_replay_did_not_offer_the_traces_pace() -> None:
+    from k3load.analysis.arrival_lag import replay_figures
+    from k3load.analysis.pillar import thresholds
+    from k3load.analysis.stages import stage_problems
+
+    ends = [{"stage": "r", "rows_due": 20, "rows_sent": 18, "rows_late": 5, "rows_not_played": 2, "rows_cut": 1,
+             "worst_lag_s": 3.0, "in_flight_max": 4, "tokenizer": "server /tokenize", "fell_behind": "p0 behind"},
+            {"stage": "r", "rows_due": 20, "rows_sent": 20, "rows_late": 0, "rows_not_played": 0, "rows_cut": 0,
+             "worst_lag_s": 0.1, "in_flight_max": 3, "tokenizer": "server /tokenize", "fell_behind": None},
+            {"stage": "other", "rows_due": 99}]
+    figures = replay_figures(ends, "r")["replay"]
+    assert (figures["rows_due"], figures["rows_sent"], figures["rows_not_played"], figures["processes"]) == \
+        (40, 38, 2, 2) and figures["fell_behind"] == ["p0 behind"] and figures["worst_lag_s"] == 3.0
+    assert replay_figures(ends, "none") == {}
+    stats = {"stage": "r", "kind": "replay", "scheduled_turns": 38, "late_turns": 5, "late_share": 5 / 38,
+             "replay": figures}
+    late = [p for p in stage_problems(stats, thresholds(None)) if p["id"] == "load.offered_late"]
+    assert len(late) == 1 and "p0 behind" in late[0]["reason"]
