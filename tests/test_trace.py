@@ -262,3 +262,23 @@ def test_replay_figures_sum_the_processes_and_a_late_replay_did_not_offer_the_tr
              "replay": figures}
     late = [p for p in stage_problems(stats, thresholds(None)) if p["id"] == "load.offered_late"]
     assert len(late) == 1 and "p0 behind" in late[0]["reason"]
+
+
+def test_the_sim_honours_min_tokens_as_vllm_does() -> None:
+    from k3load.sim.config import SimConfig
+    from k3load.sim.generate import OutputPlan, Piece, truncate
+    from k3load.sim.protocol import ApiError
+    from k3load.sim.request_checks import validate_request
+
+    short = OutputPlan([Piece("content", " a"), Piece("content", " b"), Piece("content", "")], "stop")
+    rng = random.Random(0)
+    assert len(truncate(short, 100, False, rng).pieces) == 3  # no min_tokens: the answer ends where it ends
+    longer = truncate(short, 100, False, rng, min_tokens=40)
+    assert (len(longer.pieces), longer.finish_reason, longer.pieces[-1].text) == (41, "stop", "")  # then its EOS
+    exact = truncate(short, 40, False, rng, min_tokens=40)
+    assert (len(exact.pieces), exact.finish_reason) == (40, "length")
+    base = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 5}
+    validate_request({**base, "min_tokens": 5}, SimConfig())
+    for bad, says in ((6, "less than or equal to max_tokens=5"), (-1, "greater than or equal to 0")):
+        with pytest.raises(ApiError, match=says):
+            validate_request({**base, "min_tokens": bad}, SimConfig())
