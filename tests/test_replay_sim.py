@@ -109,7 +109,8 @@ def test_a_trace_replays_at_its_pace_with_its_prefix_sharing(start_sim, client, 
     cached = {name: sum(a.cached_tokens or 0 for a in played) for name, played in by_stage.items()}
     predicted = _predicted_hits(rows, header)
     assert predicted > 0.3 * sum(r["input_length"] for r in rows)  # the trace shares a good part of its prompts
-    assert 0.85 * predicted <= cached["shared"] <= predicted, (cached, predicted)
+    # (above it by at most a sim block or two: where two rows' blocks part, their first words may agree by chance)
+    assert 0.85 * predicted <= cached["shared"] <= predicted + 2 * SIM_BLOCK, (cached, predicted)
     assert cached["unshared"] <= 0.02 * predicted, cached  # the same rows without shared ids hit nothing
     # the sim's own counters moved by exactly what the records say they were served
     hits = after["vllm:prefix_cache_hits_total"] - before.get("vllm:prefix_cache_hits_total", 0)
