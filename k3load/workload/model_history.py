@@ -37,6 +37,7 @@ played scripted (`drives`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Callable
@@ -132,11 +133,11 @@ def _function(call: Any) -> dict[str, Any]:
 
 @dataclass
 class Ask:
-    """The next request of a model-driven playing: its turn as judged, its round, the messages it adds."""
+    """The next request of a model-driven playing: its turn as judged, its round, the messages it adds to the
+    history (taken into it with its answer) and its bytes for a salt (`Body`)."""
 
     turn: Turn
     model_round: int
-    history: list[dict[str, Any]]  # everything after the fixed head, up to this request's own messages
     new: list[dict[str, Any]]
     body: Body = field(repr=False)
     taken: bool = False
@@ -167,6 +168,7 @@ class ModelHistory:
                 self.take(ask, None)
 
     def next_ask(self) -> Ask:
+        """The next request: the turn keeps its expectation while on script, in its first round."""
         assert not self.done, "the playing is over"
         turn = self.scenario.turns[self.turn_index]
         keeps = self.model_round == 0 and self.off_script_turn is None
@@ -176,7 +178,7 @@ class ModelHistory:
             head = [] if scenario.is_logged else fixed_messages(scenario, salt, self.long_context)
             return prepared_with_history(scenario, sent, self.model, head + history, salt, self.long_context)
 
-        return Ask(turn if keeps else relaxed(self.scenario, turn), self.model_round, history, self._new, body)
+        return Ask(turn if keeps else relaxed(self.scenario, turn), self.model_round, self._new, body)
 
     def recorder(self, ask: Ask, sink: Sink) -> Sink:
         """`sink` with each record marked (history, round, off-script turn), the request's final answer
@@ -204,15 +206,21 @@ class ModelHistory:
         if ask.model_round == 0 and self.off_script_turn is None and not on_script(self.scenario, turn, attempt):
             self.off_script_turn = turn.index
         self._answer(attempt)
-        following = self.turn_index + 1
+        self._after(turn, attempt)
+
+    def _after(self, turn: Turn, attempt: Attempt) -> None:
+        """What follows an answer: the next scripted turn that adds something (turns that only carried the
+        results of calls the model did not make are skipped); after calls, the next turn when it carries
+        their results, else an extra round while the caps allow."""
+        following = turn.index + 1
+        moot = [] if attempt.tool_calls else \
+            list(itertools.takewhile(lambda t: not added(self.scenario, t), self.scenario.turns[following:]))
         if not attempt.tool_calls:
-            while following < len(self.scenario.turns) and not added(self.scenario, self.scenario.turns[following]):
-                following += 1  # only tool results the model did not ask for: nothing to send
-            attempt.skipped_turns = following - self.turn_index - 1
-            self.skipped_turns += attempt.skipped_turns
-            if attempt.skipped_turns and self.off_script_turn is None:  # a request the script has is not sent
+            attempt.skipped_turns = len(moot)
+            self.skipped_turns += len(moot)
+            if moot and self.off_script_turn is None:  # a request the script has is not sent
                 self.off_script_turn = turn.index
-            self._to_turn(following)
+            self._to_turn(following + len(moot))
         elif following < len(self.scenario.turns) and not added(self.scenario, self.scenario.turns[following]):
             self._to_turn(following)  # the next turn carries the results of the model's calls
         elif self.model_round < MAX_MODEL_ROUNDS and self.extra_rounds < MAX_SESSION_ROUNDS:
