@@ -111,7 +111,7 @@ def _call_key(name: Any, arguments: Any) -> tuple[str, str]:
     value = strict_json.loads_or_none(arguments) if isinstance(arguments, str) else arguments
     if isinstance(arguments, str) and value is None and arguments.strip() != "null":
         return str(name), "\0" + arguments  # not JSON: compared as text
-    return str(name), json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return str(name), json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)  # YAML dates as text
 
 
 def on_script(scenario: Scenario, turn: Turn, attempt: Attempt) -> bool:
