@@ -168,10 +168,11 @@ FIELDS: dict[Event, frozenset[str]] = {
     # were decided).
     Event.SEARCH_END: _f("stage", "largest_held_users", "first_failed_users", "largest_held_sessions_per_s",
                          "first_failed_sessions_per_s", "ended", "steps"),
-    # k3load.loadgen.replay, master/local: a replay stage's rows in this process at the stage's end (share "I of N":
-    # rows index mod N == I; rows_due, rows_sent, rows_late (over 1 s), rows_not_played (not reached by the end),
-    # rows_cut (to fit max_model_len), worst_lag_s, users, in_flight_max; the blocks' sizing: tokenizer,
-    # tokens_per_word, blocks_verified, verified_tokens_min/max, tokenize_calls; fell_behind: who and why, or null).
+    # k3load.loadgen.replay (a worker's sent to its master as Message.REPLAY): a replay stage's rows in one
+    # process at the stage's end (share "I of N": rows index mod N == I; rows_due, rows_sent, rows_late (over
+    # 1 s), rows_not_played (not reached by the end), rows_cut (to fit max_model_len), worst_lag_s, users,
+    # in_flight_max; the blocks' sizing: tokenizer, tokens_per_word, blocks_verified, verified_tokens_min/max,
+    # tokenize_calls; fell_behind: who and why, or null).
     Event.REPLAY_END: _f("stage", "trace", "speed", "block_tokens", "max_rows", "share", "share_note", "rows_due",
                          "rows_sent", "rows_late", "rows_not_played", "rows_cut", "worst_lag_s", "users",
                          "in_flight_max", "tokenizer", "tokens_per_word", "blocks_verified", "verified_tokens_min",
@@ -265,6 +266,7 @@ class Message(StrEnum):
     DONE = "k3_done"
     CPU = "k3_cpu"
     REFUSED = "k3_refused"
+    REPLAY = "k3_replay"
 
 
 # The keys of each message's data (msgpack): None where the data is not a dict.
@@ -272,8 +274,9 @@ MESSAGE_FIELDS: dict[Message, frozenset[str] | None] = {
     # master -> workers (k3load.loadgen.session.ensure_started): the run's identity; a worker joins it.
     Message.RUN: _f("run_id", "run_dir", "model", "max_model_len"),
     # master -> workers (k3load.loadgen.session.enter_stage): the shape entered stage `name`; `stage` is the
-    # whole Stage (as a dict) for a manual stage, which is in no plan, else null.
-    Message.STAGE: _f("name", "stage"),
+    # whole Stage (as a dict) for a manual stage, which is in no plan, else null; workers: the master's count of
+    # connected workers then (a replay stage's rows are split by it: k3load.loadgen.replay.process_share).
+    Message.STAGE: _f("name", "stage", "workers"),
     # worker -> master (k3load.loadgen.worker.WorkerLink.join): in this run; spool: its spool file's name or null.
     Message.JOIN: _f("run_id", "spool", "host", "pid"),
     # worker -> master (WorkerLink.send): one record, as the JSON line written to records.jsonl.gz.
@@ -285,4 +288,7 @@ MESSAGE_FIELDS: dict[Message, frozenset[str] | None] = {
     # worker -> master (k3load.loadgen.listeners, at test_start): it does not hold the master's secrets for this
     # target (why: one line, no value); the master stops the run, exit 2.
     Message.REFUSED: _f("host", "pid", "why"),
+    # worker -> master (k3load.loadgen.replay.event_writer, at a replay stage's end): its rows, as `replay_end`
+    # carries them (FIELDS), and the run it belongs to; written by the master as that event.
+    Message.REPLAY: _f("run_id", *FIELDS[Event.REPLAY_END]),
 }

@@ -173,20 +173,36 @@ def test_injected_fault_rates_show_up_with_their_layers(start_sim, tmp_path):
 
 PROCESSES_PLAN = [{"name": name, "kind": "load", "duration_s": 5, "users": 6, "mix": {"agent": 1, "shared_prefix": 1}}
                   for name in ("load-a", "load-b")]
+TRACE_ROWS = 12  # a replay stage after them: its rows split over the processes, each sent once (issue 28)
+
+
+def _replay_stage(tmp_path: Path) -> dict:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 120 * i, "input_length": 40, "output_length": 4,
+                                         "hash_ids": [i % 3]}) + "\n" for i in range(TRACE_ROWS)))
+    return {"name": "replay-c", "kind": "replay", "trace": str(trace), "block_tokens": 64, "users": 4,
+            "duration_s": 4}
 
 
 @pytest.mark.slow
 def test_processes_lose_and_duplicate_no_record(start_sim, tmp_path):
     sim = start_sim("--time-scale", "0.05")
     out = tmp_path / "run"
-    run = run_locust(sim.base_url, out, _plan(tmp_path, PROCESSES_PLAN), *_processes(2))
+    run = run_locust(sim.base_url, out, _plan(tmp_path, [*PROCESSES_PLAN, _replay_stage(tmp_path)]), *_processes(2))
     assert run.returncode in VERDICT_CODES, run.stderr[-3000:]
     attempts = read_records(records_file(out))
     assert attempts
     _assert_each_served_request_recorded_once(attempts, sim)
     assert len({a.user_id.split("-")[-2] for a in attempts}) == 2  # both worker processes sent records
     stages = Counter(a.stage for a in attempts)  # each worker knows the stage the master's shape is in
-    assert set(stages) == {"load-a", "load-b"}, stages
+    assert set(stages) == {"load-a", "load-b", "replay-c"}, stages
+    rows = sorted(a.session_id for a in attempts if a.stage == "replay-c")  # every row once, over both workers
+    assert rows == sorted(f"k3load-trace-row-{i}" for i in range(TRACE_ROWS)), rows
+    assert len({a.user_id.split("-")[-2] for a in attempts if a.stage == "replay-c"}) == 2
+    ends = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()
+            if json.loads(line).get("event") == "replay_end"]  # each worker's, sent to the master
+    assert sorted(e["share"] for e in ends) == ["0 of 2", "1 of 2"], ends
+    assert sum(e["rows_sent"] for e in ends) == TRACE_ROWS and sum(e["rows_due"] for e in ends) == TRACE_ROWS
     assert verify(out) == []
 
 

@@ -36,7 +36,7 @@ from locust.rpc.protocol import Message as LocustMessage
 from locust.runners import MasterRunner
 
 from k3load.events import Event, Message
-from k3load.loadgen import cpu, spools
+from k3load.loadgen import cpu, replay, spools
 
 if TYPE_CHECKING:  # the session holds the ledger and calls in here: imported for the annotations only
     from k3load.loadgen.session import HarnessSession
@@ -140,6 +140,7 @@ def register(runner: MasterRunner, session: HarnessSession) -> None:
     runner.register_message(Message.RECORD, lambda msg, **_kw: on_record(session, msg.node_id, msg.data))
     runner.register_message(Message.DONE, _of_this_run(session, session.workers.done))
     runner.register_message(Message.CPU, _of_this_run(session, partial(cpu.write_reading, session)))
+    runner.register_message(Message.REPLAY, _of_this_run(session, partial(replay.write_from_worker, session)))
 
 
 def _of_this_run(session: HarnessSession, handle: Callable[[str, Any], None]) -> Callable[..., None]:

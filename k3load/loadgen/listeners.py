@@ -76,8 +76,13 @@ def _on_init(environment: Any, **_kwargs: Any) -> None:
         runner.register_message(Message.REFUSED, lambda msg, **_kw: _worker_refused(environment, msg.data))
     elif session.role == "worker":
         runner.register_message(Message.RUN, lambda msg, **_kw: session.join_run(msg.data))
-        runner.register_message(Message.STAGE, lambda msg, **_kw: session.set_stage_by_name(msg.data["name"],
-                                                                                            msg.data.get("stage")))
+        runner.register_message(Message.STAGE, lambda msg, **_kw: _stage_from_master(session, msg.data))
+
+
+def _stage_from_master(session: HarnessSession, data: dict[str, Any]) -> None:
+    """Worker: the master entered a stage; its worker count then is how a replay stage's rows are split."""
+    session.master_workers = data.get("workers")
+    session.set_stage_by_name(data["name"], data.get("stage"))
 
 
 def _check_inputs(opts: Any, session: HarnessSession) -> None:

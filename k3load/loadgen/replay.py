@@ -37,7 +37,7 @@ import gevent.lock
 import httpx
 
 from k3load.analysis.arrival_lag import LATE_S
-from k3load.events import Event
+from k3load.events import Event, Message
 from k3load.records import Attempt
 from k3load.workload.conversation import RunContext, record_of, send_and_judge
 from k3load.workload.plan import ReplaySpec, Stage
@@ -61,17 +61,24 @@ class Share:
     why: str = ""
 
 
-def process_share(runner: Any, options: Any) -> Share:
-    """Locust's worker index and --processes: this worker's rows; a local runner (or the master) plays all."""
+def process_share(runner: Any, options: Any, workers: int | None = None) -> Share:
+    """Locust's worker index and --processes (or the master's worker count, sent with the stage: remote workers
+    are not told it otherwise): this worker's rows; a local runner (or the master) plays all. A worker whose
+    index is past the count (it joined after the stage began) plays none, and says so: a row is never sent twice."""
     index = getattr(runner, "worker_index", None)
     if type(runner).__name__ != "WorkerRunner" or index is None or index < 0:
         return Share()
     processes = int(getattr(options, "processes", 0) or 0)
     if processes > index:
         return Share(index, processes)
+    if workers:
+        if index < workers:
+            return Share(index, workers, f"{workers} workers (the master's count at the stage's entry)")
+        return Share(index, 1, f"plays no row: worker index {index} is past the master's {workers} workers")
     if index == 0:
-        return Share(0, 1, "worker count unknown (no --processes): worker 0 plays every row")
-    return Share(index, 1, "worker count unknown (no --processes): only worker 0 plays the trace")
+        return Share(0, 1, "worker count unknown (no --processes, none from the master): worker 0 plays every row")
+    return Share(index, 1, "worker count unknown (no --processes, none from the master): only worker 0 plays "
+                           "the trace")
 
 
 def fitted(row: TraceRow, max_model_len: int | None) -> tuple[int, int, bool]:
@@ -257,10 +264,26 @@ def server_count(session: Any) -> Callable[[str], int]:
 
 
 def event_writer(session: Any) -> Callable[[dict[str, Any]], None]:
-    """Master/local: into events.jsonl as `replay_end`; a worker logs it (its records carry the late sends)."""
+    """Master/local: into events.jsonl as `replay_end`; a worker sends it to its master (Message.REPLAY), which
+    writes it there (`write_from_worker`), and logs it too."""
     def write(summary: dict[str, Any]) -> None:
         if session.events is not None:
             session.events.event(Event.REPLAY_END, **summary)
-        else:
-            log.info("k3load: replay_end %s", json.dumps(summary))
+            return
+        log.info("k3load: replay_end %s", json.dumps(summary))
+        runner = getattr(session.env, "runner", None)
+        if type(runner).__name__ == "WorkerRunner":
+            try:
+                runner.send_message(Message.REPLAY, {"run_id": session.run_id, **summary})
+            except Exception as exc:  # the master is gone: the log line above is what is left
+                log.warning("k3load: replay_end not sent to the master: %s", exc)
     return write
+
+
+def write_from_worker(session: Any, worker: str, data: dict[str, Any]) -> None:
+    """Master: a worker's `replay_end` into events.jsonl (the analysis sums a stage's, one per process)."""
+    if session.events is None:
+        return
+    fields = {k: v for k, v in data.items() if k != "run_id"}
+    with contextlib.suppress(ValueError):  # the run's logs closed first: nowhere to write it
+        session.events.event(Event.REPLAY_END, **fields)

@@ -86,6 +86,7 @@ class HarnessSession:
         self.stage: Stage | None = None
         self.stage_started = 0.0
         self._pending_stage: str | None = None  # worker: a stage announced before test_start loaded the plan
+        self.master_workers: int | None = None  # worker: the master's worker count at its last stage entry
         self.workers = delivery.Workers()  # master: each worker's records, as it counted them and as they arrived
         # worker: its records' path to the master; --k3-worker-spool read now, from its own command line
         self.link = WorkerLink(environment.runner, getattr(environment.parsed_options, "k3_worker_spool", "auto")) \
@@ -360,7 +361,8 @@ class HarnessSession:
         if self.role == "master":  # a manual stage or a search step is in no plan: it goes whole to the workers
             whole = dataclasses.asdict(dataclasses.replace(stage, search=None)) \
                 if self.manual.active or stage.step is not None else None
-            self.env.runner.send_message(Message.STAGE, {"name": stage.name, "stage": whole})
+            self.env.runner.send_message(Message.STAGE, {"name": stage.name, "stage": whole,
+                                                         "workers": self.workers_seen.now(self.env.runner)})
 
     def search_step(self, stage: Stage) -> Stage | None:
         """Master/local: the step to run now of the search stage `stage` (its search begun at the first call),

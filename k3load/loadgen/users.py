@@ -178,8 +178,9 @@ class K3User(User):
             replays = self.environment.k3_replays = Replays(session.run_id)
         entered = time.time() - (time.monotonic() - session.stage_started)
         try:
-            return replays.of(stage, entered, process_share(self.environment.runner, self.environment.parsed_options),
-                              server_count(session), session.max_model_len, event_writer(session))
+            share = process_share(self.environment.runner, self.environment.parsed_options, session.master_workers)
+            return replays.of(stage, entered, share, server_count(session), session.max_model_len,
+                              event_writer(session))
         except TraceError as exc:
             session.fail(str(exc))
             return None

@@ -242,8 +242,11 @@ def check_transition(result: StreamResult, turn: Turn) -> list[Finding]:
     """Reasoning present, content and calls empty: the answer never left the reasoning. With the
     tool-call markup inside the reasoning (or finish_reason tool_calls), the model wrote its call but
     omitted the think-to-answer transition and the reasoning parser kept everything (vllm#53246):
-    the parser's. Without that evidence the model thought and then said nothing: the model's."""
-    if not result.reasoning.strip() or result.content.strip() or result.tool_calls or turn.kind == "any":
+    the parser's. Without that evidence the model thought and then said nothing: the model's. A turn judged on
+    validity alone (`any`: a trace row, an unrecorded logged turn, a model-driven turn off its script) is spared
+    only when cut at max_tokens: a budget spent thinking is no missing transition."""
+    if not result.reasoning.strip() or result.content.strip() or result.tool_calls or \
+            (turn.kind == "any" and result.finish_reason == "length"):
         return []
     markup = [m for m in TOOL_MARKUP if m in result.reasoning]
     if markup or result.finish_reason == "tool_calls":
