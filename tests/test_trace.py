@@ -217,6 +217,12 @@ def test_a_worker_takes_its_share_and_one_that_cannot_know_it_plays_only_as_work
     runner.worker_index = 2
     assert process_share(runner, SimpleNamespace(processes=4)) == Share(2, 4)
     assert process_share(runner, SimpleNamespace(processes=None)).why.startswith("worker count unknown")
+    # remote workers: the master's count, sent with the stage, splits the rows; one past it plays none
+    assert process_share(runner, SimpleNamespace(processes=None), 3) == \
+        Share(2, 3, "3 workers (the master's count at the stage's entry)")
+    late = process_share(runner, SimpleNamespace(processes=None), 2)
+    assert (late.index, late.of) == (2, 1) and "past the master's 2 workers" in late.why
+    assert not any(i % late.of == late.index for i in range(10))  # Share's rule: index mod of == index
 
 
 def test_a_row_is_cut_to_the_context_and_asks_for_its_answer_length() -> None:

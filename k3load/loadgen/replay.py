@@ -12,12 +12,13 @@ SamplingParams honours min_tokens, so the answer is as long as production's); a 
 max_model_len is cut to fit (its leading blocks kept) and counted.
 
 With --processes N each worker plays the rows whose index mod N is its worker index (Locust's), with its own
-share of the users. A remote worker that does not know how many there are (no --processes) plays every row
-only as worker 0, the others none, so the trace is never offered twice.
+share of the users; remote workers split them by the master's worker count, sent with each stage
+(`process_share`). A worker that cannot know the count plays every row only as worker 0, the others none, so
+the trace is never offered twice.
 
-At the stage's end each process writes `replay_end` (events.jsonl; a worker logs it): rows due, sent, late, not
-played, cut, the worst lag, how many were in flight at most, the tokenizer that sized the blocks, and, when rows
-went out late, which generator fell behind and why (`fell_behind`).
+At the stage's end each process writes `replay_end` (events.jsonl; a worker sends it to its master): rows due,
+sent, late, not played, cut, the worst lag, how many were in flight at most, the tokenizer that sized the
+blocks, and, when rows went out late, which generator fell behind and why (`fell_behind`).
 """
 
 from __future__ import annotations
