@@ -79,6 +79,9 @@ class LeanAttempt:
     stream: bool = True
     stream_reads: int | None = None
     stream_bytes: int | None = None
+    # a conversation the model drove (history: model): no designed body after its first request (reuse_replay.py)
+    history: str | None = None
+    model_round: int | None = None
 
 
 AnyAttempt = Attempt | LeanAttempt
@@ -181,4 +184,5 @@ def lean_attempt(record: dict[str, Any], shared: Interner) -> LeanAttempt:
         names, findings, valid, get("will_retry", False), get("drill", False), intern(layer, layer),
         get("control_pair"), intern(role, role), get("stream_pair"), intern(stream_role, stream_role),
         get("tool_call_span_ms"), get("tool_call_max_gap_ms"), get("tool_call_deltas"), get("last_silence_ms"),
-        get("temperature"), get("seed"), get("stream", True), get("stream_reads"), get("stream_bytes"))
+        get("temperature"), get("seed"), get("stream", True), get("stream_reads"), get("stream_bytes"),
+        get("history"), get("model_round"))

@@ -151,7 +151,7 @@ def designed_tokens(attempts: list[AnyAttempt], design: dict[str, Any], geometry
             kind = kinds[attempt.scenario] if known else ""
             found = measured[turn] = (variant, kind, None if kind in ("request", "pair") else (kind,)) \
                 if known else None
-        if found is None:
+        if found is None or not designed_body(attempt):
             continue
         me, kind, key = found
         if key is None:
@@ -179,6 +179,14 @@ def designed_tokens(attempts: list[AnyAttempt], design: dict[str, Any], geometry
         if ready is not None and mine not in added:
             push(pending, (ready, order, me, key))
     return out
+
+
+def designed_body(attempt: AnyAttempt) -> bool:
+    """Whether the attempt sent its scenario's designed body (a model-driven conversation's bodies after its
+    first request carry the model's own answers: no variant of the design is theirs)."""
+    if getattr(attempt, "history", None) != "model":
+        return True
+    return attempt.turn == 0 and not getattr(attempt, "model_round", 0)
 
 
 def _in_send_order(attempts: list[AnyAttempt]) -> list[AnyAttempt]:

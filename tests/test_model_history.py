@@ -238,3 +238,18 @@ def test_the_records_fields_are_written_and_read_back(tmp_path: Path) -> None:
     assert Attempt.from_dict(json.loads(attempt.to_json())) == attempt
     (tmp_path / "records.jsonl").write_text(attempt.to_json() + "\n" + replace(attempt, attempt_id="b").to_json())
     assert [a.attempt_id for a in rundata.load_run(tmp_path).attempts] == ["a", "b"]  # the analysis reads them
+
+
+def test_only_a_model_driven_conversations_first_request_is_a_designed_body() -> None:
+    """analysis/reuse_replay.py measures designed reuse from the scenarios' own bodies: a model-driven body
+    after the first request carries the model's answers, so it is left out, not misjudged."""
+    from types import SimpleNamespace
+
+    from k3load.analysis.reuse_replay import designed_body
+
+    def attempt(history: str | None, turn: int, model_round: int | None = None) -> SimpleNamespace:
+        return SimpleNamespace(history=history, turn=turn, model_round=model_round)
+
+    assert designed_body(attempt(None, 3)) and designed_body(attempt("scripted", 2, None))
+    assert designed_body(attempt("model", 0, 0))
+    assert not designed_body(attempt("model", 0, 1)) and not designed_body(attempt("model", 1, 0))
