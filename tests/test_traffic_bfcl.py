@@ -27,9 +27,10 @@ from k3load.cli import main
 from k3load.client.chat import ChatClient
 from k3load.evidence import records_file
 from k3load.records import Attempt, read_records
+from k3load.traffic.redact import LogRedactor
 from k3load.workload.conversation import RunContext, run_scenario
 from k3load.workload.scenario import load_scenarios
-from k3load.workload.stored_requests import build_request
+from k3load.workload.stored_requests import build_request, compact
 
 ROOT = Path(__file__).resolve().parents[1]
 BFCL = ROOT.parent / "shared" / "data" / "bfcl"
@@ -84,13 +85,16 @@ def _conversation(n: int, entry: dict[str, Any], answer: dict[str, Any]) -> list
             {"request": second, "response": {"object": "chat.completion", "choices": [{"message": final}]}}]
 
 
+def _log_lines(conversations: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [c[0] for c in conversations] + [c[1] for c in conversations]  # interleaved: every first turn first
+
+
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
     folder = tmp_path_factory.mktemp("bfcl")
     conversations = [_conversation(n, e, a) for n, (e, a) in enumerate(_entries())]
-    lines = [c[0] for c in conversations] + [c[1] for c in conversations]  # interleaved: every first turn first
     log = folder / "agent-log.jsonl"
-    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    log.write_text("".join(json.dumps(line) + "\n" for line in _log_lines(conversations)))
     assert main(["import", str(log), "--name", "bfcl", "--out", str(folder / "scenarios")]) == 0
     return folder / "scenarios", conversations
 
@@ -110,18 +114,29 @@ def test_bfcl_log_imports_without_a_secret_on_disk(imported: tuple[Path, list[di
     assert not re.search(rb"\d{3}-\d{4}", written["import.json"])  # counts, never values
 
 
+def _redacted_as_imported(conversations: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+    """The logged bodies as the import redacts them: one redactor over the log's lines in file order (each
+    line's body, then its answer), so the same secret gets the same placeholder."""
+    redactor = LogRedactor()
+    bodies: dict[int, dict[str, Any]] = {}
+    for i, line in enumerate(_log_lines(conversations)):
+        bodies[i] = redactor.value(line["request"])
+        redactor.value(line["response"]["choices"][0]["message"])
+    n = len(conversations)
+    return [[bodies[c], bodies[n + c]] for c in range(n)]
+
+
 def test_bfcl_requests_are_sent_as_logged(imported: tuple[Path, list[dict[str, Any]]]) -> None:
+    """Each body played is the logged one byte for byte (compact JSON, key order included), the secrets
+    replaced and the served model's name in place of the logged one."""
     out, conversations = imported
     scenarios = load_scenarios(sorted(out.glob("*.yaml")))
-    for scenario, logged in zip(scenarios, conversations, strict=True):
-        for turn, line in zip(scenario.turns, logged, strict=True):
-            sent = json.loads(build_request(scenario, turn.index, "tiny").body)
-            original = line["request"]
-            assert list(sent) == list(original) and sent["model"] == "tiny"
-            assert sent["tools"] == original["tools"]  # BFCL's own schemas, "dict" types and all
-            assert len(sent["messages"]) == len(original["messages"])
-            assert [m["role"] for m in sent["messages"]] == [m["role"] for m in original["messages"]]
-            assert SECRETS["api_key"] not in json.dumps(sent) and SECRETS["email"] not in json.dumps(sent)
+    for scenario, logged, raw in zip(scenarios, _redacted_as_imported(conversations), conversations, strict=True):
+        for turn, original, line in zip(scenario.turns, logged, raw, strict=True):
+            assert build_request(scenario, turn.index, "tiny").body == compact({**original, "model": "tiny"})
+            assert original["tools"] == line["request"]["tools"]  # BFCL's own schemas, as logged
+            assert '"type": "dict"' in json.dumps(original["tools"])
+            assert SECRETS["api_key"] not in json.dumps(original) and SECRETS["email"] not in json.dumps(original)
         assert scenario.turns[0].kind == "tool_call" and scenario.turns[1].kind == "answer"
 
 
@@ -168,5 +183,6 @@ def test_imported_scenarios_play_through_locust(imported: tuple[Path, list[dict[
         assert attempt.request_sha256 == hashlib.sha256(expected).hexdigest()
     files = [gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
              for p in run.rglob("*") if p.is_file()]
-    for value in SECRETS.values():
-        assert not any(value.encode() in data for data in files)
+    for value in SECRETS.values():  # as written, as a JSON string holds it, and a PEM's inner line
+        for form in {value, json.dumps(value)[1:-1], *value.splitlines()[1:2]}:
+            assert not any(form.encode() in data for data in files), form[:20]

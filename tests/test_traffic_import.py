@@ -96,7 +96,7 @@ def test_interleaved_conversations_are_rebuilt_and_sent_exactly_as_logged(tmp_pa
     first = load_scenario(tmp_path / "out" / "trips_0001.yaml")
     assert [t.kind for t in first.turns] == ["tool_call", "answer", "tool_call", "answer"]
     assert first.turns[0].expect == {"kind": "tool_call", "tools": ["get_weather"]}
-    assert first.source["lines"] == ["agent.jsonl:1", "agent.jsonl:3", "agent.jsonl:5", "agent.jsonl:6"]
+    assert first.source["lines"] == [f"{log}:{n}" for n in (1, 3, 5, 6)]
     assert first.source["logged_model"] == "gpt-agent"
     assert first.executors["get_weather"]["table"][0] == {"match": {"city": "Paris"}, "result": "sunny in 0"}
     summary = json.loads((tmp_path / "out" / "import.json").read_text())
@@ -111,7 +111,7 @@ def test_answers_come_from_the_next_request_where_the_log_has_none(tmp_path: Pat
     assert scenario.turns[0].expect == {"kind": "tool_call", "tools": ["get_weather"]}  # echoed by turn 2
     assert scenario.turns[1].expect == {"kind": "any"}  # the last turn: nothing recorded
     assert scenario.source["turns_without_answer"] == [1]
-    assert "judged on validity alone" in scenario.description
+    assert "turn index 1 (from 0) without a recorded answer: judged on validity alone" in scenario.description
 
 
 def test_openai_batch_input_joined_with_its_output(tmp_path: Path) -> None:
@@ -137,17 +137,17 @@ def test_bad_lines_are_named_and_strict_writes_nothing(tmp_path: Path, capsys: p
         {"custom_id": "x", "method": "POST", "url": "/v1/embeddings", "body": {"input": "a"}},
         {"messages": [{"content": "no role"}]}, '{"messages": [' * 100 + "]" * 100, "x" * 3000])
     problems = read_exchanges([log], max_line_bytes=2048)[1]
-    assert [p.where for p in problems] == [f"mixed.jsonl:{n}" for n in (2, 3, 5, 6, 7, 8, 9)]
+    assert [p.where for p in problems] == [f"{log}:{n}" for n in (2, 3, 5, 6, 7, 8, 9)]
     reasons = [p.reason for p in problems]
     assert reasons[0].startswith("not JSON") and "no `messages`" in reasons[1]
     assert "embeddings" in reasons[3] and "no `role`" in reasons[4] and "nested" in reasons[5]
     assert reasons[6] == "over the body cap of 2,048 bytes"
     assert import_args(log, "--name", "m", "--out", tmp_path / "strict", "--strict", "--max-line-bytes", "2048") == 2
     assert not (tmp_path / "strict").exists()
-    assert "--strict: 7 line(s) refused, first mixed.jsonl:2: not JSON" in capsys.readouterr().err
+    assert f"--strict: 7 line(s) refused, first {log}:2: not JSON" in capsys.readouterr().err
     assert import_args(log, "--name", "m", "--out", tmp_path / "lax", "--max-line-bytes", "2048") == 0
     err = capsys.readouterr().err
-    assert "refused mixed.jsonl:9: over the body cap" in err
+    assert f"refused {log}:9: over the body cap" in err
     summary = json.loads((tmp_path / "lax" / "import.json").read_text())
     assert summary["refused_lines"] == 7 and summary["written"] == 1
 
@@ -174,6 +174,42 @@ def test_nothing_is_written_when_the_import_cannot_be_made(tmp_path: Path, capsy
     assert import_args(log, "--name", "n", "--out", out, *extra) == 2
     assert said in capsys.readouterr().err
     assert not out.exists() or [p.name for p in out.iterdir()] == (["old.yaml"] if setup == "nonempty" else [])
+
+
+def test_sessions_that_open_alike_keep_their_own_turns() -> None:
+    """Two sessions of one agent open with the same messages (a scheduled agent's prompt and question) but
+    are other sessions (`user`): each continuation goes to its own session, not to the latest alike."""
+    a = conversation("nightly report", ["Weather in Paris"])
+    b = json.loads(json.dumps(a))
+    for body, _ in a:
+        body["user"] = "sess-A"
+    for body, _ in b:
+        body["user"] = "sess-B"
+        body["messages"][-1]["content"] += " (B)" if body["messages"][-1]["role"] == "tool" else ""
+    order = [a[0][0], b[0][0], a[1][0], b[1][0]]
+    conversations, _ = rebuild([Exchange(f"l:{i}", body) for i, body in enumerate(order)])
+    assert [[e.where for e in c.turns] for c in conversations] == [["l:0", "l:2"], ["l:1", "l:3"]]
+
+
+def test_a_lone_surrogate_is_refused_by_its_line_not_sent(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "s.jsonl", ['{"messages": [{"role": "user", "content": "a\\ud800b"}]}',
+                                           '{"messages": [{"role": "user", "content": "ok \\ud83d\\ude00"}]}'])
+    exchanges, problems = read_exchanges([log])
+    assert [p.where for p in problems] == [f"{log}:1"] and "lone surrogate" in problems[0].reason
+    assert exchanges[0].body["messages"][0]["content"] == "ok \U0001f600"
+
+
+def test_a_refused_line_quotes_no_secret(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A reason quotes the line (a Batch url, a custom_id, a duplicated key): redacted like the bodies."""
+    key, mail = "sk-proj-abcdefghijklmnop1234567890", "alice@acme.io"
+    body = conversation("s", ["hi"], tools=False)[0][0]
+    log = write_log(tmp_path / "k.jsonl", [
+        {"custom_id": "x", "method": "POST", "url": f"/v1/chat/completions?key={key}", "body": body},
+        {"custom_id": mail, "response": {"status_code": 200, "body": {}}},
+        '{"messages": [], "owner ' + mail + '": 1, "owner ' + mail + '": 2}', body])
+    assert import_args(log, "--name", "k", "--out", tmp_path / "o") == 0
+    shown = capsys.readouterr().err + "".join(p.read_text() for p in (tmp_path / "o").iterdir())
+    assert "refused" in shown and key not in shown and mail not in shown
 
 
 def test_identical_requests_are_counted_once_and_forks_keep_their_history(tmp_path: Path) -> None:
@@ -276,7 +312,7 @@ def test_any_bytes_in_a_log_are_read_or_named_never_raised(tmp_path_factory: pyt
     log = folder / "log.jsonl"
     log.write_bytes(b"\n".join(line.replace(b"\n", b" ") for line in lines) + b"\n")
     exchanges, problems = read_exchanges([log], max_line_bytes=150)
-    assert all(re.fullmatch(r"log\.jsonl:\d+", p.where) and p.reason for p in problems)
+    assert all(re.fullmatch(re.escape(str(log)) + r":\d+", p.where) and p.reason for p in problems)
     non_blank = sum(1 for line in lines if line.replace(b"\n", b" ").strip())
     assert len(exchanges) + len(problems) >= non_blank - sum(1 for line in lines if b'"custom_id"' in line)
     conversations, _ = rebuild(exchanges)

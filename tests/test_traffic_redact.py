@@ -314,3 +314,25 @@ def test_a_json_encoded_document_still_parses_with_the_same_structure(planted: t
     parsed = json.loads(out)
     assert _shape(parsed) == _shape(doc)
     assert not [n for n in needles if n in json.dumps(parsed, ensure_ascii=False)]
+
+
+def test_a_member_named_for_a_secret_is_one_whatever_its_value_looks_like() -> None:
+    """`{"client_secret": "a8f3kd92jfl3"}` as an object member, not text: replaced as the same text inside a
+    string would be, the same placeholder in both places; words and numbers under such names are not."""
+    redactor = LogRedactor()
+    out = redactor.value({"metadata": {"client_secret": "a8f3kd92jfl3", "password": "hunter2hunter",
+                                       "Authorization": "Bearer abcdef123456789", "token": "Hello",
+                                       "max_tokens": 100},
+                          "messages": [{"content": '{"password": "hunter2hunter"}'}]})
+    text = json.dumps(out)
+    for value in ("a8f3kd92jfl3", "hunter2hunter", "abcdef123456789"):
+        assert value not in text
+    assert out["metadata"]["token"] == "Hello" and out["metadata"]["max_tokens"] == 100
+    assert out["metadata"]["Authorization"].startswith("Bearer REDACTED-bearer_token-")
+    assert out["metadata"]["password"] in out["messages"][0]["content"]  # one value, one placeholder
+    assert redactor.counts()["api_key"] == 3 and redactor.counts()["bearer_token"] == 1  # each counted once
+
+
+def test_an_address_whose_local_part_is_not_ascii_is_replaced() -> None:
+    out = LogRedactor().text("José@example.com, Zoë@example.org")
+    assert "José" not in out and "Zoë" not in out and out.count("@x.invalid") == 2

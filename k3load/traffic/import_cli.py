@@ -104,19 +104,22 @@ def import_logs(args: argparse.Namespace) -> dict[str, Any]:
         exchanges, problems = read_exchanges(args.logs, args.max_line_bytes)
     except (scenario_files.OutDirError, RedactPatternError, LogFileError) as exc:
         raise ImportFailed(str(exc)) from None
+    said = redactor.text if redactor is not None else str  # what a line's reason or a path quotes: redacted too
+    problems = [Problem(said(p.where), said(p.reason)) for p in problems]
     if problems and args.strict:
         raise ImportFailed(f"--strict: {len(problems)} line(s) refused, first {problems[0]}")
     if not exchanges:
         first = f" (first refused: {problems[0]})" if problems else ""
-        raise ImportFailed(f"no chat request in {', '.join(map(str, args.logs))}{first}")
+        raise ImportFailed(f"no chat request in {said(', '.join(map(str, args.logs)))}{first}")
     if redactor is not None:
         exchanges = [_redacted(e, redactor) for e in exchanges]
     conversations, duplicates = rebuild(exchanges)
     chosen = conversations if args.sample is None else sample.representative(conversations, args.sample)
-    log_names = ", ".join(p.name for p in args.logs)
+    log_names = said(", ".join(str(p) for p in args.logs))
     files = {f"{stem}_{i:04d}.yaml": scenario_files.to_yaml(
         scenario_files.scenario_of(c, f"{stem}_{i:04d}", args.family, log_names)) for i, c in enumerate(chosen, 1)}
     summary = _summary(args, exchanges, problems, conversations, chosen, duplicates, redactor)
+    summary["logs"] = [said(str(p)) for p in args.logs]
     files[SUMMARY_FILE] = json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
     try:
         scenario_files.write_all(args.out, files)
@@ -127,7 +130,7 @@ def import_logs(args: argparse.Namespace) -> dict[str, Any]:
 
 def _redacted(exchange: Exchange, redactor: LogRedactor) -> Exchange:
     answer = redactor.value(exchange.answer) if exchange.answer is not None else None
-    return Exchange(exchange.where, redactor.value(exchange.body), answer)
+    return Exchange(redactor.text(exchange.where), redactor.value(exchange.body), answer)
 
 
 def _summary(args: argparse.Namespace, exchanges: list[Exchange], problems: list[Problem],

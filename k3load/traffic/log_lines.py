@@ -14,6 +14,7 @@ Blank lines are skipped silently (a trailing newline is not a bad line).
 from __future__ import annotations
 
 import gzip
+import json
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -68,7 +69,7 @@ def read_log(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[LogLi
     handle = _open(path)
     try:
         for number, raw in enumerate(_lines(handle, max_line_bytes), start=1):
-            where = f"{path.name}:{number}"
+            where = f"{path}:{number}"  # as given: two logs of one name in two folders stay apart
             if raw is None:
                 yield LogLine(where, problem=f"over the body cap of {max_line_bytes:,} bytes")
                 continue
@@ -89,4 +90,18 @@ def _parsed(where: str, raw: bytes) -> LogLine:
     parsed = strict_json.parse(text)
     if isinstance(parsed, strict_json.Refused):
         return LogLine(where, problem=f"not JSON: {parsed.reason}")
+    if "\\u" in text and _lone_surrogate(parsed.value):
+        return LogLine(where, problem="a string holds a lone surrogate escape (\\uD800-\\uDFFF unpaired): no "
+                                      "UTF-8 body can carry it")
     return LogLine(where, data=parsed.value)
+
+
+def _lone_surrogate(value: object) -> bool:
+    """Whether a string in the value holds a surrogate that was not half of a pair (JSON escapes one as
+    `\\ud800`): such a str cannot be encoded, so the request could never be sent (found in review: the run
+    would die at its first body)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

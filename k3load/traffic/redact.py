@@ -120,11 +120,14 @@ _ASSIGN = re.compile(
     r"|authorization|credentials?)(\\*[\"'])?[ \t]*[:=][ \t]*"
     r"(?:\\*[\"']" + _SCHEME + r"([^\"'\\\r\n]{1,512})|" + _SCHEME + r"([^\s\"'\\,;&<>(){}\[\]]{1,512}))")
 _ASSIGN_ANY_CASE = re.compile(_ASSIGN.pattern, re.IGNORECASE)
+# a JSON key naming a secret (`"client_secret": "..."` as an object member, not text): its string value is one
+_SECRET_NAME = re.compile(r"(?:api[_-]?key|apikey|access[_-]?key|secret[_-]?key|private[_-]?key|secret|token|"
+                          r"password|passwd|passphrase|authorization|credentials?)$", re.IGNORECASE)
 _ASSIGN_GATE = ("key", "token", "secret", "passw", "passphrase", "authorization", "credential")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")  # a JSON number: never replaced by a bare placeholder
 _NOT_VALUES = frozenset({"null", "none", "nil", "true", "false", "undefined", "redacted", "********"})
 _EMAIL_DOMAIN = re.compile(r"@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,24}(?![A-Za-z0-9-])")
-_EMAIL_LOCAL = re.compile(r"[A-Za-z0-9._%+-]{1,64}\Z")
+_EMAIL_LOCAL = re.compile(r"[\w.%+-]{1,64}\Z")  # a local part may hold any letter (José@...)
 # The first character, then the boundary before it (a fixed-width look-behind: so re scans for `+`, `(` and
 # digits alone, and a digit inside a run fails at once), then the forms, told apart by that first character.
 _PHONE = re.compile(r"""[+(\d](?:(?<![A-Za-z0-9_.+\\-].)|(?<=\\[nrtbf].)|(?<=\\u[0-9A-Fa-f]{4}.))
@@ -308,15 +311,32 @@ class LogRedactor:
         parts.append(value[pos:])
         return "".join(parts)
 
-    def value(self, obj: Any) -> Any:
-        """A new JSON value: strings redacted, dict keys too, in their order; numbers, bools and None as they are."""
+    def value(self, obj: Any, key: str | None = None) -> Any:
+        """A new JSON value: strings redacted, dict keys too, in their order; numbers, bools and None as they are.
+        A string that is the value of a member whose name says it holds a secret (`"client_secret": "a8f3..."`,
+        `"password": "..."`, `"Authorization": "Bearer ..."`) is one, as the same text in a string would be."""
         if isinstance(obj, str):
-            return self.text(obj)
+            redacted = self.text(obj)
+            if redacted == obj and key is not None and _SECRET_NAME.search(key) and not _MARKER.fullmatch(obj):
+                return self._named(key, obj)
+            return redacted
         if isinstance(obj, dict):
-            return {self.text(k) if isinstance(k, str) else k: self.value(v) for k, v in obj.items()}
+            return {self.text(k) if isinstance(k, str) else k: self.value(v, k if isinstance(k, str) else None)
+                    for k, v in obj.items()}
         if isinstance(obj, list | tuple):
             return [self.value(v) for v in obj]
         return obj
+
+    def _named(self, key: str, value: str) -> str:
+        """The value of a secret-named member: the credential after an authentication scheme, else the whole."""
+        scheme, _, credential = value.partition(" ")
+        if credential and scheme.lower() in ("bearer", "basic", "token", "digest") and \
+                _credential(credential, False):
+            return f"{scheme} {self._replace(SecretKind.BEARER, credential)}"
+        if _credential(value, key.lower().startswith("pass")):
+            kind = SecretKind.BEARER if key.lower() == "authorization" else SecretKind.API_KEY
+            return self._replace(kind, value)
+        return value
 
     def counts(self) -> dict[str, int]:
         """Occurrences replaced so far, per kind (every kind, 0 included): the summary, never a value."""

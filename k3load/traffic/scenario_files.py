@@ -66,8 +66,8 @@ def scenario_of(conversation: Conversation, name: str, family: str, log_names: s
     source: dict[str, Any] = {"log": log_names, "lines": [e.where for e in conversation.turns],
                               "logged_model": next(iter(models)) if len(models) == 1 else None,
                               "turns_without_answer": unanswered, "duplicates": conversation.duplicates}
-    said = f"; turns {', '.join(map(str, unanswered))} have no recorded answer: judged on validity alone" \
-        if unanswered else ""
+    said = f"; turn index {', '.join(map(str, unanswered))} (from 0) without a recorded answer: judged on validity " \
+        "alone" if unanswered else ""
     data: dict[str, Any] = {
         "name": name, "family": family, "mode": logged.LOGGED,
         "description": f"Imported by `k3load import` from {log_names} ({len(turns)} turns, first at "
