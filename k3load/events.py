@@ -170,13 +170,14 @@ FIELDS: dict[Event, frozenset[str]] = {
                          "first_failed_sessions_per_s", "ended", "steps"),
     # k3load.loadgen.replay (a worker's sent to its master as Message.REPLAY): a replay stage's rows in one
     # process at the stage's end (share "I of N": rows index mod N == I; rows_due, rows_sent, rows_late (over
-    # 1 s), rows_not_played (not reached by the end), rows_cut (to fit max_model_len), worst_lag_s, users,
-    # in_flight_max; the blocks' sizing: tokenizer, tokens_per_word, blocks_verified, verified_tokens_min/max,
-    # tokenize_calls; fell_behind: who and why, or null).
+    # 1 s), rows_not_played (not reached by the end), rows_in_flight_at_end (sent, still answering), rows_cut
+    # (to fit max_model_len), worst_lag_s, users, in_flight_max; the blocks' sizing: tokenizer, tokens_per_word,
+    # blocks_verified, verified_tokens_min/max, tokenize_calls; fell_behind: who and why, or null; min_tokens:
+    # false once the server refused it, the later rows then asking max_tokens only).
     Event.REPLAY_END: _f("stage", "trace", "speed", "block_tokens", "max_rows", "share", "share_note", "rows_due",
-                         "rows_sent", "rows_late", "rows_not_played", "rows_cut", "worst_lag_s", "users",
-                         "in_flight_max", "tokenizer", "tokens_per_word", "blocks_verified", "verified_tokens_min",
-                         "verified_tokens_max", "tokenize_calls", "fell_behind"),
+                         "rows_sent", "rows_late", "rows_not_played", "rows_in_flight_at_end", "rows_cut",
+                         "worst_lag_s", "users", "in_flight_max", "tokenizer", "tokens_per_word", "blocks_verified",
+                         "verified_tokens_min", "verified_tokens_max", "tokenize_calls", "fell_behind", "min_tokens"),
     # k3load.sampler.loop: what samples what (URLs without credentials, api_key "set"|null, the log
     # command's program only, headers: their names only).
     Event.SAMPLER_START: _f("metrics_url", "metrics_urls", "health_url", "prometheus_url", "prometheus_selector",

@@ -18,7 +18,15 @@ from hypothesis import strategies as st
 from k3load.loadgen.replay import Share, body, fell_behind, fitted, process_share, start
 from k3load.sim.tokenizer import tokenize
 from k3load.workload.plan import PlanError, load_plan, parse_plan
-from k3load.workload.trace import MAX_LINE_BYTES, TraceError, TraceRow, parse_lines, read_trace, shared_prefix_blocks
+from k3load.workload.trace import (
+    MAX_LINE_BYTES,
+    TraceError,
+    TraceRow,
+    parse_lines,
+    read_trace,
+    read_trace_once,
+    shared_prefix_blocks,
+)
 from k3load.workload.trace_prompts import CALIBRATE_BLOCKS, VERIFY_BLOCKS, BlockTexts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -231,6 +239,28 @@ def test_a_row_is_cut_to_the_context_and_asks_for_its_answer_length() -> None:
     assert fitted(row, 2048) == (2048 - 64 - 100, 100, True)
     sent = json.loads(body("m", "hello", 52))
     assert (sent["max_tokens"], sent["min_tokens"], sent["stream"]) == (52, 52, True)
+    assert "min_tokens" not in json.loads(body("m", "hello", 52, min_tokens=False))
+
+
+def test_a_server_that_refuses_min_tokens_is_sent_max_tokens_only_after_its_400(sim: Any) -> None:
+    """A 400 naming min_tokens (here the sim's own, for a floor over max_tokens, as vLLM's SamplingParams says
+    it) turns the parameter off for the later rows; other 400s do not."""
+    import httpx
+
+    from k3load.loadgen.replay import refuses_min_tokens
+    from k3load.workload.conversation import Judged
+
+    reply = httpx.post(f"{sim.base_url}/v1/chat/completions", timeout=30,
+                       json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                             "min_tokens": 9})
+    assert reply.status_code == 400
+
+    def judged(status: int, text: str) -> Judged:
+        return Judged(SimpleNamespace(http_status=status, error_body=text, error=None), [], None)  # type: ignore[arg-type]
+
+    assert refuses_min_tokens(judged(400, reply.text))
+    assert not refuses_min_tokens(judged(400, '{"error": {"message": "maximum context length is 2048"}}'))
+    assert not refuses_min_tokens(judged(200, reply.text))
 
 
 def test_who_fell_behind_is_named() -> None:
@@ -288,3 +318,21 @@ def test_the_sim_honours_min_tokens_as_vllm_does() -> None:
     for bad, says in ((6, "less than or equal to max_tokens=5"), (-1, "greater than or equal to 0")):
         with pytest.raises(ApiError, match=says):
             validate_request({**base, "min_tokens": bad}, SimConfig())
+
+
+def test_a_corrupt_gzip_trace_is_one_error_naming_it(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(gzip.compress(b'{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n' * 200)
+                    [:60] + b"\x00" * 40)
+    with pytest.raises(TraceError, match=r"bad\.jsonl\.gz: cannot read the trace"):
+        read_trace(bad)
+
+
+def test_a_trace_is_parsed_once_while_its_file_is_unchanged(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n')
+    first = read_trace_once(path, 512)
+    assert read_trace_once(path, 512) is first  # the replay stage's start takes the plan check's rows
+    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 3, "hash_ids": [1]}\n' * 2)
+    again = read_trace_once(path, 512)
+    assert again is not first and len(again) == 2

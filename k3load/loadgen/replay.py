@@ -44,7 +44,7 @@ from k3load.workload.conversation import RunContext, record_of, send_and_judge
 from k3load.workload.plan import ReplaySpec, Stage
 from k3load.workload.scenario import Scenario, Turn
 from k3load.workload.stored_requests import PreparedRequest
-from k3load.workload.trace import TraceRow, read_trace
+from k3load.workload.trace import TraceRow, read_trace_once
 from k3load.workload.trace_prompts import BlockTexts
 
 log = logging.getLogger("k3load")
@@ -91,13 +91,21 @@ def fitted(row: TraceRow, max_model_len: int | None) -> tuple[int, int, bool]:
     return max(1, min(inp, max_model_len - TEMPLATE_MARGIN - out)), out, True
 
 
-def body(model: str, prompt: str, output_tokens: int) -> bytes:
+def body(model: str, prompt: str, output_tokens: int, min_tokens: bool = True) -> bytes:
     """The chat completion a row sends: its prompt as one user message, its answer exactly output_tokens long
-    where the server honours min_tokens (vLLM does), streamed with usage."""
+    where the server honours min_tokens (vLLM does; `min_tokens` False once the server refused it), streamed
+    with usage."""
+    floor = {"min_tokens": output_tokens} if min_tokens else {}
     return json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
-                       "max_tokens": output_tokens, "min_tokens": output_tokens, "stream": True,
+                       "max_tokens": output_tokens, **floor, "stream": True,
                        "stream_options": {"include_usage": True}},
                       separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def refuses_min_tokens(judged: Any) -> bool:
+    """A 400 that names min_tokens: a server (or a gateway before it) that does not take vLLM's parameter."""
+    result = judged.result
+    return result.http_status == 400 and "min_tokens" in (result.error_body or result.error or "")
 
 
 @dataclass
@@ -127,6 +135,7 @@ class ReplayState:
     late_all_busy: int = 0
     worst_lag_s: float = 0.0
     cut: int = 0
+    min_tokens: bool = True  # sent while the server takes it; a 400 naming it turns it off for the later rows
     written: bool = False
     scenario: Scenario = field(init=False)
 
@@ -154,7 +163,7 @@ class ReplayState:
         inp, out, cut = fitted(ticket.row, self.max_model_len)
         self.cut += cut
         prompt = self.texts.prompt(ticket.row.hash_ids, inp)
-        raw = body(model, prompt, out)
+        raw = body(model, prompt, out, self.min_tokens)
         turn = Turn(index=ticket.index, expect={"kind": "any"},
                     settings={"max_tokens": out, "stream": True, "timeout_s": TIMEOUT_S,
                               "retry": {"max_attempts": 1}})
@@ -162,18 +171,24 @@ class ReplayState:
         prepared = PreparedRequest(self.scenario.name, ticket.index, raw, hashlib.sha256(raw).hexdigest(),
                                    hashlib.sha256(head.encode()).hexdigest())
         session_id = f"k3load-trace-row-{ticket.index}"
+        # counted as it goes out, not when its answer ends: a row still streaming at the stage's end was sent
+        # (its record comes when it ends), never "not played" (found in review)
+        lag = time.time() - ticket.due_ts
+        self.sent += 1
+        self.worst_lag_s = max(self.worst_lag_s, lag)
+        self.late += lag > LATE_S
         self.in_flight += 1
         self.in_flight_max = max(self.in_flight_max, self.in_flight)
         try:
             judged = send_and_judge(client, ctx, self.scenario, turn, raw, TIMEOUT_S, session_id)
         finally:
             self.in_flight -= 1
+        if self.min_tokens and refuses_min_tokens(judged):
+            self.min_tokens = False
+            log.warning("k3load: replay %s: the server refused min_tokens (HTTP 400): later rows ask max_tokens "
+                        "only, their answers may end sooner than the trace's output_length", self.stage.name)
         attempt = record_of(ctx, self.scenario, turn, prepared, judged, judged.attempt_id, 1, False)
         attempt.session_id, attempt.intended_send_ts = session_id, ticket.due_ts
-        self.sent += 1
-        lag = attempt.send_ts - ticket.due_ts
-        self.worst_lag_s = max(self.worst_lag_s, lag)
-        self.late += lag > LATE_S
         sink(attempt)
 
     def summary(self) -> dict[str, Any]:
@@ -183,7 +198,8 @@ class ReplayState:
                "block_tokens": self.spec.block_tokens, "max_rows": self.spec.max_rows,
                "share": f"{self.share.index} of {self.share.of}", "share_note": self.share.why or None,
                "rows_due": due, "rows_sent": self.sent, "rows_late": self.late,
-               "rows_not_played": due - self.sent, "rows_cut": self.cut, "worst_lag_s": round(self.worst_lag_s, 3),
+               "rows_not_played": due - self.sent, "rows_in_flight_at_end": self.in_flight, "rows_cut": self.cut,
+               "worst_lag_s": round(self.worst_lag_s, 3), "min_tokens": self.min_tokens,
                "users": self.stage.users, "in_flight_max": self.in_flight_max, **self.texts.fit.as_dict()}
         out["fell_behind"] = fell_behind(out, self.late_all_busy)
         return out
@@ -225,7 +241,7 @@ def start(stage: Stage, entered_ts: float, share: Share, count: Callable[[str], 
     """The stage's schedule for this process's share of the rows, and its blocks sized (bounded /tokenize calls)."""
     spec = ReplaySpec.of(stage.replay)
     assert spec is not None
-    rows = read_trace(Path(spec.trace), spec.block_tokens, spec.max_rows)
+    rows = read_trace_once(Path(spec.trace), spec.block_tokens, spec.max_rows)  # parsed when the plan loaded
     first, end_ts = rows[0].timestamp_ms, entered_ts + stage.duration_s
     mine = [Ticket(i, row, entered_ts + (row.timestamp_ms - first) / 1000.0 / spec.speed)
             for i, row in enumerate(rows) if i % share.of == share.index]

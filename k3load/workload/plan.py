@@ -24,7 +24,7 @@ from typing import Any
 
 import jsonschema
 
-from k3load.workload.trace import TraceError, read_trace
+from k3load.workload.trace import TraceError, read_trace_once
 from k3load.yamlfile import YamlFileError, read_yaml_file
 
 FAMILIES = ("agent", "shared_prefix", "cold", "long_input")
@@ -280,6 +280,6 @@ def check_traces(plan: Plan, where: str) -> None:
     for stage in plan.stages:
         if stage.replay is not None:
             try:
-                read_trace(Path(stage.replay.trace), stage.replay.block_tokens, stage.replay.max_rows)
+                read_trace_once(Path(stage.replay.trace), stage.replay.block_tokens, stage.replay.max_rows)
             except TraceError as exc:
                 raise PlanError(f"{where}: stage {stage.name}: trace: {exc}") from None

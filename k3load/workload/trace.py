@@ -24,6 +24,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,10 +124,32 @@ def read_trace(path: Path, block_tokens: int = 512, max_rows: int | None = None)
     try:
         with (gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")) as handle:
             rows = list(parse_lines(_bounded_lines(handle), str(path), block_tokens, max_rows))
-    except (OSError, EOFError) as exc:  # gzip's BadGzipFile is an OSError
-        raise TraceError(f"{path}: cannot read the trace ({exc.strerror or exc})") from None
+    except (OSError, EOFError, zlib.error) as exc:  # gzip's BadGzipFile is an OSError; a corrupt stream, zlib's
+        raise TraceError(f"{path}: cannot read the trace ({getattr(exc, 'strerror', None) or exc})") from None
     if not rows:
         raise TraceError(f"{path}: no rows")
+    return rows
+
+
+_READ: dict[tuple[Any, ...], list[TraceRow]] = {}
+_READ_KEPT = 4  # traces kept parsed per process (a plan names a few)
+
+
+def read_trace_once(path: Path, block_tokens: int = 512, max_rows: int | None = None) -> list[TraceRow]:
+    """`read_trace`, parsed once per process while the file is unchanged: the plan's check reads it before the
+    run, and a replay stage's start (on the gevent hub, where 200,000 rows would stall every user for
+    seconds) takes the rows parsed then (found in review)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return read_trace(path, block_tokens, max_rows)  # says why, as a TraceError
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, block_tokens, max_rows)
+    rows = _READ.get(key)
+    if rows is None:
+        rows = read_trace(path, block_tokens, max_rows)
+        while len(_READ) >= _READ_KEPT:
+            _READ.pop(next(iter(_READ)))
+        _READ[key] = rows
     return rows
 
 
