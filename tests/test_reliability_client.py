@@ -29,7 +29,8 @@ from k3load.client.transport import TRANSPORTS
 from k3load.evidence import RECORDS, lines, records_file
 from k3load.records import Attempt, json_line, read_records
 from k3load.rundir import JsonlLog
-from k3load.workload.conversation import RETRY_AFTER_MAX_S, RunContext, retry_wait_s, run_turn
+from k3load.workload.conversation import RunContext, run_turn
+from k3load.workload.retry_policy import RETRY_AFTER_MAX_S, retry_wait_s
 from k3load.workload.scenario import parse_scenario
 from tests.test_client_chat import HELLO, RawServer, body, chunk, chunked_head, http, sse
 

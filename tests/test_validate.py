@@ -12,7 +12,7 @@ from k3load.client.result import StreamResult, ToolCall
 from k3load.evidence import records_file
 from k3load.records import Attempt, read_records, timing_fields
 from k3load.rundir import JsonlLog
-from k3load.workload.conversation import retry_reason
+from k3load.workload.retry_policy import retry_reason
 from k3load.workload.scenario import parse_scenario
 from k3load.workload.validate import context_length, primary_layer, validate
 
