@@ -14,7 +14,9 @@ runs' attempts are not paired one to one (different counts, retries, concurrency
 scenario turn sends the same conversation, so the reference's majority behaviour on that turn is the
 label and each answer of the judged run on it is a prediction. A turn the reference split evenly has
 no label and is left out (counted as not comparable), as are turns the reference never answered.
-Only answered attempts count (status ok, no drill): a timeout says nothing about the model's choice.
+Only answered attempts count (status ok, no drill): a timeout says nothing about the model's choice. A
+model-driven conversation's requests after its first (`history: model`) carry the model's own answers, so
+they send no scenario turn's conversation and are left out on both sides (lean.designed_body).
 
 Why these intervals: precision, recall and the other rates are proportions (Wilson). F1 is not, but
 it is a monotone function of the Jaccard index J = TP / (TP + FP + FN), F1 = 2J / (1 + J), and given
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from k3load.analysis.clusters import rate_by_request
-from k3load.analysis.lean import AnyAttempt, call_name, first_finding
+from k3load.analysis.lean import AnyAttempt, call_name, designed_body, first_finding
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.rundata import read_attempts
 from k3load.analysis.stats import Rate, wilson
@@ -52,7 +54,7 @@ class ReferenceRunError(ValueError):
 
 
 def answered(attempt: AnyAttempt) -> bool:
-    return attempt.status == "ok" and not attempt.drill
+    return attempt.status == "ok" and not attempt.drill and designed_body(attempt)
 
 
 def triggered(attempt: AnyAttempt) -> bool:

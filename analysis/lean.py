@@ -89,6 +89,14 @@ SHARED = ("stage", "scenario", "family", "user_id", "request_sha256", "prefix_sh
           "primary_layer", "control_role", "stream_role")
 
 
+def designed_body(attempt: AnyAttempt) -> bool:
+    """Whether the attempt sent its scenario's designed body (a model-driven conversation's bodies after its
+    first request carry the model's own answers: no variant of the design is theirs)."""
+    if getattr(attempt, "history", None) != "model":
+        return True
+    return attempt.turn == 0 and not getattr(attempt, "model_round", 0)
+
+
 def by_findings(attempts: Iterable[AnyAttempt]) -> list[tuple[Sequence[Finding], list[AnyAttempt]]]:
     """The attempts grouped by their findings object, each group in attempt order, the groups in order of
     first appearance. Why: a lean attempt's findings are one tuple shared by every record that said the

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
-from k3load.analysis.lean import AnyAttempt
+from k3load.analysis.lean import AnyAttempt, designed_body
 from k3load.analysis.rundata import send_order
 
 DEFAULT_BLOCK = 16  # vLLM's default block size, used only when vllm:cache_config_info was not scraped
@@ -179,14 +179,6 @@ def designed_tokens(attempts: list[AnyAttempt], design: dict[str, Any], geometry
         if ready is not None and mine not in added:
             push(pending, (ready, order, me, key))
     return out
-
-
-def designed_body(attempt: AnyAttempt) -> bool:
-    """Whether the attempt sent its scenario's designed body (a model-driven conversation's bodies after its
-    first request carry the model's own answers: no variant of the design is theirs)."""
-    if getattr(attempt, "history", None) != "model":
-        return True
-    return attempt.turn == 0 and not getattr(attempt, "model_round", 0)
 
 
 def _in_send_order(attempts: list[AnyAttempt]) -> list[AnyAttempt]:

@@ -245,7 +245,7 @@ def test_only_a_model_driven_conversations_first_request_is_a_designed_body() ->
     after the first request carries the model's answers, so it is left out, not misjudged."""
     from types import SimpleNamespace
 
-    from k3load.analysis.reuse_replay import designed_body
+    from k3load.analysis.lean import designed_body
 
     def attempt(history: str | None, turn: int, model_round: int | None = None) -> SimpleNamespace:
         return SimpleNamespace(history=history, turn=turn, model_round=model_round)
