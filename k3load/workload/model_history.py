@@ -48,7 +48,7 @@ from k3load.client.result import STATUS_OK
 from k3load.records import Attempt
 from k3load.workload import harness_error, logged, strict_json
 from k3load.workload.scenario import Scenario, Turn, execute_tool
-from k3load.workload.stored_requests import PreparedRequest, _replay_turn, fixed_messages, prepared_with_history
+from k3load.workload.stored_requests import PreparedRequest, fixed_messages, prepared_with_history, replay_turn
 from k3load.workload.think_time import DEFAULT_USER_THINK, Duration, tool_time
 
 MAX_MODEL_ROUNDS = 3  # extra rounds of one scripted turn (results fed back until the model answers)
@@ -284,7 +284,7 @@ class ModelHistory:
             return
         messages = [*self.scenario.context, *self.tail]
         count = len(messages)
-        _replay_turn(self.scenario, replace(turn, user=None), messages)
+        replay_turn(self.scenario, replace(turn, user=None), messages)
         self.tail += messages[count:]
         self._last_calls = [str(c.get("name")) for c in (turn.reply or {}).get("tool_calls") or []]
 

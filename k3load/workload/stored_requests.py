@@ -74,7 +74,7 @@ def _tools(scenario: Scenario, salt: str) -> list[dict[str, Any]]:
     return tools
 
 
-def _replay_turn(scenario: Scenario, turn: Turn, messages: list[dict[str, Any]]) -> None:
+def replay_turn(scenario: Scenario, turn: Turn, messages: list[dict[str, Any]]) -> None:
     """Append what a finished turn leaves in the history: its user message, scripted reply, tool results."""
     if turn.user is not None:
         messages.append({"role": "user", "content": turn.user})
@@ -113,7 +113,7 @@ def build_request(scenario: Scenario, turn_index: int, model: str, salt: str = S
     messages = [dict(m) for m in fixed]
     if scenario.mode == "conversation":
         for earlier in scenario.turns[:turn_index]:
-            _replay_turn(scenario, earlier, messages)
+            replay_turn(scenario, earlier, messages)
     turn = scenario.turns[turn_index]
     if turn.user is not None:
         messages.append({"role": "user", "content": turn.user})
