@@ -322,3 +322,43 @@ def test_any_bytes_in_a_log_are_read_or_named_never_raised(tmp_path_factory: pyt
         scenario = load_scenario(path)
         assert [json.loads(build_request(scenario, t.index, "m").body)["messages"] for t in scenario.turns] == \
             [as_sent(e.body, "m")["messages"] for e in c.turns]
+
+
+def test_a_streamed_answer_as_a_proxy_logged_it_is_the_recorded_answer(tmp_path: Path) -> None:
+    """The answer of a streamed request, kept as its chunks or as its raw SSE text: the deltas joined."""
+    body = conversation("sys", ["Weather in Paris"])[0][0]
+    chunks = [{"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]} for delta in (
+        {"role": "assistant", "reasoning_content": "Let me "}, {"reasoning_content": "check."},
+        {"tool_calls": [{"index": 0, "id": "call_9", "type": "function",
+                         "function": {"name": "get_weather", "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]})]
+    sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    log = write_log(tmp_path / "s.jsonl", [{"request": body, "response": chunks}, {"request": body | {"seed": 1},
+                                                                                   "response": sse}])
+    exchanges, problems = read_exchanges([log])
+    assert not problems
+    for exchange in exchanges:
+        assert exchange.answer == {"role": "assistant", "content": None, "reasoning_content": "Let me check.",
+                                   "tool_calls": [{"type": "function", "id": "call_9", "function": {
+                                       "arguments": '{"city": "Paris"}', "name": "get_weather"}}]}
+
+
+CALL_DELTA = st.dictionaries(st.sampled_from(["index", "id", "function", "type"]),
+                             JSON_VALUE | st.dictionaries(st.sampled_from(["name", "arguments"]), JSON_VALUE))
+CHUNK = st.fixed_dictionaries({"choices": st.lists(st.fixed_dictionaries({"delta": st.dictionaries(
+    st.sampled_from(["content", "reasoning_content", "reasoning", "tool_calls", "role"]),
+    JSON_VALUE | st.lists(CALL_DELTA, max_size=3))}), max_size=2)})
+
+
+@settings(max_examples=200, deadline=None)
+@given(response=st.lists(CHUNK | JSON_VALUE, max_size=6) | st.text(max_size=300) | JSON_VALUE |
+       st.lists(CHUNK, max_size=5).map(lambda cs: "".join(f"data: {json.dumps(c)}\n\n" for c in cs)))
+def test_any_recorded_answer_is_read_or_ignored_never_raised(response: Any) -> None:
+    from k3load.traffic.exchanges import answer_of
+    from k3load.traffic.expectations import recorded_answer
+
+    answer = answer_of(response)
+    assert answer is None or isinstance(answer, dict)
+    recorded = recorded_answer(answer)
+    assert recorded is None or set(recorded) <= {"content", "reasoning", "tool_calls"}

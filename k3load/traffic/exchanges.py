@@ -9,11 +9,13 @@ The forms an operator's log comes in (one JSON object per line, any of them in a
 - the OpenAI Batch input format (`custom_id`, `method`, `url`, `body`), joined by `custom_id` with the
   Batch output file's lines (`custom_id`, `response: {status_code, body}`, `error`), in any file given.
 
-An answer is read from a `chat.completion` object (`choices[0].message`); a refused or failed answer
-(a Batch error, a status other than 200) is no answer. A line that is none of these forms, or whose body
-is not a chat request (no `messages` list of objects with a `role`, a Batch `url` other than
-/v1/chat/completions, a `method` other than POST), is a `Problem` naming `file:line`; so is a Batch output
-line whose `custom_id` no input line has, and a `custom_id` given twice.
+An answer is read from a `chat.completion` object (`choices[0].message`), or from a streamed answer as a
+logging proxy keeps it: the list of its `chat.completion.chunk` objects, or its raw SSE text (`data: {...}`
+lines up to `data: [DONE]`), the deltas joined (content, reasoning, each call's id, name and argument text
+by its index); a refused or failed answer (a Batch error, a status other than 200) is no answer. A line that
+is none of these forms, or whose body is not a chat request (no `messages` list of objects with a `role`, a
+Batch `url` other than /v1/chat/completions, a `method` other than POST), is a `Problem` naming `file:line`;
+so is a Batch output line whose `custom_id` no input line has, and a `custom_id` given twice.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from k3load.traffic.log_lines import read_log
+from k3load.workload import strict_json
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 
@@ -62,7 +65,12 @@ def chat_problem(body: Any) -> str | None:
 
 
 def answer_of(response: Any) -> dict[str, Any] | None:
-    """The assistant message of a recorded `chat.completion` (None: no usable answer)."""
+    """The assistant message of a recorded `chat.completion`, or of a streamed one's chunks or SSE text (None:
+    no usable answer)."""
+    if isinstance(response, str):
+        response = _sse_chunks(response)
+    if isinstance(response, list):
+        return _joined(response)
     if not isinstance(response, dict):
         return None
     choices = response.get("choices")
@@ -70,6 +78,59 @@ def answer_of(response: Any) -> dict[str, Any] | None:
         return None
     message = choices[0].get("message")
     return message if isinstance(message, dict) else None
+
+
+def _sse_chunks(text: str) -> list[Any] | None:
+    """The JSON chunks of raw SSE text (`data: ...` lines; `[DONE]` ends it); None when it holds none."""
+    chunks: list[Any] = []
+    for line in text.splitlines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            break
+        chunks.append(strict_json.loads_or_none(data))
+    return chunks or None
+
+
+def _joined(chunks: list[Any]) -> dict[str, Any] | None:
+    """A streamed answer's deltas joined into the message it made (None: no chunk carried a choice)."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    seen = False
+    for chunk in chunks:
+        choices = chunk.get("choices") if isinstance(chunk, dict) else None
+        delta = choices[0].get("delta") if isinstance(choices, list) and choices and \
+            isinstance(choices[0], dict) else None
+        if not isinstance(delta, dict):
+            continue
+        seen = True
+        for parts, key in ((content, "content"), (reasoning, "reasoning_content"), (reasoning, "reasoning")):
+            if isinstance(delta.get(key), str):
+                parts.append(delta[key])
+        for call in delta.get("tool_calls") or []:
+            if isinstance(call, dict) and isinstance(call.get("index", 0), int):
+                _add_call_delta(calls.setdefault(call.get("index", 0), {"function": {"arguments": ""}}), call)
+    if not seen:
+        return None
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) if content else None}
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = [{"type": "function", **calls[i]} for i in sorted(calls)]
+    return message
+
+
+def _add_call_delta(call: dict[str, Any], delta: dict[str, Any]) -> None:
+    if isinstance(delta.get("id"), str):
+        call["id"] = delta["id"]
+    function = delta.get("function")
+    if isinstance(function, dict):
+        if isinstance(function.get("name"), str):
+            call["function"]["name"] = function["name"]
+        if isinstance(function.get("arguments"), str):
+            call["function"]["arguments"] += function["arguments"]
 
 
 def _batch_answer(data: dict[str, Any]) -> dict[str, Any] | None:
