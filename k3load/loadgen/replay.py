@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import gevent
 import gevent.lock
@@ -265,12 +265,24 @@ def finish(state: ReplayState, write: Callable[[dict[str, Any]], None]) -> None:
         write(summary)
 
 
-def server_count(session: Any) -> Callable[[str], int]:
+class ReplaySession(Protocol):
+    """What a replay stage reads of the harness's session (k3load.loadgen.session.HarnessSession): the target,
+    its API client, the run, and where events go."""
+
+    env: Any  # Locust's Environment: its host and runner
+    model: str
+    run_id: str
+    events: Any  # rundir.JsonlLog, None on a worker
+
+    def api_client(self) -> httpx.Client: ...
+
+
+def server_count(session: ReplaySession) -> Callable[[str], int]:
     """The target's own token count of a text (`/tokenize` with `prompt`, as vLLM and the sim serve it), with the
     run's key, headers and TLS; raises ValueError when the server cannot say (the blocks are then estimated)."""
     def count(text: str) -> int:
         try:
-            with session._api_client() as client:
+            with session.api_client() as client:
                 resp = client.post(f"{session.env.host.rstrip('/')}/tokenize", json={"model": session.model,
                                                                                     "prompt": text})
             resp.raise_for_status()
@@ -280,7 +292,7 @@ def server_count(session: Any) -> Callable[[str], int]:
     return count
 
 
-def event_writer(session: Any) -> Callable[[dict[str, Any]], None]:
+def event_writer(session: ReplaySession) -> Callable[[dict[str, Any]], None]:
     """Master/local: into events.jsonl as `replay_end`; a worker sends it to its master (Message.REPLAY), which
     writes it there (`write_from_worker`), and logs it too."""
     def write(summary: dict[str, Any]) -> None:
@@ -297,7 +309,7 @@ def event_writer(session: Any) -> Callable[[dict[str, Any]], None]:
     return write
 
 
-def write_from_worker(session: Any, worker: str, data: dict[str, Any]) -> None:
+def write_from_worker(session: ReplaySession, worker: str, data: dict[str, Any]) -> None:
     """Master: a worker's `replay_end` into events.jsonl (the analysis sums a stage's, one per process)."""
     if session.events is None:
         return

@@ -139,7 +139,7 @@ class RestartDrill:
         """/health and /v1/models both answer 200 (vLLM serves /v1/models only once the engine is up)."""
         host = self.session.env.host.rstrip("/")
         try:
-            with self.session._api_client() as client:
+            with self.session.api_client() as client:
                 return all(client.get(f"{host}{path}", timeout=PROBE_TIMEOUT_S).status_code == 200
                            for path in ("/health", "/v1/models"))
         except httpx.HTTPError:

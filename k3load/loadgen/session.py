@@ -196,7 +196,7 @@ class HarnessSession:
         # designed prefix reuse, tokenized by the server beside the load, never before it (issue 15)
         self.reuse_design = gevent.spawn(self.hold.guarded, measure_into, self.run_dir, playable, self.run_id,
                                          self.model, self.long_context,
-                                         http_tokenizer(self._api_client, self.env.host, self.model))
+                                         http_tokenizer(self.api_client, self.env.host, self.model))
         observe.precheck(self)
         observe.watch_restarts(self)
         self.sampler = observe.start_sampler(self)
@@ -248,7 +248,7 @@ class HarnessSession:
     def open_logs(self) -> list[JsonlLog]:
         return [x for x in (self._records, self.events) if x is not None]
 
-    def _api_client(self) -> httpx.Client:
+    def api_client(self) -> httpx.Client:
         """For the target's own API outside chat (/v1/models, /tokenize): the key, the gateway headers and
         the run's TLS trust, like every chat request."""
         secrets, tls = run_access(self.env.parsed_options)
@@ -258,7 +258,7 @@ class HarnessSession:
         opts = self.env.parsed_options
         url = f"{self.env.host.rstrip('/')}/v1/models"
         try:
-            with self._api_client() as client:
+            with self.api_client() as client:
                 resp = client.get(url)
             if note := redirect_note(resp.status_code, resp.headers.get("location"), url):  # never followed
                 raise RuntimeError(f"the server at {self.env.host} answered /v1/models with HTTP {resp.status_code}: "
@@ -337,7 +337,7 @@ class HarnessSession:
 
         def count(text: str) -> int:
             try:
-                with self._api_client() as client:
+                with self.api_client() as client:
                     resp = client.post(f"{self.env.host.rstrip('/')}/tokenize", json={"model": self.model,
                                                                                       "prompt": text})
                 return int(resp.json()["count"])
