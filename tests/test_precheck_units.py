@@ -265,3 +265,10 @@ def test_host_inventory_not_recorded_is_a_problem_and_not_the_format_an_error() 
 
 def test_public_url_drops_credentials() -> None:
     assert public_url("http://user:sekret@10.0.0.5:8000/?token=abc") == "http://10.0.0.5:8000"
+
+
+def test_non_default_args_that_literal_eval_cannot_take_are_skipped_not_raised() -> None:
+    """`{{}}` is a set of dicts to ast.literal_eval (TypeError, found by tests/test_capacity.py's fuzz test);
+    a pair whose list holds a name is skipped alone."""
+    assert non_default_args("{{}}") == {}
+    assert non_default_args("{'max_num_seqs': 8, 'x': [foo], 'model': 'm'") == {"max_num_seqs": 8, "model": "m"}

@@ -134,13 +134,25 @@ def category(level: str, source: str, message: str, platform: str) -> str | None
     return None
 
 
+# What ast.literal_eval raises on text it cannot take: a set of dicts (`{{}}`: TypeError, found by the fuzz test),
+# nesting past the recursion limit, an expression too large to build
+_UNEVALUATED = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError)
+
+
 def non_default_args(text: str) -> dict[str, Any]:
     """vLLM's 'non-default args: {...}' dict; objects it cannot evaluate (config reprs) are skipped."""
     try:
         value = ast.literal_eval(text)
         return value if isinstance(value, dict) else {}
-    except (ValueError, SyntaxError):
-        return {key: ast.literal_eval(raw) for key, raw in _PAIR.findall(text)}
+    except _UNEVALUATED:
+        return dict(pair for pair in (_pair(key, raw) for key, raw in _PAIR.findall(text)) if pair is not None)
+
+
+def _pair(key: str, raw: str) -> tuple[str, Any] | None:
+    try:
+        return key, ast.literal_eval(raw)
+    except _UNEVALUATED:
+        return None
 
 
 def _facts(number: int, message: str, facts: dict[str, Any]) -> None:
