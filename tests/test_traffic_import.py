@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from k3load.cli import main
@@ -352,6 +352,7 @@ CHUNK = st.fixed_dictionaries({"choices": st.lists(st.fixed_dictionaries({"delta
 
 
 @settings(max_examples=200, deadline=None)
+@example(response='data:{"choices":[{"delta":{"tool_calls":10}}]}')  # found by this test: not a list
 @given(response=st.lists(CHUNK | JSON_VALUE, max_size=6) | st.text(max_size=300) | JSON_VALUE |
        st.lists(CHUNK, max_size=5).map(lambda cs: "".join(f"data: {json.dumps(c)}\n\n" for c in cs)))
 def test_any_recorded_answer_is_read_or_ignored_never_raised(response: Any) -> None:

@@ -109,7 +109,8 @@ def _joined(chunks: list[Any]) -> dict[str, Any] | None:
         for parts, key in ((content, "content"), (reasoning, "reasoning_content"), (reasoning, "reasoning")):
             if isinstance(delta.get(key), str):
                 parts.append(delta[key])
-        for call in delta.get("tool_calls") or []:
+        deltas = delta.get("tool_calls")
+        for call in deltas if isinstance(deltas, list) else []:
             if isinstance(call, dict) and isinstance(call.get("index", 0), int):
                 _add_call_delta(calls.setdefault(call.get("index", 0), {"function": {"arguments": ""}}), call)
     if not seen:
