@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.k3load-installed
 
-.PHONY: demo test lint clean browser prometheus nginx fuzz
+.PHONY: demo test lint clean browser prometheus nginx openssh fuzz
 
 $(STAMP): pyproject.toml setup.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "k3load needs Python 3.11")'
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml setup.py
 demo: $(STAMP)
 	$(VENV)/bin/k3load demo
 
-test: $(STAMP) browser prometheus nginx
+test: $(STAMP) browser prometheus nginx openssh
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -m "vllm or not vllm" --durations=40
 
@@ -41,6 +41,13 @@ nginx:
 	@command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx \
 	  >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx \
 	  >/dev/null)) || echo "nginx unavailable: the nginx stream test skips outside CI"
+
+# Debian's OpenSSH client signs and verifies the record in a test (ssh-keygen -Y; ssh-agent for a protected key),
+# installed when missing and apt is usable.
+openssh:
+	@command -v ssh-keygen >/dev/null 2>&1 && command -v ssh-agent >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq openssh-client >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq openssh-client >/dev/null)) || echo "openssh-client unavailable: the signing tests skip outside CI"
 
 # The property tests for a time budget (random seeds, round after round): make fuzz SECONDS=600
 SECONDS ?= 300

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from k3load.analysis.verdict import EXIT_CODES
 from k3load.evidence import records_file
@@ -79,16 +80,46 @@ def summary_line(judgment: object, run_dir: Path) -> str:
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, help="a judged run directory (its manifest.sha256 is checked)")
+    parser.add_argument("--allowed-signers", type=Path, metavar="FILE",
+                        help="OpenSSH allowed-signers file (as git's gpg.ssh.allowedSignersFile): each signature "
+                             "must verify as one of its principals")
+    parser.add_argument("--require-signature", action="store_true",
+                        help="fail when the run carries no signature (k3load sign)")
 
 
 def run_verify(args: argparse.Namespace) -> int:
     from k3load.analysis.manifest import verify
+    from k3load.signing import keygen, record
 
     if problem := run_dir_problem(args.run_dir):
         print(f"k3load verify: {problem}", file=sys.stderr)
         return HARNESS_ERROR_EXIT
+    if args.allowed_signers is not None and not args.allowed_signers.is_file():
+        print(f"k3load verify: --allowed-signers {args.allowed_signers}: no such file", file=sys.stderr)
+        return HARNESS_ERROR_EXIT
     problems = verify(args.run_dir)
+    try:
+        checks = [] if problems and not (args.run_dir / record.MANIFEST).exists() else \
+            record.check_signatures(args.run_dir, args.allowed_signers)
+    except keygen.SigningError as exc:
+        print(f"k3load verify: {exc}", file=sys.stderr)
+        return HARNESS_ERROR_EXIT
     for problem in problems:
         print(problem)
-    print(f"k3load verify: {'FAILED' if problems else 'ok'} ({args.run_dir})")
+    for check in checks:
+        print(record.describe(check))
+    problems += [record.describe(c) for c in checks if not c.ok]
+    if not checks and args.require_signature:
+        problems.append("no signature (--require-signature)")
+        print(f"no signature: {record.SIGNATURES} is missing or empty (k3load sign)")
+    print(f"k3load verify: {'FAILED' if problems else 'ok'} ({args.run_dir}){_signed_said(checks, args)}")
     return 1 if problems else 0
+
+
+def _signed_said(checks: list[Any], args: argparse.Namespace) -> str:
+    if not checks:
+        return "; not signed"
+    if args.allowed_signers is None:
+        return f"; {len(checks)} signature(s), signers not checked (no --allowed-signers)"
+    good = sorted({p for c in checks if c.status == "ok" for p in c.principals})
+    return f"; signed by {', '.join(good)}" if good else ""

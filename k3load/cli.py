@@ -13,6 +13,7 @@ from k3load.analysis.verdict import EXIT_CODES
 from k3load.precheck import cli as precheck_cli
 from k3load.precheck import inventory as inventory_cli
 from k3load.sampler import cli as sampler_cli
+from k3load.signing import sign_cli
 from k3load.sim import cli as sim_cli
 from k3load.traffic import import_cli
 from k3load.workload import stored_requests_cli
@@ -48,9 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     capacity_cli.add_arguments(capacity)
     capacity.set_defaults(func=capacity_cli.run)
-    verify = sub.add_parser("verify", help="re-check a run directory against its manifest.sha256",
-                            description="Re-check every evidence file of a judged run directory against its "
-                            "manifest.sha256: exit 0 when all match, 1 when any file changed or is missing.")
+    sign = sub.add_parser("sign", help="sign a judged run's manifest.sha256 with your OpenSSH key (several "
+                          "signers may)", description=sign_cli.__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    sign_cli.add_arguments(sign)
+    sign.set_defaults(func=sign_cli.run)
+    verify = sub.add_parser("verify", help="re-check a run directory against its manifest.sha256 and its "
+                            "signatures", description="Re-check every evidence file of a judged run directory "
+                            "against its manifest.sha256, and every signature (k3load sign) against the manifest "
+                            "and, with --allowed-signers, the team's allowed signers: exit 0 when all hold "
+                            "(naming who signed), 1 when a file changed or is missing, a signature does not match "
+                            "or its signer is not allowed, or (--require-signature) there is none; 2 bad input.")
     analysis_cli.add_verify_arguments(verify)
     verify.set_defaults(func=analysis_cli.run_verify)
     precheck = sub.add_parser("precheck", help="compat precheck against a versioned recipe -> compat.json",
@@ -78,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-RUN_DIR_COMMANDS = ("analyze", "verify", "capacity")
+RUN_DIR_COMMANDS = ("analyze", "verify", "capacity", "sign")
 HARNESS_ERROR_EXIT = analysis_cli.HARNESS_ERROR_EXIT  # a usage or input error: nothing was judged (argparse's too)
 
 

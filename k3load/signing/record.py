@@ -1,0 +1,151 @@
+"""A run's signatures: `manifest.sha256.sig` (every signer's OpenSSH signature block, in signing order) and
+`manifest.sha256.signers.json` (who each one claims to be, the key's fingerprint, when, and over which manifest).
+
+    add_signature(run_dir, signing_key(Path("~/.ssh/id_ed25519")), identity=None)
+    checks = check_signatures(run_dir, allowed=Path("allowed_signers"))
+
+Why beside the manifest and outside it: the manifest covers every evidence file, and a signature covers the
+manifest (its exact bytes), so no evidence file can change, with its manifest line recomputed or not, without
+the signature failing. Both files start with `manifest.sha256`, which the manifest never lists
+(analysis/manifest.py), so a second signer adds a signature without changing what the first one signed.
+
+What a signature proves comes from ssh-keygen, not from the metadata: the metadata's identity and time are the
+signer's claims, shown as such; `check_signatures` names the signer from the allowed-signers file
+(`ssh-keygen -Y find-principals`) and verifies it (`-Y verify`). Without an allowed-signers file it can only
+say whether each signature matches the manifest by the key it carries, and says that the signers were not
+checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from k3load.analysis.manifest import MANIFEST
+from k3load.rundir import write_atomic
+from k3load.signing import keygen, sshsig
+
+SIGNATURES = MANIFEST + ".sig"
+SIGNERS = MANIFEST + ".signers.json"
+
+
+@dataclass(frozen=True)
+class Signer:
+    """One signature's claims (what the signer said when signing), in signing order."""
+
+    identity: str
+    fingerprint: str
+    key_type: str
+    signed_at: str  # ISO 8601, UTC, as the signer's clock said
+    manifest_sha256: str  # the manifest's bytes it signed
+
+
+@dataclass(frozen=True)
+class SignatureCheck:
+    """One signature, checked: `status` ok | mismatch (not over this manifest) | not_allowed (its key is in no
+    allowed signer's line) | bad (the allowed signer's key, yet it does not verify) | unreadable | unchecked
+    (it matches the manifest, no allowed-signers file was given)."""
+
+    index: int
+    status: str
+    fingerprint: str | None
+    claimed: str | None  # the identity the signer gave
+    principals: tuple[str, ...] = ()  # who the allowed-signers file says it is
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("ok", "unchecked")
+
+
+def manifest_bytes(run_dir: Path) -> bytes:
+    try:
+        return (run_dir / MANIFEST).read_bytes()
+    except OSError as exc:
+        raise keygen.SigningError(f"{run_dir}: no {MANIFEST} ({exc.strerror or exc}): judge the run first "
+                                  "(k3load analyze)") from None
+
+
+def read_signers(run_dir: Path) -> list[Signer]:
+    try:
+        data = json.loads((run_dir / SIGNERS).read_text())
+        return [Signer(**{k: str(row.get(k, "")) for k in Signer.__dataclass_fields__}) for row in data["signers"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+
+
+def read_blocks(run_dir: Path) -> list[str]:
+    try:
+        return sshsig.split_armored((run_dir / SIGNATURES).read_text(errors="replace"))
+    except OSError:
+        return []
+
+
+def add_signature(run_dir: Path, key: keygen.SigningKey, identity: str | None) -> Signer:
+    """Sign the run's manifest as it is now and keep the signature beside the earlier ones."""
+    data = manifest_bytes(run_dir)
+    who = identity or key.comment
+    if not who:
+        raise keygen.SigningError(f"--key {key.path}: its public key has no comment to name the signer: give "
+                                  "--identity (the principal of the allowed-signers file, e.g. lead@example.com)")
+    block = keygen.sign(data, key)
+    info = sshsig.read_block(block)
+    if not keygen.matches(block, data):
+        raise keygen.SigningError("ssh-keygen made a signature that does not check against the manifest")
+    signer = Signer(who, info.fingerprint, info.key_type,
+                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), hashlib.sha256(data).hexdigest())
+    blocks, signers = read_blocks(run_dir), read_signers(run_dir)
+    write_atomic(run_dir / SIGNATURES, "".join([*blocks, block]))
+    write_atomic(run_dir / SIGNERS, json.dumps({"signers": [asdict(s) for s in [*signers, signer]]}, indent=2)
+                 + "\n")
+    return signer
+
+
+def check_signatures(run_dir: Path, allowed: Path | None) -> list[SignatureCheck]:
+    """Every signature of the run against its manifest as it is now (and the allowed signers, when given)."""
+    data = manifest_bytes(run_dir)
+    signers = read_signers(run_dir)
+    out = []
+    for index, block in enumerate(read_blocks(run_dir)):
+        claimed = signers[index].identity if index < len(signers) else None
+        out.append(_check(index, block, data, allowed, claimed))
+    return out
+
+
+def _check(index: int, block: str, data: bytes, allowed: Path | None, claimed: str | None) -> SignatureCheck:
+    try:
+        info = sshsig.read_block(block)
+    except sshsig.SignatureFormatError as exc:
+        return SignatureCheck(index, "unreadable", None, claimed, detail=str(exc))
+    if info.namespace != keygen.NAMESPACE or not keygen.matches(block, data):
+        said = f"namespace {info.namespace!r}" if info.namespace != keygen.NAMESPACE else \
+            "not over this manifest.sha256 (an evidence file or the manifest changed after it was signed)"
+        return SignatureCheck(index, "mismatch", info.fingerprint, claimed, detail=said)
+    if allowed is None:
+        return SignatureCheck(index, "unchecked", info.fingerprint, claimed)
+    found = tuple(keygen.principals(block, allowed))
+    if not found:
+        return SignatureCheck(index, "not_allowed", info.fingerprint, claimed,
+                              detail=f"its key {info.fingerprint} is no allowed signer's in {allowed}")
+    results = [keygen.verify(block, data, allowed, p) for p in found]
+    if not any(ok for ok, _ in results):
+        return SignatureCheck(index, "bad", info.fingerprint, claimed, found, results[0][1])
+    return SignatureCheck(index, "ok", info.fingerprint, claimed, found)
+
+
+def describe(check: SignatureCheck) -> str:
+    """One line per signature, for `k3load verify`."""
+    who = ", ".join(check.principals) or (f"claims {check.claimed}" if check.claimed else "no claimed signer")
+    head = f"signature {check.index + 1} ({who}; {check.fingerprint or 'key unknown'})"
+    words = {"ok": "good", "unchecked": "matches the manifest; its signer was not checked (no --allowed-signers)",
+             "mismatch": "does not match", "not_allowed": "signer not allowed", "bad": "does not verify",
+             "unreadable": "unreadable"}
+    return f"{head}: {words[check.status]}" + (f": {check.detail}" if check.detail else "")
+
+
+def summary(checks: list[SignatureCheck]) -> dict[str, Any]:
+    return {"signatures": len(checks), "ok": sum(c.ok for c in checks)}
