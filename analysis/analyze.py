@@ -203,8 +203,18 @@ def analyze(run_dir: Path, plots_beside: bool = False) -> Judgment:
             write_atomic(run_dir / "report.html", report_html.render(judgment, pngs))
             write_atomic(run_dir / "alerts.yaml", alerts.render(judgment))
             write_atomic(run_dir / "dashboard.json", dashboard.render(judgment))
+            signed = (run_dir / manifest.MANIFEST).read_bytes() if (run_dir / manifest.MANIFEST).is_file() else None
             manifest.write(run_dir, inputs.result())
+            _set_aside_stale_signatures(run_dir, signed)
     finally:
         if plotter is not None:
             plotter.close()
     return judgment
+
+
+def _set_aside_stale_signatures(run_dir: Path, signed: bytes | None) -> None:
+    """A re-judged signed run: its signatures over the earlier manifest kept aside, marked stale (`k3load analyze`
+    and `k3load verify` say so: k3load.signing.record.stale_sets)."""
+    from k3load.signing.record import set_aside_stale
+
+    set_aside_stale(run_dir, signed)

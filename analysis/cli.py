@@ -44,12 +44,18 @@ def run_analyze(args: argparse.Namespace) -> int:
     if getattr(args, "reference", None) is not None and not _set_reference(args.run_dir, args.reference):
         return HARNESS_ERROR_EXIT
     from k3load.analysis.rundata import UnreadableRecords
+    from k3load.signing.record import stale_sets
 
+    stale_before = len(stale_sets(args.run_dir))
     try:
         judgment = analyze(args.run_dir, plots_beside=True)  # a plain process: plots drawn in a child
     except (UnreadableRecords, NothingJudged) as exc:
         print(f"k3load analyze: {exc}", file=sys.stderr)
         return HARNESS_ERROR_EXIT
+    for folder, signers in stale_sets(args.run_dir)[stale_before:]:
+        print(f"k3load analyze: the new manifest.sha256 is not the one that was signed: its {len(signers)} "
+              f"signature(s) ({', '.join(s.identity for s in signers) or 'unnamed'}) no longer cover the run; "
+              f"kept, stale, in {folder} with the manifest they signed (sign again: k3load sign)", file=sys.stderr)
     print(summary_line(judgment, args.run_dir))
     if judgment.verdict == "limited" and args.accept_limited:
         return 0
@@ -112,6 +118,9 @@ def run_verify(args: argparse.Namespace) -> int:
     if not checks and args.require_signature:
         problems.append("no signature (--require-signature)")
         print(f"no signature: {record.SIGNATURES} is missing or empty (k3load sign)")
+    for folder, signers in record.stale_sets(args.run_dir):
+        print(f"stale: {len(signers)} signature(s) ({', '.join(s.identity for s in signers) or 'unnamed'}) over an "
+              f"earlier manifest, kept in {folder.relative_to(args.run_dir)}: they do not cover this run")
     print(f"k3load verify: {'FAILED' if problems else 'ok'} ({args.run_dir}){_signed_said(checks, args)}")
     return 1 if problems else 0
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from k3load.analysis import manifest
 from k3load.cli import main
-from k3load.signing import record, sshsig
+from k3load.signing import keygen, record, sshsig
 
 
 def _openssh() -> None:
@@ -197,3 +197,30 @@ def test_any_signature_text_is_read_or_refused_never_raised(text: str) -> None:
             assert str(exc)
         else:
             assert info.fingerprint.startswith("SHA256:")
+
+
+def test_re_judging_keeps_the_signatures_while_the_manifest_is_the_same_and_sets_them_aside_stale_after(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`k3load analyze` on a signed run: the same evidence gives the same manifest, byte for byte, and the
+    signatures still cover it; once the evidence differs the new manifest is not what was signed, and the
+    signatures are kept, marked stale, with the manifest they signed (they still verify against it)."""
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "data" / "scale-run", run)
+    main(["analyze", str(run)])
+    lead = _key(tmp_path, "lead", "lead@example.com")
+    allowed = _allowed(tmp_path, ("lead@example.com", lead))
+    assert main(["sign", str(run), "--key", str(lead)]) == 0
+    main(["analyze", str(run)])
+    capsys.readouterr()
+    code, out = _verify(run, "--allowed-signers", str(allowed), "--require-signature", capsys=capsys)
+    assert code == 0 and "signed by lead@example.com" in out, out
+    (run / "operator-notes.txt").write_text("an evidence file added after signing\n")
+    main(["analyze", str(run)])
+    assert "signature(s) (lead@example.com) no longer cover the run" in capsys.readouterr().err
+    kept = run / record.STALE / "1"
+    assert sorted(p.name for p in kept.iterdir()) == [record.MANIFEST, record.SIGNATURES, record.SIGNERS]
+    code, out = _verify(run, "--allowed-signers", str(allowed), "--require-signature", capsys=capsys)
+    assert code == 1 and "no signature" in out and "stale: 1 signature(s) (lead@example.com)" in out, out
+    signed = (kept / record.MANIFEST).read_bytes()
+    block = (kept / record.SIGNATURES).read_text()
+    assert keygen.matches(block, signed) and keygen.principals(block, allowed) == ["lead@example.com"]

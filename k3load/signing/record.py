@@ -31,6 +31,7 @@ from k3load.signing import keygen, sshsig
 
 SIGNATURES = MANIFEST + ".sig"
 SIGNERS = MANIFEST + ".signers.json"
+STALE = MANIFEST + ".stale"  # signatures over an earlier manifest, each set with the manifest it signed
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,31 @@ def _check(index: int, block: str, data: bytes, allowed: Path | None, claimed: s
     if not any(ok for ok, _ in results):
         return SignatureCheck(index, "bad", info.fingerprint, claimed, found, results[0][1])
     return SignatureCheck(index, "ok", info.fingerprint, claimed, found)
+
+
+def set_aside_stale(run_dir: Path, signed: bytes | None) -> Path | None:
+    """After a re-judging rewrote the manifest: the signatures over the earlier one (`signed`) no longer cover
+    the run. Never dropped: moved with that manifest into manifest.sha256.stale/K/, where `k3load verify` names
+    them and they still verify against what they signed. None when there were none, or the new manifest is
+    byte for byte the one they signed (judging is deterministic: the same evidence, the same manifest)."""
+    if signed is None or not read_blocks(run_dir) or manifest_bytes(run_dir) == signed:
+        return None
+    stale = run_dir / STALE
+    number = 1 + max((int(p.name) for p in stale.glob("*") if p.name.isdigit()), default=0)
+    folder = stale / str(number)
+    folder.mkdir(parents=True)
+    (folder / MANIFEST).write_bytes(signed)
+    for name in (SIGNATURES, SIGNERS):
+        if (run_dir / name).exists():
+            (run_dir / name).replace(folder / name)
+    return folder
+
+
+def stale_sets(run_dir: Path) -> list[tuple[Path, list[Signer]]]:
+    """Each set of stale signatures (folder, its signers' claims), oldest first."""
+    stale = run_dir / STALE
+    folders = sorted((p for p in stale.glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
+    return [(folder, read_signers(folder)) for folder in folders]
 
 
 def describe(check: SignatureCheck) -> str:
