@@ -215,6 +215,7 @@ def analyze(run_dir: Path, plots_beside: bool = False) -> Judgment:
 def _set_aside_stale_signatures(run_dir: Path, signed: bytes | None) -> None:
     """A re-judged signed run: its signatures over the earlier manifest kept aside, marked stale (`k3load analyze`
     and `k3load verify` say so: k3load.signing.record.stale_sets)."""
-    from k3load.signing.record import set_aside_stale
+    from k3load.signing.record import refresh_reports, set_aside_stale
 
     set_aside_stale(run_dir, signed)
+    refresh_reports(run_dir)  # the signatures still over this manifest (the same evidence), in the reports

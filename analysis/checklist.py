@@ -230,6 +230,7 @@ def build_checklist(data: RunData, pillars: dict[str, PillarResult]) -> list[dic
               ["records.jsonl"]),
         _item("Judge, date, samples used and next action", bool(judge),
               f"judge {judge!r}" if judge else "judge to be filled in before signing",
-              ["run.json", "samples.sha256", "verdict.json"], None if judge else ItemStatus.TO_SIGN),
+              ["run.json", "samples.sha256", "verdict.json"], None if judge else ItemStatus.TO_SIGN)
+        | {"signer_line": True, "judge": judge},  # the reports add who signed (analysis/report_signers.py)
     ]
     return items

@@ -115,6 +115,10 @@ def run_verify(args: argparse.Namespace) -> int:
     for check in checks:
         print(record.describe(check))
     problems += [record.describe(c) for c in checks if not c.ok]
+    if (args.run_dir / record.MANIFEST).exists():
+        for problem in record.consistency_problems(args.run_dir):
+            print(problem)
+            problems.append(problem)
     if not checks and args.require_signature:
         problems.append("no signature (--require-signature)")
         print(f"no signature: {record.SIGNATURES} is missing or empty (k3load sign)")

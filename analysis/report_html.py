@@ -11,7 +11,7 @@ import html
 import re
 from typing import Any
 
-from k3load.analysis import report_md
+from k3load.analysis import report_md, report_signers
 from k3load.analysis.plot_inputs import data_uri, report_plot_inputs
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -30,6 +30,11 @@ def _inline(text: str) -> str:
     for pattern, replacement in _INLINE:
         out = pattern.sub(replacement, out)
     return out
+
+
+def inline_html(text: str) -> str:
+    """One line of the Markdown subset as HTML (a checklist cell, a region of analysis/report_signers.py)."""
+    return _inline(text)
 
 
 def _cells(line: str) -> list[str]:
@@ -78,6 +83,8 @@ def render(judgment: Any, pngs: dict[str, bytes] | None = None) -> str:
     figures = "".join(f'<h3>{html.escape(name.replace("_", " "))}</h3><img alt="{html.escape(name)}" '
                       f'src="{data_uri(png)}">' for name, png in sorted(pngs.items()))
     title = html.escape(f"k3load — {judgment.verdict}")
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+    page = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
             f"<style>{CSS}</style></head><body class=\"verdict-{judgment.verdict}\">{markdown_to_html(head)}"
             f"<h2>Plots</h2>{figures or '<p>no timeline to plot</p>'}{markdown_to_html(rest)}</body></html>\n")
+    regions = report_signers.region_contents(f"{head}\n{rest}")  # rendered as k3load verify renders them
+    return report_signers.with_regions(report_signers.raw_markers(page), report_signers.regions_html(regions))

@@ -12,7 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from k3load.analysis import report_capacity, report_drain, report_reference, report_reuse, report_tool_calls
+from k3load.analysis import (
+    report_capacity,
+    report_drain,
+    report_reference,
+    report_reuse,
+    report_signers,
+    report_tool_calls,
+)
 from k3load.analysis.markdown import fmt, table
 from k3load.analysis.pillar_resources import SATURATED_CPU_PCT
 
@@ -58,7 +65,7 @@ def _sections(j: Any) -> list[str]:
     out.append("## Pillars\n\n" + "".join(f"### {name}: `{p.status}`\n\n" + "".join(f"- {r}\n" for r in p.reasons)
                                         + "\n" for name, p in j.pillars.items()))
     out.append("## Checklist\n\n| ok | item | detail | evidence |\n|---|---|---|---|\n" + "".join(
-        f"| {TICKS.get(c.get('status', ''), '☑' if c['ok'] else '☐')} | {fmt(c['item'])} | {fmt(c['detail'])} | "
+        f"| {TICKS.get(c.get('status', ''), '☑' if c['ok'] else '☐')} | {fmt(c['item'])} | {_detail(c)} | "
         + ", ".join(_link(e, j.data.path) for e in c["evidence"]) + " |\n" for c in j.checklist))
     cache = j.pillars["prefix_cache"].numbers
     out.append("## Prefix cache: cold vs warm\n\n" + table(cache.get("control") or [], CONTROL_COLUMNS)
@@ -75,7 +82,9 @@ def _sections(j: Any) -> list[str]:
     out.append(f"## Signature\n\n| field | value |\n|---|---|\n| judge | {h['judge'] or '________'} |\n"
                f"| date | {h['date']} |\n| samples used | samples.sha256 (sha256 {h['samples']}…) |\n"
                f"| next action | {fmt(j.verdict_json()['next_action']['action'])} |\n\n"
-               "Every evidence file is fixed by `manifest.sha256`; check it with `k3load verify DIR`.\n")
+               + report_signers.marked("signers", report_signers.signers_md([])) + "\n\n"
+               "Every evidence file is fixed by `manifest.sha256`; check it with `k3load verify DIR`, and who "
+               "signed it with `k3load verify DIR --allowed-signers FILE` (`k3load sign DIR --key KEY` signs).\n")
     return out
 
 
@@ -177,6 +186,13 @@ def _breaches(problems: list[dict[str, Any]]) -> str:
 
 def _ci(bounds: list[float] | None) -> str | None:
     return f"{bounds[0]:.1%}-{bounds[1]:.1%}" if bounds else None
+
+
+def _detail(item: dict[str, Any]) -> str:
+    """A checklist line's detail; the signer's own line in its region (k3load sign fills in who signed)."""
+    if item.get("signer_line"):
+        return report_signers.marked("judge", report_signers.judge_md([], item.get("judge") or ""))
+    return fmt(item["detail"])
 
 
 def render(judgment: Any) -> str:

@@ -224,3 +224,46 @@ def test_re_judging_keeps_the_signatures_while_the_manifest_is_the_same_and_sets
     signed = (kept / record.MANIFEST).read_bytes()
     block = (kept / record.SIGNATURES).read_text()
     assert keygen.matches(block, signed) and keygen.principals(block, allowed) == ["lead@example.com"]
+
+
+def test_the_reports_say_who_signed_and_an_edit_of_that_fails_verification(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`k3load sign` writes the signer into report.md's and report.html's signature table and checklist judge
+    line without changing what the signature covers; editing those, the signers file, or the report
+    elsewhere, fails `k3load verify`."""
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "data" / "scale-run", run)
+    main(["analyze", str(run)])
+    unsigned = (run / "report.md").read_text()
+    assert "| signed by | not signed yet (k3load sign) |" in unsigned
+    assert "<!--k3load:judge-->judge to be filled in before signing<!--/k3load:judge-->" in unsigned
+    operator, lead = _key(tmp_path, "op", "operator@example.com"), _key(tmp_path, "lead", "lead@example.com")
+    allowed = _allowed(tmp_path, ("lead@example.com", lead), ("operator@example.com", operator))
+    assert main(["sign", str(run), "--key", str(operator)]) == 0
+    assert main(["sign", str(run), "--key", str(lead)]) == 0
+    signers = record.read_signers(run)
+    for name in ("report.md", "report.html"):
+        text = (run / name).read_text()
+        assert all(s.identity in text and s.fingerprint in text for s in signers), name
+        assert "signed by operator@example.com (SHA256:" in text and "not signed yet" not in text, name
+    capsys.readouterr()
+    code, out = _verify(run, "--allowed-signers", str(allowed), "--require-signature", capsys=capsys)
+    assert code == 0 and "signed by lead@example.com, operator@example.com" in out, out
+    pristine = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+
+    def edited(name: str, old: str, new: str) -> str:
+        for path_name, data in pristine.items():
+            (run / path_name).write_bytes(data)
+        text = (run / name).read_text()
+        assert old in text, (name, old)
+        (run / name).write_text(text.replace(old, new, 1))
+        code, out = _verify(run, "--allowed-signers", str(allowed), capsys=capsys)
+        assert code == 1, (name, old, out)
+        return out
+
+    assert "report.md: its signer table does not say who signed" in edited(
+        "report.md", "operator@example.com (as claimed)", "ceo@example.com (as claimed)")
+    assert "report.html: its judge line does not say who signed" in edited(
+        "report.html", "signed by operator@example.com", "signed by ceo@example.com")
+    assert "changed: report.md" in edited("report.md", "# ", "# FORGED ")
+    assert "signer 1 says key" in edited(record.SIGNERS, signers[0].fingerprint, signers[1].fingerprint)

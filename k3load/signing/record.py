@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from k3load.analysis import report_signers
 from k3load.analysis.manifest import MANIFEST
 from k3load.rundir import write_atomic
 from k3load.signing import keygen, sshsig
@@ -103,7 +104,53 @@ def add_signature(run_dir: Path, key: keygen.SigningKey, identity: str | None) -
     write_atomic(run_dir / SIGNATURES, "".join([*blocks, block]))
     write_atomic(run_dir / SIGNERS, json.dumps({"signers": [asdict(s) for s in [*signers, signer]]}, indent=2)
                  + "\n")
+    refresh_reports(run_dir)
     return signer
+
+
+def _judge(run_dir: Path) -> str:
+    try:
+        return str((json.loads((run_dir / "run.json").read_text()).get("options") or {}).get("k3_judge") or "")
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def refresh_reports(run_dir: Path) -> None:
+    """The reports' signer regions say who signed now (their content is outside what the manifest hashes)."""
+    expected = report_signers.expected(read_signers(run_dir), _judge(run_dir))
+    for name in report_signers.REPORTS:
+        path = run_dir / name
+        if path.is_file():
+            text = path.read_text()
+            filled = report_signers.with_regions(text, expected[name])
+            if filled != text:
+                write_atomic(path, filled)
+
+
+def consistency_problems(run_dir: Path) -> list[str]:
+    """What does not hold together: the signers file against the signatures (one entry per block, each with
+    the block's key), and the reports' signer regions against the signers file."""
+    blocks, signers = read_blocks(run_dir), read_signers(run_dir)
+    problems = []
+    if len(signers) != len(blocks):
+        problems.append(f"{SIGNERS}: {len(signers)} signer(s) for {len(blocks)} signature(s)")
+    for index, (block, signer) in enumerate(zip(blocks, signers, strict=False)):
+        try:
+            key = sshsig.read_block(block).fingerprint
+        except sshsig.SignatureFormatError:
+            continue  # said by the signature's own check
+        if key != signer.fingerprint:
+            problems.append(f"{SIGNERS}: signer {index + 1} says key {signer.fingerprint}, its signature was made "
+                            f"with {key}")
+    expected = report_signers.expected(signers, _judge(run_dir))
+    for name in report_signers.REPORTS:
+        path = run_dir / name
+        found = report_signers.region_contents(path.read_text(errors="replace")) if path.is_file() else {}
+        for region, content in found.items():
+            if content != expected[name].get(region):
+                problems.append(f"{name}: its {'signer table' if region == 'signers' else 'judge line'} does not "
+                                f"say who signed ({SIGNERS} and the signatures do)")
+    return problems
 
 
 def check_signatures(run_dir: Path, allowed: Path | None) -> list[SignatureCheck]:
