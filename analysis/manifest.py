@@ -1,7 +1,10 @@
 """`manifest.sha256` over every evidence file of a run, and `k3load verify DIR` to re-check it.
 
 Why: the record must be signable. A signature over the manifest covers every file it lists; verify
-says which file changed, went missing, or appeared without being covered. Left out: the manifest itself,
+says which file changed, went missing, or appeared without being covered. A report (report.md, report.html) is
+hashed with its signer regions' content taken out: `k3load sign` writes who signed there after signing, and
+`k3load verify` checks them against the signatures instead (analysis/report_signers.py). Left out: the manifest
+itself and every file named after it (its signatures, their signers, stale sets: k3load.signing.record),
 worker spools (copies of the records), and the files run.json names as `unsigned_files` (Locust's own
 --csv / --json-file / --logfile outputs put inside the run directory, which Locust keeps writing after
 the manifest is signed; run.json is itself covered, so that list cannot grow unnoticed). Compressed
