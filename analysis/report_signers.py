@@ -68,6 +68,14 @@ def with_regions(text: str, contents: dict[str, str]) -> str:
     return re.sub(_REGION.pattern.decode(), sub, text, flags=re.DOTALL)
 
 
+def region_counts(text: str) -> dict[str, int]:
+    """How often each region opens in a report: once each in a report k3load wrote. More means text that
+    looks like a marker came in with the evidence (a quoted server error, a tool name), and its content would
+    go unhashed: `k3load verify` refuses such a report."""
+    return {name: text.count(f"<!--k3load:{name}-->") + text.count(f"&lt;!--k3load:{name}--&gt;")
+            for name in REGIONS}
+
+
 def region_contents(text: str) -> dict[str, str]:
     return {m.group(2): m.group(3) for m in re.finditer(_REGION.pattern.decode(), text, flags=re.DOTALL)}
 

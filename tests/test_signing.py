@@ -267,3 +267,17 @@ def test_the_reports_say_who_signed_and_an_edit_of_that_fails_verification(
         "report.html", "signed by operator@example.com", "signed by ceo@example.com")
     assert "changed: report.md" in edited("report.md", "# ", "# FORGED ")
     assert "signer 1 says key" in edited(record.SIGNERS, signers[0].fingerprint, signers[1].fingerprint)
+
+
+def test_marker_text_that_came_in_with_the_evidence_fails_verification(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A region's content is not hashed: a second region (a quoted server error carrying the marker text)
+    would hide whatever is inside it, so a report with more than one of a region is refused."""
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "data" / "scale-run", run)
+    main(["analyze", str(run)])
+    text = (run / "report.md").read_text()
+    (run / "report.md").write_text(text.replace("# ", "# <!--k3load:judge-->anything<!--/k3load:judge--> ", 1))
+    manifest.write(run)  # the forger's manifest: the report's hash leaves both regions' content out
+    code, out = _verify(run, capsys=capsys)
+    assert code == 1 and "report.md: 2 judge regions where k3load writes one" in out, out

@@ -145,7 +145,12 @@ def consistency_problems(run_dir: Path) -> list[str]:
     expected = report_signers.expected(signers, _judge(run_dir))
     for name in report_signers.REPORTS:
         path = run_dir / name
-        found = report_signers.region_contents(path.read_text(errors="replace")) if path.is_file() else {}
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        found = report_signers.region_contents(text)
+        extra = {name: n for name, n in report_signers.region_counts(text).items() if n > 1}
+        if extra:
+            problems.append(f"{name}: {', '.join(f'{n} {r} regions' for r, n in extra.items())} where k3load writes "
+                            "one (marker text in the evidence would leave content unhashed)")
         for region, content in found.items():
             if content != expected[name].get(region):
                 problems.append(f"{name}: its {'signer table' if region == 'signers' else 'judge line'} does not "
