@@ -130,9 +130,11 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def _signed_said(checks: list[Any], args: argparse.Namespace) -> str:
+    from k3load.signing import record
+
     if not checks:
         return "; not signed"
     if args.allowed_signers is None:
         return f"; {len(checks)} signature(s), signers not checked (no --allowed-signers)"
-    good = sorted({p for c in checks if c.status == "ok" for p in c.principals})
+    good = sorted({p for c in checks if c.status == record.SignatureStatus.OK for p in c.principals})
     return f"; signed by {', '.join(good)}" if good else ""

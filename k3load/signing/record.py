@@ -22,8 +22,8 @@ import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 from k3load.analysis import report_signers
 from k3load.analysis.manifest import MANIFEST
@@ -46,14 +46,29 @@ class Signer:
     manifest_sha256: str  # the manifest's bytes it signed
 
 
+class SignatureStatus(StrEnum):
+    """What one signature's check found."""
+
+    OK = "ok"  # over this manifest, by an allowed signer's key, verified as that principal
+    UNCHECKED = "unchecked"  # over this manifest by the key it carries; no allowed-signers file was given
+    MISMATCH = "mismatch"  # not over this manifest (or not in the k3load namespace)
+    NOT_ALLOWED = "not_allowed"  # its key is in no allowed signer's line
+    BAD = "bad"  # an allowed signer's key, yet it does not verify as that principal
+    UNREADABLE = "unreadable"  # not an OpenSSH signature
+
+
+WORDS = {SignatureStatus.OK: "good",
+         SignatureStatus.UNCHECKED: "matches the manifest; its signer was not checked (no --allowed-signers)",
+         SignatureStatus.MISMATCH: "does not match", SignatureStatus.NOT_ALLOWED: "signer not allowed",
+         SignatureStatus.BAD: "does not verify", SignatureStatus.UNREADABLE: "unreadable"}
+
+
 @dataclass(frozen=True)
 class SignatureCheck:
-    """One signature, checked: `status` ok | mismatch (not over this manifest) | not_allowed (its key is in no
-    allowed signer's line) | bad (the allowed signer's key, yet it does not verify) | unreadable | unchecked
-    (it matches the manifest, no allowed-signers file was given)."""
+    """One signature, checked (`status`: SignatureStatus)."""
 
     index: int
-    status: str
+    status: SignatureStatus
     fingerprint: str | None
     claimed: str | None  # the identity the signer gave
     principals: tuple[str, ...] = ()  # who the allowed-signers file says it is
@@ -61,7 +76,7 @@ class SignatureCheck:
 
     @property
     def ok(self) -> bool:
-        return self.status in ("ok", "unchecked")
+        return self.status in (SignatureStatus.OK, SignatureStatus.UNCHECKED)
 
 
 def manifest_bytes(run_dir: Path) -> bytes:
@@ -173,21 +188,21 @@ def _check(index: int, block: str, data: bytes, allowed: Path | None, claimed: s
     try:
         info = sshsig.read_block(block)
     except sshsig.SignatureFormatError as exc:
-        return SignatureCheck(index, "unreadable", None, claimed, detail=str(exc))
+        return SignatureCheck(index, SignatureStatus.UNREADABLE, None, claimed, detail=str(exc))
     if info.namespace != keygen.NAMESPACE or not keygen.matches(block, data):
         said = f"namespace {info.namespace!r}" if info.namespace != keygen.NAMESPACE else \
             "not over this manifest.sha256 (an evidence file or the manifest changed after it was signed)"
-        return SignatureCheck(index, "mismatch", info.fingerprint, claimed, detail=said)
+        return SignatureCheck(index, SignatureStatus.MISMATCH, info.fingerprint, claimed, detail=said)
     if allowed is None:
-        return SignatureCheck(index, "unchecked", info.fingerprint, claimed)
+        return SignatureCheck(index, SignatureStatus.UNCHECKED, info.fingerprint, claimed)
     found = tuple(keygen.principals(block, allowed))
     if not found:
-        return SignatureCheck(index, "not_allowed", info.fingerprint, claimed,
+        return SignatureCheck(index, SignatureStatus.NOT_ALLOWED, info.fingerprint, claimed,
                               detail=f"its key {info.fingerprint} is no allowed signer's in {allowed}")
     results = [keygen.verify(block, data, allowed, p) for p in found]
     if not any(ok for ok, _ in results):
-        return SignatureCheck(index, "bad", info.fingerprint, claimed, found, results[0][1])
-    return SignatureCheck(index, "ok", info.fingerprint, claimed, found)
+        return SignatureCheck(index, SignatureStatus.BAD, info.fingerprint, claimed, found, results[0][1])
+    return SignatureCheck(index, SignatureStatus.OK, info.fingerprint, claimed, found)
 
 
 def set_aside_stale(run_dir: Path, signed: bytes | None) -> Path | None:
@@ -219,11 +234,5 @@ def describe(check: SignatureCheck) -> str:
     """One line per signature, for `k3load verify`."""
     who = ", ".join(check.principals) or (f"claims {check.claimed}" if check.claimed else "no claimed signer")
     head = f"signature {check.index + 1} ({who}; {check.fingerprint or 'key unknown'})"
-    words = {"ok": "good", "unchecked": "matches the manifest; its signer was not checked (no --allowed-signers)",
-             "mismatch": "does not match", "not_allowed": "signer not allowed", "bad": "does not verify",
-             "unreadable": "unreadable"}
-    return f"{head}: {words[check.status]}" + (f": {check.detail}" if check.detail else "")
+    return f"{head}: {WORDS[check.status]}" + (f": {check.detail}" if check.detail else "")
 
-
-def summary(checks: list[SignatureCheck]) -> dict[str, Any]:
-    return {"signatures": len(checks), "ok": sum(c.ok for c in checks)}
