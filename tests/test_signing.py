@@ -103,6 +103,9 @@ def test_a_signer_outside_the_allowed_file_is_refused_and_two_signers_both_verif
     assert main(["sign", str(run_dir), "--key", str(operator)]) == 0
     assert main(["sign", str(run_dir), "--key", str(lead)]) == 2  # no comment: who is it?
     assert "give --identity" in capsys.readouterr().err
+    for bad in ("lead<!--/k3load:judge-->", "a|b", "two\nlines"):  # written into the reports' regions and tables
+        assert main(["sign", str(run_dir), "--key", str(lead), "--identity", bad]) == 2
+        assert "a principal is printable text" in capsys.readouterr().err
     assert main(["sign", str(run_dir), "--key", str(lead), "--identity", "lead@example.com"]) == 0
     assert [s.identity for s in record.read_signers(run_dir)] == ["operator@example.com", "lead@example.com"]
     only_lead = _allowed(tmp_path, ("lead@example.com", lead))

@@ -336,3 +336,19 @@ def test_a_trace_is_parsed_once_while_its_file_is_unchanged(tmp_path: Path) -> N
     path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 3, "hash_ids": [1]}\n' * 2)
     again = read_trace_once(path, 512)
     assert again is not first and len(again) == 2
+
+
+def test_a_workers_replay_end_writes_only_the_events_declared_fields(tmp_path: Path) -> None:
+    """The worker port takes any peer: a message's own keys never reach events.jsonl."""
+    from k3load.loadgen.replay import write_from_worker
+    from k3load.rundir import JsonlLog
+
+    log = JsonlLog(tmp_path / "events.jsonl")
+    session = SimpleNamespace(events=log)
+    write_from_worker(session, "w1", {"run_id": "r", "stage": "replay", "rows_sent": 3, "verdict": "go",
+                                      "api_key": "x"})
+    write_from_worker(session, "w1", ["not", "a", "dict"])  # type: ignore[arg-type]
+    log.close()
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [{k: v for k, v in e.items() if k != "ts"} for e in events] == [
+        {"event": "replay_end", "stage": "replay", "rows_sent": 3}]

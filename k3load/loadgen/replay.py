@@ -38,7 +38,7 @@ import gevent.lock
 import httpx
 
 from k3load.analysis.arrival_lag import LATE_S
-from k3load.events import Event, Message
+from k3load.events import FIELDS, Event, Message
 from k3load.records import Attempt
 from k3load.workload.conversation import RunContext, record_of, send_and_judge
 from k3load.workload.plan import ReplaySpec, Stage
@@ -310,9 +310,11 @@ def event_writer(session: ReplaySession) -> Callable[[dict[str, Any]], None]:
 
 
 def write_from_worker(session: ReplaySession, worker: str, data: dict[str, Any]) -> None:
-    """Master: a worker's `replay_end` into events.jsonl (the analysis sums a stage's, one per process)."""
-    if session.events is None:
+    """Master: a worker's `replay_end` into events.jsonl (the analysis sums a stage's, one per process). Only the
+    event's declared fields: the worker port takes any peer (the master does not authenticate workers), and a
+    message must not write keys of its own choosing into the evidence."""
+    if session.events is None or not isinstance(data, dict):
         return
-    fields = {k: v for k, v in data.items() if k != "run_id"}
+    fields = {k: v for k, v in data.items() if k in FIELDS[Event.REPLAY_END]}
     with contextlib.suppress(ValueError):  # the run's logs closed first: nowhere to write it
         session.events.event(Event.REPLAY_END, **fields)

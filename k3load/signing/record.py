@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -33,6 +34,8 @@ from k3load.signing import keygen, sshsig
 SIGNATURES = MANIFEST + ".sig"
 SIGNERS = MANIFEST + ".signers.json"
 STALE = MANIFEST + ".stale"  # signatures over an earlier manifest, each set with the manifest it signed
+# a signer's name as the reports can hold it: no markup, table cell or code delimiters, no control characters
+_PRINCIPAL = re.compile(r"[^\s<>|`\x00-\x1f\x7f]([^<>|`\x00-\x1f\x7f]{0,198}[^\s<>|`\x00-\x1f\x7f])?")
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,9 @@ def add_signature(run_dir: Path, key: keygen.SigningKey, identity: str | None) -
     if not who:
         raise keygen.SigningError(f"--key {key.path}: its public key has no comment to name the signer: give "
                                   "--identity (the principal of the allowed-signers file, e.g. lead@example.com)")
+    if not _PRINCIPAL.fullmatch(who):
+        raise keygen.SigningError(f"identity {who[:80]!r}: a principal is printable text without <, >, |, a "
+                                  "backtick or a line end (it is written into the reports)")
     block = keygen.sign(data, key)
     info = sshsig.read_block(block)
     if not keygen.matches(block, data):

@@ -82,6 +82,17 @@ def tool_parameters(tool: Any) -> dict[str, Any]:
     return normalised_schema(parameters) if isinstance(parameters, dict) else {"type": "object"}
 
 
+def offered_schemas(request: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """A request's tools by name, each parameter schema normalised (the first of a name, as a server reads it);
+    computed once per turn when the scenario loads, since every answer's tool calls are validated against it."""
+    schemas: dict[str, dict[str, Any]] = {}
+    for tool in request_tools(request):
+        name = tool_name(tool)
+        if name is not None and name not in schemas:
+            schemas[name] = tool_parameters(tool)
+    return schemas
+
+
 def tool_name(tool: Any) -> str | None:
     function = tool.get("function") if isinstance(tool, dict) else None
     name = function.get("name") if isinstance(function, dict) else None

@@ -41,6 +41,8 @@ class Turn:
     messages: tuple[dict[str, Any], ...] = ()
     request: dict[str, Any] | None = None
     recorded: dict[str, Any] | None = None
+    # a logged turn's offered tools by name, their parameters normalised once at load (validated per answer)
+    tool_schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
@@ -77,9 +79,9 @@ class Scenario:
         """The parameter schema of tool `name` as the request offered it: a logged turn's own tools
         (normalised: k3load.workload.logged), else the scenario's."""
         if self.is_logged:
-            offered = logged.request_tools(turn.request if turn is not None else None) if turn is not None else \
-                [t for turn_ in self.turns for t in logged.request_tools(turn_.request)]
-            return next((logged.tool_parameters(t) for t in offered if logged.tool_name(t) == name), None)
+            if turn is not None:
+                return turn.tool_schemas.get(name)
+            return next((t.tool_schemas[name] for t in self.turns if name in t.tool_schemas), None)
         for tool in self.tools:
             if tool["function"]["name"] == name:
                 return tool["function"]["parameters"]
@@ -216,8 +218,12 @@ def parse_scenario(data: Any, path: Path) -> Scenario:
     defaults = data.get("defaults", {})
     if data.get("mode") == logged.LOGGED:
         merged = _merge(defaults, {})
+        schemas: dict[int, dict[str, Any]] = {}  # turns that share one tool list (a YAML alias) share its schemas
         turns = tuple(Turn(index=i, expect=t["expect"], settings=logged.settings_of(t["request"], merged),
-                           messages=tuple(t["messages"]), request=t["request"], recorded=t.get("recorded"))
+                           messages=tuple(t["messages"]), request=t["request"], recorded=t.get("recorded"),
+                           tool_schemas=schemas.get(id(logged.request_tools(t["request"])))
+                           or schemas.setdefault(id(logged.request_tools(t["request"])),
+                                                 logged.offered_schemas(t["request"])))
                       for i, t in enumerate(data["turns"]))
     else:
         turns = tuple(Turn(index=i, expect=t["expect"], user=t.get("user"), reply=t.get("reply"),
