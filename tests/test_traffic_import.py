@@ -363,3 +363,11 @@ def test_any_recorded_answer_is_read_or_ignored_never_raised(response: Any) -> N
     assert answer is None or isinstance(answer, dict)
     recorded = recorded_answer(answer)
     assert recorded is None or set(recorded) <= {"content", "reasoning", "tool_calls"}
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=JSON_VALUE)
+def test_libyaml_and_the_pure_parser_read_a_written_file_alike(value: Any) -> None:
+    """k3load.yamlfile reads with libyaml first: for whatever an import writes, both parsers agree."""
+    text = scenario_files.to_yaml({"value": value})
+    assert yaml.load(text, Loader=yaml.CSafeLoader) == yaml.load(text, Loader=yaml.SafeLoader) == {"value": value}
