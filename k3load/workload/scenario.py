@@ -143,6 +143,7 @@ def _check_logged(data: dict[str, Any], path: Path) -> None:
     """A logged scenario: every turn has its body and messages; its tools' schemas are valid once
     normalised; executors and expectations name tools the turn (or some turn) offered."""
     offered: set[str] = set()
+    checked: set[str] = set()  # parameter schemas already checked: a conversation resends its tools every turn
     for i, turn in enumerate(data["turns"]):
         where = f"{path}: turns[{i}]"
         for key in ("request", "messages"):
@@ -159,11 +160,15 @@ def _check_logged(data: dict[str, Any], path: Path) -> None:
             name = logged.tool_name(tool)
             if name is None:
                 raise ScenarioError(f"{where}.request.tools[{j}]: no function name")
-            try:
-                jsonschema.Draft202012Validator.check_schema(logged.tool_parameters(tool))
-            except jsonschema.SchemaError as exc:
-                raise ScenarioError(f"{where}.request.tools[{j}].function.parameters: not a valid JSON Schema, "
-                                    f"even normalised: {exc.message}") from exc
+            parameters = logged.tool_parameters(tool)
+            key = json.dumps(parameters, sort_keys=True, default=str)
+            if key not in checked:
+                try:
+                    jsonschema.Draft202012Validator.check_schema(parameters)
+                except jsonschema.SchemaError as exc:
+                    raise ScenarioError(f"{where}.request.tools[{j}].function.parameters: not a valid JSON Schema, "
+                                        f"even normalised: {exc.message}") from exc
+                checked.add(key)
             names.add(name)
         for key in ("tools", "calls"):
             for name in turn["expect"].get(key, []):
