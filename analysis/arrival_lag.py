@@ -41,7 +41,8 @@ def offered_late(scheduled: int, late: int) -> bool:
     return scheduled >= MIN_SCHEDULED and late / scheduled > LATE_SHARE
 
 
-REPLAY_SUMS = ("rows_due", "rows_sent", "rows_late", "rows_not_played", "rows_in_flight_at_end", "rows_cut")
+REPLAY_SUMS = ("rows_due", "rows_sent", "rows_late", "rows_not_played", "rows_in_flight_at_end", "rows_cut",
+               "rows_short")
 
 
 def replay_figures(ends: list[dict[str, Any]], stage: str) -> dict[str, Any]:

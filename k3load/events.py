@@ -173,11 +173,13 @@ FIELDS: dict[Event, frozenset[str]] = {
     # 1 s), rows_not_played (not reached by the end), rows_in_flight_at_end (sent, still answering), rows_cut
     # (to fit max_model_len), worst_lag_s, users, in_flight_max; the blocks' sizing: tokenizer, tokens_per_word,
     # blocks_verified, verified_tokens_min/max, tokenize_calls; fell_behind: who and why, or null; min_tokens:
-    # false once the server refused it, the later rows then asking max_tokens only).
+    # false once the server refused it, the later rows then asking max_tokens only; rows_short: answered rows
+    # whose answer was shorter than the output_length asked, a server or gateway that did not honour min_tokens).
     Event.REPLAY_END: _f("stage", "trace", "speed", "block_tokens", "max_rows", "share", "share_note", "rows_due",
                          "rows_sent", "rows_late", "rows_not_played", "rows_in_flight_at_end", "rows_cut",
                          "worst_lag_s", "users", "in_flight_max", "tokenizer", "tokens_per_word", "blocks_verified",
-                         "verified_tokens_min", "verified_tokens_max", "tokenize_calls", "fell_behind", "min_tokens"),
+                         "verified_tokens_min", "verified_tokens_max", "tokenize_calls", "fell_behind", "min_tokens",
+                         "rows_short"),
     # k3load.sampler.loop: what samples what (URLs without credentials, api_key "set"|null, the log
     # command's program only, headers: their names only).
     Event.SAMPLER_START: _f("metrics_url", "metrics_urls", "health_url", "prometheus_url", "prometheus_selector",

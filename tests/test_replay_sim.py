@@ -97,6 +97,7 @@ def test_a_trace_replays_at_its_pace_with_its_prefix_sharing(start_sim, client, 
         assert (end["rows_due"], end["rows_sent"], end["rows_not_played"], end["rows_late"]) == \
             (len(rows), len(rows), 0, late), end
         assert (end["fell_behind"] is None) == (late == 0), end
+        assert end["min_tokens"] is True and end["rows_short"] == 0, end  # the sim honours min_tokens, as vLLM does
         assert end["tokenizer"] == "server /tokenize" and end["verified_tokens_min"] == \
             end["verified_tokens_max"] == BLOCK, end
         ok = [a for a in played if a.status == "ok"]

@@ -136,6 +136,9 @@ class ReplayState:
     worst_lag_s: float = 0.0
     cut: int = 0
     min_tokens: bool = True  # sent while the server takes it; a 400 naming it turns it off for the later rows
+    # answered rows whose answer came back shorter than the row asked: a server (or a gateway that drops unknown
+    # parameters) that did not honour min_tokens offers less decode than the trace did, said at the stage's end
+    rows_short: int = 0
     written: bool = False
     scenario: Scenario = field(init=False)
 
@@ -187,6 +190,8 @@ class ReplayState:
             self.min_tokens = False
             log.warning("k3load: replay %s: the server refused min_tokens (HTTP 400): later rows ask max_tokens "
                         "only, their answers may end sooner than the trace's output_length", self.stage.name)
+        done = judged.result.completion_tokens
+        self.rows_short += judged.result.status == "ok" and done is not None and done < out
         attempt = record_of(ctx, self.scenario, turn, prepared, judged, judged.attempt_id, 1, False)
         attempt.session_id, attempt.intended_send_ts = session_id, ticket.due_ts
         sink(attempt)
@@ -200,6 +205,7 @@ class ReplayState:
                "rows_due": due, "rows_sent": self.sent, "rows_late": self.late,
                "rows_not_played": due - self.sent, "rows_in_flight_at_end": self.in_flight, "rows_cut": self.cut,
                "worst_lag_s": round(self.worst_lag_s, 3), "min_tokens": self.min_tokens,
+               "rows_short": self.rows_short,
                "users": self.stage.users, "in_flight_max": self.in_flight_max, **self.texts.fit.as_dict()}
         out["fell_behind"] = fell_behind(out, self.late_all_busy)
         return out
@@ -261,6 +267,10 @@ def finish(state: ReplayState, write: Callable[[dict[str, Any]], None]) -> None:
     summary = state.summary()
     if summary["fell_behind"]:
         log.warning("k3load: %s", summary["fell_behind"])
+    if summary["rows_short"]:
+        log.warning("k3load: replay %s: %d answered rows came back shorter than their output_length: the server (or "
+                    "a gateway before it) did not honour min_tokens, so this stage decoded less than the trace did",
+                    state.stage.name, summary["rows_short"])
     with contextlib.suppress(ValueError):  # the run's logs closed first: nowhere to write it
         write(summary)
 
