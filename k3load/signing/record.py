@@ -122,9 +122,13 @@ def add_signature(run_dir: Path, key: keygen.SigningKey, identity: str | None) -
     signer = Signer(who, info.fingerprint, info.key_type,
                     time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), hashlib.sha256(data).hexdigest())
     blocks, signers = read_blocks(run_dir), read_signers(run_dir)
-    write_atomic(run_dir / SIGNATURES, "".join([*blocks, block]))
-    write_atomic(run_dir / SIGNERS, json.dumps({"signers": [asdict(s) for s in [*signers, signer]]}, indent=2)
-                 + "\n")
+    try:
+        write_atomic(run_dir / SIGNERS, json.dumps({"signers": [asdict(s) for s in [*signers, signer]]},
+                                                   indent=2) + "\n")
+        write_atomic(run_dir / SIGNATURES, "".join([*blocks, block]))
+    except OSError as exc:  # a full disk: the signers file back as it was, so the two still agree
+        write_atomic(run_dir / SIGNERS, json.dumps({"signers": [asdict(s) for s in signers]}, indent=2) + "\n")
+        raise keygen.SigningError(f"{run_dir}: cannot write the signature ({exc.strerror or exc})") from None
     refresh_reports(run_dir)
     return signer
 

@@ -9,8 +9,9 @@ file, and is kept beside it in manifest.sha256.sig, after any earlier signer's; 
 keeps each signer's identity (--identity, else the key's comment), key fingerprint and time. A run whose
 evidence no longer matches its manifest is not signed.
 
-Exit codes: 0 signed; 2 nothing signed: not a judged run, its evidence changed, no ssh-keygen, an unreadable
-key, or a passphrase-protected key that no ssh-agent holds.
+Exit codes: 0 signed; 1 signed, but the reports could not be updated to say so (a full disk); 2 nothing
+signed: not a judged run, its evidence changed, no ssh-keygen, an unreadable key, or a passphrase-protected key
+that no ssh-agent holds.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from k3load.analysis.cli import run_dir_problem
 from k3load.analysis.manifest import verify
 from k3load.signing import keygen, record
 
-EXIT_SIGNED, EXIT_NOT_SIGNED = 0, 2
+EXIT_SIGNED, EXIT_SIGNED_REPORTS_STALE, EXIT_NOT_SIGNED = 0, 1, 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
     except keygen.SigningError as exc:
         print(f"k3load sign: {exc}; nothing signed", file=sys.stderr)
         return EXIT_NOT_SIGNED
+    except OSError as exc:  # the reports could not be refreshed (a full disk): the signature itself was kept
+        print(f"k3load sign: signed, but the reports could not say so ({exc.strerror or exc}): k3load verify "
+              "fails on them until k3load sign runs again with room on the disk", file=sys.stderr)
+        return EXIT_SIGNED_REPORTS_STALE
     print(f"k3load sign: signed {args.run_dir / record.MANIFEST} as {signer.identity} ({signer.key_type} "
           f"{signer.fingerprint}) at {signer.signed_at}; kept in {args.run_dir / record.SIGNATURES}")
     return EXIT_SIGNED
