@@ -165,3 +165,24 @@ def test_hostile_json_arguments_and_structured_output(start_sim, client):
     fmt = {"type": "json_schema", "json_schema": {"name": "o", "schema": schema}}
     content = chat(deep, client, messages=ASK, response_format=fmt).json()["choices"][0]["message"]["content"]
     assert strict_json.parse(content).kind == strict_json.TOO_DEEP  # type: ignore[union-attr]
+
+
+def test_batch_dependent_arguments_change_under_load_and_never_alone(start_sim, client):
+    """A batch-variant engine (vLLM without VLLM_BATCH_INVARIANT=1): the same temperature-0 request answers the same
+    every time alone, and with other arguments (still a string city) when it joins a batch of 2 or more."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    t = _t(start_sim("--batch-dependent-args-rate", "1", "--batch-dependent-args-min-running", "2",
+                     "--time-scale", "1", "--step-base-ms", "20"))
+    body = {"messages": ASK, "tools": [WEATHER], "temperature": 0, "stream": False}
+
+    def arguments(resp: httpx.Response) -> str:
+        return resp.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+
+    alone = {arguments(chat(t, client, **body)) for _ in range(3)}
+    assert len(alone) == 1  # deterministic alone: a healthy temperature-0 request repeats exactly
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        crowded = [arguments(r) for r in pool.map(lambda _: chat(t, httpx.Client(timeout=60), **body), range(4))]
+    assert set(crowded) - alone, crowded  # joined a batch: decoded otherwise
+    assert all(isinstance(json.loads(a)["city"], str) for a in crowded)  # still valid against the schema
+    assert {arguments(chat(t, client, **body))} == alone  # alone again: the first answer again

@@ -112,6 +112,16 @@ class FaultProfile:
     skip_tool_call_rate: float = knob(0.0, "fault: a model that skips tool calls: with tool_choice auto it answers in "
                                            "prose where it should call a tool (finish_reason stop, no calls): "
                                            "model_output; at temperature 0 the same request is skipped every time")
+    # vLLM is not batch-invariant by default: a greedy decode can take a near-tie token the other way in a batch of
+    # another size (docs.vllm.ai/en/v0.32.0/features/batch_invariance/; VLLM_BATCH_INVARIANT=1 is its beta fix)
+    batch_dependent_args_rate: float = knob(0.0, "fault: a batch-variant engine: when the engine holds at least "
+                                                 "--batch-dependent-args-min-running requests, this share of (request, "
+                                                 "batch size) pairs decodes one tool-call argument value otherwise "
+                                                 "(still schema-valid), decided from the request and how many requests "
+                                                 "the engine holds: the same request alone answers the same every time")
+    batch_dependent_args_min_running: int = knob(2, "fault: --batch-dependent-args-rate applies only when the engine "
+                                                    "holds at least this many requests (running + waiting, this one "
+                                                    "included) when the request arrives")
     hold_after_done_rate: float = knob(0.0, "fault: streamed answers: a proxy that passes 'data: [DONE]' on but holds "
                                             "the chunked body open for --hold-after-done-ms (its last chunk late, or "
                                             "never if the client leaves first)")
@@ -213,7 +223,8 @@ def validate(config: SimConfig) -> None:
     if f.http_error_style not in ("vllm", "gateway", "html"):
         raise ProfileError("faults.http_error_style must be 'vllm', 'gateway' or 'html'")
     _validate_wire(config)
-    for name in ("stream_empty_tool_calls_min_running", "tool_args_burst_ms", "hold_after_done_ms"):
+    for name in ("stream_empty_tool_calls_min_running", "batch_dependent_args_min_running", "tool_args_burst_ms",
+                 "hold_after_done_ms"):
         if getattr(f, name) < 0:
             raise ProfileError(f"faults.{name} must not be negative, got {getattr(f, name)}")
     if config.tool_call_style not in ("k2", "k3"):

@@ -9,14 +9,17 @@ Each step costs `step_base + per_seq x batch + per_token x prefill tokens` model
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import sys
 import time
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from k3load.sim import faults as fault_rules
 from k3load.sim.config import SimConfig
 from k3load.sim.generate import OutputPlan, Piece
 from k3load.sim.gpu_memory import GpuMemory
@@ -82,8 +85,21 @@ class Engine:
             self.memory.serving_since = time.monotonic()
         seq.hashes = block_hashes(seq.prompt_ids, self.config.block_size)
         self.waiting.append(seq)
+        seq.plan = self._batch_variant(seq)
         self._check_oom()
         self._wake.set()
+
+    def _batch_variant(self, seq: Sequence) -> OutputPlan:
+        """The fault of an engine that is not batch-invariant (`faults.batch_dependent`): decided, as the batch
+        numerics are, by the request (its prompt tokens) and the batch it joins (how many requests the engine
+        holds, this one included), never by chance: the same request at the same batch size answers the same,
+        and alone (below --batch-dependent-args-min-running) always as the healthy sim does."""
+        f = self.config.faults
+        if not f.batch_dependent_args_rate or self.held < f.batch_dependent_args_min_running or not seq.plan.tool_calls:
+            return seq.plan
+        prompt = hashlib.sha256(array("q", seq.prompt_ids).tobytes()).hexdigest()
+        return fault_rules.batch_dependent(seq.plan, f"{self.config.seed}:{prompt}:{self.held}",
+                                           f.batch_dependent_args_rate)
 
     @property
     def held(self) -> int:

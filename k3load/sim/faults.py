@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from k3load.sim.config import HOSTILE_JSON_SHAPES, FaultProfile
-from k3load.sim.generate import OutputPlan, Piece
+from k3load.sim.generate import OutputPlan, Piece, vary_arguments
 from k3load.sim.tokenizer import tokenize
 
 _K3_MARKER = re.compile(r"(<\|(?:open|close|sep)\|>)")
@@ -242,3 +242,32 @@ def _xtml_type(value: Any) -> str:
 
 def _is_k3(plan: OutputPlan) -> bool:
     return any(p.kind == "tool_whole" for p in plan.pieces)
+
+
+def batch_dependent(plan: OutputPlan, key: str, rate: float) -> OutputPlan:
+    """A batch-variant engine's answer (`--batch-dependent-args-rate`): each call, with chance `rate` drawn from
+    `key`, has one argument value decoded otherwise (`generate.vary_arguments`: still valid against the tool's
+    schema). The engine's key is the request and the number of requests it holds (engine.py), so a request
+    answers the same at the same batch size, and otherwise under load.
+
+    Why a fault of the engine, not of the model: vLLM is not batch-invariant by default. Its kernels reduce in
+    an order that depends on the batch, so the same greedy request can take a near-tie token the other way when
+    the batch around it changes; VLLM_BATCH_INVARIANT=1 (beta) makes the output "deterministic and independent
+    of the batch size or the order of requests in a batch" (docs.vllm.ai/en/v0.32.0/features/batch_invariance/).
+    A call already rewritten (a cut at max_tokens, a parser fault that moved or merged its arguments) is left
+    as it is: its pieces no longer carry exactly its arguments."""
+    pieces, calls = list(plan.pieces), [dict(c) for c in plan.tool_calls]
+    for index, call in enumerate(calls):
+        rng = random.Random(f"{key}:{index}")
+        if rng.random() >= rate:
+            continue
+        varied = vary_arguments(call["arguments"], call.get("parameters") or {}, rng)
+        carrying = [i for i, p in enumerate(pieces) if p.tool_index == index and p.kind in ("tool_args", "tool_whole")]
+        if varied is None or not carrying or "".join(pieces[i].text for i in carrying) != call["arguments"]:
+            continue
+        tokens = [varied] if len(carrying) == 1 else tokenize(varied)
+        for n, position in enumerate(carrying):  # the last piece takes what is left, a short call's rest are empty
+            text = "".join(tokens[n:]) if n == len(carrying) - 1 else tokens[n] if n < len(tokens) else ""
+            pieces[position] = Piece(pieces[position].kind, text, index)
+        call["arguments"] = varied
+    return OutputPlan(pieces, plan.finish_reason, calls)

@@ -39,7 +39,8 @@ class Piece:
 class OutputPlan:
     pieces: list[Piece]
     finish_reason: str
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # id, name, arguments (string)
+    # id, name, arguments (string) and parameters (the tool's schema, which the wire never shows)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def reasoning_token_count(self) -> int:
@@ -186,11 +187,33 @@ def plan_output(request: dict[str, Any], rng: random.Random, reasoning_tokens: i
         fn = tool["function"]
         arguments = json.dumps(instance(fn.get("parameters") or {}, rng), separators=(",", ":"))
         calls.append({"id": kimi_call_id(fn["name"], messages, position), "name": fn["name"],
-                      "arguments": arguments})
+                      "arguments": arguments, "parameters": fn.get("parameters") or {}})  # the schema: vary_arguments
         pieces += call_pieces(position, arguments, tool_call_style)
     named = isinstance(request.get("tool_choice"), dict)  # vLLM finishes a named call with "stop"
     pieces.append(Piece("tool_args", "") if named else Piece("none"))  # EOS: adds nothing to the call
     return OutputPlan(pieces, "stop" if named else "tool_calls", calls)
+
+
+def vary_arguments(arguments: str, parameters: dict[str, Any], rng: random.Random, tries: int = 5) -> str | None:
+    """The arguments with one value decoded otherwise: a near-tie token taken the other way, as a batch of
+    another size can make a greedy decode do (`faults.batch_dependent`). The value is another instance of
+    the same property's schema, so the answer stays valid; None when no property can differ (an enum of one,
+    no properties, arguments that are not a JSON object)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return None
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    if not isinstance(value, dict) or not isinstance(properties, dict):
+        return None
+    keys = [k for k in value if isinstance(properties.get(k), dict)]
+    rng.shuffle(keys)
+    for key in keys:
+        for _ in range(tries):
+            other = instance(properties[key], rng)
+            if other != value[key]:
+                return json.dumps({**value, key: other}, separators=(",", ":"))
+    return None
 
 
 def truncate(plan: OutputPlan, max_tokens: int, ignore_eos: bool, rng: random.Random,
