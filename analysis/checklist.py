@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from k3load.analysis.pillar import PillarResult
+from k3load.analysis.retry_paths import checklist_line, path_counts
 from k3load.analysis.rundata import RunData, StageWindow
 from k3load.events import Event
 from k3load.outcomes import PASS
@@ -225,8 +226,7 @@ def build_checklist(data: RunData, pillars: dict[str, PillarResult]) -> list[dic
                                                           "prompt_tokens_cached")), ["metrics.jsonl"]),
         _item("Schema validation of tool calls, reasoning, content and structured output",
               bool(agent.get("attempts")), f"{agent.get('attempts', 0)} attempts validated", ["records.jsonl"]),
-        _item("Retry and API fallback behaviour", bool(drill.get("timed_out")) and drill.get("recovered", 0) > 0,
-              f"timeout drill: {drill.get('timed_out', 0)} timed out, {drill.get('recovered', 0)} recovered",
+        _item("Retry and API fallback behaviour", *checklist_line(path_counts(data.attempts), drill),
               ["records.jsonl"]),
         _item("Judge, date, samples used and next action", bool(judge),
               f"judge {judge!r}" if judge else "judge to be filled in before signing",

@@ -155,6 +155,11 @@ class Attempt:
     unanswered_calls: int | None = None
     skipped_turns: int | None = None
     rounds_capped: bool | None = None
+    # How the attempt came to be sent (k3load.workload.retry_policy.AttemptPath): "first_try", "retry" (the same
+    # bytes again, `retry.when`) or "fallback" (the one attempt after exhausted retries, its body with the turn's
+    # `fallback:` settings, judged by the turn's expectation minus what the fallback took away). None in older
+    # records.
+    path: str | None = None
 
     def to_json(self) -> str:
         """The record's line, the same bytes as `asdict`'s, without its deep copy of every field: a quarter

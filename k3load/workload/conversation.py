@@ -14,6 +14,7 @@ leaves the turn as an exception. What the sink itself raises (the record could n
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import time
 import uuid
@@ -29,9 +30,16 @@ from k3load.records import Attempt, Finding, timing_fields
 from k3load.workload import harness_error, model_history
 from k3load.workload.harness_error import HarnessFault
 from k3load.workload.model_history import Body
-from k3load.workload.retry_policy import retry_reason, retry_wait_s
+from k3load.workload.retry_policy import (
+    AttemptPath,
+    drill_deadline_s,
+    fallback_body,
+    fallback_turn,
+    retry_reason,
+    retry_wait_s,
+)
 from k3load.workload.scenario import Scenario, Turn
-from k3load.workload.stored_requests import PreparedRequest, build_request
+from k3load.workload.stored_requests import PreparedRequest, build_request, compact, sha256
 from k3load.workload.stream_equivalence import compare_twins
 from k3load.workload.think_time import gap_before
 from k3load.workload.validate import primary_layer, validate
@@ -113,7 +121,8 @@ class RunContext:
 
 def make_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest, result: StreamResult,
                  findings: list[Finding], chain_id: str, number: int, will_retry: bool,
-                 timing: dict[str, Any] | None = None, attempt_id: str | None = None) -> Attempt:
+                 timing: dict[str, Any] | None = None, attempt_id: str | None = None,
+                 path: AttemptPath | None = None) -> Attempt:
     failed = sorted({f.layer for f in findings if not f.ok and f.layer})
     attempt_id = attempt_id or uuid.uuid4().hex
     return Attempt(
@@ -133,8 +142,13 @@ def make_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: Prep
         tool_calls=[c.as_message() for c in result.tool_calls], findings=findings,
         valid=all(f.ok for f in findings), failed_layers=failed, primary_layer=primary_layer(findings),
         will_retry=will_retry, stream=turn.settings["stream"], temperature=turn.settings.get("temperature"),
-        seed=turn.settings.get("seed"),
+        seed=turn.settings.get("seed"), path=_path(path, number),
         **(timing if timing is not None else timing_fields(result)))
+
+
+def _path(path: AttemptPath | None, number: int) -> str:
+    """The record's `path`: as given, else the first try or a retry by its number (a plain str on the wire)."""
+    return (path or (AttemptPath.FIRST_TRY if number == 1 else AttemptPath.RETRY)).value
 
 
 @dataclass
@@ -176,25 +190,26 @@ def send_and_judge(client: Client, ctx: RunContext, scenario: Scenario, turn: Tu
 
 
 def record_of(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest, judged: Judged,
-              chain_id: str, number: int, will_retry: bool) -> Attempt:
+              chain_id: str, number: int, will_retry: bool, path: AttemptPath | None = None) -> Attempt:
     """`make_attempt`, or, where building the record raised, the answer as received with a `harness.error`
     finding (a bare record where even that cannot be built): never raises an Exception."""
     try:
         return make_attempt(ctx, scenario, turn, prepared, judged.result, judged.findings, chain_id, number,
-                            will_retry, judged.timing, judged.attempt_id)
+                            will_retry, judged.timing, judged.attempt_id, path)
     except Exception as exc:
         fault = HarnessFault.of(exc, harness_error.PHASE_RECORD)
     findings = [harness_error.finding(fault, judged.result)]
     try:
         return make_attempt(ctx, scenario, turn, prepared, judged.result, findings, chain_id, number, False,
-                            judged.timing or {}, judged.attempt_id)
+                            judged.timing or {}, judged.attempt_id, path)
     except Exception:
         return bare_attempt(ctx, scenario, turn, prepared, judged.result, findings, chain_id, number,
-                            judged.attempt_id)
+                            judged.attempt_id, path)
 
 
 def bare_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest, result: StreamResult,
-                 findings: list[Finding], chain_id: str, number: int, attempt_id: str | None = None) -> Attempt:
+                 findings: list[Finding], chain_id: str, number: int, attempt_id: str | None = None,
+                 path: AttemptPath | None = None) -> Attempt:
     """The record with only what is certain to read: identity, status, times, the text as strings."""
     def text(value: Any) -> str:
         return value if isinstance(value, str) else ""
@@ -221,7 +236,7 @@ def bare_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: Prep
         http_status=http if isinstance(http, int) and not isinstance(http, bool) else None,
         error=text(getattr(result, "error", None)) or None, reasoning=text(getattr(result, "reasoning", "")),
         content=text(getattr(result, "content", "")), findings=findings, valid=False, failed_layers=["client"],
-        primary_layer="client", stream=bool(turn.settings.get("stream", True)))
+        primary_layer="client", stream=bool(turn.settings.get("stream", True)), path=_path(path, number))
 
 
 def _handed(ctx: RunContext, attempt: Attempt, sink: Callable[[Attempt], Any]) -> None:
@@ -230,36 +245,67 @@ def _handed(ctx: RunContext, attempt: Attempt, sink: Callable[[Attempt], Any]) -
         ctx.on_unjudged(attempt)
 
 
+@dataclass(frozen=True)
+class _Chain:
+    """What every attempt of one request shares: its id, conversation, control pair and where records go."""
+
+    chain_id: str
+    session_id: str | None
+    control: tuple[int, str] | None
+    sink: Callable[[Attempt], Any]
+
+
+def _recorded(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest, judged: Judged,
+              chain: _Chain, number: int, will_retry: bool, path: AttemptPath, drill: bool = False,
+              intended_ts: float | None = None) -> Attempt:
+    attempt = record_of(ctx, scenario, turn, prepared, judged, chain.chain_id, number, will_retry, path)
+    attempt.drill, attempt.session_id, attempt.intended_send_ts = drill, chain.session_id, intended_ts
+    if chain.control is not None:
+        attempt.control_pair, attempt.control_role = chain.control
+    _handed(ctx, attempt, chain.sink)
+    return attempt
+
+
 def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, salt: str,
              sink: Callable[[Attempt], Any], control: tuple[int, str] | None = None,
              session_id: str | None = None, intended_ts: float | None = None, body: Body | None = None
              ) -> list[Attempt]:
-    """One request with its retries; returns every attempt (already sent to `sink`). `control` is the
+    """One request with its retries, then its fallback where the turn declares one and the retries were
+    exhausted (the last one failed in a way `retry.when` retries: it is then recorded `will_retry`, since the
+    fallback follows in the same chain); returns every attempt (already sent to `sink`). `control` is the
     (pair number, "cold" | "warm") of a prefix-cache control request; its retries keep both. An answer the
     harness could not judge ends the chain (a retry would answer nothing about the server). `body`: the
     request's bytes where the history is not the script's (k3load.workload.model_history)."""
     prepared = body(scenario, turn, salt) if body else \
         build_request(scenario, turn.index, ctx.model, salt, ctx.long_context(scenario))
-    policy = turn.retry
-    chain_id = uuid.uuid4().hex
+    policy, chain = turn.retry, _Chain(uuid.uuid4().hex, session_id, control, sink)
     attempts: list[Attempt] = []
     for number in range(1, policy["max_attempts"] + 1):
-        drill = number == 1 and bool(policy.get("first_timeout_s"))
+        short = drill_deadline_s(policy, number)
         judged = send_and_judge(client, ctx, scenario, turn, prepared.body,
-                                policy["first_timeout_s"] if drill else turn.settings["timeout_s"], session_id)
+                                turn.settings["timeout_s"] if short is None else short, session_id)
         reason = None if judged.fault else retry_reason(judged.result, judged.findings)
-        will_retry = reason in policy["when"] and number < policy["max_attempts"]
-        attempt = record_of(ctx, scenario, turn, prepared, judged, chain_id, number, will_retry)
-        attempt.drill, attempt.session_id = drill, session_id
-        attempt.intended_send_ts = intended_ts if number == 1 else None
-        if control is not None:
-            attempt.control_pair, attempt.control_role = control
-        _handed(ctx, attempt, sink)
-        attempts.append(attempt)
-        if not attempt.will_retry:
-            break
+        will_retry = reason in policy["when"] and (number < policy["max_attempts"] or turn.fallback is not None)
+        attempts.append(_recorded(ctx, scenario, turn, prepared, judged, chain, number, will_retry,
+                                  AttemptPath.FIRST_TRY if number == 1 else AttemptPath.RETRY, short is not None,
+                                  intended_ts if number == 1 else None))
+        if not will_retry:
+            return attempts
         ctx.sleep(retry_wait_s(policy, turn.settings["timeout_s"], judged.result))
-    return attempts
+    return [*attempts, _fallback(client, ctx, scenario, turn, prepared, chain, len(attempts) + 1)]
+
+
+def _fallback(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest,
+              chain: _Chain, number: int) -> Attempt:
+    """The one attempt after the exhausted retries: the same body with the turn's `fallback:` applied (nothing
+    else changed), sent with the turn's own deadline, judged as `fallback_turn` says; never retried."""
+    assert turn.fallback is not None  # run_turn retries its last attempt only where a fallback follows
+    data = compact(fallback_body(json.loads(prepared.body), turn.fallback))
+    sent = replace(prepared, body=data, sha256=sha256(data))
+    judged_turn = fallback_turn(turn, turn.fallback)
+    judged = send_and_judge(client, ctx, scenario, judged_turn, sent.body, judged_turn.settings["timeout_s"],
+                            chain.session_id)
+    return _recorded(ctx, scenario, judged_turn, sent, judged, chain, number, False, AttemptPath.FALLBACK)
 
 
 def _compared(stream: Judged, whole: Judged) -> None:

@@ -1,12 +1,17 @@
-"""When an attempt is retried, and how long the user waits before it: the scenario's retry policy read.
+"""When an attempt is retried, how long the user waits before it, and what is sent once the retries are
+exhausted: the scenario's retry policy and its turn's `fallback:` read.
 
-Why apart from the conversation: the policy is data the scenario declares (`retry.when`, `backoff_s`) and
-the server's word (`Retry-After`); the conversation only asks "again?" and "after how long?".
+Why apart from the conversation: the policy is data the scenario declares (`retry.when`, `backoff_s`,
+`first_timeout_s`, `fallback`) and the server's word (`Retry-After`); the conversation only asks "again?",
+"after how long?" and "with what body?".
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
 from k3load.client.result import (
     STATUS_HTTP_ERROR,
@@ -18,6 +23,9 @@ from k3load.client.result import (
     StreamResult,
 )
 from k3load.records import Finding
+
+if TYPE_CHECKING:
+    from k3load.workload.scenario import Turn
 
 RETRY_AFTER_MAX_S = 30.0  # the longest wait a server's Retry-After can impose on one retry
 
@@ -52,3 +60,78 @@ def retry_reason(result: StreamResult, findings: list[Finding]) -> str | None:
     if result.status == STATUS_OK and not all(f.ok for f in findings):
         return "invalid"
     return None
+
+
+def drill_deadline_s(policy: Mapping[str, Any], number: int) -> float | None:
+    """The timeout drill's deliberately short deadline for attempt `number` (1-based), or None: the turn's own.
+    The first `first_timeout_attempts` attempts (default 1) get `first_timeout_s`; as many as `max_attempts`
+    exhausts the retries on purpose, the drill of the turn's `fallback`."""
+    short = policy.get("first_timeout_s")
+    return short if short and number <= policy.get("first_timeout_attempts", 1) else None
+
+
+class AttemptPath(StrEnum):
+    """How an attempt came to be sent (the record's `path`): the request's first try, a retry of the same bytes,
+    or the one fallback sent with the turn's `fallback:` settings once its retries were exhausted."""
+
+    FIRST_TRY = "first_try"
+    RETRY = "retry"
+    FALLBACK = "fallback"
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A turn's `fallback:`: the request settings its one last attempt is sent with once its retries are
+    exhausted (the last retry failed in a way `retry.when` retries). Each field left None (False) keeps the
+    turn's own: `max_tokens` replaces the budget, `tool_choice` the choice, `drop_response_format` sends no
+    `response_format`, `model` names another served model."""
+
+    max_tokens: int | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    drop_response_format: bool = False
+    model: str | None = None
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Fallback:
+        """From the scenario's `fallback:` mapping, already checked against the schema."""
+        return cls(max_tokens=data.get("max_tokens"), tool_choice=data.get("tool_choice"),
+                   drop_response_format="response_format" in data, model=data.get("model"))
+
+    def body_keys(self) -> dict[str, Any]:
+        """The body keys the fallback sets, with their values (a dropped key is not among them)."""
+        keys = {"model": self.model, "max_tokens": self.max_tokens, "tool_choice": self.tool_choice}
+        return {k: v for k, v in keys.items() if v is not None}
+
+
+def fallback_body(body: Mapping[str, Any], fallback: Fallback) -> dict[str, Any]:
+    """The request body with the fallback applied and nothing else changed: each key the fallback sets takes its
+    value where it stands (a key the body lacked goes last, in the order model, max_tokens, tool_choice), a
+    dropped `response_format` is left out, every other key keeps its value and its place (key order is part
+    of the prompt: k3load.workload.stored_requests)."""
+    sets = fallback.body_keys()
+    out = {k: sets.get(k, v) for k, v in body.items() if not (k == "response_format" and fallback.drop_response_format)}
+    return out | {k: v for k, v in sets.items() if k not in out}
+
+
+def judged_expectation(expect: Mapping[str, Any], fallback: Fallback) -> dict[str, Any]:
+    """What a fallback answer is judged by: the turn's expectation minus what the fallback took away.
+
+    - `tool_choice: none` forbids the call a `tool_call` turn expected: judged as an `answer` turn (content,
+      no call);
+    - no `response_format`: no structured output was asked for, so a `json` turn has no JSON-schema check:
+      judged as an `answer` turn;
+    - a smaller `max_tokens`, another `model`, or a choice that still allows calls take nothing away: the
+      turn's own expectation."""
+    kind = expect["kind"]
+    if (kind == "tool_call" and fallback.tool_choice == "none") or (kind == "json" and fallback.drop_response_format):
+        return {"kind": "answer"}
+    return dict(expect)
+
+
+def fallback_turn(turn: Turn, fallback: Fallback) -> Turn:
+    """The turn as its fallback is sent and judged: its settings with the fallback's (the record's `max_tokens`
+    is the fallback's) and its expectation as `judged_expectation` says (the record's `turn_kind` with it)."""
+    settings = {**turn.settings, **{k: v for k, v in fallback.body_keys().items() if k != "model"}}
+    if fallback.drop_response_format:
+        settings.pop("response_format", None)
+    return replace(turn, settings=settings, expect=judged_expectation(turn.expect, fallback))

@@ -17,6 +17,7 @@ from typing import Any
 import jsonschema
 
 from k3load.workload import logged
+from k3load.workload.retry_policy import Fallback
 from k3load.yamlfile import YamlFileError, read_yaml_file
 
 DEFAULT_RETRY = {"max_attempts": 1, "backoff_s": 0.0,
@@ -43,6 +44,8 @@ class Turn:
     recorded: dict[str, Any] | None = None
     # a logged turn's offered tools by name, their parameters normalised once at load (validated per answer)
     tool_schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # what the one attempt after exhausted retries is sent with (k3load.workload.retry_policy); None: no fallback
+    fallback: Fallback | None = None
 
     @property
     def kind(self) -> str:
@@ -149,7 +152,7 @@ def _check_logged(data: dict[str, Any], path: Path) -> None:
         for key in ("request", "messages"):
             if key not in turn:
                 raise ScenarioError(f"{where}.{key}: required in a logged scenario")
-        for key in ("user", "reply", *TURN_SETTINGS):
+        for key in ("user", "reply", "fallback", *TURN_SETTINGS):
             if key in turn:
                 raise ScenarioError(f"{where}.{key}: a logged turn takes its settings from its `request`")
         tools = turn["request"].get("tools", [])
@@ -231,8 +234,7 @@ def parse_scenario(data: Any, path: Path) -> Scenario:
                                                  logged.offered_schemas(t["request"])))
                       for i, t in enumerate(data["turns"]))
     else:
-        turns = tuple(Turn(index=i, expect=t["expect"], user=t.get("user"), reply=t.get("reply"),
-                           settings=_merge(defaults, t)) for i, t in enumerate(data["turns"]))
+        turns = tuple(_scripted_turn(data, i, t, _merge(defaults, t), path) for i, t in enumerate(data["turns"]))
     return Scenario(name=data["name"], family=data["family"], system_prompt=data.get("system_prompt", ""),
                     turns=turns,
                     path=path, description=data.get("description", ""), mode=data.get("mode", "conversation"),
@@ -240,6 +242,44 @@ def parse_scenario(data: Any, path: Path) -> Scenario:
                     tools=tuple(data.get("tools", [])), executors=data.get("executors", {}),
                     long_input=data.get("long_input"), user_think_s=data.get("user_think_s"),
                     history=data.get("history"), source=data.get("source"))
+
+
+def _scripted_turn(data: dict[str, Any], i: int, turn: dict[str, Any], settings: dict[str, Any], path: Path) -> Turn:
+    where = f"{path}: turns[{i}]"
+    retry = settings["retry"]
+    if "first_timeout_attempts" in retry and not retry.get("first_timeout_s"):
+        raise ScenarioError(f"{where}.retry.first_timeout_attempts: needs first_timeout_s (the short deadline)")
+    if retry.get("first_timeout_attempts", 1) > retry["max_attempts"]:
+        raise ScenarioError(f"{where}.retry.first_timeout_attempts: {retry['first_timeout_attempts']} is more than "
+                            f"max_attempts {retry['max_attempts']}")
+    fallback = _fallback(data, turn, settings, where) if "fallback" in turn else None
+    return Turn(index=i, expect=turn["expect"], user=turn.get("user"), reply=turn.get("reply"), settings=settings,
+                fallback=fallback)
+
+
+def _fallback(data: dict[str, Any], turn: dict[str, Any], settings: dict[str, Any], where: str) -> Fallback:
+    """The turn's `fallback:` (its shape already checked by the schema), checked against the turn: a choice
+    needs tools to choose among, a forced call a turn that expects one, a dropped response_format one to drop,
+    and a fallback must change something."""
+    fallback, where = Fallback.of(turn["fallback"]), f"{where}.fallback"
+    tools = [t["function"]["name"] for t in data.get("tools", [])]
+    choice = fallback.tool_choice
+    if choice is not None and not tools:
+        raise ScenarioError(f"{where}.tool_choice: the scenario has no tools to choose among")
+    if choice not in (None, "none", "auto") and turn["expect"]["kind"] != "tool_call":
+        raise ScenarioError(f"{where}.tool_choice: {choice!r} forces a call, but the turn expects "
+                            f"{turn['expect']['kind']!r}")
+    if isinstance(choice, dict) and choice["function"]["name"] not in tools:
+        raise ScenarioError(f"{where}.tool_choice.function.name: unknown tool {choice['function']['name']!r}")
+    if fallback.drop_response_format and "response_format" not in settings:
+        raise ScenarioError(f"{where}.response_format: the turn sends no response_format to drop")
+    unchanged = (fallback.max_tokens in (None, settings["max_tokens"])
+                 and choice in (None, settings.get("tool_choice", "auto")) and not fallback.drop_response_format
+                 and fallback.model is None)
+    if unchanged:
+        raise ScenarioError(f"{where}: changes nothing the turn sends (its max_tokens {settings['max_tokens']}, "
+                            f"tool_choice {settings.get('tool_choice', 'auto')!r})")
+    return fallback
 
 
 TOOL_TURN_CHOICES = ("auto", "required", "named")
