@@ -17,9 +17,12 @@ from k3load.analysis.agreement import findings_schema_ok, reference_rules
 from k3load.analysis.clusters import attempt_key, rate_by_keys, rate_by_request
 from k3load.analysis.lean import AnyAttempt, by_findings
 from k3load.analysis.pillar import PillarResult
+from k3load.analysis.reproducibility import holds_the_pillar, reproducibility
+from k3load.analysis.reproducibility import judge as judge_reproducibility
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.stats import MIN_DISTINCT_REQUESTS, Rate, decide_rate, more_requests_to_decide, too_few_requests
 from k3load.analysis.tool_calls import known_failures
+from k3load.analysis.trigger_by_stage import trigger_by_stage
 from k3load.analysis.unjudged import numbers as unjudged_numbers
 from k3load.analysis.unjudged import rule as unjudged_rule
 from k3load.analysis.unjudged import split as split_unjudged
@@ -213,6 +216,20 @@ def _valid_rule(numbers: dict[str, Any], threshold: float, rate: Rate, carried: 
                       evidence=evidence, interval=(rate.low, rate.high))
 
 
+def _repeats(judged: list[AnyAttempt], limits: dict[str, float], plan: Plan | None
+             ) -> tuple[dict[str, Any], dict[str, Any], list[RuleResult], str | None]:
+    """Tool calls that must repeat (analysis/reproducibility.py) and the trigger rate per stage
+    (analysis/trigger_by_stage.py): their numbers, the rules that decide the pillar, and the reproducibility's
+    reason when it decides nothing (said beside the pillar's reasons: never a silent pass on no evidence)."""
+    found = reproducibility(judged, {s.name: s.users for s in plan.stages} if plan else None)
+    rule = judge_reproducibility(found, limits["min_reproducible_share"])
+    trigger, trigger_rule = trigger_by_stage(judged, plan)
+    holds = holds_the_pillar(rule, found)
+    rules = [r for r in ((rule if holds else None), trigger_rule) if r is not None]
+    return (found.to_dict() | {"status": rule.status, "reason": rule.reason}, trigger, rules,
+            None if holds else rule.reason)
+
+
 def tool_turns_reason(tool_turns: str) -> str | None:
     """What a plan that steered tool turns did not test (None for the scenarios as written)."""
     if tool_turns == "auto":
@@ -245,6 +262,10 @@ def judge_agent_api(attempts: list[AnyAttempt], limits: dict[str, float], plan: 
         numbers["reference"], reference_found = reference_rules(reference, judged, limits)
         known_rules += reference_found
         known_reasons += [r.reason for r in reference_found if r.status != PASS]
+    numbers["reproducibility"], numbers["trigger_rate_by_stage"], repeat_rules, repeat_note = _repeats(judged, limits,
+                                                                                                     plan)
+    known_rules += repeat_rules
+    known_reasons += [r.reason for r in repeat_rules if r.status != PASS]
     drill, drill_reasons = _drill(attempts)
     numbers["timeout_drill"] = drill
     numbers["context_length_refusals"] = refusals = context_refusals(judged)
@@ -260,7 +281,7 @@ def judge_agent_api(attempts: list[AnyAttempt], limits: dict[str, float], plan: 
     rules = [*harness, rule, *known_rules]
     numbers["rules"] = [r.to_dict() for r in rules]
     reasons = ([rule.reason] if rule.status != PASS else []) + known_reasons
-    reasons += [r for r in [context_reason(refusals), tool_turns_reason(tool_turns)] if r] + drill_reasons
+    reasons += [r for r in [context_reason(refusals), tool_turns_reason(tool_turns), repeat_note] if r] + drill_reasons
     statuses = {r.status for r in rules}
     if FAIL in statuses or drill_reasons:  # what failed first; the answers the harness could not judge after it
         return PillarResult(FAIL, reasons + [r.reason for r in harness], numbers)
