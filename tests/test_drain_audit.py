@@ -141,8 +141,9 @@ def test_the_plan_clock_stands_still_while_users_leave_so_a_short_stage_still_ru
     soak = Stage("soak", "soak", 6, 4, 2, 2.0, {"agent": 1})
     entered: list[str] = []
     session = SimpleNamespace(fatal=False, run_dir=tmp_path, finished=False, role="local", ensure_started=lambda: None,
-                              plan=SimpleNamespace(stage_at=lambda t: next((s for s in (load, short, soak)
-                                                                             if t < s.end_s), None)),
+                              plan=SimpleNamespace(stages=(load, short, soak),
+                                                   stage_at=lambda t: next((s for s in (load, short, soak)
+                                                                            if t < s.end_s), None)),
                               drain=StageDrain(SimpleNamespace(events=None), 5.0, read=lambda: _reading(0, 0, 0)),
                               restart_drill=None, stage=None, events=None, load_skipped=False,
                               workers_seen=WorkerCount(), search=None)
@@ -161,3 +162,42 @@ def test_the_plan_clock_stands_still_while_users_leave_so_a_short_stage_still_ru
     assert 4.0 <= shape.get_run_time() - (shape._left_s + session.drain.paused_s) < 4.2  # its 2 s are all ahead
     shape.reset_time()  # a new test in the web UI starts with no departure time carried over
     assert shape._left_s == 0.0 and shape._leaving_since is None
+
+
+def test_a_stage_the_clock_ran_past_is_still_entered_whole(tmp_path, monkeypatch):
+    """Locust's runner blocks the shape while users spawn or finish their turns; a tick 3 s late after a 2 s
+    stage's start must enter that stage, whole (a CI run skipped a 5 s ramp step of 4 users this way), and
+    the plan after it keeps its length: the last stage too, when the clock ran past the plan's end."""
+    import locust.shape
+
+    from k3load.loadgen import shape as shape_module
+
+    now = [100.0]
+    fake_time = SimpleNamespace(perf_counter=lambda: now[0])
+    monkeypatch.setattr(locust.shape, "time", fake_time)
+    monkeypatch.setattr(shape_module, "time", fake_time, raising=False)
+    load = Stage("load", "load", 0, 4, 4, 4.0, {"agent": 1})
+    step1 = Stage("ramp-c1", "concurrency", 4, 2, 1, 1.0, {"agent": 1})
+    step4 = Stage("ramp-c4", "concurrency", 6, 2, 4, 4.0, {"agent": 1})
+    stages = (load, step1, step4)
+    entered: list[str] = []
+    session = SimpleNamespace(fatal=False, run_dir=tmp_path, finished=False, role="local", ensure_started=lambda: None,
+                              plan=SimpleNamespace(stages=stages, stage_at=lambda t: next((s for s in stages
+                                                                                          if t < s.end_s), None)),
+                              drain=None, restart_drill=None, stage=None, events=None, load_skipped=False,
+                              workers_seen=WorkerCount(), search=None)
+    session.enter_stage = lambda stage: (entered.append(stage.name), setattr(session, "stage", stage))
+    runner = SimpleNamespace(user_count=0, environment=SimpleNamespace(k3_session=session))
+    shape = shape_module.PlanShape()
+    shape.runner = runner
+    assert shape.tick()[0] == 4 and entered == ["load"]
+    now[0] += 7.0  # the next tick comes 7 s on: the clock is past ramp-c1 (4-6) and in ramp-c4 (6-8)
+    assert shape.tick()[0] == 1 and entered == ["load", "ramp-c1"]  # entered, not skipped
+    assert abs(shape._plan_clock(session) - 4.0) < 1e-6  # at its start: its 2 s are all ahead
+    now[0] += 1.9
+    assert shape.tick()[0] == 1 and entered == ["load", "ramp-c1"]
+    now[0] += 10.0  # late again, past the plan's end: the last step still runs, whole
+    assert shape.tick()[0] == 4 and entered == ["load", "ramp-c1", "ramp-c4"]
+    assert abs(shape._plan_clock(session) - 6.0) < 1e-6
+    now[0] += 2.1
+    assert shape.tick() is None  # the plan ended after its last stage's 2 s
