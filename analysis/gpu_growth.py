@@ -101,7 +101,7 @@ class GpuGrowth:
         return r[(r["ts"] >= t0) & (r["ts"] <= t1)]
 
 
-def _label(gpu: pd.DataFrame) -> pd.Series:
+def gpu_label(gpu: pd.DataFrame) -> pd.Series:
     node = gpu["node"].astype(str) if "node" in gpu else pd.Series("", index=gpu.index)
     index = gpu["gpu"].astype(str) if "gpu" in gpu else pd.Series("?", index=gpu.index)
     return ("GPU " + index).where(node.isin(["", "None", "nan"]), node + " GPU " + index)
@@ -129,7 +129,7 @@ def gpu_growth(data: RunData, spells: list[DownSpell]) -> GpuGrowth:
     if gpu.empty or "memory_used_mib" not in gpu or "memory_total_mib" not in gpu:
         return GpuGrowth(pd.DataFrame(columns=["ts", "gpu", "label", "used", "total"]), [], False)
     known = gpu[gpu["memory_used_mib"].notna() & gpu["memory_total_mib"].notna()]
-    table = pd.DataFrame({"ts": known["ts"].astype(float), "gpu": gpu_identity(known), "label": _label(known),
+    table = pd.DataFrame({"ts": known["ts"].astype(float), "gpu": gpu_identity(known), "label": gpu_label(known),
                           "used": known["memory_used_mib"].astype(float),
                           "total": known["memory_total_mib"].astype(float)}).sort_values("ts", kind="mergesort")
     starts = _lives(spells)

@@ -10,6 +10,7 @@ back and served again (the restart check).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 from k3load.analysis.buffering import SERVER_SIDE, server_side_latency, stream_delivery
@@ -22,6 +23,7 @@ from k3load.analysis.health import CUT_STATUSES, DETECTION_S, DownSpell, down_sp
 from k3load.analysis.input_size import input_tokens
 from k3load.analysis.pillar import PillarResult
 from k3load.analysis.pillar_cache import cache_config
+from k3load.analysis.recovery import ended, hold_at, holds, same_conditions
 from k3load.analysis.restart_drill import drill_reason, planned_down, planned_windows, restart_drill
 from k3load.analysis.rules import breach, texts
 from k3load.analysis.rundata import RunData
@@ -38,6 +40,7 @@ PHASES = {
     "concurrency": "after a concurrency step: scheduler and cache pressure",
     "soak": "after long running: fragmentation or poor reuse",
     "restart": "during the restart check: the server did not hold the same load after restarting",
+    "recovery": "under the crash stage's load re-applied after the restart: the crash recurred",
 }
 CRASH_EVENTS = (Event.SERVER_DOWN, Event.LOG_OOM, Event.LOG_ENGINE_DEAD)
 SATURATED_CPU_PCT = 95.0
@@ -91,10 +94,13 @@ def _crash_times(data: RunData, spells: list[DownSpell]) -> list[dict[str, Any]]
     crashes: list[dict[str, Any]] = []
     flaps = {spell.down_ts for spell in spells if spell.flap}
     planned = planned_windows(data)  # the restart drill's own down spell is no crash
+    ups = sorted(e["ts"] for e in data.events_named(Event.SERVER_UP))
     for event in data.events_named(*CRASH_EVENTS):
         if (event["event"] == Event.SERVER_DOWN and event["ts"] in flaps) or planned_down(event["ts"], planned):
             continue
-        if crashes and event["ts"] - crashes[-1]["last_ts"] < 30:
+        # each death its own crash: a server seen back (server_up) since the last one's first event died again
+        back = crashes and any(crashes[-1]["ts"] < up <= event["ts"] for up in ups)
+        if crashes and event["ts"] - crashes[-1]["last_ts"] < 30 and not back:
             crashes[-1]["events"].append(event)
             crashes[-1]["last_ts"] = event["ts"]
         else:
@@ -161,7 +167,8 @@ def _restart_check(data: RunData, ts: float) -> dict[str, Any]:
     served = int((after["status"] == "ok").sum())
     during = int(((data.records["send_ts"] >= ts) & (data.records["send_ts"] < up)).sum())
     by = ran or "no restart command of ours ran: something else restarted it"
-    return {"recovered": served > 0, "down_s": up - ts, "ok_after_restart": served, "sent_while_down": during,
+    return {"recovered": served > 0, "down_s": up - ts, "up_ts": up, "ok_after_restart": served,
+            "sent_while_down": during,
             "command_run": command,
             "detail": f"back after {up - ts:.0f} s, {served} requests served after it ({during} sent while it "
                       f"was down, not counted as load errors); {by}"}
@@ -186,7 +193,9 @@ def classify_crashes(data: RunData, growth_limit_pct: float = 50.0, spells: list
     spells = down_spells(data) if spells is None else spells
     growth = growth if growth is not None else gpu_growth(data, spells)
     out = []
-    for crash in _crash_times(data, spells):
+    found, all_holds = _crash_times(data, spells), holds(data)
+    run_end = next((e["ts"] for e in data.events_named(Event.RUN_END)), None)
+    for n, crash in enumerate(found):
         stage = data.stage_of(crash["ts"])
         kinds = sorted({e["event"] for e in crash["events"]})
         lines = [e.get("line") for e in crash["events"] if e.get("line")]
@@ -198,6 +207,13 @@ def classify_crashes(data: RunData, growth_limit_pct: float = 50.0, spells: list
                     "memory_before": memory_before(growth, crash["ts"]),
                     "log_lines": lines[:3], "conditions": _in_flight(data, crash["ts"]),
                     "memory_curve": curve, "restart": _restart_check(data, crash["ts"])})
+        down = next((e for e in crash["events"] if e["event"] == Event.SERVER_DOWN), None)
+        in_hold = hold_at(all_holds, crash["ts"])  # a crash under a hold repeats the crash before it
+        out[-1]["recurrence_of"] = n - 1 if in_hold is not None and n > 0 else None
+        out[-1]["restart"]["same_conditions"] = same_conditions(
+            crash["ts"], found[n + 1]["ts"] if n + 1 < len(found) else None, in_hold, all_holds, run_end)
+        out[-1]["ended"] = ended(data, crash["ts"], out[-1]["restart"].get("up_ts"),
+                                 down.get("reason") if down else None)
     return out
 
 
@@ -312,7 +328,12 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
                                                                    " (no memory evidence)")
         reasons.append(f"{what} in stage {crash['stage']} ({crash['phase']}); "
                        f"{crash['conditions']['requests_in_flight']} requests in flight, "
-                       f"{_largest_prompt(crash['conditions'])}; restart: {crash['restart']['detail']}")
+                       f"{_largest_prompt(crash['conditions'])}; restart: {crash['restart']['detail']}"
+                       f"; same conditions: {crash['restart']['same_conditions']['why']}")
+    for stage, count in Counter(c["stage"] for c in crashes).items():
+        if count > 1:
+            reasons.append(f"{count} crashes in stage {stage}: the server died again under the same stage's load "
+                           "(a recurrence, each crash listed)")
     reasons += memory_reasons
     saturated, saturated_within = _saturation(table, reasons)
     numbers["load_generator_saturated"] = [{"stage": s["stage"], "processes": saturated_processes(s)}

@@ -75,10 +75,20 @@ def _scale_up_reasons(resources: PillarResult, stage_table: list[dict[str, Any]]
     sustained waiting, preemptions, GPU memory, or latency over its SLO while requests queued. Errors,
     flapping health checks and crashes without memory evidence are never a reason to buy GPUs."""
     reasons = []
-    for crash in resources.numbers.get("crashes", []):
-        if crash.get("memory_evidence"):
-            reasons.append(f"{'OOM' if crash['oom'] else 'crash'} {crash['phase']} (stage {crash['stage']}; "
-                           f"{crash['memory_evidence']})")
+    crashes = resources.numbers.get("crashes", [])
+    for n, crash in enumerate(crashes):
+        same = (crash.get("restart") or {}).get("same_conditions") or {}
+        if not crash.get("memory_evidence") or same.get("status") == "held":
+            continue  # no memory evidence: a stability finding; held under the same load: a one-off (limited)
+        if crash.get("recurrence_of") is not None:
+            continue  # the recurrence itself: said with the crash it repeated
+        text = f"{'OOM' if crash['oom'] else 'crash'} {crash['phase']} (stage {crash['stage']}; " \
+               f"{crash['memory_evidence']})"
+        if same.get("recurred"):
+            again = crashes[n + 1] if n + 1 < len(crashes) else {}
+            text += (f", and again under the same load after the restart ({same['why']}; "
+                     f"{again.get('memory_evidence') or 'no memory evidence'}): a continuing OOM")
+        reasons.append(text)
     loads = [s for s in stage_table if s["kind"] == "load"]
     if loads and all(_resource_breaches(s) for s in loads):
         reasons.append("even the base load stage exceeded its resource limits: "

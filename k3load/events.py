@@ -47,6 +47,7 @@ class Event(StrEnum):
     LOAD_GENERATOR_CPU = "load_generator_cpu"
     RESTART_COMMAND = "restart_command"
     RESTART_DRILL_SKIPPED = "restart_drill_skipped"
+    RECOVERY_HOLD = "recovery_hold"
     RESTART_DRILL_START = "restart_drill_start"
     RESTART_DRILL_DOWN = "restart_drill_down"
     RESTART_DRILL_READY = "restart_drill_ready"
@@ -142,6 +143,11 @@ FIELDS: dict[Event, frozenset[str]] = {
     Event.RESTART_COMMAND: _f("attempt", "pid", "log"),
     # k3load.loadgen.restart_drill: the restart stage was not drilled: the crash path restarted it already.
     Event.RESTART_DRILL_SKIPPED: _f("stage", "crash_restarts", "why"),
+    # k3load.loadgen.recovery: a hold after a crash ended (the restart check's same conditions): the hold stage, the
+    # crash stage whose users and mix it re-applied, the crash's server_down (ts, reason), the hold asked and the
+    # time held, and how it ended: held, crashed_again (the crash recurred), run_ended (cut short).
+    Event.RECOVERY_HOLD: _f("stage", "crash_stage", "down_ts", "down_reason", "users", "mix", "hold_s", "held_s",
+                            "ended"),
     # k3load.loadgen.restart_drill: the restart command started on purpose (held_from: the stage whose load
     # the restart stage holds; up_before: the server answered before it).
     Event.RESTART_DRILL_START: _f("stage", "held_from", "users", "mix", "up_before", "log", "pid"),

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from k3load.analysis.pillar import RECOVERY_HOLD_CAP_S
 from k3load.clock import wall_clock
 from k3load.disk_full import free_bytes, mount_of, size_text, space_needed
 from k3load.events import Event
@@ -19,6 +20,7 @@ from k3load.loadgen.drain import StageDrain
 from k3load.loadgen.hold import stop_load
 from k3load.loadgen.inputs import node_files
 from k3load.loadgen.options import metrics_urls, run_access
+from k3load.loadgen.recovery import RecoveryHold
 from k3load.loadgen.redact_lines import copy_redacted
 from k3load.loadgen.restart_drill import RestartDrill
 from k3load.precheck import run_precheck
@@ -140,6 +142,19 @@ def watch_restarts(session: HarnessSession) -> Restarter | None:
     assert session.events is not None  # start_run opened it before any observer
     session.events.listeners.append(restarter)
     return restarter
+
+
+def watch_recoveries(session: HarnessSession) -> RecoveryHold:
+    """Master/local: after a crash, once the server is back, the crash stage's load again (k3load.loadgen.recovery).
+    Listens after the restarter, so a restart command started for a down counts for it."""
+    assert session.events is not None  # start_run opened it before any observer
+    restarter = next((x for x in session.events.listeners if isinstance(x, Restarter)), None)
+    hold = RecoveryHold(session.events, stage=lambda: session.stage,
+                        restarts=lambda: restarter.started if restarter else 0,
+                        drilling=lambda: bool(getattr(session.restart_drill, "active", False)),
+                        hold_s=session.limits["resources"].get("recovery_hold_s"), cap_s=RECOVERY_HOLD_CAP_S)
+    session.events.listeners.append(hold)
+    return hold
 
 
 def stage_ends(session: HarnessSession) -> tuple[StageDrain, RestartDrill | None]:

@@ -40,6 +40,7 @@ from k3load.loadgen.hold import RunHold
 from k3load.loadgen.inputs import harness_error_line, load_inputs, node_files
 from k3load.loadgen.manual import LiveCounts, ManualStages
 from k3load.loadgen.options import locust_late_outputs, public_options, run_access
+from k3load.loadgen.recovery import RECOVERY, RecoveryHold
 from k3load.loadgen.request_events import fire_request_events
 from k3load.loadgen.restart_drill import RestartDrill
 from k3load.loadgen.search_live import LiveGoodput, LiveSearch
@@ -113,6 +114,7 @@ class HarnessSession:
         self.workers_seen = WorkerCount()  # the master's workers, a drop said as worker_lost
         self.drain: StageDrain | None = None  # master/local: the drain window after each plan stage
         self.restart_drill: RestartDrill | None = None  # master/local with --k3-restart-cmd: the restart stage's drill
+        self.recovery: RecoveryHold | None = None  # master/local: the crash stage's load again once the server is back
         self.goodput = LiveGoodput(Slo.from_limits(self.limits))  # master/local: requests meeting the SLO, per stage
         self.search: LiveSearch | None = None  # master/local: the last search stage's (k3load.loadgen.shape)
 
@@ -199,6 +201,7 @@ class HarnessSession:
                                          http_tokenizer(self.api_client, self.env.host, self.model))
         observe.precheck(self)
         observe.watch_restarts(self)
+        self.recovery = observe.watch_recoveries(self)
         self.sampler = observe.start_sampler(self)
         self.drain, self.restart_drill = observe.stage_ends(self)
         self.ready.set()
@@ -360,7 +363,7 @@ class HarnessSession:
                                  else {}))
         if self.role == "master":  # a manual stage or a search step is in no plan: it goes whole to the workers
             whole = dataclasses.asdict(dataclasses.replace(stage, search=None)) \
-                if self.manual.active or stage.step is not None else None
+                if self.manual.active or stage.step is not None or stage.kind == RECOVERY else None
             self.env.runner.send_message(Message.STAGE, {"name": stage.name, "stage": whole,
                                                          "workers": self.workers_seen.now(self.env.runner)})
 
@@ -437,6 +440,8 @@ class HarnessSession:
         if self.reuse_design is not None:  # reuse_design.json is written before the run is judged
             self.reuse_design.join(timeout=120)
             self.reuse_design = None
+        if self.recovery is not None:  # a hold the run's end cut short says so (recovery_hold, ended: run_ended)
+            self.recovery.close()
         if self.sampler is not None:
             self.sampler.stop()
             self.sampler = None

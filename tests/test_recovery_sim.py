@@ -1,0 +1,99 @@
+"""The restart check under the same conditions (issue 33): an OOM the restart clears, and one that comes back.
+
+The sim dies the way vLLM does on a CUDA OOM (a `torch.OutOfMemoryError` line, the process gone) once its KV
+demand passes `--oom-kv-demand-tokens`: 8 users of the agent family pass it, 2 do not. The operator's restart
+command brings a sim back on the same port, with the fault (the OOM comes back under the same load) or without
+it (the restart cleared it). Both runs go side by side; each asserts on the run's own events and verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+from k3load.sim.process import SimProcess
+from tests.conftest import FAST_SIM
+from tests.test_verdicts import ROOT, SIM, _free_port
+
+pytestmark = pytest.mark.slow
+
+OOM = ["--oom-kv-demand-tokens", "6000"]
+STAGES = [{"name": "load", "kind": "load", "duration_s": 3, "users": 2, "mix": {"agent": 1}},
+          {"name": "soak", "kind": "soak", "duration_s": 4, "users": 8, "mix": {"agent": 1}},
+          {"name": "after", "kind": "load", "duration_s": 2, "users": 2, "mix": {"agent": 1}}]
+
+
+def _run(tmp_path: Path, restart_faults: list[str]) -> tuple[dict, list[dict], int]:
+    port, pidfile, log = _free_port(), tmp_path / "sim.pid", tmp_path / "sim.log"
+    sim = SimProcess([*FAST_SIM, *SIM, *OOM, "--port", str(port)], log).start()
+    pidfile.write_text(str(sim.proc.pid))
+    args = " ".join([*FAST_SIM, *SIM, *restart_faults])
+    restart = (f"echo $$ > {pidfile}; exec {sys.executable} -m k3load sim {args} --port {port} >> {log} 2>&1")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"name": "recovery", "stages": STAGES,
+                                    "thresholds": {"resources": {"recovery_hold_s": 3}}}))
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "agent.py"), "--headless",
+           "--host", sim.base_url, "--k3-out", str(out), "--k3-plan", str(plan), "--k3-recipe",
+           "recipes/local-dev.yaml", "--k3-server-log", str(log), "--k3-restart-cmd", restart, "--only-summary"]
+    try:
+        run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    finally:
+        sim.stop()
+        with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)  # the restarted sim
+    assert (out / "verdict.json").exists(), run.stdout[-3000:] + run.stderr[-3000:]
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    return json.loads((out / "verdict.json").read_text()), events, run.returncode
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, list[dict], int]]:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(_run, tmp_path_factory.mktemp(name), faults)
+                   for name, faults in (("clears", []), ("recurs", OOM))}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def test_an_oom_the_restart_clears_holds_the_same_load_and_is_a_one_off(runs):
+    verdict, events, code = runs["clears"]
+    crashes = verdict["pillars"]["resources"]["numbers"]["crashes"]
+    assert len(crashes) == 1 and crashes[0]["oom"] and crashes[0]["stage"] == "soak", crashes
+    same = crashes[0]["restart"]["same_conditions"]
+    assert set(same) == {"users", "mix", "held_s", "recurred", "status", "why"}
+    assert same["status"] == "held" and same["recurred"] is False and same["users"] == 8, same
+    assert same["mix"] == {"agent": 1} and same["held_s"] >= 2.7, same
+    assert crashes[0]["ended"]["port_closed"] is True, crashes[0]["ended"]
+    holds = [e for e in events if e["event"] == "recovery_hold"]
+    assert [(h["crash_stage"], h["ended"], h["users"]) for h in holds] == [("soak", "held", 8)], holds
+    # the plan went on after the hold: the stage after the crash stage ran, the crash stage was not entered again
+    started = [e["stage"] for e in events if e["event"] == "stage_start"]
+    assert started == ["load", "soak", "soak-recovery-1", "after"], started
+    assert verdict["verdict"] == "limited" and code == 3, verdict["next_action"]
+    assert any("OOM crash in stage soak" in r and "a one-off" in r
+               for r in verdict["pillars"]["resources"]["reasons"]), verdict["pillars"]["resources"]["reasons"]
+
+
+def test_an_oom_that_comes_back_under_the_same_load_is_scale_up(runs):
+    verdict, events, code = runs["recurs"]
+    crashes = verdict["pillars"]["resources"]["numbers"]["crashes"]
+    assert len(crashes) >= 2 and all(c["oom"] for c in crashes[:2]), crashes
+    first, second = crashes[0], crashes[1]
+    assert first["stage"] == "soak" and first["restart"]["same_conditions"]["status"] == "recurred"
+    assert first["restart"]["same_conditions"]["recurred"] is True
+    assert second["stage"] == "soak-recovery-1" and second["recurrence_of"] == 0, second
+    assert second["restart"]["same_conditions"]["status"] == "not_run"
+    holds = [e for e in events if e["event"] == "recovery_hold"]
+    assert [h["ended"] for h in holds] == ["crashed_again"], holds
+    assert verdict["verdict"] == "scale_up" and code == 5, verdict["next_action"]
+    because = " ".join(verdict["next_action"]["because"])
+    assert "a continuing OOM" in because and because.count("OOM line in the server log") >= 2, because

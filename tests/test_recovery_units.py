@@ -1,0 +1,104 @@
+"""The recovery hold's decisions (k3load.loadgen.recovery) and their judgment (analysis/recovery.py), on events
+written by hand: which down spells arm a hold, how one ends, and what each crash's same_conditions says."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from k3load.analysis.recovery import Hold, _released, hold_at, same_conditions
+from k3load.events import Event
+from k3load.loadgen.recovery import RECOVERY, RecoveryHold
+from k3load.workload.plan import Stage
+
+SOAK = Stage("soak", "soak", 10.0, 40.0, 8, 8.0, {"agent": 2, "cold": 1})
+
+
+class Log:
+    def __init__(self) -> None:
+        self.written: list[dict[str, Any]] = []
+
+    def event(self, event: Event, **fields: Any) -> None:
+        self.written.append({"event": Event(event).value, **fields})
+
+
+def _hold(restarts: list[int] | None = None, hold_s: float | None = None) -> tuple[RecoveryHold, Log, list[float]]:
+    log, now, started = Log(), [0.0], restarts if restarts is not None else [0]
+    hold = RecoveryHold(log, stage=lambda: SOAK, restarts=lambda: started[0], drilling=lambda: False,
+                        hold_s=hold_s, cap_s=120.0, clock=lambda: now[0])
+    return hold, log, now
+
+
+def test_a_crash_the_server_comes_back_from_arms_the_crash_stages_load():
+    hold, log, now = _hold()
+    hold({"event": "server_down", "ts": 100.0, "reason": "connection refused"})
+    assert hold.hold_now() is None  # not back yet
+    hold({"event": "server_up", "ts": 120.0})
+    stage = hold.hold_now()
+    assert stage is not None and stage.name == "soak-recovery-1" and stage.kind == RECOVERY
+    assert (stage.users, stage.mix, stage.duration_s) == (8, {"agent": 2, "cold": 1}, 40.0)  # the stage's length
+    hold.begin(SOAK)
+    now[0] += 39.0
+    assert hold.hold_now() is stage and hold.paused_s == 39.0  # the plan's clock stands still during it
+    now[0] += 1.5
+    assert hold.hold_now() is None and hold.take_interrupted() is SOAK and hold.take_interrupted() is None
+    assert [(e["ended"], e["crash_stage"], e["down_reason"]) for e in log.written] == [("held", "soak",
+                                                                                        "connection refused")]
+
+
+def test_a_health_flap_arms_nothing_but_a_restart_or_an_oom_line_does():
+    hold, _, _ = _hold()
+    hold({"event": "server_down", "ts": 1.0, "reason": "http 503"})
+    hold({"event": "server_up", "ts": 2.0})
+    assert hold.hold_now() is None  # /health flapped: no evidence of a crash
+    hold({"event": "server_down", "ts": 3.0, "reason": "http 503"})
+    hold({"event": "log_oom", "ts": 3.1, "line": "CUDA out of memory"})
+    hold({"event": "server_up", "ts": 9.0})
+    assert hold.hold_now() is not None  # an engine dead behind a live API server: a crash
+    restarts = [0]
+    hold, _, _ = _hold(restarts, hold_s=5.0)
+    hold({"event": "server_down", "ts": 1.0, "reason": "timeout"})
+    restarts[0] = 1  # our restart command ran for it
+    hold({"event": "server_up", "ts": 30.0})
+    assert hold.hold_now().duration_s == 5.0  # the plan's recovery_hold_s, as given
+
+
+def test_a_crash_under_the_hold_ends_it_as_a_recurrence_and_no_second_hold_follows():
+    hold, log, now = _hold()
+    hold({"event": "server_down", "ts": 100.0, "reason": "connection reset"})
+    hold({"event": "server_up", "ts": 110.0})
+    hold.begin(SOAK)
+    now[0] += 3.0
+    hold({"event": "server_down", "ts": 113.0, "reason": "connection refused"})
+    assert log.written[-1]["ended"] == "crashed_again" and log.written[-1]["held_s"] == 3.0
+    hold({"event": "server_up", "ts": 130.0})
+    assert hold.hold_now() is None
+    hold.close()  # nothing running: nothing more said
+    assert len(log.written) == 1
+
+
+def test_each_hold_status_is_read_from_the_events():
+    held = Hold("soak-recovery-1", 120.0, 160.0, 8, {"agent": 1}, 40.0, 40.0, "held", "soak", 100.0)
+    result = same_conditions(100.0, None, None, [held], 200.0)
+    assert result["status"] == "held" and result["recurred"] is False and "a one-off" in result["why"]
+    recurring = Hold("soak-recovery-1", 120.0, 123.0, 8, {"agent": 1}, 40.0, 3.0, "crashed_again", "soak", 100.0)
+    result = same_conditions(100.0, 123.2, None, [recurring], 200.0)
+    assert result["status"] == "recurred" and result["recurred"] is True and abs(result["held_s"] - 3.2) < 1e-9
+    assert hold_at([recurring], 123.2) is recurring  # the second crash is the recurrence
+    assert same_conditions(123.2, None, recurring, [recurring], 200.0)["status"] == "not_run"
+    cut = Hold("soak-recovery-1", 120.0, 130.0, 8, {"agent": 1}, 40.0, 10.0, "run_ended", "soak", 100.0)
+    assert same_conditions(100.0, None, None, [cut], 130.0)["status"] == "cut_short"
+    result = same_conditions(100.0, None, None, [], None)
+    assert result["status"] == "not_run" and result["why"].startswith("not re-applied, because")
+
+
+def test_memory_still_held_with_the_server_gone_is_named():
+    gpu = pd.DataFrame({"ts": [101.0, 102.0, 101.0, 102.0], "gpu": [0, 0, 1, 1],
+                        "memory_used_mib": [70000.0, 300.0, 76000.0, 75500.0],
+                        "memory_total_mib": [81920.0] * 4})
+    result = _released(gpu, 100.0, 110.0)
+    assert result["judged"] and result["released"] is False and list(result["held_mib"]) == ["GPU 1"], result
+    assert "outlived its server" in result["why"]
+    assert _released(gpu[gpu["gpu"] == 0], 100.0, 110.0)["released"] is True
+    assert _released(gpu, 200.0, 210.0)["judged"] is False
