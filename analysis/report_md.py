@@ -16,6 +16,7 @@ from k3load.analysis import (
     report_capacity,
     report_drain,
     report_reference,
+    report_reproducibility,
     report_retry_paths,
     report_reuse,
     report_signers,
@@ -79,7 +80,8 @@ def _sections(j: Any) -> list[str]:
                + _generator_cpu(j))
     out.append(_ramp(j) + _crashes(j) + report_drain.markdown(j.pillars["resources"].numbers)
                + _agent(j) + report_tool_calls.markdown(j.pillars["agent_api"].numbers)
-               + report_reference.markdown(j.pillars["agent_api"].numbers))
+               + report_reference.markdown(j.pillars["agent_api"].numbers)
+               + report_reproducibility.markdown(j.pillars["agent_api"].numbers))
     out.append(report_retry_paths.markdown(j.data.attempts))  # first tries, retries, fallbacks (the checklist's)
     out.append(f"## Signature\n\n| field | value |\n|---|---|\n| judge | {h['judge'] or '________'} |\n"
                f"| date | {h['date']} |\n| samples used | samples.sha256 (sha256 {h['samples']}…) |\n"

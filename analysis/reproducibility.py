@@ -38,14 +38,16 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from k3load.analysis.clusters import rate_by_keys
-from k3load.analysis.lean import AnyAttempt
 from k3load.analysis.rules import RuleResult
 from k3load.analysis.stats import MIN_DISTINCT_REQUESTS, Rate, decide_rate, more_requests_to_decide, too_few_requests
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.records import Attempt
+
+if TYPE_CHECKING:  # lean.py computes each line's signature with this module's answer_signature: no cycle at run time
+    from k3load.analysis.lean import AnyAttempt
 
 SIGNATURE_CAP = 512  # characters of canonical JSON kept as they are; longer: "sha256:<hex>"
 COMPARED_KINDS = ("tool_call", "json")
@@ -333,19 +335,22 @@ def _where(result: Reproducibility) -> str:
     """Where the answers differed, the batch-dependent wording, and the first difference."""
     if not result.differences:
         return ""
-    stages = ", ".join(f"{s} ({result.by_stage[s].users} users)" if result.by_stage[s].users is not None else s
-                       for s in result.differing_stages)
+    stages = ", ".join(f"{s} ({_users(result.by_stage[s].users)})" for s in result.differing_stages)
     base = result.base_stage
     users = result.by_stage[base].users if base else None
     if result.batch_dependent:
-        said = (f"; batch-dependent: the repeats agreed at {base} ({users} users), the lowest concurrency compared, "
+        said = (f"; batch-dependent: the repeats agreed at {base} ({_users(users)}), the lowest concurrency compared, "
                 f"and differed only under more load, at {stages}: {SWITCH}")
     elif result.batch_dependent is False:
-        said = (f"; not only under load: they differed at {stages}, the lowest concurrency compared ({base}, {users} "
-                f"users) included or as loaded as its reference: not the batch alone ({SWITCH})")
+        said = (f"; not only under load: they differed at {stages}, the lowest concurrency compared ({base}, "
+                f"{_users(users)}) included or as loaded as its reference: not the batch alone ({SWITCH})")
     else:
         said = f"; they differed at {stages}"
     first = result.differences[0]
     return said + (f"; first: request {first.request_sha256[:12]} ({first.scenario} turn {first.turn}), attempts "
                    f"{first.attempt_ids[0]} ({first.stages[0]}) vs {first.attempt_ids[1]} ({first.stages[1]}): "
                    f"{first.what}")
+
+
+def _users(n: int | None) -> str:
+    return "users unknown" if n is None else f"{n} user{'' if n == 1 else 's'}"

@@ -160,12 +160,36 @@ def _straight_stream(verdict: dict) -> None:
     assert delivery["delivery"] == "straight" and delivery["events_per_read_p50"] < 3, delivery
 
 
+def _fully_reproducible(verdict: dict) -> None:
+    """A deterministic server reads 100% reproducible: every request repeated at temperature 0 answered alike."""
+    repro = verdict["pillars"]["agent_api"]["numbers"]["reproducibility"]
+    assert repro["repeated_requests"] > 0 and repro["share"] == 1.0 and not repro["differences"], repro
+
+
+def _batch_dependent_details(verdict: dict) -> None:
+    """The repeats agree at the lowest concurrency and differ at 12 users: named batch-dependent, with the switch."""
+    repro = verdict["pillars"]["agent_api"]["numbers"]["reproducibility"]
+    by_stage = repro["by_stage"]
+    lowest = min((s for s in by_stage if by_stage[s]["users"] is not None), key=lambda s: by_stage[s]["users"])
+    assert by_stage[lowest]["agreeing"] == by_stage[lowest]["repeated_requests"] > 0, by_stage
+    assert by_stage["concurrency-c12"]["agreeing"] < by_stage["concurrency-c12"]["repeated_requests"], by_stage
+    assert repro["batch_dependent"] is True and repro["differences"], repro
+    reason = next(r for r in verdict["pillars"]["agent_api"]["reasons"] if "non-reproducible tool calls" in r)
+    assert "batch-dependent" in reason and "VLLM_BATCH_INVARIANT=1" in reason, reason
+
+
 def _statuses(**changed: str) -> dict[str, str]:
     return ALL_PASS | changed
 
 
 CASES = {
-    "healthy-seed-1": Case(["--seed", "1"], HEALTHY, ALL_PASS, ("prefix_cache", "cold/warm pairs")),
+    "healthy-seed-1": Case(["--seed", "1"], HEALTHY, ALL_PASS, ("prefix_cache", "cold/warm pairs"),
+                           check=_fully_reproducible),
+    # issue 33: an engine that is not batch-invariant (vLLM by default): the same temperature-0 request's tool-call
+    # arguments change once 9 requests share the engine (only at 12 users: 4 users and their stream twins hold 8)
+    "batch-dependent-tool-calls": Case(
+        ["--batch-dependent-args-rate", "1", "--batch-dependent-args-min-running", "9"], "limited",
+        _statuses(agent_api="fail"), ("agent_api", "non-reproducible tool calls"), check=_batch_dependent_details),
     # the second seed at the K3 recipe's --gpu-memory-utilization 0.95 (issue 25): vLLM's reservation leaves 4.5%
     # of each card free from the first scrape, under the plan's 5% floor, and is never read as pressure
     "healthy-seed-2-at-0.95": Case(["--seed", "2", "--gpu-memory-utilization", "0.95"], HEALTHY, ALL_PASS,
