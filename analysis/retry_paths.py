@@ -81,8 +81,8 @@ def checklist_line(counts: dict[str, Any], drill: dict[str, Any]) -> tuple[bool,
         why.append(f"inconclusive, because no fallback was sent: {unrecovered} retried request(s) ended without a "
                    "valid answer and none fell back (a turn falls back only where it declares `fallback:`)"
                    if unrecovered else "inconclusive, because no turn exhausted its retries, so the fallback was "
-                   "never exercised (a turn's `fallback:` with a timeout drill whose `first_timeout_attempts` "
-                   "reaches `max_attempts` exercises it: scenarios/agent_timeout_retry.yaml)")
+                   "never exercised: a turn's `fallback:` with `retry.first_timeout_attempts` equal to its "
+                   "`max_attempts` drills it, as scenarios/agent_timeout_retry.yaml does")
     elif fallback["attempts"] and not fallback["valid"]:
         why.append(f"not proven, because none of the {fallback['attempts']} fallbacks ended in a valid answer")
     detail = f"{said(counts)}; timeout drill: {drill.get('timed_out', 0)} timed out, {drill.get('recovered', 0)} " \

@@ -249,7 +249,7 @@ def _attempt(chain: str, number: int, valid: bool, sha: str = "a", path: str | N
 def test_paths_are_read_from_the_chain_where_the_record_does_not_say_them() -> None:
     chain = [_attempt("c", 1, False, will_retry=True), _attempt("c", 2, False, will_retry=True),
              _attempt("c", 3, True, sha="b")]
-    counts = path_counts(chain + [_attempt("d", 1, True)])
+    counts = path_counts([*chain, _attempt("d", 1, True)])
     assert {p: counts[p] for p in ("first_try", "retry", "fallback")} == {
         "first_try": {"attempts": 2, "valid": 1, "drill": 0}, "retry": {"attempts": 1, "valid": 0, "drill": 0},
         "fallback": {"attempts": 1, "valid": 1, "drill": 0}}
