@@ -289,7 +289,7 @@ def run_turn(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, sa
         attempts.append(_recorded(ctx, scenario, turn, prepared, judged, chain, number, will_retry,
                                   AttemptPath.FIRST_TRY if number == 1 else AttemptPath.RETRY, short is not None,
                                   intended_ts if number == 1 else None))
-        if not will_retry:
+        if not attempts[-1].will_retry:  # a record that could not be built says False: the chain ends
             return attempts
         ctx.sleep(retry_wait_s(policy, turn.settings["timeout_s"], judged.result))
     return [*attempts, _fallback(client, ctx, scenario, turn, prepared, chain, len(attempts) + 1)]
