@@ -25,11 +25,15 @@ def path_counts(attempts: Sequence[Any]) -> dict[str, Any]:
     """Per path: its attempts, how many were valid, and how many were the timeout drill's (a deliberately short
     deadline: they fail on purpose). `retried_unrecovered`: requests retried whose last attempt (not cut by the
     run's end) was a failed retry, with no fallback after it."""
-    later = [a for a in attempts if a.attempt > 1]
-    chains = {a.chain_id for a in later}
-    first = {a.chain_id: a.request_sha256 for a in attempts if a.attempt == 1 and a.chain_id in chains}
     counts: dict[str, Any] = {p: {"attempts": 0, "valid": 0, "drill": 0} for p in PATHS}
-    _tally(counts[AttemptPath.FIRST_TRY.value], (a for a in attempts if a.attempt == 1))
+    later = [a for a in attempts if a.attempt > 1]  # few: one pass, the first tries counted whole
+    first_tries = counts[AttemptPath.FIRST_TRY.value]
+    first_tries["attempts"] = len(attempts) - len(later)
+    first_tries["valid"] = sum(1 for a in attempts if a.valid and a.attempt == 1)
+    first_tries["drill"] = sum(1 for a in attempts if a.drill and a.attempt == 1)
+    chains = {a.chain_id for a in later}
+    first = {a.chain_id: a.request_sha256 for a in attempts if a.attempt == 1 and a.chain_id in chains} \
+        if later else {}
     last: dict[str, Any] = {}
     for attempt in later:
         path = path_of(attempt, first.get(attempt.chain_id))
