@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
+from k3load.analysis.reproducibility import answer_signature
 from k3load.records import Attempt, Finding
 from k3load.workload.validate import primary_layer
 
@@ -82,6 +83,8 @@ class LeanAttempt:
     # a conversation the model drove (history: model): no designed body after its first request (reuse_replay.py)
     history: str | None = None
     model_round: int | None = None
+    # what a tool-call or json turn's answer did, canonical (analysis/reproducibility.py; None for other turns)
+    answer_signature: str | None = None
 
 
 AnyAttempt = Attempt | LeanAttempt
@@ -193,4 +196,10 @@ def lean_attempt(record: dict[str, Any], shared: Interner) -> LeanAttempt:
         get("control_pair"), intern(role, role), get("stream_pair"), intern(stream_role, stream_role),
         get("tool_call_span_ms"), get("tool_call_max_gap_ms"), get("tool_call_deltas"), get("last_silence_ms"),
         get("temperature"), get("seed"), get("stream", True), get("stream_reads"), get("stream_bytes"),
-        get("history"), get("model_round"))
+        get("history"), get("model_round"), _signature(get("turn_kind"), get("tool_calls"), get("content"), shared))
+
+
+def _signature(turn_kind: Any, calls: Any, content: Any, shared: Interner) -> str | None:
+    """An answer's `answer_signature`, one string per distinct one across the run."""
+    found = answer_signature(turn_kind, calls, content if isinstance(content, str) else None)
+    return None if found is None else shared.intern(found, found)

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from k3load.analysis.lean import DEFAULTS, REQUIRED, Interner, LeanAttempt
+from k3load.analysis.reproducibility import COMPARED_KINDS, answer_signature
 from k3load.workload.validate import primary_layer
 
 # Columns of RunData.records that no rule reads from the attempts: taken from the line as it passes.
@@ -28,11 +29,12 @@ FRAME_ONLY = ("turn_kind", "itl_mean_ms", "ttfa_ms", "completion_tokens", "max_t
               "session_id", "intended_send_ts")
 # Every field LeanAttempt keeps and the frame-only ones, but the calls and findings (decoded apart).
 _OPTIONAL = tuple(name for name in dict.fromkeys([*(f.name for f in fields(LeanAttempt)), *FRAME_ONLY])
-                  if name not in REQUIRED and name not in ("tool_calls", "findings"))
+                  if name not in REQUIRED and name not in ("tool_calls", "findings", "answer_signature"))
 
 
 class _Function(msgspec.Struct, gc=False):
     name: Any = None
+    arguments: Any = None  # read for the answer's signature (analysis/reproducibility.py)
 
 
 class _Call(msgspec.Struct, gc=False):
@@ -40,6 +42,7 @@ class _Call(msgspec.Struct, gc=False):
 
     function: _Function | None = None
     name: Any = None
+    arguments: Any = None
 
 
 # The record's kept fields: the required ones without a default (absent: refused, then read whole, which
@@ -49,7 +52,8 @@ _Line = msgspec.defstruct(
     [*((name, Any) for name in sorted(REQUIRED)),
      *((name, Any, DEFAULTS[name]) for name in _OPTIONAL),
      ("tool_calls", list[_Call] | None, None),
-     ("findings", msgspec.Raw, msgspec.Raw(b"[]"))],
+     ("findings", msgspec.Raw, msgspec.Raw(b"[]")),
+     ("content", msgspec.Raw, msgspec.Raw(b'""'))],  # parsed only for a json turn's signature
     kw_only=True, gc=False)
 _REFUSED = (msgspec.DecodeError, ValueError, TypeError)  # msgspec.ValidationError is a DecodeError
 
@@ -91,6 +95,17 @@ class RecordDecoder:
         self._session(session)
         self._intended(intended)
 
+    def _signature(self, r: Any) -> str | None:
+        """The answer's signature (analysis/reproducibility.py) for a tool-call or json turn, interned."""
+        if r.turn_kind not in COMPARED_KINDS:
+            return None
+        calls = [{"function": {"name": c.function.name if c.function is not None else c.name,
+                               "arguments": c.function.arguments if c.function is not None else c.arguments}}
+                 for c in r.tool_calls or ()]
+        content = msgspec.json.decode(bytes(r.content)) if r.turn_kind == "json" else None
+        found = answer_signature(r.turn_kind, calls, content if isinstance(content, str) else None)
+        return None if found is None else self.shared.intern(found, found)
+
     def _read(self, line: str | bytes) -> tuple[LeanAttempt, tuple[Any, ...]]:
         r = self._decode(line)
         findings = self.shared.findings_of_text(bytes(r.findings))
@@ -117,7 +132,7 @@ class RecordDecoder:
             intern(layer, layer), r.control_pair, intern(role, role), r.stream_pair,
             intern(stream_role, stream_role), r.tool_call_span_ms, r.tool_call_max_gap_ms, r.tool_call_deltas,
             r.last_silence_ms, r.temperature, r.seed, r.stream, r.stream_reads, r.stream_bytes, r.history,
-            r.model_round)
+            r.model_round, self._signature(r))
         turn_kind, error = r.turn_kind, r.error
         frame = (intern(turn_kind, turn_kind), r.itl_mean_ms, r.ttfa_ms, r.completion_tokens, r.max_tokens,
                  intern(error, error), self.layer_lists.setdefault(failed, list(failed)), r.session_id,

@@ -37,6 +37,7 @@ from k3load.analysis.lean import LeanAttempt, call_name
 from k3load.analysis.manifest import verify
 from k3load.analysis.pillar import percentile, percentiles
 from k3load.analysis.record_decode import FRAME_ONLY, RecordDecoder
+from k3load.analysis.reproducibility import signature_of
 from k3load.analysis.reuse_replay import Geometry, _ready_ts, designed_tokens, salt_key
 from k3load.analysis.stats import NORMAL_RATIO_FROM, ratio_ci, ratio_cis, ratio_normal_ci
 from k3load.analysis.timeline import MetricIndex
@@ -410,6 +411,9 @@ def _read_both(path: Path) -> list[tuple[Attempt, Any]]:
 
 def _same(whole: Attempt, lean: Any) -> None:
     for f in fields(LeanAttempt):
+        if f.name == "answer_signature":  # derived: what the answer did (analysis/reproducibility.py)
+            assert lean.answer_signature == signature_of(whole)
+            continue
         value = getattr(whole, f.name)
         if f.name == "tool_calls":
             value = tuple(call_name(c) for c in value)
