@@ -137,12 +137,24 @@ def _workers(data: RunData) -> dict[str, Any]:
 
 def _restart(pillars: dict[str, PillarResult]) -> dict[str, Any]:
     """The seed's restart check: the server restarted under load (the plan's restart stage with
-    --k3-restart-cmd) came back and held the same load (analysis/restart_drill.py)."""
-    drill = pillars["resources"].numbers.get("restart_drill") or {}
+    --k3-restart-cmd) came back and held the same load (analysis/restart_drill.py); or, after a crash, the crash
+    stage's load re-applied once it was back held (analysis/recovery.py: every crash's same conditions held).
+    A crash that recurred under its same conditions leaves the line open whatever the drill said."""
+    numbers = pillars["resources"].numbers
+    drill = numbers.get("restart_drill") or {}
     status, why = drill.get("status"), drill.get("why") or ""
     item, evidence = "Restart check (back and serving the same load)", ["events.jsonl", "records.jsonl"]
+    same = [(c.get("restart") or {}).get("same_conditions") or {} for c in numbers.get("crashes") or []
+            if c.get("recurrence_of") is None]
+    recurred = [s["why"] for s in same if s.get("recurred")]
+    if recurred:
+        return _item(item, False, f"restart not proven: the crash recurred under the same load ({recurred[0]})",
+                     [*evidence, "verdict.json crashes[].restart.same_conditions"])
     if status == PASS:
         return _item(item, True, why or "the restart drill passed", evidence)
+    if same and all(s.get("status") == "held" for s in same):
+        return _item(item, True, f"after {len(same)} crash(es) the server came back and held the crash stage's "
+                     f"load: {same[0]['why']}", [*evidence, "verdict.json crashes[].restart.same_conditions"])
     return _item(item, False, f"restart not proven: the restart drill {why or (status or 'not_run')}", evidence)
 
 

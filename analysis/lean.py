@@ -85,6 +85,8 @@ class LeanAttempt:
     model_round: int | None = None
     # what a tool-call or json turn's answer did, canonical (analysis/reproducibility.py; None for other turns)
     answer_signature: str | None = None
+    # first_try, retry or fallback (k3load.workload.retry_policy.AttemptPath; None in older records)
+    path: str | None = None
 
 
 AnyAttempt = Attempt | LeanAttempt
@@ -196,7 +198,8 @@ def lean_attempt(record: dict[str, Any], shared: Interner) -> LeanAttempt:
         get("control_pair"), intern(role, role), get("stream_pair"), intern(stream_role, stream_role),
         get("tool_call_span_ms"), get("tool_call_max_gap_ms"), get("tool_call_deltas"), get("last_silence_ms"),
         get("temperature"), get("seed"), get("stream", True), get("stream_reads"), get("stream_bytes"),
-        get("history"), get("model_round"), _signature(get("turn_kind"), get("tool_calls"), get("content"), shared))
+        get("history"), get("model_round"), _signature(get("turn_kind"), get("tool_calls"), get("content"), shared),
+        intern(get("path"), get("path")))
 
 
 def _signature(turn_kind: Any, calls: Any, content: Any, shared: Interner) -> str | None:

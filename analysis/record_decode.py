@@ -132,7 +132,7 @@ class RecordDecoder:
             intern(layer, layer), r.control_pair, intern(role, role), r.stream_pair,
             intern(stream_role, stream_role), r.tool_call_span_ms, r.tool_call_max_gap_ms, r.tool_call_deltas,
             r.last_silence_ms, r.temperature, r.seed, r.stream, r.stream_reads, r.stream_bytes, r.history,
-            r.model_round, self._signature(r))
+            r.model_round, self._signature(r), intern(r.path, r.path))
         turn_kind, error = r.turn_kind, r.error
         frame = (intern(turn_kind, turn_kind), r.itl_mean_ms, r.ttfa_ms, r.completion_tokens, r.max_tokens,
                  intern(error, error), self.layer_lists.setdefault(failed, list(failed)), r.session_id,

@@ -81,6 +81,8 @@ def test_an_oom_the_restart_clears_holds_the_same_load_and_is_a_one_off(runs):
     assert verdict["verdict"] == "limited" and code == 3, verdict["next_action"]
     assert any("OOM crash in stage soak" in r and "a one-off" in r
                for r in verdict["pillars"]["resources"]["reasons"]), verdict["pillars"]["resources"]["reasons"]
+    restart = next(i for i in verdict["checklist"] if i["item"].startswith("Restart check"))
+    assert restart["status"] == "ok" and "held the crash stage's load" in restart["detail"], restart
 
 
 def test_an_oom_that_comes_back_under_the_same_load_is_scale_up(runs):
@@ -97,3 +99,5 @@ def test_an_oom_that_comes_back_under_the_same_load_is_scale_up(runs):
     assert verdict["verdict"] == "scale_up" and code == 5, verdict["next_action"]
     because = " ".join(verdict["next_action"]["because"])
     assert "a continuing OOM" in because and because.count("OOM line in the server log") >= 2, because
+    restart = next(i for i in verdict["checklist"] if i["item"].startswith("Restart check"))
+    assert restart["status"] == "open" and "the crash recurred under the same load" in restart["detail"], restart
