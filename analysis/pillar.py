@@ -53,9 +53,14 @@ class PillarResult:
     status: str
     reasons: list[str] = field(default_factory=list)
     numbers: dict[str, Any] = field(default_factory=dict)
+    # keys of `numbers` an issue named at the pillar itself (`pillars.agent_api.reproducibility`, issue 33): written
+    # there too, so the contract's path and the numbers every reader already walks hold the same figures
+    surfaced: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "reasons": self.reasons, "numbers": rounded(self.numbers)}
+        numbers = rounded(self.numbers)
+        return {"status": self.status, "reasons": self.reasons, "numbers": numbers,
+                **{key: numbers[key] for key in self.surfaced if key in numbers}}
 
 
 def rounded(value: Any, digits: int = 4) -> Any:

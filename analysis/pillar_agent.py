@@ -216,6 +216,9 @@ def _valid_rule(numbers: dict[str, Any], threshold: float, rate: Rate, carried: 
                       evidence=evidence, interval=(rate.low, rate.high))
 
 
+SURFACED = ("reproducibility",)  # at `pillars.agent_api.reproducibility` too: issue 33's path for it
+
+
 def _repeats(judged: list[AnyAttempt], limits: dict[str, float], plan: Plan | None
              ) -> tuple[dict[str, Any], dict[str, Any], list[RuleResult], str | None]:
     """Tool calls that must repeat (analysis/reproducibility.py) and the trigger rate per stage
@@ -273,7 +276,7 @@ def judge_agent_api(attempts: list[AnyAttempt], limits: dict[str, float], plan: 
         numbers["rules"] = [r.to_dict() for r in harness]
         return PillarResult(INCONCLUSIVE, [r.reason for r in harness] + [
             f"inconclusive, because only {len(judged)} attempts were judged (at least {int(limits['min_attempts'])} "
-            "are needed: one success is not evidence)"], numbers)
+            "are needed: one success is not evidence)"], numbers, SURFACED)
     carried = None
     if unjudged:  # the rate were every answer the harness could not judge valid
         carried = rate_by_request([*judged, *unjudged], [*(a.valid for a in judged), *([True] * len(unjudged))])
@@ -284,9 +287,9 @@ def judge_agent_api(attempts: list[AnyAttempt], limits: dict[str, float], plan: 
     reasons += [r for r in [context_reason(refusals), tool_turns_reason(tool_turns), repeat_note] if r] + drill_reasons
     statuses = {r.status for r in rules}
     if FAIL in statuses or drill_reasons:  # what failed first; the answers the harness could not judge after it
-        return PillarResult(FAIL, reasons + [r.reason for r in harness], numbers)
+        return PillarResult(FAIL, reasons + [r.reason for r in harness], numbers, SURFACED)
     if INCONCLUSIVE in statuses:
-        return PillarResult(INCONCLUSIVE, [r.reason for r in harness] + reasons, numbers)
+        return PillarResult(INCONCLUSIVE, [r.reason for r in harness] + reasons, numbers, SURFACED)
     passed = [r.reason for r in known_rules if r.status == PASS]
     return PillarResult(PASS, [f"{rule.reason} (tool calls, structured output, reasoning/content separation, "
-                               "expectations)", *passed, *reasons], numbers)
+                               "expectations)", *passed, *reasons], numbers, SURFACED)

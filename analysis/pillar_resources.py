@@ -194,7 +194,6 @@ def classify_crashes(data: RunData, growth_limit_pct: float = 50.0, spells: list
     growth = growth if growth is not None else gpu_growth(data, spells)
     out = []
     found, all_holds = _crash_times(data, spells), holds(data)
-    run_end = next((e["ts"] for e in data.events_named(Event.RUN_END)), None)
     for n, crash in enumerate(found):
         stage = data.stage_of(crash["ts"])
         kinds = sorted({e["event"] for e in crash["events"]})
@@ -211,7 +210,8 @@ def classify_crashes(data: RunData, growth_limit_pct: float = 50.0, spells: list
         in_hold = hold_at(all_holds, crash["ts"])  # a crash under a hold repeats the crash before it
         out[-1]["recurrence_of"] = n - 1 if in_hold is not None and n > 0 else None
         out[-1]["restart"]["same_conditions"] = same_conditions(
-            crash["ts"], found[n + 1]["ts"] if n + 1 < len(found) else None, in_hold, all_holds, run_end)
+            crash["ts"], found[n + 1]["ts"] if n + 1 < len(found) else None, in_hold, all_holds,
+            out[-1]["restart"].get("up_ts"))
         out[-1]["ended"] = ended(data, crash["ts"], out[-1]["restart"].get("up_ts"),
                                  down.get("reason") if down else None)
     return out

@@ -53,47 +53,74 @@ class Hold:
     ended: str | None
     crash_stage: str | None
     down_ts: float | None
+    answered: int = 0  # its requests answered in full
+    users_sending: int = 0  # the distinct users that sent in it
+    open_loop: bool = False  # its sessions arrived at a rate: `users` is a ceiling, not a count to reach
 
 
 def holds(data: RunData) -> list[Hold]:
     ends = {e.get("stage"): e for e in data.events_named(Event.RECOVERY_HOLD)}
+    frame = data.records
     out = []
     for start in data.events_named(Event.STAGE_START):
         if start.get("kind") != RECOVERY:
             continue
         end = ends.get(start.get("stage"), {})
         held = end.get("held_s")
+        mine = frame[frame["stage"] == start.get("stage")] if not frame.empty else frame
         out.append(Hold(str(start.get("stage")), float(start["ts"]),
                         float(start["ts"]) + float(held) if held is not None else None, start.get("users"),
                         dict(start.get("mix") or {}), end.get("hold_s"), held, end.get("ended"),
-                        end.get("crash_stage"), end.get("down_ts")))
+                        end.get("crash_stage"), end.get("down_ts"),
+                        int((mine["status"] == "ok").sum()) if not mine.empty else 0,
+                        int(mine["user_id"].nunique()) if not mine.empty else 0,
+                        start.get("sessions_per_s") is not None))
     return out
 
 
 def same_conditions(crash_ts: float, next_crash_ts: float | None, in_hold: Hold | None, all_holds: list[Hold],
-                    run_end_ts: float | None) -> dict[str, Any]:
+                    up_ts: float | None) -> dict[str, Any]:
     """`restart.same_conditions` of the crash at `crash_ts` (the next crash's ts, or None; `in_hold`: the hold
-    this crash happened in, if any)."""
+    this crash happened in, if any; `up_ts`: when the server was back, None if never)."""
     if in_hold is not None:
         return _result(in_hold, False, "not_run", f"this crash is the recurrence under the hold {in_hold.stage} "
                        f"(the load of stage {in_hold.crash_stage} re-applied): no second hold follows")
     hold = next((h for h in all_holds if h.start_ts > crash_ts and (next_crash_ts is None
                                                                      or h.start_ts < next_crash_ts)), None)
     if hold is None:
-        why = "the server did not come back within the run" if next_crash_ts is None and run_end_ts is None else \
-            "no hold followed: the server was not back before the plan ended or crashed again first"
+        why = "the server did not come back within the run" if up_ts is None else \
+            "the server died again before the hold began" if next_crash_ts is not None else \
+            "no hold was armed or begun: the plan ended first, or nothing showed its down was a crash (the port " \
+            "stayed open, no OOM or engine-dead line, no restart command of ours)"
         return {"users": None, "mix": None, "held_s": None, "recurred": None, "status": "not_run",
                 "why": f"not re-applied, because {why}"}
-    end = hold.end_ts if hold.end_ts is not None else run_end_ts
-    if next_crash_ts is not None and (end is None or next_crash_ts <= end + 5):  # a down is seen a few polls late
+    # a down is seen a few polls late: a crash just after the hold's end is its own when the hold ended otherwise
+    late_s = 0.0 if hold.ended == "held" else 5.0
+    if next_crash_ts is not None and (hold.end_ts is None or next_crash_ts <= hold.end_ts + late_s):
         held_s = max(next_crash_ts - hold.start_ts, 0.0)
         return _result(hold, True, "recurred", f"the load of stage {hold.crash_stage or '?'} ({_load(hold)}) "
                        f"re-applied after the restart crashed the server again after {held_s:.0f} s", held_s)
-    if hold.ended == "held" or (hold.held_s is not None and hold.hold_s and hold.held_s >= HELD_SHARE * hold.hold_s):
+    ran = hold.ended == "held" or (hold.held_s is not None and bool(hold.hold_s)
+                                   and hold.held_s >= HELD_SHARE * hold.hold_s)
+    short = _unproven(hold)
+    if ran and not short:
         return _result(hold, False, "held", f"the load of stage {hold.crash_stage or '?'} ({_load(hold)}) re-applied "
-                       f"after the restart held for {hold.held_s or 0:.0f} s: a one-off")
-    return _result(hold, False, "cut_short", f"inconclusive, because the run ended {hold.held_s or 0:.0f} s into the "
-                   f"{hold.hold_s or 0:.0f} s hold of stage {hold.crash_stage or '?'}'s load, without a crash")
+                       f"after the restart held for {hold.held_s or 0:.0f} s ({hold.answered} requests answered): "
+                       "a one-off")
+    why = short if ran else f"the hold ended {hold.held_s or 0:.0f} s into its {hold.hold_s or 0:.0f} s " \
+        f"({hold.ended or 'the run was cut'}), without a crash"
+    return _result(hold, False, "cut_short", f"inconclusive, because {why}")
+
+
+def _unproven(hold: Hold) -> str | None:
+    """Why a hold that lasted did not show the crash stage's load held, or None: no answer in it, or fewer users
+    sent than the stage ran (closed-loop; an open-loop stage's users are a ceiling)."""
+    if hold.answered == 0:
+        return f"the hold of stage {hold.crash_stage or '?'}'s load answered no request"
+    if not hold.open_loop and hold.users and hold.users_sending < hold.users:
+        return (f"only {hold.users_sending} of the {hold.users} users of stage {hold.crash_stage or '?'} sent in "
+                "its hold: not the same load")
+    return None
 
 
 def _load(hold: Hold) -> str:

@@ -92,7 +92,9 @@ def answer_signature(turn_kind: str | None, tool_calls: Iterable[Any] | None, co
     """What an answer did, as canonical text (module docstring); None for a turn whose answers are not compared."""
     if turn_kind not in COMPARED_KINDS:
         return None
-    calls = sorted((_call(c) for c in tool_calls or ()), key=_dumps)
+    # by name, then arguments: a parallel call list in another order is the same action, and the calls of one
+    # tool pair up with each other when two answers are told apart (what_differs)
+    calls = sorted((_call(c) for c in tool_calls or ()), key=lambda c: (c["name"], _dumps(c["arguments"])))
     payload: dict[str, Any] = {"calls": calls}
     if turn_kind == "json":
         payload["output"] = canonical_json(content or "")
@@ -169,6 +171,7 @@ class Reproducibility:
     base_stage: str | None  # the lowest concurrency at which repeats were compared
     batch_dependent: bool | None  # every difference under more load than its reference; None: none, or unknown
     differing_stages: list[str]
+    base_users: int | None = None  # the base stage's concurrency (it may have no row: only references there)
 
     def to_dict(self) -> dict[str, Any]:
         return {"repeated_requests": self.rate.n, "agreeing": self.rate.k, "share": self.rate.value,
@@ -226,15 +229,19 @@ def reproducibility(attempts: Sequence[AnyAttempt], users_by_stage: Mapping[str,
     found.sort(key=lambda pair: (pair[0].send_ts, pair[0].attempt_id))
     order = {name: i for i, name in enumerate(users)}
     ordered = dict(sorted(by_stage.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))
-    base = min(ordered, key=lambda s: (users.get(s, math.inf), order.get(s, len(order))), default=None)
+    # the base: the lowest concurrency any compared answer came from, references included (a request answered once
+    # alone and once under load has its alone answer only as the reference: that stage has no row of its own)
+    answered = {a.stage for answers in repeated.values() for a in answers}
+    base = min(answered, key=lambda s: (users.get(s, math.inf), order.get(s, len(order)), s), default=None)
     batch = None
     if found and users and base is not None:
-        batch = ordered[base].agreeing == ordered[base].repeated_requests and all(
-            users.get(other.stage, -1) > users.get(reference.stage, math.inf) for other, reference in found)
+        quiet = base not in ordered or ordered[base].agreeing == ordered[base].repeated_requests
+        batch = quiet and all(users.get(other.stage, -1) > users.get(reference.stage, math.inf)
+                              for other, reference in found)
     differing = {other.stage for other, _ in found}
     return Reproducibility(rate_by_keys(keys, flags), sum(len(v) for v in repeated.values()), unread, ordered,
                            [_difference(other, reference) for other, reference in found[:FIRST_DIFFERENCES]],
-                           base, batch, [s for s in ordered if s in differing])
+                           base, batch, [s for s in ordered if s in differing], users.get(base) if base else None)
 
 
 def _tally_stages(by_stage: dict[str, StageAgreement], users: Mapping[str, int], reference: Answer,
@@ -337,7 +344,7 @@ def _where(result: Reproducibility) -> str:
         return ""
     stages = ", ".join(f"{s} ({_users(result.by_stage[s].users)})" for s in result.differing_stages)
     base = result.base_stage
-    users = result.by_stage[base].users if base else None
+    users = result.base_users
     if result.batch_dependent:
         said = (f"; batch-dependent: the repeats agreed at {base} ({_users(users)}), the lowest concurrency compared, "
                 f"and differed only under more load, at {stages}: {SWITCH}")

@@ -4,11 +4,11 @@ checklist's "Retry and API fallback behaviour" line and of the report's "Retries
 Usage: `path_counts(data.attempts)` -> `{"first_try": {"attempts", "valid", "drill"}, "retry": {...},
 "fallback": {...}, "retried_unrecovered": N}`; `checklist_line(counts, drill)` -> (ticked, detail).
 
-A record's `path` says its path (k3load.workload.retry_policy.AttemptPath). The judgment's lean records
-(analysis/lean.py) do not keep it, and older records lack it, so where it is absent the path is read from the
-chain: attempt 1 is the first try, a later attempt that sent the first try's bytes (the same `request_sha256`)
-a retry, one that sent other bytes the fallback (its body is the first try's with the fallback's settings). A
-`model` fallback naming the run's own model sends the same bytes and reads as a retry there.
+A record's `path` says its path (k3load.workload.retry_policy.AttemptPath; the judgment's lean records keep
+it). Older records lack it, so where it is absent the path is read from the chain: attempt 1 is the first
+try, a later attempt that sent the first try's bytes (the same `request_sha256`) a retry, one that sent other
+bytes the fallback (its body is the first try's with the fallback's settings). A `model` fallback naming the
+run's own model sends the same bytes and reads as a retry there.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def checklist_line(counts: dict[str, Any], drill: dict[str, Any]) -> tuple[bool,
     retry, fallback = counts[AttemptPath.RETRY.value], counts[AttemptPath.FALLBACK.value]
     why: list[str] = []
     if not retry["attempts"]:
-        why.append("inconclusive, because no request was retried, so neither a retry nor a fallback was exercised")
+        why.append("inconclusive, because no request was retried" + (
+            "" if fallback["attempts"] else ", so neither a retry nor a fallback was exercised"))
     elif not retry["valid"]:
         why.append(f"not proven, because none of the {retry['attempts']} retries ended in a valid answer")
     if retry["attempts"] and not fallback["attempts"]:

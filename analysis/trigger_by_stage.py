@@ -13,7 +13,8 @@ a call, and only tools the turn allows). Each share's interval is over the disti
 
 The comparison: each share's drop from the base with Newcombe's hybrid score interval (`agreement.drop`, the
 reference comparison's own). A stage whose drop's interval lies above 0, both sides over at least
-MIN_DISTINCT_REQUESTS distinct requests, is a stage where load changed what the model does: named, and the
+MIN_DISTINCT_REQUESTS distinct requests, is a stage where load changed what the model does (each stage is
+compared on the (scenario, turn) pairs both it and the base answered: like for like): named, and the
 pillar fails (`agent.trigger_by_stage`); a significant rise is named, never a failure.
 """
 
@@ -44,12 +45,18 @@ class Change:
     drop: float
     low: float
     high: float
+    now: Rate  # the stage's share over the turns it has in common with the base
+    then: Rate  # the base's share over the same turns
 
 
 def _rates(turns: list[AnyAttempt]) -> dict[str, Rate]:
     expected = [bool(f.ok) if (f := first_finding(a.findings, "expect.tool_call")) else False for a in turns]
     return {"called": rate_by_request(turns, [triggered(a) for a in turns]),
             "called_expected": rate_by_request(turns, expected)}
+
+
+def _turns(attempts: list[AnyAttempt]) -> set[tuple[str, int]]:
+    return {(a.scenario, a.turn) for a in attempts}
 
 
 def _decided(rate: Rate) -> bool:
@@ -73,11 +80,18 @@ def trigger_by_stage(attempts: list[AnyAttempt], plan: Plan | None) -> tuple[dic
         row: dict[str, Any] = {"kind": kinds.get(name), "users": users.get(name),
                                "tool_call_turns": len(per_stage[name]),
                                **{share: rate.to_dict() for share, rate in shares.items()}}
-        for share, rate in shares.items():
-            value, interval = drop(rates[base][share], rate) if base and name != base else (None, None)
+        # like for like: only the (scenario, turn) pairs both the stage and the base answered, so a stage playing
+        # other families or another mix of turns is not read as load changing the model
+        common = _turns(per_stage[name]) & _turns(per_stage[base]) if base and name != base else set()
+        mine = _rates([a for a in per_stage[name] if (a.scenario, a.turn) in common]) if common else {}
+        theirs = _rates([a for a in per_stage[base] if (a.scenario, a.turn) in common]) if common and base else {}
+        row["compared_turns"] = len(common) if base and name != base else None
+        for share in shares:
+            value, interval = drop(theirs[share], mine[share]) if common else (None, None)
             row[f"{share}_drop"] = {"drop": value, "ci95": list(interval) if interval else None}
-            if interval and (interval[0] > 0 or interval[1] < 0) and _decided(rate) and _decided(rates[base][share]):
-                changes.append(Change(name, share, value or 0.0, *interval))
+            if interval and (interval[0] > 0 or interval[1] < 0) and _decided(mine[share]) \
+                    and _decided(theirs[share]):
+                changes.append(Change(name, share, value or 0.0, *interval, mine[share], theirs[share]))
         rows[name] = row
     numbers = {"base_stage": base, "stages": rows, "changed_stages": list(dict.fromkeys(c.stage for c in changes))}
     if not turns or base is None:
@@ -93,7 +107,7 @@ def _rule(changes: list[Change], rates: dict[str, dict[str, Rate]], base: str, u
     if not changes:
         return RuleResult(RULE, "agent_api", PASS, f"tool-call trigger rate per stage: no stage differed from {base} "
                           "beyond chance (the drops' 95% intervals all include 0)", evidence=EVIDENCE)
-    said = "; ".join(_change(c, rates, base, users) for c in (*drops, *rises))
+    said = "; ".join(_change(c, base, users) for c in (*drops, *rises))
     if drops:
         text = (f"load changes what the model does: tool-call turns called tools less often than at {base} "
                 f"({users.get(base)} users): {said}")
@@ -104,9 +118,9 @@ def _rule(changes: list[Change], rates: dict[str, dict[str, Rate]], base: str, u
                       evidence=EVIDENCE)
 
 
-def _change(c: Change, rates: dict[str, dict[str, Rate]], base: str, users: dict[str, int]) -> str:
+def _change(c: Change, base: str, users: dict[str, int]) -> str:
     what = "called a tool" if c.share == "called" else "called an expected tool"
-    now, then = rates[c.stage][c.share], rates[base][c.share]
-    return (f"{c.stage} ({users.get(c.stage)} users) {what} {now.value:.1%} against {then.value:.1%} "
-            f"(drop {c.drop:.1%}, 95% CI {c.low:.1%} to {c.high:.1%}, {now.clusters} and {then.clusters} distinct "
-            "requests)")
+    now, then = c.now, c.then
+    return (f"{c.stage} ({users.get(c.stage)} users) {what} {now.value:.1%} against {then.value:.1%} at {base} on "
+            f"the turns both played (drop {c.drop:.1%}, 95% CI {c.low:.1%} to {c.high:.1%}, {now.clusters} and "
+            f"{then.clusters} distinct requests)")

@@ -201,3 +201,45 @@ def test_a_stage_the_clock_ran_past_is_still_entered_whole(tmp_path, monkeypatch
     assert abs(shape._plan_clock(session) - 6.0) < 1e-6
     now[0] += 2.1
     assert shape.tick() is None  # the plan ended after its last stage's 2 s
+
+
+def test_a_recovery_hold_runs_the_crash_stages_load_then_the_plan_goes_on_past_it(tmp_path, monkeypatch):
+    """A crash mid-soak, the server back: the shape plays soak's users and mix as `soak-recovery-1` for the hold,
+    the plan's clock standing still, then ends the stage the hold interrupted and enters the next one, whole."""
+    import locust.shape
+
+    from k3load.loadgen import shape as shape_module
+    from k3load.loadgen.recovery import RecoveryHold
+
+    now = [100.0]
+    fake_time = SimpleNamespace(perf_counter=lambda: now[0])
+    monkeypatch.setattr(locust.shape, "time", fake_time)
+    monkeypatch.setattr(shape_module, "time", fake_time, raising=False)
+    soak = Stage("soak", "soak", 0, 10, 6, 6.0, {"agent": 1})
+    after = Stage("after", "load", 10, 4, 2, 2.0, {"agent": 1})
+    stages = (soak, after)
+    entered: list[str] = []
+    session = SimpleNamespace(fatal=False, run_dir=tmp_path, finished=False, role="local", ensure_started=lambda: None,
+                              plan=SimpleNamespace(stages=stages, stage_at=lambda t: next((s for s in stages
+                                                                                          if t < s.end_s), None)),
+                              drain=None, restart_drill=None, stage=None, events=None, load_skipped=False,
+                              workers_seen=WorkerCount(), search=None)
+    written: list[dict] = []
+    session.recovery = RecoveryHold(SimpleNamespace(event=lambda e, **f: written.append(f)), lambda: session.stage,
+                                    lambda: 0, lambda: False, hold_s=5.0, cap_s=120.0, clock=lambda: now[0])
+    session.enter_stage = lambda stage: (entered.append(stage.name), setattr(session, "stage", stage))
+    runner = SimpleNamespace(user_count=0, environment=SimpleNamespace(k3_session=session))
+    shape = shape_module.PlanShape()
+    shape.runner = runner
+    assert shape.tick()[0] == 6 and entered == ["soak"]
+    now[0] += 3.0
+    session.recovery({"event": "server_down", "ts": 3.0, "reason": "connection refused"})
+    now[0] += 2.0
+    session.recovery({"event": "server_up", "ts": 5.0})
+    assert shape.tick()[0] == 6 and entered == ["soak", "soak-recovery-1"]  # soak's users again
+    clock = shape._plan_clock(session)
+    now[0] += 4.9
+    assert shape.tick()[0] == 6 and abs(shape._plan_clock(session) - clock) < 1e-6  # the clock stands still
+    now[0] += 0.2
+    assert shape.tick()[0] == 2 and entered == ["soak", "soak-recovery-1", "after"]  # soak ended with the hold
+    assert abs(shape._plan_clock(session) - 10.0) < 1e-6 and written[-1]["ended"] == "held"

@@ -233,7 +233,17 @@ def test_no_fallback_where_a_retry_recovered_or_none_is_declared(tmp_path: Path)
     def no_fallback(data: dict[str, Any]) -> None:
         del data["turns"][1]["fallback"]
 
-    exhausted, _, _ = _play(tmp_path, 1, no_fallback)
+    # every attempt drilled and no fallback: the turn could never be answered, a scenario error at load
+    with pytest.raises(ScenarioError, match=r"turns\[1\]\.retry\.first_timeout_attempts: every one of the 2 "
+                                            r"attempts gets the short deadline.*declare `fallback:`"):
+        _play(tmp_path, 1, no_fallback)
+
+    def real_timeout(data: dict[str, Any]) -> None:  # a deadline the server really misses, not a drill's
+        del data["turns"][1]["fallback"]
+        data["turns"][1]["retry"] = {"max_attempts": 2, "backoff_s": 0.1}
+        data["turns"][1]["timeout_s"] = 0.001
+
+    exhausted, _, _ = _play(tmp_path, 1, real_timeout)
     assert [(a.path, a.will_retry) for a in exhausted] == [("first_try", True), ("retry", False)]
 
 

@@ -52,14 +52,19 @@ def test_a_health_flap_arms_nothing_but_a_restart_or_an_oom_line_does():
     hold({"event": "server_down", "ts": 1.0, "reason": "http 503"})
     hold({"event": "server_up", "ts": 2.0})
     assert hold.hold_now() is None  # /health flapped: no evidence of a crash
+    hold({"event": "log_engine_dead", "ts": 2.9, "line": "EngineDeadError"})  # the log is read before /health
     hold({"event": "server_down", "ts": 3.0, "reason": "http 503"})
-    hold({"event": "log_oom", "ts": 3.1, "line": "CUDA out of memory"})
     hold({"event": "server_up", "ts": 9.0})
     assert hold.hold_now() is not None  # an engine dead behind a live API server: a crash
+    hold, _, _ = _hold()
+    hold({"event": "log_oom", "ts": 1.0, "line": "CUDA out of memory"})
+    hold({"event": "server_down", "ts": 40.0, "reason": "http 503"})  # 39 s after the line: not this down's
+    hold({"event": "server_up", "ts": 41.0})
+    assert hold.hold_now() is None
     restarts = [0]
     hold, _, _ = _hold(restarts, hold_s=5.0)
     hold({"event": "server_down", "ts": 1.0, "reason": "timeout"})
-    restarts[0] = 1  # our restart command ran for it
+    restarts[0] = 1  # our restart command ran for it (the restarter listens after the hold: it starts afterwards)
     hold({"event": "server_up", "ts": 30.0})
     assert hold.hold_now().duration_s == 5.0  # the plan's recovery_hold_s, as given
 
@@ -79,9 +84,19 @@ def test_a_crash_under_the_hold_ends_it_as_a_recurrence_and_no_second_hold_follo
 
 
 def test_each_hold_status_is_read_from_the_events():
-    held = Hold("soak-recovery-1", 120.0, 160.0, 8, {"agent": 1}, 40.0, 40.0, "held", "soak", 100.0)
-    result = same_conditions(100.0, None, None, [held], 200.0)
+    held = Hold("soak-recovery-1", 120.0, 160.0, 8, {"agent": 1}, 40.0, 40.0, "held", "soak", 100.0, 50, 8)
+    result = same_conditions(100.0, None, None, [held], 110.0)
     assert result["status"] == "held" and result["recurred"] is False and "a one-off" in result["why"]
+    # a crash 3 s after a hold that ended `held` is its own, not the hold's recurrence
+    assert same_conditions(100.0, 163.0, None, [held], 110.0)["status"] == "held"
+    # lasting is not holding: no answer, or fewer users than the crash stage ran, proves nothing
+    silent = Hold("soak-recovery-1", 120.0, 160.0, 8, {"agent": 1}, 40.0, 40.0, "held", "soak", 100.0, 0, 8)
+    assert same_conditions(100.0, None, None, [silent], 110.0)["why"] == \
+        "inconclusive, because the hold of stage soak's load answered no request"
+    thin = Hold("soak-recovery-1", 120.0, 160.0, 8, {"agent": 1}, 40.0, 40.0, "held", "soak", 100.0, 9, 3)
+    assert same_conditions(100.0, None, None, [thin], 110.0)["status"] == "cut_short"
+    arriving = Hold("soak-recovery-1", 120.0, 160.0, 8, {"agent": 1}, 40.0, 40.0, "held", "soak", 100.0, 9, 3, True)
+    assert same_conditions(100.0, None, None, [arriving], 110.0)["status"] == "held"  # users: a ceiling there
     recurring = Hold("soak-recovery-1", 120.0, 123.0, 8, {"agent": 1}, 40.0, 3.0, "crashed_again", "soak", 100.0)
     result = same_conditions(100.0, 123.2, None, [recurring], 200.0)
     assert result["status"] == "recurred" and result["recurred"] is True and abs(result["held_s"] - 3.2) < 1e-9
@@ -90,7 +105,9 @@ def test_each_hold_status_is_read_from_the_events():
     cut = Hold("soak-recovery-1", 120.0, 130.0, 8, {"agent": 1}, 40.0, 10.0, "run_ended", "soak", 100.0)
     assert same_conditions(100.0, None, None, [cut], 130.0)["status"] == "cut_short"
     result = same_conditions(100.0, None, None, [], None)
-    assert result["status"] == "not_run" and result["why"].startswith("not re-applied, because")
+    assert result["status"] == "not_run" and result["why"] == \
+        "not re-applied, because the server did not come back within the run"
+    assert "nothing showed its down was a crash" in same_conditions(100.0, None, None, [], 120.0)["why"]
 
 
 def test_memory_still_held_with_the_server_gone_is_named():
@@ -102,3 +119,35 @@ def test_memory_still_held_with_the_server_gone_is_named():
     assert "outlived its server" in result["why"]
     assert _released(gpu[gpu["gpu"] == 0], 100.0, 110.0)["released"] is True
     assert _released(gpu, 200.0, 210.0)["judged"] is False
+
+
+def test_the_hold_hears_a_down_before_the_restarter_starts_a_command_for_it():
+    """Both listen to the same server_down, one after the other: the hold must take its count of restarts first, or
+    the command started for this very down never counts as evidence that it was a crash."""
+    from types import SimpleNamespace
+
+    from k3load.loadgen.observe import Restarter, watch_recoveries
+
+    session = SimpleNamespace(events=SimpleNamespace(listeners=[]), stage=SOAK, restart_drill=None,
+                              limits={"resources": {}})
+    restarter = Restarter(session, "true", 3)
+    session.events.listeners.append(restarter)
+    hold = watch_recoveries(session)
+    assert session.events.listeners == [hold, restarter]
+    hold({"event": "server_down", "ts": 1.0, "reason": "timeout"})
+    restarter.started = 1  # what the restarter does next, for the same down
+    hold({"event": "server_up", "ts": 20.0})
+    assert hold.hold_now() is not None and hold.hold_now().duration_s == 40.0
+
+
+def test_a_health_flap_under_the_hold_does_not_end_it():
+    hold, log, now = _hold()
+    hold({"event": "server_down", "ts": 100.0, "reason": "connection refused"})
+    hold({"event": "server_up", "ts": 110.0})
+    hold.begin(SOAK)
+    now[0] += 2.0
+    hold({"event": "server_down", "ts": 112.0, "reason": "http 503"})  # no death: the hold goes on
+    assert hold.hold_now() is not None and log.written == []
+    hold({"event": "log_engine_dead", "ts": 113.0, "line": "EngineDeadError"})
+    hold({"event": "server_down", "ts": 114.0, "reason": "http 503"})  # now with the engine's death line
+    assert hold.hold_now() is None and log.written[-1]["ended"] == "crashed_again"

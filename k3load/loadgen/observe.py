@@ -146,14 +146,15 @@ def watch_restarts(session: HarnessSession) -> Restarter | None:
 
 def watch_recoveries(session: HarnessSession) -> RecoveryHold:
     """Master/local: after a crash, once the server is back, the crash stage's load again (k3load.loadgen.recovery).
-    Listens after the restarter, so a restart command started for a down counts for it."""
+    Listens before the restarter: a down's count of restarts is taken before the command it starts for it."""
     assert session.events is not None  # start_run opened it before any observer
     restarter = next((x for x in session.events.listeners if isinstance(x, Restarter)), None)
     hold = RecoveryHold(session.events, stage=lambda: session.stage,
                         restarts=lambda: restarter.started if restarter else 0,
                         drilling=lambda: bool(getattr(session.restart_drill, "active", False)),
                         hold_s=session.limits["resources"].get("recovery_hold_s"), cap_s=RECOVERY_HOLD_CAP_S)
-    session.events.listeners.append(hold)
+    listeners = session.events.listeners
+    listeners.insert(listeners.index(restarter) if restarter is not None else len(listeners), hold)
     return hold
 
 

@@ -7,8 +7,9 @@ three times in between, read as "recovered". So when a crashed server answers ag
 stage's users and family mix (so its families' input lengths) for `resources.recovery_hold_s` (unset: that
 stage's duration, at most analysis.pillar.RECOVERY_HOLD_CAP_S). The plan's clock stands still during it, and
 the stage the hold interrupted ends there (it ran against a dead server); the plan goes on after it. A crash
-during the hold is the same load killing the server again: the hold ends, said `recurred`, and no second hold
-follows (the restart may still bring it back for the plan's next stage).
+during the hold (the port closed, or an OOM or engine-dead line) is the same load killing the server again: the
+hold ends, said `recurred`, and no second hold follows (the restart may still bring it back for the plan's next
+stage).
 
 A down spell arms a hold only when it was a crash: the port closed (the poll refused or reset), an OOM or
 engine-dead line in the log, or our restart command ran for it. A `/health` that flapped while requests were
@@ -34,6 +35,9 @@ from k3load.workload.plan import Stage
 RECOVERY = "recovery"  # the stage kind of a hold (never in a plan: the harness inserts it)
 PORT_CLOSED = ("connection refused", "connection reset")  # the sampler's server_down reasons of a process gone
 CRASH_LOG_EVENTS = (Event.LOG_OOM, Event.LOG_ENGINE_DEAD)
+# The log is tailed every 0.2 s and /health polled less often: an engine's death line is read before its down
+# (analysis/health.py LOG_NEAR_S reads the same window around a down).
+LOG_BEFORE_S = 30.0
 
 
 class HoldEnd(StrEnum):
@@ -50,7 +54,7 @@ class _Down:
     down_ts: float
     reason: str
     restarts_before: int
-    log_lines: int = 0
+    log_lines: int = 0  # OOM / engine-dead lines read during the spell or in the LOG_BEFORE_S before it
 
     def was_crash(self, restarts_now: int) -> bool:
         return self.reason in PORT_CLOSED or self.log_lines > 0 or restarts_now > self.restarts_before
@@ -75,6 +79,7 @@ class RecoveryHold:
         self.interrupted: Stage | None = None  # the stage a finished hold cut short (the shape ends it)
         self.held_total_s = 0.0
         self.count = 0
+        self.last_log_ts: float | None = None  # the last OOM / engine-dead line read, whether or not a down was seen
 
     @property
     def paused_s(self) -> float:
@@ -85,8 +90,10 @@ class RecoveryHold:
         event = record.get("event")
         if event == Event.SERVER_DOWN and not record.get("first_poll") and not self.drilling():
             self._down(record)
-        elif event in CRASH_LOG_EVENTS and self.watching is not None:
-            self.watching.log_lines += 1
+        elif event in CRASH_LOG_EVENTS:
+            self.last_log_ts = float(record.get("ts") or time.time())
+            if self.watching is not None:
+                self.watching.log_lines += 1
         elif event == Event.SERVER_UP and self.watching is not None:
             down, self.watching = self.watching, None
             if down.was_crash(self.restarts()) and self.running is None:
@@ -94,21 +101,27 @@ class RecoveryHold:
                 self.armed = (self._hold_stage(down), down)
 
     def _down(self, record: dict[str, Any]) -> None:
-        if self.running is not None:  # the same load killed it again: the crash recurred, no second hold
-            self._end(HoldEnd.CRASHED_AGAIN)
+        down_ts = float(record.get("ts") or time.time())
+        logged = self.last_log_ts is not None and down_ts - LOG_BEFORE_S <= self.last_log_ts
+        if self.running is not None:
+            # the same load killed it again: the crash recurred, no second hold. Only on a crash's evidence: a /health
+            # that flapped under the hold is no death (the judgment still finds a crash whose log line comes later)
+            if str(record.get("reason") or "") in PORT_CLOSED or logged:
+                self._end(HoldEnd.CRASHED_AGAIN)
             return
         current = self.stage()
         if self.watching is None and current is not None and current.kind != RECOVERY:
             self.armed = None  # a hold not begun yet: its server is gone again; the next up arms afresh
-            self.watching = _Down(current, float(record.get("ts") or time.time()), str(record.get("reason") or ""),
-                                  self.restarts())
+            # the restarter listens before this hold, so a command it starts for this down counts as after it
+            self.watching = _Down(current, down_ts, str(record.get("reason") or ""), self.restarts(), int(logged))
 
     def _hold_stage(self, down: _Down) -> Stage:
         crashed = down.conditions
         hold_s = self.hold_s if self.hold_s is not None else min(crashed.duration_s, self.cap_s)
+        # the same load: its users, mix, open-loop arrivals or trace (schedules are kept by stage name, so the hold's
+        # start afresh from its entry); not a search's state, nor the per-user budget of a control stage
         return dataclasses.replace(crashed, name=f"{crashed.name}-recovery-{self.count}", kind=RECOVERY,
-                                   start_s=0.0, duration_s=hold_s, iterations_per_user=None, search=None, step=None,
-                                   arrival=None, replay=None)
+                                   start_s=0.0, duration_s=hold_s, iterations_per_user=None, search=None, step=None)
 
     def hold_now(self) -> Stage | None:
         """The hold to play now (armed, or running and not over), else None."""

@@ -83,11 +83,10 @@ class PlanShape(LoadTestShape):
                 session.enter_stage(stage)
                 drill.run(stage, before)  # restart on purpose, then hold the load before it; the clock waits
             else:
-                before = session.stage
-                session.enter_stage(stage)
                 recovery = getattr(session, "recovery", None)
                 if recovery is not None and stage.kind == RECOVERY:
-                    recovery.begin(before)  # the hold's time starts with its users
+                    recovery.begin(session.stage)  # before entering: a down while the master tells its workers ends it
+                session.enter_stage(stage)
                 if stage.step is not None and session.search is not None:
                     session.search.enter(stage)  # the step's clock starts with its users
         stage = session.stage  # as entered (a drilled restart stage holds the load before it)

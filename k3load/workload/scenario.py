@@ -252,6 +252,10 @@ def _scripted_turn(data: dict[str, Any], i: int, turn: dict[str, Any], settings:
     if retry.get("first_timeout_attempts", 1) > retry["max_attempts"]:
         raise ScenarioError(f"{where}.retry.first_timeout_attempts: {retry['first_timeout_attempts']} is more than "
                             f"max_attempts {retry['max_attempts']}")
+    if retry.get("first_timeout_attempts", 0) == retry["max_attempts"] and "fallback" not in turn:
+        raise ScenarioError(f"{where}.retry.first_timeout_attempts: every one of the {retry['max_attempts']} "
+                            "attempts gets the short deadline, so the turn can only be answered by a fallback: "
+                            "declare `fallback:` or lower first_timeout_attempts")
     fallback = _fallback(data, turn, settings, where) if "fallback" in turn else None
     return Turn(index=i, expect=turn["expect"], user=turn.get("user"), reply=turn.get("reply"), settings=settings,
                 fallback=fallback)
