@@ -243,3 +243,46 @@ def test_a_recovery_hold_runs_the_crash_stages_load_then_the_plan_goes_on_past_i
     now[0] += 0.2
     assert shape.tick()[0] == 2 and entered == ["soak", "soak-recovery-1", "after"]  # soak ended with the hold
     assert abs(shape._plan_clock(session) - 10.0) < 1e-6 and written[-1]["ended"] == "held"
+
+
+def test_a_hold_that_never_begins_leaves_the_plan_clock_running(tmp_path, monkeypatch):
+    """The server back, a hold armed, the stage's users told to leave; the server dies again before they are gone,
+    so the hold is disarmed: the stage goes on, and the plan's clock with it (a CI run froze in soak for good)."""
+    import locust.shape
+
+    from k3load.loadgen import shape as shape_module
+    from k3load.loadgen.recovery import RecoveryHold
+
+    now = [100.0]
+    fake_time = SimpleNamespace(perf_counter=lambda: now[0])
+    monkeypatch.setattr(locust.shape, "time", fake_time)
+    monkeypatch.setattr(shape_module, "time", fake_time, raising=False)
+    soak = Stage("soak", "soak", 0, 10, 6, 6.0, {"agent": 1})
+    after = Stage("after", "load", 10, 4, 2, 2.0, {"agent": 1})
+    stages = (soak, after)
+    entered: list[str] = []
+    session = SimpleNamespace(fatal=False, run_dir=tmp_path, finished=False, role="local", ensure_started=lambda: None,
+                              plan=SimpleNamespace(stages=stages, stage_at=lambda t: next((s for s in stages
+                                                                                          if t < s.end_s), None)),
+                              drain=StageDrain(SimpleNamespace(events=None), 5.0, read=lambda: _reading(0, 0, 0)),
+                              restart_drill=None, stage=None, events=None, load_skipped=False,
+                              workers_seen=WorkerCount(), search=None)
+    session.recovery = RecoveryHold(SimpleNamespace(event=lambda e, **f: None), lambda: session.stage, lambda: 0,
+                                    lambda: False, hold_s=5.0, cap_s=120.0, clock=lambda: now[0])
+    session.enter_stage = lambda stage: (entered.append(stage.name), setattr(session, "stage", stage))
+    runner = SimpleNamespace(user_count=0, environment=SimpleNamespace(k3_session=session))
+    shape = shape_module.PlanShape()
+    shape.runner = runner
+    assert shape.tick()[0] == 6
+    runner.user_count = 6
+    session.recovery({"event": "server_down", "ts": 1.0, "reason": "connection refused"})
+    now[0] += 2.0
+    session.recovery({"event": "server_up", "ts": 3.0})
+    assert shape.tick()[0] == 0  # soak's users leave for the hold
+    now[0] += 1.0
+    session.recovery({"event": "server_down", "ts": 4.0, "reason": "connection refused"})  # dead again: disarmed
+    assert shape.tick()[0] == 6 and entered == ["soak"]
+    now[0] += 8.5
+    assert shape.tick()[0] == 0  # the clock ran on: soak's time is up, its users leave for `after`
+    runner.user_count = 0
+    assert shape.tick()[0] == 2 and entered == ["soak", "after"]

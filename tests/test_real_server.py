@@ -540,7 +540,12 @@ def test_kv_starved_server_is_judged_short_of_kv_with_the_limit_named(vllm_pool,
 
 # -- 4. --enable-auto-tool-choice forgotten -----------------------------------------------------------------
 def _turn_tool_choice(attempt: Attempt, scenarios: dict[str, Any]) -> Any:
-    return scenarios[attempt.scenario].turns[attempt.turn].settings.get("tool_choice")
+    """The tool_choice the attempt sent: its turn's, or its fallback's once the retries were exhausted (the shipped
+    timeout drill falls back to tool_choice none: served by this server, as a fallback should be)."""
+    turn = scenarios[attempt.scenario].turns[attempt.turn]
+    if attempt.path == "fallback" and turn.fallback is not None and turn.fallback.tool_choice is not None:
+        return turn.fallback.tool_choice
+    return turn.settings.get("tool_choice")
 
 
 def test_forgotten_auto_tool_choice_is_a_server_refusal_not_a_shortage(vllm_pool, tmp_path):

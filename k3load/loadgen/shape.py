@@ -89,6 +89,9 @@ class PlanShape(LoadTestShape):
                 session.enter_stage(stage)
                 if stage.step is not None and session.search is not None:
                     session.search.enter(stage)  # the step's clock starts with its users
+        # users told to leave for a change that did not come (a hold armed, then its server died again before it
+        # began): they stay, and the plan's clock runs again (left standing, it froze the plan in this stage)
+        self._users_left()
         stage = session.stage  # as entered (a drilled restart stage holds the load before it)
         # a replay stage has no mix: its users (of the agent class) play the trace's rows (k3load.loadgen.replay)
         classes = [USER_CLASSES[family] for family in sorted(stage.mix) or ["agent"]]
