@@ -5,8 +5,10 @@ tokens it spent for nobody, as a resources failure of the server layer."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -168,28 +170,11 @@ def test_a_stage_the_clock_ran_past_is_still_entered_whole(tmp_path, monkeypatch
     """Locust's runner blocks the shape while users spawn or finish their turns; a tick 3 s late after a 2 s
     stage's start must enter that stage, whole (a CI run skipped a 5 s ramp step of 4 users this way), and
     the plan after it keeps its length: the last stage too, when the clock ran past the plan's end."""
-    import locust.shape
-
-    from k3load.loadgen import shape as shape_module
-
-    now = [100.0]
-    fake_time = SimpleNamespace(perf_counter=lambda: now[0])
-    monkeypatch.setattr(locust.shape, "time", fake_time)
-    monkeypatch.setattr(shape_module, "time", fake_time, raising=False)
     load = Stage("load", "load", 0, 4, 4, 4.0, {"agent": 1})
     step1 = Stage("ramp-c1", "concurrency", 4, 2, 1, 1.0, {"agent": 1})
     step4 = Stage("ramp-c4", "concurrency", 6, 2, 4, 4.0, {"agent": 1})
-    stages = (load, step1, step4)
-    entered: list[str] = []
-    session = SimpleNamespace(fatal=False, run_dir=tmp_path, finished=False, role="local", ensure_started=lambda: None,
-                              plan=SimpleNamespace(stages=stages, stage_at=lambda t: next((s for s in stages
-                                                                                          if t < s.end_s), None)),
-                              drain=None, restart_drill=None, stage=None, events=None, load_skipped=False,
-                              workers_seen=WorkerCount(), search=None)
-    session.enter_stage = lambda stage: (entered.append(stage.name), setattr(session, "stage", stage))
-    runner = SimpleNamespace(user_count=0, environment=SimpleNamespace(k3_session=session))
-    shape = shape_module.PlanShape()
-    shape.runner = runner
+    rig = _rig(tmp_path, monkeypatch, (load, step1, step4))
+    shape, session, now, entered = rig.shape, rig.session, rig.now, rig.entered
     assert shape.tick()[0] == 4 and entered == ["load"]
     now[0] += 7.0  # the next tick comes 7 s on: the clock is past ramp-c1 (4-6) and in ramp-c4 (6-8)
     assert shape.tick()[0] == 1 and entered == ["load", "ramp-c1"]  # entered, not skipped
@@ -206,31 +191,10 @@ def test_a_stage_the_clock_ran_past_is_still_entered_whole(tmp_path, monkeypatch
 def test_a_recovery_hold_runs_the_crash_stages_load_then_the_plan_goes_on_past_it(tmp_path, monkeypatch):
     """A crash mid-soak, the server back: the shape plays soak's users and mix as `soak-recovery-1` for the hold,
     the plan's clock standing still, then ends the stage the hold interrupted and enters the next one, whole."""
-    import locust.shape
-
-    from k3load.loadgen import shape as shape_module
-    from k3load.loadgen.recovery import RecoveryHold
-
-    now = [100.0]
-    fake_time = SimpleNamespace(perf_counter=lambda: now[0])
-    monkeypatch.setattr(locust.shape, "time", fake_time)
-    monkeypatch.setattr(shape_module, "time", fake_time, raising=False)
     soak = Stage("soak", "soak", 0, 10, 6, 6.0, {"agent": 1})
     after = Stage("after", "load", 10, 4, 2, 2.0, {"agent": 1})
-    stages = (soak, after)
-    entered: list[str] = []
-    session = SimpleNamespace(fatal=False, run_dir=tmp_path, finished=False, role="local", ensure_started=lambda: None,
-                              plan=SimpleNamespace(stages=stages, stage_at=lambda t: next((s for s in stages
-                                                                                          if t < s.end_s), None)),
-                              drain=None, restart_drill=None, stage=None, events=None, load_skipped=False,
-                              workers_seen=WorkerCount(), search=None)
-    written: list[dict] = []
-    session.recovery = RecoveryHold(SimpleNamespace(event=lambda e, **f: written.append(f)), lambda: session.stage,
-                                    lambda: 0, lambda: False, hold_s=5.0, cap_s=120.0, clock=lambda: now[0])
-    session.enter_stage = lambda stage: (entered.append(stage.name), setattr(session, "stage", stage))
-    runner = SimpleNamespace(user_count=0, environment=SimpleNamespace(k3_session=session))
-    shape = shape_module.PlanShape()
-    shape.runner = runner
+    rig = _rig(tmp_path, monkeypatch, (soak, after), hold_s=5.0)
+    shape, session, now, entered, written = rig.shape, rig.session, rig.now, rig.entered, rig.written
     assert shape.tick()[0] == 6 and entered == ["soak"]
     now[0] += 3.0
     session.recovery({"event": "server_down", "ts": 3.0, "reason": "connection refused"})
@@ -248,31 +212,11 @@ def test_a_recovery_hold_runs_the_crash_stages_load_then_the_plan_goes_on_past_i
 def test_a_hold_that_never_begins_leaves_the_plan_clock_running(tmp_path, monkeypatch):
     """The server back, a hold armed, the stage's users told to leave; the server dies again before they are gone,
     so the hold is disarmed: the stage goes on, and the plan's clock with it (a CI run froze in soak for good)."""
-    import locust.shape
-
-    from k3load.loadgen import shape as shape_module
-    from k3load.loadgen.recovery import RecoveryHold
-
-    now = [100.0]
-    fake_time = SimpleNamespace(perf_counter=lambda: now[0])
-    monkeypatch.setattr(locust.shape, "time", fake_time)
-    monkeypatch.setattr(shape_module, "time", fake_time, raising=False)
     soak = Stage("soak", "soak", 0, 10, 6, 6.0, {"agent": 1})
     after = Stage("after", "load", 10, 4, 2, 2.0, {"agent": 1})
-    stages = (soak, after)
-    entered: list[str] = []
-    session = SimpleNamespace(fatal=False, run_dir=tmp_path, finished=False, role="local", ensure_started=lambda: None,
-                              plan=SimpleNamespace(stages=stages, stage_at=lambda t: next((s for s in stages
-                                                                                          if t < s.end_s), None)),
-                              drain=StageDrain(SimpleNamespace(events=None), 5.0, read=lambda: _reading(0, 0, 0)),
-                              restart_drill=None, stage=None, events=None, load_skipped=False,
-                              workers_seen=WorkerCount(), search=None)
-    session.recovery = RecoveryHold(SimpleNamespace(event=lambda e, **f: None), lambda: session.stage, lambda: 0,
-                                    lambda: False, hold_s=5.0, cap_s=120.0, clock=lambda: now[0])
-    session.enter_stage = lambda stage: (entered.append(stage.name), setattr(session, "stage", stage))
-    runner = SimpleNamespace(user_count=0, environment=SimpleNamespace(k3_session=session))
-    shape = shape_module.PlanShape()
-    shape.runner = runner
+    rig = _rig(tmp_path, monkeypatch, (soak, after),
+               drain=StageDrain(SimpleNamespace(events=None), 5.0, read=lambda: _reading(0, 0, 0)), hold_s=5.0)
+    shape, session, runner, now, entered = rig.shape, rig.session, rig.runner, rig.now, rig.entered
     assert shape.tick()[0] == 6
     runner.user_count = 6
     session.recovery({"event": "server_down", "ts": 1.0, "reason": "connection refused"})
@@ -286,3 +230,44 @@ def test_a_hold_that_never_begins_leaves_the_plan_clock_running(tmp_path, monkey
     assert shape.tick()[0] == 0  # the clock ran on: soak's time is up, its users leave for `after`
     runner.user_count = 0
     assert shape.tick()[0] == 2 and entered == ["soak", "after"]
+
+
+@dataclass
+class ShapeRig:
+    """A PlanShape driven by hand: a fake clock (`now`), the session it reads, the stages it entered, its runner."""
+
+    shape: Any
+    session: Any
+    runner: Any
+    now: list[float]
+    entered: list[str]
+    written: list[dict]
+
+
+def _rig(tmp_path, monkeypatch, stages: tuple[Stage, ...], drain: Any = None, hold_s: float | None = None
+         ) -> ShapeRig:
+    """A shape over `stages` on a fake clock; with `hold_s`, a RecoveryHold on the same clock."""
+    import locust.shape
+
+    from k3load.loadgen import shape as shape_module
+    from k3load.loadgen.recovery import RecoveryHold
+
+    now = [100.0]
+    fake_time = SimpleNamespace(perf_counter=lambda: now[0])
+    monkeypatch.setattr(locust.shape, "time", fake_time)
+    monkeypatch.setattr(shape_module, "time", fake_time, raising=False)
+    entered: list[str] = []
+    written: list[dict] = []
+    session = SimpleNamespace(fatal=False, run_dir=tmp_path, finished=False, role="local", ensure_started=lambda: None,
+                              plan=SimpleNamespace(stages=stages, stage_at=lambda t: next((s for s in stages
+                                                                                          if t < s.end_s), None)),
+                              drain=drain, restart_drill=None, stage=None, events=None, load_skipped=False,
+                              workers_seen=WorkerCount(), search=None)
+    if hold_s is not None:
+        session.recovery = RecoveryHold(SimpleNamespace(event=lambda e, **f: written.append(f)), lambda: session.stage,
+                                        lambda: 0, lambda: False, hold_s=hold_s, cap_s=120.0, clock=lambda: now[0])
+    session.enter_stage = lambda stage: (entered.append(stage.name), setattr(session, "stage", stage))
+    runner = SimpleNamespace(user_count=0, environment=SimpleNamespace(k3_session=session))
+    shape = shape_module.PlanShape()
+    shape.runner = runner
+    return ShapeRig(shape, session, runner, now, entered, written)

@@ -30,6 +30,15 @@ def _hold(restarts: list[int] | None = None, hold_s: float | None = None) -> tup
     return hold, log, now
 
 
+def _running_hold(reason: str) -> tuple[RecoveryHold, Log, list[float]]:
+    """A hold begun: soak's server went down (`reason`) at 100, was back at 110, the hold entered."""
+    hold, log, now = _hold()
+    hold({"event": "server_down", "ts": 100.0, "reason": reason})
+    hold({"event": "server_up", "ts": 110.0})
+    hold.begin(SOAK)
+    return hold, log, now
+
+
 def test_a_crash_the_server_comes_back_from_arms_the_crash_stages_load():
     hold, log, now = _hold()
     hold({"event": "server_down", "ts": 100.0, "reason": "connection refused"})
@@ -70,10 +79,7 @@ def test_a_health_flap_arms_nothing_but_a_restart_or_an_oom_line_does():
 
 
 def test_a_crash_under_the_hold_ends_it_as_a_recurrence_and_no_second_hold_follows():
-    hold, log, now = _hold()
-    hold({"event": "server_down", "ts": 100.0, "reason": "connection reset"})
-    hold({"event": "server_up", "ts": 110.0})
-    hold.begin(SOAK)
+    hold, log, now = _running_hold("connection reset")
     now[0] += 3.0
     hold({"event": "server_down", "ts": 113.0, "reason": "connection refused"})
     assert log.written[-1]["ended"] == "crashed_again" and log.written[-1]["held_s"] == 3.0
@@ -141,10 +147,7 @@ def test_the_hold_hears_a_down_before_the_restarter_starts_a_command_for_it():
 
 
 def test_a_health_flap_under_the_hold_does_not_end_it():
-    hold, log, now = _hold()
-    hold({"event": "server_down", "ts": 100.0, "reason": "connection refused"})
-    hold({"event": "server_up", "ts": 110.0})
-    hold.begin(SOAK)
+    hold, log, now = _running_hold("connection refused")
     now[0] += 2.0
     hold({"event": "server_down", "ts": 112.0, "reason": "http 503"})  # no death: the hold goes on
     assert hold.hold_now() is not None and log.written == []
