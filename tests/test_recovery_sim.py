@@ -1,4 +1,5 @@
-"""The restart check under the same conditions (issue 33): an OOM the restart clears, and one that comes back.
+"""The restart check under the same conditions (issue 33): an OOM the restart clears, one that comes back, and an
+engine that died behind a live API server (restarted by the operator's command).
 
 The sim dies the way vLLM does on a CUDA OOM (a `torch.OutOfMemoryError` line, the process gone) once its KV
 demand passes `--oom-kv-demand-tokens`: 8 users of the agent family pass it, 2 do not. The operator's restart
@@ -34,12 +35,20 @@ STAGES = [{"name": "load", "kind": "load", "duration_s": 3, "users": 2, "mix": {
           {"name": "after", "kind": "load", "duration_s": 10, "users": 2, "mix": {"agent": 1}}]
 
 
-def _run(tmp_path: Path, restart_faults: list[str]) -> tuple[dict, list[dict], int]:
+# vLLM 0.32's engine death with VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1: /health 503 and the log's EngineDeadError line,
+# the port open; the restart command must stop the live API server before starting the next
+ENGINE_DEATH = ["--engine-death-after-requests", "40", "--engine-death-exit-s", "0"]
+
+
+def _run(tmp_path: Path, faults: list[str], restart_faults: list[str]) -> tuple[dict, list[dict], int]:
     port, pidfile, log = _free_port(), tmp_path / "sim.pid", tmp_path / "sim.log"
-    sim = SimProcess([*FAST_SIM, *SIM, *OOM, "--port", str(port)], log).start()
+    sim = SimProcess([*FAST_SIM, *SIM, *faults, "--port", str(port)], log).start()
     pidfile.write_text(str(sim.proc.pid))
     args = " ".join([*FAST_SIM, *SIM, *restart_faults])
-    restart = (f"sleep 3; echo $$ > {pidfile}; exec {sys.executable} -m k3load sim {args} --port {port} >> {log} 2>&1")
+    stop = (f"pid=$(cat {pidfile}); kill $pid; while s=$(awk '{{print $3}}' /proc/$pid/stat 2>/dev/null) && "
+            f"[ -n \"$s\" ] && [ \"$s\" != Z ]; do sleep 0.05; done; ")
+    restart = (f"{stop}sleep 3; echo $$ > {pidfile}; exec {sys.executable} -m k3load sim {args} --port {port} "
+               f">> {log} 2>&1")
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump({"name": "recovery", "stages": STAGES,
                                     "thresholds": {"resources": {"recovery_hold_s": 4}}}))
@@ -60,9 +69,10 @@ def _run(tmp_path: Path, restart_faults: list[str]) -> tuple[dict, list[dict], i
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, list[dict], int]]:
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(_run, tmp_path_factory.mktemp(name), faults)
-                   for name, faults in (("clears", []), ("recurs", OOM))}
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(_run, tmp_path_factory.mktemp(name), faults, restart_faults)
+                   for name, faults, restart_faults in (("clears", OOM, []), ("recurs", OOM, OOM),
+                                                        ("engine-death", ENGINE_DEATH, []))}
         return {name: future.result() for name, future in futures.items()}
 
 
@@ -103,3 +113,18 @@ def test_an_oom_that_comes_back_under_the_same_load_is_scale_up(runs):
     assert "a continuing OOM" in because and because.count("OOM line in the server log") >= 2, because
     restart = next(i for i in verdict["checklist"] if i["item"].startswith("Restart check"))
     assert restart["status"] == "open" and "the crash recurred under the same load" in restart["detail"], restart
+
+
+def test_an_engine_dead_behind_a_live_api_server_is_a_crash_restarted_and_held(runs):
+    """The port stays open (503), the death is read from the log line that came before the down: a crash, restarted
+    by the operator's command, its stage's load held after it; no memory evidence, so never scale_up."""
+    verdict, events, code = runs["engine-death"]
+    crashes = verdict["pillars"]["resources"]["numbers"]["crashes"]
+    assert len(crashes) == 1 and "log_engine_dead" in crashes[0]["events"] and not crashes[0]["oom"], crashes
+    crash = crashes[0]
+    assert crash["ended"]["port_closed"] is False and "EngineDeadError" in " ".join(crash["ended"]["log_tail"])
+    same = crash["restart"]["same_conditions"]
+    assert same["status"] == "held" and same["recurred"] is False, same
+    holds = [e for e in events if e["event"] == "recovery_hold"]
+    assert [(h["crash_stage"], h["ended"]) for h in holds] == [(crash["stage"], "held")], holds
+    assert verdict["verdict"] == "limited" and code == 3, verdict["next_action"]

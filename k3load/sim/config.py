@@ -76,6 +76,12 @@ class FaultProfile:
                                                         "water mark; past the card: a CUDA OOM crash (0: off)")
     oom_kv_demand_tokens: int = knob(0, "fault: crash with a CUDA-OOM line when queued+running KV demand passes this "
                                         "(0: off)")
+    engine_death_after_requests: int = knob(0, "fault: the engine core dies at this chat request (EngineDeadError): "
+                                                "/health 503, requests 500, its lines in the log, the API server "
+                                                "gone --engine-death-exit-s later (vLLM's watchdog; 0: off)")
+    engine_death_exit_s: float = knob(5.0, "fault: wall seconds the API server lives on after its engine died "
+                                           "(vLLM's watchdog polls every 5 s); 0: it stays up answering 503, as "
+                                           "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 does")
     health_flap_period_s: float = knob(0.0, "fault: /health alternates 200 and 503 every N wall seconds since start, "
                                             "the engine being fine (0: off; the metrics port's /health stays 200)")
     metrics_http_status: int = knob(200, "fault: /metrics on the main port answers this status (404: '404 page not "
@@ -251,7 +257,8 @@ def _validate_wire(config: SimConfig) -> None:
         raise ProfileError(f"faults.metrics_http_status must be 200 or within [400, 599], "
                            f"got {f.metrics_http_status}")
     for name in ("http_error_retry_after_s", "health_flap_period_s", "metrics_stall_ms",
-                 "metrics_stall_after_requests", "metrics_stall_requests"):
+                 "metrics_stall_after_requests", "metrics_stall_requests", "engine_death_after_requests",
+                 "engine_death_exit_s"):
         if getattr(f, name) < 0:
             raise ProfileError(f"faults.{name} must not be negative")
     if not -1 <= config.metrics_port <= 65535:

@@ -26,6 +26,7 @@ from k3load.sim import faults as fault_rules
 from k3load.sim import gateway, stream_parser
 from k3load.sim.config import SimConfig
 from k3load.sim.engine import Engine, Sequence
+from k3load.sim.engine_death import EngineDeath
 from k3load.sim.generate import OutputPlan, Piece, plan_output, truncate
 from k3load.sim.metrics import SimMetrics
 from k3load.sim.protocol import ApiError, ChunkWriter, completion, error_body, usage_body, validation_error
@@ -45,6 +46,7 @@ class SimServer:
         self.engine = Engine(config, self.metrics)
         self._seen: OrderedDict[str, int] = OrderedDict()  # body hash -> times seen (bounded)
         self.front = gateway.FrontDoor(config.faults)
+        self.death = EngineDeath(config.faults.engine_death_after_requests, config.faults.engine_death_exit_s)
         self.app = web.Application(client_max_size=64 * 2**20)
         self.app.add_routes([
             web.post("/v1/chat/completions", self.chat),
@@ -70,11 +72,11 @@ class SimServer:
     # -- simple endpoints -------------------------------------------------------------------------
     async def health(self, _request: web.Request) -> web.Response:
         """As the load balancer in front answers it: flaps when health_flap_period_s is set."""
-        return web.Response(status=self.front.health_status())
+        return web.Response(status=self.death.health_status(self.front.health_status()))
 
     async def engine_health(self, _request: web.Request) -> web.Response:
-        """The engine's own /health on the metrics port: the engine is fine, so always 200."""
-        return web.Response(status=200)
+        """The engine's own /health on the metrics port: 200 while the engine lives (a flap is the front's)."""
+        return web.Response(status=self.death.health_status(200))
 
     async def version(self, _request: web.Request) -> web.Response:
         return web.json_response({"version": self.config.vllm_version})
@@ -172,6 +174,9 @@ class SimServer:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         self.front.saw_chat()
+        dead = self.death.on_chat()
+        if dead is not None:
+            return dead
         raw = await request.read()
         try:
             body = json.loads(raw)
