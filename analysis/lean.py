@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
-from k3load.analysis.reproducibility import answer_signature
+from k3load.analysis.reproducibility import answer_signature, compared
 from k3load.records import Attempt, Finding
 from k3load.workload.validate import primary_layer
 
@@ -198,11 +198,15 @@ def lean_attempt(record: dict[str, Any], shared: Interner) -> LeanAttempt:
         get("control_pair"), intern(role, role), get("stream_pair"), intern(stream_role, stream_role),
         get("tool_call_span_ms"), get("tool_call_max_gap_ms"), get("tool_call_deltas"), get("last_silence_ms"),
         get("temperature"), get("seed"), get("stream", True), get("stream_reads"), get("stream_bytes"),
-        get("history"), get("model_round"), _signature(get("turn_kind"), get("tool_calls"), get("content"), shared),
+        get("history"), get("model_round"), _signature(record, shared),
         intern(get("path"), get("path")))
 
 
-def _signature(turn_kind: Any, calls: Any, content: Any, shared: Interner) -> str | None:
-    """An answer's `answer_signature`, one string per distinct one across the run."""
-    found = answer_signature(turn_kind, calls, content if isinstance(content, str) else None)
+def _signature(record: dict[str, Any], shared: Interner) -> str | None:
+    """An answer's `answer_signature` where it is ever compared, one string per distinct one across the run."""
+    get = record.get
+    turn_kind, content = get("turn_kind"), get("content")
+    if not compared(turn_kind, record["status"], get("temperature"), get("seed")):
+        return None
+    found = answer_signature(turn_kind, get("tool_calls"), content if isinstance(content, str) else None)
     return None if found is None else shared.intern(found, found)

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from k3load.analysis.lean import DEFAULTS, REQUIRED, Interner, LeanAttempt
-from k3load.analysis.reproducibility import COMPARED_KINDS, answer_signature
+from k3load.analysis.reproducibility import answer_signature, compared
 from k3load.workload.validate import primary_layer
 
 # Columns of RunData.records that no rule reads from the attempts: taken from the line as it passes.
@@ -97,7 +97,7 @@ class RecordDecoder:
 
     def _signature(self, r: Any) -> str | None:
         """The answer's signature (analysis/reproducibility.py) for a tool-call or json turn, interned."""
-        if r.turn_kind not in COMPARED_KINDS:
+        if not compared(r.turn_kind, r.status, r.temperature, r.seed):
             return None
         calls = [{"function": {"name": c.function.name if c.function is not None else c.name,
                                "arguments": c.function.arguments if c.function is not None else c.arguments}}

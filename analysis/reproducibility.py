@@ -105,14 +105,25 @@ def answer_signature(turn_kind: str | None, tool_calls: Iterable[Any] | None, co
 def signature_of(attempt: AnyAttempt) -> Any:
     """An attempt's signature (None: not compared), or UNREAD for a lean attempt read without it."""
     if isinstance(attempt, Attempt):
+        if not compared(attempt.turn_kind, attempt.status, attempt.temperature, attempt.seed):
+            return None
         return answer_signature(attempt.turn_kind, attempt.tool_calls, attempt.content)
     return getattr(attempt, "answer_signature", UNREAD)
 
 
+def _repeats(temperature: Any, seed: Any) -> bool:
+    return seed is not None or (type(temperature) in (int, float) and temperature == 0)
+
+
 def must_repeat(attempt: AnyAttempt) -> bool:
     """Sent at temperature 0, or with a seed: its answer must be the same every time."""
-    temperature = getattr(attempt, "temperature", None)
-    return getattr(attempt, "seed", None) is not None or (type(temperature) in (int, float) and temperature == 0)
+    return _repeats(getattr(attempt, "temperature", None), getattr(attempt, "seed", None))
+
+
+def compared(turn_kind: Any, status: Any, temperature: Any, seed: Any) -> bool:
+    """Whether a record's answer is ever compared: a tool-call or json turn answered in full that must repeat. The
+    decoders sign only these (canonical JSON of every call is the costly part of reading a record)."""
+    return turn_kind in COMPARED_KINDS and status == "ok" and _repeats(temperature, seed)
 
 
 @dataclass(frozen=True)

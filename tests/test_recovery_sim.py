@@ -23,7 +23,7 @@ import yaml
 
 from k3load.sim.process import SimProcess
 from tests.conftest import FAST_SIM
-from tests.test_verdicts import ROOT, SIM, _free_port
+from tests.test_verdicts import ROOT, SIM, _free_port, restart_command
 
 pytestmark = pytest.mark.slow
 
@@ -44,11 +44,7 @@ def _run(tmp_path: Path, faults: list[str], restart_faults: list[str]) -> tuple[
     port, pidfile, log = _free_port(), tmp_path / "sim.pid", tmp_path / "sim.log"
     sim = SimProcess([*FAST_SIM, *SIM, *faults, "--port", str(port)], log).start()
     pidfile.write_text(str(sim.proc.pid))
-    args = " ".join([*FAST_SIM, *SIM, *restart_faults])
-    stop = (f"pid=$(cat {pidfile}); kill $pid; while s=$(awk '{{print $3}}' /proc/$pid/stat 2>/dev/null) && "
-            f"[ -n \"$s\" ] && [ \"$s\" != Z ]; do sleep 0.05; done; ")
-    restart = (f"{stop}sleep 3; echo $$ > {pidfile}; exec {sys.executable} -m k3load sim {args} --port {port} "
-               f">> {log} 2>&1")
+    restart = restart_command(pidfile, port, log, *restart_faults, delay_s=3)
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump({"name": "recovery", "stages": STAGES,
                                     "thresholds": {"resources": {"recovery_hold_s": 4}}}))

@@ -66,6 +66,10 @@ def test_a_health_flap_arms_nothing_but_a_restart_or_an_oom_line_does():
     hold({"event": "server_up", "ts": 9.0})
     assert hold.hold_now() is not None  # an engine dead behind a live API server: a crash
     hold, _, _ = _hold()
+    hold({"event": "server_down", "ts": 1.0, "reason": "HTTP 502", "http_status": 502})  # nginx: upstream refused
+    hold({"event": "server_up", "ts": 9.0})
+    assert hold.hold_now() is not None  # behind a gateway the process gone is its 502, never a closed port
+    hold, _, _ = _hold()
     hold({"event": "log_oom", "ts": 1.0, "line": "CUDA out of memory"})
     hold({"event": "server_down", "ts": 40.0, "reason": "http 503"})  # 39 s after the line: not this down's
     hold({"event": "server_up", "ts": 41.0})

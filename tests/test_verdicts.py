@@ -58,14 +58,14 @@ def accept(start_sim, tmp_path: Path, sim_args: list[str], recipe: str = "recipe
     return json.loads((out / "verdict.json").read_text()), run.returncode, out
 
 
-def restart_command(pidfile: Path, port: int, log: Path, *faults: str) -> str:
+def restart_command(pidfile: Path, port: int, log: Path, *faults: str, delay_s: float = 0.0) -> str:
     """An operator's restart hook: stop the pidfile's sim (wait until it is gone, a zombie counts as gone),
-    then `exec` a new one on the same port, its pid in the pidfile."""
+    wait `delay_s` (a slow start), then `exec` a new one on the same port, its pid in the pidfile."""
     args = " ".join([*FAST_SIM, *SIM, *faults])
     return (f"pid=$(cat {pidfile}); kill $pid; "
             f"while s=$(awk '{{print $3}}' /proc/$pid/stat 2>/dev/null) && [ -n \"$s\" ] && [ \"$s\" != Z ]; "
-            f"do sleep 0.05; done; echo $$ > {pidfile}; exec {sys.executable} -m k3load sim {args} --port {port} "
-            f">> {log} 2>&1")
+            f"do sleep 0.05; done; {f'sleep {delay_s:g}; ' if delay_s else ''}echo $$ > {pidfile}; "
+            f"exec {sys.executable} -m k3load sim {args} --port {port} >> {log} 2>&1")
 
 
 def accept_with_restart(start_sim, tmp_path: Path, sim_args: list[str], stages: list[dict],

@@ -11,9 +11,9 @@ during the hold (the port closed, or an OOM or engine-dead line) is the same loa
 hold ends, said `recurred`, and no second hold follows (the restart may still bring it back for the plan's next
 stage).
 
-A down spell arms a hold only when it was a crash: the port closed (the poll refused or reset), an OOM or
-engine-dead line in the log, or our restart command ran for it. A `/health` that flapped while requests were
-answered arms nothing (analysis/health.py tells the two apart on the records afterwards).
+A down spell arms a hold only when it was a crash: the port closed (the poll refused or reset; behind a gateway,
+its 502 or 504), an OOM or engine-dead line in the log, or our restart command ran for it. A `/health` that
+flapped while requests were answered arms nothing (analysis/health.py tells the two apart on the records afterwards).
 
 Events: `stage_start` (kind recovery) when the hold begins, `recovery_hold` when it ends (ended: held,
 crashed_again, run_ended). Judged in analysis/recovery.py.
@@ -34,6 +34,9 @@ from k3load.workload.plan import Stage
 
 RECOVERY = "recovery"  # the stage kind of a hold (never in a plan: the harness inserts it)
 PORT_CLOSED = ("connection refused", "connection reset")  # the sampler's server_down reasons of a process gone
+# a gateway's own answer that its upstream is unreachable (nginx: 502 on a refused connection, 504 on none): behind
+# a proxy, the process gone shows as these, never as a closed port (tests/test_replicas_nginx.py's topology)
+UPSTREAM_GONE = (502, 504)
 CRASH_LOG_EVENTS = (Event.LOG_OOM, Event.LOG_ENGINE_DEAD)
 # The log is tailed every 0.2 s and /health polled less often: an engine's death line is read before its down
 # (analysis/health.py LOG_NEAR_S reads the same window around a down).
@@ -55,9 +58,11 @@ class _Down:
     reason: str
     restarts_before: int
     log_lines: int = 0  # OOM / engine-dead lines read during the spell or in the LOG_BEFORE_S before it
+    http_status: int | None = None  # what /health answered, where it answered
 
     def was_crash(self, restarts_now: int) -> bool:
-        return self.reason in PORT_CLOSED or self.log_lines > 0 or restarts_now > self.restarts_before
+        return (self.reason in PORT_CLOSED or self.http_status in UPSTREAM_GONE or self.log_lines > 0
+                or restarts_now > self.restarts_before)
 
 
 class RecoveryHold:
@@ -106,14 +111,16 @@ class RecoveryHold:
         if self.running is not None:
             # the same load killed it again: the crash recurred, no second hold. Only on a crash's evidence: a /health
             # that flapped under the hold is no death (the judgment still finds a crash whose log line comes later)
-            if str(record.get("reason") or "") in PORT_CLOSED or logged:
+            if str(record.get("reason") or "") in PORT_CLOSED or record.get("http_status") in UPSTREAM_GONE or logged:
                 self._end(HoldEnd.CRASHED_AGAIN)
             return
         current = self.stage()
         if self.watching is None and current is not None and current.kind != RECOVERY:
             self.armed = None  # a hold not begun yet: its server is gone again; the next up arms afresh
             # the restarter listens before this hold, so a command it starts for this down counts as after it
-            self.watching = _Down(current, down_ts, str(record.get("reason") or ""), self.restarts(), int(logged))
+            status = record.get("http_status")
+            self.watching = _Down(current, down_ts, str(record.get("reason") or ""), self.restarts(), int(logged),
+                                  status if isinstance(status, int) else None)
 
     def _hold_stage(self, down: _Down) -> Stage:
         crashed = down.conditions
