@@ -139,7 +139,8 @@ def test_the_hold_hears_a_down_before_the_restarter_starts_a_command_for_it():
     from k3load.loadgen.observe import Restarter, watch_recoveries
 
     session = SimpleNamespace(events=SimpleNamespace(listeners=[]), stage=SOAK, restart_drill=None,
-                              limits={"resources": {}})
+                              limits={"resources": {}}, env=SimpleNamespace(parsed_options=SimpleNamespace(
+                                  k3_max_restarts=3)))
     restarter = Restarter(session, "true", 3)
     session.events.listeners.append(restarter)
     hold = watch_recoveries(session)
@@ -158,3 +159,22 @@ def test_a_health_flap_under_the_hold_does_not_end_it():
     hold({"event": "log_engine_dead", "ts": 113.0, "line": "EngineDeadError"})
     hold({"event": "server_down", "ts": 114.0, "reason": "http 503"})  # now with the engine's death line
     assert hold.hold_now() is None and log.written[-1]["ended"] == "crashed_again"
+
+
+def test_holds_are_bounded_by_the_runs_restarts():
+    """A server that dies and comes back for good arms at most --k3-max-restarts holds (each stands the plan's
+    clock still): the run ends."""
+    log, now = Log(), [0.0]
+    hold = RecoveryHold(log, stage=lambda: SOAK, restarts=lambda: 0, drilling=lambda: False, hold_s=1.0, cap_s=120.0,
+                        clock=lambda: now[0], max_holds=2)
+    armed = []
+    for k in range(5):
+        hold({"event": "server_down", "ts": 10.0 * k, "reason": "connection refused"})
+        hold({"event": "server_up", "ts": 10.0 * k + 5})
+        stage = hold.hold_now()
+        armed.append(stage is not None)
+        if stage is not None:
+            hold.begin(SOAK)
+            now[0] += 2.0
+            assert hold.hold_now() is None  # held its second, ended
+    assert armed == [True, True, False, False, False]

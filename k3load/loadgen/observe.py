@@ -152,7 +152,8 @@ def watch_recoveries(session: HarnessSession) -> RecoveryHold:
     hold = RecoveryHold(session.events, stage=lambda: session.stage,
                         restarts=lambda: restarter.started if restarter else 0,
                         drilling=lambda: bool(getattr(session.restart_drill, "active", False)),
-                        hold_s=session.limits["resources"].get("recovery_hold_s"), cap_s=RECOVERY_HOLD_CAP_S)
+                        hold_s=session.limits["resources"].get("recovery_hold_s"), cap_s=RECOVERY_HOLD_CAP_S,
+                        max_holds=session.env.parsed_options.k3_max_restarts)
     listeners = session.events.listeners
     listeners.insert(listeners.index(restarter) if restarter is not None else len(listeners), hold)
     return hold

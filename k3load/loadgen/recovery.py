@@ -70,13 +70,14 @@ class RecoveryHold:
 
     `stage`: the stage running now; `restarts`: our restart command's starts so far; `drilling`: the restart
     drill has the server down on purpose (its restart is no crash); `hold_s`: the plan's recovery_hold_s or
-    None; `cap_s`: the most an unset hold lasts."""
+    None; `cap_s`: the most an unset hold lasts; `max_holds`: the most holds a run arms (--k3-max-restarts: each
+    stands the plan's clock still, so a server that dies and comes back for good must not keep the run alive)."""
 
     def __init__(self, events: JsonlLog, stage: Callable[[], Stage | None], restarts: Callable[[], int],
                  drilling: Callable[[], bool], hold_s: float | None, cap_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_holds: int = 3) -> None:
         self.events, self.stage, self.restarts, self.drilling = events, stage, restarts, drilling
-        self.hold_s, self.cap_s, self.clock = hold_s, cap_s, clock
+        self.hold_s, self.cap_s, self.clock, self.max_holds = hold_s, cap_s, clock, max_holds
         self.watching: _Down | None = None
         self.armed: tuple[Stage, _Down] | None = None  # the hold to enter at the shape's next tick
         self.running: tuple[Stage, _Down] | None = None
@@ -101,7 +102,7 @@ class RecoveryHold:
                 self.watching.log_lines += 1
         elif event == Event.SERVER_UP and self.watching is not None:
             down, self.watching = self.watching, None
-            if down.was_crash(self.restarts()) and self.running is None:
+            if down.was_crash(self.restarts()) and self.running is None and self.count < self.max_holds:
                 self.count += 1
                 self.armed = (self._hold_stage(down), down)
 
