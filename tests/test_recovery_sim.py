@@ -56,11 +56,21 @@ def _run(tmp_path: Path, faults: list[str], restart_faults: list[str]) -> tuple[
         run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     finally:
         sim.stop()
+        # every restart command's own session: one still sleeping when the run ended would start a sim after it
+        started = [json.loads(line).get("pid") for line in _lines(out / "events.jsonl")
+                   if '"restart_command"' in line]
+        for pid in started:
+            with contextlib.suppress(ProcessLookupError, PermissionError, TypeError):
+                os.killpg(pid, signal.SIGTERM)
         with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
             os.kill(int(pidfile.read_text()), signal.SIGTERM)  # the restarted sim
     assert (out / "verdict.json").exists(), run.stdout[-3000:] + run.stderr[-3000:]
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     return json.loads((out / "verdict.json").read_text()), events, run.returncode
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
 
 
 @pytest.fixture(scope="module")
