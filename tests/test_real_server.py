@@ -580,7 +580,13 @@ def test_forgotten_auto_tool_choice_is_a_server_refusal_not_a_shortage(vllm_pool
     assert all(_turn_tool_choice(a, scenarios) == "none" for a in served)
     assert {layer for a in served for layer in a.failed_layers} <= {"model_output", "parser"}
     # Whether a drill's short deadline expires in a 16 s load stage depends on the machine's speed; when one
-    # did, its retry carries tools and is refused too, and the pillar says so.
+    # did, its retry carries tools and is refused too: only a turn's fallback (tool_choice none, the shipped
+    # timeout-retry scenario's) answers here, and the pillar says how many did not.
     drill = verdict["pillars"]["agent_api"]["numbers"]["timeout_drill"]
-    assert drill["recovered"] == 0, drill
-    assert ("timeout drill: only 0 of" in reasons(verdict, "agent_api")) == (drill["judged"] > 0), drill
+    chains: dict[str, list[Attempt]] = {}
+    for attempt in sorted(attempts, key=lambda a: a.attempt):
+        chains.setdefault(attempt.chain_id, []).append(attempt)
+    answered = [c[-1] for c in chains.values() if any(a.drill for a in c) and c[-1].status == "ok" and len(c) > 1]
+    assert len(answered) == drill["recovered"] and all(a.path == "fallback" for a in answered), (drill, answered)
+    assert (f"timeout drill: only {drill['recovered']} of" in reasons(verdict, "agent_api")) == \
+        (drill["judged"] > drill["recovered"]), drill
