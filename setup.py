@@ -4,6 +4,7 @@ is installed as `k3load.analysis`, so nothing ever imports a bare, easily shadow
 from setuptools import find_packages, setup
 
 setup(
-    packages=[*find_packages(include=["k3load", "k3load.*"]), "k3load.analysis"],
+    packages=[*find_packages(include=["k3load", "k3load.*"]), "k3load.analysis",
+              *(f"k3load.analysis.{room}" for room in find_packages("analysis"))],
     package_dir={"k3load.analysis": "analysis"},
 )

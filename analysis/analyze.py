@@ -13,21 +13,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from k3load.analysis.agreement import read_reference
-from k3load.analysis.buffering import Delivery
-from k3load.analysis.capacity import PlannerInputs, capacity_plan, min_goodput, planner_inputs
-from k3load.analysis.capacity_context import assumptions, cold_cache, search_said, telemetry_gpus
-from k3load.analysis.checklist import build_checklist
-from k3load.analysis.pillar import PillarResult, rounded, thresholds
-from k3load.analysis.pillar_agent import judge_agent_api, tool_turns_reason
-from k3load.analysis.pillar_cache import cache_config, judge_prefix_cache
-from k3load.analysis.pillar_resources import judge_resources
-from k3load.analysis.plot_inputs import plot_inputs
-from k3load.analysis.plots_beside import PlotsBeside
-from k3load.analysis.ramp import ramp
-from k3load.analysis.reuse import apply_reuse, judge_reuse
-from k3load.analysis.rundata import RunData, gc_paused, load_run
-from k3load.analysis.timeline import MetricIndex, shared_indexes
+from k3load.analysis.compare.agreement import read_reference
+from k3load.analysis.decision.capacity import PlannerInputs, capacity_plan, min_goodput, planner_inputs
+from k3load.analysis.decision.capacity_context import assumptions, cold_cache, search_said, telemetry_gpus
+from k3load.analysis.decision.checklist import build_checklist
+from k3load.analysis.decision.ramp import ramp
+from k3load.analysis.outputs.plot_inputs import plot_inputs
+from k3load.analysis.outputs.plots_beside import PlotsBeside
+from k3load.analysis.pillars.agent.pillar_agent import judge_agent_api, tool_turns_reason
+from k3load.analysis.pillars.cache.pillar_cache import cache_config, judge_prefix_cache
+from k3load.analysis.pillars.cache.reuse import apply_reuse, judge_reuse
+from k3load.analysis.pillars.headroom.buffering import Delivery
+from k3load.analysis.pillars.headroom.pillar_resources import judge_resources
+from k3load.analysis.pillars.pillar import PillarResult, rounded, thresholds
+from k3load.analysis.run.rundata import RunData, gc_paused, load_run
+from k3load.analysis.run.timeline import MetricIndex, shared_indexes
 from k3load.analysis.verdict import EXIT_CODES, NEXT_ACTION, compat_pillar, decide
 from k3load.events import Event
 from k3load.outcomes import NOT_RUN
@@ -47,7 +47,7 @@ class Judgment:
     because: list[str]
     limits: dict[str, Any]
     checklist: list[dict[str, Any]]
-    capacity: dict[str, Any]  # capacity.json (analysis/capacity.py)
+    capacity: dict[str, Any]  # capacity.json (analysis/decision/capacity.py)
 
     def verdict_json(self) -> dict[str, Any]:
         """Exactly the contract's top-level keys."""
@@ -120,7 +120,8 @@ def plan_capacity(data: RunData, index: MetricIndex, pillars: dict[str, PillarRe
 
 def _capacity_marks(ramp_table: dict[str, Any], data: RunData, stage_table: list[dict[str, Any]],
                     limits: dict[str, dict[str, float]]) -> None:
-    """What the ramp's plots mark: the SLO lines, the goodput bound and the capacity point (analysis/capacity.py,
+    """What the ramp's plots mark: the SLO lines, the goodput bound and the capacity point
+    (analysis/decision/capacity.py,
     from the stage table alone, so the plots can be drawn before the other pillars are judged)."""
     bound = min_goodput(data.plan)
     per = capacity_plan(stage_table, PlannerInputs(), bound, None, [], [])["per_replica"]
@@ -182,9 +183,9 @@ def evidence_gaps(problems: list[str], shown: int = 3) -> str:
 def analyze(run_dir: Path, plots_beside: bool = False) -> Judgment:
     """Judge and write every output (atomically); the manifest is written last and covers the rest.
     A run in which every pillar is `not_run` raises NothingJudged before anything is written.
-    `plots_beside`: the report's plots drawn in a forked child meanwhile (analysis/plots_beside.py; only
+    `plots_beside`: the report's plots drawn in a forked child meanwhile (analysis/outputs/plots_beside.py; only
     from a plain process with no other thread, as `k3load analyze` is)."""
-    from k3load.analysis import alerts, dashboard, manifest, report_html, report_md
+    from k3load.analysis.outputs import alerts, dashboard, manifest, report_html, report_md
 
     plotter = PlotsBeside() if plots_beside else None  # forked first: before any thread or any of the run
     try:

@@ -73,10 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from k3load.analysis.analyze import NothingJudged, judge, nothing_judged, plan_capacity
-    from k3load.analysis.capacity import planner_inputs
-    from k3load.analysis.capacity_context import telemetry_gpus
-    from k3load.analysis.rundata import UnreadableRecords
-    from k3load.analysis.timeline import MetricIndex
+    from k3load.analysis.decision.capacity import planner_inputs
+    from k3load.analysis.decision.capacity_context import telemetry_gpus
+    from k3load.analysis.run.rundata import UnreadableRecords
+    from k3load.analysis.run.timeline import MetricIndex
     from k3load.rundir import write_atomic
 
     if problem := run_dir_problem(args.run_dir):
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = replace(inputs, **{k: v for k, v in given.items() if v not in (None, ())})
     plan = plan_capacity(data, MetricIndex(data.metrics), judgment.pillars, judgment.stage_table, judgment.limits,
                          inputs)
-    from k3load.analysis.report_capacity import summary_lines
+    from k3load.analysis.outputs.report_capacity import summary_lines
 
     print("\n".join(summary_lines(plan)))
     if args.out is not None:

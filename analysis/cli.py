@@ -43,7 +43,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         return HARNESS_ERROR_EXIT
     if getattr(args, "reference", None) is not None and not _set_reference(args.run_dir, args.reference):
         return HARNESS_ERROR_EXIT
-    from k3load.analysis.rundata import UnreadableRecords
+    from k3load.analysis.run.rundata import UnreadableRecords
     from k3load.signing.record import stale_sets
 
     stale_before = len(stale_sets(args.run_dir))
@@ -64,7 +64,7 @@ def run_analyze(args: argparse.Namespace) -> int:
 
 def _set_reference(run_dir: Path, reference: Path) -> bool:
     """Write the reference's record into the run directory (the analysis reads nothing outside it)."""
-    from k3load.analysis.agreement import REFERENCE_FILE, ReferenceRunError, reference_record
+    from k3load.analysis.compare.agreement import REFERENCE_FILE, ReferenceRunError, reference_record
     from k3load.rundir import write_json_atomic
 
     try:
@@ -94,7 +94,7 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from k3load.analysis.manifest import verify
+    from k3load.analysis.outputs.manifest import verify
     from k3load.signing import keygen, record
 
     if problem := run_dir_problem(args.run_dir):

@@ -7,9 +7,9 @@ What it compares: the two verdicts, pillar statuses and limits side by side; per
 name) throughput and TTFT / TTFA (first answer token, after the reasoning) / ITL / e2e p50 and p95 with
 95% intervals and a "changed beyond noise" flag; per scenario and turn, with A as the reference, tool-call
 trigger precision / recall / F1, tool-name agreement, argument schema accuracy, structured-output
-validity and the finish-reason mix (analysis/agreement.py defines each). Exit code 0 when no rule
+validity and the finish-reason mix (analysis/compare/agreement.py defines each). Exit code 0 when no rule
 shows B worse than A beyond the thresholds of B's plan (`thresholds.diff`, defaults in
-analysis/pillar.py), DIFF_WORSE_EXIT when one does, 2 for input that is not two run directories with
+analysis/pillars/pillar.py), DIFF_WORSE_EXIT when one does, 2 for input that is not two run directories with
 records.
 
 Why these intervals. A percentile's interval is the distribution-free order-statistic interval: the
@@ -37,15 +37,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from k3load.analysis.agreement import agreement, profile
-from k3load.analysis.pillar import percentile, rounded, thresholds
-from k3load.analysis.rules import RuleResult
-from k3load.analysis.stats import Z95, Rate, decide_rate
+from k3load.analysis.compare.agreement import agreement, profile
+from k3load.analysis.pillars.pillar import percentile, rounded, thresholds
+from k3load.analysis.pillars.rules import RuleResult
+from k3load.analysis.run.stats import Z95, Rate, decide_rate
 from k3load.evidence import records_file
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 
 if TYPE_CHECKING:  # pandas is imported only when a diff runs, not by every `k3load` command
-    from k3load.analysis.rundata import RunData
+    from k3load.analysis.run.rundata import RunData
 
 DIFF_WORSE_EXIT = 6  # B worse than A beyond the plan's thresholds (the verdict codes are 0, 3, 4, 5; errors 2)
 LATENCIES = (("ttft_ms", "ttft"), ("ttfa_ms", "ttfa"), ("itl_mean_ms", "itl"), ("e2e_ms", "e2e"))
@@ -67,7 +67,7 @@ class Side:
 
 def load_side(path: Path) -> Side:
     from k3load.analysis.cli import run_dir_problem
-    from k3load.analysis.rundata import load_run
+    from k3load.analysis.run.rundata import load_run
 
     if problem := run_dir_problem(path):  # the one check analyze and verify make too
         raise DiffInputError(problem)
@@ -305,8 +305,8 @@ def diff(a_dir: Path, b_dir: Path) -> dict[str, Any]:
 
 def render_text(result: dict[str, Any]) -> str:
     """Markdown-ish tables, in the order a reviewer reads: the outcome, what moved, then why."""
-    from k3load.analysis.markdown import table
-    from k3load.analysis.report_reference import finish_rows, summary_rows, turn_rows
+    from k3load.analysis.compare.report_reference import finish_rows, summary_rows, turn_rows
+    from k3load.analysis.outputs.markdown import table
 
     a, b = result["a"], result["b"]
     worse = result["worse"]

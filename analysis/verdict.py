@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from k3load.analysis.checklist import open_items as open_lines
-from k3load.analysis.pillar import PillarResult
-from k3load.analysis.pillar_agent import context_reason
-from k3load.analysis.rules import RESOURCE_SIGNALS
-from k3load.analysis.stages import STEP_KINDS
+from k3load.analysis.decision.checklist import open_items as open_lines
+from k3load.analysis.pillars.agent.pillar_agent import context_reason
+from k3load.analysis.pillars.headroom.stages import STEP_KINDS
+from k3load.analysis.pillars.pillar import PillarResult
+from k3load.analysis.pillars.rules import RESOURCE_SIGNALS
 from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS
 
 NEXT_ACTION = {
@@ -122,7 +122,8 @@ def _context_item(pillars: dict[str, PillarResult]) -> str | None:
 
 
 def not_proven(checklist: list[dict[str, Any]]) -> list[str]:
-    """The checklist's open lines as reasons: what the run did not prove, so never `go` (analysis/checklist.py).
+    """The checklist's open lines as reasons: what the run did not prove, so never `go`
+    (analysis/decision/checklist.py).
     The verdict reads these lines, not a second list of its own, so the two can never disagree."""
     return [f"not proven: {item['item']} ({item['detail']})" for item in open_lines(checklist)]
 

@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The last commit before the analysis-at-scale work: the reference the speed-up is measured against.
 REFERENCE_COMMIT = "68d6d888d0f89b4a20ab21b8b1e083e91677623f"
 # The files the analysis-at-scale work changed (put back for `--overlay`).
+# Their paths from before analysis/ was laid out in rooms: an overlay needs a tree from before that too.
 SCALE_FILES = ("analysis/lean.py", "analysis/rundata.py", "analysis/agreement.py", "analysis/pillar.py",
                "analysis/pillar_agent.py", "analysis/pillar_cache.py", "analysis/reuse.py", "analysis/stats.py",
                "analysis/timeline.py", "analysis/tool_calls.py", "analysis/analyze.py", "analysis/reuse_replay.py")
@@ -395,6 +396,9 @@ def worktree(commit: str, path: Path, overlay_from: str | None = None) -> Iterat
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), commit], check=True,
                    capture_output=True)
     try:
+        if overlay_from and not (path / "analysis" / "rundata.py").exists():
+            raise SystemExit("--overlay puts back flat analysis/ files: the measured tree (--this-commit) must be from "
+                             "before analysis/ was laid out in rooms")
         for name in SCALE_FILES if overlay_from else ():
             shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{overlay_from}:{name}"], capture_output=True)
             if shown.returncode == 0:
@@ -451,7 +455,7 @@ def _same_verdict(a: Path, b: Path) -> str:
     """verdict.json byte for byte, or else the same judgment with only reuse intervals moved.
 
     Why the one allowance: from `NORMAL_RATIO_FROM` attempts a family's reuse interval is the normal
-    one instead of the seeded bootstrap's (analysis/stats.py), so its endpoints move within the
+    one instead of the seeded bootstrap's (analysis/run/stats.py), so its endpoints move within the
     bootstrap's own resampling noise; every status, reason and other number must still be the same."""
     plain = _same(a, b, "verdict.json")
     if plain != "DIFFERENT":

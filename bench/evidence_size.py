@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from k3load.analysis.rundata import load_run  # noqa: E402
+from k3load.analysis.run.rundata import load_run  # noqa: E402
 from k3load.evidence import METRICS, RECORDS, SeriesTable, lines, metrics_file, records_file  # noqa: E402
 from k3load.rundir import JsonlLog  # noqa: E402
 

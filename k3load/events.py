@@ -4,7 +4,7 @@ Usage::
 
     from k3load.events import Event, Message
     log.event(Event.STAGE_START, stage=..., kind=..., users=..., mix=...)   # k3load.rundir.JsonlLog
-    data.events_named(Event.SERVER_DOWN)                                     # k3load.analysis.rundata
+    data.events_named(Event.SERVER_DOWN)                                     # k3load.analysis.run.rundata
     runner.send_message(Message.RECORD, line)                                # k3load.loadgen.worker
 
 Why one place (as Locust's `locust.event.Events` names its hooks once): a name spelled in a writer and
@@ -110,7 +110,7 @@ FIELDS: dict[Event, frozenset[str]] = {
     # 1st, 10th, 100th ... of its kind in the process that sent it (kind: "RecursionError while validating the
     # answer (k3load/workload/validate.py:175 check_tool_calls)"; count: so far; first_attempt_id: the first of
     # its kind; attempt_id: this one; detail: its finding's; process: "ROLE PID"). A worker's are said on its
-    # console only; the run's totals are in the records (k3load.summary, analysis/unjudged.py).
+    # console only; the run's totals are in the records (k3load.summary, analysis/pillars/agent/unjudged.py).
     Event.ANSWER_UNJUDGED: _f("kind", "count", "first_attempt_id", "attempt_id", "detail", "process"),
     # k3load.loadgen.console, local or master: an exception left a turn with no record (the request could not be
     # built, the record could not be written); at the same counts as answer_unjudged (message: the exception's).
@@ -126,7 +126,8 @@ FIELDS: dict[Event, frozenset[str]] = {
     Event.DISK_SPACE_LOW: _f("free_bytes", "needed_bytes", "filesystem", "mount_point"),
     # k3load.loadgen.drain: one drain window after a plan stage. users_stopped_ts: every client had left;
     # drained: true / false / null (metrics missing); first, last: readings {ts, running, waiting, kv_usage,
-    # generation_tokens, aborted}; error: only when there was no reading. k3load.analysis.drain judges it.
+    # generation_tokens, aborted}; error: only when there was no reading. k3load.analysis.pillars.headroom.drain_audit
+    # judges it.
     Event.STAGE_DRAIN: _f("stage", "users_stopped_ts", "bound_s", "waited_s", "polls", "drained", "first", "last",
                           "error"),
     # k3load.loadgen.delivery.collect, master: each worker's account of its records (not_final: the workers
@@ -161,7 +162,8 @@ FIELDS: dict[Event, frozenset[str]] = {
     # decided; the analysis recomputes it from records and metrics). stage: the step's (NAME-sK-cUSERS), search:
     # the plan stage's NAME, step: K (repeats counted), goodput: the share of its requests that met every SLO,
     # goodput_ci95 [low, high] (Wilson), requests: chains counted, queue_share: scrapes with requests waiting
-    # behind a full batch (k3load.analysis.full_batch; null without both gauges), past_capacity: that queue, KV
+    # behind a full batch (k3load.analysis.pillars.headroom.full_batch; null without both gauges), past_capacity: that
+    # queue, KV
     # or preemptions over their limits, kv_usage_max, decision: held | past_capacity | below_goodput |
     # near_bound (repeated once, then decided on both runs' evidence, which a repeat's fields hold),
     # duration_s: how long this run of the step went.

@@ -131,7 +131,7 @@ def _inflated(path: Path, errors: str, ahead: bool) -> Iterator[str]:
 
 def blocks(path: Path, *, inflate_ahead: bool = False) -> Iterator[bytes]:
     """The bytes of a JSONL file in pieces that end anywhere (a compressed file's inflated), for a reader that
-    splits lines itself (analysis/rundata.py: msgspec reads UTF-8 bytes as they are). Raises ValueError where
+    splits lines itself (analysis/run/rundata.py: msgspec reads UTF-8 bytes as they are). Raises ValueError where
     a compressed file stops being gzip; `inflate_ahead` as for `lines`."""
     if not path.name.endswith(".gz"):
         with path.open("rb") as handle:

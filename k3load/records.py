@@ -113,7 +113,7 @@ class Attempt:
     after_done_open: bool | None = None
     # The sampling the body asked for: its `temperature` and `seed` as sent (None where the body had none,
     # and in older records). They say whether a repeat of the same bytes is a new trial: at temperature 0,
-    # or with a seed, it is not (analysis/clusters.py); above 0 without a seed every attempt is a new draw.
+    # or with a seed, it is not (analysis/run/clusters.py); above 0 without a seed every attempt is a new draw.
     temperature: float | None = None
     seed: int | None = None
     # What joins the record to the server's and the gateways' logs: the `X-Request-Id` this attempt sent
@@ -123,13 +123,14 @@ class Attempt:
     request_id: str | None = None
     response_id: str | None = None
     # How the stream reached the client (k3load.client.result): its socket reads up to [DONE] and their
-    # bytes; many events per read in buffer-sized blocks is a proxy buffering it (analysis/buffering.py).
+    # bytes; many events per read in buffer-sized blocks is a proxy buffering it
+    # (analysis/pillars/headroom/buffering.py).
     # None when not streamed, and in older records.
     stream_reads: int | None = None
     stream_bytes: int | None = None
     # The conversation this attempt belongs to: one playing of a scenario by one user (every turn, every
     # retry and both twins of a stream drill share it), so a session's goodput is every turn's
-    # (analysis/goodput.py). The value the session header sends where --k3-session-header names one.
+    # (analysis/pillars/headroom/goodput.py). The value the session header sends where --k3-session-header names one.
     # None in older records.
     session_id: str | None = None
     # Open-loop stages (a plan stage's `arrival`): when this request was meant to go, its session's arrival

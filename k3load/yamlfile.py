@@ -14,8 +14,10 @@ from typing import Any
 
 import yaml
 
+from k3load.errors import InputError
 
-class YamlFileError(ValueError):
+
+class YamlFileError(InputError):
     """A file that is not valid YAML: the message is `FILE:LINE:COLUMN: YAML error: PROBLEM`."""
 
 

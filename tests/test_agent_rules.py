@@ -3,8 +3,8 @@ duplicate work from drill retries, context-length refusals per family."""
 
 from __future__ import annotations
 
-from k3load.analysis.pillar import DEFAULT_THRESHOLDS
-from k3load.analysis.pillar_agent import judge_agent_api
+from k3load.analysis.pillars.agent.pillar_agent import judge_agent_api
+from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.records import Attempt, Finding
 

@@ -31,16 +31,17 @@ import pandas as pd
 import pytest
 
 from k3load import evidence
-from k3load.analysis import manifest, rundata
 from k3load.analysis.analyze import analyze
-from k3load.analysis.lean import LeanAttempt, call_name
-from k3load.analysis.manifest import verify
-from k3load.analysis.pillar import percentile, percentiles
-from k3load.analysis.record_decode import FRAME_ONLY, RecordDecoder
-from k3load.analysis.reproducibility import signature_of
-from k3load.analysis.reuse_replay import Geometry, _ready_ts, designed_tokens, salt_key
-from k3load.analysis.stats import NORMAL_RATIO_FROM, ratio_ci, ratio_cis, ratio_normal_ci
-from k3load.analysis.timeline import MetricIndex
+from k3load.analysis.outputs import manifest
+from k3load.analysis.outputs.manifest import verify
+from k3load.analysis.pillars.agent.reproducibility import signature_of
+from k3load.analysis.pillars.cache.reuse_replay import Geometry, _ready_ts, designed_tokens, salt_key
+from k3load.analysis.pillars.pillar import percentile, percentiles
+from k3load.analysis.run import rundata
+from k3load.analysis.run.lean import LeanAttempt, call_name
+from k3load.analysis.run.record_decode import FRAME_ONLY, RecordDecoder
+from k3load.analysis.run.stats import NORMAL_RATIO_FROM, ratio_ci, ratio_cis, ratio_normal_ci
+from k3load.analysis.run.timeline import MetricIndex
 from k3load.evidence import records_file
 from k3load.records import Attempt, Finding, read_records
 from k3load.workload.validate import primary_layer
@@ -92,9 +93,10 @@ def _verdicts(run: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bytes, bytes]
 
         load_run = rundata.load_run
         patch.setattr("k3load.analysis.analyze.load_run", load_whole)
-        patch.setattr("k3load.analysis.reuse.designed_tokens", _replay)
-        patch.setattr("k3load.analysis.reuse.ratio_cis", lambda num, dens: [ratio_ci(num, d) for d in dens])
-        for module in ("stages", "tool_calls"):
+        patch.setattr("k3load.analysis.pillars.cache.reuse.designed_tokens", _replay)
+        patch.setattr("k3load.analysis.pillars.cache.reuse.ratio_cis",
+                      lambda num, dens: [ratio_ci(num, d) for d in dens])
+        for module in ("pillars.headroom.stages", "pillars.agent.tool_calls"):
             patch.setattr(f"k3load.analysis.{module}.percentiles",
                           lambda values, qs: [_sorted_percentile(values, q) for q in qs])
         index_init = MetricIndex.__init__
@@ -411,7 +413,7 @@ def _read_both(path: Path) -> list[tuple[Attempt, Any]]:
 
 def _same(whole: Attempt, lean: Any) -> None:
     for f in fields(LeanAttempt):
-        if f.name == "answer_signature":  # derived: what the answer did (analysis/reproducibility.py)
+        if f.name == "answer_signature":  # derived: what the answer did (analysis/pillars/agent/reproducibility.py)
             assert lean.answer_signature == signature_of(whole)
             continue
         value = getattr(whole, f.name)

@@ -12,16 +12,16 @@ import pytest
 import yaml
 
 from k3load.analysis.analyze import NothingJudged, analyze
-from k3load.analysis.checklist import _families, build_checklist
-from k3load.analysis.input_size import input_tokens
-from k3load.analysis.manifest import verify
-from k3load.analysis.pillar import PillarResult, thresholds
-from k3load.analysis.pillar_resources import classify_crashes, judge_resources
-from k3load.analysis.ramp import ramp
-from k3load.analysis.report_html import markdown_to_html
-from k3load.analysis.rules import breach
-from k3load.analysis.rundata import RECORD_COLUMNS, RunData, StageWindow
-from k3load.analysis.timeline import MetricIndex
+from k3load.analysis.decision.checklist import _families, build_checklist
+from k3load.analysis.decision.ramp import ramp
+from k3load.analysis.outputs.manifest import verify
+from k3load.analysis.outputs.report_html import markdown_to_html
+from k3load.analysis.pillars.headroom.pillar_resources import classify_crashes, judge_resources
+from k3load.analysis.pillars.pillar import PillarResult, thresholds
+from k3load.analysis.pillars.rules import breach
+from k3load.analysis.run.input_size import input_tokens
+from k3load.analysis.run.rundata import RECORD_COLUMNS, RunData, StageWindow
+from k3load.analysis.run.timeline import MetricIndex
 from k3load.analysis.verdict import decide
 from k3load.events import Event
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
@@ -296,7 +296,7 @@ def test_a_worker_lost_mid_run_is_counted_said_and_keeps_the_run_from_go(tmp_pat
     the checklist's line names it; with every worker to the end the line says the count per stage."""
     from locust.runners import STATE_MISSING, STATE_RUNNING, MasterRunner, WorkerNodes
 
-    from k3load.analysis.checklist import _workers
+    from k3load.analysis.decision.checklist import _workers
     from k3load.loadgen.worker_count import WorkerCount
     from k3load.rundir import JsonlLog
 

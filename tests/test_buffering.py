@@ -1,4 +1,5 @@
-"""Streams a proxy buffered (analysis/buffering.py) and the server's histogram buckets (MetricIndex.histogram_bucket).
+"""Streams a proxy buffered (analysis/pillars/headroom/buffering.py) and the server's histogram buckets
+(MetricIndex.histogram_bucket).
 
 The reads are the client's own counts on each record; the runs behind Debian's nginx that show them for real are
 rows of tests/test_verdict_matrix.py (`nginx-default-proxy-buffers-the-stream`, `nginx-unbuffered-...`).
@@ -11,12 +12,12 @@ import math
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from k3load.analysis.buffering import Delivery, server_side_latency, stream_delivery
-from k3load.analysis.pillar import DEFAULT_THRESHOLDS
-from k3load.analysis.pillar_cache import through_blocks
-from k3load.analysis.pillar_resources import proxy_latency
-from k3load.analysis.rules import RuleResult
-from k3load.analysis.timeline import MetricIndex
+from k3load.analysis.pillars.cache.pillar_cache import through_blocks
+from k3load.analysis.pillars.headroom.buffering import Delivery, server_side_latency, stream_delivery
+from k3load.analysis.pillars.headroom.pillar_resources import proxy_latency
+from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS
+from k3load.analysis.pillars.rules import RuleResult
+from k3load.analysis.run.timeline import MetricIndex
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.records import Attempt
 

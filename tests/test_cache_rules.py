@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from k3load.analysis.pillar import thresholds
-from k3load.analysis.pillar_cache import judge_prefix_cache
-from k3load.analysis.rundata import RunData, StageWindow
-from k3load.analysis.timeline import MetricIndex
+from k3load.analysis.pillars.cache.pillar_cache import judge_prefix_cache
+from k3load.analysis.pillars.pillar import thresholds
+from k3load.analysis.run.rundata import RunData, StageWindow
+from k3load.analysis.run.timeline import MetricIndex
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.records import Attempt, Finding
 

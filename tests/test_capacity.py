@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k3load.analysis.capacity import PlannerInputs, capacity_plan, replicas_for, step_held
-from k3load.analysis.full_batch import EngineCap, batch_queue, engine_cap
-from k3load.analysis.goodput import Slo, attempt_good, good_attempts, stage_goodput
-from k3load.analysis.report_capacity import headline
+from k3load.analysis.decision.capacity import PlannerInputs, capacity_plan, replicas_for, step_held
+from k3load.analysis.outputs.report_capacity import headline
+from k3load.analysis.pillars.headroom.full_batch import EngineCap, batch_queue, engine_cap
+from k3load.analysis.pillars.headroom.goodput import Slo, attempt_good, good_attempts, stage_goodput
 
 ROOT = Path(__file__).resolve().parents[1]
 SLO = Slo(ttft_ms=1000.0, ttfa_ms=5000.0, itl_ms=100.0, e2e_ms=10000.0)
@@ -301,7 +301,7 @@ def _cold_run(cold_ttft: float, cold_e2e: float) -> object:
 
 
 def test_the_cold_cache_what_if_reads_the_cold_familys_requests_at_the_capacity_load() -> None:
-    from k3load.analysis.capacity_context import cold_cache
+    from k3load.analysis.decision.capacity_context import cold_cache
 
     slo = {"ttft_p95_ms": 3000.0, "e2e_p95_ms": 60000.0}
     users = {"capacity_stage": "c8", "searched_on": "users", "max_users_at_slo": 8}

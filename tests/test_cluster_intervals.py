@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from k3load.analysis.clusters import attempt_key, cluster_key, rate_by_keys, request_cluster
-from k3load.analysis.stats import MIN_DISTINCT_REQUESTS, cluster_rate, decide_rate, more_requests_to_decide, wilson
+from k3load.analysis.run.clusters import attempt_key, cluster_key, rate_by_keys, request_cluster
+from k3load.analysis.run.stats import MIN_DISTINCT_REQUESTS, cluster_rate, decide_rate, more_requests_to_decide, wilson
 from k3load.client.result import StreamResult
 from k3load.outcomes import INCONCLUSIVE, PASS
 from k3load.workload.conversation import RunContext, make_attempt

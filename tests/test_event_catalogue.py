@@ -35,7 +35,8 @@ CODE = ("k3load", "analysis", "locustfiles")
 NAME_FIRST = {"event", "_event", "_emit", "send_message", "register_message", "_send", "events_named"}
 # Strings that spell a catalogue name but name something else: a CLI command, compat.json and verdict keys.
 ELSEWHERE = {("k3load/cli.py", "precheck"), ("k3load/precheck/evidence.py", "cache_config"),
-             ("k3load/precheck/startup_rules.py", "cache_config"), ("analysis/pillar_cache.py", "cache_config")}
+             ("k3load/precheck/startup_rules.py", "cache_config"),
+             ("analysis/pillars/cache/pillar_cache.py", "cache_config")}
 LOCUST_LAYER = {Event.RUN_START, Event.STAGE_START, Event.RUN_END, Event.HARNESS_ERROR, Event.ANSWER_UNJUDGED,
                 Event.TURN_FAILED, Event.LONG_INPUT_UNFIT,
                 Event.PRECHECK, Event.DISK_SPACE_LOW, Event.STAGE_DRAIN, Event.WORKER_SPOOLS, Event.LOAD_GENERATOR_CPU,

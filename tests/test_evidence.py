@@ -18,8 +18,8 @@ import pytest
 
 from bench.evidence_size import replay  # the writers on a run's own clock (flushes as it paced them)
 from k3load import evidence
-from k3load.analysis import manifest
-from k3load.analysis.rundata import load_run
+from k3load.analysis.outputs import manifest
+from k3load.analysis.run.rundata import load_run
 from k3load.evidence import METRICS, RECORDS, GzipSink, SeriesTable, lines, metrics_file, records_file
 from k3load.records import read_records
 from k3load.rundir import JsonlLog

@@ -17,7 +17,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from k3load.analysis.retry_paths import checklist_line, path_counts
+from k3load.analysis.pillars.agent.retry_paths import checklist_line, path_counts
 from k3load.client.result import STATUS_OK, STATUS_TIMEOUT, StreamResult, ToolCall
 from k3load.evidence import records_file
 from k3load.records import Attempt, read_records

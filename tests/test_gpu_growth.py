@@ -1,4 +1,5 @@
-"""GPU memory judged as vLLM uses it (analysis/gpu_growth.py, stages.gpu_problems, pillar_resources): each GPU
+"""GPU memory judged as vLLM uses it (analysis/pillars/headroom/gpu_growth.py, stages.gpu_problems, pillar_resources):
+each GPU
 against its own start-up baseline, never against the card; and the sim's memory model it is rehearsed on."""
 
 from __future__ import annotations
@@ -10,12 +11,18 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from k3load.analysis.gpu_growth import gpu_growth, memory_before, reservation_text, soak_creep, stage_figures
-from k3load.analysis.health import DownSpell
-from k3load.analysis.pillar import thresholds
-from k3load.analysis.pillar_resources import _memory_evidence, gpu_memory_judgment
-from k3load.analysis.rundata import RunData, StageWindow
-from k3load.analysis.stages import gpu_problems
+from k3load.analysis.pillars.headroom.gpu_growth import (
+    gpu_growth,
+    memory_before,
+    reservation_text,
+    soak_creep,
+    stage_figures,
+)
+from k3load.analysis.pillars.headroom.pillar_resources import _memory_evidence, gpu_memory_judgment
+from k3load.analysis.pillars.headroom.stages import gpu_problems
+from k3load.analysis.pillars.pillar import thresholds
+from k3load.analysis.run.down_spells import DownSpell
+from k3load.analysis.run.rundata import RunData, StageWindow
 from k3load.sim.config import ProfileError, SimConfig, validate
 from k3load.sim.gpu_memory import GpuMemory
 from k3load.sim.server import startup_kv_lines

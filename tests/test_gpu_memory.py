@@ -1,4 +1,4 @@
-"""The run's GPU memory curve (analysis/gpu_memory.py): every GPU once per sampling round, whichever
+"""The run's GPU memory curve (analysis/run/gpu_memory.py): every GPU once per sampling round, whichever
 sources read it and whenever each stamped its reading; first on readings taken on a real H200."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 
 import pandas as pd
 
-from k3load.analysis import pillar_resources
-from k3load.analysis.gpu_growth import gpu_growth
-from k3load.analysis.gpu_memory import STALE_INTERVALS, gpu_identity, memory_curve, sampling_round_s
-from k3load.analysis.rundata import RunData
+from k3load.analysis.pillars.headroom import pillar_resources
+from k3load.analysis.pillars.headroom.gpu_growth import gpu_growth
+from k3load.analysis.run.gpu_memory import STALE_INTERVALS, gpu_identity, memory_curve, sampling_round_s
+from k3load.analysis.run.rundata import RunData
 
 H200 = Path(__file__).parent / "data" / "gpu" / "h200-beside-sim-gpu.jsonl.gz"
 ALLOCATED = [(1796403639.29, 8192.0), (1796403654.30, 16384.0), (1796403669.30, 24576.0), (1796403684.31, 0.0)]

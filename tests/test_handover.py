@@ -33,10 +33,10 @@ from typing import Any
 import pytest
 import yaml
 
-from k3load.analysis import alerts, dashboard
 from k3load.analysis.analyze import analyze, judge
-from k3load.analysis.manifest import verify
-from k3load.analysis.pillar import DEFAULT_THRESHOLDS, thresholds
+from k3load.analysis.outputs import alerts, dashboard
+from k3load.analysis.outputs.manifest import verify
+from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS, thresholds
 from k3load.records import Attempt
 from k3load.sampler.prom import parse
 from k3load.workload.plan import parse_plan

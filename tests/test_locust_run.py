@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from k3load.analysis.manifest import verify
+from k3load.analysis.outputs.manifest import verify
 from k3load.evidence import lines, records_file
 from k3load.loadgen.options import LOCUST_CSV_SUFFIXES
 from k3load.records import read_records
@@ -420,7 +420,7 @@ def test_locust_outputs_inside_the_run_dir_are_left_out_of_the_manifest(tmp_path
     signed, so run.json names them `unsigned_files`; verify passes, and still sees every other file."""
     from argparse import Namespace
 
-    from k3load.analysis import manifest
+    from k3load.analysis.outputs import manifest
     from k3load.loadgen.options import locust_late_outputs
 
     run = tmp_path / "run"

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from k3load.analysis import rundata
+from k3load.analysis.run import rundata
 from k3load.client.chat import ChatClient
 from k3load.client.result import StreamResult
 from k3load.loadgen.inputs import as_played
@@ -241,11 +241,12 @@ def test_the_records_fields_are_written_and_read_back(tmp_path: Path) -> None:
 
 
 def test_only_a_model_driven_conversations_first_request_is_a_designed_body() -> None:
-    """analysis/reuse_replay.py measures designed reuse from the scenarios' own bodies: a model-driven body
+    """analysis/pillars/cache/reuse_replay.py measures designed reuse from the scenarios' own bodies: a model-driven
+    body
     after the first request carries the model's answers, so it is left out, not misjudged."""
     from types import SimpleNamespace
 
-    from k3load.analysis.lean import designed_body
+    from k3load.analysis.run.lean import designed_body
 
     def attempt(history: str | None, turn: int, model_round: int | None = None) -> SimpleNamespace:
         return SimpleNamespace(history=history, turn=turn, model_round=model_round)

@@ -1,4 +1,4 @@
-"""`k3load analyze` draws the report's plots in a forked child while it judges (analysis/plots_beside.py):
+"""`k3load analyze` draws the report's plots in a forked child while it judges (analysis/outputs/plots_beside.py):
 the report must be the same bytes as when the judging process draws them, whatever happens to the child.
 
 The forking cases run in a fresh interpreter: this test process is gevent-patched (conftest imports
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from k3load.analysis.analyze import analyze
-from k3load.analysis.plots_beside import PlotsBeside, forkable
+from k3load.analysis.outputs.plots_beside import PlotsBeside, forkable
 
 DATA = Path(__file__).parent / "data" / "scale-run"
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the child is forked (Linux)")
@@ -26,11 +26,11 @@ linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the chi
 SCRIPT = r"""
 import json, os, signal, sys
 from pathlib import Path
-from k3load.analysis import plots
+from k3load.analysis.outputs import plots
 from k3load.analysis.analyze import judge
-from k3load.analysis.plot_inputs import report_plot_inputs
-from k3load.analysis.plots_beside import PlotsBeside
-from k3load.analysis.timeline import shared_indexes
+from k3load.analysis.outputs.plot_inputs import report_plot_inputs
+from k3load.analysis.outputs.plots_beside import PlotsBeside
+from k3load.analysis.run.timeline import shared_indexes
 
 def children():
     return sorted(int(p) for t in Path(f"/proc/{os.getpid()}/task").iterdir()

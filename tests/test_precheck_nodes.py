@@ -234,7 +234,7 @@ def test_the_locust_option_is_repeatable_and_read_from_its_env_var(monkeypatch: 
 
 
 def test_the_checklist_node_line_names_every_node(tmp_path: Path) -> None:
-    from k3load.analysis.checklist import node_item
+    from k3load.analysis.decision.checklist import node_item
 
     out = tmp_path / "run"
     shutil.rmtree(out, ignore_errors=True)

@@ -311,7 +311,7 @@ def test_a_wrong_parser_is_blamed_only_where_its_markup_reaches_content(mistakes
 def test_stats_disabled_reports_metrics_missing_never_a_pass(mistakes_run) -> None:
     """vLLM 0.32 with --disable-log-stats still serves one vllm:* family (the tool-call parser counter),
     so "any vllm:* series" is not "metrics present": the engine's gauges are absent, which is unknown,
-    never a pass (analysis/stages.py, the precheck's metrics_reachable)."""
+    never a pass (analysis/pillars/headroom/stages.py, the precheck's metrics_reachable)."""
     verdict, code, _, out = mistakes_run
     got = statuses(verdict)
     # The precheck says it: /metrics answers, but without the engine's gauges nothing can be monitored.

@@ -552,7 +552,8 @@ def test_forgotten_auto_tool_choice_is_a_server_refusal_not_a_shortage(vllm_pool
     """vLLM 0.32 without --enable-auto-tool-choice builds no tool parser: every request with tools and a
     tool_choice other than "none" is refused with 400 before any work. Each refusal is a `server`
     failure (vLLM's own JSON error body, not a proxy's); the requests with tool_choice "none" are served.
-    Not scale_up: a refusal is the configuration's fault, not a shortage (analysis/stages.py, _load_errors)."""
+    Not scale_up: a refusal is the configuration's fault, not a shortage (analysis/pillars/headroom/stages.py,
+    _load_errors)."""
     vllm_pool.start(no_auto_tools=NO_AUTO_TOOLS)
     target = vllm_pool.get("no_auto_tools")
     try:

@@ -1,4 +1,5 @@
-"""The recovery hold's decisions (k3load.loadgen.recovery) and their judgment (analysis/recovery.py), on events
+"""The recovery hold's decisions (k3load.loadgen.recovery) and their judgment (analysis/pillars/headroom/recovery.py),
+on events
 written by hand: which down spells arm a hold, how one ends, and what each crash's same_conditions says."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from k3load.analysis.recovery import Hold, _released, hold_at, same_conditions
+from k3load.analysis.pillars.headroom.recovery import Hold, _released, hold_at, same_conditions
 from k3load.events import Event
 from k3load.loadgen.recovery import RECOVERY, RecoveryHold
 from k3load.workload.plan import Stage

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from k3load.analysis.agreement import (
+from k3load.analysis.compare.agreement import (
     REFERENCE_FILE,
     ReferenceRunError,
     agreement,
@@ -27,8 +27,8 @@ from k3load.analysis.agreement import (
     reference_rules,
 )
 from k3load.analysis.diff import changed, poisson_interval, quantile_interval
-from k3load.analysis.pillar import thresholds
-from k3load.analysis.stats import wilson
+from k3load.analysis.pillars.pillar import thresholds
+from k3load.analysis.run.stats import wilson
 from k3load.records import Attempt, Finding
 from k3load.sim.config import FaultProfile
 from k3load.sim.faults import FaultDecision, apply_to_plan, decide

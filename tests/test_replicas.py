@@ -1,4 +1,5 @@
-"""Which replica served each control request (analysis/replicas.py) and what the cache pillar makes of it, on
+"""Which replica served each control request (analysis/pillars/cache/replicas.py) and what the cache pillar makes of
+it, on
 hand-made runs (no sockets): split pairs named as the router's, never as eviction; pairs that share a scrape
 interval still told apart; unknown said, never guessed (a property test over arbitrary scrape sequences)."""
 
@@ -9,13 +10,13 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from k3load.analysis import report_md
-from k3load.analysis.pillar import thresholds
-from k3load.analysis.pillar_cache import judge_prefix_cache
-from k3load.analysis.replicas import SETTLE_S, Meeting, moved, route_pairs, timelines
-from k3load.analysis.report_html import markdown_to_html
-from k3load.analysis.rundata import RunData, StageWindow
-from k3load.analysis.timeline import MetricIndex
+from k3load.analysis.outputs import report_md
+from k3load.analysis.outputs.report_html import markdown_to_html
+from k3load.analysis.pillars.cache.pillar_cache import judge_prefix_cache
+from k3load.analysis.pillars.cache.replicas import SETTLE_S, Meeting, moved, route_pairs, timelines
+from k3load.analysis.pillars.pillar import thresholds
+from k3load.analysis.run.rundata import RunData, StageWindow
+from k3load.analysis.run.timeline import MetricIndex
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.records import Attempt, Finding
 

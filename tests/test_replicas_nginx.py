@@ -4,7 +4,7 @@ header (`hash $http_x_session_id consistent`, `--k3-session-header X-Session-Id`
 replica and the cache passes.
 
 Why these sim timings: a control request must outlast a scrape interval (`--k3-sample-interval 0.2`) for the
-per-source counters to place it (analysis/replicas.py); the sim at time scale 1 with 8 ms steps answers in
+per-source counters to place it (analysis/pillars/cache/replicas.py); the sim at time scale 1 with 8 ms steps answers in
 about half a second, and a 0.2 ms/token prefill keeps the warm twins' gain clear. One module-scoped pair of
 sims, two short runs (CI time is scarce)."""
 

@@ -9,10 +9,11 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k3load.analysis.pillar import DEFAULT_THRESHOLDS
-from k3load.analysis.pillar_agent import judge_agent_api
-from k3load.analysis.reproducibility import SIGNATURE_CAP, answer_signature, judge, reproducibility, what_differs
-from k3load.analysis.trigger_by_stage import trigger_by_stage
+from k3load.analysis.pillars.agent.pillar_agent import judge_agent_api
+from k3load.analysis.pillars.agent.reproducibility import judge, reproducibility, what_differs
+from k3load.analysis.pillars.agent.trigger_by_stage import trigger_by_stage
+from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS
+from k3load.analysis.run.answer_signature import SIGNATURE_CAP, answer_signature
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.records import Attempt, Finding
 from k3load.workload.plan import parse_plan

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from k3load.analysis.restart_drill import drill_reason, restart_drill
-from k3load.analysis.rundata import RunData
+from k3load.analysis.pillars.headroom.restart_audit import drill_reason, restart_drill
+from k3load.analysis.run.rundata import RunData
 from k3load.evidence import lines, records_file
 from k3load.loadgen.observe import Restarter
 from k3load.loadgen.restart_drill import RestartDrill

@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import pytest
 
-from k3load.analysis import manifest
+from k3load.analysis.outputs import manifest
 from k3load.client.access import Secrets
 from k3load.loadgen.inputs import load_inputs
 from k3load.loadgen.redact_lines import VALUES_ENV

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k3load.analysis.pillar_agent import tool_turns_reason
+from k3load.analysis.pillars.agent.pillar_agent import tool_turns_reason
 from k3load.workload.long_input import document, estimate_tokens, long_context_for, size_document
 from k3load.workload.plan import PlanError, load_plan, parse_plan
 from k3load.workload.scenario import (

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from k3load.analysis.full_batch import BatchQueue
+from k3load.analysis.pillars.headroom.full_batch import BatchQueue
 from k3load.loadgen.search import (
     BELOW_GOODPUT,
     HELD,
@@ -301,7 +301,7 @@ def test_an_open_loop_step_that_sent_its_turns_late_did_not_offer_its_rate() -> 
 def test_an_open_loop_step_whose_sessions_never_started_did_not_offer_its_rate() -> None:
     """One session slot at 8 sessions/s: the schedule's tickets wait untaken, so too few turns are sent to show
     as late; fewer sessions began than the rate offered (seen on the sim: the step was held before this rule)."""
-    from k3load.analysis.arrival_lag import offered_short
+    from k3load.analysis.pillars.headroom.arrival_lag import offered_short
     from k3load.loadgen.search import ResourceLimits, StepEvidence, past_capacity
 
     assert offered_short(48.0, 6) and not offered_short(48.0, 40) and not offered_short(3.0, 0)

@@ -9,8 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from k3load.analysis.goodput import Slo
-from k3load.analysis.pillar import DEFAULT_THRESHOLDS
+from k3load.analysis.pillars.headroom.goodput import Slo
+from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS
 from k3load.events import FIELDS, Event
 from k3load.loadgen.live import LiveState
 from k3load.loadgen.manual import LiveCounts
@@ -79,7 +79,7 @@ class FakeScrapes:
         pass
 
     def queue(self, cap: Any, users: int) -> Any:
-        from k3load.analysis.full_batch import BatchQueue
+        from k3load.analysis.pillars.headroom.full_batch import BatchQueue
         return BatchQueue(10, 9 if users > 8 else 0, 8, "test")
 
     def kv_usage_max(self) -> float:
@@ -196,7 +196,7 @@ def test_a_rate_search_runs_open_loop_steps_named_by_their_rate(tmp_path):
 
     class RateScrapes(FakeScrapes):
         def queue(self, cap: Any, users: int) -> Any:
-            from k3load.analysis.full_batch import BatchQueue
+            from k3load.analysis.pillars.headroom.full_batch import BatchQueue
             return BatchQueue(10, 9 if now_rate[0] > 3.0 else 0, 8, "test")
 
     goodput, events = LiveGoodput(SLO), JsonlLog(tmp_path / "events.jsonl")

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k3load.analysis import manifest
+from k3load.analysis.outputs import manifest
 from k3load.cli import main
 from k3load.signing import keygen, record, sshsig
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from k3load.analysis.stats import (
+from k3load.analysis.run.stats import (
     bootstrap_median_ci,
     decide_rate,
     mcnemar_one_sided,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from k3load.analysis.pillar import DEFAULT_THRESHOLDS
-from k3load.analysis.pillar_agent import judge_agent_api
+from k3load.analysis.pillars.agent.pillar_agent import judge_agent_api
+from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS
 from k3load.client.result import StreamResult, ToolCall
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.records import Attempt, Finding

@@ -281,9 +281,9 @@ def test_a_late_row_names_whether_the_users_were_busy_or_the_process_was_slow(tm
 
 
 def test_replay_figures_sum_the_processes_and_a_late_replay_did_not_offer_the_traces_pace() -> None:
-    from k3load.analysis.arrival_lag import replay_figures
-    from k3load.analysis.pillar import thresholds
-    from k3load.analysis.stages import stage_problems
+    from k3load.analysis.pillars.headroom.arrival_lag import replay_figures
+    from k3load.analysis.pillars.headroom.stages import stage_problems
+    from k3load.analysis.pillars.pillar import thresholds
 
     ends = [{"stage": "r", "rows_due": 20, "rows_sent": 18, "rows_late": 5, "rows_not_played": 2, "rows_cut": 1,
              "worst_lag_s": 3.0, "in_flight_max": 4, "tokenizer": "server /tokenize", "fell_behind": "p0 behind"},

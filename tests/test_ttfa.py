@@ -17,12 +17,12 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from k3load.analysis import rundata
+from k3load.analysis.decision.ramp import RAMP_COLUMNS
 from k3load.analysis.diff import _stage_rules, compare_stages
-from k3load.analysis.pillar import thresholds
-from k3load.analysis.ramp import RAMP_COLUMNS
-from k3load.analysis.rundata import RECORD_COLUMNS, read_attempts
-from k3load.analysis.stages import _latency, stage_problems
+from k3load.analysis.pillars.headroom.stages import _latency, stage_problems
+from k3load.analysis.pillars.pillar import thresholds
+from k3load.analysis.run import rundata
+from k3load.analysis.run.rundata import RECORD_COLUMNS, read_attempts
 from k3load.client import result as res
 from k3load.client.assemble import Assembler
 from k3load.client.chat import ChatClient

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from k3load.analysis.pillar import DEFAULT_THRESHOLDS
-from k3load.analysis.pillar_agent import judge_agent_api
+from k3load.analysis.pillars.agent.pillar_agent import judge_agent_api
+from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS
 from k3load.client.result import StreamResult, ToolCall
 from k3load.events import Event
 from k3load.loadgen import console

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from k3load.analysis.manifest import verify
+from k3load.analysis.outputs.manifest import verify
 from k3load.evidence import METRICS, RECORDS, lines, records_file
 from tests.conftest import FAST_SIM
 

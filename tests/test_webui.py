@@ -163,8 +163,8 @@ def _fake_session(run_dir: Path) -> Any:
     from types import SimpleNamespace
 
     runner = SimpleNamespace(state="running", user_count=3, stats=None, current_cpu_usage=12.5)
-    from k3load.analysis.goodput import Slo
-    from k3load.analysis.pillar import DEFAULT_THRESHOLDS
+    from k3load.analysis.pillars.headroom.goodput import Slo
+    from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS
     from k3load.loadgen.search_live import LiveGoodput
 
     return SimpleNamespace(env=SimpleNamespace(runner=runner), run_id="r1", run_dir=run_dir, stage=None,
@@ -183,7 +183,7 @@ def _scrape(ts: float, kv: float, waiting: float, hits: float, queries: float) -
 def test_live_state_reads_the_run_incrementally_and_judges_it_provisionally(tmp_path):
     import gevent
 
-    from k3load.analysis.pillar import PillarResult
+    from k3load.analysis.pillars.pillar import PillarResult
     from k3load.loadgen.live import LiveState
 
     (tmp_path / "metrics.jsonl").write_text(_scrape(1.0, 0.25, 0.0, 100, 1000) + "\n" + _scrape(2.0, 0.5, 3, 400, 2000)

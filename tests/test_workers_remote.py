@@ -29,11 +29,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from k3load.analysis.pillar import thresholds
-from k3load.analysis.pillar_resources import judge_resources
-from k3load.analysis.rundata import RECORD_COLUMNS, RunData, StageWindow
-from k3load.analysis.stages import cpu_by_process
-from k3load.analysis.timeline import MetricIndex
+from k3load.analysis.pillars.headroom.pillar_resources import judge_resources
+from k3load.analysis.pillars.headroom.stages import cpu_by_process
+from k3load.analysis.pillars.pillar import thresholds
+from k3load.analysis.run.rundata import RECORD_COLUMNS, RunData, StageWindow
+from k3load.analysis.run.timeline import MetricIndex
 from k3load.evidence import lines, records_file
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.records import read_records

@@ -79,7 +79,8 @@ class StreamResult:
     # How the stream's body reached the client: the socket reads that carried it up to [DONE] and their
     # bytes. A server that writes each SSE event as it decodes arrives about one event per read; a proxy
     # that buffers the stream (nginx's default `proxy_buffering on`) delivers it in a few buffer-sized
-    # blocks, many events per read and the first one late (analysis/buffering.py). None when not streamed.
+    # blocks, many events per read and the first one late (analysis/pillars/headroom/buffering.py). None when not
+    # streamed.
     stream_reads: int | None = None
     stream_bytes: int | None = None
 

@@ -18,7 +18,7 @@ Writes one `stage_drain` event per window (events.jsonl), the readings being the
     drained (true / false / null: metrics missing), first and last reading, each
     {ts, running, waiting, kv_usage, generation_tokens, aborted} (None where a series is absent;
     counters summed over the metrics sources, kv_usage the worst source's), error (why no reading).
-k3load.analysis.drain judges them.
+k3load.analysis.pillars.headroom.drain_audit judges them.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from k3load.client.access import access_problem
+from k3load.errors import InputError
 from k3load.precheck.formats import check_input_files, inventory_nodes
 from k3load.precheck.node_files import NodeFiles, NodeFilesError, parse_node_files, unknown_nodes
 from k3load.precheck.recipe import load_recipe
@@ -32,7 +33,7 @@ INPUT_FILES = (("--k3-custom-build", "k3_custom_build"), ("--k3-host-inventory",
 NODE_FILES = (("--k3-container-info", "k3_container_info"), ("--k3-startup-log", "k3_startup_log"))
 
 
-class HarnessError(ValueError):
+class HarnessError(InputError):
     """An option or input the harness cannot use; the message names the option or the path."""
 
 

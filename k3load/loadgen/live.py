@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import gevent
 from locust.runners import Runner
 
-from k3load.analysis.stats import wilson
+from k3load.analysis.run.stats import wilson
 from k3load.evidence import METRICS, RECORDS, Follow, SeriesTable, evidence_file
 from k3load.sampler.prom import split_key
 

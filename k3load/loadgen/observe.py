@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from k3load.analysis.pillar import RECOVERY_HOLD_CAP_S
+from k3load.analysis.pillars.pillar import RECOVERY_HOLD_CAP_S
 from k3load.clock import wall_clock
 from k3load.disk_full import free_bytes, mount_of, size_text, space_needed
 from k3load.events import Event

@@ -109,7 +109,7 @@ def add_options(parser: Any) -> None:
                        "message did not arrive; off: Locust messages only. Read from the worker's own command line "
                        "or environment")
     _observation_options(group)
-    add_planner_arguments(group, "--k3-")  # the capacity plan's targets (analysis/capacity.py, capacity.json)
+    add_planner_arguments(group, "--k3-")  # the capacity plan's targets (analysis/decision/capacity.py, capacity.json)
     group.add_argument("--k3-secrets-check", default="", include_in_web_ui=False,
                        help="set by the master, never by hand: a salted PBKDF2-SHA256 check of the target's origin, "
                        "key and headers, relayed to workers in their place (each worker reads its own K3_API_KEY / "

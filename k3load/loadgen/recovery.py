@@ -13,10 +13,11 @@ stage).
 
 A down spell arms a hold only when it was a crash: the port closed (the poll refused or reset; behind a gateway,
 its 502 or 504), an OOM or engine-dead line in the log, or our restart command ran for it. A `/health` that
-flapped while requests were answered arms nothing (analysis/health.py tells the two apart on the records afterwards).
+flapped while requests were answered arms nothing (analysis/run/down_spells.py tells the two apart on the records
+afterwards).
 
 Events: `stage_start` (kind recovery) when the hold begins, `recovery_hold` when it ends (ended: held,
-crashed_again, run_ended). Judged in analysis/recovery.py.
+crashed_again, run_ended). Judged in analysis/pillars/headroom/recovery.py.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ PORT_CLOSED = ("connection refused", "connection reset")  # the sampler's server
 UPSTREAM_GONE = (502, 504)
 CRASH_LOG_EVENTS = (Event.LOG_OOM, Event.LOG_ENGINE_DEAD)
 # The log is tailed every 0.2 s and /health polled less often: an engine's death line is read before its down
-# (analysis/health.py LOG_NEAR_S reads the same window around a down).
+# (analysis/run/down_spells.py LOG_NEAR_S reads the same window around a down).
 LOG_BEFORE_S = 30.0
 
 

@@ -4,7 +4,8 @@ Row i is due at the stage's entry + (timestamp_i - timestamp_0) / 1000 / speed, 
 an `arrival` stage's sessions, k3load.loadgen.arrivals). The stage's `users` are the most requests in flight:
 each user takes the next row, waits for its time and sends it; a row whose time came while every user was busy
 goes out late, and its record keeps the intended time beside the send (`intended_send_ts`), so the analysis
-counts it (analysis/arrival_lag.py: late_turns, send_lag_*). Rows not reached by the stage's end are counted as
+counts it (analysis/pillars/headroom/arrival_lag.py: late_turns, send_lag_*). Rows not reached by the stage's end are
+counted as
 not played, never dropped unseen. Each row is one chat completion through the harness's client (its record,
 validation with expect `any`, no retry: the trace's requests are offered once), its prompt built from the row's
 hash_ids (k3load.workload.trace_prompts), `max_tokens` and `min_tokens` both the row's output_length (vLLM's
@@ -37,7 +38,7 @@ import gevent
 import gevent.lock
 import httpx
 
-from k3load.analysis.arrival_lag import LATE_S
+from k3load.analysis.pillars.headroom.arrival_lag import LATE_S
 from k3load.events import FIELDS, Event, Message
 from k3load.records import Attempt
 from k3load.workload.conversation import RunContext, record_of, send_and_judge

@@ -7,7 +7,7 @@ under the same load; so the drill drains (the stage before it ends with its drai
 user stopped), runs the restart command while the server is up, watches /health and /v1/models until
 both answer again (bounded by `resources.max_restart_s`), and only then starts the users again: the
 stage before's users and family mix, for the stage's own duration_s (the plan's clock stands still
-during the restart). The analysis (k3load.analysis.restart_drill) judges the hold with the stage's
+during the restart). The analysis (k3load.analysis.pillars.headroom.restart_audit) judges the hold with the stage's
 SLO and error checks and reads the time to the first good answer from the records.
 
 The restart command must restart a RUNNING server (`systemctl restart vllm`, `docker restart NAME`,

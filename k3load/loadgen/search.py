@@ -19,7 +19,8 @@ the bracket halved until within `resolution`; `max_rate_held`):
              the run stopped (`stopped`).
 
 A step is decided only after it ran step_s. It fails (`past_capacity`) when requests waited behind a full
-batch for most of it (k3load.analysis.full_batch, the analysis's own reading), or its KV usage went above
+batch for most of it (k3load.analysis.pillars.headroom.full_batch, the analysis's own reading), or its KV usage went
+above
 resources.max_kv_usage, or it preempted more than resources.max_preemptions_per_min; it fails
 (`below_goodput`) when its goodput interval's high end is below min_goodput; it holds when the interval's
 low end is at or above min_goodput and none of the failures showed.
@@ -30,9 +31,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from k3load.analysis.arrival_lag import offered_late, offered_short
-from k3load.analysis.full_batch import BatchQueue
-from k3load.analysis.stats import Rate, wilson
+from k3load.analysis.pillars.headroom.arrival_lag import offered_late, offered_short
+from k3load.analysis.pillars.headroom.full_batch import BatchQueue
+from k3load.analysis.run.stats import Rate, wilson
 from k3load.workload.plan import SearchSpec
 
 HELD, PAST_CAPACITY, BELOW_GOODPUT, NEAR_BOUND = "held", "past_capacity", "below_goodput", "near_bound"
@@ -114,7 +115,8 @@ def _total(a: float | None, b: float | None) -> float | None:
 def past_capacity(evidence: StepEvidence, limits: ResourceLimits) -> bool:
     """Requests queued behind a full batch for most of the step, KV above its limit, preemptions above theirs, or
     requests waiting longer on end than the plan allows, or (open-loop) the rate offered late: the rules the
-    analysis holds each step to (analysis/stages.py), so the search and the judgment agree on which steps held."""
+    analysis holds each step to (analysis/pillars/headroom/stages.py), so the search and the judgment agree on which
+    steps held."""
     queued = evidence.queue is not None and evidence.queue.past_capacity
     kv = evidence.kv_usage_max is not None and evidence.kv_usage_max > limits.max_kv_usage
     rate = evidence.preemptions_per_min

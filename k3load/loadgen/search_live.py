@@ -4,7 +4,8 @@
                  record is written on the master/local process (k3load.loadgen.session.write_record_line: a
                  worker's records arrive there as they end, so distributed runs count the same). Drill
                  attempts and `client_raised` ones are left out, as the analysis leaves them out
-                 (k3load.analysis.goodput: the same `attempt_good`, so the live search and the report agree on
+                 (k3load.analysis.pillars.headroom.goodput: the same `attempt_good`, so the live search and the report
+                 agree on
                  what a good request is). Memory: counts per stage, and only the chains still retrying.
     Scrapes      the sampler's scrapes as metrics.jsonl.gz grows (k3load.loadgen.live.Tail): per source the
                  running and waiting gauges, KV usage and the preemption counter since a step began.
@@ -24,10 +25,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from k3load.analysis.arrival_lag import LATE_S
-from k3load.analysis.full_batch import RUNNING, WAITING, BatchQueue, EngineCap, batch_queue, engine_cap
-from k3load.analysis.goodput import STATUS_CLIENT_RAISED, Slo, attempt_good
-from k3load.analysis.timeline import MetricIndex
+from k3load.analysis.pillars.headroom.arrival_lag import LATE_S
+from k3load.analysis.pillars.headroom.full_batch import RUNNING, WAITING, BatchQueue, EngineCap, batch_queue, engine_cap
+from k3load.analysis.pillars.headroom.goodput import STATUS_CLIENT_RAISED, Slo, attempt_good
+from k3load.analysis.run.timeline import MetricIndex
 from k3load.clock import now
 from k3load.events import Event
 from k3load.evidence import METRICS, SeriesTable
@@ -45,7 +46,7 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 class StageCount:
     requests: int = 0
     good: int = 0
-    scheduled: int = 0  # open-loop turns with an intended time (analysis/arrival_lag.py)
+    scheduled: int = 0  # open-loop turns with an intended time (analysis/pillars/headroom/arrival_lag.py)
     late: int = 0  # of them, sent more than LATE_S after it
     arrived: int = 0  # open-loop sessions started (their first turn's first attempt)
 
@@ -149,7 +150,8 @@ class Scrapes:
             points.preempt_last = preempted
 
     def queue(self, cap: EngineCap | None, users: int) -> BatchQueue | None:
-        """The worst source's queue behind a full batch (as k3load.analysis.full_batch.stage_batch_queue)."""
+        """The worst source's queue behind a full batch (as
+        k3load.analysis.pillars.headroom.full_batch.stage_batch_queue)."""
         readings = [batch_queue(p.running, p.waiting, cap, users) for p in self.sources.values()]
         readings = [r for r in readings if r.scrapes]
         return max(readings, key=lambda r: (r.past_capacity, r.share or 0.0, r.scrapes)) if readings else None

@@ -3,7 +3,7 @@
 Why: with --processes, remote workers or Kubernetes, a worker that dies or is evicted takes its users (and
 perhaps a whole family, or the control pairs) with it, and Locust's master only logs "failed to send
 heartbeat". Said as `worker_lost` (events.jsonl) and per stage (`stage_start`'s `workers`), the analysis
-can name it (analysis/checklist.py): no pillar passes on part of the intended load without saying so.
+can name it (analysis/decision/checklist.py): no pillar passes on part of the intended load without saying so.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from k3load.client.access import Secrets, Tls
+from k3load.errors import InputError
 from k3load.precheck.evidence import EVIDENCE, Gatherer, gather_files, gather_local_nvml, gather_server, load_evidence
 from k3load.precheck.formats import EvidenceFormatError, check_input_files, inventory_nodes
 from k3load.precheck.node_files import NodeFiles, NodeFilesError, as_node_files, unknown_nodes
@@ -34,7 +35,7 @@ SAVED_RECIPE = "recipe.yaml"
 NodeFileInput = NodeFiles | Path | str | list[str] | list[Path] | None
 
 
-class PrecheckError(ValueError):
+class PrecheckError(InputError):
     """An input the precheck cannot use (a file that does not exist): nothing was judged. A file that is
     not its format raises EvidenceFormatError (k3load.precheck.formats), naming the file and the field."""
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from k3load.errors import InputError
 from k3load.precheck.collect_env import parse_collect_env
 from k3load.yamlfile import one_line
 
@@ -41,7 +42,7 @@ DRIVER_VERSION = re.compile(r"^\d+(\.\d+)*$")
 TOP = "(top level)"
 
 
-class EvidenceFormatError(ValueError):
+class EvidenceFormatError(InputError):
     """An input file that is not its format: `path: field: problem`, one line (a harness error)."""
 
     def __init__(self, path: Path | str, field: str, problem: str) -> None:

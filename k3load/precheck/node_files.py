@@ -25,11 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from k3load.errors import InputError
+
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SPLIT_LINES = re.compile(r"[\r\n]+")
 
 
-class NodeFilesError(ValueError):
+class NodeFilesError(InputError):
     """A NODE=PATH text that cannot be read: one line, naming the option."""
 
 

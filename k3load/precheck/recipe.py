@@ -17,12 +17,13 @@ from typing import Any
 
 import jsonschema
 
+from k3load.errors import InputError
 from k3load.yamlfile import YamlFileError, decode_text, load_yaml_text
 
 GPU_GROUPS = ("image", "cuda", "driver", "gpu")
 
 
-class RecipeError(ValueError):
+class RecipeError(InputError):
     """A recipe that cannot be used: the message names the file and the field."""
 
 

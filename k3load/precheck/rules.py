@@ -226,7 +226,8 @@ def gpu_count(recipe: Recipe, ev: Evidence) -> dict[str, Any]:
     if any(h["gpu_count"] is None for h in ev.hosts):
         return result("gpu_count", FAIL, f"GPU count missing for a node ({per_node})", files)
     total = sum(h["gpu_count"] for h in ev.hosts)
-    if total < need:  # total: the deployment's GPUs, what the capacity plan sizes a replica by (analysis/capacity.py)
+    if total < need:  # total: the deployment's GPUs, what the capacity plan sizes a replica by
+    # (analysis/decision/capacity.py)
         return result("gpu_count", FAIL, f"{total} GPUs ({per_node}); the recipe needs at least {need}", files,
                       total=total, nodes=len(ev.hosts))
     return result("gpu_count", PASS, f"{total} GPUs across {len(ev.hosts)} node(s) ({per_node}) >= {need}", files,

@@ -37,7 +37,7 @@ LEGACY_FAMILIES: dict[str, str] = {
     "vllm:gpu_prefix_cache_hits": "vllm:prefix_cache_hits",
     "vllm:time_per_output_token_seconds": "vllm:inter_token_latency_seconds",
 }
-# The engine's state every load judgment reads (analysis/stages.py): absent, the server's view of a run
+# The engine's state every load judgment reads (analysis/pillars/headroom/stages.py): absent, the server's view of a run
 # is unknown whatever other vllm:* series remain. Names as on the wire (gauges: the family's own name).
 REQUIRED_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 _MONOTONIC_SUFFIXES = ("_total", "_count", "_sum", "_bucket")

@@ -7,7 +7,7 @@
 Why beside the manifest and outside it: the manifest covers every evidence file, and a signature covers the
 manifest (its exact bytes), so no evidence file can change, with its manifest line recomputed or not, without
 the signature failing. Both files start with `manifest.sha256`, which the manifest never lists
-(analysis/manifest.py), so a second signer adds a signature without changing what the first one signed.
+(analysis/outputs/manifest.py), so a second signer adds a signature without changing what the first one signed.
 
 What a signature proves comes from ssh-keygen, not from the metadata: the metadata's identity and time are the
 signer's claims, shown as such; `check_signatures` names the signer from the allowed-signers file
@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from k3load.analysis import report_signers
-from k3load.analysis.manifest import MANIFEST
+from k3load.analysis.outputs import report_signers
+from k3load.analysis.outputs.manifest import MANIFEST
 from k3load.rundir import write_atomic
 from k3load.signing import keygen, sshsig
 

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from k3load.analysis.cli import run_dir_problem
-from k3load.analysis.manifest import verify
+from k3load.analysis.outputs.manifest import verify
 from k3load.signing import keygen, record
 
 EXIT_SIGNED, EXIT_SIGNED_REPORTS_STALE, EXIT_NOT_SIGNED = 0, 1, 2

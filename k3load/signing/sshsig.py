@@ -21,13 +21,15 @@ import re
 import struct
 from dataclasses import dataclass
 
+from k3load.errors import InputError
+
 BEGIN, END = "-----BEGIN SSH SIGNATURE-----", "-----END SSH SIGNATURE-----"
 _BLOCK = re.compile(re.escape(BEGIN) + r"\s*(.*?)\s*" + re.escape(END), re.DOTALL)
 MAGIC = b"SSHSIG"
 MAX_BLOCK_CHARS = 64 * 1024  # an RSA-16384 signature is under 5 KB armored: more is not a signature
 
 
-class SignatureFormatError(ValueError):
+class SignatureFormatError(InputError):
     """A block that is no OpenSSH signature: the message says what is wrong."""
 
 

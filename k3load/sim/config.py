@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from k3load.errors import InputError
+
 
 def knob(default: Any, help: str) -> Any:
     """A setting with its one description: `k3load sim --help` and docs/options.md read it from here."""
@@ -27,7 +29,7 @@ def help_of(cls: type, name: str) -> str:
 HOSTILE_JSON_SHAPES = ("deep", "long_int", "nan", "duplicate_key")  # --hostile-json-shape (k3load.sim.faults)
 
 
-class ProfileError(ValueError):
+class ProfileError(InputError):
     """A fault/engine profile that cannot be used; the message names the file and the field."""
 
 

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from k3load.errors import InputError
 from k3load.workload import strict_json
 
 MAX_LINE_BYTES = 32 * 1024 * 1024  # the body cap: one logged request (with its answer) larger is refused
 _CHUNK = 1024 * 1024
 
 
-class LogFileError(ValueError):
+class LogFileError(InputError):
     """A log file that cannot be read at all: the message names it."""
 
 

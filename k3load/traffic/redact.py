@@ -67,6 +67,8 @@ from collections.abc import Callable, Iterator, Sequence
 from enum import StrEnum
 from typing import Any
 
+from k3load.errors import InputError
+
 
 class SecretKind(StrEnum):
     """The summary's keys: what kind of value was replaced."""
@@ -79,7 +81,7 @@ class SecretKind(StrEnum):
     PATTERN = "pattern"
 
 
-class RedactPatternError(ValueError):
+class RedactPatternError(InputError):
     """A --redact-pattern that does not compile, or matches the empty string (it would match everywhere)."""
 
 

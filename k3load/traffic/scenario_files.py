@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from k3load.errors import InputError
 from k3load.private_files import open_private
 from k3load.traffic import expectations
 from k3load.traffic.threads import Conversation
@@ -33,7 +34,7 @@ from k3load.workload import logged
 TIMEOUT_S = 180.0  # an agent's request may generate for minutes on a loaded server: 60 s would fail it falsely
 
 
-class OutDirError(ValueError):
+class OutDirError(InputError):
     """DIR cannot take the import: the message names it."""
 
 

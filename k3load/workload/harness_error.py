@@ -12,7 +12,7 @@ the status the transport gave, the assembled answer's size and sha256, and one f
      recursion depth exceeded ...; recorded as received: ok, HTTP 200, 120,345 answer bytes, sha256 9f86..."
 
 whose text before the first ": " is the error's kind (`kind_of`): the exception's class, the phase and the
-deepest frame of k3load it passed through. The analysis (analysis/pillar_agent.py) counts such an answer
+deepest frame of k3load it passed through. The analysis (analysis/pillars/agent/pillar_agent.py) counts such an answer
 neither as valid nor as the server's failure and says "inconclusive, because the harness could not judge N
 answers (...)" while any exist; the console says each kind once (k3load.loadgen.console).
 """

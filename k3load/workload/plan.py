@@ -24,6 +24,7 @@ from typing import Any
 
 import jsonschema
 
+from k3load.errors import InputError
 from k3load.workload.trace import TraceError, read_trace_once
 from k3load.yamlfile import YamlFileError, read_yaml_file
 
@@ -32,7 +33,7 @@ SEARCH_ON = ("users", "sessions_per_s")  # what a search varies: closed-loop use
 HISTORIES = ("scripted", "model")  # what drives a conversation's history (the plan's `history`)
 
 
-class PlanError(ValueError):
+class PlanError(InputError):
     """A plan that cannot be used: the message names the file and the field."""
 
 
@@ -153,7 +154,7 @@ class Plan:
         """The scenario with every turn's temperature and seed as the plan's `sampling` sets them for its
         family (the body, so its bytes and hash, say so: k3load.workload.stored_requests); as written
         when the plan sets none. Why per family: at temperature 0 repeats of one request are one trial
-        (analysis/clusters.py); an operator who wants repeats to be draws says so here."""
+        (analysis/run/clusters.py); an operator who wants repeats to be draws says so here."""
         settings = self.sampling.get(scenario.family)
         if not settings:
             return scenario

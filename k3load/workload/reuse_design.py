@@ -12,7 +12,7 @@ What is measured: every turn of every scenario the run plays, built exactly as i
 (`k3load.workload.stored_requests.build_request`) with the salt they would use: variant `A`, and for the salted kinds
 (`request`, `pair`) a second variant `B` with another salt, standing for a different request or user.
 The file holds the prompt length of each variant and the matrix of their shared token prefixes; the
-analysis (`k3load.analysis.reuse`) replays the run's send order over it. Designed reuse of a request =
+analysis (`k3load.analysis.pillars.cache.reuse`) replays the run's send order over it. Designed reuse of a request =
 the longest token prefix it shares with any request whose prefill finished before it was sent, capped
 at its prompt length minus one and floored to whole cache blocks: what a perfect prefix cache (no
 eviction) reuses given the order the requests were sent; partial blocks are never reused. The block size

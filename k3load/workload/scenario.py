@@ -16,6 +16,7 @@ from typing import Any
 
 import jsonschema
 
+from k3load.errors import InputError
 from k3load.workload import logged
 from k3load.workload.retry_policy import Fallback
 from k3load.yamlfile import YamlFileError, read_yaml_file
@@ -26,7 +27,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {"max_tokens": 256, "timeout_s": 60.0, "tempe
 TURN_SETTINGS = ("max_tokens", "timeout_s", "tool_choice", "response_format", "parallel_tool_calls", "retry")
 
 
-class ScenarioError(ValueError):
+class ScenarioError(InputError):
     """A scenario that cannot be used: the message names the file and the field."""
 
 

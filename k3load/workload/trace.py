@@ -30,12 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from k3load.errors import InputError
+
 MAX_LINE_BYTES = 1 << 20  # one row's JSON: a 512k-token prompt's 1,024 ids take about 8 KiB
 MAX_ROWS = 2_000_000  # Mooncake's published traces hold 12k-24k rows; a day of a busy service fits
 MAX_HASH_IDS = 8192  # 4M tokens at 512 a block: past any model's context
 
 
-class TraceError(ValueError):
+class TraceError(InputError):
     """A trace that cannot be replayed: the message names the file and line."""
 
 

@@ -1,0 +1,54 @@
+"""What the report's plots draw, read off a judgment as plain numbers, apart from the drawing.
+
+Why apart from analysis/outputs/plots.py: drawing needs matplotlib (0.4 s to import) and at an hour's soak the
+PNGs take another half second; `k3load analyze` draws them in a child process beside the judgment
+(analysis/outputs/plots_beside.py) and sends it these inputs, so the judging process never imports matplotlib.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+from k3load.analysis.run.gpu_memory import memory_curve
+from k3load.analysis.run.timeline import MetricIndex
+
+
+@dataclass
+class PlotInputs:
+    """Everything the report's plots draw, as plain numbers (picklable: `plots_beside` draws them in a
+    child process). `ramp`: the ramp table; the timeline's x values are seconds since the first stage."""
+
+    ramp: dict[str, Any]
+    stages: list[tuple[str, float, float]] = field(default_factory=list)  # (name, start, end), since t0
+    series: list[tuple[str, list[float], list[float]]] = field(default_factory=list)  # (label, x, y)
+    memory: tuple[list[float], list[float]] = ([], [])
+    crashes: list[float] = field(default_factory=list)
+
+
+TIMELINE_SERIES = (("vllm:kv_cache_usage_perc", "KV usage"), ("vllm:num_requests_waiting", "waiting requests"))
+
+
+def plot_inputs(ramp: dict[str, Any], data: Any, index: MetricIndex, crashes: list[dict[str, Any]]) -> PlotInputs:
+    """What `draw` needs, read off the judgment's tables (cheap: no matplotlib here)."""
+    if not data.stages:
+        return PlotInputs(ramp)
+    t0, t1 = data.stages[0].start_ts, data.stages[-1].end_ts
+    series = []
+    for name, label in TIMELINE_SERIES:
+        points = index.points(name, t0, t1)
+        series.append((label, [p[0] - t0 for p in points], [p[1] for p in points]))
+    curve = memory_curve(data.gpu, t0, t1)  # each GPU once per sampling round, whichever sources read it
+    return PlotInputs(ramp, [(s.name, s.start_ts - t0, s.end_ts - t0) for s in data.stages], series,
+                      (list(curve["ts"] - t0), list(curve["memory_used_mib"])), [c["ts"] - t0 for c in crashes])
+
+
+def report_plot_inputs(judgment: Any) -> PlotInputs:
+    """The inputs of a finished judgment's plots."""
+    return plot_inputs(judgment.ramp, judgment.data, MetricIndex(judgment.data.metrics),
+                       judgment.pillars["resources"].numbers.get("crashes", []))
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()

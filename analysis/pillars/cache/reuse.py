@@ -1,0 +1,341 @@
+"""Designed vs achieved prefix reuse, per family and for the run: numbers for pillar 3.
+
+Why: a cache that "hits" proves little unless the hits are the ones the samples were built to get.
+`reuse_design.json` (k3load.workload.reuse_design, measured at run start with the server's tokenizer) holds each
+request variant's prompt length and the token prefix it shares with every other. Replayed over the
+run's send order it gives each request's designed reuse: the longest prefix it shares with a request
+whose prefill had finished (its first token arrived) before it was sent, capped at its prompt minus
+one token and floored to whole cache blocks (and to the hybrid state-checkpoint grid, when the server
+has one): what a perfect prefix cache without eviction must reuse. Achieved reuse is what the server
+reports: each response's `usage.prompt_tokens_details.cached_tokens` per family (the /metrics
+counters cannot be split by family on a mixed stage), and the /metrics hit/query delta for the run.
+
+Salts decide which variants two requests are: every request of an unsalted or run-salted scenario
+carries the same salt (variant A against A); a `request`-salted request shares its salt only with its
+retries and its streaming-drill twin, a `pair` only with its twin; other pairs of requests compare
+variant A against variant B. A server still warm from an earlier run may reuse more than designed for
+unsalted scenarios (their prefixes do not change between runs).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from k3load.analysis.pillars.cache.reuse_replay import DEFAULT_BLOCK, Geometry, designed_tokens
+from k3load.analysis.pillars.pillar import PillarResult
+from k3load.analysis.run.clusters import attempt_key, rate_by_keys
+from k3load.analysis.run.lean import AnyAttempt
+from k3load.analysis.run.rundata import RunData
+from k3load.analysis.run.stats import ratio_cis
+from k3load.analysis.run.timeline import MetricIndex
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS, SERVER
+
+REACHED = 0.9  # an attempt "reached its design" when it reused at least this share of it
+METRICS_SLACK_S = 2.5  # let the scrape after the last request land
+# The reuse intervals resample windows of the run, not attempts: attempts sent close together met the same
+# cache (what was resident, evicted, in flight), so one window's attempts are one draw of the server's state.
+REUSE_WINDOW_S = 10.0
+MIN_WINDOWS = 20  # a run shorter than MIN_WINDOWS windows of REUSE_WINDOW_S is cut into this many, narrower
+
+
+@dataclass
+class _Tokens:
+    """A family's attempts with a design (`rows`) and, of those with usage, the token columns in attempt
+    order: int64 arrays when every value is a whole number in range (what servers report), else object
+    arrays, whose sums and comparisons are Python's own (a hand-made record's 12.5 tokens stay 12.5)."""
+
+    rows: int
+    prompt: np.ndarray
+    designed: np.ndarray
+    achieved: np.ndarray
+    windows: np.ndarray  # each attempt's REUSE_WINDOW_S window of the run (int64), for the intervals
+    keys: np.ndarray  # each attempt's distinct request (analysis/run/clusters.py), for the reached-design rate
+
+
+def _column(values: list[Any]) -> np.ndarray:
+    column = np.array(values)
+    return column if column.dtype.kind == "i" else np.array(values, dtype=object)
+
+
+def _total(column: np.ndarray) -> Any:
+    return int(column.sum()) if column.dtype.kind == "i" else sum(column.tolist())
+
+
+def family_tokens(attempts: list[AnyAttempt], names: list[str], design: dict[str, int]) -> list[_Tokens]:
+    """The token columns of each named family's attempts, then of all of them. One pass over the
+    attempts picks the columns; each family's are then selected by mask, in attempt order (at an hour's
+    soak a pass per family and column cost 0.4 s)."""
+    missing = object()
+    designs = [design.get(a.attempt_id, missing) for a in attempts]
+    rows = [d is not missing and bool(a.prompt_tokens) for a, d in zip(attempts, designs, strict=True)]
+    used = [r and a.cached_tokens is not None for a, r in zip(attempts, rows, strict=True)]
+    kept = [i for i, u in enumerate(used) if u]
+    prompt = _column([attempts[i].prompt_tokens or 0 for i in kept])
+    designed = _column([designs[i] for i in kept])
+    achieved = _column([attempts[i].cached_tokens or 0 for i in kept])
+    sent = np.array([attempts[i].send_ts for i in kept], dtype=float)
+    start, span = (float(sent.min()), float(sent.max() - sent.min())) if len(sent) else (0.0, 0.0)
+    width = max(min(REUSE_WINDOW_S, span / MIN_WINDOWS), 1e-9)
+    windows = np.floor((sent - start) / width).astype(np.int64)
+    keys = np.array([attempt_key(attempts[i]) for i in kept], dtype=object)
+    codes = {name: code for code, name in enumerate(names)}
+    family = np.array([codes.get(a.family, -1) for a in attempts], dtype=np.int64)
+    row_family, kept_family = family[np.array(rows, dtype=bool)], family[np.array(kept, dtype=np.int64)]
+    out = []
+    for code in range(len(names)):
+        mine = kept_family == code
+        out.append(_Tokens(int(np.count_nonzero(row_family == code)), prompt[mine], designed[mine], achieved[mine],
+                           windows[mine], keys[mine]))
+    return [*out, _Tokens(int(sum(rows)), prompt, designed, achieved, windows, keys)]
+
+
+def by_window(tokens: _Tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The achieved, prompt and designed tokens summed per window (the bootstrap's unit: attempts of one
+    window met the same cache, so they are resampled together), windows in time order."""
+    if not len(tokens.windows):
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    _, codes = np.unique(tokens.windows, return_inverse=True)
+    return tuple(np.bincount(codes, weights=np.asarray(c, dtype=float))  # type: ignore[return-value]
+                 for c in (tokens.achieved, tokens.prompt, tokens.designed))
+
+
+def family_rows(attempts: list[AnyAttempt], names: list[str], design: dict[str, int]) -> list[dict[str, Any]]:
+    """The figures of each named family, then of all the attempts. Their bootstrap intervals are drawn in
+    threads, the largest first: numpy draws and sums with the GIL released. Each interval has its own
+    seeded generator, so the threads change no number."""
+    parts = family_tokens(attempts, names, design)
+    windows = [by_window(part) for part in parts]
+    order = sorted(range(len(parts)), key=lambda i: -len(windows[i][0]))
+    with ThreadPoolExecutor(max_workers=max(1, min(len(parts), os.cpu_count() or 1))) as pool:
+        drawn = dict(zip(order, pool.map(lambda i: ratio_cis(windows[i][0], [windows[i][1], windows[i][2]]), order),
+                         strict=True))
+    return [_row(part, *drawn[i], len(windows[i][0])) for i, part in enumerate(parts)]
+
+
+def _row(tokens: _Tokens, share_ci: tuple[float, float] | None, design_ci: tuple[float, float] | None,
+         windows: int = 0) -> dict[str, Any]:
+    prompt, designed, achieved = _total(tokens.prompt), _total(tokens.designed), _total(tokens.achieved)
+    with_design = np.asarray(tokens.designed > 0, dtype=bool)
+    hit = np.asarray(tokens.achieved >= REACHED * tokens.designed, dtype=bool)[with_design]
+    reached = rate_by_keys(list(tokens.keys[with_design]), hit)
+    out: dict[str, Any] = {
+        "attempts": tokens.rows, "attempts_with_usage": len(tokens.achieved),
+        "distinct_requests": len(set(tokens.keys.tolist())), "windows": windows,
+        "attempts_with_design": int(np.count_nonzero(with_design)),
+        "prompt_tokens": prompt, "designed_tokens": designed, "achieved_tokens": achieved,
+        "designed_share": designed / prompt if prompt else None,
+        "achieved_share": achieved / prompt if prompt else None,
+        "achieved_share_ci95": _list(share_ci),
+        "achieved_of_design": achieved / designed if designed else None,
+        "achieved_of_design_ci95": _list(design_ci) if designed else None,
+        "reached_design": reached.to_dict()}
+    return out
+
+
+def _list(pair: tuple[float, float] | None) -> list[float] | None:
+    return list(pair) if pair else None
+
+
+def scenario_design(design: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per scenario, what its samples share by design: across requests (turn 0 against another request's
+    turn 1, or the same turn under another salt) and along a conversation (turn n+1 against turn n)."""
+    index = {key: i for i, key in enumerate(design.get("variants") or [])}
+    matrix, lengths = design.get("shared_prefix_tokens") or [], design.get("prompt_tokens") or []
+    out = {}
+    for name, info in sorted((design.get("scenarios") or {}).items()):
+        a0 = index.get(f"{name}/0/A")
+        if a0 is None:
+            continue
+        other = index.get(f"{name}/0/B", index.get(f"{name}/1/A", a0))
+        chain = [matrix[index[f"{name}/{t + 1}/A"]][index[f"{name}/{t}/A"]] for t in range(info.get("turns", 0) - 1)
+                 if f"{name}/{t + 1}/A" in index] if info.get("mode") == "conversation" else []
+        out[name] = {"family": info.get("family"), "prefix_salt": info.get("prefix_salt"),
+                     "prompt_tokens_turn_0": lengths[a0], "shared_across_requests_tokens": matrix[a0][other],
+                     "shared_along_chain_tokens": chain,
+                     **{k: info[k] for k in ("salt_at_token", "tools_tokens", "tools_before_salt") if k in info}}
+    return out
+
+
+# -- judging -----------------------------------------------------------------------------------------
+
+COLD_SHARE = 0.05  # a family designed to reuse at most this share of its prompt is cold
+NOT_COLD_MARGIN = 0.10  # achieved share (95% lower bound) this far above the design: not cold
+MIN_WITH_DESIGN = 10  # requests with a designed reuse before a shortfall can fail
+
+
+@dataclass
+class Finding:
+    """One reuse finding: `layer` says whose it is (harness: the samples' design; server: the cache);
+    `fails` only for a server finding with enough evidence."""
+
+    family: str
+    status: str  # pass | fail | inconclusive | finding
+    layer: str | None
+    reason: str
+    fails: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"family": self.family, "status": self.status, "layer": self.layer, "reason": self.reason}
+
+
+def _cause(scenarios: dict[str, dict[str, Any]], family: str) -> str:
+    """Why a cold family's requests share a prefix by design, from the design measurement."""
+    for name, s in scenarios.items():
+        if s.get("family") != family:
+            continue
+        if s.get("prefix_salt") not in ("request", "pair"):
+            return f"{name} is not salted per request (prefix_salt: {s.get('prefix_salt')})"
+        shared = s.get("salt_at_token") or 0
+        if s.get("tools_before_salt"):
+            return (f"salt after the tools in {name}: the first {shared:,} tokens (the tool declarations, which the "
+                    "chat template renders before the system prompt) are identical across users")
+        return f"the salt of {name} sits at token {shared:,}: the tokens before it are identical across requests"
+    return "the family's samples share a prefix"
+
+
+def judge_family(family: str, row: dict[str, Any], scenarios: dict[str, dict[str, Any]], limits: dict[str, float],
+                 thin: list[str]) -> Finding:
+    """Cold families must stay cold, shared ones must reach their design (see the module doc)."""
+    designed, achieved = row["designed_share"], row["achieved_share"]
+    if designed is None or not row["attempts_with_usage"]:
+        return Finding(family, INCONCLUSIVE, None, f"inconclusive, because no {family} response carried "
+                       "usage.prompt_tokens_details.cached_tokens (is --enable-prompt-tokens-details set?)")
+    share_ci = row["achieved_share_ci95"] or [achieved, achieved]
+    if family == "cold" and designed > COLD_SHARE:
+        return Finding(family, "finding", "harness", f"cold family is not cold by design (the samples' design, the "
+                       f"harness's finding, not the server's; pillar status unchanged): {designed:.0%} of its prompt "
+                       f"tokens reusable by design, {achieved:.0%} reused; cause: {_cause(scenarios, family)}")
+    if designed <= COLD_SHARE:
+        if share_ci[0] > designed + NOT_COLD_MARGIN:
+            return Finding(family, "finding", "server", f"{family} family is not cold on the server: it reused "
+                           f"{achieved:.0%} of its prompt (95% CI {share_ci[0]:.0%}-{share_ci[1]:.0%}) although no "
+                           f"earlier request of the run shared more than {designed:.0%} with it by the server's own "
+                           "tokenizer: cached_tokens over-reported, or the chat path renders prompts differently "
+                           "from /tokenize (pillar status unchanged)")
+        return Finding(family, PASS, None, f"{family}: {achieved:.0%} reused, {designed:.0%} by design")
+    ratio, ci = row["achieved_of_design"], row["achieved_of_design_ci95"] or [row["achieved_of_design"]] * 2
+    bound = limits.get("min_reuse_of_design", 0.5)
+    text = (f"{family} family reused {ratio:.0%} of its designed reuse (95% CI {ci[0]:.0%}-{ci[1]:.0%}; "
+            f"{row['achieved_tokens']:,} of {row['designed_tokens']:,} tokens over {row['attempts_with_usage']} "
+            f"requests; at least {bound:.0%} expected)")
+    if ci[0] >= bound:
+        return Finding(family, PASS, None, text)
+    if row["attempts_with_design"] < MIN_WITH_DESIGN:
+        return Finding(family, INCONCLUSIVE, None, f"inconclusive, because only {row['attempts_with_design']} "
+                       f"{family} requests could reuse a prefix by design (at least {MIN_WITH_DESIGN} needed): {text}")
+    if ci[1] < bound and not thin:
+        return Finding(family, FAIL, SERVER, f"the prefix cache missed what the samples share: {text}", fails=True)
+    if ci[1] < bound:
+        return Finding(family, INCONCLUSIVE, SERVER, f"inconclusive, because {'; '.join(thin)}: {text}")
+    return Finding(family, INCONCLUSIVE, None, f"inconclusive, because the interval straddles the bound: {text}")
+
+
+def geometry_of(config: dict[str, str]) -> Geometry:
+    """Block size and hybrid checkpoint grid from vllm:cache_config_info (as the cache pillar reads it)."""
+    def number(key: str) -> int | None:
+        try:
+            value = config.get(key)
+            return int(value) if value not in (None, "", "None") else None
+        except ValueError:
+            return None
+
+    block = number("block_size")
+    align = max(filter(None, [number("cache_hit_alignment_tokens"), number("mamba_block_size")]), default=None)
+    return Geometry(block or DEFAULT_BLOCK, align, block is not None)
+
+
+def _thin(index: MetricIndex, limits: dict[str, float], config: dict[str, str], t0: float, t1: float,
+          rows: list[AnyAttempt]) -> list[str]:
+    """Why a shortfall may say nothing about the cache: eviction under capacity, an unknown geometry."""
+    why = []
+    kv = index.gauge("vllm:kv_cache_usage_perc", t0, t1)
+    if kv and kv["max"] >= limits.get("max_kv_usage", 0.98):
+        why.append(f"the KV cache was saturated (usage up to {kv['max']:.0%}): prefixes may have been evicted")
+    geometry = geometry_of(config)
+    blocks = config.get("num_gpu_blocks")
+    running = index.gauge("vllm:num_requests_running", t0, t1)
+    prompts = [a.prompt_tokens for a in rows if a.prompt_tokens]
+    if blocks and blocks.isdigit() and running and prompts:
+        capacity = int(blocks) * geometry.block
+        demand = (running["max"] + 1) * sum(prompts) / len(prompts)
+        if demand > capacity:
+            why.append(f"the KV cache holds {capacity:,} tokens, less than the requests in flight need (up to "
+                       f"{running['max']:.0f} running, {sum(prompts) / len(prompts):,.0f} prompt tokens each): "
+                       "prefixes are evicted between requests")
+    if not geometry.block_known:
+        why.append(f"the block size is unknown (vllm:cache_config_info not scraped; {DEFAULT_BLOCK} assumed)")
+    return why
+
+
+def judge_reuse(data: RunData, index: MetricIndex, limits: dict[str, float], config: dict[str, str]
+                ) -> tuple[dict[str, Any], list[Finding]]:
+    """numbers.reuse of the prefix_cache pillar and the findings (see the module doc)."""
+    design = data.reuse_design
+    if not any(a.status == "ok" for a in data.attempts):
+        return {"status": "not_run", "reason": "no request completed"}, []
+    if design is None:
+        why = "reuse_design.json is missing (the run predates it, or ended before the measurement)"
+        return {"status": INCONCLUSIVE, "reason": f"inconclusive, because {why}"}, \
+            [Finding("*", INCONCLUSIVE, None, f"inconclusive, because {why}")]
+    if design.get("error"):
+        why = f"the server's tokenizer was not reachable ({design['error']})"
+        return {"status": INCONCLUSIVE, "reason": f"inconclusive, because {why}"}, \
+            [Finding("*", INCONCLUSIVE, None, f"inconclusive, because {why}")]
+    geometry = geometry_of(config)
+    # The streaming drill's twins are the same bytes sent at the same instant: which of them reuses the
+    # other's blocks (or neither, prefilled in one step) is the scheduler's draw, so they have no design
+    # to be held to. Left out of the rows (a real server gave one cold twin 1,408 cached tokens of 1,436),
+    # they still count as prefixes later requests may reuse.
+    twins = sum(1 for a in data.attempts if a.status == "ok" and a.stream_pair)
+    attempts = [a for a in data.attempts if a.status == "ok" and not a.stream_pair]
+    designed = designed_tokens(data.attempts, design, geometry)
+    t0 = data.stages[0].start_ts if data.stages else min((a.send_ts for a in attempts), default=0.0)
+    t1 = data.stages[-1].end_ts if data.stages else max((a.end_ts for a in attempts), default=0.0)
+    thin = _thin(index, limits, config, t0, t1, attempts)
+    scenarios = scenario_design(design)
+    families: dict[str, dict[str, Any]] = {}
+    findings = []
+    names = sorted({a.family for a in attempts})
+    *rows, total = family_rows(attempts, names, designed)
+    for family, row in zip(names, rows, strict=True):
+        if not row["attempts"]:
+            continue
+        finding = judge_family(family, row, scenarios, limits, thin)
+        families[family] = row | {"finding": finding.to_dict()}
+        findings.append(finding)
+    m0 = min([t0, *(a.send_ts for a in attempts)])  # the counters cover every request, in flight at the edges too
+    m1 = max([t1, *(a.end_ts for a in attempts)]) + METRICS_SLACK_S
+    hits = index.delta("vllm:prefix_cache_hits_total", m0, m1)
+    queries = index.delta("vllm:prefix_cache_queries_total", m0, m1)
+    every = [a for a in data.attempts if a.status == "ok"]  # what /metrics counted: the drill's twins too
+    total["metrics"] = {"prefix_cache_hits": hits, "prefix_cache_queries": queries,
+                        "hit_share": hits / queries if hits is not None and queries else None,
+                        "responses_cached_tokens": sum(a.cached_tokens or 0 for a in every), "responses": len(every)}
+    numbers = {"status": "measured", "block_size": geometry.block, "block_size_known": geometry.block_known,
+               "checkpoint_tokens": geometry.align, "families": families, "run": total, "design": scenarios,
+               "evidence_gaps": thin, "drill_twins_left_out": twins}
+    return numbers, findings
+
+
+def apply_reuse(pillar: PillarResult, data: RunData, index: MetricIndex, limits: dict[str, float],
+                config: dict[str, str], judged: tuple[dict[str, Any], list[Finding]] | None = None) -> None:
+    """Adds numbers.reuse to the prefix_cache pillar, its findings as reasons; a server finding with enough
+    evidence fails the pillar (the samples' own design never does: that is the harness's to fix).
+    `judged`: judge_reuse's result when already computed (analyze judges it after the other pillars)."""
+    numbers, findings = judged if judged is not None else judge_reuse(data, index, limits, config)
+    pillar.numbers["reuse"] = numbers
+    if config.get("enable_prefix_caching") == "False":
+        return  # the cache is off and the pillar says so: what it did not reuse adds nothing to that
+    # A family too thin to judge says so in numbers.reuse and the report's table; only the measurement as a
+    # whole being impossible (family "*") joins the pillar's reasons, beside the findings.
+    said = [f for f in findings if f.status in (FAIL, "finding") or (f.status == INCONCLUSIVE and f.family == "*")]
+    pillar.reasons += [f"reuse: {f.reason}" for f in said]
+    if any(f.fails for f in findings) and pillar.status != "fail":
+        pillar.status = FAIL
+        pillar.reasons = [f"reuse: {f.reason}" for f in findings if f.fails] + \
+            [r for r in pillar.reasons if not any(r == f"reuse: {f.reason}" for f in findings if f.fails)]

@@ -1,0 +1,308 @@
+"""Per-stage figures: the client's latencies and errors joined with the server's and the GPUs' view.
+
+Why per stage: OOM and queueing have causes by phase (load, long input, concurrency, soak), and a
+capacity planner reads each concurrency step on its own. A stage is judged against the plan's SLOs
+and resource limits; the checks that failed are named.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from k3load.analysis.pillars.headroom.arrival_lag import (
+    LATE_S,
+    LATE_SHARE,
+    arrival_lag,
+    offered_late,
+    offered_short,
+    replay_figures,
+)
+from k3load.analysis.pillars.headroom.full_batch import EngineCap, stage_batch_queue
+from k3load.analysis.pillars.headroom.goodput import Slo, stage_goodput
+from k3load.analysis.pillars.headroom.gpu_growth import GPU_NOISE_MIB, GpuGrowth, gpu_growth, stage_figures
+from k3load.analysis.pillars.headroom.restart_audit import planned_down, planned_windows
+from k3load.analysis.pillars.pillar import percentiles
+from k3load.analysis.pillars.rules import breach
+from k3load.analysis.run.clusters import request_cluster
+from k3load.analysis.run.down_spells import DownSpell, down_spells
+from k3load.analysis.run.rundata import RunData, StageWindow
+from k3load.analysis.run.stats import wilson
+from k3load.analysis.run.timeline import MetricIndex
+from k3load.events import Event
+
+QUEUED_S = 2.0  # latency over its SLO while requests waited at least this long grows with the queue
+# The stages that are load steps: a step the server only queued is past capacity
+# (analysis/pillars/headroom/full_batch.py)
+STEP_KINDS = ("concurrency", "search")
+
+
+def _latency(frame: pd.DataFrame) -> dict[str, float | None]:
+    ok = frame[frame["status"] == "ok"]
+    out: dict[str, float | None] = {}
+    # ttfa: the first answer token after any reasoning; only streamed answers have one (none: unknown, None)
+    for column, label in (("ttft_ms", "ttft"), ("ttfa_ms", "ttfa"), ("itl_mean_ms", "itl"), ("e2e_ms", "e2e")):
+        known = ok[column].dropna()
+        values = known.to_numpy() if known.dtype == np.float64 else [float(v) for v in known]
+        for q, value in zip((50, 95, 99), percentiles(values, (0.50, 0.95, 0.99)), strict=True):
+            out[f"{label}_p{q}_ms"] = value
+    return out
+
+
+def sampler_process(data: RunData) -> str:
+    """The process that sampled metrics.jsonl (its `load_generator_cpu_pct`): the master of a distributed run
+    (--processes or --master), else the one local process."""
+    return "master" if (data.run.get("options") or {}).get("master") else "local"
+
+
+def cpu_by_process(data: RunData, t0: float, t1: float) -> dict[str, float]:
+    """Each load-generator process's highest CPU in [t0, t1] (% of one core): the sampling process from
+    metrics.jsonl, each worker from its `load_generator_cpu` events (k3load.loadgen.cpu)."""
+    out: dict[str, float] = {}
+    readings = [(sampler_process(data), m.get("ts"), m.get("load_generator_cpu_pct")) for m in data.metrics]
+    workers = data.events_named(Event.LOAD_GENERATOR_CPU)  # a worker's own CPU, written by the master as it arrives
+    readings += [(str(e.get("process")), e.get("ts"), e.get("cpu_pct")) for e in workers]
+    for process, ts, value in readings:
+        if value is not None and ts is not None and t0 <= ts <= t1:
+            out[process] = max(out.get(process, float("-inf")), float(value))
+    return dict(sorted(out.items()))
+
+
+def _load_errors(frame: pd.DataFrame) -> pd.Series:
+    """Failures load can cause: 5xx, 408, 429, timeouts, cut streams, transport errors. A 4xx refusal
+    (e.g. vLLM's 400 '"auto" tool choice requires --enable-auto-tool-choice') is the request's or the
+    configuration's fault, not a shortage: it stays a failure of the agent pillar (layer `server`). A
+    `client_raised` (our client raised: nothing known of the answer) is never the server's."""
+    status = frame["http_status"]
+    refused = (frame["status"] == "http_error") & status.between(400, 499) & ~status.isin([408, 429])
+    return (frame["status"] != "ok") & ~refused & (frame["status"] != "client_raised")
+
+
+def _error_kinds(errors: pd.DataFrame) -> dict[str, int]:
+    """What the failed requests were, most frequent first: `HTTP 502`, `truncated`, `timeout` ..."""
+    kinds = [f"HTTP {int(s)}" if st == "http_error" and pd.notna(s) else st
+             for st, s in zip(errors["status"], errors["http_status"], strict=True)]
+    counts = pd.Series(kinds, dtype=object).value_counts()
+    return {str(k): int(v) for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))}
+
+
+def _while_down(frame: pd.DataFrame, spells: list[DownSpell]) -> pd.Series:
+    """Requests sent while the server was down (a crash, not a flap): refused because nobody was
+    listening. They are the crash's consequence, said with it, not load errors of their own."""
+    mask = pd.Series(False, index=frame.index)
+    for spell in spells:
+        if not spell.flap:
+            end = spell.up_ts if spell.up_ts is not None else float("inf")
+            mask |= (frame["send_ts"] >= spell.down_ts) & (frame["send_ts"] < end)
+    return mask
+
+
+def _errors(frame: pd.DataFrame, spells: list[DownSpell]) -> dict[str, Any]:
+    down = _while_down(frame, spells)
+    mask = _load_errors(frame) & ~down
+    errors = frame[mask]
+    layers = errors["primary_layer"].fillna("unknown").value_counts()
+    # Per attempt, not per distinct request (docs/verdict-rules.md): a load error (5xx, 429, a timeout, a cut
+    # stream) is the server's state when the attempt was sent, not its prompt's, and the same bytes sent again
+    # fail or not on their own. The distinct requests are said beside it.
+    rate = wilson(int(mask.sum()), int((~down).sum()))
+    return {"errors": int(mask.sum()), "error_rate": rate.value, "error_rate_ci95": [rate.low, rate.high],
+            "error_rate_distinct_requests": int(request_cluster(frame[~down]).nunique()),
+            "sent_while_down": int(down.sum()),
+            "errors_by_layer": {str(k): int(v) for k, v in sorted(layers.items())},
+            "error_kinds": _error_kinds(errors) if len(errors) else {}}
+
+
+def _capacity_figures(frame: pd.DataFrame, duration: float, index: MetricIndex, stage: StageWindow,
+                      slo: Slo | None, cap: EngineCap | None) -> dict[str, Any]:
+    """Goodput (analysis/pillars/headroom/goodput.py) and the queue behind a full batch
+    (analysis/pillars/headroom/full_batch.py)."""
+    out: dict[str, Any] = stage_goodput(frame, slo, duration).to_dict() if slo is not None else {}
+    out |= arrival_lag(frame)  # open-loop stages only (an empty dict elsewhere: the closed-loop rows are unchanged)
+    if stage.sessions_per_s is not None:
+        out["sessions_per_s"] = stage.sessions_per_s  # the arrival rate offered (a rate search's step: its load)
+    if stage.search is not None:
+        out["search"] = stage.search  # the plan's search stage this step belongs to
+    queue = stage_batch_queue(index, stage.start_ts, stage.end_ts, cap, stage.users)
+    out |= {"full_batch_scrapes": queue.scrapes if queue else None,
+            "full_batch_queued_scrapes": queue.queued if queue and queue.cap is not None else None,
+            "full_batch_cap": queue.cap if queue else None, "full_batch_cap_from": queue.cap_from if queue else None,
+            "past_capacity": queue.past_capacity if queue and queue.cap is not None else None}
+    return out
+
+
+def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: list[DownSpell] | None = None,
+                growth: GpuGrowth | None = None, slo: Slo | None = None, cap: EngineCap | None = None
+                ) -> dict[str, Any]:
+    """`slo`: each request's limits, for the goodput (none: not computed); `cap`: the engine's max_num_seqs
+    where the server said it (analysis/pillars/headroom/full_batch.py)."""
+    t0, t1 = stage.start_ts, stage.end_ts
+    frame = data.records[(data.records["stage"] == stage.name) & ~data.records["drill"].astype(bool)]
+    if stage.search is not None:  # a search step: what ended by its decision, the evidence the live search judged
+        frame = frame[frame["end_ts"] <= t1]
+    planned = planned_windows(data)  # the restart drill's down on purpose is not the stage's
+    # rates over the time load was offered: a restart drill's wait for the server is no load time
+    duration = max(t1 - t0 - sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in planned), 1e-9)
+    ok = frame[frame["status"] == "ok"]
+    kv = index.gauge("vllm:kv_cache_usage_perc", t0, t1)
+    waiting = index.gauge("vllm:num_requests_waiting", t0, t1)
+    running = index.gauge("vllm:num_requests_running", t0, t1)
+    preemptions = index.delta("vllm:num_preemptions_total", t0, t1)
+    spells = down_spells(data) if spells is None else spells
+    flaps = {spell.down_ts for spell in spells if spell.flap}
+    downs = [e for e in data.events_named(Event.SERVER_DOWN) if t0 <= e["ts"] <= t1 and e["ts"] not in flaps
+             and not planned_down(e["ts"], planned)]
+    cpu = cpu_by_process(data, t0, t1)
+    return {
+        "stage": stage.name, "kind": stage.kind, "users": stage.users, "start_ts": t0, "duration_s": t1 - t0,
+        "attempts": len(frame), **_errors(frame, spells),
+        "requests_per_s": len(ok) / duration,
+        "output_tokens_per_s": float(ok["completion_tokens"].fillna(0).sum()) / duration,
+        "max_prompt_tokens_ok": int(ok["prompt_tokens"].max()) if ok["prompt_tokens"].notna().any() else None,
+        **_latency(frame),
+        "kv_usage_mean": kv["mean"] if kv else None, "kv_usage_max": kv["max"] if kv else None,
+        "kv_usage_max_by_source": {src or "target": g["max"] for src, g in
+                                   index.gauge_by_source("vllm:kv_cache_usage_perc", t0, t1).items()},
+        "waiting_max": waiting["max"] if waiting else None,
+        "waiting_sustained_s": index.sustained_queue_s(t0, t1),
+        "running_max": running["max"] if running else None,
+        "load_generator_cpu_max_pct": max(cpu.values()) if cpu else None,  # over every process
+        "load_generator_cpu_max_pct_by_process": cpu,
+        "preemptions": preemptions, "preemptions_per_min": preemptions / duration * 60 if preemptions is not None
+        else None, "server_down_events": len(downs),
+        "health_flaps": sum(1 for ts in flaps if t0 <= ts <= t1 and not planned_down(ts, planned)),
+        # The engine's own gauges, not any vllm:* series: with --disable-log-stats vLLM 0.32 still
+        # serves vllm:tool_call_parser_invocations_total, and KV, queue and preemptions are unknown.
+        "metrics_present": kv is not None or waiting is not None or running is not None,
+        **stage_figures(growth if growth is not None else gpu_growth(data, spells), t0, t1),
+        **_capacity_figures(frame, duration, index, stage, slo, cap),
+        **replay_figures(data.events_named(Event.REPLAY_END), stage.name),  # a replay stage's rows (arrival_lag.py)
+    }
+
+
+def _over(value: float | None, limit: float) -> bool:
+    return value is not None and value > limit
+
+
+# (stats key, plan section, limit key, rule id, signal, reason template)
+LIMIT_RULES = (
+    ("ttft_p95_ms", "slo", "ttft_p95_ms", "slo.ttft_p95", "latency", "TTFT p95 {v:.0f} ms > {lim:.0f} ms"),
+    ("ttfa_p95_ms", "slo", "ttfa_p95_ms", "slo.ttfa_p95", "latency",
+     "TTFA p95 {v:.0f} ms > {lim:.0f} ms (first answer token, after the reasoning)"),
+    ("itl_p95_ms", "slo", "itl_p95_ms", "slo.itl_p95", "latency", "ITL p95 {v:.0f} ms > {lim:.0f} ms"),
+    ("e2e_p95_ms", "slo", "e2e_p95_ms", "slo.e2e_p95", "latency", "e2e p95 {v:.0f} ms > {lim:.0f} ms"),
+    ("waiting_sustained_s", "resources", "max_waiting_sustained_s", "resources.waiting_sustained", "resource",
+     "requests waited for {v:.0f} s on end > {lim:.0f} s"),
+    ("preemptions_per_min", "resources", "max_preemptions_per_min", "resources.preemptions", "resource",
+     "{v:.1f} preemptions/min > {lim:.1f}"),
+    ("kv_usage_max", "resources", "max_kv_usage", "resources.kv_usage", "resource",
+     "KV cache usage reached {v:.0%} > {lim:.0%}"),
+)
+
+
+def _error_breach(stats: dict[str, Any], limit: float) -> dict[str, Any] | None:
+    """Errors breach the SLO only when the rate's lower 95% bound is above it (a few unlucky
+    requests in a short stage are not a verdict); the reason names the layers and kinds."""
+    low = (stats.get("error_rate_ci95") or [0.0])[0]
+    if not stats.get("attempts") or low <= limit:
+        return None
+    layers = ", ".join(f"{k} {v}" for k, v in stats["errors_by_layer"].items())
+    kinds = ", ".join(f"{k} x{v}" for k, v in list(stats["error_kinds"].items())[:3])
+    return breach("slo.error_rate", "errors", stats["error_rate"], limit,
+                  f"error rate {stats['error_rate']:.1%} (95% CI from {low:.1%}, over "
+                  f"{stats['attempts'] - stats.get('sent_while_down', 0):,} attempts of "
+                  f"{stats.get('error_rate_distinct_requests', '?')} distinct requests: a load error is drawn per "
+                  f"attempt) > {limit:.1%} "
+                  f"(by layer: {layers}; {kinds})", f"records.jsonl stage={stats['stage']}")
+
+
+def gpu_problems(stats: dict[str, Any], resources: dict[str, float]) -> list[dict[str, Any]]:
+    """GPU memory against what the load added (analysis/pillars/headroom/gpu_growth.py), never against vLLM's
+    reservation:
+    growth over the start-up baseline beyond `max_gpu_growth_pct` of what was free then; headroom under
+    `min_gpu_headroom_pct` of the card only where the load took it there (a card reserved below the floor at
+    start is said with the pass, not judged); free memory at the peak that could not hold another jump as
+    large as the largest seen."""
+    if stats.get("gpu_growth_max_pct") is None:
+        return []
+    out, where = [], f"gpu.jsonl stage={stats['stage']}"
+    grown, limit = stats["gpu_growth_max_pct"], resources["max_gpu_growth_pct"]
+    if grown > limit and stats["gpu_growth_max_mib"] >= GPU_NOISE_MIB:
+        out.append(breach("resources.gpu_growth", "resource", grown, limit,
+                          f"GPU memory grew {stats['gpu_growth_max_mib']:,.0f} MiB over its start-up baseline on "
+                          f"{stats['gpu_growth_gpu']} ({grown:.0f}% of what was free after start-up) > {limit:.0f}%",
+                          where))
+    headroom, floor = stats["gpu_headroom_min_pct"], resources["min_gpu_headroom_pct"]
+    if headroom < floor <= stats["gpu_baseline_headroom_min_pct"]:
+        out.append(breach("resources.gpu_headroom", "resource", headroom, floor,
+                          f"GPU memory headroom fell to {headroom:.1f}% < {floor:.0f}% (from "
+                          f"{stats['gpu_baseline_headroom_min_pct']:.1f}% after start-up)", where))
+    jump, free = stats.get("gpu_largest_jump_mib") or 0.0, stats["gpu_free_min_mib"]
+    if jump >= GPU_NOISE_MIB and free < jump:
+        out.append(breach("resources.gpu_jump", "resource", free, jump,
+                          f"only {free:,.0f} MiB free on {stats['gpu_free_min_gpu']} at the stage's peak, less than "
+                          f"the largest jump seen ({jump:,.0f} MiB between two readings): another as large would "
+                          "not fit", where))
+    return out
+
+
+def full_batch_breach(stats: dict[str, Any]) -> dict[str, Any]:
+    """A load step the server only queued: requests waited behind a full batch for most of it."""
+    share = stats["full_batch_queued_scrapes"] / stats["full_batch_scrapes"]
+    return breach("resources.full_batch_queue", "resource", share, 0.5,
+                  f"requests waited behind a full batch in {stats['full_batch_queued_scrapes']} of "
+                  f"{stats['full_batch_scrapes']} scrapes ({share:.0%}; running at {stats['full_batch_cap']}, "
+                  f"{stats['full_batch_cap_from']}): the server queued this load, it did not hold it",
+                  f"metrics.jsonl stage={stats['stage']}")
+
+
+def stage_problems(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    """The limits a stage exceeded, as typed breaches (empty: within limits)."""
+    problems = []
+    errors = _error_breach(stats, limits["slo"]["max_error_rate"])
+    if errors:
+        problems.append(errors)
+    queued = (stats.get("waiting_sustained_s") or 0) >= QUEUED_S
+    where = f"stage={stats['stage']}"
+    for key, section, limit_key, rule_id, signal, text in LIMIT_RULES:
+        limit = limits[section][limit_key]
+        if _over(stats.get(key), limit):
+            if signal == "latency" and queued:
+                signal = "queue_latency"  # over the SLO while requests queued: it grows with the queue
+            source = "records.jsonl" if section == "slo" else "metrics.jsonl"
+            problems.append(breach(rule_id, signal, stats[key], limit, text.format(v=stats[key], lim=limit),
+                                   f"{source} {where}"))
+    problems += gpu_problems(stats, limits["resources"])
+    if stats.get("kind") in STEP_KINDS and stats.get("past_capacity"):
+        problems.append(full_batch_breach(stats))
+    offered = (stats.get("sessions_per_s") or 0) * (stats.get("duration_s") or 0)
+    short = stats.get("sessions_per_s") is not None and offered_short(offered, stats.get("sessions_arrived") or 0)
+    if stats.get("kind") in STEP_KINDS and short:
+        problems.append(breach("load.offered_short", "resource", stats.get("sessions_arrived") or 0, offered,
+                               f"{stats.get('sessions_arrived') or 0} sessions started of {offered:.0f} its rate "
+                               "offered: every session slot was busy, the step did not offer its rate",
+                               f"records.jsonl stage={stats['stage']}"))
+    late = offered_late(stats.get("scheduled_turns") or 0, stats.get("late_turns") or 0)
+    if stats.get("kind") in STEP_KINDS and late:  # sessions outlasting their slots: the server slowed (a resource)
+        problems.append(breach("load.offered_late", "resource", stats["late_share"], LATE_SHARE,
+                               f"{stats['late_turns']} of {stats['scheduled_turns']} scheduled turns went out more "
+                               f"than {LATE_S:g} s late (p95 {stats['send_lag_p95_ms']:.0f} ms): every session slot "
+                               "was busy, so the step did not offer its rate and its latencies leave out the wait",
+                               f"records.jsonl stage={stats['stage']}"))
+    if stats.get("kind") == "replay" and late:  # the trace's pace was not offered: its latencies leave out the wait
+        why = "; ".join((stats.get("replay") or {}).get("fell_behind") or []) or "the load generator fell behind"
+        problems.append(breach("load.offered_late", "resource", stats["late_share"], LATE_SHARE,
+                               f"{stats['late_turns']} of {stats['scheduled_turns']} trace rows went out more than "
+                               f"{LATE_S:g} s late: {why}", f"records.jsonl stage={stats['stage']}",
+                               f"events.jsonl replay_end stage={stats['stage']}"))
+    if stats.get("server_down_events"):
+        problems.append(breach("stability.server_down", "stability", stats["server_down_events"], 0,
+                               f"server down {stats['server_down_events']} time(s)", f"events.jsonl {where}"))
+    if stats.get("health_flaps"):
+        problems.append(breach("stability.health_flap", "health_flap", stats["health_flaps"], 0,
+                               f"/health said down {stats['health_flaps']} time(s) while requests kept being answered "
+                               "(a flapping health check, not a crash)", f"events.jsonl {where}",
+                               f"records.jsonl {where}"))
+    return problems

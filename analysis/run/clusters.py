@@ -1,0 +1,64 @@
+"""The unit of evidence: which attempts repeat one distinct request, so that rates count requests, not repeats.
+
+Why: at temperature 0 the server answers the same bytes the same way (or nearly: batching can change a
+token), so 4,373 attempts of 37 request bodies are 37 trials, not 4,373. An attempt's cluster is its
+request: the exact bytes sent (`request_sha256`: scenario, turn, variant, salt and settings in one
+hash), which a retry shares with its first try. At a temperature above 0 without a `seed` in the body
+every attempt is its own draw, and its own cluster (`attempt_id`). A fixed seed makes a draw repeat
+with its bytes, so it clusters by them again. Records written before `temperature` and `seed` existed
+cluster by their bytes (the scenarios' default temperature is 0).
+
+Usage: `rate_by_request(attempts, [a.valid for a in attempts])` -> a `stats.Rate` that says its distinct
+requests; `request_cluster(frame)` -> each row's key, for a records frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from k3load.analysis.run.stats import Rate, cluster_rate
+
+
+def cluster_key(request_sha256: str, attempt_id: str, temperature: Any = None, seed: Any = None) -> str:
+    """An attempt's cluster: its bytes, or the attempt itself when it was a fresh draw (module docstring)."""
+    drawn = isinstance(temperature, int | float) and temperature > 0 and seed is None
+    return attempt_id if drawn else request_sha256
+
+
+def attempt_key(attempt: Any) -> str:
+    """`cluster_key` of a record (whole or lean); a record without temperature or seed: by its bytes."""
+    return cluster_key(attempt.request_sha256, attempt.attempt_id, getattr(attempt, "temperature", None),
+                       getattr(attempt, "seed", None))
+
+
+def request_cluster(frame: pd.DataFrame) -> pd.Series:
+    """Each row's cluster key in a records frame (RunData.records); without a temperature column, the bytes."""
+    keys = frame["request_sha256"].astype(object)
+    if "temperature" not in frame or frame.empty:
+        return keys
+    temperature = pd.to_numeric(frame["temperature"], errors="coerce").fillna(0.0)
+    seeded = frame["seed"].notna() if "seed" in frame else pd.Series(False, index=frame.index)
+    drawn = (temperature > 0) & ~seeded
+    return keys.where(~drawn, frame["attempt_id"].astype(object))
+
+
+def distinct_requests(attempts: Iterable[Any]) -> int:
+    return len({attempt_key(a) for a in attempts})
+
+
+def rate_by_keys(keys: Sequence[Any], successes: Sequence[bool] | np.ndarray) -> Rate:
+    """`cluster_rate` of per-attempt successes grouped by their keys."""
+    if not len(keys):
+        return cluster_rate([], [])
+    codes, _ = pd.factorize(pd.Series(keys, dtype=object), sort=False)
+    hits = np.asarray(successes, dtype=float)
+    return cluster_rate(np.bincount(codes, weights=hits), np.bincount(codes))
+
+
+def rate_by_request(attempts: Sequence[Any], successes: Sequence[bool] | np.ndarray) -> Rate:
+    """The success rate of `attempts` (one success flag each) with its interval over their distinct requests."""
+    return rate_by_keys([attempt_key(a) for a in attempts], successes)

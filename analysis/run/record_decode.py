@@ -1,0 +1,140 @@
+"""One records.jsonl line straight to its lean attempt, decoding only the fields the rules read.
+
+Why msgspec: an hour at 100 requests/s is 360,000 lines of about 2 KB, most of it text no rule reads
+(reasoning, content, tool-call arguments). `json.loads` builds every string of it; msgspec decodes a
+line into a typed struct of the kept fields and skips the rest in C. Measured on the hour's soak of
+`bench/analysis_scale.py` (2-core machine, Dec 2026): 0.88 s per 90,000 lines against 2.09 s for the
+reader it replaced (which cut the tool calls and findings out of the text and parsed the rest).
+
+Every kept field is typed `Any`, so a value is taken as `json.loads` gives it (msgspec returns the same
+Python objects, big integers and -0.0 included); what msgspec cannot take as such a record (a line that
+is not an object, a required field missing, a call or finding of another shape, NaN or Infinity, a
+lone surrogate escape, a torn line) it refuses, and the line is read whole by `json.loads` and
+`lean_attempt`, which say what is wrong exactly as before (`analysis/run/rundata.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+import msgspec
+
+from k3load.analysis.run.answer_signature import answer_signature, compared
+from k3load.analysis.run.lean import DEFAULTS, REQUIRED, Interner, LeanAttempt
+from k3load.workload.validate import primary_layer
+
+# Columns of RunData.records that no rule reads from the attempts: taken from the line as it passes.
+FRAME_ONLY = ("turn_kind", "itl_mean_ms", "ttfa_ms", "completion_tokens", "max_tokens", "error", "failed_layers",
+              "session_id", "intended_send_ts")
+# Every field LeanAttempt keeps and the frame-only ones, but the calls and findings (decoded apart).
+_OPTIONAL = tuple(name for name in dict.fromkeys([*(f.name for f in fields(LeanAttempt)), *FRAME_ONLY])
+                  if name not in REQUIRED and name not in ("tool_calls", "findings", "answer_signature"))
+
+
+class _Function(msgspec.Struct, gc=False):
+    name: Any = None
+    arguments: Any = None  # read for the answer's signature (analysis/pillars/agent/reproducibility.py)
+
+
+class _Call(msgspec.Struct, gc=False):
+    """A recorded tool call as far as a rule reads it: its name (`lean.call_name`'s two places for it)."""
+
+    function: _Function | None = None
+    name: Any = None
+    arguments: Any = None
+
+
+# The record's kept fields: the required ones without a default (absent: refused, then read whole, which
+# names them), the others with Attempt's defaults, applied only where the key is absent as dict.get's are.
+_Line = msgspec.defstruct(
+    "_Line",
+    [*((name, Any) for name in sorted(REQUIRED)),
+     *((name, Any, DEFAULTS[name]) for name in _OPTIONAL),
+     ("tool_calls", list[_Call] | None, None),
+     ("findings", msgspec.Raw, msgspec.Raw(b"[]")),
+     ("content", msgspec.Raw, msgspec.Raw(b'""'))],  # parsed only for a json turn's signature
+    kw_only=True, gc=False)
+_REFUSED = (msgspec.DecodeError, ValueError, TypeError)  # msgspec.ValidationError is a DecodeError
+
+
+class RecordDecoder:
+    """Appends each line's lean attempt and frame-only values (to `columns`), or says the line must be read
+    whole."""
+
+    def __init__(self, shared: Interner, attempts: list[Any], columns: dict[str, list[Any]]) -> None:
+        self.shared = shared
+        self._decode = msgspec.json.Decoder(_Line).decode
+        self._append = attempts.append
+        # one bound append per frame-only column, called written out (a loop over them cost 0.2 s an hour)
+        (self._turn_kind, self._itl, self._ttfa, self._completion, self._max_tokens, self._error,
+         self._failed, self._session, self._intended) = (columns[name].append for name in FRAME_ONLY)
+        self.layer_lists: dict[tuple[Any, ...], list[Any]] = {}  # one list per distinct failed_layers
+
+    def take(self, line: str | bytes) -> bool:
+        """True when the line (JSON text, or its UTF-8 bytes) was taken; False (nothing appended) when it
+        must be read whole."""
+        try:
+            lean, frame = self._read(line)
+        except _REFUSED:  # an unhashable value too (TypeError): the whole-line reading says what is wrong
+            return False
+        self.add(lean, frame)
+        return True
+
+    def add(self, lean: Any, frame: tuple[Any, ...]) -> None:
+        """An attempt and its frame-only values (in FRAME_ONLY's order); a line read whole comes here too."""
+        self._append(lean)
+        turn_kind, itl, ttfa, completion, max_tokens, error, failed, session, intended = frame
+        self._turn_kind(turn_kind)
+        self._itl(itl)
+        self._ttfa(ttfa)
+        self._completion(completion)
+        self._max_tokens(max_tokens)
+        self._error(error)
+        self._failed(failed)
+        self._session(session)
+        self._intended(intended)
+
+    def _signature(self, r: Any) -> str | None:
+        """The answer's signature (analysis/pillars/agent/reproducibility.py) for a tool-call or json turn, interned."""
+        if not compared(r.turn_kind, r.status, r.temperature, r.seed):
+            return None
+        calls = [{"function": {"name": c.function.name if c.function is not None else c.name,
+                               "arguments": c.function.arguments if c.function is not None else c.arguments}}
+                 for c in r.tool_calls or ()]
+        content = msgspec.json.decode(bytes(r.content)) if r.turn_kind == "json" else None
+        found = answer_signature(r.turn_kind, calls, content if isinstance(content, str) else None)
+        return None if found is None else self.shared.intern(found, found)
+
+    def _read(self, line: str | bytes) -> tuple[LeanAttempt, tuple[Any, ...]]:
+        r = self._decode(line)
+        findings = self.shared.findings_of_text(bytes(r.findings))
+        intern = self.shared.intern
+        calls = r.tool_calls
+        names: tuple[str, ...] = ()
+        if calls:
+            found = tuple([str((c.function.name if c.function is not None else None) or c.name or "")
+                           for c in calls])
+            names = intern(found, found)
+        layer, valid, http_status = r.primary_layer, r.valid, r.http_status
+        if layer is None and not valid:  # written before primary_layer existed: the same rule, from its findings
+            layer = primary_layer(list(findings))
+        failed = tuple(r.failed_layers or ())
+        stage, scenario, family, user, request, prefix, status, finish, role, stream_role = (
+            r.stage, r.scenario, r.family, r.user_id, r.request_sha256, r.prefix_sha256, r.status, r.finish_reason,
+            r.control_role, r.stream_role)
+        lean = LeanAttempt(
+            r.attempt_id, r.chain_id, r.attempt, intern(stage, stage), intern(scenario, scenario),
+            intern(family, family), r.turn, intern(user, user), intern(request, request), intern(prefix, prefix),
+            intern(status, status), r.send_ts, r.end_ts, r.first_token_ts, r.ttft_ms, r.e2e_ms, r.chunks,
+            r.prompt_tokens, r.cached_tokens, r.request_bytes, intern(finish, finish), http_status,
+            r.error_body if http_status == 400 else None, names, findings, valid, r.will_retry, r.drill,
+            intern(layer, layer), r.control_pair, intern(role, role), r.stream_pair,
+            intern(stream_role, stream_role), r.tool_call_span_ms, r.tool_call_max_gap_ms, r.tool_call_deltas,
+            r.last_silence_ms, r.temperature, r.seed, r.stream, r.stream_reads, r.stream_bytes, r.history,
+            r.model_round, self._signature(r), intern(r.path, r.path))
+        turn_kind, error = r.turn_kind, r.error
+        frame = (intern(turn_kind, turn_kind), r.itl_mean_ms, r.ttfa_ms, r.completion_tokens, r.max_tokens,
+                 intern(error, error), self.layer_lists.setdefault(failed, list(failed)), r.session_id,
+                 r.intended_send_ts)
+        return lean, frame
