@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from k3load.analysis.compare.agreement import read_reference
 from k3load.analysis.decision.capacity import PlannerInputs, capacity_plan, min_goodput, planner_inputs
 from k3load.analysis.decision.capacity_context import assumptions, cold_cache, search_said, telemetry_gpus
 from k3load.analysis.decision.checklist import build_checklist
 from k3load.analysis.decision.ramp import ramp
 from k3load.analysis.outputs.plot_inputs import plot_inputs
 from k3load.analysis.outputs.plots_beside import PlotsBeside
+from k3load.analysis.pillars.agent.agreement import read_reference
 from k3load.analysis.pillars.agent.pillar_agent import judge_agent_api, tool_turns_reason
 from k3load.analysis.pillars.cache.pillar_cache import cache_config, judge_prefix_cache
 from k3load.analysis.pillars.cache.reuse import apply_reuse, judge_reuse

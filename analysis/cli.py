@@ -64,7 +64,7 @@ def run_analyze(args: argparse.Namespace) -> int:
 
 def _set_reference(run_dir: Path, reference: Path) -> bool:
     """Write the reference's record into the run directory (the analysis reads nothing outside it)."""
-    from k3load.analysis.compare.agreement import REFERENCE_FILE, ReferenceRunError, reference_record
+    from k3load.analysis.pillars.agent.agreement import REFERENCE_FILE, ReferenceRunError, reference_record
     from k3load.rundir import write_json_atomic
 
     try:

@@ -7,7 +7,7 @@ What it compares: the two verdicts, pillar statuses and limits side by side; per
 name) throughput and TTFT / TTFA (first answer token, after the reasoning) / ITL / e2e p50 and p95 with
 95% intervals and a "changed beyond noise" flag; per scenario and turn, with A as the reference, tool-call
 trigger precision / recall / F1, tool-name agreement, argument schema accuracy, structured-output
-validity and the finish-reason mix (analysis/compare/agreement.py defines each). Exit code 0 when no rule
+validity and the finish-reason mix (analysis/pillars/agent/agreement.py defines each). Exit code 0 when no rule
 shows B worse than A beyond the thresholds of B's plan (`thresholds.diff`, defaults in
 analysis/pillars/pillar.py), DIFF_WORSE_EXIT when one does, 2 for input that is not two run directories with
 records.
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from k3load.analysis.compare.agreement import agreement, profile
+from k3load.analysis.pillars.agent.agreement import agreement, profile
 from k3load.analysis.pillars.pillar import percentile, rounded, thresholds
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.stats import Z95, Rate, decide_rate
@@ -305,8 +305,8 @@ def diff(a_dir: Path, b_dir: Path) -> dict[str, Any]:
 
 def render_text(result: dict[str, Any]) -> str:
     """Markdown-ish tables, in the order a reviewer reads: the outcome, what moved, then why."""
-    from k3load.analysis.compare.report_reference import finish_rows, summary_rows, turn_rows
     from k3load.analysis.outputs.markdown import table
+    from k3load.analysis.outputs.report_reference import finish_rows, summary_rows, turn_rows
 
     a, b = result["a"], result["b"]
     worse = result["worse"]

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from k3load.analysis.compare.agreement import (
+from k3load.analysis.diff import changed, poisson_interval, quantile_interval
+from k3load.analysis.pillars.agent.agreement import (
     REFERENCE_FILE,
     ReferenceRunError,
     agreement,
@@ -26,7 +27,6 @@ from k3load.analysis.compare.agreement import (
     reference_record,
     reference_rules,
 )
-from k3load.analysis.diff import changed, poisson_interval, quantile_interval
 from k3load.analysis.pillars.pillar import thresholds
 from k3load.analysis.run.stats import wilson
 from k3load.records import Attempt, Finding

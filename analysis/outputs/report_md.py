@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from k3load.analysis.compare import report_reference
 from k3load.analysis.outputs import (
     report_capacity,
     report_drain,
+    report_reference,
     report_reproducibility,
     report_retry_paths,
     report_reuse,

@@ -25,7 +25,7 @@ import httpx
 from locust.runners import MasterRunner, Runner, WorkerRunner
 
 import k3load
-from k3load.analysis.compare.agreement import REFERENCE_FILE, reference_record
+from k3load.analysis.pillars.agent.agreement import REFERENCE_FILE, reference_record
 from k3load.analysis.pillars.headroom.goodput import Slo
 from k3load.analysis.pillars.pillar import thresholds
 from k3load.client.access import gevent_patched, tls_hint

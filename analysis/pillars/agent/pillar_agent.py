@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from k3load.analysis.compare.agreement import findings_schema_ok, reference_rules
+from k3load.analysis.pillars.agent.agreement import findings_schema_ok, reference_rules
 from k3load.analysis.pillars.agent.reproducibility import holds_the_pillar, reproducibility
 from k3load.analysis.pillars.agent.reproducibility import judge as judge_reproducibility
 from k3load.analysis.pillars.agent.tool_calls import known_failures
@@ -254,7 +254,7 @@ def judge_agent_api(attempts: list[AnyAttempt], limits: dict[str, float], plan: 
     """The valid rate over every judged attempt, and beside it Kimi's known tool-calling failures
     (analysis/pillars/agent/tool_calls.py): a streaming path wrong where the whole body is right, tool calls held back
     for long silences, answers left in the reasoning. Any of those failing fails the pillar. With a
-    reference run (reference.json, analysis/compare/agreement.py), agreement with it is judged too."""
+    reference run (reference.json, analysis/pillars/agent/agreement.py), agreement with it is judged too."""
     if not attempts:
         return PillarResult(NOT_RUN, ["no request was recorded"])
     tool_turns = plan.tool_turns if plan else "auto"

@@ -1,6 +1,7 @@
 """The tool-call trigger rate per stage, against the first load stage: does load change what the model does?
 
-Why: `k3load diff` compares the trigger rate across runs (analysis/compare/agreement.py); within one run nothing said
+Why: `k3load diff` compares the trigger rate across runs (analysis/pillars/agent/agreement.py); within one run nothing
+said
 whether the model, or the parser in front of it, calls tools less often at 12 concurrent streams than at the
 plan's first load. An agent that stops calling its tools under load breaks without a malformed byte.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from k3load.analysis.compare.agreement import answered, drop, triggered
+from k3load.analysis.pillars.agent.agreement import answered, drop, triggered
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.clusters import rate_by_request
 from k3load.analysis.run.lean import AnyAttempt, first_finding

@@ -1,1 +1,0 @@
-"""Comparison with another run: agreement with a reference run's tool-call behaviour and its report section."""
