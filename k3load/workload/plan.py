@@ -25,6 +25,7 @@ from typing import Any
 import jsonschema
 
 from k3load.errors import InputError
+from k3load.workload.stage_kind import StageKind
 from k3load.workload.trace import TraceError, read_trace_once
 from k3load.yamlfile import YamlFileError, read_yaml_file
 
@@ -99,7 +100,7 @@ class ReplaySpec:
 @dataclass(frozen=True)
 class Stage:
     name: str
-    kind: str
+    kind: StageKind  # a str where a stage came whole in a message or from a caller: made a StageKind here
     start_s: float  # offset from the run's start
     duration_s: float
     users: int
@@ -115,6 +116,13 @@ class Stage:
     arrival: ArrivalSpec | None = None
     # A replay stage's trace (k3load.loadgen.replay plays it); None elsewhere. A dict where a stage came whole.
     replay: ReplaySpec | None = None
+    # A step of a plan's concurrency `steps` (the stage `NAME-cN`): NAME, the plan stage it is a step of (its
+    # `users` are the step's); None elsewhere. Why a field: nobody parses `-c` back out of a stage's name.
+    step_of: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, StageKind):  # asdict's round trip, or a caller's literal
+            object.__setattr__(self, "kind", StageKind(self.kind))
 
     @property
     def end_s(self) -> float:
@@ -174,18 +182,19 @@ def resolve(name_or_path: str, plans_dir: Path) -> Path:
     return plans_dir / f"{name_or_path}.yaml"
 
 
-def _expand(raw: dict[str, Any]) -> list[tuple[str, dict[str, Any], int]]:
-    if raw["kind"] == "search":
-        return [(raw["name"], raw, int(raw.get("start_users", 1)))]
+def _expand(raw: dict[str, Any]) -> list[tuple[str, int, str | None]]:
+    """(stage name, users, the `steps` stage it is a step of) for each stage a plan entry runs as."""
+    if raw["kind"] == StageKind.SEARCH:
+        return [(raw["name"], int(raw.get("start_users", 1)), None)]
     if "steps" in raw:
-        return [(f"{raw['name']}-c{n}", raw, n) for n in raw["steps"]]
-    return [(raw["name"], raw, raw["users"])]
+        return [(f"{raw['name']}-c{n}", n, raw["name"]) for n in raw["steps"]]
+    return [(raw["name"], raw["users"], None)]
 
 
 def _replay(raw: dict[str, Any], base_dir: Path | None) -> ReplaySpec | None:
     """A replay stage's settings, its trace resolved against the plan file's directory (as written when the
     plan came from no file: a relative path then means the working directory)."""
-    if raw["kind"] != "replay":
+    if raw["kind"] != StageKind.REPLAY:
         return None
     trace = Path(raw["trace"]).expanduser()
     if base_dir is not None and not trace.is_absolute():
@@ -202,18 +211,20 @@ def parse_plan(data: Any, where: str, source: str = "", base_dir: Path | None = 
     stages: list[Stage] = []
     start = 0.0
     for i, raw in enumerate(data["stages"]):
-        if "arrival" in raw and (raw["kind"] == "search" or "steps" in raw):
+        if "arrival" in raw and (raw["kind"] == StageKind.SEARCH or "steps" in raw):
             raise PlanError(f"{where}: stages[{i}].arrival: open-loop arrivals are for a stage of its own `users` (the "
                             "most sessions in flight), not for concurrency steps or a search (search_on: users)")
-        search = search_spec(raw, f"{where}: stages[{i}]") if raw["kind"] == "search" else None
+        kind = StageKind(raw["kind"])
+        search = search_spec(raw, f"{where}: stages[{i}]") if kind == StageKind.SEARCH else None
         duration = search.max_total_s if search else float(raw["duration_s"])
-        for name, spec, users in _expand(raw):
-            stages.append(Stage(name=name, kind=spec["kind"], start_s=start, duration_s=duration,
-                                users=users, spawn_rate=float(spec.get("spawn_rate", search.max_users if search
-                                                                       else users)),  # default: all at once
-                                mix={k: v for k, v in spec.get("mix", {}).items() if v > 0},
-                                iterations_per_user=spec.get("iterations_per_user"), search=search,
-                                arrival=ArrivalSpec.of(spec.get("arrival")), replay=_replay(spec, base_dir)))
+        for name, users, step_of in _expand(raw):
+            stages.append(Stage(name=name, kind=kind, start_s=start, duration_s=duration,
+                                users=users, spawn_rate=float(raw.get("spawn_rate", search.max_users if search
+                                                                      else users)),  # default: all at once
+                                mix={k: v for k, v in raw.get("mix", {}).items() if v > 0},
+                                iterations_per_user=raw.get("iterations_per_user"), search=search,
+                                arrival=ArrivalSpec.of(raw.get("arrival")), replay=_replay(raw, base_dir),
+                                step_of=step_of))
             start += duration
     names = [s.name for s in stages]
     duplicates = {n for n in names if names.count(n) > 1}

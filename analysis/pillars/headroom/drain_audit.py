@@ -28,6 +28,7 @@ from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS
 from k3load.analysis.run.rundata import RunData, StageWindow
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.events import Event
+from k3load.workload.stage_kind import StageKind
 
 KV_TOLERANCE = 0.02  # absolute KV usage: the gauge is a step behind, and a step may hold a block or two
 LEFT_EARLY = ("timeout", "truncated", "stream_error", "transport_error")  # the client end was cut
@@ -99,12 +100,19 @@ def _row(data: RunData, index: MetricIndex, stage: StageWindow, event: dict[str,
     return row | {"status": "drained", "why": f"drained in {event.get('waited_s', 0):.1f} s{note}"}
 
 
+def _steps_of(data: RunData) -> dict[str, str]:
+    """Each ramp step's plan stage (the plan's `steps`: k3load.workload.plan.Stage.step_of), by stage name."""
+    stages = data.plan.stages if data.plan is not None else ()
+    return {s.name: s.step_of for s in stages if s.step_of is not None}
+
+
 def _no_window(data: RunData, stage: StageWindow, bound_s: float) -> str:
     if bound_s <= 0:
         return "inconclusive, because the plan set resources.max_drain_s to 0: no drain window was kept"
     later = [s for s in data.stages if s.start_ts > stage.start_ts]
-    if later and stage.kind == later[0].kind == "concurrency" and stage.name.rsplit("-c", 1)[0] == \
-            later[0].name.rsplit("-c", 1)[0]:
+    steps_of = _steps_of(data)
+    if later and stage.kind == later[0].kind == StageKind.CONCURRENCY and steps_of.get(stage.name) is not None \
+            and steps_of.get(stage.name) == steps_of.get(later[0].name):
         return "not audited: a step of a ramp, whose users went on into the next step (audited after its last step)"
     if later and stage.search is not None and later[0].search == stage.search:
         return "not audited: a step of a search, whose users went on into the next step (audited after its last step)"
