@@ -15,22 +15,22 @@ from typing import Any
 
 from k3load.analysis.decision.checklist import open_items as open_lines
 from k3load.analysis.pillars.agent.pillar_agent import context_reason
-from k3load.analysis.pillars.headroom.stages import STEP_KINDS
 from k3load.analysis.pillars.pillar import PillarResult
 from k3load.analysis.pillars.rules import RESOURCE_SIGNALS
-from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS
+from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_APPLICABLE, NOT_RUN, PASS, Pillar, Verdict
+from k3load.workload.stage_kind import STEP_KINDS, StageKind
 
 NEXT_ACTION = {
-    "go": "Fix the exposure scope and monitoring: deploy alerts.yaml and watch GPU memory, KV usage, waiting "
+    Verdict.GO: "Fix the exposure scope and monitoring: deploy alerts.yaml and watch GPU memory, KV usage, waiting "
           "requests, preemptions, prefix-cache hits, TTFT and tool-call schema failures.",
-    "limited": "Go live only within the limits below (concurrency, input length, users), and re-run the "
+    Verdict.LIMITED: "Go live only within the limits below (concurrency, input length, users), and re-run the "
                "acceptance after the open items are fixed.",
-    "rebuild": "Return to the official build (K3 image, CUDA 13, driver R580+, pinned vLLM) and re-run the "
+    Verdict.REBUILD: "Return to the official build (K3 image, CUDA 13, driver R580+, pinned vLLM) and re-run the "
                "acceptance from the precheck.",
-    "scale_up": "Redesign topology, parallelism or GPU capacity (more or larger GPUs, fewer concurrent "
+    Verdict.SCALE_UP: "Redesign topology, parallelism or GPU capacity (more or larger GPUs, fewer concurrent "
                 "sequences, a smaller max_model_len), then re-run the load stages.",
 }
-EXIT_CODES = {"go": 0, "limited": 3, "rebuild": 4, "scale_up": 5}
+EXIT_CODES = {Verdict.GO: 0, Verdict.LIMITED: 3, Verdict.REBUILD: 4, Verdict.SCALE_UP: 5}
 
 
 def compat_pillar(compat: dict[str, Any] | None) -> PillarResult:
@@ -39,7 +39,7 @@ def compat_pillar(compat: dict[str, Any] | None) -> PillarResult:
     rules = compat.get("rules", [])
     failed = [r for r in rules if r.get("status") == FAIL]
     undecided = [r for r in rules if r.get("status") == INCONCLUSIVE]
-    skipped = [r["id"] for r in rules if r.get("status") == "not_applicable"]
+    skipped = [r["id"] for r in rules if r.get("status") == NOT_APPLICABLE]
     recipe = (compat.get("recipe") or {}).get("name", "?")
     numbers = {"recipe": recipe, "rules": len(rules), "failed": [r["id"] for r in failed],
                "inconclusive": [r["id"] for r in undecided], "not_applicable": skipped}
@@ -54,7 +54,8 @@ def compat_pillar(compat: dict[str, Any] | None) -> PillarResult:
 def _limits(stage_table: list[dict[str, Any]], ramp: dict[str, Any], context: dict[str, Any] | None = None
             ) -> dict[str, Any]:
     good = [s for s in stage_table if not s["problems"]]
-    long_ok = [s["max_prompt_tokens_ok"] for s in good if s["kind"] == "long_input" and s["max_prompt_tokens_ok"]]
+    long_ok = [s["max_prompt_tokens_ok"] for s in good
+               if s["kind"] == StageKind.LONG_INPUT and s["max_prompt_tokens_ok"]]
     any_ok = [s["max_prompt_tokens_ok"] for s in good if s["max_prompt_tokens_ok"]]
     kv = [s["kv_usage_max"] for s in good if s["kv_usage_max"] is not None]
     users = [s["users"] for s in good if s["users"]]
@@ -89,7 +90,7 @@ def _scale_up_reasons(resources: PillarResult, stage_table: list[dict[str, Any]]
             text += (f", and again under the same load after the restart ({same['why']}; "
                      f"{again.get('memory_evidence') or 'no memory evidence'}): a continuing OOM")
         reasons.append(text)
-    loads = [s for s in stage_table if s["kind"] == "load"]
+    loads = [s for s in stage_table if s["kind"] == StageKind.LOAD]
     if loads and all(_resource_breaches(s) for s in loads):
         reasons.append("even the base load stage exceeded its resource limits: "
                        + "; ".join(_resource_breaches(loads[0])))
@@ -116,7 +117,7 @@ def _failing_layers(stage_table: list[dict[str, Any]]) -> str | None:
 
 
 def _context_item(pillars: dict[str, PillarResult]) -> str | None:
-    refusals = pillars["agent_api"].numbers.get("context_length_refusals") or {}
+    refusals = pillars[Pillar.AGENT_API].numbers.get("context_length_refusals") or {}
     reason = context_reason(refusals)
     return f"input length: {reason}" if reason else None
 
@@ -130,18 +131,18 @@ def not_proven(checklist: list[dict[str, Any]]) -> list[str]:
 
 def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], ramp: dict[str, Any],
            unfinished: str | None = None, checklist: list[dict[str, Any]] | None = None
-           ) -> tuple[str, list[str], dict[str, Any]]:
+           ) -> tuple[Verdict, list[str], dict[str, Any]]:
     """(verdict, why, limits). `unfinished`: the plan did not finish (never `go`). `checklist`: the signed
     record's lines; an open one is never `go` (it leads the reasons of a run otherwise `go`)."""
-    limits = _limits(stage_table, ramp, pillars["agent_api"].numbers.get("context_length_refusals"))
-    if pillars["compat"].status == FAIL:
-        return "rebuild", ["compatibility failed: " + "; ".join(pillars["compat"].reasons)] + \
+    limits = _limits(stage_table, ramp, pillars[Pillar.AGENT_API].numbers.get("context_length_refusals"))
+    if pillars[Pillar.COMPAT].status == FAIL:
+        return Verdict.REBUILD, ["compatibility failed: " + "; ".join(pillars[Pillar.COMPAT].reasons)] + \
             ([unfinished] if unfinished else []), limits
-    resources = pillars["resources"]
+    resources = pillars[Pillar.RESOURCES]
     if resources.status == FAIL:
         hard = _scale_up_reasons(resources, stage_table, ramp)
         if hard:
-            return "scale_up", hard + ([unfinished] if unfinished else []), limits
+            return Verdict.SCALE_UP, hard + ([unfinished] if unfinished else []), limits
     open_items = [f"{name}: {p.status}" + (f" ({p.reasons[0]})" if p.reasons else "")
                   for name, p in pillars.items() if p.status != PASS]
     if resources.status == FAIL:
@@ -152,12 +153,12 @@ def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], 
     open_items += [unfinished] if unfinished else []
     unproven = not_proven(checklist or [])
     if unproven and not open_items:
-        return "limited", unproven, limits  # every pillar passed on a run that did not prove the whole seed
+        return Verdict.LIMITED, unproven, limits  # every pillar passed on a run that did not prove the whole seed
     open_items += unproven
     if open_items:
         if limits["max_concurrency"] is not None and resources.status == FAIL:
             above = (f"{limits['ran_out_first']} ran out above it" if limits["ran_out_first"]
                      else "the largest step run; every step held")  # the failure was elsewhere
             open_items.insert(0, f"hold concurrency at {limits['max_concurrency']} users ({above})")
-        return "limited", open_items, limits
-    return "go", ["all four pillars pass"], limits
+        return Verdict.LIMITED, open_items, limits
+    return Verdict.GO, ["all four pillars pass"], limits

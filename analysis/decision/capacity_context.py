@@ -13,6 +13,7 @@ import pandas as pd
 from k3load.analysis.pillars.pillar import percentile
 from k3load.analysis.run.rundata import RunData
 from k3load.events import Event
+from k3load.workload.stage_kind import STEP_KINDS
 
 COLD_FAMILY = "cold"
 MIN_COLD = 5  # cold-family requests at the capacity step needed to read their latency
@@ -97,7 +98,7 @@ def assumptions(data: RunData, sources: int, routing: dict[str, Any] | None, sou
         out.append("agent sessions arriving open-loop at each step's rate, each with its agents' gaps between turns "
                    "(the scenarios' tool run times and user think times), a session ending with the step it "
                    "arrived in: a fleet whose agents' gaps differ offers a different load per session")
-    elif source_kind in ("concurrency", "search"):
+    elif source_kind in STEP_KINDS:
         out.append("closed-loop users with no think time: each keeps one request in flight, back to back; agents "
                    "that think or run tools between turns hold fewer in flight each, so more of them fit per "
                    "replica, and sessions/s here are the sessions as the scenarios play them")

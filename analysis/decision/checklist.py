@@ -20,7 +20,8 @@ from k3load.analysis.pillars.agent.retry_paths import checklist_line, path_count
 from k3load.analysis.pillars.pillar import PillarResult
 from k3load.analysis.run.rundata import RunData, StageWindow
 from k3load.events import Event
-from k3load.outcomes import PASS
+from k3load.outcomes import NOT_APPLICABLE, PASS
+from k3load.workload.stage_kind import StageKind
 
 
 class ItemStatus(StrEnum):
@@ -31,9 +32,8 @@ class ItemStatus(StrEnum):
 
 
 # The stage kinds the seed's checklist asks logs of, and what a run without one did not prove.
-REQUIRED_KINDS = {"load": "representative load", "long_input": "long input", "concurrency": "a concurrency ramp",
-                  "soak": "continuous operation"}
-NOT_APPLICABLE = "not_applicable"
+REQUIRED_KINDS = {StageKind.LOAD: "representative load", StageKind.LONG_INPUT: "long input",
+                  StageKind.CONCURRENCY: "a concurrency ramp", StageKind.SOAK: "continuous operation"}
 
 
 def _rules(data: RunData, *ids: str) -> list[dict[str, Any]]:
@@ -89,10 +89,10 @@ def _node_facts(facts: dict[str, Any], kinds: list[tuple[str, str]]) -> list[str
 def _stage_logs(data: RunData) -> dict[str, Any]:
     """A capacity search is a concurrency ramp whose steps the evidence chose: it stands for one."""
     def kind(stage: StageWindow) -> str:
-        return "concurrency" if stage.kind == "search" else stage.kind
+        return StageKind.CONCURRENCY if stage.kind == StageKind.SEARCH else stage.kind
 
     kinds = {kind(s) for s in data.stages}
-    needed = {"load", "long_input", "concurrency", "soak"}
+    needed = set(REQUIRED_KINDS)
     ran = {a.stage for a in data.attempts}
     present = {kind(s) for s in data.stages if s.name in ran}
     ok = needed <= present and bool(data.metrics)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from k3load.workload.stage_kind import StageKind
+
 RAMP_COLUMNS = ("stage", "users", "attempts", "requests_per_s", "output_tokens_per_s", "ttft_p50_ms",
                 "ttft_p95_ms", "ttft_p99_ms", "ttfa_p50_ms", "ttfa_p95_ms", "ttfa_p99_ms", "itl_p50_ms", "itl_p95_ms",
                 "itl_p99_ms", "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms", "error_rate", "waiting_max",
@@ -44,14 +46,14 @@ def load_steps(stage_table: list[dict[str, Any]], on_rate: bool | None = None
     """The load steps the ramp and the capacity plan read: the plan's last search's (a plan may search on users,
     then on rate), else the concurrency ramp's. `on_rate`: only a search on rate (True), or only steps of users
     (False: the last users search, else the ramp); None: whichever came last."""
-    searches = [s for s in stage_table if s["kind"] == "search" and s.get("users")]
+    searches = [s for s in stage_table if s["kind"] == StageKind.SEARCH and s.get("users")]
     if on_rate is not None:
         searches = [s for s in searches if (s.get("sessions_per_s") is not None) == on_rate]
     if searches:
         last = searches[-1].get("search")
-        return "search", [s for s in searches if s.get("search") == last]
-    ramp_rows = [s for s in stage_table if s["kind"] == "concurrency" and s.get("users")]
-    return ("concurrency", ramp_rows) if ramp_rows and not on_rate else (None, [])
+        return StageKind.SEARCH, [s for s in searches if s.get("search") == last]
+    ramp_rows = [s for s in stage_table if s["kind"] == StageKind.CONCURRENCY and s.get("users")]
+    return (StageKind.CONCURRENCY, ramp_rows) if ramp_rows and not on_rate else (None, [])
 
 
 def ramp(stage_table: list[dict[str, Any]]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from k3load.analysis.run.lean import AnyAttempt, first_finding
 from k3load.analysis.run.stats import Rate, too_few_requests
 from k3load.outcomes import FAIL, PASS
 from k3load.workload.plan import Plan
+from k3load.workload.stage_kind import StageKind
 
 RULE = "agent.trigger_by_stage"
 SHARES = ("called", "called_expected")
@@ -74,7 +75,7 @@ def trigger_by_stage(attempts: list[AnyAttempt], plan: Plan | None) -> tuple[dic
     kinds = {s.name: s.kind for s in stages}
     per_stage = {name: [a for a in turns if a.stage == name] for name in order}
     rates = {name: _rates(group) for name, group in per_stage.items() if group}
-    base = next((s.name for s in stages if s.kind == "load" and s.name in rates), None)
+    base = next((s.name for s in stages if s.kind == StageKind.LOAD and s.name in rates), None)
     changes: list[Change] = []
     rows: dict[str, dict[str, Any]] = {}
     for name, shares in rates.items():

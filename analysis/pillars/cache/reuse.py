@@ -33,7 +33,7 @@ from k3load.analysis.run.lean import AnyAttempt
 from k3load.analysis.run.rundata import RunData
 from k3load.analysis.run.stats import ratio_cis
 from k3load.analysis.run.timeline import MetricIndex
-from k3load.outcomes import FAIL, INCONCLUSIVE, PASS, SERVER
+from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS, SERVER
 
 REACHED = 0.9  # an attempt "reached its design" when it reused at least this share of it
 METRICS_SLACK_S = 2.5  # let the scrape after the last request land
@@ -277,7 +277,7 @@ def judge_reuse(data: RunData, index: MetricIndex, limits: dict[str, float], con
     """numbers.reuse of the prefix_cache pillar and the findings (see the module doc)."""
     design = data.reuse_design
     if not any(a.status == "ok" for a in data.attempts):
-        return {"status": "not_run", "reason": "no request completed"}, []
+        return {"status": NOT_RUN, "reason": "no request completed"}, []
     if design is None:
         why = "reuse_design.json is missing (the run predates it, or ended before the measurement)"
         return {"status": INCONCLUSIVE, "reason": f"inconclusive, because {why}"}, \
@@ -335,7 +335,7 @@ def apply_reuse(pillar: PillarResult, data: RunData, index: MetricIndex, limits:
     # whole being impossible (family "*") joins the pillar's reasons, beside the findings.
     said = [f for f in findings if f.status in (FAIL, "finding") or (f.status == INCONCLUSIVE and f.family == "*")]
     pillar.reasons += [f"reuse: {f.reason}" for f in said]
-    if any(f.fails for f in findings) and pillar.status != "fail":
+    if any(f.fails for f in findings) and pillar.status != FAIL:
         pillar.status = FAIL
         pillar.reasons = [f"reuse: {f.reason}" for f in findings if f.fails] + \
             [r for r in pillar.reasons if not any(r == f"reuse: {f.reason}" for f in findings if f.fails)]

@@ -37,16 +37,17 @@ from k3load.analysis.run.rundata import RunData
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.events import Event
 from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS
+from k3load.workload.stage_kind import StageKind
 
 PHASES = {
     None: "during model load or before the first stage: weights and GPU topology",
-    "prefix_control": "right after model load, at first requests: weights and GPU topology",
-    "load": "under the first representative load: weights and GPU topology, or KV sizing",
-    "long_input": "after a long input: context length and KV cache",
-    "concurrency": "after a concurrency step: scheduler and cache pressure",
-    "soak": "after long running: fragmentation or poor reuse",
-    "restart": "during the restart check: the server did not hold the same load after restarting",
-    "recovery": "under the crash stage's load re-applied after the restart: the crash recurred",
+    StageKind.PREFIX_CONTROL: "right after model load, at first requests: weights and GPU topology",
+    StageKind.LOAD: "under the first representative load: weights and GPU topology, or KV sizing",
+    StageKind.LONG_INPUT: "after a long input: context length and KV cache",
+    StageKind.CONCURRENCY: "after a concurrency step: scheduler and cache pressure",
+    StageKind.SOAK: "after long running: fragmentation or poor reuse",
+    StageKind.RESTART: "during the restart check: the server did not hold the same load after restarting",
+    StageKind.RECOVERY: "under the crash stage's load re-applied after the restart: the crash recurred",
 }
 CRASH_EVENTS = (Event.SERVER_DOWN, Event.LOG_OOM, Event.LOG_ENGINE_DEAD)
 SATURATED_CPU_PCT = 95.0
@@ -227,7 +228,8 @@ def classify_crashes(data: RunData, growth_limit_pct: float = 50.0, spells: list
 def _soak_windows(data: RunData) -> list[tuple[float, float]]:
     """The soak stages while load was offered: up to when their users stopped (the drain is no load)."""
     stopped = {e.get("stage"): e.get("users_stopped_ts") for e in data.events_named(Event.STAGE_DRAIN)}
-    return [(s.start_ts, min(s.end_ts, stopped.get(s.name) or s.end_ts)) for s in data.stages if s.kind == "soak"]
+    return [(s.start_ts, min(s.end_ts, stopped.get(s.name) or s.end_ts)) for s in data.stages
+            if s.kind == StageKind.SOAK]
 
 
 def _startup_log(data: RunData) -> str:

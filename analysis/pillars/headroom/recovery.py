@@ -29,8 +29,10 @@ import pandas as pd
 from k3load.analysis.pillars.headroom.gpu_growth import gpu_label
 from k3load.analysis.run.rundata import RunData
 from k3load.events import Event
+from k3load.outcomes import NOT_RUN
+from k3load.workload.stage_kind import StageKind
 
-RECOVERY = "recovery"  # k3load.loadgen.recovery.RECOVERY: the stage kind of a hold
+RECOVERY = StageKind.RECOVERY  # the stage kind of a hold (k3load.loadgen.recovery inserts it)
 PORT_CLOSED = ("connection refused", "connection reset")
 HELD_SHARE = 0.9  # a hold that ran this share of its length without a crash held (a tick's lateness is no cut)
 # A card with no process on it: NVML "used" is the driver's own few hundred MiB. Within this of empty
@@ -83,7 +85,7 @@ def same_conditions(crash_ts: float, next_crash_ts: float | None, in_hold: Hold 
     """`restart.same_conditions` of the crash at `crash_ts` (the next crash's ts, or None; `in_hold`: the hold
     this crash happened in, if any; `up_ts`: when the server was back, None if never)."""
     if in_hold is not None:
-        return _result(in_hold, False, "not_run", f"this crash is the recurrence under the hold {in_hold.stage} "
+        return _result(in_hold, False, NOT_RUN, f"this crash is the recurrence under the hold {in_hold.stage} "
                        f"(the load of stage {in_hold.crash_stage} re-applied): no second hold follows")
     hold = next((h for h in all_holds if h.start_ts > crash_ts and (next_crash_ts is None
                                                                      or h.start_ts < next_crash_ts)), None)
@@ -92,7 +94,7 @@ def same_conditions(crash_ts: float, next_crash_ts: float | None, in_hold: Hold 
             "the server died again before the hold began" if next_crash_ts is not None else \
             "no hold was armed or begun: the plan ended first, or nothing showed its down was a crash (the port " \
             "stayed open, no OOM or engine-dead line, no restart command of ours)"
-        return {"users": None, "mix": None, "held_s": None, "recurred": None, "status": "not_run",
+        return {"users": None, "mix": None, "held_s": None, "recurred": None, "status": NOT_RUN,
                 "why": f"not re-applied, because {why}"}
     # a down is seen a few polls late: a crash just after the hold's end is its own when the hold ended otherwise
     late_s = 0.0 if hold.ended == "held" else 5.0

@@ -32,11 +32,11 @@ from k3load.analysis.run.rundata import RunData, StageWindow
 from k3load.analysis.run.stats import wilson
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.events import Event
+from k3load.workload.stage_kind import STEP_KINDS, StageKind
 
 QUEUED_S = 2.0  # latency over its SLO while requests waited at least this long grows with the queue
-# The stages that are load steps: a step the server only queued is past capacity
-# (analysis/pillars/headroom/full_batch.py)
-STEP_KINDS = ("concurrency", "search")
+# STEP_KINDS (k3load.workload.stage_kind): the stages that are load steps: a step the server only queued is past
+# capacity (analysis/pillars/headroom/full_batch.py)
 
 
 def _latency(frame: pd.DataFrame) -> dict[str, float | None]:
@@ -291,7 +291,7 @@ def stage_problems(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -
                                f"than {LATE_S:g} s late (p95 {stats['send_lag_p95_ms']:.0f} ms): every session slot "
                                "was busy, so the step did not offer its rate and its latencies leave out the wait",
                                f"records.jsonl stage={stats['stage']}"))
-    if stats.get("kind") == "replay" and late:  # the trace's pace was not offered: its latencies leave out the wait
+    if stats.get("kind") == StageKind.REPLAY and late:  # the trace's pace not offered: its latencies leave out the wait
         why = "; ".join((stats.get("replay") or {}).get("fell_behind") or []) or "the load generator fell behind"
         problems.append(breach("load.offered_late", "resource", stats["late_share"], LATE_SHARE,
                                f"{stats['late_turns']} of {stats['scheduled_turns']} trace rows went out more than "
