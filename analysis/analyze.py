@@ -32,6 +32,7 @@ from k3load.analysis.verdict import EXIT_CODES, NEXT_ACTION, compat_pillar, deci
 from k3load.events import Event
 from k3load.outcomes import NOT_RUN
 from k3load.rundir import write_atomic
+from k3load.sampler.vllm_metrics import VllmMetric
 
 OUTPUTS = ("verdict.json", "capacity.json", "report.md", "report.html", "alerts.yaml", "dashboard.json",
            "manifest.sha256")
@@ -157,7 +158,7 @@ def _server_aborts(agent: PillarResult, data: RunData, index: MetricIndex) -> No
     if requests is None or not data.stages:
         return
     t0, t1 = data.stages[0].start_ts, data.stages[-1].end_ts
-    requests["server_aborted_requests"] = index.delta("vllm:request_success_total", t0, t1,
+    requests["server_aborted_requests"] = index.delta(VllmMetric.REQUEST_SUCCESS_TOTAL, t0, t1,
                                                       {"finished_reason": "abort"})
 
 

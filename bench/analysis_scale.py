@@ -56,6 +56,7 @@ from k3load.evidence import LEGACY, METRICS, RECORDS, SeriesTable, metrics_file,
 from k3load.records import json_line
 from k3load.rundir import JsonlLog
 from k3load.sampler.prom import split_key
+from k3load.sampler.vllm_metrics import VllmMetric
 
 ROOT = Path(__file__).resolve().parents[1]
 # The last commit before the analysis-at-scale work: the reference the speed-up is measured against.
@@ -291,8 +292,8 @@ def build_events(events: list[dict[str, Any]], layout: Layout, increase: dict[tu
                  total: int) -> list[dict[str, Any]]:
     """Events after the soak (and the soak's own drain) move with it; their counter readings rise."""
     reps = layout.repetitions - 1
-    generated = reps * _offset(increase, "vllm:generation_tokens_total")
-    aborted = reps * _offset(increase, "vllm:request_success_total", {"finished_reason": "abort"})
+    generated = reps * _offset(increase, VllmMetric.GENERATION_TOKENS_TOTAL)
+    aborted = reps * _offset(increase, VllmMetric.REQUEST_SUCCESS_TOTAL, {"finished_reason": "abort"})
     out = []
     for event in events:
         moved = event.get("ts", 0) >= layout.end or (event.get("event") == "stage_drain"

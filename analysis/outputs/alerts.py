@@ -23,8 +23,9 @@ from prometheus_client.utils import floatToGoString
 
 from k3load.analysis.pillars.pillar import rounded, thresholds
 from k3load.sampler.prom import split_key
+from k3load.sampler.vllm_metrics import VllmMetric
 
-PROMPT_BUCKET = "vllm:request_prompt_tokens_bucket"
+PROMPT_BUCKET = VllmMetric.REQUEST_PROMPT_TOKENS_BUCKET.value
 HIT_RATIO_FLOOR = 0.1  # production prefix-cache hit ratio under which the cache has collapsed
 PARSER_NO_CALL_CEILING = 0.5  # share of parser invocations that extract no tool call
 

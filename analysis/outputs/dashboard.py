@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 from k3load.analysis.outputs.alerts import HIT_RATIO_FLOOR, PARSER_NO_CALL_CEILING, PROMPT_BUCKET, Accepted, accepted
+from k3load.sampler.vllm_metrics import VllmMetric
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 VLLM = 'model_name=~"$model_name", instance=~"$instance"'
@@ -109,10 +110,10 @@ def _engine_panels(acc: Accepted) -> list[dict[str, Any]]:
 
 def _latency_panels(acc: Accepted) -> list[dict[str, Any]]:
     slo = acc.limits["slo"]
-    rows = (("Time to first token", "vllm:time_to_first_token_seconds_bucket", "ttft_p95_ms",
+    rows = (("Time to first token", VllmMetric.TIME_TO_FIRST_TOKEN_BUCKET, "ttft_p95_ms",
              f" (alert K3TTFTAboveSLO). Its first token may be reasoning: {acc.ttfa_note}"),
-            ("Inter-token latency", "vllm:inter_token_latency_seconds_bucket", "itl_p95_ms", ""),
-            ("End-to-end latency", "vllm:e2e_request_latency_seconds_bucket", "e2e_p95_ms", ""))
+            ("Inter-token latency", VllmMetric.INTER_TOKEN_LATENCY_BUCKET, "itl_p95_ms", ""),
+            ("End-to-end latency", VllmMetric.E2E_REQUEST_LATENCY_BUCKET, "e2e_p95_ms", ""))
     return [_panel(title, f"p50 and p95 from {bucket} (interpolated within vLLM's buckets); red: the plan's "
                    f"{key} SLO ({slo[key]:g} ms){alert}.", "s",
                    [(_quantile(0.5, bucket), "p50 {{model_name}}"), (_quantile(0.95, bucket), "p95 {{model_name}}")],

@@ -13,6 +13,7 @@ from typing import Any
 
 from k3load.analysis.run.gpu_memory import memory_curve
 from k3load.analysis.run.timeline import MetricIndex
+from k3load.sampler.vllm_metrics import VllmMetric
 
 
 @dataclass
@@ -27,7 +28,7 @@ class PlotInputs:
     crashes: list[float] = field(default_factory=list)
 
 
-TIMELINE_SERIES = (("vllm:kv_cache_usage_perc", "KV usage"), ("vllm:num_requests_waiting", "waiting requests"))
+TIMELINE_SERIES = ((VllmMetric.KV_CACHE_USAGE, "KV usage"), (VllmMetric.NUM_REQUESTS_WAITING, "waiting requests"))
 
 
 def plot_inputs(ramp: dict[str, Any], data: Any, index: MetricIndex, crashes: list[dict[str, Any]]) -> PlotInputs:

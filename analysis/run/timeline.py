@@ -28,6 +28,7 @@ from typing import Any
 
 from k3load.analysis.run.rundata import gc_paused
 from k3load.sampler.prom import split_key
+from k3load.sampler.vllm_metrics import VllmMetric
 
 EDGE_INTERVALS = 3  # a bracketing scrape may be this many scrape intervals away from the window's edge
 MIN_EDGE_S = 2.5
@@ -281,8 +282,8 @@ class MetricIndex:
         nothing holds the batch or the KV cache, so a waiting request there is not queueing for them."""
         values = []
         for source in self.sources:
-            running = dict(self.points("vllm:num_requests_running", t0, t1, source=source))
-            waiting = self.points("vllm:num_requests_waiting", t0, t1, source=source)
+            running = dict(self.points(VllmMetric.NUM_REQUESTS_RUNNING, t0, t1, source=source))
+            waiting = self.points(VllmMetric.NUM_REQUESTS_WAITING, t0, t1, source=source)
             if running:  # a source without the running gauge is judged on waiting alone, never as no queue
                 waiting = [(ts, w if running.get(ts, 0) > 0 else 0) for ts, w in waiting]
             values.append(self.sustained(waiting))

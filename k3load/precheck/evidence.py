@@ -73,6 +73,7 @@ from k3load.private_files import is_temp, make_dirs, make_run_dir, write_bytes_a
 from k3load.rundir import copy_file_redacted, scrub_bytes, write_atomic, write_json_atomic
 from k3load.sampler.fetch import same_origin
 from k3load.sampler.prom import LEGACY_FAMILIES, REQUIRED_SERIES
+from k3load.sampler.vllm_metrics import VLLM_PREFIX, VllmMetric
 
 EVIDENCE = "evidence"
 ENDPOINTS = {"version": ("/version", "version.json"), "models": ("/v1/models", "models.json"),
@@ -227,7 +228,7 @@ def gather_server(g: Gatherer, base_url: str, api_key: str | None, timeout_s: fl
                 g.write(f"server/{rel}", body, public_url(url))
         read = fetch["endpoints"]["metrics"]["status"] == 200
         metrics = _metrics_families(g.root / "server" / "metrics.txt") if read else {}
-        if not ("k3load_sim_info" in metrics or any(m.startswith("vllm:") for m in metrics)):
+        if not ("k3load_sim_info" in metrics or any(m.startswith(VLLM_PREFIX) for m in metrics)):
             _probe_chat(g, client, root, fetch, headers)
     g.write("server/fetch.json", fetch, "k3load precheck")
 
@@ -290,12 +291,12 @@ def _load_server(root: Path, ev: Evidence) -> None:
         sim_marker = "k3load_sim_info on /metrics"
     elif isinstance(fingerprint, str) and fingerprint.endswith(SIM_FINGERPRINT):
         sim_marker = f"system_fingerprint {fingerprint!r}"
-    cache = families.get("vllm:cache_config_info") or [None]
+    cache = families.get(VllmMetric.CACHE_CONFIG_INFO) or [None]
     ev.server = {
         "base_url": fetch.get("base_url"), "endpoints": fetch.get("endpoints", {}),
         "version": version.get("version") if isinstance(version, dict) else None,
         "models": [m for m in models.get("data", []) if isinstance(m, dict)] if isinstance(models, dict) else [],
-        "cache_config": cache[0], "vllm_series": sum(name.startswith("vllm:") for name in families),
+        "cache_config": cache[0], "vllm_series": sum(name.startswith(VLLM_PREFIX) for name in families),
         "sim_marker": sim_marker, "metrics_read": bool(families),
         "engine_gauges_absent": _engine_gauges_absent(families) if families else [],
     }

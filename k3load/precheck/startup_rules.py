@@ -18,6 +18,7 @@ from k3load.precheck.recipe import Recipe
 from k3load.precheck.rule_base import files_of, option, result
 from k3load.precheck.server_rules import metrics_gap
 from k3load.precheck.startup_log import cuda_init_problems, quote
+from k3load.sampler.vllm_metrics import VllmMetric
 
 
 def _same(value: Any, required: Any) -> bool:
@@ -28,7 +29,7 @@ def _flag_value(flag: str, ev: Evidence, log: NodeFacts | None) -> tuple[Any, st
     """(value, where) of one server option on one node; None when no evidence can tell."""
     cache = (ev.server or {}).get("cache_config") or {}
     if flag == "enable_prefix_caching" and "enable_prefix_caching" in cache:
-        return cache["enable_prefix_caching"], "vllm:cache_config_info"
+        return cache["enable_prefix_caching"], VllmMetric.CACHE_CONFIG_INFO.value
     args = (log.facts if log else {}).get("args") or {}
     at = f", {log.where}" if log and log.node else ""
     if flag in args:

@@ -27,19 +27,16 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-VLLM_PREFIX = "vllm:"
+from k3load.sampler.vllm_metrics import LEGACY, VLLM_PREFIX, VllmMetric
+
 DCGM_PREFIX = "DCGM_FI_"
 # Families renamed in vLLM's v1 metrics (vllm/v1/metrics/loggers.py): still accepted from older
 # servers, labelled as legacy so a report never mixes them up with today's series silently.
-LEGACY_FAMILIES: dict[str, str] = {
-    "vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc",
-    "vllm:gpu_prefix_cache_queries": "vllm:prefix_cache_queries",
-    "vllm:gpu_prefix_cache_hits": "vllm:prefix_cache_hits",
-    "vllm:time_per_output_token_seconds": "vllm:inter_token_latency_seconds",
-}
+LEGACY_FAMILIES: dict[str, str] = dict(LEGACY)
 # The engine's state every load judgment reads (analysis/pillars/headroom/stages.py): absent, the server's view of a run
 # is unknown whatever other vllm:* series remain. Names as on the wire (gauges: the family's own name).
-REQUIRED_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+REQUIRED_SERIES: tuple[str, ...] = (VllmMetric.NUM_REQUESTS_RUNNING, VllmMetric.NUM_REQUESTS_WAITING,
+                                    VllmMetric.KV_CACHE_USAGE)
 _MONOTONIC_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 

@@ -18,6 +18,7 @@ from k3load.rundir import JsonlLog
 from k3load.sampler.dcgm import dcgm_rows
 from k3load.sampler.fetch import Fetched, redact_url
 from k3load.sampler.prom import REQUIRED_SERIES, Parsed, absent_required, counter_resets, parse, series_names
+from k3load.sampler.vllm_metrics import VllmMetric
 
 GpuSink = Callable[[list[dict[str, Any]]], None]
 RESET_EXAMPLES = 5
@@ -94,7 +95,7 @@ class MetricsWatch:
         self._resets(parsed, ts)
         for family, label_sets in sorted(parsed.infos.items()):
             if self.infos.get(family) != label_sets:
-                name = Event.CACHE_CONFIG if family == "vllm:cache_config_info" else Event.VLLM_INFO
+                name = Event.CACHE_CONFIG if family == VllmMetric.CACHE_CONFIG_INFO else Event.VLLM_INFO
                 self._event(name, ts, source=self.source, family=family, labels=label_sets)
         self.infos = parsed.infos
 

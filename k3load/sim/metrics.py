@@ -1,8 +1,10 @@
 """The sim's /metrics, under vLLM's names, types and labels (vllm/v1/metrics/loggers.py).
 
 Why exact names: the side sampler and the pillar judgments read these series from a real server;
-rehearsing against the sim must exercise the same parsing. The GPU memory gauges use
-dcgm-exporter's names but carry `simulated="true"` so no report can mistake them for a real GPU.
+rehearsing against the sim must exercise the same parsing. The names come from the harness's own catalogue
+(`k3load.sampler.vllm_metrics`, checked against a real vLLM's wire), so the sim cannot serve a typo the
+readers would share. The GPU memory gauges use dcgm-exporter's names but carry `simulated="true"` so no
+report can mistake them for a real GPU.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from k3load.sampler.vllm_metrics import VLLM_PREFIX, VllmMetric
 from k3load.sim.config import SimConfig
 
 _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -55,51 +58,51 @@ class SimMetrics:
             metric.labels(**self._labels)
         return metric
 
-    def _c(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
-        return self._made(Counter(name, doc, _BASE + extra, registry=self.registry), extra)
+    def _c(self, name: VllmMetric, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+        return self._made(Counter(name.value, doc, _BASE + extra, registry=self.registry), extra)
 
-    def _h(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-        return self._made(Histogram(name, doc, _BASE, buckets=buckets, registry=self.registry), ())
+    def _h(self, name: VllmMetric, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        return self._made(Histogram(name.value, doc, _BASE, buckets=buckets, registry=self.registry), ())
 
-    def _g(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
-        return self._made(Gauge(name, doc, _BASE + extra, registry=self.registry), extra)
+    def _g(self, name: VllmMetric, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
+        return self._made(Gauge(name.value, doc, _BASE + extra, registry=self.registry), extra)
 
     def _build_vllm(self) -> None:
         g = self._g
         tokens = token_buckets(self.config.max_model_len)
-        self.running = g("vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.waiting = g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.kv_usage = g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.queries = self._c("vllm:prefix_cache_queries",
+        self.running = g(VllmMetric.NUM_REQUESTS_RUNNING, "Number of requests in model execution batches.")
+        self.waiting = g(VllmMetric.NUM_REQUESTS_WAITING, "Number of requests waiting to be processed.")
+        self.kv_usage = g(VllmMetric.KV_CACHE_USAGE, "KV-cache usage. 1 means 100 percent usage.")
+        self.queries = self._c(VllmMetric.PREFIX_CACHE_QUERIES,
                                "Prefix cache queries, in terms of number of queried tokens.")
-        self.hits = self._c("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        self.ext_queries = self._c("vllm:external_prefix_cache_queries", "External prefix cache queries.")
-        self.ext_hits = self._c("vllm:external_prefix_cache_hits", "External prefix cache hits.")
-        self.preemptions = self._c("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.prompt_tokens = self._c("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.by_source = self._c("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", ("source",))
-        self.cached_tokens = self._c("vllm:prompt_tokens_cached", "Number of cached prompt tokens.")
-        self.gen_tokens = self._c("vllm:generation_tokens", "Number of generation tokens processed.")
-        self.success = self._c("vllm:request_success", "Count of successfully processed requests.",
+        self.hits = self._c(VllmMetric.PREFIX_CACHE_HITS, "Prefix cache hits, in terms of number of cached tokens.")
+        self.ext_queries = self._c(VllmMetric.EXTERNAL_PREFIX_CACHE_QUERIES, "External prefix cache queries.")
+        self.ext_hits = self._c(VllmMetric.EXTERNAL_PREFIX_CACHE_HITS, "External prefix cache hits.")
+        self.preemptions = self._c(VllmMetric.NUM_PREEMPTIONS, "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = self._c(VllmMetric.PROMPT_TOKENS, "Number of prefill tokens processed.")
+        self.by_source = self._c(VllmMetric.PROMPT_TOKENS_BY_SOURCE, "Number of prompt tokens by source.", ("source",))
+        self.cached_tokens = self._c(VllmMetric.PROMPT_TOKENS_CACHED, "Number of cached prompt tokens.")
+        self.gen_tokens = self._c(VllmMetric.GENERATION_TOKENS, "Number of generation tokens processed.")
+        self.success = self._c(VllmMetric.REQUEST_SUCCESS, "Count of successfully processed requests.",
                                ("finished_reason",))
         for reason in FINISH_REASONS:
             self.success.labels(finished_reason=reason, **self._labels)
-        self.ttft = self._h("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _TTFT)
-        self.itl = self._h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", _ITL)
-        self.tpot = self._h("vllm:request_time_per_output_token_seconds",
+        self.ttft = self._h(VllmMetric.TIME_TO_FIRST_TOKEN, "Histogram of time to first token in seconds.", _TTFT)
+        self.itl = self._h(VllmMetric.INTER_TOKEN_LATENCY, "Histogram of inter-token latency in seconds.", _ITL)
+        self.tpot = self._h(VllmMetric.REQUEST_TIME_PER_OUTPUT_TOKEN,
                             "Histogram of time_per_output_token_seconds per request.", _ITL)
-        self.e2e = self._h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", _LATENCY)
-        self.queue = self._h("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase.", _LATENCY)
-        self.inference = self._h("vllm:request_inference_time_seconds", "Histogram of time in RUNNING phase.", _LATENCY)
-        self.prefill = self._h("vllm:request_prefill_time_seconds", "Histogram of time in PREFILL phase.", _LATENCY)
-        self.decode = self._h("vllm:request_decode_time_seconds", "Histogram of time in DECODE phase.", _LATENCY)
-        self.kv_computed = self._h("vllm:request_prefill_kv_computed_tokens",
+        self.e2e = self._h(VllmMetric.E2E_REQUEST_LATENCY, "Histogram of e2e request latency in seconds.", _LATENCY)
+        self.queue = self._h(VllmMetric.REQUEST_QUEUE_TIME, "Histogram of time spent in WAITING phase.", _LATENCY)
+        self.inference = self._h(VllmMetric.REQUEST_INFERENCE_TIME, "Histogram of time in RUNNING phase.", _LATENCY)
+        self.prefill = self._h(VllmMetric.REQUEST_PREFILL_TIME, "Histogram of time in PREFILL phase.", _LATENCY)
+        self.decode = self._h(VllmMetric.REQUEST_DECODE_TIME, "Histogram of time in DECODE phase.", _LATENCY)
+        self.kv_computed = self._h(VllmMetric.REQUEST_PREFILL_KV_COMPUTED_TOKENS,
                                    "Histogram of new KV tokens computed during prefill (excluding cached).", tokens)
-        self.req_prompt = self._h("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
-        self.req_gen = self._h("vllm:request_generation_tokens", "Number of generation tokens processed.", tokens)
-        self.iteration = self._h("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+        self.req_prompt = self._h(VllmMetric.REQUEST_PROMPT_TOKENS, "Number of prefill tokens processed.", tokens)
+        self.req_gen = self._h(VllmMetric.REQUEST_GENERATION_TOKENS, "Number of generation tokens processed.", tokens)
+        self.iteration = self._h(VllmMetric.ITERATION_TOKENS, "Histogram of number of tokens per engine_step.",
                                  _ITERATION)
-        self.req_max_tokens = self._h("vllm:request_params_max_tokens",
+        self.req_max_tokens = self._h(VllmMetric.REQUEST_PARAMS_MAX_TOKENS,
                                       "Histogram of the max_tokens request parameter.", tokens)
         self._build_vllm_extra(tokens)
         self._cache_info()
@@ -107,33 +110,34 @@ class SimMetrics:
     def _build_vllm_extra(self, tokens: tuple[float, ...]) -> None:
         """Families a vLLM 0.32 server exposes that the sim models trivially; kept so that the
         sampler meets the same names and label sets on both targets."""
-        for name in ("estimated_flops_per_gpu", "estimated_read_bytes_per_gpu", "estimated_write_bytes_per_gpu",
-                     "mm_cache_queries", "mm_cache_hits"):
-            self.labels(self._c(f"vllm:{name}", f"{name} (not modelled by the sim: stays 0)."))
-        self.waiting_by_reason = self._g("vllm:num_requests_waiting_by_reason", "Requests waiting, by reason.",
+        for name in (VllmMetric.ESTIMATED_FLOPS_PER_GPU, VllmMetric.ESTIMATED_READ_BYTES_PER_GPU,
+                     VllmMetric.ESTIMATED_WRITE_BYTES_PER_GPU, VllmMetric.MM_CACHE_QUERIES, VllmMetric.MM_CACHE_HITS):
+            short = name.removeprefix(VLLM_PREFIX)
+            self.labels(self._c(name, f"{short} (not modelled by the sim: stays 0)."))
+        self.waiting_by_reason = self._g(VllmMetric.NUM_REQUESTS_WAITING_BY_REASON, "Requests waiting, by reason.",
                                    ("reason",))
         for reason in ("capacity", "deferred"):
             self.labels(self.waiting_by_reason, reason=reason)
-        sleep = self._g("vllm:engine_sleep_state", "Engine sleep state.", ("sleep_state",))
+        sleep = self._g(VllmMetric.ENGINE_SLEEP_STATE, "Engine sleep state.", ("sleep_state",))
         for state, value in (("awake", 1), ("discard_all", 0), ("weights_offloaded", 0)):
             self.labels(sleep, sleep_state=state).set(value)
-        self.cached_by_source = self._c("vllm:prompt_tokens_cached_by_source", "Cached prompt tokens by source.",
+        self.cached_by_source = self._c(VllmMetric.PROMPT_TOKENS_CACHED_BY_SOURCE, "Cached prompt tokens by source.",
                                         ("source",))
         for source in ("device", "disk", "external_unspecified", "host", "p2p"):
             self.labels(self.cached_by_source, source=source)
-        rejections = Counter("vllm:admission_rejections", "Requests rejected at admission.",
+        rejections = Counter(VllmMetric.ADMISSION_REJECTIONS.value, "Requests rejected at admission.",
                              ("model_name", "reason"), registry=self.registry)
         for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
             rejections.labels(model_name=self.config.model, reason=reason)
-        self.req_max_gen = self._h("vllm:request_max_num_generation_tokens",
+        self.req_max_gen = self._h(VllmMetric.REQUEST_MAX_NUM_GENERATION_TOKENS,
                                    "Histogram of maximum number of requested generation tokens.", tokens)
-        self.req_n = self._h("vllm:request_params_n", "Histogram of the n request parameter.", (1, 2, 5, 10, 20))
-        self.req_preemptions = self._h("vllm:request_num_preemptions", "Number of preemptions per request.",
+        self.req_n = self._h(VllmMetric.REQUEST_PARAMS_N, "Histogram of the n request parameter.", (1, 2, 5, 10, 20))
+        self.req_preemptions = self._h(VllmMetric.REQUEST_NUM_PREEMPTIONS, "Number of preemptions per request.",
                                        (0, 1, 2, 5, 10, 20, 50, 100))
 
     def _build_parser(self) -> None:
         """The one vllm:* family a vLLM 0.32 server keeps with --disable-log-stats: 12 series from the start."""
-        self.parser = Counter("vllm:tool_call_parser_invocations", "Tool-call parser invocations by outcome.",
+        self.parser = Counter(VllmMetric.TOOL_CALL_PARSER_INVOCATIONS.value, "Tool-call parser invocations by outcome.",
                               ("mode", "model_name", "outcome", "request_type"), registry=self.registry)
         for mode in ("streaming", "non_streaming"):  # vLLM creates every combination at start
             for outcome in ("tool_call", "no_tool_call"):
@@ -170,7 +174,7 @@ class SimMetrics:
             "use_kda_recoverssm": "False", "use_replayssm": "False", "user_specified_block_size": "True",
         }
         info["engine"] = "0"  # vLLM's info gauges carry the config fields and engine, not model_name
-        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", tuple(info),
+        Gauge(VllmMetric.CACHE_CONFIG_INFO.value, "Information of the LLMEngine CacheConfig", tuple(info),
               registry=self.registry).labels(**info).set(1)
 
     def _build_gpu(self) -> None:
