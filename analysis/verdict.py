@@ -15,6 +15,7 @@ from typing import Any
 
 from k3load.analysis.decision.checklist import open_items as open_lines
 from k3load.analysis.pillars.agent.pillar_agent import context_reason
+from k3load.analysis.pillars.limit_rules import RuleId
 from k3load.analysis.pillars.pillar import PillarResult
 from k3load.analysis.pillars.rules import RESOURCE_SIGNALS
 from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_APPLICABLE, NOT_RUN, PASS, Pillar, Verdict
@@ -105,7 +106,7 @@ def _failing_layers(stage_table: list[dict[str, Any]]) -> str | None:
     layers: dict[str, int] = {}
     for stage in stage_table:
         ids = {p["id"] for p in stage["problems"]}
-        if "slo.error_rate" not in ids or _resource_breaches(stage) or "stability.server_down" in ids:
+        if RuleId.SLO_ERROR_RATE not in ids or _resource_breaches(stage) or RuleId.SERVER_DOWN in ids:
             continue  # errors under KV or queue pressure, or cut by a crash, are said with that cause
         for layer, count in (stage.get("errors_by_layer") or {}).items():
             layers[layer] = layers.get(layer, 0) + count

@@ -68,7 +68,7 @@ def test_one_slow_step_read_as_waiting_with_nothing_running_is_no_queue():
 
 def _step(users: int, problems: list[tuple[str, str]]) -> dict:
     return {"stage": f"c{users}", "kind": "concurrency", "users": users,
-            "problems": [breach(rule, signal, 1, 0, "any wording") for rule, signal in problems],
+            "problems": [breach(rule, signal, 1, 0, "any wording").to_dict() for rule, signal in problems],
             "max_prompt_tokens_ok": 500, "kv_usage_max": 0.5}
 
 

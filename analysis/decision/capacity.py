@@ -16,14 +16,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from k3load.analysis.decision.ramp import EXHAUSTED_BY_RULE, load_steps
+from k3load.analysis.decision.ramp import load_steps
 from k3load.analysis.pillars.headroom.full_batch import MIN_SCRAPES, PAST_CAPACITY_SHARE
 from k3load.analysis.pillars.headroom.goodput import DEFAULT_MIN_GOODPUT
+from k3load.analysis.pillars.limit_rules import EXHAUSTED_BY_RULE, RuleId
 
 CAPACITY_FORMAT = 1
 DEFAULT_HEADROOM = 0.3
 GOODPUT_RULE = "slo.goodput"
-FULL_BATCH_RULE = "resources.full_batch_queue"
+FULL_BATCH_RULE = str(RuleId.FULL_BATCH_QUEUE)
 RATE = "sessions_per_s"  # a stage row's arrival rate (an open-loop step's)
 
 

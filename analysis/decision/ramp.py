@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from k3load.analysis.pillars.limit_rules import ran_out_first
 from k3load.workload.stage_kind import StageKind
 
 RAMP_COLUMNS = ("stage", "users", "attempts", "requests_per_s", "output_tokens_per_s", "ttft_p50_ms",
@@ -20,25 +21,10 @@ RAMP_COLUMNS = ("stage", "users", "attempts", "requests_per_s", "output_tokens_p
                 "full_batch_scrapes", "full_batch_queued_scrapes", "full_batch_cap", "sessions_per_s")
 
 
-# The resource each rule is evidence of, in the order "what ran out first" is read: a step that
-# breached KV and latency ran out of KV (the latency followed from it).
-EXHAUSTED_BY_RULE = (
-    ("resources.kv_usage", "KV cache"), ("resources.preemptions", "KV cache"),
-    ("resources.waiting_sustained", "scheduler queue"), ("resources.full_batch_queue", "scheduler queue"),
-    ("load.offered_late", "session slots (the offered rate)"),
-    ("load.offered_short", "session slots (the offered rate)"),
-    ("resources.gpu_growth", "GPU memory"),
-    ("resources.gpu_jump", "GPU memory"), ("resources.gpu_headroom", "GPU memory"),
-    ("stability.server_down", "server stability"), ("slo.error_rate", "error rate"),
-    ("stability.health_flap", "health check"), ("slo.ttft_p95", "latency SLO"), ("slo.ttfa_p95", "latency SLO"),
-    ("slo.itl_p95", "latency SLO"), ("slo.e2e_p95", "latency SLO"),
-)
-
-
 def _exhausted(problems: list[dict[str, Any]]) -> str:
-    """Name the resource behind a step's breaches, by rule id (never by the reason's wording)."""
-    ids = {p["id"] for p in problems}
-    return next((name for rule_id, name in EXHAUSTED_BY_RULE if rule_id in ids), "unknown")
+    """Name the resource behind a step's breaches, by rule id (never by the reason's wording): the rule table's
+    order (analysis/pillars/limit_rules.py)."""
+    return ran_out_first({p["id"] for p in problems})
 
 
 def load_steps(stage_table: list[dict[str, Any]], on_rate: bool | None = None

@@ -1,7 +1,8 @@
 """The shape every pillar judgment returns, and the thresholds they judge against.
 
 Why thresholds live in the plan: what counts as "within SLO" belongs to the deployment being
-accepted, not to the harness; the defaults below are a starting point a plan overrides key by key.
+accepted, not to the harness; the defaults (declared in thresholds_table.py) are a starting point a plan
+overrides key by key.
 """
 
 from __future__ import annotations
@@ -12,33 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from k3load.analysis.pillars.thresholds_table import SECTION_ALIASES, defaults
 from k3load.quantile import nearest_rank_index
 
 # resources.recovery_hold_s has no fixed default: unset, the hold after a crash is the crash stage's duration, at
 # most RECOVERY_HOLD_CAP_S (k3load/loadgen/recovery.py); a plan's value is held as given.
 RECOVERY_HOLD_CAP_S = 120.0
-DEFAULT_THRESHOLDS: dict[str, dict[str, float]] = {
-    "agent_api": {"min_attempts": 20, "min_valid_rate": 0.95, "max_tool_call_gap_ms": 30000.0,
-                  "min_stream_pairs": 10, "min_reference_attempts": 20, "min_reference_trigger_f1": 0.9,
-                  "max_reference_schema_accuracy_drop": 0.05, "min_reproducible_share": 0.99},
-    # ttfa: the first answer token after the model's reasoning (a thinking model's wait: generous by default)
-    "slo": {"ttft_p95_ms": 3000.0, "ttfa_p95_ms": 30000.0, "itl_p95_ms": 250.0, "e2e_p95_ms": 60000.0,
-            "max_error_rate": 0.02},
-    "resources": {"max_waiting_sustained_s": 10.0, "max_preemptions_per_min": 5.0, "max_kv_usage": 0.98,
-                  "min_gpu_headroom_pct": 5.0, "max_gpu_growth_pct": 50.0, "min_gpu_runway_h": 24.0,
-                  "max_drain_s": 10.0, "max_restart_s": 600.0},
-    "prefix_cache": {"min_warm_hit_ratio": 0.3, "min_latency_gain": 0.1, "min_reuse_of_design": 0.5},
-    # `k3load diff A B`: how much worse B may be than A before the command exits non-zero (analysis/diff.py)
-    "diff": {"min_comparable_attempts": 20, "min_trigger_f1": 0.9, "min_tool_name_agreement": 0.9,
-             "max_schema_accuracy_drop": 0.05, "max_structured_output_drop": 0.05,
-             "max_latency_p95_increase": 0.5, "max_throughput_drop": 0.3, "min_relative_change": 0.25,
-             "min_latency_change_ms": 5.0},
-}
-
-
-# `thresholds.agent` is the agent pillar's section by the name issue 33 gave it (`thresholds.agent.
-# min_reproducible_share`): one section, two spellings in a plan, merged into `agent_api` before any rule reads it.
-SECTION_ALIASES = {"agent": "agent_api"}
+# Declared in analysis/pillars/thresholds_table.py (with the plan schema's part and the limit rules' own).
+DEFAULT_THRESHOLDS: dict[str, dict[str, float]] = defaults()
 
 
 def thresholds(plan_thresholds: dict[str, dict[str, float]] | None) -> dict[str, dict[str, float]]:

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from k3load.outcomes import FAIL
+from k3load.outcomes import FAIL, Pillar, Signal
 
-RESOURCE_SIGNALS = ("resource", "queue_latency")
+RESOURCE_SIGNALS = (Signal.RESOURCE, Signal.QUEUE_LATENCY)
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,26 @@ class RuleResult:
         return out
 
 
-def breach(rule_id: str, signal: str, measured: Any, limit: Any, reason: str, *evidence: str) -> dict[str, Any]:
-    """A stage limit exceeded, as the stage table carries it (plain data: it goes into verdict.json)."""
-    return RuleResult(rule_id, "resources", FAIL, reason, measured, limit, signal, evidence).to_dict()
+@dataclass(frozen=True)
+class Breach:
+    """A stage limit exceeded (analysis/pillars/limit_rules.py declares each rule id): typed while the stage is
+    judged, plain data (`to_dict`, a failed resources RuleResult) once its stage row is assembled."""
+
+    id: str  # a limit_rules.RuleId
+    signal: Signal
+    measured: Any
+    limit: Any
+    reason: str
+    evidence: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return RuleResult(str(self.id), str(Pillar.RESOURCES), str(FAIL), self.reason, self.measured, self.limit,
+                          str(self.signal), self.evidence).to_dict()
+
+
+def breach(rule_id: str, signal: Signal, measured: Any, limit: Any, reason: str, *evidence: str) -> Breach:
+    """A stage limit exceeded, typed (`.to_dict()` where the stage table carries it: it goes into verdict.json)."""
+    return Breach(rule_id, signal, measured, limit, reason, evidence)
 
 
 def texts(breaches: list[dict[str, Any]]) -> list[str]:

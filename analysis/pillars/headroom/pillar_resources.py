@@ -36,10 +36,10 @@ from k3load.analysis.run.input_size import input_tokens
 from k3load.analysis.run.rundata import RunData
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.events import Event
-from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS
+from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS, Signal
 from k3load.workload.stage_kind import StageKind
 
-PHASES = {
+PHASES: dict[str | None, str] = {
     None: "during model load or before the first stage: weights and GPU topology",
     StageKind.PREFIX_CONTROL: "right after model load, at first requests: weights and GPU topology",
     StageKind.LOAD: "under the first representative load: weights and GPU topology, or KV sizing",
@@ -53,7 +53,7 @@ CRASH_EVENTS = (Event.SERVER_DOWN, Event.LOG_OOM, Event.LOG_ENGINE_DEAD)
 SATURATED_CPU_PCT = 95.0
 
 
-LATENCY_SIGNALS = ("latency", "queue_latency")
+LATENCY_SIGNALS = (Signal.LATENCY, Signal.QUEUE_LATENCY)
 
 
 def _only_latency(problems: list[dict[str, Any]]) -> bool:
@@ -301,8 +301,8 @@ def proxy_latency(stats: dict[str, Any], index: MetricIndex, limits: dict[str, d
             continue
         stats["server_side_latency"].append({"id": judged.rule_id, "status": judged.status, "text": judged.text})
         if judged.status == "over":
-            kept.append(breach(judged.rule_id, "queue_latency" if queued else "latency", None, None, judged.text,
-                               f"metrics.jsonl stage={stats['stage']}"))
+            kept.append(breach(judged.rule_id, Signal.QUEUE_LATENCY if queued else Signal.LATENCY, None, None,
+                               judged.text, f"metrics.jsonl stage={stats['stage']}").to_dict())
         elif judged.status == "unjudged":
             stats["latency_unjudged"].append(judged.text)
     stats["problems"] = kept

@@ -24,14 +24,16 @@ from k3load.analysis.pillars.headroom.full_batch import EngineCap, stage_batch_q
 from k3load.analysis.pillars.headroom.goodput import Slo, stage_goodput
 from k3load.analysis.pillars.headroom.gpu_growth import GPU_NOISE_MIB, GpuGrowth, gpu_growth, stage_figures
 from k3load.analysis.pillars.headroom.restart_audit import planned_down, planned_windows
+from k3load.analysis.pillars.limit_rules import LIMIT_RULES, RuleId
 from k3load.analysis.pillars.pillar import percentiles
-from k3load.analysis.pillars.rules import breach
+from k3load.analysis.pillars.rules import Breach, breach
 from k3load.analysis.run.clusters import request_cluster
 from k3load.analysis.run.down_spells import DownSpell, down_spells
 from k3load.analysis.run.rundata import RunData, StageWindow
 from k3load.analysis.run.stats import wilson
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.events import Event
+from k3load.outcomes import Signal
 from k3load.workload.stage_kind import STEP_KINDS, StageKind
 
 QUEUED_S = 2.0  # latency over its SLO while requests waited at least this long grows with the queue
@@ -186,23 +188,7 @@ def _over(value: float | None, limit: float) -> bool:
     return value is not None and value > limit
 
 
-# (stats key, plan section, limit key, rule id, signal, reason template)
-LIMIT_RULES = (
-    ("ttft_p95_ms", "slo", "ttft_p95_ms", "slo.ttft_p95", "latency", "TTFT p95 {v:.0f} ms > {lim:.0f} ms"),
-    ("ttfa_p95_ms", "slo", "ttfa_p95_ms", "slo.ttfa_p95", "latency",
-     "TTFA p95 {v:.0f} ms > {lim:.0f} ms (first answer token, after the reasoning)"),
-    ("itl_p95_ms", "slo", "itl_p95_ms", "slo.itl_p95", "latency", "ITL p95 {v:.0f} ms > {lim:.0f} ms"),
-    ("e2e_p95_ms", "slo", "e2e_p95_ms", "slo.e2e_p95", "latency", "e2e p95 {v:.0f} ms > {lim:.0f} ms"),
-    ("waiting_sustained_s", "resources", "max_waiting_sustained_s", "resources.waiting_sustained", "resource",
-     "requests waited for {v:.0f} s on end > {lim:.0f} s"),
-    ("preemptions_per_min", "resources", "max_preemptions_per_min", "resources.preemptions", "resource",
-     "{v:.1f} preemptions/min > {lim:.1f}"),
-    ("kv_usage_max", "resources", "max_kv_usage", "resources.kv_usage", "resource",
-     "KV cache usage reached {v:.0%} > {lim:.0%}"),
-)
-
-
-def _error_breach(stats: dict[str, Any], limit: float) -> dict[str, Any] | None:
+def _error_breach(stats: dict[str, Any], limit: float) -> Breach | None:
     """Errors breach the SLO only when the rate's lower 95% bound is above it (a few unlucky
     requests in a short stage are not a verdict); the reason names the layers and kinds."""
     low = (stats.get("error_rate_ci95") or [0.0])[0]
@@ -210,7 +196,7 @@ def _error_breach(stats: dict[str, Any], limit: float) -> dict[str, Any] | None:
         return None
     layers = ", ".join(f"{k} {v}" for k, v in stats["errors_by_layer"].items())
     kinds = ", ".join(f"{k} x{v}" for k, v in list(stats["error_kinds"].items())[:3])
-    return breach("slo.error_rate", "errors", stats["error_rate"], limit,
+    return breach(RuleId.SLO_ERROR_RATE, Signal.ERRORS, stats["error_rate"], limit,
                   f"error rate {stats['error_rate']:.1%} (95% CI from {low:.1%}, over "
                   f"{stats['attempts'] - stats.get('sent_while_down', 0):,} attempts of "
                   f"{stats.get('error_rate_distinct_requests', '?')} distinct requests: a load error is drawn per "
@@ -219,6 +205,11 @@ def _error_breach(stats: dict[str, Any], limit: float) -> dict[str, Any] | None:
 
 
 def gpu_problems(stats: dict[str, Any], resources: dict[str, float]) -> list[dict[str, Any]]:
+    """`gpu_breaches` as the stage table carries them."""
+    return [b.to_dict() for b in gpu_breaches(stats, resources)]
+
+
+def gpu_breaches(stats: dict[str, Any], resources: dict[str, float]) -> list[Breach]:
     """GPU memory against what the load added (analysis/pillars/headroom/gpu_growth.py), never against vLLM's
     reservation:
     growth over the start-up baseline beyond `max_gpu_growth_pct` of what was free then; headroom under
@@ -227,31 +218,32 @@ def gpu_problems(stats: dict[str, Any], resources: dict[str, float]) -> list[dic
     large as the largest seen."""
     if stats.get("gpu_growth_max_pct") is None:
         return []
-    out, where = [], f"gpu.jsonl stage={stats['stage']}"
+    out: list[Breach] = []
+    where = f"gpu.jsonl stage={stats['stage']}"
     grown, limit = stats["gpu_growth_max_pct"], resources["max_gpu_growth_pct"]
     if grown > limit and stats["gpu_growth_max_mib"] >= GPU_NOISE_MIB:
-        out.append(breach("resources.gpu_growth", "resource", grown, limit,
+        out.append(breach(RuleId.GPU_GROWTH, Signal.RESOURCE, grown, limit,
                           f"GPU memory grew {stats['gpu_growth_max_mib']:,.0f} MiB over its start-up baseline on "
                           f"{stats['gpu_growth_gpu']} ({grown:.0f}% of what was free after start-up) > {limit:.0f}%",
                           where))
     headroom, floor = stats["gpu_headroom_min_pct"], resources["min_gpu_headroom_pct"]
     if headroom < floor <= stats["gpu_baseline_headroom_min_pct"]:
-        out.append(breach("resources.gpu_headroom", "resource", headroom, floor,
+        out.append(breach(RuleId.GPU_HEADROOM, Signal.RESOURCE, headroom, floor,
                           f"GPU memory headroom fell to {headroom:.1f}% < {floor:.0f}% (from "
                           f"{stats['gpu_baseline_headroom_min_pct']:.1f}% after start-up)", where))
     jump, free = stats.get("gpu_largest_jump_mib") or 0.0, stats["gpu_free_min_mib"]
     if jump >= GPU_NOISE_MIB and free < jump:
-        out.append(breach("resources.gpu_jump", "resource", free, jump,
+        out.append(breach(RuleId.GPU_JUMP, Signal.RESOURCE, free, jump,
                           f"only {free:,.0f} MiB free on {stats['gpu_free_min_gpu']} at the stage's peak, less than "
                           f"the largest jump seen ({jump:,.0f} MiB between two readings): another as large would "
                           "not fit", where))
     return out
 
 
-def full_batch_breach(stats: dict[str, Any]) -> dict[str, Any]:
+def full_batch_breach(stats: dict[str, Any]) -> Breach:
     """A load step the server only queued: requests waited behind a full batch for most of it."""
     share = stats["full_batch_queued_scrapes"] / stats["full_batch_scrapes"]
-    return breach("resources.full_batch_queue", "resource", share, 0.5,
+    return breach(RuleId.FULL_BATCH_QUEUE, Signal.RESOURCE, share, 0.5,
                   f"requests waited behind a full batch in {stats['full_batch_queued_scrapes']} of "
                   f"{stats['full_batch_scrapes']} scrapes ({share:.0%}; running at {stats['full_batch_cap']}, "
                   f"{stats['full_batch_cap_from']}): the server queued this load, it did not hold it",
@@ -259,49 +251,56 @@ def full_batch_breach(stats: dict[str, Any]) -> dict[str, Any]:
 
 
 def stage_problems(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
-    """The limits a stage exceeded, as typed breaches (empty: within limits)."""
-    problems = []
+    """The limits a stage exceeded, as its row carries them (empty: within limits)."""
+    return [b.to_dict() for b in stage_breaches(stats, limits)]
+
+
+def stage_breaches(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -> list[Breach]:
+    """The limits a stage exceeded, as typed breaches (empty: within limits), in the order of the rule table
+    (analysis/pillars/limit_rules.py) and then the rules whose check is code."""
+    problems: list[Breach] = []
     errors = _error_breach(stats, limits["slo"]["max_error_rate"])
     if errors:
         problems.append(errors)
     queued = (stats.get("waiting_sustained_s") or 0) >= QUEUED_S
     where = f"stage={stats['stage']}"
-    for key, section, limit_key, rule_id, signal, text in LIMIT_RULES:
-        limit = limits[section][limit_key]
-        if _over(stats.get(key), limit):
-            if signal == "latency" and queued:
-                signal = "queue_latency"  # over the SLO while requests queued: it grows with the queue
-            source = "records.jsonl" if section == "slo" else "metrics.jsonl"
-            problems.append(breach(rule_id, signal, stats[key], limit, text.format(v=stats[key], lim=limit),
+    for rule in LIMIT_RULES:
+        limit, value = limits[rule.section][rule.key], stats.get(rule.stats_key)
+        if _over(value, limit):
+            signal = rule.signal
+            if signal == Signal.LATENCY and queued:
+                signal = Signal.QUEUE_LATENCY  # over the SLO while requests queued: it grows with the queue
+            source = "records.jsonl" if rule.section == "slo" else "metrics.jsonl"
+            problems.append(breach(rule.id, signal, value, limit, rule.reason.format(v=value, lim=limit),
                                    f"{source} {where}"))
-    problems += gpu_problems(stats, limits["resources"])
+    problems += gpu_breaches(stats, limits["resources"])
     if stats.get("kind") in STEP_KINDS and stats.get("past_capacity"):
         problems.append(full_batch_breach(stats))
     offered = (stats.get("sessions_per_s") or 0) * (stats.get("duration_s") or 0)
     short = stats.get("sessions_per_s") is not None and offered_short(offered, stats.get("sessions_arrived") or 0)
     if stats.get("kind") in STEP_KINDS and short:
-        problems.append(breach("load.offered_short", "resource", stats.get("sessions_arrived") or 0, offered,
+        problems.append(breach(RuleId.OFFERED_SHORT, Signal.RESOURCE, stats.get("sessions_arrived") or 0, offered,
                                f"{stats.get('sessions_arrived') or 0} sessions started of {offered:.0f} its rate "
                                "offered: every session slot was busy, the step did not offer its rate",
                                f"records.jsonl stage={stats['stage']}"))
     late = offered_late(stats.get("scheduled_turns") or 0, stats.get("late_turns") or 0)
     if stats.get("kind") in STEP_KINDS and late:  # sessions outlasting their slots: the server slowed (a resource)
-        problems.append(breach("load.offered_late", "resource", stats["late_share"], LATE_SHARE,
+        problems.append(breach(RuleId.OFFERED_LATE, Signal.RESOURCE, stats["late_share"], LATE_SHARE,
                                f"{stats['late_turns']} of {stats['scheduled_turns']} scheduled turns went out more "
                                f"than {LATE_S:g} s late (p95 {stats['send_lag_p95_ms']:.0f} ms): every session slot "
                                "was busy, so the step did not offer its rate and its latencies leave out the wait",
                                f"records.jsonl stage={stats['stage']}"))
     if stats.get("kind") == StageKind.REPLAY and late:  # the trace's pace not offered: its latencies leave out the wait
         why = "; ".join((stats.get("replay") or {}).get("fell_behind") or []) or "the load generator fell behind"
-        problems.append(breach("load.offered_late", "resource", stats["late_share"], LATE_SHARE,
+        problems.append(breach(RuleId.OFFERED_LATE, Signal.RESOURCE, stats["late_share"], LATE_SHARE,
                                f"{stats['late_turns']} of {stats['scheduled_turns']} trace rows went out more than "
                                f"{LATE_S:g} s late: {why}", f"records.jsonl stage={stats['stage']}",
                                f"events.jsonl replay_end stage={stats['stage']}"))
     if stats.get("server_down_events"):
-        problems.append(breach("stability.server_down", "stability", stats["server_down_events"], 0,
+        problems.append(breach(RuleId.SERVER_DOWN, Signal.STABILITY, stats["server_down_events"], 0,
                                f"server down {stats['server_down_events']} time(s)", f"events.jsonl {where}"))
     if stats.get("health_flaps"):
-        problems.append(breach("stability.health_flap", "health_flap", stats["health_flaps"], 0,
+        problems.append(breach(RuleId.HEALTH_FLAP, Signal.HEALTH_FLAP, stats["health_flaps"], 0,
                                f"/health said down {stats['health_flaps']} time(s) while requests kept being answered "
                                "(a flapping health check, not a crash)", f"events.jsonl {where}",
                                f"records.jsonl {where}"))
