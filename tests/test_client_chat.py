@@ -425,7 +425,7 @@ def test_url_forms_stream_detection_and_bad_arguments() -> None:
     (b"", "(empty body)"),
 ])
 def test_error_detail_forms(payload: bytes, detail: str) -> None:
-    from k3load.client.chat import _error_detail
+    from k3load.client.exchange import _error_detail
 
     assert _error_detail(payload, payload.decode()) == detail
 

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from k3load.client import chat
+from k3load.client import exchange
 from k3load.client import result as res
 from k3load.client.chat import ChatClient
 from k3load.client.sse import DONE, SSEDecoder, SSEError, SSEEvent, SSELineTooLong
@@ -182,7 +182,7 @@ def test_a_deadline_passing_while_the_end_is_awaited_leaves_the_answer_whole(
         scripted: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch, transport: str) -> None:
     """The wait for the message's end is bounded by the deadline; should the deadline's own timer fire
     first, the answer had ended at [DONE] and stays `ok`."""
-    monkeypatch.setattr(chat, "END_WAIT_S", 60.0)
+    monkeypatch.setattr(exchange, "END_WAIT_S", 60.0)
     server = scripted(held())
     with ChatClient(server.url, transport=transport, max_connections=1) as client:
         started = time.perf_counter()

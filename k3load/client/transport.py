@@ -30,26 +30,37 @@ request headers.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import logging
 import socket
 import ssl
 import struct
 import sys
-import threading
 import time
 from collections.abc import Iterator, Mapping
-from typing import Protocol
 
 import gevent.monkey
 import gevent.socket
-import httpx
 from gevent.exceptions import ConcurrentObjectUseError
 from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPParseError, HTTPSocketPoolResponse
 
 from k3load.client.access import Tls
+from k3load.client.transport_base import (
+    BodyCut,
+    ResponseStream,
+    Transport,
+    TransportError,
+    TransportTimeout,
+    describe,
+    shared_ssl_context,
+    shutdown_socket,
+)
+from k3load.client.transport_httpx import HttpxTransport
+
+# The interface and errors live in k3load.client.transport_base, httpx in k3load.client.transport_httpx;
+# callers import them all from here.
+__all__ = ["TRANSPORTS", "BodyCut", "GeventTransport", "HttpxTransport", "ResponseStream", "Transport",
+           "TransportError", "TransportTimeout", "shared_ssl_context"]
 
 _GEVENT_BLOCK = 64 * 1024  # bytes per recv: one read takes whatever the kernel holds, up to this
 _PLAIN_SOCKET = gevent.socket.socket  # what geventhttpclient connects plain http with (its `_wait` is used)
@@ -59,71 +70,6 @@ _HEADS_KEPT = 256  # request heads cached per transport (by path, headers, body 
 _SO_TIMESTAMPNS = 35 if sys.platform.startswith("linux") else None
 _ANCILLARY_BYTES = socket.CMSG_SPACE(16)
 _TIMESPEC = struct.Struct("qq").unpack
-
-
-class TransportError(Exception):
-    """The request could not be made or the connection broke (connect refused, reset, TLS, DNS)."""
-
-
-class TransportTimeout(TransportError):
-    """A read, write or pool wait ran past the time the caller allowed."""
-
-
-class BodyCut(TransportError):
-    """The response body ended before the HTTP message did (EOF, reset, cut chunked encoding)."""
-
-
-class ResponseStream(Protocol):
-    """One response: status and headers are known when `Transport.open` returns."""
-
-    status: int
-    headers: Mapping[str, str]  # names in lower case
-    rx_lag: float  # seconds the last read's bytes had waited in the kernel when it returned (0: not known)
-
-    def reads(self) -> Iterator[bytes]:
-        """Body bytes exactly as each socket read delivered them, until the message ends."""
-        ...
-
-    @property
-    def ended(self) -> bool:
-        """The message ended (its last chunk, or its length, was read): close() keeps the connection."""
-        ...
-
-    def wait_end(self, wait_s: float) -> int:
-        """After the reader stopped before the end (an SSE stream at [DONE]): read on for at most `wait_s`
-        until the message ends, keeping nothing; returns the body bytes read meanwhile. Never raises for
-        the connection: one that breaks or stays open is simply not `ended`."""
-        ...
-
-    def abort(self) -> None:
-        """Break a read blocked in another thread (the plain-threads deadline watchdog)."""
-        ...
-
-    def close(self) -> None:
-        """Release the connection: back to the pool when the message was read to its end."""
-        ...
-
-
-class Transport(Protocol):
-    name: str
-    cooperative: bool  # blocking calls yield to gevent, so gevent.Timeout can end them
-
-    def open(self, path: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> ResponseStream:
-        """POST `body`; return once the status line and headers are in."""
-        ...
-
-    def close(self) -> None: ...
-
-
-def shared_ssl_context(cooperative: bool, tls: Tls | None = None) -> ssl.SSLContext:
-    """One TLS context per process, kind and trust settings (k3load.client.access.Tls): the system's
-    CAs (certifi's where the store is empty), plus a private CA bundle, or no verification at all."""
-    return (tls or Tls()).context(cooperative)
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or exc.__class__.__name__
-    return f"{exc.__class__.__name__}: {text}" if exc.__class__.__name__ not in text else text
 
 
 # -- geventhttpclient ------------------------------------------------------------------------------
@@ -233,12 +179,12 @@ class _GeventResponse:
                 else:
                     data = sock.recv(_GEVENT_BLOCK)
             except (OSError, ConcurrentObjectUseError) as exc:
-                raise BodyCut(f"connection broke mid-body: {_describe(exc)}") from None
+                raise BodyCut(f"connection broke mid-body: {describe(exc)}") from None
             drained = len(data) < _GEVENT_BLOCK
             try:
                 feed(data)  # b"" tells the parser EOF: completes a read-until-close body, or raises
             except HTTPParseError as exc:
-                raise BodyCut(f"body cut: {_describe(exc)}" if not data else f"bad HTTP framing: {exc}") from None
+                raise BodyCut(f"body cut: {describe(exc)}" if not data else f"bad HTTP framing: {exc}") from None
             if not data and not resp.message_complete:
                 raise BodyCut("connection closed before the end of the body")
 
@@ -292,15 +238,10 @@ class _GeventResponse:
     def abort(self) -> None:
         sock = self._resp._sock
         if sock is not None:
-            _shutdown(sock)
+            shutdown_socket(sock)
 
     def close(self) -> None:
         self._resp.release()  # returns the socket when complete, else closes it and frees the slot
-
-
-def _shutdown(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
 
 
 class GeventTransport:
@@ -338,9 +279,9 @@ class GeventTransport:
         try:
             sock = pool.get_socket()
         except TimeoutError as exc:
-            raise TransportError(f"connect timed out: {_describe(exc)}") from None
+            raise TransportError(f"connect timed out: {describe(exc)}") from None
         except (OSError, RuntimeError) as exc:
-            raise TransportError(_describe(exc)) from None
+            raise TransportError(describe(exc)) from None
         stamped = _SO_TIMESTAMPNS is not None and type(sock) is _PLAIN_SOCKET
         if stamped:
             try:  # once per request, before sending: every segment of the answer is stamped on arrival
@@ -353,7 +294,7 @@ class GeventTransport:
         except OSError as exc:  # a server may answer early (401, 413) and close: read that answer
             if exc.errno not in (errno.ECONNRESET, errno.EPIPE):
                 pool.release_socket(sock)
-                raise TransportError(f"sending the request: {_describe(exc)}") from None
+                raise TransportError(f"sending the request: {describe(exc)}") from None
         except BaseException:
             pool.release_socket(sock)
             raise
@@ -362,118 +303,7 @@ class GeventTransport:
             return _GeventResponse(kind(sock, pool, block_size=_GEVENT_BLOCK, method="POST",
                                         headers_type=client.headers_type), stamped, sent)
         except (OSError, HTTPParseError) as exc:
-            raise TransportError(f"reading the response head: {_describe(exc)}") from None
-
-    def close(self) -> None:
-        self._client.close()
-
-
-# -- httpx -----------------------------------------------------------------------------------------
-class _HttpxResponse:
-    rx_lag = 0.0  # httpx hides its socket's reads: stamped when they return
-
-    def __init__(self, resp: httpx.Response, cooperative: bool) -> None:
-        self._resp = resp
-        self.status = resp.status_code
-        self.headers = dict(resp.headers.items())  # httpx gives lower-case names
-        self._cooperative = cooperative
-        self._raw: Iterator[bytes] | None = None  # httpx's iterator, kept for wait_end
-        self.ended = False
-
-    def reads(self) -> Iterator[bytes]:
-        # a for loop, not `yield from`: a reader that stops early closes this generator, and wait_end
-        # must still find httpx's iterator open
-        self._raw = raw = self._resp.iter_raw()
-        try:
-            for data in raw:  # noqa: UP028
-                yield data
-        except httpx.TimeoutException as exc:
-            raise TransportTimeout(_describe(exc)) from None
-        except httpx.RemoteProtocolError as exc:
-            raise BodyCut(f"body cut: {exc}") from None
-        except httpx.TransportError as exc:
-            raise BodyCut(f"connection broke mid-body: {_describe(exc)}") from None
-        self.ended = True
-
-    def wait_end(self, wait_s: float) -> int:
-        """httpx reads on with the timeout fixed when the response began, so the wait is bounded from
-        outside: a gevent.Timeout under gevent, else a timer thread that shuts the socket down (httpx
-        then closes that connection rather than pooling it)."""
-        raw = self._raw
-        if self.ended or raw is None:
-            return 0
-        count = 0
-        timer: gevent.Timeout | None = None
-        watchdog: threading.Timer | None = None
-        if self._cooperative:
-            timer = gevent.Timeout(wait_s)
-            timer.start()
-        else:
-            watchdog = threading.Timer(wait_s, self.abort)
-            watchdog.daemon = True
-            watchdog.start()
-        try:
-            for data in raw:
-                count += len(data)
-            self.ended = True
-        except gevent.Timeout as exc:
-            if exc is not timer:
-                raise
-        except (httpx.HTTPError, httpx.StreamError):
-            pass  # broken, shut down at the limit, or closed: not ended, so its connection is not kept
-        finally:
-            if timer is not None:
-                timer.close()
-            if watchdog is not None:
-                watchdog.cancel()
-        return count
-
-    def abort(self) -> None:
-        if self._resp.is_closed:  # read to its end: its connection may already serve another request
-            return
-        stream = self._resp.extensions.get("network_stream")
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        if sock is not None:
-            _shutdown(sock)
-
-    def close(self) -> None:
-        self._resp.close()
-
-
-class HttpxTransport:
-    """httpx: the reference transport; cooperative only when gevent has patched the socket module."""
-
-    name = "httpx"
-
-    def __init__(self, base_url: str, connect_timeout_s: float, max_connections: int,
-                 ssl_context: ssl.SSLContext | None = None, tls: Tls | None = None) -> None:
-        self.cooperative = gevent.monkey.is_module_patched("socket")
-        self._connect_timeout_s = connect_timeout_s
-        httpx_log = logging.getLogger("httpx")
-        if httpx_log.level == logging.NOTSET:
-            httpx_log.setLevel(logging.WARNING)  # httpx logs every request at INFO
-        # httpx builds a context for every Client even for http:// URLs (23-33 ms each): always share one
-        verify = ssl_context or shared_ssl_context(self.cooperative, tls)
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._client = httpx.Client(base_url=base_url, limits=limits, verify=verify, follow_redirects=False,
-                                    timeout=httpx.Timeout(None, connect=connect_timeout_s))
-
-    def open(self, path: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> _HttpxResponse:
-        """Without gevent, each phase before the headers is bounded by `timeout_s` (the caller's
-        remaining time): reads, writes and the pool wait; the connect by the smaller of that and
-        connect_timeout_s. Under gevent the caller's gevent.Timeout is the limit, so reads get no
-        timeout of their own (which would arm and cancel a gevent timer around every socket read)."""
-        timeout = httpx.Timeout(None if self.cooperative else timeout_s,
-                                connect=min(self._connect_timeout_s, timeout_s))
-        request = self._client.build_request("POST", path, content=body, headers=headers, timeout=timeout)
-        try:
-            return _HttpxResponse(self._client.send(request, stream=True, follow_redirects=False), self.cooperative)
-        except httpx.ConnectTimeout as exc:
-            raise TransportError(f"connect timed out: {_describe(exc)}") from None
-        except httpx.TimeoutException as exc:
-            raise TransportTimeout(_describe(exc)) from None
-        except httpx.TransportError as exc:
-            raise TransportError(_describe(exc)) from None
+            raise TransportError(f"reading the response head: {describe(exc)}") from None
 
     def close(self) -> None:
         self._client.close()
