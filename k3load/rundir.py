@@ -32,7 +32,7 @@ from k3load.client.access import Secrets
 from k3load.client.secret_forms import REDACTED, Redactor, redactor
 from k3load.clock import now
 from k3load.events import Event
-from k3load.evidence import GzipSink, PlainSink, start_flusher
+from k3load.evidence_sinks import GzipSink, PlainSink, start_flusher
 from k3load.private_files import make_dirs, temp_beside, write_bytes_atomic
 from k3load.rundir_previous import RUN_MARKERS as RUN_MARKERS  # the previous run's move, re-exported
 from k3load.rundir_previous import previous_run_id as previous_run_id
@@ -142,7 +142,7 @@ class JsonlLog:
     the sampler's `server_down`). `clock`: when a compressed log last flushed (tests replay a run's own).
 
     A write that fails (OSError: a full disk) leaves the file a readable prefix of what was written, up to
-    the last line (plain) or flush (compressed) that succeeded (k3load.evidence.FileAppender), and nothing
+    the last line (plain) or flush (compressed) that succeeded (k3load.evidence_sinks.FileAppender), and nothing
     is written to it afterwards. With a `guard` (k3load.rundir.WriteGuard) the failure goes there once and
     never reaches the caller: that line and every later one are dropped and counted (`lost`). Without one,
     the failing append raises the OSError, and so does every later append. A flush by the flusher that
