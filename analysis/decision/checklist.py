@@ -127,7 +127,7 @@ def _workers(data: RunData) -> dict[str, Any]:
     lost = data.events_named(Event.WORKER_LOST)
     item, evidence = "Every load generator stayed to the end", ["events.jsonl"]
     if not lost:
-        counts = {e.get("workers") for e in data.events_named(Event.STAGE_START)} - {None}
+        counts = {w for e in data.events_named(Event.STAGE_START) if (w := e.get("workers")) is not None}
         said = f"workers per stage: {', '.join(str(c) for c in sorted(counts))}" if counts else "one process"
         return _item(item, True, said, evidence)
     told = "; ".join(f"in stage {e.get('stage')}: {e.get('workers_now')} of {e.get('workers_before')} workers left"

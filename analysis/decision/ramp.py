@@ -46,8 +46,9 @@ def ramp(stage_table: list[dict[str, Any]]) -> dict[str, Any]:
     steps = sorted(load_steps(stage_table)[1],  # by the load: a rate search's, else its users
                    key=lambda s: (s.get("sessions_per_s") or s["users"] or 0, s.get("start_ts") or 0.0))
     on_rate = bool(steps) and all(s.get("sessions_per_s") is not None for s in steps)
-    rows = [{c: s.get(c) for c in RAMP_COLUMNS} | {"within_limits": not s["problems"], "problems": s["problems"]}
-            for s in steps]
+    rows: list[dict[str, Any]] = [
+        {c: s.get(c) for c in RAMP_COLUMNS} | {"within_limits": not s["problems"], "problems": s["problems"]}
+        for s in steps]
     knee = None
     first_bad = None
     for row in rows:

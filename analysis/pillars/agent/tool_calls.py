@@ -107,9 +107,10 @@ def cadence(attempts: list[AnyAttempt], limits: dict[str, float]) -> tuple[dict[
     calls = [a for a in attempts if a.tool_call_max_gap_ms is not None]
     limit = limits["max_tool_call_gap_ms"]
     over, stalls = _failing(calls, "tool_call.cadence"), _failing(attempts, "stream.stall")  # counted, maxed
-    numbers = {"limit_ms": limit, "streamed_tool_calls": len(calls),
+    gaps = [a.tool_call_max_gap_ms for a in calls if a.tool_call_max_gap_ms is not None]  # every call's
+    numbers: dict[str, Any] = {"limit_ms": limit, "streamed_tool_calls": len(calls),
                "span_ms": _distribution([a.tool_call_span_ms for a in calls if a.tool_call_span_ms is not None]),
-               "max_gap_ms": _distribution([a.tool_call_max_gap_ms for a in calls]),
+               "max_gap_ms": _distribution(gaps),
                "deltas": _distribution([float(a.tool_call_deltas) for a in calls if a.tool_call_deltas]),
                "over_limit": len(over), "stalls": len(stalls)}
     evidence = ("records.jsonl tool_call_max_gap_ms, findings tool_call.cadence and stream.stall",)

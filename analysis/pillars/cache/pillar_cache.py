@@ -59,7 +59,7 @@ def control_pairs(data: RunData) -> list[tuple[AnyAttempt, AnyAttempt]]:
     control = [a for a in data.attempts if a.control_pair is not None and a.control_role in ("cold", "warm")
                and not a.drill]  # filtered before the (stable) sort: the same order, without sorting the soak
     for attempt in sorted(control, key=lambda a: (a.send_ts, a.attempt)):
-        by_pair.setdefault(attempt.control_pair, {})[attempt.control_role] = attempt
+        by_pair.setdefault(int(attempt.control_pair or 0), {})[str(attempt.control_role)] = attempt
     return [(p["cold"], p["warm"]) for _, p in sorted(by_pair.items()) if "cold" in p and "warm" in p]
 
 
@@ -166,7 +166,8 @@ def _hits_rule(pairs: list[Pair], window: dict[str, Any], config: dict[str, str]
                           hits, 1, evidence=evidence)
     recorded = sum(a.cached_tokens for pair in pairs for a in pair if a.cached_tokens is not None)
     has_usage = any(a.cached_tokens is not None for pair in pairs for a in pair)
-    server = window.get("prompt_tokens_cached") if window.get("prompt_tokens_cached") is not None else hits
+    cached = window.get("prompt_tokens_cached")
+    server = cached if cached is not None else hits
     slack = max(SOURCES_AGREE * max(server, recorded), (_int(config.get("block_size")) or 16) * 2 * len(pairs))
     if has_usage and abs(server - recorded) > slack:
         return RuleResult("cache.hits", "prefix_cache", INCONCLUSIVE, f"inconclusive, because the two sources of "
@@ -265,7 +266,7 @@ def _routing_rule(pairs: list[Pair], routing: Routing) -> RuleResult:
     unknown = [(p, r) for p, r in routed if r.meeting is Meeting.UNKNOWN]
     lost, unseen = [p for p in split if reused(*p) is False], [p for p in split if reused(*p) is None]
     missed = [p for p, _ in unknown if not reused(*p)]
-    n, told = len(pairs), [reused(c, w) for c, w in pairs if reused(c, w) is not None]
+    n, told = len(pairs), [r for c, w in pairs if (r := reused(c, w)) is not None]
     got = f"warm twins that reused their prefix across the replicas: {_share(sum(told), len(told))}"
     share = wilson(len(split), n)
     interval = (share.low, share.high)

@@ -209,7 +209,8 @@ class Counters:
         if both:
             return Meeting.SAME, both, None
         units = (self.unit(cold), self.unit(warm))
-        if not isinstance(rise, str) and None not in units and sum(rise.values()) == sum(units) and \
+        known = [u for u in units if u is not None]
+        if not isinstance(rise, str) and len(known) == 2 and sum(rise.values()) == sum(known) and \
                 sorted(v for v in rise.values() if v) == sorted(units):  # type: ignore[type-var]
             return Meeting.SPLIT, None, None
         return Meeting.UNKNOWN, None, why

@@ -112,9 +112,10 @@ def family_rows(attempts: list[AnyAttempt], names: list[str], design: dict[str, 
     windows = [by_window(part) for part in parts]
     order = sorted(range(len(parts)), key=lambda i: -len(windows[i][0]))
     with ThreadPoolExecutor(max_workers=max(1, min(len(parts), os.cpu_count() or 1))) as pool:
-        drawn = dict(zip(order, pool.map(lambda i: ratio_cis(windows[i][0], [windows[i][1], windows[i][2]]), order),
-                         strict=True))
-    return [_row(part, *drawn[i], len(windows[i][0])) for i, part in enumerate(parts)]
+        # ratio_cis reads arrays as they are (analysis/run/stats.py's hint says Sequence[int])
+        drawn = dict(zip(order, pool.map(lambda i: ratio_cis(windows[i][0], [windows[i][1], windows[i][2]]),  # type: ignore[arg-type,list-item]
+                                         order), strict=True))
+    return [_row(part, drawn[i][0], drawn[i][1], len(windows[i][0])) for i, part in enumerate(parts)]
 
 
 def _row(tokens: _Tokens, share_ci: tuple[float, float] | None, design_ci: tuple[float, float] | None,

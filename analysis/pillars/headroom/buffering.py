@@ -125,7 +125,7 @@ def stream_delivery(attempts: Sequence[AnyAttempt], index: MetricIndex, saturate
     client = statistics.median(ttfts) if ttfts else None
     t0, t1 = min(a.send_ts for a in telling), max(a.end_ts for a in telling)
     server = index.histogram_bucket("vllm:time_to_first_token_seconds", t0, t1, 0.5)
-    numbers = {"streams": len(telling), "blocked": blocked, "events_per_read_p50": round(events, 2),
+    numbers: dict[str, Any] = {"streams": len(telling), "blocked": blocked, "events_per_read_p50": round(events, 2),
                "bytes_per_read_p50": round(size), "client_ttft_p50_ms": round(client, 3) if client else None,
                "server_ttft": server}
     pattern = (f"{blocked.k} of {len(telling)} streamed answers of {MIN_READS} reads or more (95% CI {blocked.low:.1%}-"

@@ -258,7 +258,7 @@ def reservation_text(growth: GpuGrowth, cache_config: dict[str, str], startup_lo
     blocks = cache_config.get("num_gpu_blocks")
     said = f", vLLM's --gpu-memory-utilization {utilization:g}" if utilization is not None else \
         " (vLLM reserves its KV pool at start; vllm:cache_config_info not scraped)"
-    pool = f", {int(blocks):,} KV blocks" if str(blocks).isdigit() and len(str(blocks)) <= 12 else ""
+    pool = f", {int(str(blocks)):,} KV blocks" if str(blocks).isdigit() and len(str(blocks)) <= 12 else ""
     log = startup_kv(startup_log)
     late = "" if all(b.source == "before load" for b in first) else \
         " (the baseline is the first readings, taken with load already running: growth before them is unseen)"

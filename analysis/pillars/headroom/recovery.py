@@ -102,14 +102,14 @@ def same_conditions(crash_ts: float, next_crash_ts: float | None, in_hold: Hold 
         held_s = max(next_crash_ts - hold.start_ts, 0.0)
         return _result(hold, True, "recurred", f"the load of stage {hold.crash_stage or '?'} ({_load(hold)}) "
                        f"re-applied after the restart crashed the server again after {held_s:.0f} s", held_s)
-    ran = hold.ended == "held" or (hold.held_s is not None and bool(hold.hold_s)
-                                   and hold.held_s >= HELD_SHARE * hold.hold_s)
+    ran = hold.ended == "held" or bool(hold.held_s is not None and hold.hold_s
+                                       and hold.held_s >= HELD_SHARE * hold.hold_s)
     short = _unproven(hold)
     if ran and not short:
         return _result(hold, False, "held", f"the load of stage {hold.crash_stage or '?'} ({_load(hold)}) re-applied "
                        f"after the restart held for {hold.held_s or 0:.0f} s ({hold.answered} requests answered): "
                        "a one-off")
-    why = short if ran else f"the hold ended {hold.held_s or 0:.0f} s into its {hold.hold_s or 0:.0f} s " \
+    why = short if ran and short else f"the hold ended {hold.held_s or 0:.0f} s into its {hold.hold_s or 0:.0f} s " \
         f"({hold.ended or 'the run was cut'}), without a crash"
     return _result(hold, False, "cut_short", f"inconclusive, because {why}")
 
