@@ -11,6 +11,7 @@ Pure functions of the pillar results: the same run directory gives the same verd
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from k3load.analysis.decision.checklist import open_items as open_lines
@@ -52,8 +53,22 @@ def compat_pillar(compat: dict[str, Any] | None) -> PillarResult:
     return PillarResult(status if status in (PASS, FAIL) else INCONCLUSIVE, reasons, numbers)
 
 
+@dataclass(frozen=True)
+class Limits:
+    """The limits that hold, as the verdict names them; plain data (`to_dict`) in verdict.json."""
+
+    max_concurrency: int | None
+    max_input_tokens: int | None
+    kv_cache_usage_ceiling: float | None
+    ran_out_first: str | None
+    max_model_len: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def _limits(stage_table: list[dict[str, Any]], ramp: dict[str, Any], context: dict[str, Any] | None = None
-            ) -> dict[str, Any]:
+            ) -> Limits:
     good = [s for s in stage_table if not s["problems"]]
     long_ok = [s["max_prompt_tokens_ok"] for s in good
                if s["kind"] == StageKind.LONG_INPUT and s["max_prompt_tokens_ok"]]
@@ -61,11 +76,11 @@ def _limits(stage_table: list[dict[str, Any]], ramp: dict[str, Any], context: di
     kv = [s["kv_usage_max"] for s in good if s["kv_usage_max"] is not None]
     users = [s["users"] for s in good if s["users"]]
     refused = [v["max_model_len"] for v in (context or {}).values()]
-    return {"max_concurrency": ramp.get("knee_users") if ramp.get("steps") else (max(users) if users else None),
-            "max_input_tokens": max(long_ok or any_ok) if (long_ok or any_ok) else None,
-            "kv_cache_usage_ceiling": max(kv) if kv else None,
-            "ran_out_first": ramp.get("ran_out_first"),
-            "max_model_len": min(refused) if refused else None}
+    return Limits(max_concurrency=ramp.get("knee_users") if ramp.get("steps") else (max(users) if users else None),
+                  max_input_tokens=max(long_ok or any_ok) if (long_ok or any_ok) else None,
+                  kv_cache_usage_ceiling=max(kv) if kv else None,
+                  ran_out_first=ramp.get("ran_out_first"),
+                  max_model_len=min(refused) if refused else None)
 
 
 def _resource_breaches(stage: dict[str, Any]) -> list[str]:
@@ -134,7 +149,14 @@ def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], 
            unfinished: str | None = None, checklist: list[dict[str, Any]] | None = None
            ) -> tuple[Verdict, list[str], dict[str, Any]]:
     """(verdict, why, limits). `unfinished`: the plan did not finish (never `go`). `checklist`: the signed
-    record's lines; an open one is never `go` (it leads the reasons of a run otherwise `go`)."""
+    record's lines; an open one is never `go` (it leads the reasons of a run otherwise `go`). `limits` as plain
+    data (verdict.json's)."""
+    verdict, why, limits = _decide(pillars, stage_table, ramp, unfinished, checklist)
+    return verdict, why, limits.to_dict()
+
+
+def _decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], ramp: dict[str, Any],
+            unfinished: str | None, checklist: list[dict[str, Any]] | None) -> tuple[Verdict, list[str], Limits]:
     limits = _limits(stage_table, ramp, pillars[Pillar.AGENT_API].numbers.get("context_length_refusals"))
     if pillars[Pillar.COMPAT].status == FAIL:
         return Verdict.REBUILD, ["compatibility failed: " + "; ".join(pillars[Pillar.COMPAT].reasons)] + \
@@ -157,9 +179,9 @@ def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], 
         return Verdict.LIMITED, unproven, limits  # every pillar passed on a run that did not prove the whole seed
     open_items += unproven
     if open_items:
-        if limits["max_concurrency"] is not None and resources.status == FAIL:
-            above = (f"{limits['ran_out_first']} ran out above it" if limits["ran_out_first"]
+        if limits.max_concurrency is not None and resources.status == FAIL:
+            above = (f"{limits.ran_out_first} ran out above it" if limits.ran_out_first
                      else "the largest step run; every step held")  # the failure was elsewhere
-            open_items.insert(0, f"hold concurrency at {limits['max_concurrency']} users ({above})")
+            open_items.insert(0, f"hold concurrency at {limits.max_concurrency} users ({above})")
         return Verdict.LIMITED, open_items, limits
     return Verdict.GO, ["all four pillars pass"], limits

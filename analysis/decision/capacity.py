@@ -13,7 +13,7 @@ targets: a pure function of the run directory and the planner's inputs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from k3load.analysis.decision.ramp import load_steps
@@ -109,28 +109,37 @@ def load_held(rows: list[dict[str, Any]], bound: float) -> bool:
     return not other and not queued and goodput is not None and goodput >= bound
 
 
-def _limiting(row: dict[str, Any], bound: float) -> dict[str, str]:
+@dataclass(frozen=True)
+class Limiting:
+    """What ran out at the first failed step: the rule, the resource it names, the breach's reason (capacity.json's
+    `limiting`, with the step's stage and load beside it)."""
+
+    rule: str
+    resource: str
+    reason: str
+
+
+def _limiting(row: dict[str, Any], bound: float) -> Limiting:
     """What ran out at the first failed step, by rule id (never by the reason's wording)."""
     ids = {p["id"]: p for p in row["problems"]}
     for rule_id, resource in EXHAUSTED_BY_RULE:
         if rule_id in ids:
-            return {"rule": rule_id, "resource": resource, "reason": ids[rule_id]["reason"]}
+            return Limiting(rule_id, resource, ids[rule_id]["reason"])
     if row["problems"]:
         first = row["problems"][0]
-        return {"rule": first["id"], "resource": "unknown", "reason": first["reason"]}
+        return Limiting(first["id"], "unknown", first["reason"])
     ci = row.get("goodput_ci95")
     if not row.get("goodput_requests") or ci is None or row.get("goodput") is None:
-        return {"rule": GOODPUT_RULE, "resource": "goodput",
-                "reason": "no request was judged at this load (none answered or counted): it cannot be said to hold"}
+        return Limiting(GOODPUT_RULE, "goodput",
+                        "no request was judged at this load (none answered or counted): it cannot be said to hold")
     misses = row.get("goodput_misses") or {}
     said = ", ".join(f"{k} {v}" for k, v in misses.items() if v)
     what = ("the answers' validity, not the load: every miss was an answer that was not valid"
             if misses and misses.get("invalid") and not misses.get("latency") and not misses.get("error")
             else "goodput")
-    return {"rule": GOODPUT_RULE, "resource": what,
-            "reason": f"{row.get('goodput', 0):.1%} of {row.get('goodput_requests')} requests met every SLO "
-                      f"(95% CI {ci[0]:.1%}-{ci[1]:.1%}) < {bound:.0%}" + (f"; attempts missed by {said}" if said
-                                                                          else "")}
+    return Limiting(GOODPUT_RULE, what, f"{row.get('goodput', 0):.1%} of {row.get('goodput_requests')} requests met "
+                    f"every SLO (95% CI {ci[0]:.1%}-{ci[1]:.1%}) < {bound:.0%}"
+                    + (f"; attempts missed by {said}" if said else ""))
 
 
 def _most_requests(row: dict[str, Any]) -> tuple[int, str]:
@@ -181,7 +190,7 @@ def _per_replica(kind: str | None, rows: list[dict[str, Any]], bound: float, max
         return out
     unit = "sessions/s" if key == RATE else "users"
     if bad is not None:
-        out["limiting"] = {**_limiting(bad, bound), "stage": bad["stage"], "users": bad["users"],
+        out["limiting"] = {**asdict(_limiting(bad, bound)), "stage": bad["stage"], "users": bad["users"],
                            RATE: bad.get(RATE)}
     field = "max_sessions_per_s_at_slo" if key == RATE else "max_users_at_slo"
     if held is None:

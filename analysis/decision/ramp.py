@@ -7,6 +7,7 @@ limits; the resource that ran out first is read from the first step past the kne
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Any
 
 from k3load.analysis.pillars.limit_rules import ran_out_first
@@ -42,7 +43,25 @@ def load_steps(stage_table: list[dict[str, Any]], on_rate: bool | None = None
     return (StageKind.CONCURRENCY, ramp_rows) if ramp_rows and not on_rate else (None, [])
 
 
-def ramp(stage_table: list[dict[str, Any]]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Ramp:
+    """The ramp as judged: its steps (plain rows, as the stage table carries them), the knee and what ran out;
+    plain data (`to_dict`) where verdict.json and the reports take it."""
+
+    steps: tuple[dict[str, Any], ...]
+    knee_users: int | None
+    knee_sessions_per_s: float | None
+    knee_stage: str | None
+    ran_out_first: str | None
+    first_step_past_knee: str | None
+    largest_step_users: int | None
+    largest_step_sessions_per_s: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: list(self.steps) if f.name == "steps" else getattr(self, f.name) for f in fields(self)}
+
+
+def ramp_of(stage_table: list[dict[str, Any]]) -> Ramp:
     steps = sorted(load_steps(stage_table)[1],  # by the load: a rate search's, else its users
                    key=lambda s: (s.get("sessions_per_s") or s["users"] or 0, s.get("start_ts") or 0.0))
     on_rate = bool(steps) and all(s.get("sessions_per_s") is not None for s in steps)
@@ -56,10 +75,15 @@ def ramp(stage_table: list[dict[str, Any]]) -> dict[str, Any]:
             knee = row
         elif not row["within_limits"] and first_bad is None:
             first_bad = row
-    return {"steps": rows, "knee_users": knee["users"] if knee and not on_rate else None,
-            "knee_sessions_per_s": knee.get("sessions_per_s") if knee and on_rate else None,
-            "knee_stage": knee["stage"] if knee else None,
-            "ran_out_first": _exhausted(first_bad["problems"]) if first_bad else None,
-            "first_step_past_knee": first_bad["stage"] if first_bad else None,
-            "largest_step_users": rows[-1]["users"] if rows else None,
-            "largest_step_sessions_per_s": rows[-1].get("sessions_per_s") if rows and on_rate else None}
+    return Ramp(steps=tuple(rows), knee_users=knee["users"] if knee and not on_rate else None,
+                knee_sessions_per_s=knee.get("sessions_per_s") if knee and on_rate else None,
+                knee_stage=knee["stage"] if knee else None,
+                ran_out_first=_exhausted(first_bad["problems"]) if first_bad else None,
+                first_step_past_knee=first_bad["stage"] if first_bad else None,
+                largest_step_users=rows[-1]["users"] if rows else None,
+                largest_step_sessions_per_s=rows[-1].get("sessions_per_s") if rows and on_rate else None)
+
+
+def ramp(stage_table: list[dict[str, Any]]) -> dict[str, Any]:
+    """`ramp_of` as plain data (what analysis/analyze.py writes into verdict.json and hands the reports)."""
+    return ramp_of(stage_table).to_dict()
