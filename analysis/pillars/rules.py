@@ -38,7 +38,10 @@ class RuleResult:
     interval: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain data: the vocabulary's members as the plain strings they equal (verdict.json byte for byte)."""
         out = asdict(self)
+        for key in ("id", "pillar", "status", "signal"):
+            out[key] = None if out[key] is None else str(out[key])
         out["evidence"] = list(self.evidence)
         out["interval"] = list(self.interval) if self.interval else None
         return out
@@ -57,8 +60,8 @@ class Breach:
     evidence: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return RuleResult(str(self.id), str(Pillar.RESOURCES), str(FAIL), self.reason, self.measured, self.limit,
-                          str(self.signal), self.evidence).to_dict()
+        return RuleResult(self.id, Pillar.RESOURCES, FAIL, self.reason, self.measured, self.limit, self.signal,
+                          self.evidence).to_dict()
 
 
 def breach(rule_id: str, signal: Signal, measured: Any, limit: Any, reason: str, *evidence: str) -> Breach:

@@ -43,8 +43,10 @@ from k3load.analysis.run.rundata import read_attempts
 from k3load.analysis.run.stats import Rate, wilson
 from k3load.errors import InputError
 from k3load.evidence import records_file
-from k3load.outcomes import FAIL, INCONCLUSIVE, MODEL_OUTPUT, PASS
+from k3load.outcomes import FAIL, INCONCLUSIVE, MODEL_OUTPUT, PASS, Pillar
 from k3load.records import Finding
+
+PILLAR = Pillar.AGENT_API  # the pillar these rules judge
 
 REFERENCE_FILE = "reference.json"
 TOOL_CALL, ANSWER = "tool_call", "answer"
@@ -296,7 +298,7 @@ def reference_rules(record: dict[str, Any], attempts: list[AnyAttempt], limits: 
     evidence = (f"records.jsonl, {REFERENCE_FILE} (manifest sha256 {str(record.get('manifest_sha256'))[:16]}…)",)
     need = int(limits["min_reference_attempts"])
     if numbers["comparable"] < need:
-        return numbers, [RuleResult("agent.reference_agreement", "agent_api", INCONCLUSIVE,
+        return numbers, [RuleResult("agent.reference_agreement", PILLAR, INCONCLUSIVE,
                                     f"{who}: inconclusive, because only {numbers['comparable']} answers were "
                                     f"comparable (same scenario and turn, the reference's behaviour decided; at least "
                                     f"{need} are needed)", numbers["comparable"], need, evidence=evidence)]
@@ -307,7 +309,7 @@ def reference_rules(record: dict[str, Any], attempts: list[AnyAttempt], limits: 
 def _f1_rule(numbers: dict[str, Any], threshold: float, who: str, evidence: tuple[str, ...]) -> RuleResult:
     trig = numbers["trigger"]
     if trig["f1"] is None:
-        return RuleResult("agent.reference_trigger_f1", "agent_api", INCONCLUSIVE,
+        return RuleResult("agent.reference_trigger_f1", PILLAR, INCONCLUSIVE,
                           f"{who}: trigger F1 inconclusive, because neither run called a tool on a comparable turn",
                           None, threshold, evidence=evidence)
     low, high = trig["f1_ci95"]
@@ -318,14 +320,14 @@ def _f1_rule(numbers: dict[str, Any], threshold: float, who: str, evidence: tupl
             f"without one; precision {precision.text()}: {trig['fp']} calls where it answered)")
     said = _phrased(status, said, f"{_layer(numbers)}: {said}: the model's choice to call a tool differs from the "
                     "reference's", "threshold")
-    return RuleResult("agent.reference_trigger_f1", "agent_api", status, said, trig["f1"], threshold,
+    return RuleResult("agent.reference_trigger_f1", PILLAR, status, said, trig["f1"], threshold,
                       evidence=evidence, interval=(low, high))
 
 
 def _schema_rule(numbers: dict[str, Any], max_drop: float, who: str, evidence: tuple[str, ...]) -> RuleResult:
     schema = numbers["schema_accuracy"]
     if schema["drop"] is None:
-        return RuleResult("agent.reference_schema_accuracy", "agent_api", INCONCLUSIVE,
+        return RuleResult("agent.reference_schema_accuracy", PILLAR, INCONCLUSIVE,
                           f"{who}: schema accuracy inconclusive, because "
                           f"{'the reference' if not schema['reference']['n'] else 'this run'} has no tool-call answer",
                           None, max_drop, evidence=evidence)
@@ -335,7 +337,7 @@ def _schema_rule(numbers: dict[str, Any], max_drop: float, who: str, evidence: t
     said = (f"{who}: tool-call argument schema accuracy {run.text()} against the reference's {ref.text()}: drop "
             f"{schema['drop']:.1%} [{low:.1%}, {high:.1%}], at most {max_drop:.0%} allowed")
     said = _phrased(status, said, f"model_output: {said}", "limit")
-    return RuleResult("agent.reference_schema_accuracy", "agent_api", status, said, schema["drop"], max_drop,
+    return RuleResult("agent.reference_schema_accuracy", PILLAR, status, said, schema["drop"], max_drop,
                       evidence=evidence, interval=(low, high))
 
 

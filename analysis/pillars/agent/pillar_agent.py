@@ -32,9 +32,11 @@ from k3load.analysis.run.stats import (
     more_requests_to_decide,
     too_few_requests,
 )
-from k3load.outcomes import FAIL, INCONCLUSIVE, LAYERS, NOT_RUN, PASS
+from k3load.outcomes import FAIL, INCONCLUSIVE, LAYERS, NOT_RUN, PASS, Pillar
 from k3load.workload.plan import Plan
 from k3load.workload.validate import context_length
+
+PILLAR = Pillar.AGENT_API  # the pillar these rules judge
 
 
 def _rates(attempts: list[AnyAttempt]) -> tuple[dict[str, Any], Rate]:
@@ -197,14 +199,14 @@ def _valid_rule(numbers: dict[str, Any], threshold: float, rate: Rate, carried: 
     if few:
         text = (f"inconclusive, because {few} were judged (at least {MIN_DISTINCT_REQUESTS} are needed: repeats of "
                 f"the same request are not new trials): {rate.text()} valid against {threshold:.0%} required")
-        return RuleResult("agent.valid_rate", "agent_api", INCONCLUSIVE, text, rate.value, threshold,
+        return RuleResult("agent.valid_rate", PILLAR, INCONCLUSIVE, text, rate.value, threshold,
                           evidence=evidence, interval=(rate.low, rate.high))
     if status == FAIL and carried is not None and decide_rate(carried, threshold) != FAIL:
         unjudged = carried.n - rate.n
         text = (f"inconclusive, because {rate.text()} judged valid against {threshold:.0%} required, and the "
                 f"{unjudged} answers the harness could not judge would carry the rate out of failing were they "
                 "valid")
-        return RuleResult("agent.valid_rate", "agent_api", INCONCLUSIVE, text, rate.value, threshold,
+        return RuleResult("agent.valid_rate", PILLAR, INCONCLUSIVE, text, rate.value, threshold,
                           evidence=("records.jsonl (drill attempts and harness.error answers excluded)",),
                           interval=(rate.low, rate.high))
     layers = ", ".join(f"{k} {v}" for k, v in numbers["failed_by_layer"].items() if v) or "none"
@@ -218,7 +220,7 @@ def _valid_rule(numbers: dict[str, Any], threshold: float, rate: Rate, carried: 
         text = (f"inconclusive, because {text}: the interval straddles the threshold"
                 + (f"; about {more} more distinct requests at this rate would decide" if more else
                    "; the rate sits on the threshold") + (f" (failures by layer: {layers})" if rate.k < rate.n else ""))
-    return RuleResult("agent.valid_rate", "agent_api", status, text, rate.value, threshold,
+    return RuleResult("agent.valid_rate", PILLAR, status, text, rate.value, threshold,
                       evidence=evidence, interval=(rate.low, rate.high))
 
 

@@ -49,8 +49,10 @@ from k3load.analysis.run.stats import (
     more_requests_to_decide,
     too_few_requests,
 )
-from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS, Pillar
 from k3load.records import Attempt
+
+PILLAR = Pillar.AGENT_API  # the pillar these rules judge
 
 if TYPE_CHECKING:
     from k3load.analysis.run.lean import AnyAttempt
@@ -267,7 +269,7 @@ def judge(result: Reproducibility, threshold: float) -> RuleResult:
         why = ("the records were read without the answers' arguments (analysis/run/lean.py keeps no answer_signature)"
                if result.unread else "no request that must repeat (temperature 0 or a seed) was answered in two "
                                      "chains or more")
-        return RuleResult(RULE, "agent_api", INCONCLUSIVE, f"reproducibility of tool calls inconclusive, because {why}",
+        return RuleResult(RULE, PILLAR, INCONCLUSIVE, f"reproducibility of tool calls inconclusive, because {why}",
                           None, threshold, evidence=EVIDENCE)
     status = decide_rate(rate, threshold)
     share = f"{rate.value:.1%} (95% CI {rate.low:.1%}-{rate.high:.1%})"
@@ -286,7 +288,7 @@ def judge(result: Reproducibility, threshold: float) -> RuleResult:
                                                              if more else ""))
         text = (f"reproducibility of tool calls inconclusive, because {because}: {rate.k} of {rate.n} repeated "
                 f"requests answered alike ({share}, {threshold:.0%} required){where}")
-    return RuleResult(RULE, "agent_api", status, text, rate.value, threshold, evidence=EVIDENCE,
+    return RuleResult(RULE, PILLAR, status, text, rate.value, threshold, evidence=EVIDENCE,
                       interval=(rate.low, rate.high))
 
 

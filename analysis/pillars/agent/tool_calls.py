@@ -17,12 +17,12 @@ from k3load.analysis.pillars.pillar import percentiles
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.clusters import rate_by_request
 from k3load.analysis.run.lean import AnyAttempt, by_findings, first_finding
-from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS, Pillar
 from k3load.workload.plan import Plan
 from k3load.workload.stream_equivalence import BOTH_VALID, NOT_COMPARED, OUTCOMES
 from k3load.workload.stream_equivalence import CHECK as EQUIVALENCE
 
-PILLAR = "agent_api"
+PILLAR = Pillar.AGENT_API
 STREAM_PATH_WRONG = OUTCOMES[-1]
 
 

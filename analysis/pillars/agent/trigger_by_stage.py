@@ -29,9 +29,11 @@ from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.clusters import rate_by_request
 from k3load.analysis.run.lean import AnyAttempt, first_finding
 from k3load.analysis.run.stats import Rate, too_few_requests
-from k3load.outcomes import FAIL, PASS
+from k3load.outcomes import FAIL, PASS, Pillar
 from k3load.workload.plan import Plan
 from k3load.workload.stage_kind import StageKind
+
+PILLAR = Pillar.AGENT_API  # the pillar these rules judge
 
 RULE = "agent.trigger_by_stage"
 SHARES = ("called", "called_expected")
@@ -107,16 +109,16 @@ def _rule(changes: list[Change], rates: dict[str, dict[str, Rate]], base: str, u
     drops = [c for c in changes if c.drop > 0]
     rises = [c for c in changes if c.drop < 0]
     if not changes:
-        return RuleResult(RULE, "agent_api", PASS, f"tool-call trigger rate per stage: no stage differed from {base} "
+        return RuleResult(RULE, PILLAR, PASS, f"tool-call trigger rate per stage: no stage differed from {base} "
                           "beyond chance (the drops' 95% intervals all include 0)", evidence=EVIDENCE)
     said = "; ".join(_change(c, base, users) for c in (*drops, *rises))
     if drops:
         text = (f"load changes what the model does: tool-call turns called tools less often than at {base} "
                 f"({users.get(base)} users): {said}")
         worst = max(drops, key=lambda c: c.drop)
-        return RuleResult(RULE, "agent_api", FAIL, text, worst.drop, 0.0, evidence=EVIDENCE,
+        return RuleResult(RULE, PILLAR, FAIL, text, worst.drop, 0.0, evidence=EVIDENCE,
                           interval=(worst.low, worst.high))
-    return RuleResult(RULE, "agent_api", PASS, f"tool-call trigger rate rose under load against {base}: {said}",
+    return RuleResult(RULE, PILLAR, PASS, f"tool-call trigger rate rose under load against {base}: {said}",
                       evidence=EVIDENCE)
 
 

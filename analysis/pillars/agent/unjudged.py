@@ -16,8 +16,10 @@ from typing import Any
 
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.lean import AnyAttempt, by_findings
-from k3load.outcomes import HARNESS_ERROR, INCONCLUSIVE
+from k3load.outcomes import HARNESS_ERROR, INCONCLUSIVE, Pillar
 from k3load.workload.harness_error import kind_of
+
+PILLAR = Pillar.AGENT_API  # the pillar these rules judge
 
 KINDS_KEPT = 10  # in verdict.json; the rest summed as "other kinds"
 KINDS_SAID = 3  # in the reason
@@ -61,7 +63,7 @@ def rule(counts: dict[str, Any]) -> RuleResult:
     first = next(iter(counts["first_attempt"].values()), None)
     where = f", the first in attempt {first}" if first else ""
     answers = f"{n:,} answer{'s' if n != 1 else ''}"
-    return RuleResult("agent.harness_errors", "agent_api", INCONCLUSIVE,
+    return RuleResult("agent.harness_errors", PILLAR, INCONCLUSIVE,
                       f"inconclusive, because the harness could not judge {answers} ({said}): they count neither as "
                       "valid nor as the server's failures; each is recorded as received with a harness.error "
                       f"finding{where}", n, 0, evidence=("records.jsonl (harness.error findings)",))

@@ -38,7 +38,9 @@ from k3load.analysis.run.rundata import RunData
 from k3load.analysis.run.stats import bootstrap_median_ci, mcnemar_one_sided, sign_test_less, wilson
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.events import Event
-from k3load.outcomes import FAIL, GATEWAY, INCONCLUSIVE, NOT_RUN, PASS
+from k3load.outcomes import FAIL, GATEWAY, INCONCLUSIVE, NOT_RUN, PASS, Pillar
+
+PILLAR = Pillar.PREFIX_CACHE  # the pillar these rules judge
 
 WINDOW_SLACK_S = 2.5  # gauges: let the window's last scrape land
 ALPHA = 0.05
@@ -157,11 +159,11 @@ def _hits_rule(pairs: list[Pair], window: dict[str, Any], config: dict[str, str]
     ratios = [w.cached_tokens / w.prompt_tokens for _, w in judged if w.cached_tokens is not None and w.prompt_tokens]
     ratio = statistics.fmean(ratios) if ratios else None
     if scope and not judged:  # every pair met two replicas (or could not be told): no hit was to be had
-        return RuleResult("cache.hits", "prefix_cache", INCONCLUSIVE, "inconclusive, because no pair's twins were "
+        return RuleResult("cache.hits", PILLAR, INCONCLUSIVE, "inconclusive, because no pair's twins were "
                           "seen to meet one replica: the engine's cache cannot be judged apart from the routing",
                           None, len(pairs), evidence=evidence)
     if not hits:
-        return RuleResult("cache.hits", "prefix_cache", FAIL, f"no prefix-cache hits although each of {len(pairs)} "
+        return RuleResult("cache.hits", PILLAR, FAIL, f"no prefix-cache hits although each of {len(pairs)} "
                           f"prefixes was sent twice (queries {window.get('prefix_cache_queries')}, hits {hits})",
                           hits, 1, evidence=evidence)
     recorded = sum(a.cached_tokens for pair in pairs for a in pair if a.cached_tokens is not None)
@@ -170,28 +172,28 @@ def _hits_rule(pairs: list[Pair], window: dict[str, Any], config: dict[str, str]
     server = cached if cached is not None else hits
     slack = max(SOURCES_AGREE * max(server, recorded), (_int(config.get("block_size")) or 16) * 2 * len(pairs))
     if has_usage and abs(server - recorded) > slack:
-        return RuleResult("cache.hits", "prefix_cache", INCONCLUSIVE, f"inconclusive, because the two sources of "
+        return RuleResult("cache.hits", PILLAR, INCONCLUSIVE, f"inconclusive, because the two sources of "
                           f"cache hits disagree: /metrics counted {server:.0f} cached tokens over the control window, "
                           f"the responses' usage {recorded}", server, recorded, evidence=evidence)
     if not judged:
-        return RuleResult("cache.hits", "prefix_cache", INCONCLUSIVE, "inconclusive, because no pair's twins were "
+        return RuleResult("cache.hits", PILLAR, INCONCLUSIVE, "inconclusive, because no pair's twins were "
                           "seen to meet one replica: the engine's cache cannot be judged apart from the routing",
                           None, len(pairs), evidence=evidence)
     risen = [w for c, w in judged if (w.cached_tokens or 0) > (c.cached_tokens or 0)]
     among = f"the {scope}" if scope else f"{len(judged)} pairs"
     if has_usage and not risen:
-        return RuleResult("cache.hits", "prefix_cache", FAIL, f"hits did not rise from cold to warm in any of "
+        return RuleResult("cache.hits", PILLAR, FAIL, f"hits did not rise from cold to warm in any of "
                           f"{among} (no warm twin reused more than its cold twin)", 0, len(judged),
                           evidence=evidence)
     if has_usage and len(risen) < len(judged):
-        return RuleResult("cache.hits", "prefix_cache", INCONCLUSIVE, f"inconclusive, because hits rose in only "
+        return RuleResult("cache.hits", PILLAR, INCONCLUSIVE, f"inconclusive, because hits rose in only "
                           f"{len(risen)} of {among}: the others' prefixes may have been evicted between "
                           "the twins", len(risen), len(judged), evidence=evidence)
     if ratio is not None and ratio < limits["min_warm_hit_ratio"]:
-        return RuleResult("cache.hits", "prefix_cache", FAIL, f"warm requests reused only {ratio:.0%} of their "
+        return RuleResult("cache.hits", PILLAR, FAIL, f"warm requests reused only {ratio:.0%} of their "
                           f"prompt (at least {limits['min_warm_hit_ratio']:.0%} expected)", ratio,
                           limits["min_warm_hit_ratio"], evidence=evidence)
-    return RuleResult("cache.hits", "prefix_cache", PASS, f"{hits:.0f} hit tokens of "
+    return RuleResult("cache.hits", PILLAR, PASS, f"{hits:.0f} hit tokens of "
                       f"{window.get('prefix_cache_queries') or 0:.0f} queried, warm twins reused "
                       f"{ratio or 0:.0%} of their prompt (both sources agree{'; ' + scope if scope else ''})"
                       if has_usage else
@@ -207,15 +209,15 @@ def _latency_rule(pairs: list[Pair], limits: dict[str, float], scope: str | None
     ratios = [w.ttft_ms / c.ttft_ms for c, w in pairs if c.ttft_ms and w.ttft_ms is not None]
     evidence = ("records.jsonl control pairs (ttft_ms)",)
     if scope and len(ratios) < MIN_PAIRS:
-        return RuleResult("cache.latency", "prefix_cache", INCONCLUSIVE, f"inconclusive, because only the {scope} "
+        return RuleResult("cache.latency", PILLAR, INCONCLUSIVE, f"inconclusive, because only the {scope} "
                           f"compare like with like ({len(ratios)} with a first-token time on both sides): a sign test "
                           f"needs at least {MIN_PAIRS} to decide at 5% ({ROUTING_FIX})",
                           statistics.median(ratios) if ratios else None, bound, evidence=evidence)
     if len(ratios) < 2:
-        return RuleResult("cache.latency", "prefix_cache", INCONCLUSIVE, "inconclusive, because fewer than two "
+        return RuleResult("cache.latency", PILLAR, INCONCLUSIVE, "inconclusive, because fewer than two "
                           "pairs have a first-token time on both sides", None, bound, evidence=evidence)
     if len(ratios) < MIN_PAIRS:
-        return RuleResult("cache.latency", "prefix_cache", INCONCLUSIVE, f"inconclusive, because only {len(ratios)} "
+        return RuleResult("cache.latency", PILLAR, INCONCLUSIVE, f"inconclusive, because only {len(ratios)} "
                           f"pairs completed: a sign test needs at least {MIN_PAIRS} to decide at 5% (lengthen the "
                           "prefix_control stage)", statistics.median(ratios), bound, evidence=evidence)
     median = statistics.median(ratios)
@@ -226,12 +228,12 @@ def _latency_rule(pairs: list[Pair], limits: dict[str, float], scope: str | None
     of = f" (the {scope})" if scope else ""
     text = f"warm/cold TTFT ratio median {median:.2f} over {len(ratios)} pairs{of}{ci_text} (at most {bound:.2f} needed"
     if faster < ALPHA:
-        return RuleResult("cache.latency", "prefix_cache", PASS, f"{text}; sign test p={faster:.3f})", median, bound,
+        return RuleResult("cache.latency", PILLAR, PASS, f"{text}; sign test p={faster:.3f})", median, bound,
                           evidence=evidence, interval=ci)
     if slower < ALPHA:
-        return RuleResult("cache.latency", "prefix_cache", FAIL, f"no latency effect: {text}; sign test that it is "
+        return RuleResult("cache.latency", PILLAR, FAIL, f"no latency effect: {text}; sign test that it is "
                           f"above p={slower:.3f})", median, bound, evidence=evidence, interval=ci)
-    return RuleResult("cache.latency", "prefix_cache", INCONCLUSIVE, f"inconclusive, because the latency effect is "
+    return RuleResult("cache.latency", PILLAR, INCONCLUSIVE, f"inconclusive, because the latency effect is "
                       f"not significant either way: {text}; sign test p={faster:.3f}; more pairs "
                       f"{'that meet one replica ' if scope else ''}would decide)",
                       median, bound, evidence=evidence, interval=ci)
@@ -274,23 +276,23 @@ def _routing_rule(pairs: list[Pair], routing: Routing) -> RuleResult:
         f" ({len(unknown)} more could not be told)" if unknown else "")
     loss = wilson(len(lost), n - len(unknown))  # of the pairs whose meeting was told
     if lost and loss.low > MAX_SPLIT_LOSS_SHARE:
-        return RuleResult("cache.routing", "prefix_cache", FAIL, f"{sent}, and {len(lost)} of them reused nothing: "
+        return RuleResult("cache.routing", PILLAR, FAIL, f"{sent}, and {len(lost)} of them reused nothing: "
                           f"routing is not prefix-affine ({ROUTING_FIX}); the gateway layer, not eviction ({got})",
                           len(split), n, evidence=evidence, interval=interval)
     if lost and loss.high >= MAX_SPLIT_LOSS_SHARE:
-        return RuleResult("cache.routing", "prefix_cache", INCONCLUSIVE, f"inconclusive, because {sent}, and "
+        return RuleResult("cache.routing", PILLAR, INCONCLUSIVE, f"inconclusive, because {sent}, and "
                           f"{len(lost)} of them reused nothing ({_share(len(lost), loss.n)} of the pairs told): a "
                           f"rebalance now and then (at most {MAX_SPLIT_LOSS_SHARE:.0%} of conversations) or routing "
                           f"that is not prefix-affine; more pairs would tell which ({ROUTING_FIX}; {got})",
                           len(split), n, evidence=evidence, interval=interval)
     if unseen:
-        return RuleResult("cache.routing", "prefix_cache", INCONCLUSIVE, f"inconclusive, because {sent}, and their "
+        return RuleResult("cache.routing", PILLAR, INCONCLUSIVE, f"inconclusive, because {sent}, and their "
                           "responses carry no cached_tokens: whether a cache shared across replicas served them is "
                           f"not seen (vLLM's --enable-prompt-tokens-details shows it; or {ROUTING_FIX})", len(split),
                           n, evidence=evidence, interval=interval)
     if missed:
         whys = sorted({r.why for _, r in unknown if r.why})
-        return RuleResult("cache.routing", "prefix_cache", INCONCLUSIVE, f"inconclusive, because the per-source "
+        return RuleResult("cache.routing", PILLAR, INCONCLUSIVE, f"inconclusive, because the per-source "
                           f"counters could not tell which replica {len(unknown)} of {n} pairs met ({'; '.join(whys)}) "
                           f"and {len(missed)} of them were not seen to reuse their prefix: routing or eviction "
                           f"(scrape faster than a pair lasts with --k3-sample-interval, or {ROUTING_FIX})",
@@ -303,7 +305,7 @@ def _routing_rule(pairs: list[Pair], routing: Routing) -> RuleResult:
         said.append(f"{len(lost)} met another and reused nothing ({_share(len(lost), loss.n)} of the pairs told, "
                     f"within the {MAX_SPLIT_LOSS_SHARE:.0%} a rebalancing router may lose)")
     said += [f"{len(unknown)} could not be told (each reused its prefix)"] if unknown else []
-    return RuleResult("cache.routing", "prefix_cache", PASS, f"{', '.join(said)} over {len(routing.sources)} "
+    return RuleResult("cache.routing", PILLAR, PASS, f"{', '.join(said)} over {len(routing.sources)} "
                       f"replicas (per-source {read}; {got})", len(split),
                       n, evidence=evidence, interval=interval)
 
@@ -317,9 +319,9 @@ def _answers_rule(pairs: list[tuple[AnyAttempt, AnyAttempt]]) -> RuleResult:
     text = (f"warm twins broke in {len(broke)} pairs and mended in {len(mended)} of {len(pairs)} "
             f"(exact McNemar p={p:.3f})")
     if p < ALPHA:
-        return RuleResult("cache.answers", "prefix_cache", FAIL, f"a hit that breaks the answers: {text}; "
+        return RuleResult("cache.answers", PILLAR, FAIL, f"a hit that breaks the answers: {text}; "
                           f"broken checks {checks}", len(broke), len(mended), evidence=evidence)
-    return RuleResult("cache.answers", "prefix_cache", PASS, f"answers intact: {text}", len(broke), len(mended),
+    return RuleResult("cache.answers", PILLAR, PASS, f"answers intact: {text}", len(broke), len(mended),
                       evidence=evidence)
 
 
