@@ -47,7 +47,7 @@ def _offline_session(max_model_len: int | None = None, events: Path | None = Non
     """A session with no Locust, no server: enough to ask what a stage plays."""
     session = HarnessSession(SimpleNamespace(runner=None, host="http://127.0.0.1:9", parsed_options=None))
     session.max_model_len = max_model_len
-    session.events = JsonlLog(events) if events else None
+    session.run = SimpleNamespace(events=JsonlLog(events)) if events else None  # only the events of a run
     session._count_tokens = lambda scenario: estimate_tokens()  # type: ignore[method-assign]
     return session
 
@@ -197,7 +197,7 @@ def _session_on(sim: Any, events: Path) -> HarnessSession:
     options = SimpleNamespace(k3_api_key=None, k3_model=None)
     session = HarnessSession(SimpleNamespace(runner=None, host=sim.base_url, parsed_options=options))
     session._discover_server()
-    session.events = JsonlLog(events)
+    session.run = SimpleNamespace(events=JsonlLog(events))  # only the events of a run
     return session
 
 

@@ -265,23 +265,24 @@ def test_an_in_run_precheck_warns_when_the_plan_may_not_fit(tmp_path, monkeypatc
     events: list[tuple[str, dict]] = []
     plan = parse_plan(yaml.safe_load("name: big\nstages: [{name: a, kind: load, duration_s: 3600, users: 100, "
                                      "mix: {agent: 1}}]"), "big")
-    session = SimpleNamespace(env=SimpleNamespace(parsed_options=SimpleNamespace(
+    run = SimpleNamespace(target=SimpleNamespace(options=SimpleNamespace(
         k3_out="runs/r1", k3_sample_interval=1.0, k3_metrics_url=[], k3_prometheus_url=""), host="http://h:1"),
         run_dir=tmp_path, plan=plan, events=SimpleNamespace(event=lambda name, **f: events.append((name, f))))
     monkeypatch.setattr(observe, "free_bytes", lambda _p: 50_000_000)
-    observe.disk_space(session)  # 360,000 records at 242 B: 87 MB and more
+    observe.disk_space(run)  # 360,000 records at 242 B: 87 MB and more
     assert [name for name, _ in events] == ["disk_space_low"]
     assert events[0][1]["free_bytes"] == 50_000_000 and events[0][1]["needed_bytes"] > 87_000_000
     assert "runs/r1 has 50.0 MB free" in caplog.text and "the plan big may write up to" in caplog.text
     events.clear()
     monkeypatch.setattr(observe, "free_bytes", lambda _p: 10**12)
-    observe.disk_space(session)
+    observe.disk_space(run)
     assert events == []
 
 
 def test_a_disk_full_at_the_runs_very_end_is_exit_2_without_a_traceback(tmp_path, monkeypatch, capsys):
     """The verdict's own files cannot be written: the quitting handler does not die, it exits 2 with the line."""
     from k3load.loadgen import listeners
+    from k3load.loadgen.open_run import OpenRun
     from k3load.loadgen.session import HarnessSession
 
     opts = SimpleNamespace(k3_out=str(tmp_path / "r1"), headless=True, k3_accept_limited=False)
@@ -289,17 +290,17 @@ def test_a_disk_full_at_the_runs_very_end_is_exit_2_without_a_traceback(tmp_path
                           shape_class=None)
     session = HarnessSession(env)
     env.k3_session = session
-    session.run_dir = tmp_path / "r1"
-    session.hold.open(session.run_dir, "r1")
-    session._records = JsonlLog(session.run_dir / RECORDS, guard=session.hold.guard)
-    session.events = JsonlLog(session.run_dir / "events.jsonl", guard=session.hold.guard)
+    run_dir = tmp_path / "r1"
+    guard = session.hold.open(run_dir, "r1")
+    session.run = OpenRun("r1", run_dir, None, JsonlLog(run_dir / RECORDS, guard=guard),
+                          JsonlLog(run_dir / "events.jsonl", guard=guard), guard, None)
     session.write_record_line("a1", json.dumps({"attempt_id": "a1"}))
 
     def full(*_args):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(listeners, "_summarise_and_judge", full)
-    assert listeners.finish_run(env, session) is None
+    assert listeners.finish_run(env, session, session.run) is None
     listeners._on_quitting(env)
     assert env.process_exit_code == 2 and session.hold.lock is None
     said = [x for x in capsys.readouterr().err.splitlines() if x]

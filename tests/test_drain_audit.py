@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from k3load.loadgen.drain import StageDrain, reading_of
+from k3load.loadgen.role import ProcessRole
 from k3load.loadgen.worker_count import WorkerCount
 from k3load.rundir import JsonlLog
 from k3load.workload.plan import Stage
@@ -98,22 +99,22 @@ def _reading(ts: float, running: float, tokens: float) -> dict:
 
 
 def test_the_window_waits_for_the_server_within_its_bound_and_stops_the_plan_clock(tmp_path):
-    session = SimpleNamespace(events=JsonlLog(tmp_path / "events.jsonl"))
+    events = JsonlLog(tmp_path / "events.jsonl")
     readings = iter([_reading(0, 2, 100), _reading(1, 1, 150), _reading(2, 0, 170)])
-    drain = StageDrain(session, 5.0, read=lambda: next(readings), poll_s=0.01)
+    drain = StageDrain(events, 5.0, read=lambda: next(readings), poll_s=0.01)
     load = Stage("load", "load", 0, 5, 4, 4.0, {"agent": 1})
-    step2, step8 = (Stage(f"ramp-c{n}", "concurrency", 5, 5, n, 4.0, {"agent": 1}) for n in (2, 8))
+    step2, step8 = (Stage(f"ramp-c{n}", "concurrency", 5, 5, n, 4.0, {"agent": 1}, step_of="ramp") for n in (2, 8))
     assert drain.due(load, step2) and drain.due(load, None) and not drain.due(load, load)
     assert not drain.due(step2, step8) and drain.due(step8, None)  # never between the steps of one ramp
     event = drain.run(load)
     assert event["drained"] is True and event["polls"] == 3 and event["first"]["running"] == 2
     assert event["last"]["generation_tokens"] - event["first"]["generation_tokens"] == 70
     assert not drain.due(load, None) and 0 < drain.paused_s < 1  # once per stage; the clock waited that long
-    stuck = StageDrain(session, 0.05, read=lambda: _reading(0, 1, 0), poll_s=0.01).run(load)
+    stuck = StageDrain(events, 0.05, read=lambda: _reading(0, 1, 0), poll_s=0.01).run(load)
     assert stuck["drained"] is False and stuck["waited_s"] >= 0.05
-    blind = StageDrain(session, 5.0, read=lambda: None).run(load)  # no /metrics: no wait, nothing judged
+    blind = StageDrain(events, 5.0, read=lambda: None).run(load)  # no /metrics: no wait, nothing judged
     assert blind["drained"] is None and blind["polls"] == 1 and "no reading" in blind["error"]
-    assert StageDrain(session, 0.0).due(load, None) is False  # max_drain_s 0: no window
+    assert StageDrain(events, 0.0, read=lambda: None).due(load, None) is False  # max_drain_s 0: no window
 
 
 def test_a_reading_sums_the_sources_and_takes_the_worst_kv():
@@ -142,11 +143,12 @@ def test_the_plan_clock_stands_still_while_users_leave_so_a_short_stage_still_ru
     short = Stage("long-input", "long_input", 4, 2, 1, 1.0, {"long_input": 1})
     soak = Stage("soak", "soak", 6, 4, 2, 2.0, {"agent": 1})
     entered: list[str] = []
-    session = SimpleNamespace(fatal=False, run_dir=tmp_path, finished=False, role="local", ensure_started=lambda: None,
+    session = SimpleNamespace(fatal=False, run=SimpleNamespace(run_dir=tmp_path), finished=False,
+                              role=ProcessRole.LOCAL, ensure_started=lambda: None,
                               plan=SimpleNamespace(stages=(load, short, soak),
                                                    stage_at=lambda t: next((s for s in (load, short, soak)
                                                                             if t < s.end_s), None)),
-                              drain=StageDrain(SimpleNamespace(events=None), 5.0, read=lambda: _reading(0, 0, 0)),
+                              drain=StageDrain(None, 5.0, read=lambda: _reading(0, 0, 0)),
                               restart_drill=None, stage=None, events=None, load_skipped=False,
                               workers_seen=WorkerCount(), search=None)
     session.enter_stage = lambda stage: (entered.append(stage.name), setattr(session, "stage", stage))
@@ -215,7 +217,7 @@ def test_a_hold_that_never_begins_leaves_the_plan_clock_running(tmp_path, monkey
     soak = Stage("soak", "soak", 0, 10, 6, 6.0, {"agent": 1})
     after = Stage("after", "load", 10, 4, 2, 2.0, {"agent": 1})
     rig = _rig(tmp_path, monkeypatch, (soak, after),
-               drain=StageDrain(SimpleNamespace(events=None), 5.0, read=lambda: _reading(0, 0, 0)), hold_s=5.0)
+               drain=StageDrain(None, 5.0, read=lambda: _reading(0, 0, 0)), hold_s=5.0)
     shape, session, runner, now, entered = rig.shape, rig.session, rig.runner, rig.now, rig.entered
     assert shape.tick()[0] == 6
     runner.user_count = 6
@@ -258,7 +260,8 @@ def _rig(tmp_path, monkeypatch, stages: tuple[Stage, ...], drain: Any = None, ho
     monkeypatch.setattr(shape_module, "time", fake_time, raising=False)
     entered: list[str] = []
     written: list[dict] = []
-    session = SimpleNamespace(fatal=False, run_dir=tmp_path, finished=False, role="local", ensure_started=lambda: None,
+    session = SimpleNamespace(fatal=False, run=SimpleNamespace(run_dir=tmp_path), finished=False,
+                              role=ProcessRole.LOCAL, ensure_started=lambda: None,
                               plan=SimpleNamespace(stages=stages, stage_at=lambda t: next((s for s in stages
                                                                                           if t < s.end_s), None)),
                               drain=drain, restart_drill=None, stage=None, events=None, load_skipped=False,

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from k3load.loadgen import observe
+from k3load.loadgen.target import TargetApi
 from k3load.precheck import run_precheck
 from k3load.precheck.evidence import normalise_host
 from k3load.precheck.formats import EvidenceFormatError, check_collect_env, read_custom_build, read_host_inventory
@@ -184,7 +185,7 @@ def test_the_locust_precheck_at_run_time_raises_the_input_error(tmp_path: Path) 
     opts = SimpleNamespace(k3_recipe=str(KIMI), k3_container_info="", k3_host_inventory=[str(path)],
                            k3_startup_log="", k3_image="", k3_custom_build="", k3_api_key="", k3_nvml="off",
                            k3_metrics_url=[])
-    session = SimpleNamespace(run_dir=tmp_path / "run", env=SimpleNamespace(parsed_options=opts, host=None))
+    run = SimpleNamespace(run_dir=tmp_path / "run", target=TargetApi(None, opts))  # type: ignore[arg-type]
     with pytest.raises(EvidenceFormatError, match=r"node1.json: driver_version: missing"):
-        observe.precheck(session)  # type: ignore[arg-type]
+        observe.precheck(run, stop=lambda: None)  # type: ignore[arg-type]
     assert not (tmp_path / "run" / "compat.json").exists()

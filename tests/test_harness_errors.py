@@ -29,6 +29,7 @@ import yaml
 from k3load.loadgen import observe
 from k3load.loadgen.inputs import HarnessError, check_options, plan_path, scenario_paths
 from k3load.loadgen.options import session_header
+from k3load.loadgen.target import TargetApi
 from k3load.precheck.recipe import RecipeError
 from k3load.sim.process import SimProcess
 from k3load.yamlfile import YamlFileError, load_yaml_text
@@ -268,9 +269,9 @@ def test_the_locust_precheck_raises_on_a_recipe_it_cannot_use(tmp_path: Path) ->
     bad = _recipe_with(tmp_path, "colour: blue\n")
     opts = SimpleNamespace(k3_recipe=str(bad), k3_container_info="", k3_host_inventory=[], k3_startup_log="",
                            k3_image="", k3_custom_build="", k3_api_key="", k3_nvml="off", k3_metrics_url=[])
-    session = SimpleNamespace(run_dir=tmp_path / "run", env=SimpleNamespace(parsed_options=opts, host=None))
+    run = SimpleNamespace(run_dir=tmp_path / "run", target=TargetApi(None, opts))
     with pytest.raises(RecipeError, match=r"\(top level\): Additional properties are not allowed"):
-        observe.precheck(session)
+        observe.precheck(run, stop=lambda: None)
     assert not (tmp_path / "run" / "compat.json").exists()
 
 

@@ -135,17 +135,17 @@ def test_memory_still_held_with_the_server_gone_is_named():
 def test_the_hold_hears_a_down_before_the_restarter_starts_a_command_for_it():
     """Both listen to the same server_down, one after the other: the hold must take its count of restarts first, or
     the command started for this very down never counts as evidence that it was a crash."""
+    from pathlib import Path
     from types import SimpleNamespace
 
     from k3load.loadgen.observe import Restarter, watch_recoveries
 
-    session = SimpleNamespace(events=SimpleNamespace(listeners=[]), stage=SOAK, restart_drill=None,
-                              limits={"resources": {}}, env=SimpleNamespace(parsed_options=SimpleNamespace(
-                                  k3_max_restarts=3)))
-    restarter = Restarter(session, "true", 3)
-    session.events.listeners.append(restarter)
-    hold = watch_recoveries(session)
-    assert session.events.listeners == [hold, restarter]
+    run = SimpleNamespace(events=SimpleNamespace(listeners=[]), limits={"resources": {}},
+                          target=SimpleNamespace(options=SimpleNamespace(k3_max_restarts=3)))
+    restarter = Restarter(run.events, Path("."), "true", 3)
+    run.events.listeners.append(restarter)
+    hold = watch_recoveries(run, lambda: SOAK, lambda: False)
+    assert run.events.listeners == [hold, restarter]
     hold({"event": "server_down", "ts": 1.0, "reason": "timeout"})
     restarter.started = 1  # what the restarter does next, for the same down
     hold({"event": "server_up", "ts": 20.0})

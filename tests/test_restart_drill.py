@@ -86,7 +86,8 @@ def _session(tmp_path: Path) -> SimpleNamespace:
 def test_a_server_that_never_comes_back_fails_the_drill_within_its_bound(tmp_path):
     answers = iter([True])  # up before the command, then never again
     session = _session(tmp_path)
-    drill = RestartDrill(session, "true", 0.6, probe=lambda: next(answers, False), poll_s=0.05)
+    drill = RestartDrill(session.events, session.run_dir, None, "true", 0.6, probe=lambda: next(answers, False),
+                         poll_s=0.05)
     stage = Stage("restart", "restart", 0, 5, 1, 1.0, {"cold": 1})
     assert drill.due(stage) and drill.run(stage, None) is False and not drill.due(stage)
     assert 0.6 <= drill.paused_s < 2 and not drill.active
@@ -101,7 +102,8 @@ def test_a_server_that_never_comes_back_fails_the_drill_within_its_bound(tmp_pat
 
 
 def test_a_command_that_does_not_restart_the_server_fails_the_drill(tmp_path):
-    drill = RestartDrill(_session(tmp_path), "exit 3", 5, probe=lambda: True, poll_s=0.05)
+    session = _session(tmp_path)
+    drill = RestartDrill(session.events, session.run_dir, None, "exit 3", 5, probe=lambda: True, poll_s=0.05)
     assert drill.run(Stage("restart", "restart", 0, 5, 1, 1.0, {"cold": 1}), None) is False
     failed = _events(tmp_path)[-1]
     assert failed["event"] == "restart_drill_failed" and failed["command_rc"] == 3
@@ -118,13 +120,14 @@ def test_without_a_restart_command_the_drill_is_not_run_never_passed(tmp_path):
 def test_the_crash_path_stays_out_while_the_drill_runs_and_the_drill_after_a_crash_restart(tmp_path):
     session = _session(tmp_path)
     session.restart_drill = SimpleNamespace(active=True)
-    restarter = Restarter(session, "true", 3)
+    restarter = Restarter(session.events, session.run_dir, "true", 3, drilling=lambda: session.restart_drill.active)
     restarter({"event": "server_down"})  # the drill's own down: no crash restart
     assert restarter.started == 0
     session.restart_drill.active = False
     restarter({"event": "server_down"})  # a real crash later in the run: the crash path restarts
     assert restarter.started == 1
-    drill = RestartDrill(session, "true", 5, probe=lambda: True, crash_restarts=lambda: restarter.started)
+    drill = RestartDrill(session.events, session.run_dir, None, "true", 5, probe=lambda: True,
+                         crash_restarts=lambda: restarter.started)
     assert not drill.due(Stage("restart", "restart", 0, 5, 1, 1.0, {"cold": 1}))  # already restarted after a crash
     skipped = [e for e in _events(tmp_path) if e["event"] == "restart_drill_skipped"]
     assert len(skipped) == 1 and skipped[0]["crash_restarts"] == 1

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -80,7 +79,7 @@ def test_a_dead_runs_directory_is_set_aside_and_the_lock_file_stays(tmp_path):
 def test_the_same_process_keeps_its_lock_across_the_web_uis_runs(tmp_path):
     """The web UI: each test a new run in the same directory, the same lock restamped; another directory
     given later drops the first."""
-    hold = RunHold(SimpleNamespace())
+    hold = RunHold(lambda *_failed: None)
     hold.open(tmp_path / "r", "run-1")
     first = hold.lock
     hold.open(tmp_path / "r", "run-2")

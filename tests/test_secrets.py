@@ -307,8 +307,8 @@ def test_a_restart_commands_output_is_logged_redacted_and_outlives_the_harness_c
     """The command prints the key it starts a server with; its log holds the line, redacted. The copier
     is a process of its own, so what the command prints after the Restarter is gone is logged too."""
     redact_in_files(Secrets.parse(KEY, [GATEWAY_HEADER]))
-    session = SimpleNamespace(run_dir=tmp_path, events=JsonlLog(tmp_path / "events.jsonl"))
-    restarter = Restarter(session, f"echo serve --api-key {KEY} --header {GATEWAY}; sleep 0.5; echo later {KEY}", 1)
+    restarter = Restarter(JsonlLog(tmp_path / "events.jsonl"), tmp_path,
+                          f"echo serve --api-key {KEY} --header {GATEWAY}; sleep 0.5; echo later {KEY}", 1)
     restarter({"event": "server_down"})
     del restarter  # nothing of the harness side holds the output any more
     log = tmp_path / "restart-1.log"
@@ -340,10 +340,10 @@ def test_a_restarted_server_does_not_hold_the_harness_console_open(tmp_path: Pat
     harness's stdout open (found by the real-server suite: the run's `communicate()` hung until its
     timeout while the restarted server lived)."""
     pidfile = tmp_path / "server.pid"
-    code = (f"from pathlib import Path; from types import SimpleNamespace\n"
+    code = (f"from pathlib import Path\n"
             f"from k3load.loadgen.observe import Restarter; from k3load.rundir import JsonlLog\n"
             f"d = Path({str(tmp_path)!r})\n"
-            f"Restarter(SimpleNamespace(run_dir=d, events=JsonlLog(d / 'events.jsonl')), "
+            f"Restarter(JsonlLog(d / 'events.jsonl'), d, "
             f"'echo $$ > {pidfile}; echo up; exec sleep 30', 1)({{'event': 'server_down'}})\n"
             f"print('harness done')\n")
     started = time.monotonic()

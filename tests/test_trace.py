@@ -344,10 +344,9 @@ def test_a_workers_replay_end_writes_only_the_events_declared_fields(tmp_path: P
     from k3load.rundir import JsonlLog
 
     log = JsonlLog(tmp_path / "events.jsonl")
-    session = SimpleNamespace(events=log)
-    write_from_worker(session, "w1", {"run_id": "r", "stage": "replay", "rows_sent": 3, "verdict": "go",
-                                      "api_key": "x"})
-    write_from_worker(session, "w1", ["not", "a", "dict"])  # type: ignore[arg-type]
+    write_from_worker(log, "w1", {"run_id": "r", "stage": "replay", "rows_sent": 3, "verdict": "go",
+                                  "api_key": "x"})
+    write_from_worker(log, "w1", ["not", "a", "dict"])  # type: ignore[arg-type]
     log.close()
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [{k: v for k, v in e.items() if k != "ts"} for e in events] == [

@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gevent
 from locust.exception import RPCError, RPCSendError
@@ -30,10 +30,8 @@ from locust.runners import WorkerRunner
 
 from k3load.clock import now
 from k3load.events import Event, Message
+from k3load.rundir import JsonlLog
 from k3load.sampler.loop import CpuMeter
-
-if TYPE_CHECKING:  # the master's session writes the readings: imported for the annotations only
-    from k3load.loadgen.session import HarnessSession
 
 log = logging.getLogger("k3load")
 
@@ -86,11 +84,11 @@ def process_name(host: str, pid: Any) -> str:
     return f"worker {host}:{pid}"
 
 
-def write_reading(session: HarnessSession, worker: str, data: dict[str, Any]) -> None:
-    """Master: one worker's reading into events.jsonl, stamped on the master's clock."""
-    if session.events is None or data.get("cpu_pct") is None:
+def write_reading(events: JsonlLog | None, worker: str, data: dict[str, Any]) -> None:
+    """Master: one worker's reading into the run's events.jsonl (None: no run open), on the master's clock."""
+    if events is None or data.get("cpu_pct") is None:
         return
     with contextlib.suppress(ValueError):  # closed: a reading after the run's end has nowhere to go
-        session.events.event(Event.LOAD_GENERATOR_CPU,
-                             process=process_name(str(data.get("host") or worker), data.get("pid")),
-                             role="worker", worker=worker, cpu_pct=float(data["cpu_pct"]), worker_ts=data.get("ts"))
+        events.event(Event.LOAD_GENERATOR_CPU,
+                     process=process_name(str(data.get("host") or worker), data.get("pid")),
+                     role="worker", worker=worker, cpu_pct=float(data["cpu_pct"]), worker_ts=data.get("ts"))

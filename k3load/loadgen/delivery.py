@@ -26,9 +26,8 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import gevent
 from locust.exception import RPCError, RPCReceiveError, RPCSendError
@@ -37,9 +36,8 @@ from locust.runners import MasterRunner
 
 from k3load.events import Event, Message
 from k3load.loadgen import cpu, replay, spools
-
-if TYPE_CHECKING:  # the session holds the ledger and calls in here: imported for the annotations only
-    from k3load.loadgen.session import HarnessSession
+from k3load.loadgen.open_run import OpenRun
+from k3load.rundir import JsonlLog
 
 log = logging.getLogger("k3load")
 WAIT_MARGIN_S = 10.0  # on top of --stop-timeout: a worker's stop, its last sends and its spool's seal
@@ -112,7 +110,7 @@ class Workers:
     def wait(self, spool_dir: Path, timeout_s: float, sleep: Callable[[float], object],
              clock: Callable[[], float] = time.monotonic) -> list[str]:
         """Waits until no worker is pending or `timeout_s` passed; returns the workers still pending."""
-        deadline, sealed_at = clock() + timeout_s, {}
+        deadline, sealed_at = clock() + timeout_s, dict[str, float]()
         pending = self.pending(spool_dir, sealed_at, clock())
         while pending and clock() < deadline:
             sleep(PUMP_STEP_S)
@@ -134,16 +132,33 @@ class Workers:
         return f"worker {worker} ({where}; {count}{unsent}; {spool})"
 
 
-def register(runner: MasterRunner, session: HarnessSession) -> None:
+class MasterSide(Protocol):
+    """What the master's message handlers read of its session (k3load.loadgen.session.HarnessSession): the run
+    now (a web UI's next test is a new one), its events, the ledger, and where a record is written."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def events(self) -> JsonlLog | None: ...
+
+    @property
+    def workers(self) -> Workers: ...
+
+    def write_record_line(self, attempt_id: str, line: str) -> bool: ...
+
+
+def register(runner: MasterRunner, session: MasterSide) -> None:
     """Master: the workers' messages (k3load.events.Message)."""
     runner.register_message(Message.JOIN, _of_this_run(session, session.workers.joined))
     runner.register_message(Message.RECORD, lambda msg, **_kw: on_record(session, msg.node_id, msg.data))
     runner.register_message(Message.DONE, _of_this_run(session, session.workers.done))
-    runner.register_message(Message.CPU, _of_this_run(session, partial(cpu.write_reading, session)))
-    runner.register_message(Message.REPLAY, _of_this_run(session, partial(replay.write_from_worker, session)))
+    runner.register_message(Message.CPU, _of_this_run(session, lambda w, d: cpu.write_reading(session.events, w, d)))
+    runner.register_message(Message.REPLAY, _of_this_run(session, lambda w, d: replay.write_from_worker(
+        session.events, w, d)))
 
 
-def _of_this_run(session: HarnessSession, handle: Callable[[str, Any], None]) -> Callable[..., None]:
+def _of_this_run(session: MasterSide, handle: Callable[[str, Any], None]) -> Callable[..., None]:
     """A message handler: `handle(worker, data)` for a message of this run, nothing for an earlier run's."""
 
     def handler(msg: LocustMessage, **_kw: Any) -> None:
@@ -153,13 +168,13 @@ def _of_this_run(session: HarnessSession, handle: Callable[[str, Any], None]) ->
     return handler
 
 
-def _this_run(session: HarnessSession, msg: LocustMessage) -> bool:
+def _this_run(session: MasterSide, msg: LocustMessage) -> bool:
     """A message of an earlier run (a web UI test before this one) is not this run's to count."""
     run_id = (msg.data or {}).get("run_id") if isinstance(msg.data, dict) else None
     return run_id is None or run_id == session.run_id
 
 
-def on_record(session: HarnessSession, worker: str, line: str) -> None:
+def on_record(session: MasterSide, worker: str, line: str) -> None:
     """Master: a worker's record, counted for that worker and written once per attempt id."""
     record = json.loads(line)
     if record.get("run_id") not in (None, session.run_id):
@@ -197,19 +212,19 @@ def pump(runner: MasterRunner, step_s: float = PUMP_STEP_S) -> bool:
     return True
 
 
-def collect(session: HarnessSession, runner: MasterRunner, timeout_s: float) -> list[str]:
-    """Master at the end: every worker's records in (bounded), spools read where a worker is short, and the
-    workers still short returned as the run's problems (each also logged as an error, never dropped)."""
-    workers = session.workers
-    assert session.run_dir is not None  # the master's run, open until this returns
-    spool_dir = session.run_dir / "spool"
+def collect(run: OpenRun, workers: Workers, write: Callable[[str, str], bool], runner: MasterRunner,
+            timeout_s: float) -> list[str]:
+    """Master at the end of `run`: every worker's records in (bounded), spools read where a worker is short (each
+    attempt through `write`, once), and the workers still short returned as the run's problems (each also logged
+    as an error, never dropped)."""
+    spool_dir = run.run_dir / "spool"
     pumped = [0]  # k3_* messages read by `pump` after Locust's master quit
 
     def step(seconds: float) -> None:
         pumped[0] += pump(runner, seconds)
 
     short = workers.wait(spool_dir, timeout_s, sleep=step if hasattr(runner, "server") else gevent.sleep)
-    recovered = _reconcile(session, spool_dir)
+    recovered = _reconcile(workers, write, spool_dir)
     if recovered:
         log.warning("k3load: %d attempt(s) recovered from worker spools", recovered)
     short = [w for w in short if not _sealed(workers.tallies[w], spool_dir)]
@@ -217,11 +232,11 @@ def collect(session: HarnessSession, runner: MasterRunner, timeout_s: float) -> 
                 "may be missing from records.jsonl" for w in short]
     for problem in problems:
         log.error("k3load: %s", problem)
-    if session.events is not None and workers.tallies:
-        session.events.event(Event.WORKER_SPOOLS, workers=len(workers.tallies), final=len(workers.tallies) - len(short),
-                             not_final=[workers.describe(w) for w in short], waited_s=timeout_s,
-                             read_after_locust_quit=pumped[0],
-                             by_worker={w: asdict(t) for w, t in sorted(workers.tallies.items())})
+    if workers.tallies:
+        run.events.event(Event.WORKER_SPOOLS, workers=len(workers.tallies), final=len(workers.tallies) - len(short),
+                         not_final=[workers.describe(w) for w in short], waited_s=timeout_s,
+                         read_after_locust_quit=pumped[0],
+                         by_worker={w: asdict(t) for w, t in sorted(workers.tallies.items())})
     return problems
 
 
@@ -239,16 +254,16 @@ def _sealed(tally: Tally, spool_dir: Path) -> bool:
     return bool(tally.spool) and spools.is_final(spool_dir / str(tally.spool))
 
 
-def _reconcile(session: HarnessSession, spool_dir: Path) -> int:
+def _reconcile(workers: Workers, write: Callable[[str, str], bool], spool_dir: Path) -> int:
     """Attempts that reached the spool of a worker whose messages fell short, but not the master, are added
     (none twice). A complete worker's spool is not read: its messages brought everything."""
     added = 0
-    for tally in (t for _w, t in sorted(session.workers.tallies.items()) if t.spool and not t.complete):
+    for tally in (t for _w, t in sorted(workers.tallies.items()) if t.spool and not t.complete):
         path = spool_dir / str(tally.spool)
         if not path.exists():
             continue
         for attempt_id, line in spools.attempt_lines(path):
-            if session.write_record_line(attempt_id, line):
+            if write(attempt_id, line):
                 tally.recovered += 1
                 added += 1
     return added

@@ -10,8 +10,8 @@ reads 0 at the first poll. The plan's clock stands still while the users leave (
 and while the server is polled, so a server that does not drain delays the next stage by the bound,
 never eats it.
 
-Not between the steps of one ramp (`steps`: NAME-cN): a ramp that fell to zero users between steps
-would no longer be a ramp; its drain comes after its last step.
+Not between the steps of one ramp (a plan's concurrency `steps`, told by `Stage.step_of`): a ramp that fell
+to zero users between steps would no longer be a ramp; its drain comes after its last step.
 
 Writes one `stage_drain` event per window (events.jsonl), the readings being the server's own:
     stage, users_stopped_ts (every client of the stage had left), bound_s, waited_s, polls,
@@ -26,27 +26,28 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gevent
 
 from k3load.client.access import gevent_patched
 from k3load.events import Event
 from k3load.loadgen.options import metrics_urls, run_access
+from k3load.loadgen.target import TargetApi
+from k3load.rundir import JsonlLog
 from k3load.sampler.fetch import fetch, same_origin
 from k3load.sampler.prom import parse, split_key
+from k3load.sampler.vllm_metrics import VllmMetric
 from k3load.workload.plan import Stage
-
-if TYPE_CHECKING:  # the session builds the drain: imported for the annotations only
-    from k3load.loadgen.session import HarnessSession
+from k3load.workload.stage_kind import StageKind
 
 log = logging.getLogger("k3load")
 POLL_S = 0.1
 FETCH_TIMEOUT_S = 2.0
-SERIES = {"running": ("vllm:num_requests_running", None), "waiting": ("vllm:num_requests_waiting", None),
-          "kv_usage": ("vllm:kv_cache_usage_perc", None),
-          "generation_tokens": ("vllm:generation_tokens_total", None),
-          "aborted": ("vllm:request_success_total", {"finished_reason": "abort"})}
+SERIES: dict[str, tuple[str, dict[str, str] | None]] = {
+    "running": (VllmMetric.NUM_REQUESTS_RUNNING, None), "waiting": (VllmMetric.NUM_REQUESTS_WAITING, None),
+    "kv_usage": (VllmMetric.KV_CACHE_USAGE, None), "generation_tokens": (VllmMetric.GENERATION_TOKENS_TOTAL, None),
+    "aborted": (VllmMetric.REQUEST_SUCCESS_TOTAL, {"finished_reason": "abort"})}
 Reading = dict[str, Any]
 
 
@@ -74,18 +75,19 @@ def _matches(key: str, name: str, match: dict[str, str] | None) -> bool:
 
 
 def same_ramp(old: Stage, new: Stage | None) -> bool:
-    """Two steps of one `steps` stage (NAME-cN, NAME-cM): no drain between them."""
-    return (new is not None and old.kind == new.kind == "concurrency" and "-c" in old.name and "-c" in new.name
-            and old.name.rsplit("-c", 1)[0] == new.name.rsplit("-c", 1)[0])
+    """Two steps of one concurrency `steps` stage (NAME-cN, NAME-cM: the same `step_of`): no drain between them."""
+    return (new is not None and old.kind == new.kind == StageKind.CONCURRENCY and old.step_of is not None
+            and old.step_of == new.step_of)
 
 
 class StageDrain:
-    """Master/local: the drain windows of one run. `read()` gives a Reading or None (tests inject one)."""
+    """Master/local: the drain windows of one run, said into `events`. `read()` gives a Reading or None
+    (`server_reader`'s on a run; tests inject one)."""
 
-    def __init__(self, session: HarnessSession, bound_s: float, read: Callable[[], Reading | None] | None = None,
+    def __init__(self, events: JsonlLog | None, bound_s: float, read: Callable[[], Reading | None],
                  poll_s: float = POLL_S, clock: Callable[[], float] = time.time) -> None:
-        self.session, self.bound_s, self.poll_s, self.clock = session, bound_s, poll_s, clock
-        self.read = read or self._read_server
+        self.events, self.bound_s, self.poll_s, self.clock = events, bound_s, poll_s, clock
+        self.read = read
         self.done: set[str] = set()
         self.paused_s = 0.0  # the plan's clock stood still this long (server polled after users stopped)
 
@@ -110,9 +112,9 @@ class StageDrain:
         event = {"stage": stage.name, "users_stopped_ts": start, "bound_s": self.bound_s,
                  "waited_s": round(waited, 3), "polls": polls, "drained": drained, "first": first, "last": last}
         if first is None:
-            event["error"] = "no reading of vllm:num_requests_running on /metrics"
-        if self.session.events is not None:
-            self.session.events.event(Event.STAGE_DRAIN, **event)
+            event["error"] = f"no reading of {VllmMetric.NUM_REQUESTS_RUNNING} on /metrics"
+        if self.events is not None:
+            self.events.event(Event.STAGE_DRAIN, **event)
         if drained is False:
             log.warning("k3load: stage %s did not drain within %.0f s: %s running, %s waiting after every client "
                         "left", stage.name, self.bound_s, last["running"], last["waiting"])  # type: ignore[index]
@@ -125,9 +127,11 @@ class StageDrain:
             log.warning("k3load: drain reading failed: %s", exc)
             return None
 
-    def _read_server(self) -> Reading | None:
-        env = self.session.env
-        opts, host = env.parsed_options, env.host.rstrip("/")
+
+def server_reader(target: TargetApi, clock: Callable[[], float] = time.time) -> Callable[[], Reading | None]:
+    """One reading of every metrics source of the run's target (its key and headers to its own origin only)."""
+    def read() -> Reading | None:
+        opts, host = target.options, target.host.rstrip("/")
         secrets, tls = run_access(opts)
         bodies = []
         for url in metrics_urls(opts, host):
@@ -137,7 +141,9 @@ class StageDrain:
                         headers=dict(secrets.headers) if own else None, context=context)
             if got.ok:
                 bodies.append(got.body)
-        return reading_of(bodies, self.clock())
+        return reading_of(bodies, clock())
+
+    return read
 
 
 def _busy(reading: Reading | None) -> bool:

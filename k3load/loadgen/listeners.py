@@ -34,8 +34,10 @@ from k3load.client.origin import plain_http_warning
 from k3load.events import Event, Message
 from k3load.evidence import records_file
 from k3load.loadgen import delivery, held_secrets, sigterm, ui_guard, webui
-from k3load.loadgen.inputs import HARNESS_ERROR_EXIT, check_inputs
+from k3load.loadgen.inputs import HARNESS_ERROR_EXIT, STARTUP_ERRORS, HarnessError, check_inputs
+from k3load.loadgen.open_run import OpenRun
 from k3load.loadgen.options import add_options
+from k3load.loadgen.role import ProcessRole
 from k3load.loadgen.session import HarnessSession
 from k3load.private_files import restrict_umask
 from k3load.rundir import write_json_atomic
@@ -50,13 +52,13 @@ PLANS_DIR = Path(__file__).resolve().parents[2] / "plans"
 def _on_init(environment: Any, **_kwargs: Any) -> None:
     restrict_umask()  # what Locust opens from here on (--csv, --html, --json-file) is this user's alone
     session = HarnessSession(environment)
-    if session.role in ("local", "master"):
+    if session.role.owns_run:
         _check_inputs(environment.parsed_options, session)
     if environment.parsed_options is not None:  # the key and headers leave the options Locust relays and shows
         held = held_secrets.hold(environment.parsed_options, environment.host)
-        if session.role != "worker":
+        if session.role.owns_run:
             for warning in ui_guard.exposure_warnings(environment.parsed_options, environment.web_ui is not None,
-                                                      session.role == "master"):
+                                                      session.role.is_master):
                 log.warning("k3load: %s", warning)
             if plain := plain_http_warning(environment.host or "", bool(held)):
                 log.warning("%s", plain)
@@ -66,15 +68,15 @@ def _on_init(environment: Any, **_kwargs: Any) -> None:
     if not environment.stop_timeout:
         environment.stop_timeout = DEFAULT_STOP_TIMEOUT_S  # let in-flight turns end and be recorded
     sigterm.register(environment)  # a headless shape run: SIGTERM stops it as Ctrl-C does (verdict written)
-    if getattr(environment, "web_ui", None) is not None and session.role in ("local", "master"):
+    if getattr(environment, "web_ui", None) is not None and session.role.owns_run:
         webui.register(environment)  # the k3load tab, its live page and GET /k3load/state
     runner = environment.runner
     if runner is None:
         return
-    if session.role == "master":
+    if session.role.is_master:
         delivery.register(runner, session)  # k3_join, k3_record, k3_done, k3_cpu
         runner.register_message(Message.REFUSED, lambda msg, **_kw: _worker_refused(environment, msg.data))
-    elif session.role == "worker":
+    elif session.role.is_worker:
         runner.register_message(Message.RUN, lambda msg, **_kw: session.join_run(msg.data))
         runner.register_message(Message.STAGE, lambda msg, **_kw: _stage_from_master(session, msg.data))
 
@@ -96,27 +98,27 @@ def _check_inputs(opts: Any, session: HarnessSession) -> None:
     try:
         check_inputs(opts, PLANS_DIR)
         if busy := in_use(Path(opts.k3_out).resolve()):  # a live run's directory: refused before any load
-            raise ValueError(busy)
-    except (ValueError, OSError) as exc:
+            raise HarnessError(busy)
+    except STARTUP_ERRORS as exc:
         session.fail(str(exc))
-        if session.role == "local":
+        if session.role is ProcessRole.LOCAL:
             raise SystemExit(HARNESS_ERROR_EXIT) from None
 
 
 def _on_test_start(environment: Any, **_kwargs: Any) -> None:
     session = environment.k3_session
-    if session.role == "worker":
+    if session.role.is_worker:
         _check_worker_secrets(environment, session)
     if session.fatal:
         return
     try:
         session.ensure_started()
-    except (RuntimeError, ValueError, OSError) as exc:
+    except STARTUP_ERRORS as exc:  # anything else is a bug: its traceback stays (Locust prints it)
         session.fail(str(exc))
         return
     if session.link is not None:
         session.link.cpu.start(environment.parsed_options.k3_sample_interval)
-    if session.role != "worker" and session.manual.active and not session.manual.stages:
+    if session.role.owns_run and session.manual.active and not session.manual.stages:
         opts = environment.parsed_options
         session.enter_manual_stage(opts.num_users or 0, opts.spawn_rate or 1.0)
 
@@ -161,10 +163,11 @@ def _on_test_stop(environment: Any, **_kwargs: Any) -> None:
     if session.link is not None:
         session.link.seal()
         return
-    if session.run_dir is None or session.finished or session.fatal or not judges_at_stop(environment):
+    run = session.run
+    if run is None or session.finished or session.fatal or not judges_at_stop(environment):
         return
     session.finished = True  # no new test joins this run; records still in flight are written
-    session.finisher = gevent.spawn(finish_run, environment, session, True)
+    session.finisher = gevent.spawn(finish_run, environment, session, run, True)
 
 
 def judges_at_stop(environment: Any) -> bool:
@@ -174,18 +177,19 @@ def judges_at_stop(environment: Any) -> bool:
 
 def _on_quitting(environment: Any, **_kwargs: Any) -> None:
     session: HarnessSession | None = getattr(environment, "k3_session", None)
-    if session is not None and session.fatal and session.role != "worker":
+    if session is not None and session.fatal and session.role.owns_run:
         _quit_fatal(environment, session)  # the error was said once when it happened (HarnessSession.fail)
         return
     if session is not None and session.fatal:  # a worker's harness error, told to its master: not a clean exit
         environment.process_exit_code = HARNESS_ERROR_EXIT
     if session is not None and session.link is not None:
         session.link.cpu.stop()  # a worker quitting without test_stop (never started): no reading follows
-    if session is None or session.role == "worker" or session.run_dir is None:
+    run = session.run if session is not None and session.role.owns_run else None
+    if session is None or run is None:
         return
     if session.finisher is not None:
         session.finisher.join()  # the web UI's last test, judged at its stop
-    judgment = session.judgment if session.finished else finish_run(environment, session)
+    judgment = session.judgment if session.finished else finish_run(environment, session, run)
     if judgment is None or session.fatal:  # a write failed at the end, the directory moved away: no verdict
         _quit_fatal(environment, session)
         return
@@ -205,23 +209,22 @@ def _quit_fatal(environment: Any, session: HarnessSession) -> None:
     environment.process_exit_code = HARNESS_ERROR_EXIT
 
 
-def finish_run(environment: Any, session: HarnessSession, in_thread: bool = False) -> Judgment | None:
+def finish_run(environment: Any, session: HarnessSession, run: OpenRun, in_thread: bool = False) -> Judgment | None:
     """Master/local: the run's last records in, `run_end`, files closed, then the validation summary
     and the judgment (verdict.json, reports, alerts, manifest). `in_thread`: the CPU-bound part runs in
     gevent's native thread pool, so this greenlet waits while the hub (the web UI) keeps serving.
     None, the run fatal (exit 2), when its directory is no longer the one it opened (checked before the
     first write of the end and again after the judgment: k3load.rundir_lock) or a write failed."""
     session.finished = True
-    run_dir = session.run_dir
-    assert run_dir is not None
-    problems = delivery.collect(session, environment.runner, (environment.stop_timeout or 0)
-                                + delivery.WAIT_MARGIN_S) if session.role == "master" else []
+    run_dir = run.run_dir
+    problems = delivery.collect(run, session.workers, session.write_record_line, environment.runner,
+                                (environment.stop_timeout or 0) + delivery.WAIT_MARGIN_S) \
+        if session.role.is_master else []
     if _moved_away(session):
         session.close()
         return None
     session.end_manual_stages()
-    if session.events is not None:
-        session.events.event(Event.RUN_END, attempts=session.attempts_written)
+    run.events.event(Event.RUN_END, attempts=session.attempts_written)
     session.close()  # a write that fails here stops the run too (k3load.loadgen.hold)
     if session.fatal:
         return None

@@ -40,6 +40,7 @@ from locust.runners import Runner
 from k3load.analysis.run.stats import wilson
 from k3load.evidence import METRICS, RECORDS, Follow, SeriesTable, evidence_file
 from k3load.sampler.prom import split_key
+from k3load.sampler.vllm_metrics import VllmMetric
 
 if TYPE_CHECKING:  # for the annotations only: the analysis loads when the first judgment runs
     from k3load.analysis.analyze import Judgment
@@ -92,7 +93,8 @@ def _max(samples: dict[str, float], name: str) -> float | None:
 class Signals:
     """The server's and the GPUs' latest readings of one run, from its scrape files."""
 
-    COUNTERS = ("vllm:num_preemptions_total", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+    COUNTERS = (VllmMetric.NUM_PREEMPTIONS_TOTAL, VllmMetric.PREFIX_CACHE_HITS_TOTAL,
+                VllmMetric.PREFIX_CACHE_QUERIES_TOTAL)
 
     def __init__(self, run_dir: Path) -> None:
         self.metrics = Tail(run_dir, METRICS, SeriesTable().decode)
@@ -124,21 +126,21 @@ class Signals:
 
     def _server(self) -> dict[str, Any]:
         sources = list(self.latest.values())
-        kv = [v for s in sources if (v := _max(s, "vllm:kv_cache_usage_perc")) is not None]
-        running = [v for s in sources if (v := _sum(s, "vllm:num_requests_running")) is not None]
-        waiting = [v for s in sources if (v := _sum(s, "vllm:num_requests_waiting")) is not None]
-        used = [row.get("memory_used_mib") for row in self.gpus.values() if row.get("memory_used_mib") is not None]
+        kv = [v for s in sources if (v := _max(s, VllmMetric.KV_CACHE_USAGE)) is not None]
+        running = [v for s in sources if (v := _sum(s, VllmMetric.NUM_REQUESTS_RUNNING)) is not None]
+        waiting = [v for s in sources if (v := _sum(s, VllmMetric.NUM_REQUESTS_WAITING)) is not None]
+        used = [v for row in self.gpus.values() if (v := row.get("memory_used_mib")) is not None]
         return {"kv_usage": max(kv) if kv else None, "running": sum(running) if running else None,
                 "waiting": sum(waiting) if waiting else None,
                 "gpu_memory_used_mib": float(sum(used)) if used else None}
 
     def snapshot(self) -> dict[str, Any]:
-        hits, queries = (self._counter_delta("vllm:prefix_cache_hits_total"),
-                         self._counter_delta("vllm:prefix_cache_queries_total"))
+        hits, queries = (self._counter_delta(VllmMetric.PREFIX_CACHE_HITS_TOTAL),
+                         self._counter_delta(VllmMetric.PREFIX_CACHE_QUERIES_TOTAL))
         gpus = [{"node": node, "gpu": gpu, "memory_used_mib": row.get("memory_used_mib"),
                  "memory_total_mib": row.get("memory_total_mib"), "simulated": bool(row.get("simulated"))}
                 for (node, gpu), row in sorted(self.gpus.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))]
-        return {**self._server(), "preemptions": self._counter_delta("vllm:num_preemptions_total"),
+        return {**self._server(), "preemptions": self._counter_delta(VllmMetric.NUM_PREEMPTIONS_TOTAL),
                 "prefix_cache_hit_ratio": hits / queries if hits is not None and queries else None, "gpus": gpus}
 
 
@@ -248,7 +250,8 @@ LATENCY_KEYS = ("ttft_p50_ms", "ttft_p95_ms", "ttfa_p50_ms", "ttfa_p95_ms", "itl
 def _provisional(run_dir: Path, judge: Callable[[Path], Judgment] | None, stage: str) -> tuple[dict[str, Any], dict]:
     """The final analysis's own functions over the run directory as it is now (nothing written)."""
     if judge is None:
-        from k3load.analysis.analyze import judge
+        from k3load.analysis import analyze  # the final analysis, loaded where a run is judged
+        judge = analyze.judge
     judgment = judge(run_dir)
     row = next((r for r in judgment.stage_table if r.get("stage") == stage), {})
     return _pillar_summary(judgment.pillars), row

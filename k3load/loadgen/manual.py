@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from k3load.workload.plan import Plan, Stage
+from k3load.workload.stage_kind import StageKind
 
 MANUAL_PLAN_NAME = "manual"
 
@@ -34,7 +35,7 @@ class ManualStages:
              clock: Callable[[], float] = time.monotonic) -> Stage:
         now = clock()
         t0 = self.started[0] if self.started else now
-        stage = Stage(name=f"manual-{len(self.stages) + 1}", kind="concurrency", start_s=now - t0,
+        stage = Stage(name=f"manual-{len(self.stages) + 1}", kind=StageKind.CONCURRENCY, start_s=now - t0,
                       duration_s=0.0, users=int(users), spawn_rate=float(spawn_rate),
                       mix={k: v for k, v in sorted(mix.items()) if v > 0})
         self.stages.append(stage)
@@ -59,12 +60,13 @@ class ManualStages:
         for i, stage in enumerate(self.stages):
             stop = self.stages[i + 1].start_s if i + 1 < len(self.stages) else end
             if stage.users > 0:
-                stages.append({"name": stage.name, "kind": "concurrency", "users": stage.users,
+                stages.append({"name": stage.name, "kind": StageKind.CONCURRENCY.value, "users": stage.users,
                                "spawn_rate": stage.spawn_rate, "duration_s": round(max(stop - stage.start_s, 0.001), 3),
                                "mix": stage.mix or {"agent": 1}})
         if not stages:
             mix = dict(plan.stages[0].mix) if plan.stages else {"agent": 1}
-            stages = [{"name": "manual-1", "kind": "concurrency", "users": 1, "duration_s": 0.001, "mix": mix}]
+            stages = [{"name": "manual-1", "kind": StageKind.CONCURRENCY.value, "users": 1, "duration_s": 0.001,
+                       "mix": mix}]
         raw["stages"] = stages
         return yaml.safe_dump(raw, sort_keys=False)
 

@@ -209,7 +209,7 @@ def public_options(parsed: Any) -> dict[str, Any]:
     (k3load.loadgen.held_secrets) are said as if still there."""
     kept = held_secrets.held(parsed)
     held = {"k3_api_key": kept.api_key, "k3_header": list(kept.headers)}
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in sorted(vars(parsed).items()):
         secret = key in SECRET_OPTIONS or any(word in key.lower() for word in ("key", "token", "password"))
         value = value or held.get(key, value)

@@ -32,8 +32,9 @@ from typing import Any
 from k3load.events import Event
 from k3load.rundir import JsonlLog
 from k3load.workload.plan import Stage
+from k3load.workload.stage_kind import StageKind
 
-RECOVERY = "recovery"  # the stage kind of a hold (never in a plan: the harness inserts it)
+RECOVERY = StageKind.RECOVERY  # the stage kind of a hold (never in a plan: the harness inserts it)
 PORT_CLOSED = ("connection refused", "connection reset")  # the sampler's server_down reasons of a process gone
 # a gateway's own answer that its upstream is unreachable (nginx: 502 on a refused connection, 504 on none): behind
 # a proxy, the process gone shows as these, never as a closed port (tests/test_replicas_nginx.py's topology)

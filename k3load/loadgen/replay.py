@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import gevent
 import gevent.lock
@@ -40,7 +40,10 @@ import httpx
 
 from k3load.analysis.pillars.headroom.arrival_lag import LATE_S
 from k3load.events import FIELDS, Event, Message
+from k3load.loadgen.role import ProcessRole
+from k3load.loadgen.target import TargetApi
 from k3load.records import Attempt
+from k3load.rundir import JsonlLog
 from k3load.workload.conversation import RunContext, record_of, send_and_judge
 from k3load.workload.plan import ReplaySpec, Stage
 from k3load.workload.scenario import Scenario, Turn
@@ -276,26 +279,13 @@ def finish(state: ReplayState, write: Callable[[dict[str, Any]], None]) -> None:
         write(summary)
 
 
-class ReplaySession(Protocol):
-    """What a replay stage reads of the harness's session (k3load.loadgen.session.HarnessSession): the target,
-    its API client, the run, and where events go."""
-
-    env: Any  # Locust's Environment: its host and runner
-    model: str
-    run_id: str
-    events: Any  # rundir.JsonlLog, None on a worker
-
-    def api_client(self) -> httpx.Client: ...
-
-
-def server_count(session: ReplaySession) -> Callable[[str], int]:
+def server_count(target: TargetApi, model: str) -> Callable[[str], int]:
     """The target's own token count of a text (`/tokenize` with `prompt`, as vLLM and the sim serve it), with the
     run's key, headers and TLS; raises ValueError when the server cannot say (the blocks are then estimated)."""
     def count(text: str) -> int:
         try:
-            with session.api_client() as client:
-                resp = client.post(f"{session.env.host.rstrip('/')}/tokenize", json={"model": session.model,
-                                                                                    "prompt": text})
+            with target.client() as client:
+                resp = client.post(target.url("/tokenize"), json={"model": model, "prompt": text})
             resp.raise_for_status()
             return int(resp.json()["count"])
         except (httpx.HTTPError, KeyError, TypeError) as exc:
@@ -303,29 +293,28 @@ def server_count(session: ReplaySession) -> Callable[[str], int]:
     return count
 
 
-def event_writer(session: ReplaySession) -> Callable[[dict[str, Any]], None]:
-    """Master/local: into events.jsonl as `replay_end`; a worker sends it to its master (Message.REPLAY), which
-    writes it there (`write_from_worker`), and logs it too."""
+def event_writer(events: JsonlLog | None, runner: Any, run_id: str) -> Callable[[dict[str, Any]], None]:
+    """Master/local (`events`, the run's): into events.jsonl as `replay_end`; a worker (no events) sends it to its
+    master (Message.REPLAY), which writes it there (`write_from_worker`), and logs it too."""
     def write(summary: dict[str, Any]) -> None:
-        if session.events is not None:
-            session.events.event(Event.REPLAY_END, **summary)
+        if events is not None:
+            events.event(Event.REPLAY_END, **summary)
             return
         log.info("k3load: replay_end %s", json.dumps(summary))
-        runner = getattr(session.env, "runner", None)
-        if type(runner).__name__ == "WorkerRunner":
+        if ProcessRole.of(runner).is_worker:
             try:
-                runner.send_message(Message.REPLAY, {"run_id": session.run_id, **summary})
+                runner.send_message(Message.REPLAY, {"run_id": run_id, **summary})
             except Exception as exc:  # the master is gone: the log line above is what is left
                 log.warning("k3load: replay_end not sent to the master: %s", exc)
     return write
 
 
-def write_from_worker(session: ReplaySession, worker: str, data: dict[str, Any]) -> None:
+def write_from_worker(events: JsonlLog | None, worker: str, data: dict[str, Any]) -> None:
     """Master: a worker's `replay_end` into events.jsonl (the analysis sums a stage's, one per process). Only the
     event's declared fields: the worker port takes any peer (the master does not authenticate workers), and a
     message must not write keys of its own choosing into the evidence."""
-    if session.events is None or not isinstance(data, dict):
+    if events is None or not isinstance(data, dict):
         return
     fields = {k: v for k, v in data.items() if k in FIELDS[Event.REPLAY_END]}
     with contextlib.suppress(ValueError):  # the run's logs closed first: nowhere to write it
-        session.events.event(Event.REPLAY_END, **fields)
+        events.event(Event.REPLAY_END, **fields)

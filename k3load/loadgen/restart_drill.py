@@ -28,17 +28,17 @@ import logging
 import subprocess
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from functools import partial
+from pathlib import Path
 
 import gevent
-import httpx
 
 from k3load.events import Event
 from k3load.loadgen.redact_lines import copy_redacted
+from k3load.loadgen.target import TargetApi
+from k3load.rundir import JsonlLog
 from k3load.workload.plan import Stage
-
-if TYPE_CHECKING:  # the session builds the drill: imported for the annotations only
-    from k3load.loadgen.session import HarnessSession
+from k3load.workload.stage_kind import StageKind
 
 log = logging.getLogger("k3load")
 POLL_S = 0.25
@@ -47,14 +47,15 @@ EXIT_GRACE_S = 10.0  # a command that signals the server and returns: the server
 
 
 class RestartDrill:
-    """Master/local, one per run. `probe()` says whether the server answers (tests inject one)."""
+    """Master/local, one per run: said into `events`, the command's output into `run_dir`. `probe()` says whether
+    the server answers (by default `target`'s /health and /v1/models; tests inject one)."""
 
-    def __init__(self, session: HarnessSession, command: str, bound_s: float, probe: Callable[[], bool] | None = None,
-                 poll_s: float = POLL_S, clock: Callable[[], float] = time.time,
-                 crash_restarts: Callable[[], int] = lambda: 0) -> None:
-        self.session, self.command, self.bound_s, self.poll_s, self.clock = session, command, bound_s, poll_s, clock
-        self.crash_restarts = crash_restarts
-        self.probe = probe or self._probe
+    def __init__(self, events: JsonlLog, run_dir: Path, target: TargetApi, command: str, bound_s: float,
+                 probe: Callable[[], bool] | None = None, poll_s: float = POLL_S,
+                 clock: Callable[[], float] = time.time, crash_restarts: Callable[[], int] = lambda: 0) -> None:
+        self.events, self.run_dir, self.command, self.bound_s = events, run_dir, command, bound_s
+        self.poll_s, self.clock, self.crash_restarts = poll_s, clock, crash_restarts
+        self.probe = probe or partial(target.answers, PROBE_TIMEOUT_S)
         self.active = False  # the crash path stays out while this is set
         self.paused_s = 0.0
         self.ran: set[str] = set()
@@ -70,14 +71,12 @@ class RestartDrill:
         """A restart stage not drilled yet. Not after the crash path already restarted the server in this
         run: that restart is the stage's check (the crash's `restart`), and restarting a server that just
         came back proves nothing more; said once (`restart_drill_skipped`)."""
-        if stage.kind != "restart" or stage.name in self.ran:
+        if stage.kind != StageKind.RESTART or stage.name in self.ran:
             return False
         if self.crash_restarts():
             self.ran.add(stage.name)
-            assert self.session.events is not None  # the session's run is open while its stages run
-            self.session.events.event(Event.RESTART_DRILL_SKIPPED, stage=stage.name,
-                                      crash_restarts=self.crash_restarts(),
-                                      why="the server was already restarted after a crash in this run")
+            self.events.event(Event.RESTART_DRILL_SKIPPED, stage=stage.name, crash_restarts=self.crash_restarts(),
+                              why="the server was already restarted after a crash in this run")
             return False
         return True
 
@@ -93,10 +92,9 @@ class RestartDrill:
             self.active = False
 
     def _drill(self, stage: Stage, before: Stage | None, start: float) -> bool:
-        events, run_dir = self.session.events, self.session.run_dir
-        assert events is not None and run_dir is not None  # the session's run is open while its stages run
+        events = self.events
         up_before = self.probe()
-        log_path = run_dir / "restart-drill.log"
+        log_path = self.run_dir / "restart-drill.log"
         self.process = subprocess.Popen(["bash", "-c", self.command], stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         copy_redacted(self.process, log_path)
@@ -129,18 +127,6 @@ class RestartDrill:
         return self._failed(start, why + f" (resources.max_restart_s {self.bound_s:g})", self.process.poll())
 
     def _failed(self, start: float, why: str, rc: int | None) -> bool:
-        assert self.session.events is not None  # the session's run is open while its stages run
-        self.session.events.event(Event.RESTART_DRILL_FAILED, why=why, waited_s=round(self.clock() - start, 3),
-                                  command_rc=rc)
+        self.events.event(Event.RESTART_DRILL_FAILED, why=why, waited_s=round(self.clock() - start, 3), command_rc=rc)
         log.error("k3load: restart drill failed: %s", why)
         return False
-
-    def _probe(self) -> bool:
-        """/health and /v1/models both answer 200 (vLLM serves /v1/models only once the engine is up)."""
-        host = self.session.env.host.rstrip("/")
-        try:
-            with self.session.api_client() as client:
-                return all(client.get(f"{host}{path}", timeout=PROBE_TIMEOUT_S).status_code == 200
-                           for path in ("/health", "/v1/models"))
-        except httpx.HTTPError:
-            return False

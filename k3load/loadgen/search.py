@@ -236,13 +236,16 @@ class SearchController:
         spec = self.spec
         if self.first_bad is None:
             if users >= spec.max_users:
-                return self._end("max_users_held")
+                self._end("max_users_held")
+                return None
             return min(spec.max_users, max(math.ceil(users * spec.factor), users + 1))
         low = int(self.last_good or 0)
         if self.first_bad - low <= 1:
-            return self._end("resolved" if self.last_good else "nothing_held")
+            self._end("resolved" if self.last_good else "nothing_held")
+            return None
         if self.last_good and self.first_bad - low <= spec.resolution * low:
-            return self._end("resolved")
+            self._end("resolved")
+            return None
         return (low + int(self.first_bad)) // 2
 
     def _next_rate(self, rate: float) -> float | None:
@@ -251,13 +254,16 @@ class SearchController:
         spec = self.spec
         if self.first_bad is None:
             if rate >= spec.max_sessions_per_s:
-                return self._end("max_rate_held")
+                self._end("max_rate_held")
+                return None
             return min(spec.max_sessions_per_s, rate * spec.factor)
         low = self.last_good or 0.0
         if low and self.first_bad - low <= spec.resolution * low:
-            return self._end("resolved")
+            self._end("resolved")
+            return None
         if not low and self.first_bad <= spec.resolution * spec.start_sessions_per_s:
-            return self._end("nothing_held")
+            self._end("nothing_held")
+            return None
         return round((low + self.first_bad) / 2, 6)
 
     def _end(self, why: str) -> None:

@@ -36,10 +36,11 @@ from k3load.loadgen.live import Tail
 from k3load.loadgen.search import ResourceLimits, SearchController, StepEvidence, StepResult, past_capacity
 from k3load.rundir import JsonlLog
 from k3load.sampler.prom import split_key
+from k3load.sampler.vllm_metrics import VllmMetric
 from k3load.workload.plan import ArrivalSpec, Stage
 
-KV = "vllm:kv_cache_usage_perc"
-PREEMPTIONS = "vllm:num_preemptions_total"
+KV = VllmMetric.KV_CACHE_USAGE
+PREEMPTIONS = VllmMetric.NUM_PREEMPTIONS_TOTAL
 
 
 @dataclass

@@ -16,34 +16,35 @@ import platform
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gevent
 import gevent.event
-import httpx
-from locust.runners import MasterRunner, Runner, WorkerRunner
 
 import k3load
 from k3load.analysis.pillars.agent.agreement import REFERENCE_FILE, reference_record
 from k3load.analysis.pillars.headroom.goodput import Slo
 from k3load.analysis.pillars.pillar import thresholds
-from k3load.client.access import gevent_patched, tls_hint
-from k3load.client.origin import key_origin, redirect_note
+from k3load.client.origin import key_origin
 from k3load.clock import now
-from k3load.disk_full import FULL
+from k3load.disk_full import FULL, stopped_line
 from k3load.events import Event, Message
 from k3load.evidence import RECORDS
 from k3load.loadgen import delivery, held_secrets, observe
 from k3load.loadgen.drain import StageDrain
-from k3load.loadgen.hold import RunHold
+from k3load.loadgen.hold import RunHold, stop_load
 from k3load.loadgen.inputs import harness_error_line, load_inputs, node_files
 from k3load.loadgen.manual import LiveCounts, ManualStages
+from k3load.loadgen.open_run import OpenRun
 from k3load.loadgen.options import locust_late_outputs, public_options, run_access
-from k3load.loadgen.recovery import RECOVERY, RecoveryHold
+from k3load.loadgen.recovery import RecoveryHold
 from k3load.loadgen.request_events import fire_request_events
 from k3load.loadgen.restart_drill import RestartDrill
+from k3load.loadgen.role import ProcessRole
 from k3load.loadgen.search_live import LiveGoodput, LiveSearch
+from k3load.loadgen.target import TargetApi, TargetUnusable
 from k3load.loadgen.worker import WorkerLink, tell_master
 from k3load.loadgen.worker_count import WorkerCount
 from k3load.private_files import narrow_existing
@@ -55,6 +56,7 @@ from k3load.workload.long_input import LongInputFit, estimate_tokens, fit_long_i
 from k3load.workload.plan import ArrivalSpec, Plan, Stage
 from k3load.workload.reuse_design import http_tokenizer, measure_into
 from k3load.workload.scenario import Scenario
+from k3load.workload.stage_kind import StageKind
 from k3load.workload.stored_requests import write_stored_requests
 from k3load.yamlfile import one_line
 
@@ -65,21 +67,14 @@ log = logging.getLogger("k3load")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _role(runner: Runner | None) -> str:
-    if isinstance(runner, MasterRunner):
-        return "master"
-    if isinstance(runner, WorkerRunner):
-        return "worker"
-    return "local"
-
-
 class HarnessSession:
     """State shared by the users of one process; attached to the environment as `k3_session`."""
 
     def __init__(self, environment: Any) -> None:
         self.env = environment
         self.run_id = ""
-        self.run_dir: Path | None = None
+        self.run: OpenRun | None = None  # master/local: the run opened last (kept after its end: it is judged)
+        self._ended: OpenRun | None = None  # the run whose records were closed: one arriving now is not written
         self.model = ""
         self.max_model_len: int | None = None
         self.plan: Plan | None = None
@@ -91,10 +86,8 @@ class HarnessSession:
         self.workers = delivery.Workers()  # master: each worker's records, as it counted them and as they arrived
         # worker: its records' path to the master; --k3-worker-spool read now, from its own command line
         self.link = WorkerLink(environment.runner, getattr(environment.parsed_options, "k3_worker_spool", "auto")) \
-            if self.role == "worker" else None
+            if self.role.is_worker else None
         self.ready = gevent.event.Event()
-        self._records: JsonlLog | None = None
-        self.events: JsonlLog | None = None
         self._seen: set[str] = set()
         self._long_inputs: dict[str, LongInputFit] = {}
         self.attempts_written = 0
@@ -102,7 +95,7 @@ class HarnessSession:
         self.sampler: Sampler | None = None
         self.reuse_design: gevent.Greenlet | None = None  # measuring the designed prefix reuse (reuse_design.json)
         self.fatal = ""  # why the run could not start or go on (a dead server, a bad file, a full disk): no verdict
-        self.hold = RunHold(self)  # master/local: the run directory's lock and its writers' guard (k3load.loadgen.hold)
+        self.hold = RunHold(self._write_failed)  # master/local: the run directory's lock, its writers' guard
         self.previous_run_moved_to: Path | None = None  # an earlier run found in the run directory went here
         self.tests = 0  # runs this process opened: the web UI opens one per test it starts
         self.finished = False  # master/local: this run's records are closed (the web UI judges it at test stop)
@@ -119,8 +112,22 @@ class HarnessSession:
         self.search: LiveSearch | None = None  # master/local: the last search stage's (k3load.loadgen.shape)
 
     @property
-    def role(self) -> str:
-        return _role(self.env.runner)
+    def role(self) -> ProcessRole:
+        return ProcessRole.of(self.env.runner)
+
+    @property
+    def run_dir(self) -> Path | None:
+        return self.run.run_dir if self.run is not None else None
+
+    @property
+    def events(self) -> JsonlLog | None:
+        """The open (or last) run's events.jsonl; None before a run was opened here (always on a worker)."""
+        return self.run.events if self.run is not None else None
+
+    @property
+    def target(self) -> TargetApi:
+        """The target's own API as Locust's host and options say now (the web UI may change them between tests)."""
+        return TargetApi(self.env.host, self.env.parsed_options)
 
     @property
     def limits(self) -> dict[str, dict[str, float]]:
@@ -136,75 +143,80 @@ class HarnessSession:
         """Idempotent: inputs loaded; on the master/local runner the run directory opened and, on a
         master, the run identity sent to the workers. Called by test_start and by the shape's first
         tick (Locust may tick the shape before test_start fires)."""
-        if self.plan is None:
-            self.load_inputs()
+        plan = self.plan
+        if plan is None:
+            plan = self.load_inputs()
             if self._pending_stage is not None:
                 self.set_stage_by_name(self._pending_stage)
-        if self.role in ("master", "local") and (self.run_dir is None or self.finished):
+        if self.role.owns_run and (self.run is None or self.finished):
             try:
-                self.start_run()
+                self.start_run(plan)
             except OSError as exc:  # a full disk already at the start: the same one line as later on
                 if exc.errno in FULL and self.hold.guard is not None:
-                    self.hold.guard.failed(Path(exc.filename or self.run_dir or "."), exc)
+                    self.hold.guard.failed(Path(exc.filename or self.hold.run_dir or "."), exc)
                 raise
-            if self.role == "master":
+            if self.role.is_master:
                 self.env.runner.send_message(Message.RUN, self.run_message())
 
-    def load_inputs(self) -> None:
+    def load_inputs(self) -> Plan:
         """Scenarios and plan (also checked at `init` on the master; loaded again here because the web UI
         may change the options, and a worker gets them only now)."""
         self.scenarios, self.plan = load_inputs(self.env.parsed_options, ROOT / "plans")
+        return self.plan
 
-    def start_run(self) -> None:
+    def start_run(self, plan: Plan) -> None:
         """Master/local: create the run directory and everything known before the first request. A test
         started again from the web UI is a new run: the last one's judging is waited for, then it is
         set aside like any earlier run found in the directory."""
         opts = self.env.parsed_options
         bound = held_secrets.held(opts).origin
         if held_secrets.held(opts) and key_origin(self.env.host) != bound:  # ui_guard refuses it first
-            raise RuntimeError(f"the target is now {key_origin(self.env.host) or 'none'}, and k3load was "
-                               f"started for {bound}: the key goes only there; restart k3load with --host")
+            raise TargetUnusable(f"the target is now {key_origin(self.env.host) or 'none'}, and k3load was "
+                                 f"started for {bound}: the key goes only there; restart k3load with --host")
         if self.finisher is not None:
             self.finisher.join()
         self._new_run_state()
         generated = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
         self.run_id = (opts.k3_run_id + (f"-{self.tests}" if self.tests > 1 else "")) if opts.k3_run_id else generated
-        self.run_dir = Path(opts.k3_out).resolve()
+        run_dir = Path(opts.k3_out).resolve()
         if getattr(opts, "k3_insecure", False):
             log.warning("k3load: TLS certificate verification is OFF (--k3-insecure): the target's identity is "
                         "not checked; run.json says so")
         reference = reference_record(Path(opts.k3_reference)) if getattr(opts, "k3_reference", "") else None
         self._discover_server()  # first: a server that does not answer leaves no run directory behind
-        self.hold.open(self.run_dir, self.run_id)  # 0700, locked: a live run's directory is refused, never moved
-        self.previous_run_moved_to = set_aside_previous_run(self.run_dir, self._files_in_use())
-        narrow_existing(self.run_dir / p for p in locust_late_outputs(opts, self.run_dir))  # opened before init
+        guard = self.hold.open(run_dir, self.run_id)  # 0700, locked: a live run's directory is refused, never moved
+        self.previous_run_moved_to = set_aside_previous_run(run_dir, self._files_in_use(run_dir))
+        narrow_existing(run_dir / p for p in locust_late_outputs(opts, run_dir))  # opened before init
         if self.previous_run_moved_to is not None:
-            log.warning("k3load: %s held an earlier run; moved it to %s", self.run_dir, self.previous_run_moved_to)
-        self._records = JsonlLog(self.run_dir / RECORDS, guard=self.hold.guard)  # a failed write stops the run
-        self.events = JsonlLog(self.run_dir / "events.jsonl", guard=self.hold.guard)
-        self.events.event(Event.RUN_START, run_id=self.run_id, role=self.role,
-                          previous_run_moved_to=_str_or_none(self.previous_run_moved_to))
-        assert self.plan is not None
+            log.warning("k3load: %s held an earlier run; moved it to %s", run_dir, self.previous_run_moved_to)
+        records = JsonlLog(run_dir / RECORDS, guard=guard)  # a failed write stops the run
+        run = self.run = OpenRun(self.run_id, run_dir, plan, records, JsonlLog(run_dir / "events.jsonl", guard=guard),
+                                 guard, self.target)
+        run.events.event(Event.RUN_START, run_id=self.run_id, role=self.role,
+                         previous_run_moved_to=_str_or_none(self.previous_run_moved_to))
         self.manual.active = self.env.shape_class is None  # no plan shape: the user count set by hand
-        write_atomic(self.run_dir / "plan.yaml", self.manual.plan_source(self.plan) if self.manual.active
-                     else self.plan.source)
-        write_json_atomic(self.run_dir / "run.json", self._run_info())
+        write_atomic(run_dir / "plan.yaml", self.manual.plan_source(plan) if self.manual.active else plan.source)
+        write_json_atomic(run_dir / "run.json", self._run_info(run_dir))
         if reference is not None:  # read before the run directory opened: the reference may be an earlier run there
-            write_json_atomic(self.run_dir / REFERENCE_FILE, reference)
+            write_json_atomic(run_dir / REFERENCE_FILE, reference)
         playable = [s for group in self.scenarios.values() for s in group if self.fits(s)]  # says each misfit
-        sums = write_stored_requests(playable, self.run_dir / "samples", self.model, self.long_context)
-        write_atomic(self.run_dir / "samples.sha256", "".join(f"{sha}  samples/{rel}\n"
-                                                              for rel, sha in sorted(sums.items())))
+        sums = write_stored_requests(playable, run_dir / "samples", self.model, self.long_context)
+        write_atomic(run_dir / "samples.sha256", "".join(f"{sha}  samples/{rel}\n"
+                                                         for rel, sha in sorted(sums.items())))
         # designed prefix reuse, tokenized by the server beside the load, never before it (issue 15)
-        self.reuse_design = gevent.spawn(self.hold.guarded, measure_into, self.run_dir, playable, self.run_id,
+        self.reuse_design = gevent.spawn(self.hold.guarded, measure_into, run_dir, playable, self.run_id,
                                          self.model, self.long_context,
-                                         http_tokenizer(self.api_client, self.env.host, self.model))
-        observe.precheck(self)
-        observe.watch_restarts(self)
-        self.recovery = observe.watch_recoveries(self)
-        self.sampler = observe.start_sampler(self)
-        self.drain, self.restart_drill = observe.stage_ends(self)
+                                         http_tokenizer(run.target.client, self.env.host, self.model))
+        self.load_skipped = observe.precheck(run, lambda: stop_load(self.env))
+        observe.watch_restarts(run, self._drilling)
+        self.recovery = observe.watch_recoveries(run, lambda: self.stage, self._drilling)
+        self.sampler = observe.start_sampler(run)
+        self.drain, self.restart_drill = observe.stage_ends(run)
         self.ready.set()
+
+    def _drilling(self) -> bool:
+        """The restart drill has the server down on purpose: no crash for the restarter or the recovery hold."""
+        return self.restart_drill is not None and self.restart_drill.active
 
     def _new_run_state(self) -> None:
         self.tests += 1
@@ -217,14 +229,13 @@ class HarnessSession:
         self.live = LiveCounts()
         self.goodput, self.search = LiveGoodput(Slo.from_limits(self.limits)), None
 
-    def _files_in_use(self) -> set[Path]:
-        """Files this run already uses that may sit in the run directory, left there when an earlier
-        run is moved out: Locust's outputs (it opened them before test_start) and the k3 input files."""
-        assert self.run_dir is not None
+    def _files_in_use(self, run_dir: Path) -> set[Path]:
+        """Files this run already uses that may sit in `run_dir`, left there when an earlier run is moved
+        out: Locust's outputs (it opened them before test_start) and the k3 input files."""
         opts = self.env.parsed_options
         per_node = [path for files in node_files(opts).values() for path in files.paths()]  # each NODE=PATH's
         inputs = [*per_node, opts.k3_custom_build, opts.k3_server_log, *(opts.k3_host_inventory or [])]
-        return ({self.run_dir / rel for rel in locust_late_outputs(opts, self.run_dir)}
+        return ({run_dir / rel for rel in locust_late_outputs(opts, run_dir)}
                 | {Path(p).resolve() for p in inputs if p})
 
     def fail(self, why: str) -> None:
@@ -237,55 +248,44 @@ class HarnessSession:
         if self.events is not None:
             with contextlib.suppress(ValueError):  # closed already (a failure at the run's very end): said above
                 self.events.event(Event.HARNESS_ERROR, error=one_line(why)[:2000])
-        if self.role == "worker":
+        if self.role.is_worker:
             tell_master(self.env, f"harness error: {one_line(why)[:2000]}")  # the master stops the run: exit 2
+
+    def _write_failed(self, path: Path, exc: OSError, stopped_at: float) -> None:
+        """The run's first write that failed (k3load.loadgen.hold): fatal, said in one line; the load stops."""
+        shown = Path(getattr(self.env.parsed_options, "k3_out", "") or self.run_dir or ".")
+        self.fail(stopped_line(shown, path, exc, self.records_kept(), stopped_at))
+        if not self.finished:  # at the run's end (its verdict's files) the load has stopped already
+            stop_load(self.env)
+
+    def _open_records(self) -> JsonlLog | None:
+        return self.run.records if self.run is not None and self.run is not self._ended else None
 
     def records_kept(self) -> int:
         """Records in records.jsonl.gz (as of its last flush)."""
-        return self._records.kept if self._records is not None else self.attempts_written
+        records = self._open_records()
+        return records.kept if records is not None else self.attempts_written
 
     def records_lost(self) -> int:
         """Records that ended after a write failed (or were waiting for the flush that failed): never kept."""
-        return self._records.lost if self._records is not None else self._lost
+        records = self._open_records()
+        return records.lost if records is not None else self._lost
 
     def open_logs(self) -> list[JsonlLog]:
-        return [x for x in (self._records, self.events) if x is not None]
-
-    def api_client(self) -> httpx.Client:
-        """For the target's own API outside chat (/v1/models, /tokenize): the key, the gateway headers and
-        the run's TLS trust, like every chat request."""
-        secrets, tls = run_access(self.env.parsed_options)
-        return httpx.Client(headers=secrets.request_headers(), verify=tls.context(gevent_patched()), timeout=30)
+        return [x for x in (self._open_records(), self.events) if x is not None]
 
     def _discover_server(self) -> None:
-        opts = self.env.parsed_options
-        url = f"{self.env.host.rstrip('/')}/v1/models"
-        try:
-            with self.api_client() as client:
-                resp = client.get(url)
-            if note := redirect_note(resp.status_code, resp.headers.get("location"), url):  # never followed
-                raise RuntimeError(f"the server at {self.env.host} answered /v1/models with HTTP {resp.status_code}: "
-                                   f"{note} (the key goes only to --host's origin: give the URL it redirects to)")
-            if resp.status_code in (401, 403):
-                raise RuntimeError(f"the server at {self.env.host} refused /v1/models (HTTP {resp.status_code}): "
-                                   "is --k3-api-key (K3_API_KEY) or --k3-header right?")
-            cards = resp.json()["data"]
-        except (httpx.HTTPError, KeyError, ValueError, TypeError) as exc:
-            hint = tls_hint(str(exc))
-            raise RuntimeError(f"the server at {self.env.host} does not answer /v1/models ({type(exc).__name__})"
-                               + (hint or ": is it running, and is --host right?")) from None
-        card = next((c for c in cards if c["id"] == opts.k3_model), cards[0]) if cards else {}
-        self.model = opts.k3_model or card.get("id", "")
-        self.max_model_len = card.get("max_model_len")
+        """Which model to send and its context (raises TargetUnusable: a dead server leaves no run directory)."""
+        self.model, self.max_model_len = self.target.discover(self.env.parsed_options.k3_model)
 
-    def _run_info(self) -> dict[str, Any]:
+    def _run_info(self, run_dir: Path) -> dict[str, Any]:
         return {"run_id": self.run_id, "started_ts": now(), "host": redact_url(self.env.host), "model": self.model,
                 "max_model_len": self.max_model_len, "plan": self.plan.name if self.plan else None,
                 "k3load_version": k3load.__version__, "python": sys.version.split()[0],
                 "platform": platform.platform(), "options": public_options(self.env.parsed_options),
                 "tls": run_access(self.env.parsed_options)[1].describe(),
                 "scenarios": sorted(s.name for group in self.scenarios.values() for s in group),
-                "unsigned_files": locust_late_outputs(self.env.parsed_options, self.run_dir),
+                "unsigned_files": locust_late_outputs(self.env.parsed_options, run_dir),
                 "previous_run_moved_to": _str_or_none(self.previous_run_moved_to)}
 
     def run_message(self) -> dict[str, Any]:
@@ -295,8 +295,8 @@ class HarnessSession:
     def join_run(self, data: dict[str, Any]) -> None:
         """Worker: the master's run identity; its records' path to the master opens (k3load.loadgen.worker)."""
         self.run_id, self.model, self.max_model_len = data["run_id"], data["model"], data["max_model_len"]
-        assert self.link is not None
-        self.link.join(self.run_id, Path(data["run_dir"]))
+        if self.link is not None:  # a worker always has one (only a worker registers k3_run)
+            self.link.join(self.run_id, Path(data["run_dir"]))
         self.ready.set()
 
     # -- during the run ----------------------------------------------------------------------------
@@ -331,23 +331,13 @@ class HarnessSession:
         scenarios (`prefix_salt: pair`), other stages the rest (each falls back to all while the family
         has none of its kind); long-input scenarios that cannot fit the server are left out."""
         group = [s for s in self.scenarios.get(family, []) if self.fits(s)]
-        control = self.stage is not None and self.stage.kind == "prefix_control"
+        control = self.stage is not None and self.stage.kind == StageKind.PREFIX_CONTROL
         chosen = [s for s in group if (s.prefix_salt == "pair") == control]
         return chosen or group
 
-    def _count_tokens(self, scenario: Scenario) -> Any:
+    def _count_tokens(self, scenario: Scenario) -> Callable[[str], int]:
         fallback = estimate_tokens((scenario.long_input or {}).get("chars_per_token", 3.5))
-
-        def count(text: str) -> int:
-            try:
-                with self.api_client() as client:
-                    resp = client.post(f"{self.env.host.rstrip('/')}/tokenize", json={"model": self.model,
-                                                                                      "prompt": text})
-                return int(resp.json()["count"])
-            except (httpx.HTTPError, KeyError, ValueError, TypeError):
-                return fallback(text)
-
-        return count
+        return self.target.token_counter(self.model, fallback)
 
     def enter_stage(self, stage: Stage) -> None:
         self.stage, self.stage_started = stage, time.monotonic()
@@ -361,9 +351,9 @@ class HarnessSession:
                               **({"sessions_per_s": stage.arrival.sessions_per_s} if stage.arrival else {}),
                               **({"search": self.search.stage.name} if stage.step is not None and self.search
                                  else {}))
-        if self.role == "master":  # a manual stage or a search step is in no plan: it goes whole to the workers
+        if self.role.is_master:  # a manual stage or a search step is in no plan: it goes whole to the workers
             whole = dataclasses.asdict(dataclasses.replace(stage, search=None)) \
-                if self.manual.active or stage.step is not None or stage.kind == RECOVERY else None
+                if self.manual.active or stage.step is not None or stage.kind == StageKind.RECOVERY else None
             self.env.runner.send_message(Message.STAGE, {"name": stage.name, "stage": whole,
                                                          "workers": self.workers_seen.now(self.env.runner)})
 
@@ -371,19 +361,20 @@ class HarnessSession:
         """Master/local: the step to run now of the search stage `stage` (its search begun at the first call),
         None once that search ended (k3load.loadgen.search_live)."""
         if self.search is None or self.search.stage.name != stage.name:
-            assert self.run_dir is not None
-            self.search = LiveSearch.for_run(stage, self.run_dir, self.events, self.limits, self.goodput)
+            if self.run is None:
+                return None  # no run open (the shape opens one first): nothing to search
+            self.search = LiveSearch.for_run(stage, self.run.run_dir, self.run.events, self.limits, self.goodput)
         return self.search.step_now()
 
     def enter_manual_stage(self, users: int, spawn_rate: float) -> None:
         """Master/local, no plan shape: the user count was set (a test started, or changed from the
         web UI): a new stage `manual-N` of kind concurrency, so the ramp report judges each step."""
-        if not self.manual.active or self.run_dir is None or self.finished:
+        run = self.run
+        if not self.manual.active or run is None or self.finished:
             return
         mix = {getattr(c, "family", c.__name__): int(c.weight) for c in self.env.user_classes}
         self.enter_stage(self.manual.next(users, spawn_rate, mix))
-        assert self.plan is not None
-        write_guarded(self.run_dir / "plan.yaml", self.manual.plan_source(self.plan), self.hold.guard)
+        write_guarded(run.run_dir / "plan.yaml", self.manual.plan_source(run.plan), run.guard)
 
     def set_stage_by_name(self, name: str, spec: dict[str, Any] | None = None) -> None:
         """Worker: the master's shape entered `name`. The master announces a stage before the spawn
@@ -414,10 +405,11 @@ class HarnessSession:
 
     def write_record_line(self, attempt_id: str, line: str) -> bool:
         """Master/local: the attempt into records.jsonl.gz unless it is there already; True when written."""
-        if attempt_id in self._seen or self._records is None:
+        records = self._open_records()
+        if attempt_id in self._seen or records is None:
             return False
         self._seen.add(attempt_id)
-        self._records.append_line(line)
+        records.append_line(line)
         self.attempts_written += 1
         self.live.add(line)
         self.goodput.add(line)
@@ -430,9 +422,9 @@ class HarnessSession:
 
     def end_manual_stages(self) -> None:
         """At the run's end: the last manual stage ends now; plan.yaml holds the stages as they ran."""
-        if self.manual.active and self.run_dir is not None and self.plan is not None:
+        if self.manual.active and self.run is not None:
             self.manual.stop()
-            write_guarded(self.run_dir / "plan.yaml", self.manual.plan_source(self.plan), self.hold.guard)
+            write_guarded(self.run.run_dir / "plan.yaml", self.manual.plan_source(self.run.plan), self.run.guard)
 
     def close(self) -> None:
         if self.search is not None:  # a search the run's end cut short says so (search_end, ended: stopped)
@@ -445,12 +437,13 @@ class HarnessSession:
         if self.sampler is not None:
             self.sampler.stop()
             self.sampler = None
-        for handle in (self._records, self.events):
+        records = self._open_records()
+        for handle in (records, self.events):
             if handle is not None:
                 handle.close()  # a failure here goes to the guard: the run is then fatal
-        if self._records is not None:
-            self._lost = self._records.lost
-        self._records = None  # a record arriving after the end is not this run's to write
+        if records is not None:
+            self._lost = records.lost
+        self._ended = self.run  # a record arriving after the end is not this run's to write
 
 
 def _str_or_none(path: Path | None) -> str | None:

@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING
 
 from locust import LoadTestShape, User
 
-from k3load.loadgen.recovery import RECOVERY
+from k3load.loadgen.inputs import STARTUP_ERRORS
 from k3load.loadgen.users import USER_CLASSES
 from k3load.workload.plan import Stage
+from k3load.workload.stage_kind import StageKind
 
 if TYPE_CHECKING:  # the session is the environment's (k3load.loadgen.listeners): for the annotations only
     from k3load.loadgen.session import HarnessSession
@@ -46,26 +47,27 @@ class PlanShape(LoadTestShape):
         self._left_s, self._leaving_since, self._skipped_s, self._behind_s = 0.0, None, 0.0, 0.0
 
     def tick(self) -> tuple[int, float, list[type[User]] | None] | None:
-        session = getattr(self.runner.environment, "k3_session", None)
-        if session is None:
+        runner = self.runner
+        session = getattr(runner.environment, "k3_session", None) if runner is not None else None
+        if runner is None or session is None:
             return None
         if session.fatal:
             return None
         try:
-            if (session.run_dir is None or session.finished) and session.role != "worker":  # a new test: a new run
+            if (session.run is None or session.finished) and session.role.owns_run:  # a new test: a new run
                 session.ensure_started()
                 self.reset_time()  # the plan's clock starts when the run directory and observers are ready
             session.ensure_started()
-        except (RuntimeError, ValueError, OSError) as exc:
+        except STARTUP_ERRORS as exc:  # anything else is a bug: its traceback stays
             session.fail(str(exc))  # a dead server or a bad scenario/plan: say so and end the run cleanly
             return None
         if session.load_skipped:
             return None  # the precheck said rebuild: the run ends before its first stage (exit 4)
-        session.workers_seen.check(self.runner, session.events, session.stage.name if session.stage else None)
+        session.workers_seen.check(runner, session.events, session.stage.name if session.stage else None)
         stage = self._next(session)
         drain = session.drain
         if drain is not None and drain.due(session.stage, stage) and not same_search(session.stage, stage):
-            if self.runner.user_count > 0:
+            if runner.user_count > 0:
                 return self._users_leave(stage)  # every client of the stage leaves first
             self._users_left()
             drain.run(session.stage)  # bounded; the plan's clock waits
@@ -75,7 +77,7 @@ class PlanShape(LoadTestShape):
         if session.stage is None or session.stage.name != stage.name:
             drill = session.restart_drill
             drills = drill is not None and drill.due(stage)
-            if (self._must_drain(session.stage, stage) or drills) and self.runner.user_count > 0:
+            if (self._must_drain(session.stage, stage) or drills) and runner.user_count > 0:
                 return self._users_leave(stage)  # finish the old mix's turns first
             self._users_left()
             if drills:
@@ -84,7 +86,7 @@ class PlanShape(LoadTestShape):
                 drill.run(stage, before)  # restart on purpose, then hold the load before it; the clock waits
             else:
                 recovery = getattr(session, "recovery", None)
-                if recovery is not None and stage.kind == RECOVERY:
+                if recovery is not None and stage.kind == StageKind.RECOVERY:
                     recovery.begin(session.stage)  # before entering: a down while the master tells its workers ends it
                 session.enter_stage(stage)
                 if stage.step is not None and session.search is not None:

@@ -53,7 +53,7 @@ class K3User(User):
         opts = self.environment.parsed_options
         self.user_id = f"{self.family}-{os.getpid()}-{next(_numbers)}"
         secrets, tls = run_access(opts)
-        self.chat = ChatClient(self.host, secrets=secrets, tls=tls, transport=opts.k3_transport,
+        self.chat = ChatClient(self.host or "", secrets=secrets, tls=tls, transport=opts.k3_transport,
                                max_body_bytes=opts.k3_max_body_bytes, max_line_bytes=opts.k3_max_line_bytes)
         self.rng = random.Random(f"{opts.k3_seed}:{self.user_id}")
         self.ctx = RunContext(run_id=session.run_id, model=session.model, user_id=self.user_id,
@@ -122,7 +122,9 @@ class K3User(User):
         if stage is not None:
             self.played[stage.name] = self.played.get(stage.name, 0) + 1
         opened = isinstance(arrival_ts, float)
-        self.current = ScenarioPlay(self.chat, self.ctx, self.rng.choice(playable), arrival_ts if opened else None,
+        # ChatClient.transport is a read-only property; conversation.Client declares it a settable attribute
+        self.current = ScenarioPlay(self.chat, self.ctx,  # type: ignore[arg-type]
+                                    self.rng.choice(playable), arrival_ts if opened else None,
                                     self.pace if opened else None)
         self.arrived_in = stage if opened else None
         return True
@@ -131,9 +133,9 @@ class K3User(User):
         """An open-loop stage's next session start for this user (k3load.loadgen.arrivals), False when its
         arrivals are over; None in a closed-loop stage. Each process takes its share of the rate: its users
         over the stage's (Locust splits a stage's users over the workers)."""
-        arrival = stage.arrival if stage is not None else None
-        if arrival is None:
+        if stage is None or stage.arrival is None:
             return None
+        arrival = stage.arrival
         session = self.environment.k3_session
         schedules = getattr(self.environment, "k3_arrivals", None)
         if schedules is None or schedules.run_id != session.run_id:  # a new test (the web UI's next): new schedules
@@ -179,8 +181,9 @@ class K3User(User):
         entered = time.time() - (time.monotonic() - session.stage_started)
         try:
             share = process_share(self.environment.runner, self.environment.parsed_options, session.master_workers)
-            return replays.of(stage, entered, share, server_count(session), session.max_model_len,
-                              event_writer(session))
+            return replays.of(stage, entered, share, server_count(session.target, session.model),
+                              session.max_model_len, event_writer(session.events, self.environment.runner,
+                                                                  session.run_id))
         except TraceError as exc:
             session.fail(str(exc))
             return None
