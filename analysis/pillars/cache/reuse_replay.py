@@ -95,7 +95,8 @@ class _Seen:
     def _maxima(self, me: int) -> tuple[int | None, int | None, SaltKey | None, int | None]:
         """Over the variants seen under two keys (one of them differs from any key), and over those seen
         under one: the best, its key, and the best under any other key."""
-        row, multi, single = self.matrix[me], None, {}
+        row, multi = self.matrix[me], None
+        single: dict[SaltKey, int] = {}
         for variant, keys in self.keys.items():
             value = row[self.other[variant]]
             if len(keys) > 1:
@@ -144,18 +145,17 @@ def designed_tokens(attempts: list[AnyAttempt], design: dict[str, Any], geometry
                 added.add((variant, key))
                 add(variant, key)
         turn = (attempt.scenario, attempt.turn)
-        found = measured.get(turn, measured)
-        if found is measured:
-            variant = index.get(f"{attempt.scenario}/{attempt.turn}/A")
-            known = variant is not None and attempt.scenario in kinds
-            kind = kinds[attempt.scenario] if known else ""
-            found = measured[turn] = (variant, kind, None if kind in ("request", "pair") else (kind,)) \
-                if known else None
+        if turn in measured:
+            found = measured[turn]
+        else:
+            first = index.get(f"{attempt.scenario}/{attempt.turn}/A")
+            kind = kinds[attempt.scenario] if first is not None and attempt.scenario in kinds else ""
+            found = measured[turn] = (first, kind, None if kind in ("request", "pair") else (kind,)) \
+                if first is not None and attempt.scenario in kinds else None
         if found is None or not designed_body(attempt):
             continue
-        me, kind, key = found
-        if key is None:
-            key = salt_key(attempt, kind)
+        me, kind, shared_key = found
+        key = shared_key if shared_key is not None else salt_key(attempt, kind)
         group = same.get(key)
         size = len(group) if group else 0
         mine = (me, key)
