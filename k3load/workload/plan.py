@@ -171,7 +171,8 @@ class Plan:
 
 
 def _schema() -> dict[str, Any]:
-    return json.loads(resources.files("k3load").joinpath("schemas/plan.schema.json").read_text())
+    schema: dict[str, Any] = json.loads(resources.files("k3load").joinpath("schemas/plan.schema.json").read_text())
+    return schema
 
 
 def resolve(name_or_path: str, plans_dir: Path) -> Path:
