@@ -94,7 +94,7 @@ class GpuGrowth:
 
     @property
     def empty(self) -> bool:
-        return self.readings.empty
+        return bool(self.readings.empty)
 
     def window(self, t0: float, t1: float) -> pd.DataFrame:
         r = self.readings
