@@ -282,7 +282,7 @@ def test_a_compressed_spool_is_final_once_sealed_and_a_new_one_at_its_path_is_re
 
 
 def test_the_web_uis_tail_follows_a_compressed_metrics_log_as_it_is_written(tmp_path):
-    from k3load.loadgen.live import Tail
+    from k3load.loadgen.tail import Tail
 
     rows = [{"ts": t, "source": "a", "ok": True, "samples": {"x": float(t), f"new{t}": 1.0}} for t in range(4)]
     tail = Tail(tmp_path, METRICS, SeriesTable().decode)

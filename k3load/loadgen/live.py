@@ -38,7 +38,8 @@ import gevent
 from locust.runners import Runner
 
 from k3load.analysis.run.stats import wilson
-from k3load.evidence import METRICS, RECORDS, Follow, SeriesTable, evidence_file
+from k3load.evidence import METRICS, RECORDS, SeriesTable, evidence_file
+from k3load.loadgen.tail import Tail
 from k3load.sampler.prom import split_key
 from k3load.sampler.vllm_metrics import VllmMetric
 
@@ -54,30 +55,6 @@ HISTORY_POINTS = 3600
 MAX_RECORDS_BYTES = 9 << 20
 LINKS = ("report.html", "report.md", "verdict.json", RECORDS, "alerts.yaml", "dashboard.json",
          "validation_summary.json")
-
-
-class Tail:
-    """New whole JSON lines of a run's file since the last read (a torn last line waits for its end): `name`
-    compressed as it is written (k3load.evidence), or its legacy plain file; `decode` gives a line back as
-    it was before the writer's encoding (metrics: `SeriesTable.decode`, its table kept across reads)."""
-
-    def __init__(self, run_dir: Path, name: str, decode: Callable[[Any], Any] = lambda row: row) -> None:
-        self.run_dir, self.name, self.decode = run_dir, name, decode
-        self.follow: Follow | None = None  # of whichever of the two files is there first
-
-    def lines(self) -> list[dict[str, Any]]:
-        if self.follow is None:
-            found = evidence_file(self.run_dir, self.name)
-            if not found.exists():
-                return []
-            self.follow = Follow(found)
-        out = []
-        for line in self.follow.new_lines():
-            try:
-                out.append(self.decode(json.loads(line)))
-            except ValueError:
-                continue
-        return out
 
 
 def _sum(samples: dict[str, float], name: str) -> float | None:

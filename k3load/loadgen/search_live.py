@@ -7,7 +7,7 @@
                  (k3load.analysis.pillars.headroom.goodput: the same `attempt_good`, so the live search and the report
                  agree on
                  what a good request is). Memory: counts per stage, and only the chains still retrying.
-    Scrapes      the sampler's scrapes as metrics.jsonl.gz grows (k3load.loadgen.live.Tail): per source the
+    Scrapes      the sampler's scrapes as metrics.jsonl.gz grows (k3load.loadgen.tail.Tail): per source the
                  running and waiting gauges, KV usage and the preemption counter since a step began.
     LiveSearch   one `kind: search` plan stage: builds each step's Stage (NAME-sK-cUSERS, kind search), asks
                  the controller (k3load.loadgen.search) once per shape tick, and writes `search_step` and
@@ -32,8 +32,8 @@ from k3load.analysis.run.timeline import MetricIndex
 from k3load.clock import now
 from k3load.events import Event
 from k3load.evidence import METRICS, SeriesTable
-from k3load.loadgen.live import Tail
 from k3load.loadgen.search import ResourceLimits, SearchController, StepEvidence, StepResult, past_capacity
+from k3load.loadgen.tail import Tail
 from k3load.rundir import JsonlLog
 from k3load.sampler.prom import split_key
 from k3load.sampler.vllm_metrics import VllmMetric
