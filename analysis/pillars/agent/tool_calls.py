@@ -17,7 +17,7 @@ from k3load.analysis.pillars.pillar import percentiles
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.clusters import rate_by_request
 from k3load.analysis.run.lean import AnyAttempt, by_findings, first_finding
-from k3load.outcomes import FAIL, INCONCLUSIVE, PASS, Pillar
+from k3load.outcomes import FAIL, INCONCLUSIVE, PARSER, PASS, Pillar
 from k3load.workload.plan import Plan
 from k3load.workload.stream_equivalence import BOTH_VALID, NOT_COMPARED, OUTCOMES
 from k3load.workload.stream_equivalence import CHECK as EQUIVALENCE
@@ -165,9 +165,9 @@ def no_transition(attempts: list[AnyAttempt]) -> tuple[dict[str, Any], str | Non
             if f.check == "reasoning.no_transition" and not f.ok:
                 by_layer[f.layer] += len(group)
     numbers = {"answers": by_layer.total(), "by_layer": dict(sorted(by_layer.items()))}
-    if not by_layer.get("parser"):
+    if not by_layer.get(PARSER):
         return numbers, None
-    return numbers, (f"parser: {by_layer['parser']} answers never left the reasoning (reasoning present, content and "
+    return numbers, (f"parser: {by_layer[PARSER]} answers never left the reasoning (reasoning present, content and "
                      "calls empty, the tool call's markup inside the reasoning): the model omitted the "
                      "think-to-answer transition and the reasoning parser kept everything (vllm#53246)")
 

@@ -213,7 +213,7 @@ def judge_family(family: str, row: dict[str, Any], scenarios: dict[str, dict[str
                        f"tokens reusable by design, {achieved:.0%} reused; cause: {_cause(scenarios, family)}")
     if designed <= COLD_SHARE:
         if share_ci[0] > designed + NOT_COLD_MARGIN:
-            return Finding(family, "finding", "server", f"{family} family is not cold on the server: it reused "
+            return Finding(family, "finding", SERVER, f"{family} family is not cold on the server: it reused "
                            f"{achieved:.0%} of its prompt (95% CI {share_ci[0]:.0%}-{share_ci[1]:.0%}) although no "
                            f"earlier request of the run shared more than {designed:.0%} with it by the server's own "
                            "tokenizer: cached_tokens over-reported, or the chat path renders prompts differently "

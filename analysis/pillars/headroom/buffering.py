@@ -34,6 +34,7 @@ from typing import Any
 from k3load.analysis.run.lean import AnyAttempt
 from k3load.analysis.run.stats import Rate, wilson
 from k3load.analysis.run.timeline import MetricIndex, QuantileBucket
+from k3load.outcomes import GATEWAY
 
 MIN_CHUNKS = 8  # an answer shorter than this cannot show blocks (a whole short answer fits one read anyway)
 MIN_READS = 3  # an answer in fewer reads arrived whole: written faster than read, or held whole; no blocks seen
@@ -42,7 +43,7 @@ BLOCK_BYTES_PER_READ = 2048.0  # straight: 230-330 bytes a read; nginx's blocks:
 MIN_STREAMS = 10  # fewer streamed answers long enough to tell: unknown
 BUFFERED_SHARE = 0.8  # buffered when nearly every answer came in blocks: the share above this with 95% confidence
 STRAIGHT_SHARE = 0.5  # straight when most came as paced: the share in blocks below this with 95% confidence
-LAYER = "gateway"
+LAYER = str(GATEWAY)  # a plain string, as `to_dict` hands the delivery on
 FIX = ("nginx: `proxy_buffering off;` with `proxy_http_version 1.1;` and `proxy_set_header Connection \"\";` "
        "in the location that proxies /v1 (or the upstream answering `X-Accel-Buffering: no`); HAProxy and Envoy "
        "stream by default: look for a compression or buffer filter on text/event-stream")
