@@ -30,7 +30,7 @@ from k3load.analysis.run.rundata import RunData, gc_paused, load_run
 from k3load.analysis.run.timeline import MetricIndex, shared_indexes
 from k3load.analysis.verdict import EXIT_CODES, NEXT_ACTION, compat_pillar, decide
 from k3load.events import Event
-from k3load.outcomes import NOT_RUN
+from k3load.outcomes import NOT_RUN, Verdict
 from k3load.rundir import write_atomic
 from k3load.sampler.vllm_metrics import VllmMetric
 
@@ -44,7 +44,7 @@ class Judgment:
     pillars: dict[str, PillarResult]
     stage_table: list[dict[str, Any]]
     ramp: dict[str, Any]
-    verdict: str
+    verdict: Verdict
     because: list[str]
     limits: dict[str, Any]
     checklist: list[dict[str, Any]]

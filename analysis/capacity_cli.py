@@ -45,7 +45,7 @@ _cost = _number(float, lambda v: v >= 0, "a finite number >= 0")
 def add_planner_arguments(parser: argparse.ArgumentParser | Any, prefix: str = "--") -> None:
     """The planner's inputs, as `k3load capacity` takes them; with `prefix` "--k3-", as the run's Locust
     options (each with its K3_* environment variable, configargparse's `env_var`)."""
-    def env(name: str) -> dict[str, str]:
+    def env(name: str) -> dict[str, Any]:
         return {"env_var": "K3_" + name.upper().replace("-", "_")} if prefix == "--k3-" else {}
 
     parser.add_argument(f"{prefix}target-users", action="append", default=[], type=_positive_int, metavar="N",

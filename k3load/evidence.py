@@ -32,7 +32,7 @@ import queue
 import sys
 import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +143,7 @@ def blocks(path: Path, *, inflate_ahead: bool = False) -> Iterator[bytes]:
     yield from _read_ahead(pieces) if inflate_ahead and _threads_run_in_parallel() else pieces
 
 
-def _inflate_blocks(path: Path, inflate: Callable[[bytes], bytes]) -> Iterator[bytes]:
+def _inflate_blocks(path: Path, inflate: Callable[[bytes], bytes]) -> Generator[bytes, None, None]:
     offset = 0
     with path.open("rb") as handle:
         while block := handle.read(READ_BYTES):
@@ -170,7 +170,7 @@ class _Failed:
         self.exc = exc
 
 
-def _read_ahead(items: Iterator[bytes], depth: int = READ_AHEAD) -> Iterator[bytes]:
+def _read_ahead(items: Generator[bytes, None, None], depth: int = READ_AHEAD) -> Iterator[bytes]:
     """`items`, produced by a daemon thread up to `depth` ahead of the reader; the thread's exception is
     raised here, in turn. A reader that stops early (an error, a `break`) stops the thread, which closes
     `items` (and so its file) before this generator returns."""

@@ -103,7 +103,8 @@ class GzipSink:
         self._out = FileAppender(path)
         self._z = zlib.compressobj(LEVEL, zlib.DEFLATED, 31)
         self.every_s, self._clock = every_s, clock
-        self._flushed_at, self._waiting = clock(), []  # deflated bytes not yet in the file
+        self._flushed_at = clock()
+        self._waiting: list[bytes] = []  # deflated bytes not yet in the file
         self._pending = False
         self.lines = self.kept_lines = 0
 

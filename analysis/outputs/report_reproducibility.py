@@ -9,7 +9,7 @@ analysis/pillars/agent/trigger_by_stage.py).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 from k3load.analysis.outputs.markdown import fmt, table
 
@@ -19,7 +19,12 @@ TRIGGER_COLUMNS = ("stage", "kind", "users", "tool-call turns", "called a tool (
                    "called an expected tool (95% CI)", "drop ")
 
 
+@overload
+def _share(value: float, bounds: list[float] | None) -> str: ...
+@overload
+def _share(value: None, bounds: list[float] | None) -> None: ...
 def _share(value: float | None, bounds: list[float] | None) -> str | None:
+    """A share with its 95% interval; None (a blank cell) when it was not measured."""
     if value is None:
         return None
     return f"{value:.1%}" + (f" ({bounds[0]:.1%}-{bounds[1]:.1%})" if bounds else "")

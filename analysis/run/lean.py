@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, Field, dataclass, fields
 from typing import Any
 
 from k3load.analysis.run.answer_signature import answer_signature, compared
@@ -29,8 +29,18 @@ from k3load.records import Attempt, Finding
 from k3load.workload.validate import primary_layer
 
 REQUIRED = frozenset(f.name for f in fields(Attempt) if f.default is MISSING and f.default_factory is MISSING)
-DEFAULTS = {f.name: (f.default if f.default is not MISSING else f.default_factory())  # type: ignore[misc]
-             for f in fields(Attempt) if f.name not in REQUIRED}
+
+
+def _default(f: Field[Any]) -> Any:
+    """A field's default, or a fresh value from its factory (every field outside REQUIRED has one)."""
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    raise TypeError(f"Attempt.{f.name} has no default")  # never: REQUIRED holds those
+
+
+DEFAULTS = {f.name: _default(f) for f in fields(Attempt) if f.name not in REQUIRED}
 
 
 @dataclass(slots=True, eq=False)

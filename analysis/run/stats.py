@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 
@@ -96,7 +97,7 @@ def wilson(k: int, n: int, z: float = Z95) -> Rate:
     return Rate(k, n, low, high)
 
 
-def cluster_rate(successes_per_cluster: Sequence[int], attempts_per_cluster: Sequence[int]) -> Rate:
+def cluster_rate(successes_per_cluster: ArrayLike, attempts_per_cluster: ArrayLike) -> Rate:
     """The rate over attempts, its 95% interval from the distinct requests (clusters) the attempts repeat.
 
     The point estimate is successes over attempts (what a client sending this mix sees: a request sent
@@ -295,7 +296,7 @@ def ratio_cis(numerators: Sequence[int], denominators: Sequence[Sequence[int]], 
     n = len(numerators)
     if n >= NORMAL_RATIO_FROM:
         return [ratio_normal_ci(numerators, den) for den in denominators]
-    live = [i for i, den in enumerate(denominators) if n >= 2 and sum(den)]
+    live = [i for i, den in enumerate(denominators) if n >= 2 and sum(den) != 0]
     out: list[tuple[float, float] | None] = [None] * len(denominators)
     if not live:
         return out

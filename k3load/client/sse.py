@@ -38,7 +38,9 @@ DONE: Final = "[DONE]"  # the event after the last chunk; `event is DONE` tells 
 _KNOWN_FIELDS: Final = (b"event", b"id", b"retry")
 _LINE_STARTS: Final = (b"data:", b":", b"event:", b"id:", b"retry:")
 _EXCERPT_BYTES: Final = 120
-_SCAN: Final = json.scanner.make_scanner(json.JSONDecoder())  # C scanner: (text, index) -> (value, end)
+# C scanner: (text, index) -> (value, end). typeshed types its context as a make_scanner (its own TODO: any
+# decoder with the parse_* attributes does, as json.JSONDecoder itself passes one)
+_SCAN: Final = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 MAX_LINE_BYTES: Final = 1 << 20  # default cap on one SSE line (a vLLM chunk is well under 1 KiB)
 
 SSEEvent = dict[str, Any] | str  # a decoded JSON chunk, or DONE

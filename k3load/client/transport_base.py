@@ -33,9 +33,19 @@ class BodyCut(TransportError):
 class ResponseStream(Protocol):
     """One response: status and headers are known when `Transport.open` returns."""
 
-    status: int
-    headers: Mapping[str, str]  # names in lower case
-    rx_lag: float  # seconds the last read's bytes had waited in the kernel when it returned (0: not known)
+    # Read-only to the reader (properties, so an implementation may hold them as plain attributes of a subtype)
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Names in lower case."""
+        ...
+
+    @property
+    def rx_lag(self) -> float:
+        """Seconds the last read's bytes had waited in the kernel when it returned (0: not known)."""
+        ...
 
     def reads(self) -> Iterator[bytes]:
         """Body bytes exactly as each socket read delivered them, until the message ends."""

@@ -291,12 +291,13 @@ def _load_server(root: Path, ev: Evidence) -> None:
         sim_marker = "k3load_sim_info on /metrics"
     elif isinstance(fingerprint, str) and fingerprint.endswith(SIM_FINGERPRINT):
         sim_marker = f"system_fingerprint {fingerprint!r}"
-    cache = families.get(VllmMetric.CACHE_CONFIG_INFO) or [None]
+    configs = families.get(VllmMetric.CACHE_CONFIG_INFO)
     ev.server = {
         "base_url": fetch.get("base_url"), "endpoints": fetch.get("endpoints", {}),
         "version": version.get("version") if isinstance(version, dict) else None,
         "models": [m for m in models.get("data", []) if isinstance(m, dict)] if isinstance(models, dict) else [],
-        "cache_config": cache[0], "vllm_series": sum(name.startswith(VLLM_PREFIX) for name in families),
+        "cache_config": configs[0] if configs else None,
+        "vllm_series": sum(name.startswith(VLLM_PREFIX) for name in families),
         "sim_marker": sim_marker, "metrics_read": bool(families),
         "engine_gauges_absent": _engine_gauges_absent(families) if families else [],
     }

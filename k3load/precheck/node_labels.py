@@ -33,7 +33,9 @@ def _labels(doc: Any, path: str) -> tuple[str, dict[str, str]]:
         kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
         raise EvidenceFormatError(path, "kind", f"{kind!r}, not a Node (kubectl get node NAME -o json)")
     meta = doc.get("metadata")
-    name = meta.get("name") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict):
+        meta = {}  # no name: refused just below
+    name = meta.get("name")
     if not isinstance(name, str) or not name:
         raise EvidenceFormatError(path, "metadata.name", "missing: the node's name")
     labels = meta.get("labels") or {}

@@ -75,7 +75,7 @@ def _best(error: jsonschema.ValidationError) -> jsonschema.ValidationError:
     """For a oneOf failure, the error of the branch the author meant (the one with the fewest errors)."""
     if not error.context:
         return error
-    by_branch: dict[int, list[jsonschema.ValidationError]] = {}
+    by_branch: dict[int | str, list[jsonschema.ValidationError]] = {}
     for sub in error.context:
         by_branch.setdefault(sub.schema_path[0] if sub.schema_path else 0, []).append(sub)
     branch = min(by_branch.values(), key=len)

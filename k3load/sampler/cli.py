@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"k3load sample: {problem}", file=sys.stderr)
         return 2
     secrets = Secrets.parse(os.environ.get(args.api_key_env) or None, args.header)
-    done, stopped = threading.Event(), []
+    done = threading.Event()
+    stopped: list[str] = []  # why sampling stopped (a write that failed): exit 2
     guard = WriteGuard(lambda path, exc: _write_failed(args.out, path, exc, done, stopped))
     sampler = Sampler(args.out, args.metrics_url, gpu_metrics_urls=args.gpu_metrics_url, interval_s=args.interval,
                       nvml="auto" if args.nvml == "auto" else None, server_log=args.server_log,

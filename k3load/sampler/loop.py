@@ -214,11 +214,11 @@ class Sampler:
                 continue  # read from the same body by that source's metrics loop
             # No API key: a dcgm-exporter is another service; the vLLM key must not travel to it.
             poller = DcgmPoller(url, partial(self._fetch, with_key=False), self.gpu, self.event)
-            self._add_loop(poller.name, lambda p=poller: p.tick(self.clock()))
+            self._add_loop(poller.name, partial(self._tick_now, poller.tick))
 
     def _start_metrics(self, metrics_url: str, first: bool) -> MetricsWatch:
         """One source, one loop, its own CPU window (so each line's CPU covers that loop's interval)."""
-        notice = None  # what to say if the first body has no DCGM_FI_* series either
+        notice: tuple[str | None, str] | None = None  # what to say if the first body has no DCGM_FI_* series either
         if metrics_url in self.gpu_metrics_urls:
             notice = (f"dcgm:{redact_url(metrics_url)}", "no DCGM_FI_* series at this URL")
         elif first and self._nvml is None and not self.gpu_metrics_urls:
@@ -250,6 +250,10 @@ class Sampler:
             return None
         return LogTail(self.out_dir / "server.log", self.event, self.clock, path=self.server_log,
                        cmd=self.server_log_cmd, guard=self._guard)
+
+    def _tick_now(self, tick: Callable[[float], object]) -> None:
+        """A loop's tick at this sampler's clock's time."""
+        tick(self.clock())
 
     def _add_loop(self, name: str, tick: Callable[[], None], interval_s: float | None = None) -> None:
         self._loops.append(Periodic(name, interval_s or self.interval_s, tick, self._stop, self._loop_error))

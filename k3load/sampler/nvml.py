@@ -37,9 +37,10 @@ def load(nvml: Any = "auto") -> tuple[Any | None, str | None]:
     lib = nvml
     if nvml is None or nvml == "auto":
         try:
-            import pynvml as lib  # nvidia-ml-py
+            import pynvml  # nvidia-ml-py
         except ImportError as exc:
             return None, f"nvidia-ml-py not importable: {exc}"
+        lib = pynvml
     try:
         lib.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ... (also a broken lib)

@@ -32,7 +32,7 @@ from k3load.sampler.vllm_metrics import LEGACY, VLLM_PREFIX, VllmMetric
 DCGM_PREFIX = "DCGM_FI_"
 # Families renamed in vLLM's v1 metrics (vllm/v1/metrics/loggers.py): still accepted from older
 # servers, labelled as legacy so a report never mixes them up with today's series silently.
-LEGACY_FAMILIES: dict[str, str] = dict(LEGACY)
+LEGACY_FAMILIES: dict[str, str] = {old.value: new.value for old, new in LEGACY.items()}
 # The engine's state every load judgment reads (analysis/pillars/headroom/stages.py): absent, the server's view of a run
 # is unknown whatever other vllm:* series remain. Names as on the wire (gauges: the family's own name).
 REQUIRED_SERIES: tuple[str, ...] = (VllmMetric.NUM_REQUESTS_RUNNING, VllmMetric.NUM_REQUESTS_WAITING,

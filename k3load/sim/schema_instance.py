@@ -95,7 +95,9 @@ def instance(schema: dict[str, Any], rng: random.Random, optional_rate: float = 
         return _object(schema, rng, optional_rate if depth < 4 else 0.0, depth)
     if kind == "array":
         lo, hi = schema.get("minItems", 1), schema.get("maxItems", 3)
-        items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+        items = schema.get("items")
+        if not isinstance(items, dict):
+            items = {}
         return [instance(items, rng, optional_rate, depth + 1) for _ in range(rng.randint(lo, max(lo, hi)))]
     if kind in ("integer", "number"):
         return _number(schema, rng, kind == "integer")

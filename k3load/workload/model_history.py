@@ -236,7 +236,8 @@ class ModelHistory:
 
     def _answer(self, attempt: Attempt) -> None:
         """The model's answer as the next request sends it back, then one tool message per call."""
-        calls, self._last_calls = [], []
+        calls: list[dict[str, Any]] = []
+        self._last_calls = []
         before = sum(len(m.get("tool_calls") or []) for m in [*self.scenario.context, *self.tail]
                      if m.get("role") == "assistant")
         for i, call in enumerate(attempt.tool_calls):

@@ -22,13 +22,14 @@ MAX_HASH_IDS blocks, or more than MAX_ROWS rows is refused. `.gz` files are read
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import math
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from k3load.errors import InputError
 
@@ -114,7 +115,7 @@ def parse_lines(lines: Iterable[str | bytes], name: str, block_tokens: int = 512
         yield row
 
 
-def _bounded_lines(handle: IO[bytes]) -> Iterator[bytes]:
+def _bounded_lines(handle: io.BufferedIOBase) -> Iterator[bytes]:
     """Lines, each read no further than MAX_LINE_BYTES + 1 (a file of one endless line is not read whole)."""
     while line := handle.readline(MAX_LINE_BYTES + 1):
         yield line
