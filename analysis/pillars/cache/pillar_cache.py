@@ -39,6 +39,7 @@ from k3load.analysis.run.stats import bootstrap_median_ci, mcnemar_one_sided, si
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.events import Event
 from k3load.outcomes import FAIL, GATEWAY, INCONCLUSIVE, NOT_RUN, PASS, Pillar
+from k3load.sampler.vllm_metrics import VllmMetric
 
 PILLAR = Pillar.PREFIX_CACHE  # the pillar these rules judge
 
@@ -94,10 +95,10 @@ def _table(pairs: list[tuple[AnyAttempt, AnyAttempt]]) -> list[dict[str, Any]]:
 
 def _window(index: MetricIndex, t0: float, t1: float) -> tuple[dict[str, Any], dict[str, str]]:
     """Counter deltas bracketed by good scrapes (and why not), gauges over the window."""
-    names = {"prefix_cache_queries": "vllm:prefix_cache_queries_total",
-             "prefix_cache_hits": "vllm:prefix_cache_hits_total",
-             "prompt_tokens_cached": "vllm:prompt_tokens_cached_total",
-             "prefill_kv_computed_tokens": "vllm:request_prefill_kv_computed_tokens_sum"}
+    names = {"prefix_cache_queries": VllmMetric.PREFIX_CACHE_QUERIES_TOTAL,
+             "prefix_cache_hits": VllmMetric.PREFIX_CACHE_HITS_TOTAL,
+             "prompt_tokens_cached": VllmMetric.PROMPT_TOKENS_CACHED_TOTAL,
+             "prefill_kv_computed_tokens": VllmMetric.REQUEST_PREFILL_KV_COMPUTED_TOKENS_SUM}
     numbers: dict[str, Any] = {}
     gaps: dict[str, str] = {}
     for key, name in names.items():
@@ -105,11 +106,11 @@ def _window(index: MetricIndex, t0: float, t1: float) -> tuple[dict[str, Any], d
         numbers[key] = found.value
         if found.missing:
             gaps[key] = found.missing
-    kv = index.gauge("vllm:kv_cache_usage_perc", t0, t1 + WINDOW_SLACK_S)
+    kv = index.gauge(VllmMetric.KV_CACHE_USAGE, t0, t1 + WINDOW_SLACK_S)
     numbers["kv_cache_usage_max"] = kv["max"] if kv else None
     numbers["sources"] = index.bracketed_delta(names["prefix_cache_queries"], t0, t1).sources
-    numbers["e2e_latency_mean_s"] = index.histogram_mean("vllm:e2e_request_latency_seconds", t0, t1 + WINDOW_SLACK_S)
-    numbers["prefill_time_mean_s"] = index.histogram_mean("vllm:request_prefill_time_seconds", t0,
+    numbers["e2e_latency_mean_s"] = index.histogram_mean(VllmMetric.E2E_REQUEST_LATENCY, t0, t1 + WINDOW_SLACK_S)
+    numbers["prefill_time_mean_s"] = index.histogram_mean(VllmMetric.REQUEST_PREFILL_TIME, t0,
                                                           t1 + WINDOW_SLACK_S)
     return numbers, gaps
 
@@ -366,7 +367,7 @@ def judge_prefix_cache(data: RunData, index: MetricIndex, limits: dict[str, floa
                                    "block_size", "enable_prefix_caching", "mamba_block_size",
                                    "cache_hit_alignment_tokens", "num_gpu_blocks") if k in config}}
     metrics_seen = index.present(t0 - 60, t1 + 60) and any(
-        "vllm:prefix_cache_queries_total" in s.values for s in index.scrapes if t0 - 60 <= s.ts <= t1 + 60)
+        VllmMetric.PREFIX_CACHE_QUERIES_TOTAL in s.values for s in index.scrapes if t0 - 60 <= s.ts <= t1 + 60)
     if config.get("enable_prefix_caching") == "False":
         return PillarResult(FAIL, ["prefix caching is off on the server (vllm:cache_config_info "
                                    "enable_prefix_caching=False)"], numbers)

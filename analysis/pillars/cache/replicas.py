@@ -34,16 +34,17 @@ from typing import Any
 from k3load.analysis.run.lean import AnyAttempt
 from k3load.analysis.run.rundata import RunData
 from k3load.analysis.run.timeline import MetricIndex
+from k3load.sampler.vllm_metrics import VllmMetric
 
 # Counters that move by one per finished request, in order of preference (vLLM 0.32, docs in
 # ../shared/notes/vllm-wire-facts.md; the sim serves all three): the first every source carries is read.
-REQUEST_COUNTERS = ("vllm:request_success_total", "vllm:request_prompt_tokens_count",
-                    "vllm:e2e_request_latency_seconds_count")
+REQUEST_COUNTERS = (VllmMetric.REQUEST_SUCCESS_TOTAL, VllmMetric.REQUEST_PROMPT_TOKENS_COUNT,
+                    VllmMetric.E2E_REQUEST_LATENCY_COUNT)
 # Moves by the prompt's tokens when a request is admitted, before its first token: vLLM's
 # vllm/v1/core/kv_cache_manager.py get_computed_blocks adds request.num_tokens (the prompt, for a new request:
 # the usage's prompt_tokens). A request tried again for want of blocks counts again: more, never less, which
 # leaves a window unknown, never a pair split where it was not.
-ADMISSION_COUNTER = "vllm:prefix_cache_queries_total"
+ADMISSION_COUNTER = VllmMetric.PREFIX_CACHE_QUERIES_TOTAL
 # vLLM counts a finished request just after its last chunk leaves (vllm/v1/engine/async_llm.py output
 # handler: outputs first, stats after): a scrape begun this soon after the client's end may not count it yet.
 SETTLE_S = 0.05
@@ -312,8 +313,8 @@ def per_replica(data: RunData, index: MetricIndex, routing: Routing) -> list[dic
         return []
     t0 = min(a.send_ts for a in data.attempts)
     t1 = max(a.end_ts for a in data.attempts) + GAUGE_SLACK_S
-    kv = index.gauge_by_source("vllm:kv_cache_usage_perc", t0, t1)
-    waiting = index.gauge_by_source("vllm:num_requests_waiting", t0, t1)
+    kv = index.gauge_by_source(VllmMetric.KV_CACHE_USAGE, t0, t1)
+    waiting = index.gauge_by_source(VllmMetric.NUM_REQUESTS_WAITING, t0, t1)
     placed: dict[str, int] = defaultdict(int)
     for route in routing.pairs:
         for source in (route.cold_source, route.warm_source):
@@ -321,8 +322,8 @@ def per_replica(data: RunData, index: MetricIndex, routing: Routing) -> list[dic
                 placed[source] += 1
     rows = []
     for source in routing.sources:
-        hits = _source_rise(index, "vllm:prefix_cache_hits_total", t0, t1, source)
-        queries = _source_rise(index, "vllm:prefix_cache_queries_total", t0, t1, source)
+        hits = _source_rise(index, VllmMetric.PREFIX_CACHE_HITS_TOTAL, t0, t1, source)
+        queries = _source_rise(index, VllmMetric.PREFIX_CACHE_QUERIES_TOTAL, t0, t1, source)
         rows.append({"source": source or "target",
                      "requests": _source_rise(index, routing.counter, t0, t1, source) if routing.counter else None,
                      "control_requests": placed.get(source, 0),

@@ -34,6 +34,7 @@ from k3load.analysis.run.rundata import RunData
 from k3load.analysis.run.stats import ratio_cis
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS, SERVER
+from k3load.sampler.vllm_metrics import VllmMetric
 
 REACHED = 0.9  # an attempt "reached its design" when it reused at least this share of it
 METRICS_SLACK_S = 2.5  # let the scrape after the last request land
@@ -254,12 +255,12 @@ def _thin(index: MetricIndex, limits: dict[str, float], config: dict[str, str], 
           rows: list[AnyAttempt]) -> list[str]:
     """Why a shortfall may say nothing about the cache: eviction under capacity, an unknown geometry."""
     why = []
-    kv = index.gauge("vllm:kv_cache_usage_perc", t0, t1)
+    kv = index.gauge(VllmMetric.KV_CACHE_USAGE, t0, t1)
     if kv and kv["max"] >= limits.get("max_kv_usage", 0.98):
         why.append(f"the KV cache was saturated (usage up to {kv['max']:.0%}): prefixes may have been evicted")
     geometry = geometry_of(config)
     blocks = config.get("num_gpu_blocks")
-    running = index.gauge("vllm:num_requests_running", t0, t1)
+    running = index.gauge(VllmMetric.NUM_REQUESTS_RUNNING, t0, t1)
     prompts = [a.prompt_tokens for a in rows if a.prompt_tokens]
     if blocks and blocks.isdigit() and running and prompts:
         capacity = int(blocks) * geometry.block
@@ -311,8 +312,8 @@ def judge_reuse(data: RunData, index: MetricIndex, limits: dict[str, float], con
         findings.append(finding)
     m0 = min([t0, *(a.send_ts for a in attempts)])  # the counters cover every request, in flight at the edges too
     m1 = max([t1, *(a.end_ts for a in attempts)]) + METRICS_SLACK_S
-    hits = index.delta("vllm:prefix_cache_hits_total", m0, m1)
-    queries = index.delta("vllm:prefix_cache_queries_total", m0, m1)
+    hits = index.delta(VllmMetric.PREFIX_CACHE_HITS_TOTAL, m0, m1)
+    queries = index.delta(VllmMetric.PREFIX_CACHE_QUERIES_TOTAL, m0, m1)
     every = [a for a in data.attempts if a.status == "ok"]  # what /metrics counted: the drill's twins too
     total["metrics"] = {"prefix_cache_hits": hits, "prefix_cache_queries": queries,
                         "hit_share": hits / queries if hits is not None and queries else None,

@@ -35,6 +35,7 @@ from k3load.analysis.run.lean import AnyAttempt
 from k3load.analysis.run.stats import Rate, wilson
 from k3load.analysis.run.timeline import MetricIndex, QuantileBucket
 from k3load.outcomes import GATEWAY
+from k3load.sampler.vllm_metrics import VllmMetric
 
 MIN_CHUNKS = 8  # an answer shorter than this cannot show blocks (a whole short answer fits one read anyway)
 MIN_READS = 3  # an answer in fewer reads arrived whole: written faster than read, or held whole; no blocks seen
@@ -125,7 +126,7 @@ def stream_delivery(attempts: Sequence[AnyAttempt], index: MetricIndex, saturate
     ttfts = [a.ttft_ms for a in telling if a.ttft_ms is not None]
     client = statistics.median(ttfts) if ttfts else None
     t0, t1 = min(a.send_ts for a in telling), max(a.end_ts for a in telling)
-    server = index.histogram_bucket("vllm:time_to_first_token_seconds", t0, t1, 0.5)
+    server = index.histogram_bucket(VllmMetric.TIME_TO_FIRST_TOKEN, t0, t1, 0.5)
     numbers: dict[str, Any] = {"streams": len(telling), "blocked": blocked, "events_per_read_p50": round(events, 2),
                "bytes_per_read_p50": round(size), "client_ttft_p50_ms": round(client, 3) if client else None,
                "server_ttft": server}
@@ -152,8 +153,8 @@ def stream_delivery(attempts: Sequence[AnyAttempt], index: MetricIndex, saturate
 
 # Latency SLOs the client measures and the server's own histograms that stand for them when a proxy buffers
 # the stream; None: vLLM exports no series for it (TTFA), so it is unjudged.
-SERVER_SIDE = {"slo.ttft_p95": ("vllm:time_to_first_token_seconds", "ttft_p95_ms", "TTFT"),
-               "slo.itl_p95": ("vllm:inter_token_latency_seconds", "itl_p95_ms", "ITL"),
+SERVER_SIDE = {"slo.ttft_p95": (VllmMetric.TIME_TO_FIRST_TOKEN, "ttft_p95_ms", "TTFT"),
+               "slo.itl_p95": (VllmMetric.INTER_TOKEN_LATENCY, "itl_p95_ms", "ITL"),
                "slo.ttfa_p95": None}
 
 

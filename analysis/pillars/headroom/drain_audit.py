@@ -28,11 +28,12 @@ from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS
 from k3load.analysis.run.rundata import RunData, StageWindow
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.events import Event
+from k3load.sampler.vllm_metrics import VllmMetric
 from k3load.workload.stage_kind import StageKind
 
 KV_TOLERANCE = 0.02  # absolute KV usage: the gauge is a step behind, and a step may hold a block or two
 LEFT_EARLY = ("timeout", "truncated", "stream_error", "transport_error")  # the client end was cut
-ABORTED = ("vllm:request_success_total", {"finished_reason": "abort"})
+ABORTED = (VllmMetric.REQUEST_SUCCESS_TOTAL, {"finished_reason": "abort"})
 
 
 def _last_before(index: MetricIndex, name: str, ts: float, match: dict[str, str] | None = None) -> float | None:
@@ -47,7 +48,7 @@ def _baseline_kv(index: MetricIndex, stage: StageWindow, previous: dict[str, Any
     last = (previous or {}).get("last") or {}
     if last.get("kv_usage") is not None and last.get("ts", 0) <= stage.start_ts:
         candidates.append((last["ts"], last["kv_usage"]))
-    points = index.points("vllm:kv_cache_usage_perc", float("-inf"), stage.start_ts)
+    points = index.points(VllmMetric.KV_CACHE_USAGE, float("-inf"), stage.start_ts)
     if points:
         candidates.append(points[-1])
     return max(candidates)[1] if candidates else None

@@ -24,11 +24,12 @@ from pathlib import Path
 
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.precheck.startup_log import non_default_args
+from k3load.sampler.vllm_metrics import VllmMetric
 
 PAST_CAPACITY_SHARE = 0.5  # requests waited behind a full batch for most of the step
 MIN_SCRAPES = 3  # fewer scrapes with both gauges: too few to say "most of the step"
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
+RUNNING = VllmMetric.NUM_REQUESTS_RUNNING
+WAITING = VllmMetric.NUM_REQUESTS_WAITING
 _ARGS_LINE = re.compile(r"non-default args: (\{.*\})\s*$", re.MULTILINE)
 
 

@@ -34,6 +34,7 @@ from k3load.analysis.run.stats import wilson
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.events import Event
 from k3load.outcomes import Signal
+from k3load.sampler.vllm_metrics import VllmMetric
 from k3load.workload.stage_kind import STEP_KINDS, StageKind
 
 QUEUED_S = 2.0  # latency over its SLO while requests waited at least this long grows with the queue
@@ -148,10 +149,10 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
     # rates over the time load was offered: a restart drill's wait for the server is no load time
     duration = max(t1 - t0 - sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in planned), 1e-9)
     ok = frame[frame["status"] == "ok"]
-    kv = index.gauge("vllm:kv_cache_usage_perc", t0, t1)
-    waiting = index.gauge("vllm:num_requests_waiting", t0, t1)
-    running = index.gauge("vllm:num_requests_running", t0, t1)
-    preemptions = index.delta("vllm:num_preemptions_total", t0, t1)
+    kv = index.gauge(VllmMetric.KV_CACHE_USAGE, t0, t1)
+    waiting = index.gauge(VllmMetric.NUM_REQUESTS_WAITING, t0, t1)
+    running = index.gauge(VllmMetric.NUM_REQUESTS_RUNNING, t0, t1)
+    preemptions = index.delta(VllmMetric.NUM_PREEMPTIONS_TOTAL, t0, t1)
     spells = down_spells(data) if spells is None else spells
     flaps = {spell.down_ts for spell in spells if spell.flap}
     downs = [e for e in data.events_named(Event.SERVER_DOWN) if t0 <= e["ts"] <= t1 and e["ts"] not in flaps
@@ -166,7 +167,7 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
         **_latency(frame),
         "kv_usage_mean": kv["mean"] if kv else None, "kv_usage_max": kv["max"] if kv else None,
         "kv_usage_max_by_source": {src or "target": g["max"] for src, g in
-                                   index.gauge_by_source("vllm:kv_cache_usage_perc", t0, t1).items()},
+                                   index.gauge_by_source(VllmMetric.KV_CACHE_USAGE, t0, t1).items()},
         "waiting_max": waiting["max"] if waiting else None,
         "waiting_sustained_s": index.sustained_queue_s(t0, t1),
         "running_max": running["max"] if running else None,
