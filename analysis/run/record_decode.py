@@ -15,6 +15,7 @@ lone surrogate escape, a torn line) it refuses, and the line is read whole by `j
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -64,7 +65,9 @@ class RecordDecoder:
 
     def __init__(self, shared: Interner, attempts: list[Any], columns: dict[str, list[Any]]) -> None:
         self.shared = shared
-        self._decode = msgspec.json.Decoder(_Line).decode
+        # `_Line` is built at import from Attempt's fields (declared once, in k3load.records), so no checker can
+        # see its attributes: a decoded line is read as `Any`, its fields as json.loads would give them
+        self._decode: Callable[[str | bytes], Any] = msgspec.json.Decoder(_Line).decode
         self._append = attempts.append
         # one bound append per frame-only column, called written out (a loop over them cost 0.2 s an hour)
         (self._turn_kind, self._itl, self._ttfa, self._completion, self._max_tokens, self._error,
