@@ -157,7 +157,10 @@ def one_round(url: str, transport: str, streams: int, tokens: int, requests: int
     if bad:
         raise RuntimeError(f"{len(bad)} requests failed, e.g. {bad[0].status}: {bad[0].error}")
     chunks = sum(len(r.chunk_ts) for r in results)
-    late = sorted((r.first_token_ts - float(r.content[1:].split(" ")[0])) * 1000 for r in results)
+    late = sorted((first - float(r.content[1:].split(" ")[0])) * 1000 for r in results
+                  if (first := r.first_token_ts) is not None)
+    if len(late) < len(results):
+        raise RuntimeError(f"{len(results) - len(late)} answers without a first token")
     return Round(cpu / chunks * 1e6, statistics.median(late), late[min(int(len(late) * 0.99), len(late) - 1)],
                  cpu / wall, server_cpu / wall, chunks / wall)
 
@@ -204,9 +207,10 @@ def main() -> int:
         serve(args.serve)
         return 0
     pin = not args.no_pin and len(os.sched_getaffinity(0)) >= 2
-    cpus = tuple(sorted(os.sched_getaffinity(0))[:2]) if pin else (None, None)
+    first_two = sorted(os.sched_getaffinity(0))[:2]
+    cpus: tuple[int | None, int | None] = (first_two[0], first_two[1]) if pin else (None, None)
     if pin:
-        os.sched_setaffinity(0, {cpus[1]})
+        os.sched_setaffinity(0, {first_two[1]})
     logs = ROOT / ".cache" / "bench"
     logs.mkdir(parents=True, exist_ok=True)
     where = f"server on CPU {cpus[0]}, client on CPU {cpus[1]}" if pin else "unpinned"

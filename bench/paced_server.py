@@ -38,9 +38,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http_writer import StreamWriter
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 32768
@@ -172,7 +173,8 @@ class Engine:
         try:
             # never wait for one client's socket to drain: a slow reader must not stall the step for every
             # other stream (an engine queues each request's output); what it has not read waits in its buffer
-            await stream.resp._payload_writer.write(chunk, drain=False)
+            # (aiohttp types the writer as the abstract one, without drain=; it is its StreamWriter, or None when gone)
+            await cast(StreamWriter, stream.resp._payload_writer).write(chunk, drain=False)
         except (ConnectionError, RuntimeError, AttributeError):
             stream.left = 0  # the client went away: no more writes
         if stream.left <= 0:

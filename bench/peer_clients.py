@@ -169,7 +169,7 @@ def _bare_first_tokens(load: Load, _ids: dict[str, float]) -> FirstTokens | str:
     path = load.out / "bare.json"
     if not path.exists():
         return "the bare client wrote no results"
-    return [tuple(p) for p in json.loads(path.read_text())["first_tokens"]]  # type: ignore[misc]
+    return [tuple(p) for p in json.loads(path.read_text())["first_tokens"]]
 
 
 # -- vllm bench serve --------------------------------------------------------------------------------

@@ -303,9 +303,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     pin = not args.no_pin and len(os.sched_getaffinity(0)) >= 2
-    cpus: tuple[int | None, int | None] = tuple(sorted(os.sched_getaffinity(0))[:2]) if pin else (None, None)
+    first_two = sorted(os.sched_getaffinity(0))[:2]
+    cpus: tuple[int | None, int | None] = (first_two[0], first_two[1]) if pin else (None, None)
     if pin:
-        os.sched_setaffinity(0, {cpus[0]})  # this script's sampling shares the server's CPU, not the client's
+        os.sched_setaffinity(0, {first_two[0]})  # this script's sampling shares the server's CPU, not the client's
     table = clients()
     wanted = [table[name] for name in args.peers]
     if args.baseline:
