@@ -27,3 +27,17 @@ def test_a_ramps_steps_name_their_plan_stage_and_kinds_are_the_enum() -> None:
 def test_a_stage_given_its_kind_as_a_string_holds_the_enum() -> None:
     stage = Stage("soak", "soak", 0, 1, 1, 1.0)  # asdict's round trip through a message, or a caller's literal
     assert stage.kind is StageKind.SOAK
+
+
+def test_every_stage_kind_names_the_phase_a_crash_in_it_points_to() -> None:
+    from k3load.analysis.pillars.headroom.pillar_resources import PHASES
+    # a search step or a replay's crash is said as "unknown phase" today (a new kind fails here until it has one)
+    assert set(StageKind) - set(PHASES) == {StageKind.REPLAY, StageKind.SEARCH}
+
+
+def test_the_vocabulary_serialises_as_the_strings_it_replaced() -> None:
+    from k3load.analysis.verdict import EXIT_CODES
+    from k3load.outcomes import FAIL, LAYERS, Pillar, Status, Verdict
+    assert (FAIL, Pillar.AGENT_API, Verdict.SCALE_UP) == ("fail", "agent_api", "scale_up")
+    assert LAYERS == ("model_output", "parser", "server", "gateway", "client") and Status("not_run") is Status.NOT_RUN
+    assert json.dumps({Verdict.GO: [Status.PASS]}) == '{"go": ["pass"]}' and EXIT_CODES["limited"] == 3
