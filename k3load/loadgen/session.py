@@ -12,10 +12,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import platform
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,41 +21,39 @@ from typing import TYPE_CHECKING, Any
 import gevent
 import gevent.event
 
-import k3load
-from k3load.analysis.pillars.agent.agreement import REFERENCE_FILE, reference_record
+from k3load.analysis.pillars.agent.agreement import reference_record
 from k3load.analysis.pillars.headroom.goodput import Slo
 from k3load.analysis.pillars.pillar import thresholds
 from k3load.client.origin import key_origin
-from k3load.clock import now
 from k3load.disk_full import FULL, stopped_line
 from k3load.events import Event, Message
 from k3load.evidence import RECORDS
 from k3load.loadgen import delivery, held_secrets, observe
 from k3load.loadgen.drain import StageDrain
 from k3load.loadgen.hold import RunHold, stop_load
-from k3load.loadgen.inputs import harness_error_line, load_inputs, node_files
+from k3load.loadgen.inputs import harness_error_line, load_inputs
+from k3load.loadgen.long_inputs import LongInputs
 from k3load.loadgen.manual import LiveCounts, ManualStages
 from k3load.loadgen.open_run import OpenRun
-from k3load.loadgen.options import locust_late_outputs, public_options, run_access
+from k3load.loadgen.options import locust_late_outputs
 from k3load.loadgen.recovery import RecoveryHold
 from k3load.loadgen.request_events import fire_request_events
 from k3load.loadgen.restart_drill import RestartDrill
 from k3load.loadgen.role import ProcessRole
+from k3load.loadgen.run_files import files_in_use, new_run_id, run_info, str_or_none, write_start_files
 from k3load.loadgen.search_live import LiveGoodput, LiveSearch
 from k3load.loadgen.target import TargetApi, TargetUnusable
 from k3load.loadgen.worker import WorkerLink, tell_master
 from k3load.loadgen.worker_count import WorkerCount
 from k3load.private_files import narrow_existing
 from k3load.records import Attempt
-from k3load.rundir import JsonlLog, set_aside_previous_run, write_atomic, write_guarded, write_json_atomic
+from k3load.rundir import JsonlLog, set_aside_previous_run, write_guarded
 from k3load.sampler import Sampler
-from k3load.sampler.fetch import redact_url
-from k3load.workload.long_input import LongInputFit, estimate_tokens, fit_long_input
+from k3load.workload.long_input import estimate_tokens
 from k3load.workload.plan import ArrivalSpec, Plan, Stage
 from k3load.workload.reuse_design import http_tokenizer, measure_into
 from k3load.workload.scenario import Scenario
 from k3load.workload.stage_kind import StageKind
-from k3load.workload.stored_requests import write_stored_requests
 from k3load.yamlfile import one_line
 
 if TYPE_CHECKING:  # the analysis is loaded where a run is judged (k3load.loadgen.listeners)
@@ -89,7 +85,10 @@ class HarnessSession:
             if self.role.is_worker else None
         self.ready = gevent.event.Event()
         self._seen: set[str] = set()
-        self._long_inputs: dict[str, LongInputFit] = {}
+        # sized by the server's own token count (a test may replace `_count_tokens`): the long input's document,
+        # and whether a scenario fits the server's context at all
+        self.long_inputs = LongInputs(lambda: self.max_model_len, lambda s: self._count_tokens(s), lambda: self.events)
+        self.long_context, self.fits = self.long_inputs.document, self.long_inputs.fits
         self.attempts_written = 0
         self._lost = 0  # the last run's records never kept (its log closed: JsonlLog.lost as it ended)
         self.sampler: Sampler | None = None
@@ -176,8 +175,7 @@ class HarnessSession:
         if self.finisher is not None:
             self.finisher.join()
         self._new_run_state()
-        generated = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
-        self.run_id = (opts.k3_run_id + (f"-{self.tests}" if self.tests > 1 else "")) if opts.k3_run_id else generated
+        self.run_id = new_run_id(opts, self.tests)
         run_dir = Path(opts.k3_out).resolve()
         if getattr(opts, "k3_insecure", False):
             log.warning("k3load: TLS certificate verification is OFF (--k3-insecure): the target's identity is "
@@ -185,7 +183,7 @@ class HarnessSession:
         reference = reference_record(Path(opts.k3_reference)) if getattr(opts, "k3_reference", "") else None
         self._discover_server()  # first: a server that does not answer leaves no run directory behind
         guard = self.hold.open(run_dir, self.run_id)  # 0700, locked: a live run's directory is refused, never moved
-        self.previous_run_moved_to = set_aside_previous_run(run_dir, self._files_in_use(run_dir))
+        self.previous_run_moved_to = set_aside_previous_run(run_dir, files_in_use(opts, run_dir))
         narrow_existing(run_dir / p for p in locust_late_outputs(opts, run_dir))  # opened before init
         if self.previous_run_moved_to is not None:
             log.warning("k3load: %s held an earlier run; moved it to %s", run_dir, self.previous_run_moved_to)
@@ -193,16 +191,13 @@ class HarnessSession:
         run = self.run = OpenRun(self.run_id, run_dir, plan, records, JsonlLog(run_dir / "events.jsonl", guard=guard),
                                  guard, self.target)
         run.events.event(Event.RUN_START, run_id=self.run_id, role=self.role,
-                         previous_run_moved_to=_str_or_none(self.previous_run_moved_to))
+                         previous_run_moved_to=str_or_none(self.previous_run_moved_to))
         self.manual.active = self.env.shape_class is None  # no plan shape: the user count set by hand
-        write_atomic(run_dir / "plan.yaml", self.manual.plan_source(plan) if self.manual.active else plan.source)
-        write_json_atomic(run_dir / "run.json", self._run_info(run_dir))
-        if reference is not None:  # read before the run directory opened: the reference may be an earlier run there
-            write_json_atomic(run_dir / REFERENCE_FILE, reference)
+        info = run_info(run, self.model, self.max_model_len, [s.name for g in self.scenarios.values() for s in g],
+                        self.previous_run_moved_to)
         playable = [s for group in self.scenarios.values() for s in group if self.fits(s)]  # says each misfit
-        sums = write_stored_requests(playable, run_dir / "samples", self.model, self.long_context)
-        write_atomic(run_dir / "samples.sha256", "".join(f"{sha}  samples/{rel}\n"
-                                                         for rel, sha in sorted(sums.items())))
+        write_start_files(run, self.manual.plan_source(plan) if self.manual.active else plan.source, info, reference,
+                          playable, self.model, self.long_context)
         # designed prefix reuse, tokenized by the server beside the load, never before it (issue 15)
         self.reuse_design = gevent.spawn(self.hold.guarded, measure_into, run_dir, playable, self.run_id,
                                          self.model, self.long_context,
@@ -228,15 +223,6 @@ class HarnessSession:
         self.manual = ManualStages()
         self.live = LiveCounts()
         self.goodput, self.search = LiveGoodput(Slo.from_limits(self.limits)), None
-
-    def _files_in_use(self, run_dir: Path) -> set[Path]:
-        """Files this run already uses that may sit in `run_dir`, left there when an earlier run is moved
-        out: Locust's outputs (it opened them before test_start) and the k3 input files."""
-        opts = self.env.parsed_options
-        per_node = [path for files in node_files(opts).values() for path in files.paths()]  # each NODE=PATH's
-        inputs = [*per_node, opts.k3_custom_build, opts.k3_server_log, *(opts.k3_host_inventory or [])]
-        return ({run_dir / rel for rel in locust_late_outputs(opts, run_dir)}
-                | {Path(p).resolve() for p in inputs if p})
 
     def fail(self, why: str) -> None:
         """The run cannot start or go on: said once, now, as one line on stderr (the web UI's terminal too);
@@ -278,16 +264,6 @@ class HarnessSession:
         """Which model to send and its context (raises TargetUnusable: a dead server leaves no run directory)."""
         self.model, self.max_model_len = self.target.discover(self.env.parsed_options.k3_model)
 
-    def _run_info(self, run_dir: Path) -> dict[str, Any]:
-        return {"run_id": self.run_id, "started_ts": now(), "host": redact_url(self.env.host), "model": self.model,
-                "max_model_len": self.max_model_len, "plan": self.plan.name if self.plan else None,
-                "k3load_version": k3load.__version__, "python": sys.version.split()[0],
-                "platform": platform.platform(), "options": public_options(self.env.parsed_options),
-                "tls": run_access(self.env.parsed_options)[1].describe(),
-                "scenarios": sorted(s.name for group in self.scenarios.values() for s in group),
-                "unsigned_files": locust_late_outputs(self.env.parsed_options, run_dir),
-                "previous_run_moved_to": _str_or_none(self.previous_run_moved_to)}
-
     def run_message(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "run_dir": str(self.run_dir), "model": self.model,
                 "max_model_len": self.max_model_len}
@@ -300,32 +276,6 @@ class HarnessSession:
         self.ready.set()
 
     # -- during the run ----------------------------------------------------------------------------
-    def long_context(self, scenario: Scenario) -> str | None:
-        """The reference document a long-input scenario carries (None for other scenarios)."""
-        return self._long_input(scenario).document if scenario.long_input else None
-
-    def fits(self, scenario: Scenario) -> bool:
-        """False for a long-input scenario that cannot fit the server's context at all (unknown when the
-        server does not say its max_model_len: then it is played, sized for 4,096 tokens, as before)."""
-        return not scenario.long_input or self._long_input(scenario).fits or not self.max_model_len
-
-    def _long_input(self, scenario: Scenario) -> LongInputFit:
-        """Sized once per process; a scenario that cannot fit is said once (`long_input_unfit`)."""
-        if scenario.name not in self._long_inputs:
-            fit = fit_long_input(scenario, self.max_model_len or 4096, self._count_tokens(scenario))
-            self._long_inputs[scenario.name] = fit
-            if not fit.fits and self.max_model_len:
-                self._say_unfit(fit)
-        return self._long_inputs[scenario.name]
-
-    def _say_unfit(self, fit: LongInputFit) -> None:
-        log.warning("k3load: long-input scenario %s does not fit: its fixed part (%d tokens) and answer budget "
-                    "(%d) exceed the server's max_model_len %d; none of its requests are sent", fit.scenario,
-                    fit.fixed_tokens, fit.max_tokens, fit.max_model_len)
-        if self.events is not None:
-            self.events.event(Event.LONG_INPUT_UNFIT, scenario=fit.scenario, fixed_tokens=fit.fixed_tokens,
-                              max_tokens=fit.max_tokens, max_model_len=fit.max_model_len)
-
     def playable(self, family: str) -> list[Scenario]:
         """The family's scenarios this stage plays: a prefix_control stage plays the cache-control pair
         scenarios (`prefix_salt: pair`), other stages the rest (each falls back to all while the family
@@ -445,6 +395,3 @@ class HarnessSession:
             self._lost = records.lost
         self._ended = self.run  # a record arriving after the end is not this run's to write
 
-
-def _str_or_none(path: Path | None) -> str | None:
-    return str(path) if path is not None else None
