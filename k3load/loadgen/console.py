@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from k3load.events import Event
+from k3load.loadgen.role import ProcessRole
 from k3load.outcomes import HARNESS_ERROR
 from k3load.records import Attempt
 from k3load.workload.harness_error import HarnessFault, kind_of
@@ -126,7 +127,7 @@ def harness_errors(environment: Any) -> HarnessErrors:
     found = getattr(environment, "k3_harness_errors", None)
     if found is None:
         session = getattr(environment, "k3_session", None)
-        role = getattr(session, "role", "local")
+        role = getattr(session, "role", ProcessRole.LOCAL)
         found = HarnessErrors(lambda: getattr(session, "events", None), f"{role} {os.getpid()}")
         environment.k3_harness_errors = found
     return found
