@@ -230,7 +230,8 @@ def _post(url: str) -> None:
 def _first_written(url: str) -> dict[str, float]:
     try:
         with urllib.request.urlopen(f"{url}/bench/first-tokens", timeout=10) as resp:
-            return json.loads(resp.read())
+            written: dict[str, float] = json.loads(resp.read())
+            return written
     except (OSError, ValueError):
         return {}
 

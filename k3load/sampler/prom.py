@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from k3load.sampler.vllm_metrics import LEGACY, VLLM_PREFIX, VllmMetric
 
@@ -72,7 +73,7 @@ def parse(text: str) -> Parsed:
     return out
 
 
-def _take_vllm(out: Parsed, name: str, kind: str, samples: Iterable) -> None:
+def _take_vllm(out: Parsed, name: str, kind: str, samples: Iterable[Sample]) -> None:
     if name.endswith("_created"):
         return
     if name.endswith("_info") or kind == "info":

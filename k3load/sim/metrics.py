@@ -9,9 +9,10 @@ report can mistake them for a real GPU.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 from k3load.sampler.vllm_metrics import VLLM_PREFIX, VllmMetric
 from k3load.sim.config import SimConfig
@@ -23,6 +24,7 @@ _ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 _LATENCY = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
             240.0, 480.0, 960.0, 1920.0, 7680.0)
 _ITERATION = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+_Metric = TypeVar("_Metric", bound=MetricWrapperBase)
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 _BASE = ("model_name", "engine")
 
@@ -52,7 +54,7 @@ class SimMetrics:
         self._build_parser()  # vLLM 0.32 serves it even with --disable-log-stats (the API server counts it)
         self._build_gpu()
 
-    def _made(self, metric: Any, extra: tuple[str, ...]) -> Any:
+    def _made(self, metric: _Metric, extra: tuple[str, ...]) -> _Metric:
         """vLLM creates every unlabelled-beyond-base series at start, so they exist before traffic."""
         if not extra:
             metric.labels(**self._labels)

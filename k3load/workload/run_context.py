@@ -77,8 +77,8 @@ class RunContext:
     # The header a session-affinity router keys on (--k3-session-header): each conversation sends one
     # stable id in it, so its turns (a control pair's cold and warm twins among them) meet one replica.
     session_header: str | None = None
-    _requests: itertools.count = field(default_factory=itertools.count)
-    _pairs: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _requests: itertools.count[int] = field(default_factory=itertools.count)
+    _pairs: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def salt(self, scenario: Scenario) -> str:
         if scenario.prefix_salt == "run":
