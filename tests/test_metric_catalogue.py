@@ -3,7 +3,7 @@
 Why: a metric name is a contract with vLLM; a typo in one reads as "the server never reported it" and turns
 into a wrong verdict, not an error. Every member must be on the wire captured from vLLM 0.32 on CPU (as a
 family or as a sample name, parsed by prometheus_client's own parser), or be declared absent here with the
-reason. A second test keeps the names spelled only in the catalogue.
+reason. The tests below keep the names spelled only in the catalogue.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from k3load.sampler.vllm_metrics import LEGACY, VLLM_PREFIX, VllmMetric
@@ -67,7 +66,8 @@ def test_every_member_is_a_vllm_name() -> None:
 
 # ---- the names are spelled once --------------------------------------------------------------------------
 #
-# Two rules over every string constant of k3load/ and analysis/ (docstrings excepted: prose):
+# Two rules over every string constant of k3load/, analysis/, locustfiles/ and bench/ (docstrings excepted:
+# prose):
 # - a constant that IS a name (what the sampler, the analysis or the sim indexes or registers) comes from
 #   the catalogue: no module spells one; the sim included, since it serves the names the harness reads (a
 #   sim typo would rehearse a series no vLLM has, and both sides would agree on it);
@@ -79,8 +79,6 @@ def test_every_member_is_a_vllm_name() -> None:
 _NAME = re.compile(r"vllm:[A-Za-z_][A-Za-z0-9_]*")
 _SAMPLE_SUFFIXES = ("_bucket", "_count", "_sum", "_total")
 CATALOGUE = ROOT / "k3load" / "sampler" / "vllm_metrics.py"
-# Rooms owned by others in the issue-30 work that still spell names; the test over them is xfail until done.
-PENDING = ("k3load/loadgen/", "analysis/pillars/")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -103,7 +101,8 @@ def _constants(path: Path) -> list[tuple[int, str]]:
 
 
 def _files() -> list[Path]:
-    return sorted(p for d in ("k3load", "analysis") for p in (ROOT / d).rglob("*.py") if p != CATALOGUE)
+    return sorted(p for d in ("k3load", "analysis", "locustfiles", "bench") for p in (ROOT / d).rglob("*.py")
+                  if p != CATALOGUE)
 
 
 def _known(token: str) -> bool:
@@ -122,13 +121,6 @@ def test_inline_names_in_queries_and_prose_are_catalogue_names() -> None:
     assert not unknown, "not a catalogued vLLM name (typo, or add it to VllmMetric):\n" + "\n".join(unknown)
 
 
-def test_no_bare_vllm_name_outside_the_catalogue_in_finished_rooms() -> None:
-    hits = [h for h in _bare_names() if not h.startswith(PENDING)]
-    assert not hits, "spell these as VllmMetric members:\n" + "\n".join(hits)
-
-
-@pytest.mark.xfail(strict=False, reason="k3load/loadgen/ (drain.py, live.py, search_live.py) and analysis/pillars/ "
-                   "(cache/, headroom/) still spell vllm:* names; their owners move them to VllmMetric in issue 30")
-def test_no_bare_vllm_name_outside_the_catalogue_anywhere() -> None:
+def test_no_bare_vllm_name_outside_the_catalogue() -> None:
     hits = _bare_names()
     assert not hits, "spell these as VllmMetric members:\n" + "\n".join(hits)
