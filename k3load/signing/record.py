@@ -27,7 +27,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from k3load.analysis.outputs import report_signers
-from k3load.analysis.outputs.manifest import MANIFEST
+from k3load.analysis.outputs.manifest import MANIFEST as MANIFEST  # read as record.MANIFEST by the CLIs
 from k3load.rundir import write_atomic
 from k3load.signing import keygen, sshsig
 
