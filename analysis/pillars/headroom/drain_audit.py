@@ -22,6 +22,7 @@ Where a reading is missing the row says "inconclusive, because ..." and judges n
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS
@@ -31,6 +32,18 @@ from k3load.events import Event
 from k3load.sampler.vllm_metrics import VllmMetric
 from k3load.workload.stage_kind import StageKind
 
+
+class DrainStatus(StrEnum):
+    """A drain row's `status` (the resources pillar fails on NOT_DRAINED and KV_HELD)."""
+
+    DRAINED = "drained"
+    NOT_DRAINED = "not_drained"
+    KV_HELD = "kv_held"
+    INCONCLUSIVE = "inconclusive"
+    NOT_AUDITED = "not_audited"  # a ramp's or a search's step whose users went on into the next: audited after it
+
+
+FAILED = (DrainStatus.NOT_DRAINED, DrainStatus.KV_HELD)
 KV_TOLERANCE = 0.02  # absolute KV usage: the gauge is a step behind, and a step may hold a block or two
 LEFT_EARLY = ("timeout", "truncated", "stream_error", "transport_error")  # the client end was cut
 ABORTED = (VllmMetric.REQUEST_SUCCESS_TOTAL, {"finished_reason": "abort"})
@@ -78,8 +91,8 @@ def _row(data: RunData, index: MetricIndex, stage: StageWindow, event: dict[str,
     row: dict[str, Any] = {"stage": stage.name, **_left_early(data, stage), "bound_s": bound_s,
                            "server_aborts": _aborts(index, stage, event)}
     if event is None:
-        why = _no_window(data, stage, bound_s)
-        return row | {"status": "not_audited" if why.startswith("not audited") else "inconclusive", "why": why}
+        status, why = _no_window(data, stage, bound_s)
+        return row | {"status": status, "why": why}
     first, last = event.get("first") or {}, event.get("last") or {}
     tokens = (last["generation_tokens"] - first["generation_tokens"]
               if last.get("generation_tokens") is not None and first.get("generation_tokens") is not None else None)
@@ -89,16 +102,16 @@ def _row(data: RunData, index: MetricIndex, stage: StageWindow, event: dict[str,
             "running_after": last.get("running"), "waiting_after": last.get("waiting"),
             "tokens_after_clients_left": tokens, "kv_usage_baseline": baseline, "kv_usage_after": last.get("kv_usage")}
     if event.get("drained") is None:
-        return row | {"status": "inconclusive", "why": "inconclusive, because the drain window had no reading of "
-                      f"the server's running gauge ({event.get('error') or 'metrics missing'})"}
+        return row | {"status": DrainStatus.INCONCLUSIVE, "why": "inconclusive, because the drain window had no "
+                      f"reading of the server's running gauge ({event.get('error') or 'metrics missing'})"}
     if not event["drained"]:
-        return row | {"status": "not_drained", "why": _not_drained(row)}
+        return row | {"status": DrainStatus.NOT_DRAINED, "why": _not_drained(row)}
     kv_after = last.get("kv_usage")
     if baseline is not None and kv_after is not None and kv_after > baseline + KV_TOLERANCE:
-        return row | {"status": "kv_held", "why": f"KV usage {kv_after:.1%} after every request ended, above the "
-                      f"{baseline:.1%} before the stage (tolerance {KV_TOLERANCE:.0%}): blocks not given back"}
+        return row | {"status": DrainStatus.KV_HELD, "why": f"KV usage {kv_after:.1%} after every request ended, above "
+                      f"the {baseline:.1%} before the stage (tolerance {KV_TOLERANCE:.0%}): blocks not given back"}
     note = "" if baseline is not None and kv_after is not None else " (KV usage not read: not compared)"
-    return row | {"status": "drained", "why": f"drained in {event.get('waited_s', 0):.1f} s{note}"}
+    return row | {"status": DrainStatus.DRAINED, "why": f"drained in {event.get('waited_s', 0):.1f} s{note}"}
 
 
 def _steps_of(data: RunData) -> dict[str, str]:
@@ -107,18 +120,23 @@ def _steps_of(data: RunData) -> dict[str, str]:
     return {s.name: s.step_of for s in stages if s.step_of is not None}
 
 
-def _no_window(data: RunData, stage: StageWindow, bound_s: float) -> str:
+def _no_window(data: RunData, stage: StageWindow, bound_s: float) -> tuple[DrainStatus, str]:
+    """A stage with no drain window after it: (not audited, why) for a step whose users went on, else
+    (inconclusive, why)."""
     if bound_s <= 0:
-        return "inconclusive, because the plan set resources.max_drain_s to 0: no drain window was kept"
+        return DrainStatus.INCONCLUSIVE, "inconclusive, because the plan set resources.max_drain_s to 0: no drain " \
+            "window was kept"
     later = [s for s in data.stages if s.start_ts > stage.start_ts]
     steps_of = _steps_of(data)
     if later and stage.kind == later[0].kind == StageKind.CONCURRENCY and steps_of.get(stage.name) is not None \
             and steps_of.get(stage.name) == steps_of.get(later[0].name):
-        return "not audited: a step of a ramp, whose users went on into the next step (audited after its last step)"
+        return DrainStatus.NOT_AUDITED, "not audited: a step of a ramp, whose users went on into the next step " \
+            "(audited after its last step)"
     if later and stage.search is not None and later[0].search == stage.search:
-        return "not audited: a step of a search, whose users went on into the next step (audited after its last step)"
-    return "inconclusive, because no drain window was recorded after this stage (a run stopped early, or one " \
-           "recorded before the drain audit existed)"
+        return DrainStatus.NOT_AUDITED, "not audited: a step of a search, whose users went on into the next step " \
+            "(audited after its last step)"
+    return DrainStatus.INCONCLUSIVE, "inconclusive, because no drain window was recorded after this stage (a run " \
+        "stopped early, or one recorded before the drain audit existed)"
 
 
 def _not_drained(row: dict[str, Any]) -> str:
@@ -148,4 +166,4 @@ def drain_audit(data: RunData, index: MetricIndex, limits: dict[str, dict[str, f
 def drain_reasons(rows: list[dict[str, Any]]) -> list[str]:
     """Resources-pillar failures (server layer): a stage that did not drain, or kept KV after it."""
     return [f"drain audit, stage {r['stage']} (server layer): {r['why']}" for r in rows
-            if r["status"] in ("not_drained", "kv_held")]
+            if r["status"] in FAILED]
