@@ -82,7 +82,7 @@ def docs_text(current: str) -> str:
 def main(argv: list[str]) -> int:
     write = argv == ["--write"]
     if argv not in (["--write"], ["--check"]):
-        print(__doc__.strip().splitlines()[-2].strip(), file=sys.stderr)
+        print("usage: python -m k3load.analysis.pillars.rule_docs --write | --check", file=sys.stderr)
         return 2
     stale = []
     for path, render in ((SCHEMA, schema_text), (DOCS, docs_text)):
