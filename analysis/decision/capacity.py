@@ -222,23 +222,55 @@ def _other_bracket(per: dict[str, Any]) -> dict[str, Any]:
                                              "limit_reached": per["limit_reached"]}}
 
 
-def _target(kind: str, target: float, per_replica: float | None, inputs: PlannerInputs, basis: str
-            ) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Target:
+    """One target sized: `kind` users or sessions_per_s, `target` its figure; `basis` which per-replica figure it
+    was sized by. Plain data (`to_dict`) in capacity.json, the figure under its kind's name and the whys only
+    where they apply."""
+
+    kind: str
+    target: float
+    per_replica: float | None
+    basis: str
+    headroom: float
+    replicas: int | None
+    gpus_per_replica: int | None
+    gpus: int | None
+    cost_per_hour: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        row: dict[str, Any] = {self.kind: self.target, "per_replica": self.per_replica, "basis": self.basis,
+                               "headroom": self.headroom, "replicas": self.replicas,
+                               "gpus_per_replica": self.gpus_per_replica, "gpus": self.gpus}
+        if self.replicas is None:
+            row["why_unknown"] = "the run measured no capacity at the SLO to size by"
+        elif self.gpus is None:
+            row["why_gpus_unknown"] = "GPUs per replica unknown: --k3-gpus-per-replica, or a precheck inventory"
+        if self.cost_per_hour is not None:
+            row["cost_per_hour"] = self.cost_per_hour
+        return row
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Per replica planned at (1 - headroom) of its capacity: what an hour, a million output tokens and an agent
+    session served within the SLO cost there (None: not measured)."""
+
+    gpu_hour_cost: float
+    replica_cost_per_hour: float
+    per_million_output_tokens: float | None
+    per_agent_session: float | None
+
+
+def _target(kind: str, target: float, per_replica: float | None, inputs: PlannerInputs, basis: str) -> Target:
     """One target sized; `basis`: which per-replica figure it was sized by, said in the row."""
     replicas = replicas_for(target, per_replica, inputs.headroom) if per_replica else None
     gpus = replicas * inputs.gpus_per_replica if replicas is not None and inputs.gpus_per_replica else None
-    row: dict[str, Any] = {kind: target, "per_replica": per_replica, "basis": basis, "headroom": inputs.headroom,
-                           "replicas": replicas, "gpus_per_replica": inputs.gpus_per_replica, "gpus": gpus}
-    if replicas is None:
-        row["why_unknown"] = "the run measured no capacity at the SLO to size by"
-    elif gpus is None:
-        row["why_gpus_unknown"] = "GPUs per replica unknown: --k3-gpus-per-replica, or a precheck inventory"
-    if inputs.gpu_hour_cost is not None and gpus is not None:
-        row["cost_per_hour"] = gpus * inputs.gpu_hour_cost
-    return row
+    cost = gpus * inputs.gpu_hour_cost if inputs.gpu_hour_cost is not None and gpus is not None else None
+    return Target(kind, target, per_replica, basis, inputs.headroom, replicas, inputs.gpus_per_replica, gpus, cost)
 
 
-def _cost(per: dict[str, Any], inputs: PlannerInputs) -> dict[str, Any] | None:
+def _cost(per: dict[str, Any], inputs: PlannerInputs) -> Cost | None:
     """Per replica planned at (1 - headroom) of its capacity: the price of a million output tokens and of
     an agent session served within the SLO there."""
     if inputs.gpu_hour_cost is None or not inputs.gpus_per_replica:
@@ -246,9 +278,8 @@ def _cost(per: dict[str, Any], inputs: PlannerInputs) -> dict[str, Any] | None:
     hourly = inputs.gpus_per_replica * inputs.gpu_hour_cost
     load = 1.0 - inputs.headroom
     tokens, sessions = per.get("output_tokens_per_s_at_slo"), per.get("sessions_per_s_at_slo")
-    return {"gpu_hour_cost": inputs.gpu_hour_cost, "replica_cost_per_hour": hourly,
-            "per_million_output_tokens": hourly / (tokens * load * 3600 / 1e6) if tokens else None,
-            "per_agent_session": hourly / (sessions * load * 3600) if sessions else None}
+    return Cost(inputs.gpu_hour_cost, hourly, hourly / (tokens * load * 3600 / 1e6) if tokens else None,
+                hourly / (sessions * load * 3600) if sessions else None)
 
 
 def planner_inputs(run: dict[str, Any], plan: Any, compat: dict[str, Any] | None, gpu_count: int | None
@@ -280,9 +311,11 @@ def capacity_plan(stage_table: list[dict[str, Any]], inputs: PlannerInputs, boun
                    (per["sessions_per_s_at_slo"], "sessions_per_s_at_slo: the sessions the capacity step's closed-loop "
                                                   "users started and served within the SLO (no think time)"))
     targets += [_target("sessions_per_s", r, rate, inputs, basis) for r in inputs.target_sessions_per_s]
+    cost = _cost(per, inputs)
     steps = [{"stage": r["stage"], "users": r["users"], RATE: r.get(RATE), "held": step_held(r, bound),
               "goodput": r.get("goodput"),
               "goodput_ci95": r.get("goodput_ci95"), "past_capacity": r.get("past_capacity"),
               "problems": [p["id"] for p in r["problems"]]} for r in rows]
-    return {"format": CAPACITY_FORMAT, "per_replica": per, "targets": targets, "cost": _cost(per, inputs),
+    return {"format": CAPACITY_FORMAT, "per_replica": per, "targets": [t.to_dict() for t in targets],
+            "cost": asdict(cost) if cost is not None else None,
             "what_if": what_if, "assumptions": assumptions, "steps": steps}
