@@ -43,6 +43,14 @@ def _default(f: Field[Any]) -> Any:
 DEFAULTS = {f.name: _default(f) for f in fields(Attempt) if f.name not in REQUIRED}
 
 
+def derived_layer(findings: Sequence[Finding]) -> str | None:
+    """The primary layer of a record written before the field, as the plain string a later record carries:
+    the rule (`primary_layer`) gives a Layer member, and interned beside the strings read from records, a
+    member would make the value's type depend on which line came first."""
+    layer = primary_layer(list(findings))
+    return None if layer is None else str(layer)
+
+
 @dataclass(slots=True, eq=False)
 class LeanAttempt:
     """One attempt as the rules read it (field meanings: `k3load.records.Attempt`)."""
@@ -189,7 +197,7 @@ def lean_attempt(record: dict[str, Any], shared: Interner) -> LeanAttempt:
     layer = get("primary_layer")
     valid = get("valid", True)
     if layer is None and not valid:  # written before primary_layer existed: the same rule, from its findings
-        layer = primary_layer(list(findings))
+        layer = derived_layer(findings)
     http_status = get("http_status")
     names = tuple(map(call_name, get("tool_calls") or ()))
     names = intern(names, names) if names else ()  # one tuple (and one string per name) across the run

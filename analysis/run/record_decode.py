@@ -22,8 +22,7 @@ from typing import Any
 import msgspec
 
 from k3load.analysis.run.answer_signature import answer_signature, compared
-from k3load.analysis.run.lean import DEFAULTS, REQUIRED, Interner, LeanAttempt
-from k3load.workload.validate import primary_layer
+from k3load.analysis.run.lean import DEFAULTS, REQUIRED, Interner, LeanAttempt, derived_layer
 
 # Columns of RunData.records that no rule reads from the attempts: taken from the line as it passes.
 FRAME_ONLY = ("turn_kind", "itl_mean_ms", "ttfa_ms", "completion_tokens", "max_tokens", "error", "failed_layers",
@@ -121,7 +120,7 @@ class RecordDecoder:
             names = intern(found, found)
         layer, valid, http_status = r.primary_layer, r.valid, r.http_status
         if layer is None and not valid:  # written before primary_layer existed: the same rule, from its findings
-            layer = primary_layer(list(findings))
+            layer = derived_layer(findings)
         failed = tuple(r.failed_layers or ())
         stage, scenario, family, user, request, prefix, status, finish, role, stream_role = (
             r.stage, r.scenario, r.family, r.user_id, r.request_sha256, r.prefix_sha256, r.status, r.finish_reason,
