@@ -9,10 +9,15 @@ from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 from k3load.loadgen.role import ProcessRole
 
 
+def _bare(runner: type) -> object:
+    """An instance of the runner's class, never started (and nothing for its __del__ to stop)."""
+    return object.__new__(type(runner.__name__, (runner,), {"__del__": lambda self: None}))
+
+
 def test_the_role_is_told_from_the_runner() -> None:
-    assert ProcessRole.of(object.__new__(MasterRunner)) is ProcessRole.MASTER
-    assert ProcessRole.of(object.__new__(WorkerRunner)) is ProcessRole.WORKER
-    assert ProcessRole.of(object.__new__(LocalRunner)) is ProcessRole.LOCAL
+    assert ProcessRole.of(_bare(MasterRunner)) is ProcessRole.MASTER
+    assert ProcessRole.of(_bare(WorkerRunner)) is ProcessRole.WORKER
+    assert ProcessRole.of(_bare(LocalRunner)) is ProcessRole.LOCAL
     assert ProcessRole.of(None) is ProcessRole.LOCAL  # an Environment built in-process without a runner
 
 
