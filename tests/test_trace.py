@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from locust.runners import WorkerRunner
 
 from k3load.loadgen.replay import Share, body, fell_behind, fitted, process_share, start
 from k3load.sim.tokenizer import tokenize
@@ -218,7 +219,7 @@ def test_rows_are_due_at_the_traces_pace_split_by_process_and_bounded_by_the_sta
 
 
 def test_a_worker_takes_its_share_and_one_that_cannot_know_it_plays_only_as_worker_zero() -> None:
-    worker = type("WorkerRunner", (), {})
+    worker = type("Worker", (WorkerRunner,), {"__init__": lambda self: None, "__del__": lambda self: None})
     assert process_share(SimpleNamespace(), SimpleNamespace()) == Share()
     assert process_share(SimpleNamespace(**{"__class__": worker}), None) == Share()
     runner = worker()

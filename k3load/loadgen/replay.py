@@ -71,7 +71,7 @@ def process_share(runner: Any, options: Any, workers: int | None = None) -> Shar
     are not told it otherwise): this worker's rows; a local runner (or the master) plays all. A worker whose
     index is past the count (it joined after the stage began) plays none, and says so: a row is never sent twice."""
     index = getattr(runner, "worker_index", None)
-    if type(runner).__name__ != "WorkerRunner" or index is None or index < 0:
+    if not ProcessRole.of(runner).is_worker or index is None or index < 0:
         return Share()
     processes = int(getattr(options, "processes", 0) or 0)
     if processes > index:
