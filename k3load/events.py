@@ -12,7 +12,7 @@ again in a reader drifts apart silently, and a reader that looks for a name nobo
 nothing. `Event` and `Message` are `StrEnum`s, so a member is the plain string on disk and on the wire
 (events.jsonl's bytes and the msgpack frames are the same as when they were bare strings), while a name
 that is not here fails where it is written: the writers convert with `Event(name)`, which raises
-ValueError. `FIELDS` and `MESSAGE_FIELDS` say what each one carries; tests/test_event_catalogue.py checks
+ValueError. `FIELDS` and `MESSAGE_FIELDS` say what each one carries; tests/sim/test_event_catalogue.py checks
 every line of a stored and of a fresh run against them, so a writer that adds an undeclared field fails.
 
 events.jsonl — one JSON object per line, `{"ts": epoch s, "event": NAME, ...FIELDS[NAME]}`, appended and

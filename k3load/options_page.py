@@ -2,7 +2,7 @@
 
 Why generated: an options list written by hand drifts (a renamed flag, a changed default) and a user
 copies the stale one into CI. The page is rendered from the same parsers the commands build, and
-`tests/test_options_page.py` fails when the committed page differs from what they render now.
+`tests/unit/test_options_page.py` fails when the committed page differs from what they render now.
 
     .venv/bin/python -m k3load.options_page > docs/options.md
 """
@@ -17,7 +17,7 @@ from typing import Any
 HEADER = """# Options
 
 Generated from the argparse definitions by `k3load/options_page.py` (`.venv/bin/python -m k3load.options_page >
-docs/options.md`); `tests/test_options_page.py` fails when this page and the code disagree. What the options do
+docs/options.md`); `tests/unit/test_options_page.py` fails when this page and the code disagree. What the options do
 in a run is told in [running.md](running.md); this page is the list.
 """
 

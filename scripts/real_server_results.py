@@ -3,8 +3,8 @@
     .venv/bin/python scripts/real_server_results.py [runs/real-server]
 
 Why a script: the page must match a fresh run, so its rows are written from the kept verdicts
-(runs/real-server/SETUP/verdict.json and setup.json, written by tests/test_real_server.py and
-tests/test_real_model.py), never retyped. Each row: the setup, its server flags, the verdict and
+(runs/real-server/SETUP/verdict.json and setup.json, written by tests/real/test_real_server.py and
+tests/real/test_real_model.py), never retyped. Each row: the setup, its server flags, the verdict and
 the pillars' statuses, then the reasons and the figures behind them (cache pairs, reuse and TTFT
 ratio; the agent rate with its interval and failures by layer; context refusals; crashes).
 """
@@ -60,8 +60,8 @@ def main(argv: list[str]) -> int:
     base = Path(argv[0]) if argv else Path(__file__).resolve().parents[1] / "runs" / "real-server"
     folders = sorted(p for p in base.iterdir() if (p / "verdict.json").exists() and (p / "setup.json").exists())
     if not folders:
-        print(f"no kept runs under {base}: run `pytest -m vllm tests/test_real_server.py tests/test_real_model.py`",
-              file=sys.stderr)
+        print(f"no kept runs under {base}: run "
+              "`pytest -m vllm tests/real/test_real_server.py tests/real/test_real_model.py`", file=sys.stderr)
         return 2
     print("| setup | server flags (against the recipe) | verdict | compat | resources | prefix_cache | agent_api "
           "| the reasons the harness gave | figures |")

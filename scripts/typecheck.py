@@ -1,4 +1,5 @@
-"""mypy over the harness as Python imports it: `k3load`, with `analysis/` as `k3load.analysis`, and `locustfiles/`.
+"""mypy over the harness as Python imports it: `k3load`, with `analysis/` as `k3load.analysis`; `locustfiles/` and
+`bench/` (a namespace package: its scripts import each other as `bench.x`, hence --explicit-package-bases).
 
 Why a script: the top-level `analysis/` folder is installed as `k3load.analysis` (setup.py's package_dir), which an
 import hook of the editable install resolves at run time and mypy cannot follow; checked as it lies, every import
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def link_tree(into: Path) -> None:
-    """k3load/ as installed: each of its entries linked, plus analysis/ as k3load/analysis; locustfiles/ beside."""
+    """k3load/ as installed: each entry linked, plus analysis/ as k3load/analysis; locustfiles/, bench/ beside."""
     package = into / "k3load"
     package.mkdir()
     for entry in (ROOT / "k3load").iterdir():
@@ -28,13 +29,15 @@ def link_tree(into: Path) -> None:
             (package / entry.name).symlink_to(entry)
     (package / "analysis").symlink_to(ROOT / "analysis")
     (into / "locustfiles").symlink_to(ROOT / "locustfiles")
+    (into / "bench").symlink_to(ROOT / "bench")
 
 
 def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="k3load-typecheck-") as tmp:
         link_tree(Path(tmp))
         done = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-                               "--cache-dir", str(ROOT / ".mypy_cache"), "k3load", "locustfiles", *argv],
+                               "--cache-dir", str(ROOT / ".mypy_cache"), "--explicit-package-bases",
+                               "k3load", "locustfiles", "bench", *argv],
                               cwd=tmp, capture_output=True, text=True)
     out = (done.stdout + done.stderr).replace("k3load/analysis/", "analysis/")
     sys.stdout.write(out)

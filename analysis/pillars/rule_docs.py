@@ -3,7 +3,7 @@ written from the rule table.
 
 Why generated: both used to be written by hand beside the code that judges, and drifted (a default changed in
 one place). They are rendered from analysis/pillars/thresholds_table.py and limit_rules.py, and
-`tests/test_limit_rules.py` fails when the committed files differ from what renders now:
+`tests/unit/test_limit_rules.py` fails when the committed files differ from what renders now:
 
     .venv/bin/python -m k3load.analysis.pillars.rule_docs --write    # rewrite both files in place
     .venv/bin/python -m k3load.analysis.pillars.rule_docs --check    # exit 1 when either is stale

@@ -106,7 +106,7 @@ def cluster_rate(successes_per_cluster: ArrayLike, attempts_per_cluster: ArrayLi
     cluster-robust variance, Σ(y_i - p·m_i)² / N²), n_eff = p(1-p)/variance, which is the attempts over
     Kish's design effect 1 + (m̄ - 1)·ICC without estimating the ICC apart. Without the small-sample factor
     C/(C-1), so that attempts that are each their own request get Wilson's interval exactly, as before
-    (the coverage test in tests/test_cluster_intervals.py holds without it). Two bounds: n_eff is at
+    (the coverage test in tests/unit/test_cluster_intervals.py holds without it). Two bounds: n_eff is at
     most the number of distinct requests (a repeat of the same request is not a new trial, however its
     answers happened to vary), and where the clusters show no variance to estimate (every one at the same
     share, 0% and 100% included) it is that number: each distinct request one trial, as the issue's

@@ -37,7 +37,7 @@ from k3load.workload.stage_kind import StageKind
 RECOVERY = StageKind.RECOVERY  # the stage kind of a hold (never in a plan: the harness inserts it)
 PORT_CLOSED = ("connection refused", "connection reset")  # the sampler's server_down reasons of a process gone
 # a gateway's own answer that its upstream is unreachable (nginx: 502 on a refused connection, 504 on none): behind
-# a proxy, the process gone shows as these, never as a closed port (tests/test_replicas_nginx.py's topology)
+# a proxy, the process gone shows as these, never as a closed port (tests/sim/test_replicas_nginx.py's topology)
 UPSTREAM_GONE = (502, 504)
 CRASH_LOG_EVENTS = (Event.LOG_OOM, Event.LOG_ENGINE_DEAD)
 # The log is tailed every 0.2 s and /health polled less often: an engine's death line is read before its down

@@ -2,7 +2,7 @@
 
 Why a pure class: the search is a decision procedure over noisy evidence, and its answer must be
 repeatable; kept apart from Locust (k3load.loadgen.search_live feeds it, k3load.loadgen.shape runs its
-steps) it is tested step by step with made-up evidence, seeded noise included (tests/test_search.py).
+steps) it is tested step by step with made-up evidence, seeded noise included (tests/unit/test_search.py).
 
 The procedure (issue 27, item 3), on `search_on: users` (on `sessions_per_s` the same over the arrival rate,
 from start_sessions_per_s to max_sessions_per_s, each step an open-loop stage with max_users session slots,

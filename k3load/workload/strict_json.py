@@ -32,7 +32,7 @@ client in another language are not, and it raises past `JSONDecodeError` where a
   (`NUMBER_TOO_LARGE`): it is `Infinity` in other words.
 
 Everything else is `json.loads`'s own reading (strings with lone surrogate escapes included). `parse` returns
-`Parsed` or `Refused` for any `str`, and never raises (tests/test_strict_json.py holds it to that with
+`Parsed` or `Refused` for any `str`, and never raises (tests/unit/test_strict_json.py holds it to that with
 arbitrary text, and to `json.loads`'s value for valid JSON within the limits).
 """
 
