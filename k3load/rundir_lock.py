@@ -34,6 +34,7 @@ import socket
 from collections.abc import Iterable
 from pathlib import Path
 
+from k3load.errors import InputError
 from k3load.private_files import FILE_MODE, make_run_dir
 
 LOCK_NAME = ".k3load.lock"
@@ -41,8 +42,9 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
-class RunDirBusy(RuntimeError):
-    """Another process holds the directory's lock (a live run); the message names its run id and pid."""
+class RunDirBusy(InputError, RuntimeError):
+    """Another process holds the directory's lock (a live run); the message names its run id and pid. An input
+    error (the user named a directory in use), and still the RuntimeError callers caught before."""
 
 
 class RunDirMoved(RuntimeError):

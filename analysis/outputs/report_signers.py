@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from k3load.analysis.outputs.markdown import fmt
+from k3load.analysis.outputs.markdown_html import inline_html, markdown_to_html
 
 REPORTS = ("report.md", "report.html")
 REGIONS = ("signers", "judge")
@@ -92,8 +93,6 @@ def raw_markers(html_text: str) -> str:
 
 def regions_html(contents_md: dict[str, str]) -> dict[str, str]:
     """Each region's HTML, rendered from its Markdown (the one rendering report.html and `k3load verify` use)."""
-    from k3load.analysis.outputs.report_html import inline_html, markdown_to_html
-
     return {name: markdown_to_html(md) if name == "signers" else inline_html(md) for name, md in contents_md.items()}
 
 

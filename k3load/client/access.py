@@ -34,6 +34,13 @@ from pathlib import Path
 
 from k3load.client.secret_forms import REDACTED as REDACTED  # re-exported: where callers look for it
 from k3load.client.secret_forms import Redactor, redactor
+from k3load.errors import InputError
+
+
+class AccessError(InputError):
+    """A header, `@FILE` of headers or API key the user gave that cannot be sent: the message names the header,
+    the file and the line, never a value (it is a secret)."""
+
 
 HEADER_ENV = "K3_HEADER"
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110 token)
@@ -52,13 +59,13 @@ def parse_header(text: str) -> tuple[str, str]:
     name, sep, value = text.partition(":")
     name, value = name.strip(), value.strip()
     if not sep or not name:
-        raise ValueError("must be 'Name: value'")
+        raise AccessError("must be 'Name: value'")
     if not is_header_name(name):  # not named: a value written without its name would show here
-        raise ValueError("the text before ':' is not an HTTP header name (spaces or characters a name cannot have)")
+        raise AccessError("the text before ':' is not an HTTP header name (spaces or characters a name cannot have)")
     if name.lower() in RESERVED_HEADERS:
-        raise ValueError(f"{name} is set by the harness itself")
+        raise AccessError(f"{name} is set by the harness itself")
     if not value or not value.isascii() or not value.isprintable():
-        raise ValueError(f"the value of {name} is empty or has characters a header cannot carry")
+        raise AccessError(f"the value of {name} is empty or has characters a header cannot carry")
     return name, value
 
 
@@ -74,9 +81,9 @@ def header_lines(items: Iterable[str]) -> list[str]:
             try:
                 text = Path(origin).read_text(encoding="utf-8")
             except FileNotFoundError:
-                raise ValueError(f"@{origin}: no such file") from None
+                raise AccessError(f"@{origin}: no such file") from None
             except (OSError, UnicodeDecodeError) as exc:
-                raise ValueError(f"@{origin}: cannot be read ({getattr(exc, 'strerror', None) or 'not UTF-8'})") \
+                raise AccessError(f"@{origin}: cannot be read ({getattr(exc, 'strerror', None) or 'not UTF-8'})") \
                     from None
         lines = text.splitlines() or [text]
         for number, line in enumerate(lines, 1):
@@ -87,7 +94,7 @@ def header_lines(items: Iterable[str]) -> list[str]:
             except ValueError as exc:
                 where = f"@{origin} line {number}" if origin is not None else f"line {number}" if len(lines) > 1 \
                     else None
-                raise ValueError(f"{where}: {exc}" if where else str(exc)) from None
+                raise AccessError(f"{where}: {exc}" if where else str(exc)) from None
             out.append(line.strip())
     return out
 
@@ -108,9 +115,9 @@ class Secrets:
     def __post_init__(self) -> None:
         key = self.api_key
         if key and (not key.isascii() or not key.isprintable()):
-            raise ValueError("api_key has characters an HTTP header cannot carry")  # never echo it
+            raise AccessError("api_key has characters an HTTP header cannot carry")  # never echo it
         if key and any(name.lower() == "authorization" for name, _ in self.headers):
-            raise ValueError("an Authorization header and an API key: give one")
+            raise AccessError("an Authorization header and an API key: give one")
 
     @classmethod
     def parse(cls, api_key: str | None, headers: Iterable[str] = ()) -> Secrets:

@@ -23,7 +23,6 @@ from k3load.errors import InputError
 from k3load.precheck.formats import check_input_files, inventory_nodes
 from k3load.precheck.node_files import NodeFiles, NodeFilesError, parse_node_files, unknown_nodes
 from k3load.precheck.recipe import load_recipe
-from k3load.rundir_lock import RunDirBusy
 from k3load.workload.plan import Plan, load_plan, resolve
 from k3load.workload.scenario import Scenario, load_scenarios, with_tool_turns
 from k3load.yamlfile import one_line
@@ -31,13 +30,13 @@ from k3load.yamlfile import one_line
 HARNESS_ERROR_EXIT = 2  # as Locust's own unexpected-error code: no verdict was reached
 # What a run's start may raise that is the user's to fix: said as one line, exit 2, no traceback (the Locust
 # listeners and the shape catch exactly these; anything else is a bug in the harness and keeps its traceback).
-#   InputError  a bad option or file: scenario, plan, trace, recipe, reference run, key, the target at --host
-#   RunDirBusy  --k3-out is a live run's directory (k3load.rundir_lock, a RuntimeError there)
+#   InputError  a bad option or file: scenario, plan, trace, recipe, reference run, key, a header, the target at
+#               --host, or --k3-out a live run's directory (k3load.rundir_lock.RunDirBusy)
 #   OSError     a file or socket the user named failed: --k3-out cannot be created or written (a full disk, no
 #               permission), an input file gone or unreadable since `init`. Kept whole rather than narrowed by
 #               errno: the harness opens no path and no socket of its own choosing at start, so an OSError here
 #               is the environment the user pointed it at, and a full disk must read as the same line as later.
-STARTUP_ERRORS: tuple[type[Exception], ...] = (InputError, RunDirBusy, OSError)
+STARTUP_ERRORS: tuple[type[Exception], ...] = (InputError, OSError)
 INPUT_FILES = (("--k3-custom-build", "k3_custom_build"), ("--k3-host-inventory", "k3_host_inventory"))
 # one file per node, NODE=PATH, or one bare path (k3load.precheck.node_files)
 NODE_FILES = (("--k3-container-info", "k3_container_info"), ("--k3-startup-log", "k3_startup_log"))

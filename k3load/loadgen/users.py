@@ -122,8 +122,7 @@ class K3User(User):
         if stage is not None:
             self.played[stage.name] = self.played.get(stage.name, 0) + 1
         opened = isinstance(arrival_ts, float)
-        # ChatClient.transport is a read-only property; conversation.Client declares it a settable attribute
-        self.current = ScenarioPlay(self.chat, self.ctx,  # type: ignore[arg-type]
+        self.current = ScenarioPlay(self.chat, self.ctx,
                                     self.rng.choice(playable), arrival_ts if opened else None,
                                     self.pace if opened else None)
         self.arrived_in = stage if opened else None

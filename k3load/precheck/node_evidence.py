@@ -17,14 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from k3load.precheck.evidence_store import Evidence, Gatherer
 from k3load.precheck.formats import check_collect_env
 from k3load.precheck.node_files import NODE_NAME, NodeFiles
 from k3load.precheck.startup_log import parse_startup_log
-
-if TYPE_CHECKING:  # evidence.py imports this module: the types only
-    from k3load.precheck.evidence import Evidence, Gatherer
 
 CONTAINER_BARE = "container/collect-env.txt"
 STARTUP_BARE = "startup.log"

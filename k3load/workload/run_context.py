@@ -21,7 +21,10 @@ from k3load.workload.scenario import Scenario, Turn
 
 
 class Client(Protocol):
-    transport: str
+    """What the conversation needs of a client: the name of its transport (recorded) and a send."""
+
+    @property
+    def transport(self) -> str: ...
 
     def send(self, body: bytes, deadline_s: float, *, headers: Mapping[str, str] | None = None
              ) -> StreamResult: ...

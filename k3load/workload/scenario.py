@@ -18,7 +18,7 @@ import jsonschema
 
 from k3load.errors import InputError
 from k3load.workload import logged
-from k3load.workload.retry_policy import Fallback
+from k3load.workload.fallback import Fallback
 from k3load.yamlfile import YamlFileError, read_yaml_file
 
 DEFAULT_RETRY = {"max_attempts": 1, "backoff_s": 0.0,

@@ -15,7 +15,7 @@ from k3load.analysis.analyze import NothingJudged, analyze
 from k3load.analysis.decision.checklist import _families, build_checklist
 from k3load.analysis.decision.ramp import ramp
 from k3load.analysis.outputs.manifest import verify
-from k3load.analysis.outputs.report_html import markdown_to_html
+from k3load.analysis.outputs.markdown_html import markdown_to_html
 from k3load.analysis.pillars.headroom.pillar_resources import classify_crashes, judge_resources
 from k3load.analysis.pillars.pillar import PillarResult, thresholds
 from k3load.analysis.pillars.rules import breach

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from k3load.analysis.outputs import report_md
-from k3load.analysis.outputs.report_html import markdown_to_html
+from k3load.analysis.outputs.markdown_html import markdown_to_html
 from k3load.analysis.pillars.cache.pillar_cache import judge_prefix_cache
 from k3load.analysis.pillars.cache.replicas import SETTLE_S, Meeting, moved, route_pairs, timelines
 from k3load.analysis.pillars.pillar import thresholds

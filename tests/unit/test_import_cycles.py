@@ -19,22 +19,12 @@ from __future__ import annotations
 
 import ast
 import itertools
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # the installed package: k3load/ as k3load, analysis/ as k3load.analysis (setup.py's package_dir)
 TREES = ((ROOT / "k3load", "k3load"), (ROOT / "analysis", "k3load.analysis"))
-# Cycles outside k3load/loadgen/ found when this test was written (issue 30), each to be broken by the owner of its
-# modules: said as a warning on every run while they last; any other cycle fails. Remove an entry once it is gone.
-KNOWN = (
-    frozenset({"k3load.workload.retry_policy", "k3load.workload.scenario"}),
-    frozenset({"k3load.analysis.outputs.report_html", "k3load.analysis.outputs.report_md",
-               "k3load.analysis.outputs.report_signers"}),
-    frozenset({"k3load.precheck.evidence", "k3load.precheck.node_evidence"}),
-)
-
 
 def modules() -> dict[str, Path]:
     """Every module of the installed package, by its dotted name (a package by its own name: its __init__)."""
@@ -169,14 +159,9 @@ def test_loadgen_has_no_import_cycle() -> None:
     assert not cycles, "import cycles through k3load.loadgen (type-only and lazy imports count):\n" + "\n".join(cycles)
 
 
-def test_k3load_has_no_import_cycle_but_the_known_ones() -> None:
+def test_k3load_has_no_import_cycle() -> None:
     graph, lines = import_graph()
     files = modules()
     assert len(graph) > 200 and "k3load.analysis.verdict" in graph  # the whole package, analysis/ included
-    found = strongly_connected(graph)
-    new = [describe(one_cycle(graph, c), lines, files) for c in found if frozenset(c) not in KNOWN]
-    assert not new, "import cycles (type-only and lazy imports count):\n" + "\n".join(new)
-    known = [describe(one_cycle(graph, c), lines, files) for c in found if frozenset(c) in KNOWN]
-    if known:
-        warnings.warn("known import cycles still there (tests/unit/test_loadgen_imports.py KNOWN):\n" + "\n".join(known),
-                      stacklevel=1)
+    cycles = [describe(one_cycle(graph, c), lines, files) for c in strongly_connected(graph)]
+    assert not cycles, "import cycles (type-only and lazy imports count):\n" + "\n".join(cycles)
