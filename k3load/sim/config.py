@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,25 @@ import yaml
 from k3load.errors import InputError
 
 
-def knob(default: Any, help: str) -> Any:
-    """A setting with its one description: `k3load sim --help` and docs/options.md read it from here."""
-    return field(default=default, metadata={"help": help})
+class Strikes(StrEnum):
+    """Where a fault strikes: the group docs/sim.md lists it under (k3load/sim/fault_docs.py generates that list from
+    the fields, so a new fault is one field with its `strikes` and its test). The value is the group's heading."""
+
+    ANSWERS = "Answers: the parser's and the model's"
+    HTTP = "The HTTP path (a gateway's errors, resets, a stream held open)"
+    HEALTH_AND_METRICS = "`/health` and `/metrics`"
+    ENGINE_DEATH = "The engine core dying behind a live API server"
+    ENGINE = "The engine (its stream, its timing, its cache, its KV demand)"
+    GPU_MEMORY = "GPU memory outside the KV pool"
+    KIMI_TOOL_CALLS = "Kimi's known tool-call failures"
+    BATCH_VARIANCE = "An engine that is not batch-invariant"
+    MODEL_AND_GATEWAY = "The model and the gateway"
+
+
+def knob(default: Any, help: str, strikes: Strikes | None = None) -> Any:
+    """A setting with its one description: `k3load sim --help` and docs/options.md read it from here; a fault says
+    where it strikes (docs/sim.md's list of faults is generated from it)."""
+    return field(default=default, metadata={"help": help, "strikes": strikes})
 
 
 def help_of(cls: type, name: str) -> str:
@@ -40,101 +57,127 @@ class FaultProfile:
     The model/parser faults are plan rewrites (faults.py); the wire and gateway faults (error styles,
     Retry-After, resets, health flap, /metrics status and stall) are in gateway.py, which says why."""
 
-    malformed_tool_args_rate: float = knob(0.0, "fault: tool-call arguments that are not valid JSON: parser")
+    malformed_tool_args_rate: float = knob(0.0, "fault: tool-call arguments that are not valid JSON: parser",
+                                           strikes=Strikes.ANSWERS)
     hostile_json_rate: float = knob(0.0, "fault: the model writes JSON a lenient parser takes or chokes on, as the "
                                          "first tool call's arguments (or a JSON answer's content): nested 60,000 "
                                          "deep, a 5,000-digit integer, NaN or a key given twice "
-                                         "(--hostile-json-shape): model_output")
+                                         "(--hostile-json-shape): model_output", strikes=Strikes.ANSWERS)
     hostile_json_shape: str = knob("mixed", "fault: what --hostile-json-rate writes: deep, long_int, nan, "
-                                            "duplicate_key, or mixed (one of the four drawn per answer)")
-    empty_tool_calls_rate: float = knob(0.0, "fault: finish_reason tool_calls with an empty tool_calls list: parser")
+                                            "duplicate_key, or mixed (one of the four drawn per answer)",
+                                   strikes=Strikes.ANSWERS)
+    empty_tool_calls_rate: float = knob(0.0, "fault: finish_reason tool_calls with an empty tool_calls list: parser",
+                                        strikes=Strikes.ANSWERS)
     raw_tool_markup_rate: float = knob(0.0, "fault: raw tool-call markup left in content instead of tool_calls: "
-                                            "parser")
-    reasoning_leak_rate: float = knob(0.0, "fault: reasoning text emitted as content: parser")
+                                            "parser", strikes=Strikes.ANSWERS)
+    reasoning_leak_rate: float = knob(0.0, "fault: reasoning text emitted as content: parser", strikes=Strikes.ANSWERS)
     weak_answer_rate: float = knob(0.0, "fault: a weak model, answering with nothing (no content, no tool call): "
-                                        "model_output")
-    http_error_rate: float = knob(0.0, "fault: requests rejected with --http-error-status")
-    http_error_status: int = knob(503, "fault: status of injected HTTP errors (429, 500, 503 ...)")
+                                        "model_output", strikes=Strikes.ANSWERS)
+    http_error_rate: float = knob(0.0, "fault: requests rejected with --http-error-status", strikes=Strikes.HTTP)
+    http_error_status: int = knob(503, "fault: status of injected HTTP errors (429, 500, 503 ...)",
+                                  strikes=Strikes.HTTP)
     http_error_style: str = knob("vllm", "fault: body of injected errors: vllm (JSON), gateway (plain text) or html "
-                                         "(an nginx error page, text/html)")
-    http_error_retry_after_s: int = knob(0, "fault: injected HTTP errors carry 'Retry-After: N' (0: no header)")
-    connection_reset_rate: float = knob(0.0, "fault: the connection is reset (TCP RST) before any response byte")
-    midstream_reset_rate: float = knob(0.0, "fault: streaming connection reset (TCP RST) halfway, not a clean close")
-    midstream_error_rate: float = knob(0.0, "fault: streaming error event halfway through the answer")
-    truncate_stream_rate: float = knob(0.0, "fault: stream closed halfway without finish chunk or [DONE]")
-    slow_first_token_rate: float = knob(0.0, "fault: share of requests with a stalled first token")
-    slow_first_token_ms: float = knob(0.0, "fault: extra first-token delay, model ms")
-    slow_drip_rate: float = knob(0.0, "fault: share of requests with slow token drip")
-    slow_drip_ms: float = knob(0.0, "fault: extra delay between tokens, model ms")
-    prefix_cache_never_hits: bool = knob(False, "fault: prefix caching reported on but never hits")
+                                         "(an nginx error page, text/html)", strikes=Strikes.HTTP)
+    http_error_retry_after_s: int = knob(0, "fault: injected HTTP errors carry 'Retry-After: N' (0: no header)",
+                                         strikes=Strikes.HTTP)
+    connection_reset_rate: float = knob(0.0, "fault: the connection is reset (TCP RST) before any response byte",
+                                        strikes=Strikes.HTTP)
+    midstream_reset_rate: float = knob(0.0, "fault: streaming connection reset (TCP RST) halfway, not a clean close",
+                                       strikes=Strikes.HTTP)
+    midstream_error_rate: float = knob(0.0, "fault: streaming error event halfway through the answer",
+                                       strikes=Strikes.ENGINE)
+    truncate_stream_rate: float = knob(0.0, "fault: stream closed halfway without finish chunk or [DONE]",
+                                       strikes=Strikes.HTTP)
+    slow_first_token_rate: float = knob(0.0, "fault: share of requests with a stalled first token",
+                                        strikes=Strikes.ENGINE)
+    slow_first_token_ms: float = knob(0.0, "fault: extra first-token delay, model ms", strikes=Strikes.ENGINE)
+    slow_drip_rate: float = knob(0.0, "fault: share of requests with slow token drip", strikes=Strikes.ENGINE)
+    slow_drip_ms: float = knob(0.0, "fault: extra delay between tokens, model ms", strikes=Strikes.ENGINE)
+    prefix_cache_never_hits: bool = knob(False, "fault: prefix caching reported on but never hits",
+                                         strikes=Strikes.ENGINE)
     metrics_disabled: bool = knob(False, "fault: as vLLM 0.32 with --disable-log-stats, only the tool-parser counter "
-                                         "on /metrics, no other vllm:* series")
+                                         "on /metrics, no other vllm:* series", strikes=Strikes.HEALTH_AND_METRICS)
     gpu_memory_creep_mib_per_s: float = knob(0.0, "fault: memory outside the KV pool grows this many MiB per GPU "
                                                    "per wall second once serving began (a leak, fragmentation), "
-                                                   "never given back; past the card: a CUDA OOM crash (0: off)")
+                                                   "never given back; past the card: a CUDA OOM crash (0: off)",
+                                             strikes=Strikes.GPU_MEMORY)
     prefill_spike_mib_per_1k_tokens: float = knob(0.0, "fault: prefilling a prompt needs a buffer of this many MiB "
                                                         "per GPU per 1,000 prompt tokens outside the profiled "
                                                         "reservation; PyTorch's caching allocator keeps its high-"
-                                                        "water mark; past the card: a CUDA OOM crash (0: off)")
+                                                        "water mark; past the card: a CUDA OOM crash (0: off)",
+                                                  strikes=Strikes.GPU_MEMORY)
     oom_kv_demand_tokens: int = knob(0, "fault: crash with a CUDA-OOM line when queued+running KV demand passes this "
-                                        "(0: off)")
+                                        "(0: off)", strikes=Strikes.ENGINE)
     engine_death_after_requests: int = knob(0, "fault: the engine core dies at this chat request (EngineDeadError): "
                                                 "/health 503, requests 500, its lines in the log, the API server "
-                                                "gone --engine-death-exit-s later (vLLM's watchdog; 0: off)")
+                                                "gone --engine-death-exit-s later (vLLM's watchdog; 0: off)",
+                                            strikes=Strikes.ENGINE_DEATH)
     engine_death_exit_s: float = knob(5.0, "fault: wall seconds the API server lives on after its engine died "
                                            "(vLLM's watchdog polls every 5 s); 0: it stays up answering 503, as "
-                                           "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 does")
+                                           "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 does", strikes=Strikes.ENGINE_DEATH)
     health_flap_period_s: float = knob(0.0, "fault: /health alternates 200 and 503 every N wall seconds since start, "
-                                            "the engine being fine (0: off; the metrics port's /health stays 200)")
+                                            "the engine being fine (0: off; the metrics port's /health stays 200)",
+                                       strikes=Strikes.HEALTH_AND_METRICS)
     metrics_http_status: int = knob(200, "fault: /metrics on the main port answers this status (404: '404 page not "
-                                         "found', a gateway forwarding only /v1); the metrics port still serves")
+                                         "found', a gateway forwarding only /v1); the metrics port still serves",
+                                    strikes=Strikes.HEALTH_AND_METRICS)
     metrics_stall_ms: float = knob(0.0, "fault: wall ms (not scaled by --time-scale) each /metrics response waits "
-                                        "while the stall window is open (0: off)")
+                                        "while the stall window is open (0: off)", strikes=Strikes.HEALTH_AND_METRICS)
     metrics_stall_after_requests: int = knob(0, "fault: the /metrics stall window opens once this many chat requests "
-                                                "were received")
+                                                "were received", strikes=Strikes.HEALTH_AND_METRICS)
     metrics_stall_requests: int = knob(0, "fault: the /metrics stall window closes once this many more chat requests "
-                                          "were received (0: never closes)")
+                                          "were received (0: never closes)", strikes=Strikes.HEALTH_AND_METRICS)
     # Kimi's known tool-call failures (parser layer); the streamed-only ones leave stream:false right
     stream_empty_tool_calls_rate: float = knob(0.0, "fault: streamed answers only: every tool-call delta is sent as "
                                                     "an empty '\"tool_calls\": []', finish_reason still tool_calls "
-                                                    "(vllm#54701); the stream:false twin stays right")
+                                                    "(vllm#54701); the stream:false twin stays right",
+                                               strikes=Strikes.KIMI_TOOL_CALLS)
     stream_empty_tool_calls_min_running: int = knob(0, "fault: --stream-empty-tool-calls-rate applies only when the "
                                                        "engine holds at least this many requests (running + waiting, "
-                                                       "this one included) when the request arrives")
+                                                       "this one included) when the request arrives",
+                                                    strikes=Strikes.KIMI_TOOL_CALLS)
     tool_args_burst_rate: float = knob(0.0, "fault: streamed answers only: arguments do not stream; each call comes "
-                                            "whole in one delta after a silence of --tool-args-burst-ms (vllm#50604)")
-    tool_args_burst_ms: float = knob(0.0, "fault: the silence before the first tool-call delta, model ms")
+                                            "whole in one delta after a silence of --tool-args-burst-ms (vllm#50604)",
+                                       strikes=Strikes.KIMI_TOOL_CALLS)
+    tool_args_burst_ms: float = knob(0.0, "fault: the silence before the first tool-call delta, model ms",
+                                     strikes=Strikes.KIMI_TOOL_CALLS)
     parallel_call_drop_rate: float = knob(0.0, "fault: streamed answers with 2+ calls: the last call is never sent, "
-                                               "finish_reason stays tool_calls (vllm#24478)")
+                                               "finish_reason stays tool_calls (vllm#24478)",
+                                          strikes=Strikes.KIMI_TOOL_CALLS)
     parallel_call_merge_rate: float = knob(0.0, "fault: streamed answers with 2+ calls: the second call's header is "
                                                 "lost and its arguments follow the first's under its index "
-                                                "('{...}{...}', one call fewer)")
+                                                "('{...}{...}', one call fewer)", strikes=Strikes.KIMI_TOOL_CALLS)
     parallel_call_duplicate_rate: float = knob(0.0, "fault: streamed answers with calls: one call is sent again, "
-                                                    "whole, under a new index with the same id")
+                                                    "whole, under a new index with the same id",
+                                               strikes=Strikes.KIMI_TOOL_CALLS)
     missing_think_transition_rate: float = knob(0.0, "fault: no think-to-answer transition: the call (as K3 markup) "
                                                      "or the answer stays in reasoning; content empty, no calls, "
-                                                     "finish_reason stop (vllm#53246; needs --reasoning-tokens > 0)")
+                                                     "finish_reason stop (vllm#53246; needs --reasoning-tokens > 0)",
+                                                strikes=Strikes.KIMI_TOOL_CALLS)
     ignore_disconnect_rate: float = knob(0.0, "fault: the request keeps decoding to its end after the client went "
                                               "away (a gateway that does not pass the disconnect on): KV and batch "
-                                              "seat stay taken, no abort")
+                                              "seat stay taken, no abort", strikes=Strikes.MODEL_AND_GATEWAY)
     skip_tool_call_rate: float = knob(0.0, "fault: a model that skips tool calls: with tool_choice auto it answers in "
                                            "prose where it should call a tool (finish_reason stop, no calls): "
-                                           "model_output; at temperature 0 the same request is skipped every time")
+                                           "model_output; at temperature 0 the same request is skipped every time",
+                                      strikes=Strikes.MODEL_AND_GATEWAY)
     # vLLM is not batch-invariant by default: a greedy decode can take a near-tie token the other way in a batch of
     # another size (docs.vllm.ai/en/v0.32.0/features/batch_invariance/; VLLM_BATCH_INVARIANT=1 is its beta fix)
     batch_dependent_args_rate: float = knob(0.0, "fault: a batch-variant engine: when the engine holds at least "
                                                  "--batch-dependent-args-min-running requests, this share of (request, "
                                                  "batch size) pairs decodes one tool-call argument value otherwise "
                                                  "(still schema-valid), decided from the request and how many requests "
-                                                 "the engine holds: the same request alone answers the same every time")
+                                                 "the engine holds: the same request alone answers the same every time",
+                                            strikes=Strikes.BATCH_VARIANCE)
     batch_dependent_args_min_running: int = knob(2, "fault: --batch-dependent-args-rate applies only when the engine "
                                                     "holds at least this many requests (running + waiting, this one "
-                                                    "included) when the request arrives")
+                                                    "included) when the request arrives",
+                                                 strikes=Strikes.BATCH_VARIANCE)
     hold_after_done_rate: float = knob(0.0, "fault: streamed answers: a proxy that passes 'data: [DONE]' on but holds "
                                             "the chunked body open for --hold-after-done-ms (its last chunk late, or "
-                                            "never if the client leaves first)")
+                                            "never if the client leaves first)", strikes=Strikes.HTTP)
     hold_after_done_ms: float = knob(30000.0, "fault: how long --hold-after-done-rate holds the body open after "
-                                              "[DONE], wall ms (not scaled by --time-scale)")
+                                              "[DONE], wall ms (not scaled by --time-scale)", strikes=Strikes.HTTP)
 
 
 @dataclass

@@ -12,9 +12,12 @@ import dataclasses
 import re
 from pathlib import Path
 
+import pytest
+
 from k3load import options_page
 from k3load.cli import build_parser
-from k3load.sim.config import FaultProfile
+from k3load.sim import fault_docs
+from k3load.sim.config import FaultProfile, knob
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "options.md"
@@ -45,10 +48,22 @@ def test_every_flag_of_every_command_is_on_the_page() -> None:
     assert "--k3-plan" in wanted and "--reference" in wanted  # the parsers were really read
 
 
-def test_every_sim_fault_is_grouped_in_the_sim_page() -> None:
-    """docs/sim.md groups the faults by where they strike (their descriptions live on the fields): a new
-    fault must be placed in a group, or a reader of that page never learns it exists."""
+def test_the_sim_pages_fault_list_is_generated_from_the_fields() -> None:
+    """docs/sim.md lists every fault by where it strikes, rendered from each field's `strikes`
+    (k3load/sim/fault_docs.py): a new fault is one field, and this fails until the page is rendered again."""
     page = (ROOT / "docs" / "sim.md").read_text()
+    assert fault_docs.docs_text(page) == page, "stale: run `python -m k3load.sim.fault_docs --write`"
     flags = ["--" + f.name.replace("_", "-") for f in dataclasses.fields(FaultProfile)]
-    missing = [flag for flag in flags if f"`{flag}`" not in page]
-    assert not missing, missing
+    assert len(flags) > 40 and all(f"`{flag}`" in page for flag in flags)
+
+
+def test_a_fault_without_its_place_is_refused() -> None:
+    """A field declared without `strikes` cannot be listed, so the list refuses to render rather than drop it."""
+
+    @dataclasses.dataclass
+    class Unplaced(FaultProfile):
+        new_fault_rate: float = knob(0.0, "fault: a new one, not placed")
+
+    with pytest.raises(ValueError, match="new_fault_rate"), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fault_docs, "FaultProfile", Unplaced)
+        fault_docs.fault_list()
