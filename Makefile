@@ -16,6 +16,7 @@ demo: $(STAMP)
 
 test: $(STAMP) browser prometheus nginx openssh
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python scripts/typecheck.py
 	$(VENV)/bin/python -m pytest -m "vllm or not vllm" --durations=40
 
 # Debian's chromium renders the HTML report in a test, and with Debian's chromium-driver (selenium, from the
@@ -56,6 +57,7 @@ fuzz: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python scripts/typecheck.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
