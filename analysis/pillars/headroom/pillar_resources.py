@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from k3load.analysis.pillars.cache.pillar_cache import cache_config
@@ -27,7 +28,7 @@ from k3load.analysis.pillars.headroom.gpu_growth import (
 )
 from k3load.analysis.pillars.headroom.recovery import ended, hold_at, holds, same_conditions
 from k3load.analysis.pillars.headroom.restart_audit import drill_reason, planned_down, planned_windows, restart_drill
-from k3load.analysis.pillars.headroom.stages import QUEUED_S, stage_problems, stage_stats
+from k3load.analysis.pillars.headroom.stages import QUEUED_S, stage_breaches, stage_stats
 from k3load.analysis.pillars.pillar import PillarResult
 from k3load.analysis.pillars.rules import breach, texts
 from k3load.analysis.run.down_spells import CUT_STATUSES, DETECTION_S, DownSpell, down_spells
@@ -318,9 +319,9 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
     table = []
     slo, cap = Slo.from_limits(limits), engine_cap(data.path)
     for stage in data.stages:
-        stats = stage_stats(data, index, stage, spells, growth, slo, cap)
-        stats["problems"] = stage_problems(stats, limits)
-        table.append(stats)
+        row = stage_stats(data, index, stage, spells, growth, slo, cap)
+        # plain data from here (stage_row.StageRow.to_dict): the proxy's re-judging and the readers below take dicts
+        table.append(replace(row, problems=tuple(stage_breaches(row.to_dict(), limits))).to_dict())
     delivery = stream_delivery(data.attempts, index, [s["stage"] for s in table if saturated_processes(s)])
     if delivery.buffered:  # the client timed the proxy's blocks: the latency SLOs go to the server's histograms
         for stats in table:

@@ -24,6 +24,7 @@ from k3load.analysis.pillars.headroom.full_batch import EngineCap, stage_batch_q
 from k3load.analysis.pillars.headroom.goodput import Slo, stage_goodput
 from k3load.analysis.pillars.headroom.gpu_growth import GPU_NOISE_MIB, GpuGrowth, gpu_growth, stage_figures
 from k3load.analysis.pillars.headroom.restart_audit import planned_down, planned_windows
+from k3load.analysis.pillars.headroom.stage_row import ArrivalLag, StageRow
 from k3load.analysis.pillars.limit_rules import LIMIT_RULES, RuleId
 from k3load.analysis.pillars.pillar import percentiles
 from k3load.analysis.pillars.rules import Breach, breach
@@ -120,27 +121,26 @@ def _errors(frame: pd.DataFrame, spells: list[DownSpell]) -> dict[str, Any]:
 
 def _capacity_figures(frame: pd.DataFrame, duration: float, index: MetricIndex, stage: StageWindow,
                       slo: Slo | None, cap: EngineCap | None) -> dict[str, Any]:
-    """Goodput (analysis/pillars/headroom/goodput.py) and the queue behind a full batch
-    (analysis/pillars/headroom/full_batch.py)."""
-    out: dict[str, Any] = stage_goodput(frame, slo, duration).to_dict() if slo is not None else {}
-    out |= arrival_lag(frame)  # open-loop stages only (an empty dict elsewhere: the closed-loop rows are unchanged)
-    if stage.sessions_per_s is not None:
-        out["sessions_per_s"] = stage.sessions_per_s  # the arrival rate offered (a rate search's step: its load)
-    if stage.search is not None:
-        out["search"] = stage.search  # the plan's search stage this step belongs to
+    """Goodput (analysis/pillars/headroom/goodput.py), the arrival lag of an open-loop stage, and the queue behind
+    a full batch (analysis/pillars/headroom/full_batch.py), as the row's fields."""
+    lag = arrival_lag(frame)  # open-loop stages only (an empty dict elsewhere: the closed-loop rows are unchanged)
     queue = stage_batch_queue(index, stage.start_ts, stage.end_ts, cap, stage.users)
-    out |= {"full_batch_scrapes": queue.scrapes if queue else None,
+    return {"goodput": stage_goodput(frame, slo, duration) if slo is not None else None,
+            "arrival": ArrivalLag(**lag) if lag else None,
+            "sessions_per_s": stage.sessions_per_s,  # the arrival rate offered (a rate search's step: its load)
+            "search": stage.search,  # the plan's search stage this step belongs to
+            "full_batch_scrapes": queue.scrapes if queue else None,
             "full_batch_queued_scrapes": queue.queued if queue and queue.cap is not None else None,
             "full_batch_cap": queue.cap if queue else None, "full_batch_cap_from": queue.cap_from if queue else None,
             "past_capacity": queue.past_capacity if queue and queue.cap is not None else None}
-    return out
 
 
 def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: list[DownSpell] | None = None,
                 growth: GpuGrowth | None = None, slo: Slo | None = None, cap: EngineCap | None = None
-                ) -> dict[str, Any]:
+                ) -> StageRow:
     """`slo`: each request's limits, for the goodput (none: not computed); `cap`: the engine's max_num_seqs
-    where the server said it (analysis/pillars/headroom/full_batch.py)."""
+    where the server said it (analysis/pillars/headroom/full_batch.py). The row's problems are judged after
+    (`stage_breaches`)."""
     t0, t1 = stage.start_ts, stage.end_ts
     frame = data.records[(data.records["stage"] == stage.name) & ~data.records["drill"].astype(bool)]
     if stage.search is not None:  # a search step: what ended by its decision, the evidence the live search judged
@@ -158,31 +158,34 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
     downs = [e for e in data.events_named(Event.SERVER_DOWN) if t0 <= e["ts"] <= t1 and e["ts"] not in flaps
              and not planned_down(e["ts"], planned)]
     cpu = cpu_by_process(data, t0, t1)
-    return {
-        "stage": stage.name, "kind": stage.kind, "users": stage.users, "start_ts": t0, "duration_s": t1 - t0,
-        "attempts": len(frame), **_errors(frame, spells),
-        "requests_per_s": len(ok) / duration,
-        "output_tokens_per_s": float(ok["completion_tokens"].fillna(0).sum()) / duration,
-        "max_prompt_tokens_ok": int(ok["prompt_tokens"].max()) if ok["prompt_tokens"].notna().any() else None,
-        **_latency(frame),
-        "kv_usage_mean": kv["mean"] if kv else None, "kv_usage_max": kv["max"] if kv else None,
-        "kv_usage_max_by_source": {src or "target": g["max"] for src, g in
-                                   index.gauge_by_source(VllmMetric.KV_CACHE_USAGE, t0, t1).items()},
-        "waiting_max": waiting["max"] if waiting else None,
-        "waiting_sustained_s": index.sustained_queue_s(t0, t1),
-        "running_max": running["max"] if running else None,
-        "load_generator_cpu_max_pct": max(cpu.values()) if cpu else None,  # over every process
-        "load_generator_cpu_max_pct_by_process": cpu,
-        "preemptions": preemptions, "preemptions_per_min": preemptions / duration * 60 if preemptions is not None
-        else None, "server_down_events": len(downs),
-        "health_flaps": sum(1 for ts in flaps if t0 <= ts <= t1 and not planned_down(ts, planned)),
+    errors = _errors(frame, spells)
+    latency: dict[str, Any] = _latency(frame)
+    gpu: dict[str, Any] = stage_figures(growth if growth is not None else gpu_growth(data, spells), t0, t1)
+    return StageRow(
+        stage=stage.name, kind=stage.kind, users=stage.users, start_ts=t0, duration_s=t1 - t0,
+        attempts=len(frame), **(errors | {"error_rate_ci95": tuple(errors["error_rate_ci95"])}),
+        requests_per_s=len(ok) / duration,
+        output_tokens_per_s=float(ok["completion_tokens"].fillna(0).sum()) / duration,
+        max_prompt_tokens_ok=int(ok["prompt_tokens"].max()) if ok["prompt_tokens"].notna().any() else None,
+        **latency,
+        kv_usage_mean=kv["mean"] if kv else None, kv_usage_max=kv["max"] if kv else None,
+        kv_usage_max_by_source={src or "target": g["max"] for src, g in
+                                index.gauge_by_source(VllmMetric.KV_CACHE_USAGE, t0, t1).items()},
+        waiting_max=waiting["max"] if waiting else None,
+        waiting_sustained_s=index.sustained_queue_s(t0, t1),
+        running_max=running["max"] if running else None,
+        load_generator_cpu_max_pct=max(cpu.values()) if cpu else None,  # over every process
+        load_generator_cpu_max_pct_by_process=cpu,
+        preemptions=preemptions, preemptions_per_min=preemptions / duration * 60 if preemptions is not None
+        else None, server_down_events=len(downs),
+        health_flaps=sum(1 for ts in flaps if t0 <= ts <= t1 and not planned_down(ts, planned)),
         # The engine's own gauges, not any vllm:* series: with --disable-log-stats vLLM 0.32 still
         # serves vllm:tool_call_parser_invocations_total, and KV, queue and preemptions are unknown.
-        "metrics_present": kv is not None or waiting is not None or running is not None,
-        **stage_figures(growth if growth is not None else gpu_growth(data, spells), t0, t1),
+        metrics_present=kv is not None or waiting is not None or running is not None,
+        **gpu,
         **_capacity_figures(frame, duration, index, stage, slo, cap),
-        **replay_figures(data.events_named(Event.REPLAY_END), stage.name),  # a replay stage's rows (arrival_lag.py)
-    }
+        replay=replay_figures(data.events_named(Event.REPLAY_END), stage.name).get("replay"),  # arrival_lag.py
+    )
 
 
 def _over(value: float | None, limit: float) -> bool:
