@@ -1,0 +1,91 @@
+"""A stage's row typed (analysis/pillars/headroom/stage_row.py): its one `to_dict()` is the stage table's dict as
+verdict.json and the reports have always carried it: the same keys, in the same order, the same ones present."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from k3load.analysis.pillars.headroom.full_batch import engine_cap
+from k3load.analysis.pillars.headroom.goodput import Slo
+from k3load.analysis.pillars.headroom.gpu_growth import gpu_growth
+from k3load.analysis.pillars.headroom.stage_row import ArrivalLag, ServerLatencyRow, StageRow
+from k3load.analysis.pillars.headroom.stages import stage_breaches, stage_stats
+from k3load.analysis.pillars.pillar import rounded, thresholds
+from k3load.analysis.pillars.rules import Breach
+from k3load.analysis.run.down_spells import down_spells
+from k3load.analysis.run.rundata import load_run
+from k3load.analysis.run.timeline import MetricIndex
+from k3load.outcomes import Signal
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = ROOT / "tests" / "data" / "scale-run"
+JUDGED = ROOT / "tests" / "data" / "scale-run-judged" / "verdict.json"
+
+# The stage table's keys in their order, as the dict-building code wrote them before the row was typed.
+HEAD = ["stage", "kind", "users", "start_ts", "duration_s", "attempts", "errors", "error_rate", "error_rate_ci95",
+        "error_rate_distinct_requests", "sent_while_down", "errors_by_layer", "error_kinds", "requests_per_s",
+        "output_tokens_per_s", "max_prompt_tokens_ok", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "ttfa_p50_ms",
+        "ttfa_p95_ms", "ttfa_p99_ms", "itl_p50_ms", "itl_p95_ms", "itl_p99_ms", "e2e_p50_ms", "e2e_p95_ms",
+        "e2e_p99_ms", "kv_usage_mean", "kv_usage_max", "kv_usage_max_by_source", "waiting_max", "waiting_sustained_s",
+        "running_max", "load_generator_cpu_max_pct", "load_generator_cpu_max_pct_by_process", "preemptions",
+        "preemptions_per_min", "server_down_events", "health_flaps", "metrics_present", "gpu_memory_peak_mib",
+        "gpu_headroom_min_pct", "gpu_baseline_headroom_min_pct", "gpu_growth_max_mib", "gpu_growth_max_pct",
+        "gpu_growth_gpu", "gpu_free_min_mib", "gpu_free_min_gpu", "gpu_largest_jump_mib", "gpu_simulated"]
+GOODPUT = ["goodput", "goodput_ci95", "goodput_requests", "goodput_good_requests", "goodput_sessions",
+           "goodput_good_sessions", "session_goodput", "session_goodput_ci95", "goodput_requests_per_s",
+           "goodput_output_tokens_per_s", "goodput_sessions_per_s", "goodput_misses"]
+ARRIVAL = ["scheduled_turns", "late_turns", "late_share", "late_share_ci95", "send_lag_p50_ms", "send_lag_p95_ms",
+           "send_lag_max_ms", "sessions_arrived"]
+FULL_BATCH = ["full_batch_scrapes", "full_batch_queued_scrapes", "full_batch_cap", "full_batch_cap_from",
+              "past_capacity"]
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[StageRow]:
+    data = load_run(RUN)
+    index, limits = MetricIndex(data.metrics), thresholds(data.plan.thresholds if data.plan else None)
+    spells = down_spells(data)
+    growth, slo, cap = gpu_growth(data, spells), Slo.from_limits(limits), engine_cap(data.path)
+    out = []
+    for stage in data.stages:
+        row = stage_stats(data, index, stage, spells, growth, slo, cap)
+        out.append(replace(row, problems=tuple(stage_breaches(row.to_dict(), limits))))
+    return out
+
+
+def test_every_stage_of_the_stored_run_is_its_stored_row(rows: list[StageRow]) -> None:
+    stored = json.loads(JUDGED.read_text())["pillars"]["resources"]["numbers"]["stages"]
+    assert [r.stage for r in rows] == [s["stage"] for s in stored]
+    for row, was in zip(rows, stored, strict=True):
+        plain = row.to_dict()
+        assert list(plain) == HEAD + GOODPUT + FULL_BATCH + ["problems"]
+        assert json.loads(json.dumps(rounded(plain))) == was
+
+
+def test_the_groups_measured_for_some_stages_only_are_present_only_there(rows: list[StageRow]) -> None:
+    row = replace(rows[0], goodput=None)
+    assert list(row.to_dict()) == HEAD + FULL_BATCH + ["problems"]
+    lag = ArrivalLag(scheduled_turns=40, late_turns=5, late_share=0.125, late_share_ci95=[0.05, 0.26],
+                     send_lag_p50_ms=10.0, send_lag_p95_ms=1500.0, send_lag_max_ms=2000.0, sessions_arrived=9)
+    full = replace(rows[0], arrival=lag, sessions_per_s=0.5, search="find", replay={"rows_due": 3},
+                   server_side_latency=(ServerLatencyRow("slo.ttft_p95", "within", "fine"),),
+                   latency_unjudged=("TTFA p95 not judged",))
+    plain = full.to_dict()
+    assert list(plain) == (HEAD + GOODPUT + ARRIVAL + ["sessions_per_s", "search"] + FULL_BATCH
+                           + ["replay", "problems", "server_side_latency", "latency_unjudged"])
+    assert plain["late_share_ci95"] == [0.05, 0.26] and plain["replay"] == {"rows_due": 3}
+    assert plain["server_side_latency"] == [{"id": "slo.ttft_p95", "status": "within", "text": "fine"}]
+    assert plain["latency_unjudged"] == ["TTFA p95 not judged"]
+
+
+def test_a_rows_problems_are_typed_breaches_and_plain_data_in_its_dict(rows: list[StageRow]) -> None:
+    over = Breach("resources.kv_usage", Signal.RESOURCE, 0.99, 0.95, "KV", ("metrics.jsonl stage=load",))
+    row = replace(rows[1], problems=(over,))
+    assert all(isinstance(p, Breach) for p in row.problems)
+    (plain,) = row.to_dict()["problems"]
+    assert plain == over.to_dict() and type(plain["signal"]) is str
+    assert type(row.to_dict()["error_rate_ci95"]) is list and isinstance(row.error_rate_ci95, tuple)
