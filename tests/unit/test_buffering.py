@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from k3load.analysis.pillars.cache.pillar_cache import through_blocks
 from k3load.analysis.pillars.headroom.buffering import Delivery, server_side_latency, stream_delivery
-from k3load.analysis.pillars.headroom.pillar_resources import proxy_latency
+from k3load.analysis.pillars.headroom.proxy_rejudge import proxy_latency
 from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.timeline import MetricIndex

@@ -9,17 +9,20 @@ from pathlib import Path
 
 import pytest
 
+from k3load.analysis.pillars.headroom.buffering import ServerLatency
 from k3load.analysis.pillars.headroom.full_batch import engine_cap
 from k3load.analysis.pillars.headroom.goodput import Slo
 from k3load.analysis.pillars.headroom.gpu_growth import gpu_growth
-from k3load.analysis.pillars.headroom.stage_row import ArrivalLag, ServerLatencyRow, StageRow
+from k3load.analysis.pillars.headroom.proxy_rejudge import proxy_judged, proxy_latency
+from k3load.analysis.pillars.headroom.stage_row import ArrivalLag, StageRow
 from k3load.analysis.pillars.headroom.stages import stage_breaches, stage_stats
-from k3load.analysis.pillars.pillar import rounded, thresholds
+from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS, rounded, thresholds
 from k3load.analysis.pillars.rules import Breach
 from k3load.analysis.run.down_spells import down_spells
 from k3load.analysis.run.rundata import load_run
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.outcomes import Signal
+from tests.unit.test_buffering import ITL, empty, histogram
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "tests" / "data" / "scale-run"
@@ -72,7 +75,7 @@ def test_the_groups_measured_for_some_stages_only_are_present_only_there(rows: l
     lag = ArrivalLag(scheduled_turns=40, late_turns=5, late_share=0.125, late_share_ci95=[0.05, 0.26],
                      send_lag_p50_ms=10.0, send_lag_p95_ms=1500.0, send_lag_max_ms=2000.0, sessions_arrived=9)
     full = replace(rows[0], arrival=lag, sessions_per_s=0.5, search="find", replay={"rows_due": 3},
-                   server_side_latency=(ServerLatencyRow("slo.ttft_p95", "within", "fine"),),
+                   server_side_latency=(ServerLatency("slo.ttft_p95", "within", "fine"),),
                    latency_unjudged=("TTFA p95 not judged",))
     plain = full.to_dict()
     assert list(plain) == (HEAD + GOODPUT + ARRIVAL + ["sessions_per_s", "search"] + FULL_BATCH
@@ -89,3 +92,24 @@ def test_a_rows_problems_are_typed_breaches_and_plain_data_in_its_dict(rows: lis
     (plain,) = row.to_dict()["problems"]
     assert plain == over.to_dict() and type(plain["signal"]) is str
     assert type(row.to_dict()["error_rate_ci95"]) is list and isinstance(row.error_rate_ci95, tuple)
+
+
+@pytest.mark.parametrize("waiting_s", [0.0, 30.0])
+def test_a_buffered_streams_rows_are_rejudged_as_the_plain_rows_were(rows: list[StageRow], waiting_s: float) -> None:
+    """The typed re-judging on the server's histograms gives the row the plain one gave its dict, key for key."""
+    limits = {"slo": {**DEFAULT_THRESHOLDS["slo"], "ttft_p95_ms": 40.0, "itl_p95_ms": 40.0}}
+    index = MetricIndex([empty(99.0), empty(99.0, ITL), histogram(199.0, [0, 50, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+                         histogram(199.0, [0, 0, 0, 0, 0, 0, 40, 0, 0, 0, 0], ITL)])
+    latency = [Breach(rule, Signal.LATENCY, 90.0, 40.0, f"{rule} over (client)", ("records.jsonl stage=load",))
+               for rule in ("slo.ttft_p95", "slo.itl_p95", "slo.ttfa_p95")]
+    kv = Breach("resources.kv_usage", Signal.RESOURCE, 0.99, 0.95, "KV", ())
+    row = replace(rows[1], start_ts=100.0, duration_s=100.0, waiting_sustained_s=waiting_s,
+                  problems=(latency[0], kv, *latency[1:]))
+    plain = row.to_dict()
+    proxy_latency(plain, index, limits)
+    judged = proxy_judged(row, index, limits)
+    assert judged.to_dict() == plain and list(judged.to_dict()) == list(plain)
+    assert [p.id for p in judged.problems] == ["resources.kv_usage", "slo.itl_p95"]
+    assert [s.status for s in judged.server_side_latency or ()] == ["within", "over", "unjudged"]
+    untouched = replace(rows[1], problems=(kv,))
+    assert proxy_judged(untouched, index, limits) is untouched

@@ -166,13 +166,22 @@ class ServerLatency:
     status: str  # "within" | "over" | "unjudged"
     text: str
 
+    def to_dict(self) -> dict[str, Any]:
+        """As a stage row carries it (its `server_side_latency`)."""
+        return {"id": self.rule_id, "status": self.status, "text": self.text}
+
 
 def server_side_latency(stats: dict[str, Any], index: MetricIndex, limits: dict[str, dict[str, float]]
                         ) -> list[ServerLatency]:
-    """Each client-side latency SLO of a stage, judged again on the server's own histogram over the stage:
+    """`latency_on_server` over a stage row as plain data (its `start_ts` and `duration_s`)."""
+    return latency_on_server(stats["start_ts"], stats["start_ts"] + stats["duration_s"], index, limits)
+
+
+def latency_on_server(t0: float, t1: float, index: MetricIndex, limits: dict[str, dict[str, float]]
+                      ) -> list[ServerLatency]:
+    """Each client-side latency SLO of a stage [t0, t1], judged again on the server's own histogram over it:
     within when the p95's whole bucket is at or under the limit, over when the whole bucket is above it,
     unjudged when the bucket straddles the limit, nothing was observed, or vLLM exports no series (TTFA)."""
-    t0, t1 = stats["start_ts"], stats["start_ts"] + stats["duration_s"]
     out = []
     for rule_id, server in SERVER_SIDE.items():
         if server is None:

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from k3load.analysis.pillars.cache.pillar_cache import cache_config
-from k3load.analysis.pillars.headroom.buffering import SERVER_SIDE, server_side_latency, stream_delivery
+from k3load.analysis.pillars.headroom.buffering import stream_delivery
 from k3load.analysis.pillars.headroom.drain_audit import drain_audit, drain_reasons
 from k3load.analysis.pillars.headroom.full_batch import engine_cap
 from k3load.analysis.pillars.headroom.goodput import Slo
@@ -26,11 +26,13 @@ from k3load.analysis.pillars.headroom.gpu_growth import (
     reservation_text,
     soak_creep,
 )
+from k3load.analysis.pillars.headroom.proxy_rejudge import proxy_judged
 from k3load.analysis.pillars.headroom.recovery import ended, hold_at, holds, same_conditions
 from k3load.analysis.pillars.headroom.restart_audit import drill_reason, planned_down, planned_windows, restart_drill
-from k3load.analysis.pillars.headroom.stages import QUEUED_S, stage_breaches, stage_stats
+from k3load.analysis.pillars.headroom.stage_row import StageRow
+from k3load.analysis.pillars.headroom.stages import stage_breaches, stage_stats
 from k3load.analysis.pillars.pillar import PillarResult
-from k3load.analysis.pillars.rules import breach, texts
+from k3load.analysis.pillars.rules import Breach
 from k3load.analysis.run.down_spells import CUT_STATUSES, DETECTION_S, DownSpell, down_spells
 from k3load.analysis.run.gpu_memory import memory_curve
 from k3load.analysis.run.input_size import input_tokens
@@ -57,40 +59,36 @@ SATURATED_CPU_PCT = 95.0
 LATENCY_SIGNALS = (Signal.LATENCY, Signal.QUEUE_LATENCY)
 
 
-def _only_latency(problems: list[dict[str, Any]]) -> bool:
-    return all(p["signal"] in LATENCY_SIGNALS for p in problems)
+def _only_latency(problems: tuple[Breach, ...]) -> bool:
+    return all(p.signal in LATENCY_SIGNALS for p in problems)
 
 
-def saturated_processes(stats: dict[str, Any]) -> dict[str, float]:
-    """The load-generator processes (master or local, each worker) at or over SATURATED_CPU_PCT in the stage.
-    A stage row without the per-process breakdown (hand-made, or an older table) has its one figure."""
-    by_process = stats.get("load_generator_cpu_max_pct_by_process")
-    if by_process is None:
-        overall = stats.get("load_generator_cpu_max_pct")
-        by_process = {"load generator": overall} if overall is not None else {}
-    return {name: float(pct) for name, pct in by_process.items() if pct is not None and pct >= SATURATED_CPU_PCT}
+def saturated_processes(row: StageRow) -> dict[str, float]:
+    """The load-generator processes (master or local, each worker) at or over SATURATED_CPU_PCT in the stage."""
+    return {name: float(pct) for name, pct in row.load_generator_cpu_max_pct_by_process.items()
+            if pct is not None and pct >= SATURATED_CPU_PCT}
 
 
 def _hot(stage: str, hot: dict[str, float]) -> str:
     return f"{stage} (" + ", ".join(f"{name} {pct:.0f}%" for name, pct in sorted(hot.items())) + ")"
 
 
-def _saturation(table: list[dict[str, Any]], reasons: list[str]) -> tuple[list[str], list[str]]:
+def _saturation(table: list[StageRow], reasons: list[str]) -> tuple[list[str], list[str]]:
     """Stages judged with a saturated load generator: (stages whose only problems are latencies: the pillar is
     inconclusive for them; stages within limits: said with the pass). A stage failing for more than latency
     is failed, its reason in `reasons` saying which process was saturated."""
     only_latency, within = [], []
-    for stats in table:
-        hot = saturated_processes(stats)
-        if not stats["problems"]:
-            within += [_hot(stats["stage"], hot)] if hot else []
+    for row in table:
+        hot = saturated_processes(row)
+        if not row.problems:
+            within += [_hot(row.stage, hot)] if hot else []
             continue
-        if hot and _only_latency(stats["problems"]):
-            only_latency.append(_hot(stats["stage"], hot))  # our own client was the bottleneck there
+        if hot and _only_latency(row.problems):
+            only_latency.append(_hot(row.stage, hot))  # our own client was the bottleneck there
             continue
-        reason = f"stage {stats['stage']} ({stats['users']} users): " + "; ".join(texts(stats["problems"]))
-        if hot and any(p["signal"] in LATENCY_SIGNALS for p in stats["problems"]):
-            reason += (f" (the load generator was saturated there: {_hot(stats['stage'], hot)}: its latencies are "
+        reason = f"stage {row.stage} ({row.users} users): " + "; ".join(p.reason for p in row.problems)
+        if hot and any(p.signal in LATENCY_SIGNALS for p in row.problems):
+            reason += (f" (the load generator was saturated there: {_hot(row.stage, hot)}: its latencies are "
                        "not the server's alone)")
         reasons.append(reason)
     return only_latency, within
@@ -287,28 +285,6 @@ def gpu_memory_judgment(data: RunData, growth: GpuGrowth, resources: dict[str, f
     return numbers, [], [*notes, said]
 
 
-def proxy_latency(stats: dict[str, Any], index: MetricIndex, limits: dict[str, dict[str, float]]) -> None:
-    """A stage's client-side latency breaches judged again on the server's own histograms, the stream being
-    buffered by a proxy: kept (on the server's figure) where the server was over too, dropped where it was
-    within, and said as not judged (`latency_unjudged`) where its histogram cannot tell or there is none."""
-    breached = {p["id"] for p in stats["problems"] if p["id"] in SERVER_SIDE}
-    if not breached:
-        return
-    queued = (stats.get("waiting_sustained_s") or 0) >= QUEUED_S
-    kept = [p for p in stats["problems"] if p["id"] not in breached]
-    stats["server_side_latency"], stats["latency_unjudged"] = [], []
-    for judged in server_side_latency(stats, index, limits):
-        if judged.rule_id not in breached:
-            continue
-        stats["server_side_latency"].append({"id": judged.rule_id, "status": judged.status, "text": judged.text})
-        if judged.status == "over":
-            kept.append(breach(judged.rule_id, Signal.QUEUE_LATENCY if queued else Signal.LATENCY, None, None,
-                               judged.text, f"metrics.jsonl stage={stats['stage']}").to_dict())
-        elif judged.status == "unjudged":
-            stats["latency_unjudged"].append(judged.text)
-    stats["problems"] = kept
-
-
 def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[str, float]]
                     ) -> tuple[PillarResult, list[dict[str, Any]]]:
     """The pillar, and the per-stage table (the ramp report and the limits read it too)."""
@@ -316,23 +292,23 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
         return PillarResult(NOT_RUN, ["no request was recorded"]), []
     spells = down_spells(data)  # once: the stages, the crashes and the numbers read the same spells
     growth = gpu_growth(data, spells)  # each GPU against its start-up baseline, read by stages and crashes
-    table = []
+    table: list[StageRow] = []
     slo, cap = Slo.from_limits(limits), engine_cap(data.path)
     for stage in data.stages:
         row = stage_stats(data, index, stage, spells, growth, slo, cap)
-        # plain data from here (stage_row.StageRow.to_dict): the proxy's re-judging and the readers below take dicts
-        table.append(replace(row, problems=tuple(stage_breaches(row.to_dict(), limits))).to_dict())
-    delivery = stream_delivery(data.attempts, index, [s["stage"] for s in table if saturated_processes(s)])
+        # the rules read the row as plain data (stages.stage_breaches: hand-made dict rows in their tests)
+        table.append(replace(row, problems=tuple(stage_breaches(row.to_dict(), limits))))
+    delivery = stream_delivery(data.attempts, index, [row.stage for row in table if saturated_processes(row)])
     if delivery.buffered:  # the client timed the proxy's blocks: the latency SLOs go to the server's histograms
-        for stats in table:
-            proxy_latency(stats, index, limits)
+        table = [proxy_judged(row, index, limits) for row in table]
+    plain = [row.to_dict() for row in table]  # the stage table as verdict.json and the readers after this take it
     resources = limits.get("resources") or {}
     crashes = classify_crashes(data, resources.get("max_gpu_growth_pct", 50.0), spells, growth)
     memory, memory_reasons, memory_notes = gpu_memory_judgment(data, growth, resources)
-    numbers: dict[str, Any] = {"stages": table, "crashes": crashes, "gpu_memory": memory,
+    numbers: dict[str, Any] = {"stages": plain, "crashes": crashes, "gpu_memory": memory,
                                "health_spells": [s.to_dict() for s in spells], "stream_delivery": delivery.to_dict()}
     reasons = [delivery.reason] if delivery.buffered else []
-    reasons += [f"stage {s['stage']}: {text}" for s in table for text in s.get("latency_unjudged", [])]
+    reasons += [f"stage {row.stage}: {text}" for row in table for text in row.latency_unjudged or ()]
     for crash in crashes:
         what = "OOM crash" if crash["oom"] else "server crash" + ("" if crash["memory_evidence"] else
                                                                    " (no memory evidence)")
@@ -346,29 +322,29 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
                            "(a recurrence, each crash listed)")
     reasons += memory_reasons
     saturated, saturated_within = _saturation(table, reasons)
-    numbers["load_generator_saturated"] = [{"stage": s["stage"], "processes": saturated_processes(s)}
-                                           for s in table if saturated_processes(s)]
+    numbers["load_generator_saturated"] = [{"stage": row.stage, "processes": saturated_processes(row)}
+                                           for row in table if saturated_processes(row)]
     numbers["drain"] = drain_audit(data, index, limits)  # after every stage: was everything let go?
-    numbers["restart_drill"] = restart_drill(data, table)
+    numbers["restart_drill"] = restart_drill(data, plain)
     reasons += drain_reasons(numbers["drain"])
     drill = drill_reason(numbers["restart_drill"])
     if numbers["restart_drill"]["status"] == FAIL and drill:
         reasons.append(drill)
     if reasons:
-        return PillarResult(FAIL, reasons, numbers), table
+        return PillarResult(FAIL, reasons, numbers), plain
     if saturated:
         return PillarResult(INCONCLUSIVE, [f"inconclusive, because the load generator was saturated (CPU >= "
                                            f"{SATURATED_CPU_PCT:.0f}%) in {', '.join(saturated)}: the latencies "
                                            "measured there are the client's, not the server's (add workers: "
-                                           "--processes N, or worker machines)"], numbers), table
-    if not any(s["metrics_present"] for s in table):
+                                           "--processes N, or worker machines)"], numbers), plain
+    if not any(row.metrics_present for row in table):
         return PillarResult(INCONCLUSIVE, ["server metrics missing: KV usage, queue and preemptions are unknown "
-                                           "(only the client's latencies and errors were judged)"], numbers), table
-    gpu_note = "" if any(s["gpu_memory_peak_mib"] is not None for s in table) else \
+                                           "(only the client's latencies and errors were judged)"], numbers), plain
+    gpu_note = "" if any(row.gpu_memory_peak_mib is not None for row in table) else \
         " (GPU telemetry unavailable: memory headroom not judged)"
     saturation_note = [f"the load generator was saturated (CPU >= {SATURATED_CPU_PCT:.0f}%) in "
                        f"{', '.join(saturated_within)}: the latencies there are the client's as much as the "
                        "server's (within the SLOs even so)"] if saturated_within else []
     return PillarResult(PASS, [f"all {len(table)} stages within the SLOs and resource limits, no crash"
                                + gpu_note] + ([drill] if drill else []) + saturation_note + memory_notes,
-                        numbers), table
+                        numbers), plain

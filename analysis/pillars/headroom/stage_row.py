@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from k3load.analysis.pillars.headroom.buffering import ServerLatency
 from k3load.analysis.pillars.headroom.goodput import Goodput
 from k3load.analysis.pillars.rules import Breach
 
@@ -35,18 +36,6 @@ class ArrivalLag:
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass(frozen=True)
-class ServerLatencyRow:
-    """A client-side latency breach judged again on the server's histogram (a buffered stream's stage)."""
-
-    id: str
-    status: str  # "within" | "over" | "unjudged" (buffering.ServerLatency)
-    text: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "status": self.status, "text": self.text}
 
 
 @dataclass(frozen=True)
@@ -121,7 +110,7 @@ class StageRow:
     past_capacity: bool | None
     replay: dict[str, Any] | None  # arrival_lag.replay_figures; None: not a replay stage
     problems: tuple[Breach, ...] = ()
-    server_side_latency: tuple[ServerLatencyRow, ...] | None = None  # None: the stream was not buffered
+    server_side_latency: tuple[ServerLatency, ...] | None = None  # None: the stream was not buffered
     latency_unjudged: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
