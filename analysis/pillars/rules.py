@@ -50,7 +50,8 @@ class RuleResult:
 @dataclass(frozen=True)
 class Breach:
     """A stage limit exceeded (analysis/pillars/limit_rules.py declares each rule id): typed while the stage is
-    judged, plain data (`to_dict`, a failed resources RuleResult) once its stage row is assembled."""
+    judged and in its StageRow (analysis/pillars/headroom/stage_row.py), plain data (`to_dict`, a failed resources
+    RuleResult) where the row is (`StageRow.to_dict`)."""
 
     id: str  # a limit_rules.RuleId
     signal: Signal

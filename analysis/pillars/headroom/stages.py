@@ -209,7 +209,7 @@ def _error_breach(stats: dict[str, Any], limit: float) -> Breach | None:
 
 
 def gpu_problems(stats: dict[str, Any], resources: dict[str, float]) -> list[dict[str, Any]]:
-    """`gpu_breaches` as the stage table carries them."""
+    """`gpu_breaches` as plain data (a row's `problems` in verdict.json)."""
     return [b.to_dict() for b in gpu_breaches(stats, resources)]
 
 
@@ -255,7 +255,7 @@ def full_batch_breach(stats: dict[str, Any]) -> Breach:
 
 
 def stage_problems(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
-    """The limits a stage exceeded, as its row carries them (empty: within limits)."""
+    """`stage_breaches` as plain data (a row's `problems` in verdict.json; empty: within limits)."""
     return [b.to_dict() for b in stage_breaches(stats, limits)]
 
 
