@@ -33,6 +33,7 @@ from k3load.events import Event
 from k3load.outcomes import NOT_RUN, Verdict
 from k3load.rundir import write_atomic
 from k3load.sampler.vllm_metrics import VllmMetric
+from k3load.workload.stage_kind import StageKind
 
 OUTPUTS = ("verdict.json", "capacity.json", "report.md", "report.html", "alerts.yaml", "dashboard.json",
            "manifest.sha256")
@@ -108,7 +109,8 @@ def plan_capacity(data: RunData, index: MetricIndex, pillars: dict[str, PillarRe
     """capacity.json: `inputs` as the run asked (its options and plan) unless given (`k3load capacity`)."""
     inputs = inputs or planner_inputs(data.run, data.plan, data.compat, telemetry_gpus(data))
     bound = min_goodput(data.plan)
-    kind = next((k for k in ("search", "concurrency") if any(s["kind"] == k for s in stage_table)), None)
+    kind = next((k for k in (StageKind.SEARCH, StageKind.CONCURRENCY) if any(s["kind"] == k for s in stage_table)),
+                None)  # a search first: the capacity was read from it
     routing = next((r for r in pillars["prefix_cache"].numbers.get("rules", []) if r.get("id") == "cache.routing"),
                    None)
     plan = capacity_plan(stage_table, inputs, bound, limits.get("max_input_tokens"), [], [])

@@ -20,6 +20,7 @@ from k3load.analysis.pillars.rules import texts
 from k3load.analysis.run.rundata import RunData
 from k3load.events import Event
 from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS
+from k3load.workload.stage_kind import StageKind
 
 PLANNED_MARGIN_S = 1.0  # a down the sampler saw began before ready; a second for clocks and log lines
 
@@ -44,7 +45,7 @@ def _after(events: list[dict[str, Any]], name: Event, ts: float) -> dict[str, An
 
 def restart_drill(data: RunData, stage_table: list[dict[str, Any]]) -> dict[str, Any]:
     """The drill's numbers and status (pass / fail / not_run / inconclusive), with `why`."""
-    restart = next((s for s in stage_table if s["kind"] == "restart"), None)
+    restart = next((s for s in stage_table if s["kind"] == StageKind.RESTART), None)
     start = next(iter(data.events_named(Event.RESTART_DRILL_START)), None)
     skipped = next(iter(data.events_named(Event.RESTART_DRILL_SKIPPED)), None)
     if start is None and skipped is not None:
