@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from k3load.analysis.decision.capacity import PlannerInputs, capacity_plan, min_goodput, planner_inputs
 from k3load.analysis.decision.capacity_context import assumptions, cold_cache, search_said, telemetry_gpus
 from k3load.analysis.decision.checklist import build_checklist
-from k3load.analysis.decision.ramp import ramp
+from k3load.analysis.decision.ramp import Ramp, RampMarks, ramp_of
 from k3load.analysis.outputs.plot_inputs import plot_inputs
 from k3load.analysis.outputs.plots_beside import PlotsBeside
 from k3load.analysis.pillars.agent.agreement import read_reference
@@ -44,7 +44,7 @@ class Judgment:
     data: RunData
     pillars: dict[str, PillarResult]
     stage_table: list[dict[str, Any]]
-    ramp: dict[str, Any]
+    ramp: Ramp
     verdict: Verdict
     because: list[str]
     limits: dict[str, Any]
@@ -79,8 +79,7 @@ def _judge(run_dir: Path, plotter: PlotsBeside | None = None) -> Judgment:
     # GIL held), and the reuse replay in a thread beside the resources pillar slowed both (an hour's soak:
     # 0.3 s alone for the resources, 1.85 s beside the reuse thread, the plots' inputs later by as much).
     resources, stage_table = judge_resources(data, index, limits)
-    ramp_table = ramp(stage_table)
-    _capacity_marks(ramp_table, data, stage_table, limits)
+    ramp_table = replace(ramp_of(stage_table), marks=_capacity_marks(data, stage_table, limits))
     if plotter is not None:  # drawn in its child while the other pillars are judged
         plotter.submit(plot_inputs(ramp_table, data, index, resources.numbers.get("crashes", [])))
     pillars = {"compat": compat_pillar(data.compat), "resources": resources,
@@ -92,7 +91,8 @@ def _judge(run_dir: Path, plotter: PlotsBeside | None = None) -> Judgment:
     reuse = judge_reuse(data, index, cache_limits, config)  # designed vs achieved reuse per family (issue 15)
     apply_reuse(pillars["prefix_cache"], data, index, cache_limits, config, reuse)
     checklist = build_checklist(data, pillars)  # the signed record's lines: an open one is never `go`
-    verdict, because, verdict_limits = decide(pillars, stage_table, ramp_table, unfinished_plan(data), checklist)
+    verdict, because, verdict_limits = decide(pillars, stage_table, ramp_table.to_dict(),
+                                             unfinished_plan(data), checklist)
     if ((data.compat or {}).get("target") or {}).get("is_sim"):
         because = [*because, "the target is the k3load sim: a rehearsal, never evidence for a production verdict"]
     if data.plan and (steered := tool_turns_reason(data.plan.tool_turns)):
@@ -121,8 +121,8 @@ def plan_capacity(data: RunData, index: MetricIndex, pillars: dict[str, PillarRe
     return rounded(plan)
 
 
-def _capacity_marks(ramp_table: dict[str, Any], data: RunData, stage_table: list[dict[str, Any]],
-                    limits: dict[str, dict[str, float]]) -> None:
+def _capacity_marks(data: RunData, stage_table: list[dict[str, Any]], limits: dict[str, dict[str, float]]
+                    ) -> RampMarks:
     """What the ramp's plots mark: the SLO lines, the goodput bound and the capacity point
     (analysis/decision/capacity.py,
     from the stage table alone, so the plots can be drawn before the other pillars are judged)."""
@@ -130,8 +130,8 @@ def _capacity_marks(ramp_table: dict[str, Any], data: RunData, stage_table: list
     per = capacity_plan(stage_table, PlannerInputs(), bound, None, [], [])["per_replica"]
     gpus = planner_inputs(data.run, data.plan, data.compat, telemetry_gpus(data)).gpus_per_replica
     on_rate = per["searched_on"] == "sessions_per_s"  # the ramp's steps are then the rate search's: x is the rate
-    ramp_table["marks"] = {"slo": dict(limits["slo"]), "min_goodput": bound, "gpus": gpus, "on_rate": on_rate,
-                           "capacity_load": per["max_sessions_per_s_at_slo" if on_rate else "max_users_at_slo"]}
+    return RampMarks(slo=dict(limits["slo"]), min_goodput=bound, gpus=gpus, on_rate=on_rate,
+                     capacity_load=per["max_sessions_per_s_at_slo" if on_rate else "max_users_at_slo"])
 
 
 def unfinished_plan(data: RunData) -> str | None:

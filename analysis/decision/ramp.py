@@ -7,7 +7,7 @@ limits; the resource that ran out first is read from the first step past the kne
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from k3load.analysis.pillars.limit_rules import ran_out_first
@@ -44,9 +44,25 @@ def load_steps(stage_table: list[dict[str, Any]], on_rate: bool | None = None
 
 
 @dataclass(frozen=True)
+class RampMarks:
+    """What the ramp's plots mark: the SLO lines, the goodput bound, the GPUs a replica has, whether the steps'
+    load is a rate search's arrival rate, and the capacity point (analysis/analyze.py, from the stage table)."""
+
+    slo: dict[str, float]
+    min_goodput: float
+    gpus: int | None
+    on_rate: bool
+    capacity_load: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Ramp:
-    """The ramp as judged: its steps (plain rows, as the stage table carries them), the knee and what ran out;
-    plain data (`to_dict`) where verdict.json and the reports take it."""
+    """The ramp as judged: its steps (plain rows, as the stage table carries them), the knee and what ran out,
+    and what its plots mark once the capacity point is known; plain data (`to_dict`) for a reader of plain
+    data (verdict.decide)."""
 
     steps: tuple[dict[str, Any], ...]
     knee_users: int | None
@@ -56,9 +72,12 @@ class Ramp:
     first_step_past_knee: str | None
     largest_step_users: int | None
     largest_step_sessions_per_s: float | None
+    marks: RampMarks | None = None  # None: not marked yet (the capacity point unknown)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: list(self.steps) if f.name == "steps" else getattr(self, f.name) for f in fields(self)}
+        out = {f.name: list(self.steps) if f.name == "steps" else getattr(self, f.name) for f in fields(self)
+               if f.name != "marks"}
+        return out | ({"marks": self.marks.to_dict()} if self.marks is not None else {})
 
 
 def ramp_of(stage_table: list[dict[str, Any]]) -> Ramp:

@@ -77,7 +77,7 @@ def _kv(judgment: Any, plan_max: float) -> tuple[float, bool, str]:
 
 def _concurrency(judgment: Any) -> tuple[int | None, str]:
     users = judgment.limits.get("max_concurrency")
-    stepped = bool(judgment.ramp.get("steps"))
+    stepped = bool(judgment.ramp.steps)
     if users is None:
         return None, ("no concurrency step held within limits" if stepped else "no stage held within limits")
     ran_out = judgment.limits.get("ran_out_first")

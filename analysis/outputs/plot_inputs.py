@@ -11,6 +11,7 @@ import base64
 from dataclasses import dataclass, field
 from typing import Any
 
+from k3load.analysis.decision.ramp import Ramp
 from k3load.analysis.run.gpu_memory import memory_curve
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.sampler.vllm_metrics import VllmMetric
@@ -19,9 +20,9 @@ from k3load.sampler.vllm_metrics import VllmMetric
 @dataclass
 class PlotInputs:
     """Everything the report's plots draw, as plain numbers (picklable: `plots_beside` draws them in a
-    child process). `ramp`: the ramp table; the timeline's x values are seconds since the first stage."""
+    child process). `ramp`: the ramp and its marks; the timeline's x values are seconds since the first stage."""
 
-    ramp: dict[str, Any]
+    ramp: Ramp
     stages: list[tuple[str, float, float]] = field(default_factory=list)  # (name, start, end), since t0
     series: list[tuple[str, list[float], list[float]]] = field(default_factory=list)  # (label, x, y)
     memory: tuple[list[float], list[float]] = ([], [])
@@ -31,7 +32,7 @@ class PlotInputs:
 TIMELINE_SERIES = ((VllmMetric.KV_CACHE_USAGE, "KV usage"), (VllmMetric.NUM_REQUESTS_WAITING, "waiting requests"))
 
 
-def plot_inputs(ramp: dict[str, Any], data: Any, index: MetricIndex, crashes: list[dict[str, Any]]) -> PlotInputs:
+def plot_inputs(ramp: Ramp, data: Any, index: MetricIndex, crashes: list[dict[str, Any]]) -> PlotInputs:
     """What `draw` needs, read off the judgment's tables (cheap: no matplotlib here)."""
     if not data.stages:
         return PlotInputs(ramp)

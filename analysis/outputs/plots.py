@@ -15,8 +15,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from k3load.analysis.decision.ramp import Ramp, RampMarks
 from k3load.analysis.outputs.plot_inputs import PlotInputs
 
+UNMARKED = RampMarks(slo={}, min_goodput=0.99, gpus=None, on_rate=False, capacity_load=None)  # marks not known
 _META = {"Software": None}  # no version stamp: same data, same bytes
 
 
@@ -32,16 +34,16 @@ def draw(inputs: PlotInputs) -> dict[str, bytes]:
     return ramp_plots(inputs.ramp) | timeline_plot(inputs)
 
 
-def ramp_plots(ramp: dict[str, Any]) -> dict[str, bytes]:
-    steps = [s for s in ramp["steps"] if s.get("users")]
+def ramp_plots(ramp: Ramp) -> dict[str, bytes]:
+    steps = [s for s in ramp.steps if s.get("users")]
     if not steps:
         return {}
-    marks = ramp.get("marks") or {}
-    on_rate = bool(marks.get("on_rate"))  # a rate search's steps: the load is their arrival rate
+    marks = ramp.marks or UNMARKED
+    on_rate = marks.on_rate  # a rate search's steps: the load is their arrival rate
     users = [s["sessions_per_s"] if on_rate else s["users"] for s in steps]
     load = "sessions arriving per second" if on_rate else "concurrent users"
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
-    slo = marks.get("slo") or {}
+    slo = marks.slo
     for key, label, color in (("ttft_p95_ms", "TTFT p95", "tab:blue"),
                               ("ttfa_p95_ms", "first answer p95", "tab:purple"), ("e2e_p95_ms", "e2e p95", "tab:red")):
         values = [s.get(key) for s in steps]
@@ -57,7 +59,7 @@ def ramp_plots(ramp: dict[str, Any]) -> dict[str, bytes]:
         ax2 = ax.twinx()
         ax2.plot(users, [float("nan") if g is None else g for g in goodput], marker="s", color="tab:green",
                  label="goodput")
-        ax2.axhline(marks.get("min_goodput", 0.99), color="tab:green", linestyle="--", linewidth=1,
+        ax2.axhline(marks.min_goodput, color="tab:green", linestyle="--", linewidth=1,
                     label="goodput bound")
         ax2.set(ylabel="goodput (share of requests)", ylim=(0, 1.05))
         ax2.legend(loc="lower right", fontsize=7)
@@ -74,19 +76,19 @@ def ramp_plots(ramp: dict[str, Any]) -> dict[str, bytes]:
     return {"latency_vs_concurrency": latency, "throughput_vs_concurrency": _png(fig), "pareto": _pareto(steps, marks)}
 
 
-def _capacity_line(ax: Any, marks: dict[str, Any]) -> None:
-    if marks.get("capacity_load"):
-        unit = "sessions/s" if marks.get("on_rate") else "users"
-        ax.axvline(marks["capacity_load"], color="green", linestyle="--",
-                   label=f"capacity {marks['capacity_load']:g} {unit}")
+def _capacity_line(ax: Any, marks: RampMarks) -> None:
+    if marks.capacity_load:
+        unit = "sessions/s" if marks.on_rate else "users"
+        ax.axvline(marks.capacity_load, color="green", linestyle="--",
+                   label=f"capacity {marks.capacity_load:g} {unit}")
 
 
-def _pareto(steps: list[dict[str, Any]], marks: dict[str, Any]) -> bytes:
+def _pareto(steps: list[dict[str, Any]], marks: RampMarks) -> bytes:
     """Each step's decode speed per request (what one agent sees) against output tokens/s per GPU (what the fleet
     pays): the trade a planner picks a point on (vllm bench sweep's plot_pareto)."""
-    gpus = marks.get("gpus") or 1
+    gpus = marks.gpus or 1
     fig, ax = plt.subplots(figsize=(6, 3.4))
-    on_rate = bool(marks.get("on_rate"))
+    on_rate = marks.on_rate
     # what one agent sees: its answer's decode speed, 1 / the median inter-token latency (vLLM's plot_pareto
     # reads 1 / TPOT); steps without a streamed answer are left out
     shown = [s for s in steps if s.get("itl_p50_ms")]
@@ -95,10 +97,10 @@ def _pareto(steps: list[dict[str, Any]], marks: dict[str, Any]) -> bytes:
     ax.plot(x, y, marker="o", color="tab:blue")
     for xi, yi, s in zip(x, y, shown, strict=True):
         load = s["sessions_per_s"] if on_rate else s["users"]
-        held = load == marks.get("capacity_load")
+        held = load == marks.capacity_load
         ax.annotate(f"{load:g}" + ("/s" if on_rate else "") + (" (capacity)" if held else ""), (xi, yi), fontsize=7,
                     color="green" if held else "black", textcoords="offset points", xytext=(4, 4))
-    per = "GPU" if marks.get("gpus") else "replica (GPUs unknown)"
+    per = "GPU" if marks.gpus else "replica (GPUs unknown)"
     ax.set(xlabel="output tokens/s per request (1 / ITL p50)", ylabel=f"output tokens/s per {per}",
            title="Per-user speed vs per-GPU throughput")
     return _png(fig)

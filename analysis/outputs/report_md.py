@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from k3load.analysis.decision.ramp import Ramp
 from k3load.analysis.outputs import (
     report_capacity,
     report_drain,
@@ -119,26 +120,26 @@ def _replicas(cache: dict[str, Any]) -> str:
 
 
 def _ramp(j: Any) -> str:
-    r = j.ramp
-    if not r["steps"]:
+    r: Ramp = j.ramp
+    if not r.steps:
         return "## Ramp\n\nNo concurrency steps in this plan.\n\n"
     cols = ("stage", "users", "sessions_per_s", "requests_per_s", "output_tokens_per_s", "goodput",
             "goodput_requests_per_s",
             "ttft_p95_ms", "ttfa_p95_ms", "e2e_p95_ms", "error_rate", "waiting_max", "past_capacity", "kv_usage_max",
             "preemptions", "within_limits")
-    on_rate = r.get("largest_step_sessions_per_s") is not None
-    unit, largest = ("sessions/s", r["largest_step_sessions_per_s"]) if on_rate else ("users", r["largest_step_users"])
-    knee = r.get("knee_sessions_per_s") if on_rate else r["knee_users"]
-    if not r["first_step_past_knee"]:  # every step held: the largest is no knee, only as far as the ramp went
+    on_rate = r.largest_step_sessions_per_s is not None
+    unit, largest = ("sessions/s", r.largest_step_sessions_per_s) if on_rate else ("users", r.largest_step_users)
+    knee = r.knee_sessions_per_s if on_rate else r.knee_users
+    if not r.first_step_past_knee:  # every step held: the largest is no knee, only as far as the ramp went
         said = f"No limit reached up to **{fmt(largest)} {unit}**: every step within the limits."
         per = (j.capacity or {}).get("per_replica") or {}
         if per.get("limit_reached"):  # the limits held, the goodput did not: the capacity plan says where
             said += (f" Goodput fell below {fmt(per.get('min_goodput'))} first: the capacity plan above holds "
                      f"{fmt(per.get('max_sessions_per_s_at_slo' if on_rate else 'max_users_at_slo'))} {unit}.")
     else:
-        said = (f"Knee: **{fmt(knee)} {unit}** ({fmt(r['knee_stage'])}); ran out first: "
-                f"{fmt(r['ran_out_first'])} ({fmt(r['first_step_past_knee'])}).")
-    return f"## Ramp\n\n{said}\n\n" + table(r["steps"], cols) + "\n"
+        said = (f"Knee: **{fmt(knee)} {unit}** ({fmt(r.knee_stage)}); ran out first: "
+                f"{fmt(r.ran_out_first)} ({fmt(r.first_step_past_knee)}).")
+    return f"## Ramp\n\n{said}\n\n" + table(list(r.steps), cols) + "\n"
 
 
 def _generator_cpu(j: Any) -> str:
