@@ -28,7 +28,7 @@ from k3load.analysis.pillars.headroom.pillar_resources import judge_resources
 from k3load.analysis.pillars.pillar import PillarResult, rounded, thresholds
 from k3load.analysis.run.rundata import RunData, gc_paused, load_run
 from k3load.analysis.run.timeline import MetricIndex, shared_indexes
-from k3load.analysis.verdict import EXIT_CODES, NEXT_ACTION, compat_pillar, decide
+from k3load.analysis.verdict import EXIT_CODES, NEXT_ACTION, Limits, compat_pillar, verdict_of
 from k3load.events import Event
 from k3load.outcomes import NOT_RUN, Verdict
 from k3load.rundir import write_atomic
@@ -47,7 +47,7 @@ class Judgment:
     ramp: Ramp
     verdict: Verdict
     because: list[str]
-    limits: dict[str, Any]
+    limits: Limits  # the limits that hold (verdict.json's `limits`)
     checklist: list[dict[str, Any]]
     capacity: dict[str, Any]  # capacity.json (analysis/decision/capacity.py)
 
@@ -55,7 +55,7 @@ class Judgment:
         """Exactly the contract's top-level keys."""
         return {"verdict": self.verdict,
                 "pillars": {name: p.to_dict() for name, p in self.pillars.items()},
-                "limits": rounded(self.limits), "checklist": self.checklist,
+                "limits": rounded(self.limits.to_dict()), "checklist": self.checklist,
                 "next_action": {"action": NEXT_ACTION[self.verdict], "because": self.because}}
 
     @property
@@ -91,8 +91,8 @@ def _judge(run_dir: Path, plotter: PlotsBeside | None = None) -> Judgment:
     reuse = judge_reuse(data, index, cache_limits, config)  # designed vs achieved reuse per family (issue 15)
     apply_reuse(pillars["prefix_cache"], data, index, cache_limits, config, reuse)
     checklist = build_checklist(data, pillars)  # the signed record's lines: an open one is never `go`
-    verdict, because, verdict_limits = decide(pillars, stage_table, ramp_table.to_dict(),
-                                             unfinished_plan(data), checklist)
+    verdict, because, verdict_limits = verdict_of(pillars, stage_table, ramp_table.to_dict(),
+                                                 unfinished_plan(data), checklist)
     if ((data.compat or {}).get("target") or {}).get("is_sim"):
         because = [*because, "the target is the k3load sim: a rehearsal, never evidence for a production verdict"]
     if data.plan and (steered := tool_turns_reason(data.plan.tool_turns)):
@@ -104,7 +104,7 @@ def _judge(run_dir: Path, plotter: PlotsBeside | None = None) -> Judgment:
 
 
 def plan_capacity(data: RunData, index: MetricIndex, pillars: dict[str, PillarResult],
-                  stage_table: list[dict[str, Any]], limits: dict[str, Any],
+                  stage_table: list[dict[str, Any]], limits: Limits,
                   inputs: PlannerInputs | None = None) -> dict[str, Any]:
     """capacity.json: `inputs` as the run asked (its options and plan) unless given (`k3load capacity`)."""
     inputs = inputs or planner_inputs(data.run, data.plan, data.compat, telemetry_gpus(data))
@@ -113,7 +113,7 @@ def plan_capacity(data: RunData, index: MetricIndex, pillars: dict[str, PillarRe
                 None)  # a search first: the capacity was read from it
     routing = next((r for r in pillars["prefix_cache"].numbers.get("rules", []) if r.get("id") == "cache.routing"),
                    None)
-    plan = capacity_plan(stage_table, inputs, bound, limits.get("max_input_tokens"), [], [])
+    plan = capacity_plan(stage_table, inputs, bound, limits.max_input_tokens, [], [])
     plan["assumptions"] = assumptions(data, len(index.sources), routing, kind, plan["per_replica"]["searched_on"])
     plan["what_if"] = [cold_cache(data, plan["per_replica"], thresholds(data.plan.thresholds if data.plan else None)
                                   ["slo"])]

@@ -148,15 +148,16 @@ def not_proven(checklist: list[dict[str, Any]]) -> list[str]:
 def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], ramp: dict[str, Any],
            unfinished: str | None = None, checklist: list[dict[str, Any]] | None = None
            ) -> tuple[Verdict, list[str], dict[str, Any]]:
-    """(verdict, why, limits). `unfinished`: the plan did not finish (never `go`). `checklist`: the signed
-    record's lines; an open one is never `go` (it leads the reasons of a run otherwise `go`). `limits` as plain
-    data (verdict.json's)."""
-    verdict, why, limits = _decide(pillars, stage_table, ramp, unfinished, checklist)
+    """`verdict_of` with the limits as plain data (verdict.json's)."""
+    verdict, why, limits = verdict_of(pillars, stage_table, ramp, unfinished, checklist)
     return verdict, why, limits.to_dict()
 
 
-def _decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], ramp: dict[str, Any],
-            unfinished: str | None, checklist: list[dict[str, Any]] | None) -> tuple[Verdict, list[str], Limits]:
+def verdict_of(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], ramp: dict[str, Any],
+               unfinished: str | None = None, checklist: list[dict[str, Any]] | None = None
+               ) -> tuple[Verdict, list[str], Limits]:
+    """(verdict, why, limits). `unfinished`: the plan did not finish (never `go`). `checklist`: the signed
+    record's lines; an open one is never `go` (it leads the reasons of a run otherwise `go`)."""
     limits = _limits(stage_table, ramp, pillars[Pillar.AGENT_API].numbers.get("context_length_refusals"))
     if pillars[Pillar.COMPAT].status == FAIL:
         return Verdict.REBUILD, ["compatibility failed: " + "; ".join(pillars[Pillar.COMPAT].reasons)] + \

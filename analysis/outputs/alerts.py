@@ -64,7 +64,7 @@ class Accepted:
 
 
 def _kv(judgment: Any, plan_max: float) -> tuple[float, bool, str]:
-    measured = judgment.limits.get("kv_cache_usage_ceiling")
+    measured = judgment.limits.kv_cache_usage_ceiling
     if measured is not None and measured > 0:
         ceiling = min(rounded(float(measured)), plan_max)  # rounded as verdict.json states it
         return ceiling, True, (f"the measured ceiling, the highest KV usage a stage within limits reached "
@@ -76,11 +76,11 @@ def _kv(judgment: Any, plan_max: float) -> tuple[float, bool, str]:
 
 
 def _concurrency(judgment: Any) -> tuple[int | None, str]:
-    users = judgment.limits.get("max_concurrency")
+    users = judgment.limits.max_concurrency
     stepped = bool(judgment.ramp.steps)
     if users is None:
         return None, ("no concurrency step held within limits" if stepped else "no stage held within limits")
-    ran_out = judgment.limits.get("ran_out_first")
+    ran_out = judgment.limits.ran_out_first
     where = (f"the largest concurrency step within limits ({users} users, one request in flight each"
              + (f"; {ran_out} ran out above it)" if ran_out else ")")) if stepped else \
         f"the largest stage within limits ({users} users; no concurrency ramp was run)"
@@ -102,7 +102,7 @@ def _bucket_bounds(metrics: list[dict[str, Any]]) -> dict[float, set[str]]:
 
 
 def _input(judgment: Any) -> tuple[int | None, PromptBucket | None, str]:
-    limit = judgment.limits.get("max_input_tokens")
+    limit = judgment.limits.max_input_tokens
     if limit is None:
         return None, None, "no input length was measured within limits (no answered request in a stage within " \
                            "limits carried the server's prompt_tokens)"

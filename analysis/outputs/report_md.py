@@ -61,7 +61,7 @@ def _sections(j: Any) -> list[str]:
     out.append(f"## Verdict: `{j.verdict}`\n\n**Next action:** {j.verdict_json()['next_action']['action']}\n\n"
                + "".join(f"- {b}\n" for b in j.because))
     out.append(report_capacity.markdown(j.capacity))  # what a planner reads first (then the plots, in HTML)
-    lim = j.limits
+    lim = j.limits.to_dict()  # one row of plain data, as the table takes it
     out.append("## Limits that hold\n\n" + table([lim], ("max_concurrency", "max_input_tokens",
                                                       "kv_cache_usage_ceiling", "ran_out_first",
                                                       "max_model_len")))
