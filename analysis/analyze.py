@@ -91,8 +91,8 @@ def _judge(run_dir: Path, plotter: PlotsBeside | None = None) -> Judgment:
     reuse = judge_reuse(data, index, cache_limits, config)  # designed vs achieved reuse per family (issue 15)
     apply_reuse(pillars["prefix_cache"], data, index, cache_limits, config, reuse)
     checklist = build_checklist(data, pillars)  # the signed record's lines: an open one is never `go`
-    verdict, because, verdict_limits = verdict_of(pillars, stage_table, ramp_table.to_dict(),
-                                                 unfinished_plan(data), checklist)
+    verdict, because, verdict_limits = verdict_of(pillars, stage_table, ramp_table, unfinished_plan(data),
+                                                 checklist)
     if ((data.compat or {}).get("target") or {}).get("is_sim"):
         because = [*because, "the target is the k3load sim: a rehearsal, never evidence for a production verdict"]
     if data.plan and (steered := tool_turns_reason(data.plan.tool_turns)):

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from k3load.analysis.decision.checklist import open_items as open_lines
+from k3load.analysis.decision.ramp import Ramp
 from k3load.analysis.pillars.agent.pillar_agent import context_reason
 from k3load.analysis.pillars.limit_rules import RuleId
 from k3load.analysis.pillars.pillar import PillarResult
@@ -67,7 +68,7 @@ class Limits:
         return asdict(self)
 
 
-def _limits(stage_table: list[dict[str, Any]], ramp: dict[str, Any], context: dict[str, Any] | None = None
+def _limits(stage_table: list[dict[str, Any]], ramp: Ramp, context: dict[str, Any] | None = None
             ) -> Limits:
     good = [s for s in stage_table if not s["problems"]]
     long_ok = [s["max_prompt_tokens_ok"] for s in good
@@ -76,10 +77,10 @@ def _limits(stage_table: list[dict[str, Any]], ramp: dict[str, Any], context: di
     kv = [s["kv_usage_max"] for s in good if s["kv_usage_max"] is not None]
     users = [s["users"] for s in good if s["users"]]
     refused = [v["max_model_len"] for v in (context or {}).values()]
-    return Limits(max_concurrency=ramp.get("knee_users") if ramp.get("steps") else (max(users) if users else None),
+    return Limits(max_concurrency=ramp.knee_users if ramp.steps else (max(users) if users else None),
                   max_input_tokens=max(long_ok or any_ok) if (long_ok or any_ok) else None,
                   kv_cache_usage_ceiling=max(kv) if kv else None,
-                  ran_out_first=ramp.get("ran_out_first"),
+                  ran_out_first=ramp.ran_out_first,
                   max_model_len=min(refused) if refused else None)
 
 
@@ -87,7 +88,7 @@ def _resource_breaches(stage: dict[str, Any]) -> list[str]:
     return [p["reason"] for p in stage["problems"] if p["signal"] in RESOURCE_SIGNALS]
 
 
-def _scale_up_reasons(resources: PillarResult, stage_table: list[dict[str, Any]], ramp: dict[str, Any]) -> list[str]:
+def _scale_up_reasons(resources: PillarResult, stage_table: list[dict[str, Any]], ramp: Ramp) -> list[str]:
     """`scale_up` needs a resource signal: an OOM or a crash with memory evidence, KV at its limit,
     sustained waiting, preemptions, GPU memory, or latency over its SLO while requests queued. Errors,
     flapping health checks and crashes without memory evidence are never a reason to buy GPUs."""
@@ -111,8 +112,8 @@ def _scale_up_reasons(resources: PillarResult, stage_table: list[dict[str, Any]]
         reasons.append("even the base load stage exceeded its resource limits: "
                        + "; ".join(_resource_breaches(loads[0])))
     steps = [s for s in stage_table if s["kind"] in STEP_KINDS]
-    if steps and ramp.get("knee_users") is None and _resource_breaches(min(steps, key=lambda s: s["users"] or 0)):
-        reasons.append(f"no {steps[0]['kind']} step stayed within limits ({ramp.get('ran_out_first')} ran out first)")
+    if steps and ramp.knee_users is None and _resource_breaches(min(steps, key=lambda s: s["users"] or 0)):
+        reasons.append(f"no {steps[0]['kind']} step stayed within limits ({ramp.ran_out_first} ran out first)")
     return reasons
 
 
@@ -148,12 +149,12 @@ def not_proven(checklist: list[dict[str, Any]]) -> list[str]:
 def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], ramp: dict[str, Any],
            unfinished: str | None = None, checklist: list[dict[str, Any]] | None = None
            ) -> tuple[Verdict, list[str], dict[str, Any]]:
-    """`verdict_of` with the limits as plain data (verdict.json's)."""
-    verdict, why, limits = verdict_of(pillars, stage_table, ramp, unfinished, checklist)
+    """`verdict_of` over the ramp as plain data (`ramp.ramp`'s), with the limits as plain data (verdict.json's)."""
+    verdict, why, limits = verdict_of(pillars, stage_table, Ramp.from_dict(ramp), unfinished, checklist)
     return verdict, why, limits.to_dict()
 
 
-def verdict_of(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], ramp: dict[str, Any],
+def verdict_of(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], ramp: Ramp,
                unfinished: str | None = None, checklist: list[dict[str, Any]] | None = None
                ) -> tuple[Verdict, list[str], Limits]:
     """(verdict, why, limits). `unfinished`: the plan did not finish (never `go`). `checklist`: the signed

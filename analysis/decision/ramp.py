@@ -79,6 +79,13 @@ class Ramp:
                if f.name != "marks"}
         return out | ({"marks": self.marks.to_dict()} if self.marks is not None else {})
 
+    @classmethod
+    def from_dict(cls, plain: dict[str, Any]) -> Ramp:
+        """A ramp read back from its plain data (`to_dict`'s)."""
+        marks = plain.get("marks")
+        return cls(**{f.name: plain[f.name] for f in fields(cls) if f.name not in ("steps", "marks")},
+                   steps=tuple(plain["steps"]), marks=RampMarks(**marks) if marks is not None else None)
+
 
 def ramp_of(stage_table: list[dict[str, Any]]) -> Ramp:
     steps = sorted(load_steps(stage_table)[1],  # by the load: a rate search's, else its users
