@@ -1,12 +1,13 @@
-"""The plan schema's `thresholds` (and its stage kinds) and the stage rules' table in docs/verdict-rules.md,
-written from the rule table.
+"""The plan schema's `thresholds` and stage kinds, the stage rules' table in docs/verdict-rules.md and the stage
+kinds' list in docs/scenarios-and-plans.md, written from their declarations.
 
 Why generated: both used to be written by hand beside the code that judges, and drifted (a default changed in
-one place). They are rendered from analysis/pillars/thresholds_table.py and limit_rules.py, and
-`tests/unit/test_limit_rules.py` fails when the committed files differ from what renders now:
+one place). They are rendered from analysis/pillars/thresholds_table.py, limit_rules.py and
+k3load/workload/stage_kind.py, and `tests/unit/test_limit_rules.py` fails when the committed files differ from what
+renders now:
 
-    .venv/bin/python -m k3load.analysis.pillars.rule_docs --write    # rewrite both files in place
-    .venv/bin/python -m k3load.analysis.pillars.rule_docs --check    # exit 1 when either is stale
+    .venv/bin/python -m k3load.analysis.pillars.rule_docs --write    # rewrite the files in place
+    .venv/bin/python -m k3load.analysis.pillars.rule_docs --check    # exit 1 when one is stale
 """
 
 from __future__ import annotations
@@ -19,15 +20,21 @@ from k3load.analysis.pillars.headroom.stages import QUEUED_S
 from k3load.analysis.pillars.limit_rules import RULES, LimitRule, StageRule
 from k3load.analysis.pillars.threshold import Threshold
 from k3load.analysis.pillars.thresholds_table import THRESHOLDS, schema_part
+from k3load.generated_block import replace_block, write_or_check
 from k3load.outcomes import Signal
 from k3load.workload.stage_kind import PLAN_KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "k3load" / "schemas" / "plan.schema.json"
 DOCS = ROOT / "docs" / "verdict-rules.md"
+PLANS_DOCS = ROOT / "docs" / "scenarios-and-plans.md"
 BEGIN = "<!-- stage rules: generated from analysis/pillars/limit_rules.py by `python -m k3load.analysis.pillars." \
         "rule_docs --write`; do not edit by hand -->"
 END = "<!-- end of the generated stage rules -->"
+KINDS_BEGIN = "<!-- stage kinds: generated from k3load/workload/stage_kind.py by `python -m k3load.analysis.pillars." \
+              "rule_docs --write`; do not edit by hand -->"
+KINDS_END = "<!-- end of the generated stage kinds -->"
+KIND_INTRO = "What the stage proves; the analysis reads stages by kind."
 
 
 def schema_text(current: str) -> str:
@@ -35,7 +42,9 @@ def schema_text(current: str) -> str:
     k3load.workload.stage_kind (json.dumps, indent 2)."""
     schema = json.loads(current)
     schema["properties"]["thresholds"] = schema_part()
-    schema["$defs"]["stage"]["properties"]["kind"]["enum"] = [str(kind) for kind in PLAN_KINDS]
+    kind = schema["$defs"]["stage"]["properties"]["kind"]
+    kind["enum"] = [str(k) for k in PLAN_KINDS]
+    kind["description"] = " ".join([KIND_INTRO, *(f"{k}: {k.proves}." for k in PLAN_KINDS)])
     return json.dumps(schema, indent=2) + "\n"
 
 
@@ -74,26 +83,22 @@ def rules_table() -> str:
 
 def docs_text(current: str) -> str:
     """docs/verdict-rules.md with the block between the markers rendered afresh (the markers must be there)."""
-    head, rest = current.split(BEGIN + "\n", 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{rules_table()}{END}{tail}"
+    return replace_block(current, BEGIN, END, rules_table())
+
+
+def kinds_list() -> str:
+    """A line per kind a plan may name: what its stages prove, and what a crash in one points to."""
+    return "".join(f"- `{k}`: {k.proves}. A crash in it: {k.crash_phase}.\n" for k in PLAN_KINDS)
+
+
+def plans_docs_text(current: str) -> str:
+    """docs/scenarios-and-plans.md with the stage kinds' list rendered afresh."""
+    return replace_block(current, KINDS_BEGIN, KINDS_END, kinds_list())
 
 
 def main(argv: list[str]) -> int:
-    write = argv == ["--write"]
-    if argv not in (["--write"], ["--check"]):
-        print("usage: python -m k3load.analysis.pillars.rule_docs --write | --check", file=sys.stderr)
-        return 2
-    stale = []
-    for path, render in ((SCHEMA, schema_text), (DOCS, docs_text)):
-        current = path.read_text()
-        wanted = render(current)
-        if wanted != current:
-            stale.append(str(path.relative_to(ROOT)))
-            if write:
-                path.write_text(wanted)
-    print(("rewrote: " if write else "stale: ") + ", ".join(stale) if stale else "up to date")
-    return 1 if stale and not write else 0
+    return write_or_check(argv, "k3load.analysis.pillars.rule_docs", ROOT,
+                          [(SCHEMA, schema_text), (DOCS, docs_text), (PLANS_DOCS, plans_docs_text)])
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ def test_a_stage_given_its_kind_as_a_string_holds_the_enum() -> None:
 
 def test_every_stage_kind_names_the_phase_a_crash_in_it_points_to() -> None:
     from k3load.analysis.pillars.headroom.pillar_resources import PHASES
-    # a search step or a replay's crash is said as "unknown phase" today (a new kind fails here until it has one)
-    assert set(StageKind) - set(PHASES) == {StageKind.REPLAY, StageKind.SEARCH}
+    # declared with the kind (k3load.workload.stage_kind): a crash in any stage names where it points
+    assert set(StageKind) <= set(PHASES) and all(PHASES[kind] == kind.crash_phase for kind in StageKind)
+    assert PHASES[StageKind.SEARCH].startswith("during a capacity search step")
 
 
 def test_the_vocabulary_serialises_as_the_strings_it_replaced() -> None:

@@ -40,18 +40,10 @@ from k3load.analysis.run.rundata import RunData
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.events import Event
 from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS, Signal
-from k3load.workload.stage_kind import StageKind
+from k3load.workload.stage_kind import BEFORE_STAGES_PHASE, StageKind
 
-PHASES: dict[str | None, str] = {
-    None: "during model load or before the first stage: weights and GPU topology",
-    StageKind.PREFIX_CONTROL: "right after model load, at first requests: weights and GPU topology",
-    StageKind.LOAD: "under the first representative load: weights and GPU topology, or KV sizing",
-    StageKind.LONG_INPUT: "after a long input: context length and KV cache",
-    StageKind.CONCURRENCY: "after a concurrency step: scheduler and cache pressure",
-    StageKind.SOAK: "after long running: fragmentation or poor reuse",
-    StageKind.RESTART: "during the restart check: the server did not hold the same load after restarting",
-    StageKind.RECOVERY: "under the crash stage's load re-applied after the restart: the crash recurred",
-}
+# The phase a crash points to, by the kind of stage it came in (k3load.workload.stage_kind declares each)
+PHASES: dict[str | None, str] = {None: BEFORE_STAGES_PHASE, **{kind: kind.crash_phase for kind in StageKind}}
 CRASH_EVENTS = (Event.SERVER_DOWN, Event.LOG_OOM, Event.LOG_ENGINE_DEAD)
 SATURATED_CPU_PCT = 95.0
 
