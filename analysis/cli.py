@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from k3load.analysis.verdict import EXIT_CODES
 from k3load.evidence import records_file
+
+if TYPE_CHECKING:
+    from k3load.analysis.analyze import Judgment
 
 HARNESS_ERROR_EXIT = 2  # not a run directory, an unreadable record, nothing judged: no verdict, nothing written
 
@@ -76,10 +79,10 @@ def _set_reference(run_dir: Path, reference: Path) -> bool:
     return True
 
 
-def summary_line(judgment: object, run_dir: Path) -> str:
-    verdict = judgment.verdict  # type: ignore[attr-defined]
-    pillars = ", ".join(f"{k} {p.status}" for k, p in judgment.pillars.items())  # type: ignore[attr-defined]
-    because = "; ".join(judgment.because[:3])  # type: ignore[attr-defined]
+def summary_line(judgment: Judgment, run_dir: Path) -> str:
+    verdict = judgment.verdict
+    pillars = ", ".join(f"{k} {p.status}" for k, p in judgment.pillars.items())
+    because = "; ".join(judgment.because[:3])
     return (f"k3load verdict: {verdict} ({pillars})\n  because: {because}\n"
             f"  report: {run_dir / 'report.html'} (exit code {EXIT_CODES[verdict]})")
 

@@ -41,6 +41,7 @@ from k3load.analysis.pillars.agent.agreement import agreement, profile
 from k3load.analysis.pillars.pillar import percentile, rounded, thresholds
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.stats import Z95, Rate, decide_rate
+from k3load.errors import InputError
 from k3load.evidence import records_file
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 
@@ -52,7 +53,7 @@ LATENCIES = (("ttft_ms", "ttft"), ("ttfa_ms", "ttfa"), ("itl_mean_ms", "itl"), (
 QUANTILES = (0.5, 0.95)
 
 
-class DiffInputError(ValueError):
+class DiffInputError(InputError):
     """Not a run directory with records: said with the path, exit 2."""
 
 

@@ -163,8 +163,9 @@ def _window(proc: subprocess.Popen[bytes], streams: int, args: argparse.Namespac
     while True:
         sample = _sample(proc.pid, stats, server_pid)
         if sample is None:  # exited: what was measured before stands
-            ok = first is not None and last is not None and last.mono > first.mono
-            return (first, last) if ok else "the client exited before its interval was measured"  # type: ignore[return-value]
+            if first is not None and last is not None and last.mono > first.mono:
+                return first, last
+            return "the client exited before its interval was measured"
         if filled_at is None:
             if sample.active >= full or (sample.mono - started > FILL_TIMEOUT_S and sample.active >= streams / 2):
                 filled_at = sample.mono  # a client that cannot hold them all is measured at what it holds

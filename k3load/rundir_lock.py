@@ -47,9 +47,6 @@ class RunDirBusy(InputError, RuntimeError):
     error (the user named a directory in use), and still the RuntimeError callers caught before."""
 
 
-class RunDirMoved(RuntimeError):
-    """The directory this run opened is no longer at its path (moved, removed or replaced)."""
-
 
 def holder(run_dir: Path) -> dict[str, object]:
     """What the lock file says about its holder ({} when missing or not written yet)."""

@@ -31,7 +31,7 @@ if [ -n "$K3_WHEELS" ]; then
 fi
 
 echo "== 2 pytest -m gpu"
-timeout 150 python3 -m pytest -p no:cacheprovider -m gpu tests/test_gpu_nvml.py -rs -q 2>&1 | tail -4
+timeout 150 python3 -m pytest -p no:cacheprovider -m gpu tests/unit/test_gpu_nvml.py -rs -q 2>&1 | tail -4
 
 echo "== 3 k3load demo with NVML on; torch allocates 8, 16, 24 GiB beside it, then frees them"
 env -u PYTHONPATH python3 - > "$R/alloc.log" 2>&1 <<'PY' &

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from k3load.analysis.pillars.limit_rules import RuleId
 from k3load.outcomes import FAIL, Pillar, Signal
 
 RESOURCE_SIGNALS = (Signal.RESOURCE, Signal.QUEUE_LATENCY)
@@ -53,7 +54,7 @@ class Breach:
     judged and in its StageRow (analysis/pillars/headroom/stage_row.py), plain data (`to_dict`, a failed resources
     RuleResult) where the row is (`StageRow.to_dict`)."""
 
-    id: str  # a limit_rules.RuleId
+    id: RuleId
     signal: Signal
     measured: Any
     limit: Any
@@ -65,14 +66,10 @@ class Breach:
                           self.evidence).to_dict()
 
 
-def breach(rule_id: str, signal: Signal, measured: Any, limit: Any, reason: str, *evidence: str) -> Breach:
+def breach(rule_id: RuleId, signal: Signal, measured: Any, limit: Any, reason: str, *evidence: str) -> Breach:
     """A stage limit exceeded, typed (`.to_dict()` where the stage table carries it: it goes into verdict.json)."""
     return Breach(rule_id, signal, measured, limit, reason, evidence)
 
 
 def texts(breaches: list[dict[str, Any]]) -> list[str]:
     return [b["reason"] for b in breaches]
-
-
-def has_signal(breaches: list[dict[str, Any]], *signals: str) -> bool:
-    return any(b["signal"] in signals for b in breaches)

@@ -32,6 +32,7 @@ import yaml
 from k3load import evidence
 from k3load.analysis.run.lean import DEFAULTS, AnyAttempt, Interner, lean_attempt
 from k3load.analysis.run.record_decode import FRAME_ONLY, RecordDecoder
+from k3load.errors import InputError
 from k3load.events import Event
 from k3load.workload.plan import Plan, PlanError, parse_plan
 
@@ -156,7 +157,7 @@ def json_line(line: str) -> Any:
         return json.loads(line)
 
 
-class UnreadableRecords(ValueError):
+class UnreadableRecords(InputError):
     """A records file with a line that is not an attempt record (not a torn last line): the run cannot be
     judged without guessing, so `k3load analyze` says which line, in one line, and exits 2."""
 

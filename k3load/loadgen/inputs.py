@@ -14,6 +14,8 @@ used to leave the compat pillar unproven, and `--k3-accept-limited` then exited 
 from __future__ import annotations
 
 import glob
+import sys
+import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,17 @@ def harness_error_line(why: str) -> str:
     return f"k3load: harness error: {one_line(why)}"
 
 
+BUG_AT_START = "a bug in k3load at the run's start, not your input (its traceback is above): no verdict"
+
+
+def bug_at_start(session: Any, exc: BaseException) -> None:
+    """A bug raised while a run starts: its traceback printed whole, then the run failed as a harness error (exit
+    2, no verdict). Why not let it propagate: raised in the shape's tick or test_start, Locust logs it and the run
+    goes on to be judged with nothing in it, a verdict on no evidence."""
+    traceback.print_exception(exc, file=sys.stderr)
+    session.fail(f"{BUG_AT_START}: {type(exc).__name__}: {exc}")
+
+
 def check_options(opts: Any) -> None:
     """Numbers in range, paths that exist: each message names the option and the value given."""
     if opts.k3_sample_interval <= 0:
@@ -59,6 +72,9 @@ def check_options(opts: Any) -> None:
         raise HarnessError(f"--k3-scrape-timeout must be >= 0 (0: from the interval), got {opts.k3_scrape_timeout:g}")
     if opts.k3_max_restarts < 0:
         raise HarnessError(f"--k3-max-restarts must be >= 0, got {opts.k3_max_restarts}")
+    if getattr(opts, "k3_server_log", "") and getattr(opts, "k3_server_log_cmd", ""):
+        raise HarnessError("--k3-server-log and --k3-server-log-cmd: give one, not both (a file the server writes "
+                           "its log to, or a command that prints it)")
     out = Path(opts.k3_out)
     if out.exists() and not out.is_dir():
         raise HarnessError(f"--k3-out {out}: not a directory")

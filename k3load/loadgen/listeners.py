@@ -34,7 +34,7 @@ from k3load.client.origin import plain_http_warning
 from k3load.events import Event, Message
 from k3load.evidence import records_file
 from k3load.loadgen import delivery, held_secrets, sigterm, ui_guard, webui
-from k3load.loadgen.inputs import HARNESS_ERROR_EXIT, STARTUP_ERRORS, HarnessError, check_inputs
+from k3load.loadgen.inputs import HARNESS_ERROR_EXIT, STARTUP_ERRORS, HarnessError, bug_at_start, check_inputs
 from k3load.loadgen.open_run import OpenRun
 from k3load.loadgen.options import add_options
 from k3load.loadgen.role import ProcessRole
@@ -113,8 +113,11 @@ def _on_test_start(environment: Any, **_kwargs: Any) -> None:
         return
     try:
         session.ensure_started()
-    except STARTUP_ERRORS as exc:  # anything else is a bug: its traceback stays (Locust prints it)
+    except STARTUP_ERRORS as exc:
         session.fail(str(exc))
+        return
+    except Exception as exc:  # a bug: its traceback whole, and no verdict on a run that never started
+        bug_at_start(session, exc)
         return
     if session.link is not None:
         session.link.cpu.start(environment.parsed_options.k3_sample_interval)

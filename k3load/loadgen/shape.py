@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from locust import LoadTestShape, User
 
-from k3load.loadgen.inputs import STARTUP_ERRORS
+from k3load.loadgen.inputs import STARTUP_ERRORS, bug_at_start
 from k3load.loadgen.users import USER_CLASSES
 from k3load.workload.plan import Stage
 from k3load.workload.stage_kind import StageKind
@@ -58,8 +58,11 @@ class PlanShape(LoadTestShape):
                 session.ensure_started()
                 self.reset_time()  # the plan's clock starts when the run directory and observers are ready
             session.ensure_started()
-        except STARTUP_ERRORS as exc:  # anything else is a bug: its traceback stays
+        except STARTUP_ERRORS as exc:
             session.fail(str(exc))  # a dead server or a bad scenario/plan: say so and end the run cleanly
+            return None
+        except Exception as exc:  # a bug: its traceback whole, and no verdict on a run that never started
+            bug_at_start(session, exc)
             return None
         if session.load_skipped:
             return None  # the precheck said rebuild: the run ends before its first stage (exit 4)

@@ -46,7 +46,7 @@ class TargetApi:
         try:
             with self.client() as client:
                 resp = client.get(url)
-        except (httpx.HTTPError, KeyError, ValueError, TypeError) as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, KeyError, ValueError, TypeError) as exc:
             raise self._no_answer(exc) from None
         if note := redirect_note(resp.status_code, resp.headers.get("location"), url):  # never followed
             raise TargetUnusable(f"the server at {self.host} answered /v1/models with HTTP {resp.status_code}: "
@@ -54,12 +54,12 @@ class TargetApi:
         if resp.status_code in (401, 403):
             raise TargetUnusable(f"the server at {self.host} refused /v1/models (HTTP {resp.status_code}): "
                                  "is --k3-api-key (K3_API_KEY) or --k3-header right?")
-        try:
+        try:  # an OpenAI model list: {"data": [{"id": ..., "max_model_len": ...}, ...]}, or not the server we want
             cards = resp.json()["data"]
-        except (KeyError, ValueError, TypeError) as exc:
+            card = next((c for c in cards if c["id"] == wanted), cards[0]) if cards else {}
+            return wanted or card.get("id", ""), card.get("max_model_len")
+        except (KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
             raise self._no_answer(exc) from None
-        card = next((c for c in cards if c["id"] == wanted), cards[0]) if cards else {}
-        return wanted or card.get("id", ""), card.get("max_model_len")
 
     def _no_answer(self, exc: Exception) -> TargetUnusable:
         """Nothing an OpenAI server would say: a refused connection, a TLS failure (with its hint), no JSON."""

@@ -276,7 +276,7 @@ class ModelHistory:
             result = row["result"] if row is not None else executor["default"]
             if isinstance(result, str | list):
                 return result, True
-        return execute_tool(self.scenario, name, values), True  # type: ignore[arg-type]  # None: its default
+        return execute_tool(self.scenario, name, values), True  # values None (not an object): the default row
 
     def _scripted_answer(self, turn: Turn) -> None:
         """No answer came: the script's own for this turn (a scripted turn's reply and its results; a logged

@@ -339,7 +339,7 @@ def load_scenarios(paths: list[Path]) -> list[Scenario]:
     return scenarios
 
 
-def execute_tool(scenario: Scenario, name: str, arguments: dict[str, Any]) -> str:
+def execute_tool(scenario: Scenario, name: str, arguments: dict[str, Any] | None) -> str:
     """The deterministic tool result (as the tool message's content)."""
     executor = scenario.executors[name]
     if not isinstance(arguments, dict):  # a model's call whose arguments are not an object: no row matches

@@ -284,6 +284,7 @@ def test_a_disk_full_at_the_runs_very_end_is_exit_2_without_a_traceback(tmp_path
     from k3load.loadgen import listeners
     from k3load.loadgen.open_run import OpenRun
     from k3load.loadgen.session import HarnessSession
+    from k3load.workload.plan import load_plan
 
     opts = SimpleNamespace(k3_out=str(tmp_path / "r1"), headless=True, k3_accept_limited=False)
     env = SimpleNamespace(runner=None, host="http://127.0.0.1:9", parsed_options=opts, stop_timeout=0,
@@ -292,8 +293,9 @@ def test_a_disk_full_at_the_runs_very_end_is_exit_2_without_a_traceback(tmp_path
     env.k3_session = session
     run_dir = tmp_path / "r1"
     guard = session.hold.open(run_dir, "r1")
-    session.run = OpenRun("r1", run_dir, None, JsonlLog(run_dir / RECORDS, guard=guard),
-                          JsonlLog(run_dir / "events.jsonl", guard=guard), guard, None)
+    session.run = OpenRun("r1", run_dir, load_plan(ROOT / "plans" / "smoke.yaml"),
+                          JsonlLog(run_dir / RECORDS, guard=guard), JsonlLog(run_dir / "events.jsonl", guard=guard),
+                          guard, None)
     session.write_record_line("a1", json.dumps({"attempt_id": "a1"}))
 
     def full(*_args):

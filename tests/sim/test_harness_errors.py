@@ -234,6 +234,9 @@ def _options(**changes: object) -> SimpleNamespace:
 @pytest.mark.parametrize(("changes", "message"), [
     ({"k3_scrape_timeout": -1.0}, "--k3-scrape-timeout must be >= 0 (0: from the interval), got -1"),
     ({"k3_max_restarts": -2}, "--k3-max-restarts must be >= 0, got -2"),
+    ({"k3_server_log": "/var/log/vllm.log", "k3_server_log_cmd": "journalctl -fu vllm"},
+     "--k3-server-log and --k3-server-log-cmd: give one, not both (a file the server writes its log to, or a "
+     "command that prints it)"),
     ({"k3_host_inventory": [str(ROOT), "/nope/n2.json"]}, f"--k3-host-inventory {ROOT}: not a file"),
     ({"k3_custom_build": "/nope/build.yaml"}, "--k3-custom-build /nope/build.yaml: no such file"),
     ({"k3_out": str(ROOT / "README.md")}, f"--k3-out {ROOT / 'README.md'}: not a directory"),

@@ -1,10 +1,12 @@
-"""A run's start turns the user's errors into one line and exit 2, and leaves a bug its traceback.
+"""A run's start turns the user's errors into one line and exit 2, and a bug into its whole traceback, then exit 2.
 
 Why: the Locust listeners and the shape once caught (RuntimeError, ValueError, OSError) around start-up, so a
 programming error (a bad unpacking, a wrong int(), an attribute typo) was printed as a one-line "harness error"
 blaming the user's input, with no traceback to find it by. They now catch k3load.loadgen.inputs.STARTUP_ERRORS:
 an InputError (every bad file or option, the target at --host), a run directory in use, an OSError of a path the
-user named. The end-to-end cases (the real command, one line, exit 2) are in tests/sim/test_harness_errors.py.
+user named. Anything else is a bug: its traceback is printed whole and the run fails without a verdict (raised on,
+Locust would log it and judge a run that never started). The end-to-end cases (the real command, one line, exit 2)
+are in tests/sim/test_harness_errors.py.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import pytest
 
 from k3load.loadgen import listeners
+from k3load.loadgen.inputs import BUG_AT_START
 from k3load.loadgen.role import ProcessRole
 from k3load.loadgen.shape import PlanShape
 from k3load.loadgen.target import TargetUnusable
@@ -65,8 +68,10 @@ def test_the_users_error_at_start_is_said_once_as_one_line(start: Callable[[Simp
 
 @pytest.mark.parametrize("start", [_test_start, _tick], ids=["test_start", "shape_tick"])
 @pytest.mark.parametrize("bug", BUGS, ids=lambda e: type(e).__name__)
-def test_a_bug_at_start_keeps_its_traceback(start: Callable[[SimpleNamespace], Any], bug: Exception) -> None:
+def test_a_bug_at_start_keeps_its_traceback_and_ends_the_run_without_a_verdict(
+        start: Callable[[SimpleNamespace], Any], bug: Exception, capsys: pytest.CaptureFixture[str]) -> None:
     session, said = _session(bug)
-    with pytest.raises(type(bug)) as raised:
-        start(session)
-    assert raised.value is bug and said == []  # never said as the user's "harness error"
+    assert start(session) is None  # not raised into Locust, which would go on and judge an empty run
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and f"{type(bug).__name__}: " in err
+    assert said == [f"{BUG_AT_START}: {type(bug).__name__}: {bug}"]  # a bug of ours, never the user's input

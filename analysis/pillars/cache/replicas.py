@@ -27,7 +27,7 @@ import bisect
 import itertools
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -147,6 +147,8 @@ class Counters:
     edges: dict[str, float]
     admitted: bool = False
     spans: tuple[tuple[float, float, float], ...] = ()  # in send order
+    _times: dict[str, list[float]] = field(init=False, repr=False, compare=False)
+    _sends: list[float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Looked up by bisection, not by a walk over the run: a pair asks about three brackets a counter, and an
@@ -175,7 +177,7 @@ class Counters:
         inner = [t0, t1 + SETTLE_S]  # where an attempt is surely counted in every source's bracket
         for source, line in sorted(self.ticks.items()):
             name, edge = source or "the target", self.edges.get(source, 2.5)
-            times: list[float] = self._times[source]  # type: ignore[attr-defined]
+            times = self._times[source]
             last = bisect.bisect_right(times, t0) - 1  # read_until_ts >= ts: the one read before t0 is at or before
             while last >= 0 and line[last].read_until_ts > t0:
                 last -= 1
@@ -190,7 +192,7 @@ class Counters:
                 return f"{self.name} of {name} went down inside the window (a restart)"
             out[source] = round(counts[-1] - counts[0])
             inner = [max(inner[0], inside[0].read_until_ts), min(inner[1], inside[-1].ts)]
-        sends: list[float] = self._sends  # type: ignore[attr-defined]
+        sends = self._sends
         first, stop = bisect.bisect_left(sends, inner[0]), bisect.bisect_right(sends, inner[1])  # latest >= send
         surely = sum(unit for _, latest, unit in self.spans[first:stop] if latest + SETTLE_S <= inner[1])
         if sum(out.values()) < surely:

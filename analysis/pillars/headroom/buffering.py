@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from k3load.analysis.pillars.limit_rules import RuleId
 from k3load.analysis.run.lean import AnyAttempt
 from k3load.analysis.run.stats import Rate, wilson
 from k3load.analysis.run.timeline import MetricIndex, QuantileBucket
@@ -153,16 +154,17 @@ def stream_delivery(attempts: Sequence[AnyAttempt], index: MetricIndex, saturate
 
 # Latency SLOs the client measures and the server's own histograms that stand for them when a proxy buffers
 # the stream; None: vLLM exports no series for it (TTFA), so it is unjudged.
-SERVER_SIDE = {"slo.ttft_p95": (VllmMetric.TIME_TO_FIRST_TOKEN, "ttft_p95_ms", "TTFT"),
-               "slo.itl_p95": (VllmMetric.INTER_TOKEN_LATENCY, "itl_p95_ms", "ITL"),
-               "slo.ttfa_p95": None}
+SERVER_SIDE: dict[RuleId, tuple[VllmMetric, str, str] | None] = {
+    RuleId.SLO_TTFT_P95: (VllmMetric.TIME_TO_FIRST_TOKEN, "ttft_p95_ms", "TTFT"),
+    RuleId.SLO_ITL_P95: (VllmMetric.INTER_TOKEN_LATENCY, "itl_p95_ms", "ITL"),
+    RuleId.SLO_TTFA_P95: None}
 
 
 @dataclass(frozen=True)
 class ServerLatency:
     """One latency SLO of one stage judged on the server's histogram (or not judged, with why)."""
 
-    rule_id: str
+    rule_id: RuleId
     status: str  # "within" | "over" | "unjudged"
     text: str
 

@@ -14,12 +14,13 @@ from typing import Any
 from k3load.analysis.pillars.headroom.buffering import SERVER_SIDE, ServerLatency, latency_on_server
 from k3load.analysis.pillars.headroom.stage_row import StageRow
 from k3load.analysis.pillars.headroom.stages import QUEUED_S
+from k3load.analysis.pillars.limit_rules import RuleId
 from k3load.analysis.pillars.rules import Breach, breach
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.outcomes import Signal
 
 
-def _rejudged(breached: set[str], stage: str, t0: float, t1: float, waiting_sustained_s: float | None,
+def _rejudged(breached: set[RuleId], stage: str, t0: float, t1: float, waiting_sustained_s: float | None,
               index: MetricIndex, limits: dict[str, dict[str, float]]
               ) -> tuple[list[ServerLatency], list[Breach], list[str]]:
     """(the breached SLOs as the server judged them, the breaches kept on its figure, the unjudged ones' texts)."""
