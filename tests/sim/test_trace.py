@@ -283,7 +283,8 @@ def test_a_late_row_names_whether_the_users_were_busy_or_the_process_was_slow(tm
 
 def test_replay_figures_sum_the_processes_and_a_late_replay_did_not_offer_the_traces_pace() -> None:
     from k3load.analysis.pillars.headroom.arrival_lag import replay_figures
-    from k3load.analysis.pillars.headroom.stages import stage_problems
+    from k3load.analysis.pillars.headroom.stage_row import ArrivalLag, StageRow
+    from k3load.analysis.pillars.headroom.stages import stage_breaches
     from k3load.analysis.pillars.pillar import thresholds
 
     ends = [{"stage": "r", "rows_due": 20, "rows_sent": 18, "rows_late": 5, "rows_not_played": 2, "rows_cut": 1,
@@ -295,10 +296,11 @@ def test_replay_figures_sum_the_processes_and_a_late_replay_did_not_offer_the_tr
     assert (figures["rows_due"], figures["rows_sent"], figures["rows_not_played"], figures["processes"]) == \
         (40, 38, 2, 2) and figures["fell_behind"] == ["p0 behind"] and figures["worst_lag_s"] == 3.0
     assert replay_figures(ends, "none") == {}
-    stats = {"stage": "r", "kind": "replay", "scheduled_turns": 38, "late_turns": 5, "late_share": 5 / 38,
-             "replay": figures}
-    late = [p for p in stage_problems(stats, thresholds(None)) if p["id"] == "load.offered_late"]
-    assert len(late) == 1 and "p0 behind" in late[0]["reason"]
+    arrival = ArrivalLag(scheduled_turns=38, late_turns=5, late_share=5 / 38, late_share_ci95=[None, None],
+                         send_lag_p50_ms=None, send_lag_p95_ms=None, send_lag_max_ms=None, sessions_arrived=None)
+    stats = StageRow.of(stage="r", kind="replay", arrival=arrival, replay=figures)
+    late = [p for p in stage_breaches(stats, thresholds(None)) if p.id == "load.offered_late"]
+    assert len(late) == 1 and "p0 behind" in late[0].reason
 
 
 def test_the_sim_honours_min_tokens_as_vllm_does() -> None:

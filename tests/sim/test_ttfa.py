@@ -19,7 +19,8 @@ import pytest
 
 from k3load.analysis.decision.ramp import RAMP_COLUMNS
 from k3load.analysis.diff import _stage_rules, compare_stages
-from k3load.analysis.pillars.headroom.stages import _latency, stage_problems
+from k3load.analysis.pillars.headroom.stage_row import StageRow
+from k3load.analysis.pillars.headroom.stages import _latency, stage_breaches
 from k3load.analysis.pillars.pillar import thresholds
 from k3load.analysis.run import rundata
 from k3load.analysis.run.rundata import RECORD_COLUMNS, read_attempts
@@ -29,7 +30,7 @@ from k3load.client.chat import ChatClient
 from k3load.client.result import StreamResult
 from k3load.client.transport import TRANSPORTS
 from k3load.records import Attempt, timing_fields
-from tests.sim.test_client_chat import WEATHER, body, chunk, chunked_head, raw_server, send, sse
+from tests.sim.chat_wire import WEATHER, body, chunk, chunked_head, raw_server, send, sse
 
 __all__ = ["raw_server"]  # the scripted server's fixture, shared with the client's tests
 GAP_S = 0.15  # between the reasoning chunks and before the answer: far above a read's jitter
@@ -143,21 +144,21 @@ def _stage(ttfa: list[float | None], status: str = "ok") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _stats(frame: pd.DataFrame) -> dict[str, Any]:
-    return {"stage": "load", "attempts": len(frame), "error_rate_ci95": [0.0, 0.1], **_latency(frame)}
+def _stats(frame: pd.DataFrame) -> StageRow:
+    return StageRow.of(stage="load", attempts=len(frame), error_rate_ci95=(0.0, 0.1), **_latency(frame))
 
 
 def test_the_stage_rule_judges_ttfa_p95_and_reads_none_as_unknown() -> None:
     thinking = _stats(_stage([2000.0 + i for i in range(20)]))
-    p95 = thinking["ttfa_p95_ms"]
-    assert 2000 < thinking["ttfa_p50_ms"] < p95 < 2020 and thinking["ttft_p95_ms"] == 50
-    assert stage_problems(thinking, thresholds(None)) == []  # the default (30 s) is generous
-    (problem,) = stage_problems(thinking, thresholds({"slo": {"ttfa_p95_ms": 1000}}))
-    assert problem["id"] == "slo.ttfa_p95" and problem["signal"] == "latency"
-    assert f"TTFA p95 {p95:.0f} ms > 1000 ms" in problem["reason"]
+    p95 = thinking.ttfa_p95_ms
+    assert 2000 < thinking.ttfa_p50_ms < p95 < 2020 and thinking.ttft_p95_ms == 50
+    assert stage_breaches(thinking, thresholds(None)) == []  # the default (30 s) is generous
+    (problem,) = stage_breaches(thinking, thresholds({"slo": {"ttfa_p95_ms": 1000}}))
+    assert problem.id == "slo.ttfa_p95" and problem.signal == "latency"
+    assert f"TTFA p95 {p95:.0f} ms > 1000 ms" in problem.reason
     for frame in (_stage([None] * 20), _stage([900.0] * 20, status="timeout")):  # not streamed; all failed
         stats = _stats(frame)
-        assert stats["ttfa_p95_ms"] is None and stage_problems(stats, thresholds({"slo": {"ttfa_p95_ms": 1}})) == []
+        assert stats.ttfa_p95_ms is None and stage_breaches(stats, thresholds({"slo": {"ttfa_p95_ms": 1}})) == []
     assert {"ttfa_p50_ms", "ttfa_p95_ms", "ttfa_p99_ms"} <= set(RAMP_COLUMNS)
 
 

@@ -1,4 +1,4 @@
-"""GPU memory judged as vLLM uses it (analysis/pillars/headroom/gpu_growth.py, stages.gpu_problems, pillar_resources):
+"""GPU memory judged as vLLM uses it (analysis/pillars/headroom/gpu_growth.py, stages.gpu_breaches, pillar_resources):
 each GPU
 against its own start-up baseline, never against the card; and the sim's memory model it is rehearsed on."""
 
@@ -19,7 +19,8 @@ from k3load.analysis.pillars.headroom.gpu_growth import (
     stage_figures,
 )
 from k3load.analysis.pillars.headroom.pillar_resources import _memory_evidence, gpu_memory_judgment
-from k3load.analysis.pillars.headroom.stages import gpu_problems
+from k3load.analysis.pillars.headroom.stage_row import StageRow
+from k3load.analysis.pillars.headroom.stages import gpu_breaches
 from k3load.analysis.pillars.pillar import thresholds
 from k3load.analysis.run.down_spells import DownSpell
 from k3load.analysis.run.rundata import RunData, StageWindow
@@ -44,16 +45,16 @@ def _data(rows: list[dict[str, Any]], first_send: float = 10.0, stages: list[Sta
     return data
 
 
-def _stage(data: RunData, t0: float, t1: float, spells: list[DownSpell] | None = None) -> dict[str, Any]:
-    return {"stage": "load"} | stage_figures(gpu_growth(data, spells or []), t0, t1)
+def _stage(data: RunData, t0: float, t1: float, spells: list[DownSpell] | None = None) -> StageRow:
+    return StageRow.of(stage="load", **stage_figures(gpu_growth(data, spells or []), t0, t1))
 
 
 def test_vllms_flat_reservation_is_never_pressure() -> None:
     """95.5% used from the first reading to the last: 4.5% headroom, under the plan's 5%, and no problem."""
     data = _data(_rows({float(t): RESERVED for t in range(0, 100)}))
     stats = _stage(data, 10, 100)
-    assert stats["gpu_headroom_min_pct"] < 5 and stats["gpu_baseline_headroom_min_pct"] < 5
-    assert stats["gpu_growth_max_mib"] == 0 and gpu_problems(stats, LIMITS) == []
+    assert stats.gpu_headroom_min_pct < 5 and stats.gpu_baseline_headroom_min_pct < 5
+    assert stats.gpu_growth_max_mib == 0 and gpu_breaches(stats, LIMITS) == []
     text = reservation_text(gpu_growth(data, []), {"gpu_memory_utilization": "0.95", "num_gpu_blocks": "8192"})
     assert text == ("reserved at start: 95.5% of each card, vLLM's --gpu-memory-utilization 0.95, 8,192 KV blocks; "
                     "judged on what the load added to it")
@@ -63,21 +64,21 @@ def test_growth_over_the_baseline_fails_with_the_gpu_and_share_named() -> None:
     free = CARD - RESERVED
     used = {float(t): RESERVED for t in range(0, 10)} | {float(t): RESERVED + 0.6 * free for t in range(10, 40)}
     data = _data(_rows(used) + _rows({float(t): RESERVED for t in range(0, 40)}, gpu=1))
-    (problem, *rest) = gpu_problems(_stage(data, 10, 40), LIMITS)
-    assert problem["id"] == "resources.gpu_growth" and problem["signal"] == "resource"
+    (problem, *rest) = gpu_breaches(_stage(data, 10, 40), LIMITS)
+    assert problem.id == "resources.gpu_growth" and problem.signal == "resource"
     assert "grew 7,926 MiB over its start-up baseline on n1 GPU 0 (60% of what was free after start-up) > 50%" \
-        in problem["reason"]
-    assert [p["id"] for p in rest] == ["resources.gpu_jump"]  # 7,926 MiB at once, 5,284 left: another won't fit
+        in problem.reason
+    assert [p.id for p in rest] == ["resources.gpu_jump"]  # 7,926 MiB at once, 5,284 left: another won't fit
 
 
 def test_the_headroom_floor_judges_only_what_the_load_took_below_it() -> None:
     """A card 80% used after start-up that the load takes to 97% fails the 5% floor (and the growth); the same
     97% reached at start-up is a reservation."""
     loaded = _data(_rows({float(t): 0.8 * CARD if t < 10 else 0.97 * CARD for t in range(0, 40)}))
-    ids = {p["id"] for p in gpu_problems(_stage(loaded, 10, 40), LIMITS)}
+    ids = {p.id for p in gpu_breaches(_stage(loaded, 10, 40), LIMITS)}
     assert {"resources.gpu_headroom", "resources.gpu_growth"} <= ids
     reserved = _data(_rows({float(t): 0.97 * CARD for t in range(0, 40)}))
-    assert gpu_problems(_stage(reserved, 10, 40), LIMITS) == []
+    assert gpu_breaches(_stage(reserved, 10, 40), LIMITS) == []
 
 
 def test_a_jump_that_would_not_fit_again_fails_even_under_the_growth_limit() -> None:
@@ -85,8 +86,8 @@ def test_a_jump_that_would_not_fit_again_fails_even_under_the_growth_limit() -> 
     jump rule still says another one would not fit in the 2 GB left."""
     used = {float(t): CARD - 6000 for t in range(0, 20)} | {float(t): CARD - 2000 for t in range(20, 40)}
     stats = _stage(_data(_rows(used)), 10, 40)
-    (problem,) = gpu_problems(stats, LIMITS | {"max_gpu_growth_pct": 90.0})
-    assert problem["id"] == "resources.gpu_jump" and problem["measured"] == 2000 and problem["limit"] == 4000
+    (problem,) = gpu_breaches(stats, LIMITS | {"max_gpu_growth_pct": 90.0})
+    assert problem.id == "resources.gpu_jump" and problem.measured == 2000 and problem.limit == 4000
 
 
 def test_the_start_up_climb_is_no_jump_and_the_baseline_is_the_last_reading_before_load() -> None:
@@ -96,7 +97,7 @@ def test_the_start_up_climb_is_no_jump_and_the_baseline_is_the_last_reading_befo
     growth = gpu_growth(_data(_rows(climb), first_send=12.0), [])
     (baseline,) = growth.baselines
     assert baseline.used_mib == RESERVED and baseline.source == "before load"
-    assert gpu_problems(_stage(_data(_rows(climb), first_send=12.0), 12, 30), LIMITS) == []
+    assert gpu_breaches(_stage(_data(_rows(climb), first_send=12.0), 12, 30), LIMITS) == []
 
 
 def test_a_restart_starts_a_new_life_with_its_own_baseline() -> None:
@@ -110,8 +111,8 @@ def test_a_restart_starts_a_new_life_with_its_own_baseline() -> None:
     growth = gpu_growth(data, spells)
     assert [b.life_start_ts for b in growth.baselines] == [-math.inf, 60.0]
     assert all(b.used_mib == RESERVED for b in growth.baselines)
-    stats = {"stage": "soak"} | stage_figures(growth, 60, 100)
-    assert stats["gpu_growth_max_mib"] == 0 and gpu_problems(stats, LIMITS) == []
+    stats = StageRow.of(stage="soak", **stage_figures(growth, 60, 100))
+    assert stats.gpu_growth_max_mib == 0 and gpu_breaches(stats, LIMITS) == []
 
 
 def test_a_soak_creep_is_projected_and_a_step_is_not_a_creep() -> None:
@@ -193,9 +194,9 @@ def test_a_card_emptied_and_filled_again_is_no_jump() -> None:
     used = ({float(t): RESERVED for t in range(0, 20)} | {20.0: 500.0, 21.0: 120_000.0}
             | {float(t): RESERVED for t in range(22, 40)})
     stats = _stage(_data(_rows(used)), 10, 40)
-    assert stats["gpu_largest_jump_mib"] == 0 and gpu_problems(stats, LIMITS) == []
+    assert stats.gpu_largest_jump_mib == 0 and gpu_breaches(stats, LIMITS) == []
     used[30.0] = RESERVED + 3000
-    assert _stage(_data(_rows(used)), 10, 40)["gpu_largest_jump_mib"] == 3000
+    assert _stage(_data(_rows(used)), 10, 40).gpu_largest_jump_mib == 3000
 
 
 def test_a_baseline_taken_under_load_is_said_as_such() -> None:

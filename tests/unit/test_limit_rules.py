@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from k3load.analysis.decision.ramp import ramp
 from k3load.analysis.pillars import rule_docs
-from k3load.analysis.pillars.headroom.stages import stage_breaches, stage_problems
+from k3load.analysis.pillars.headroom.stage_row import StageRow
+from k3load.analysis.pillars.headroom.stages import stage_breaches
 from k3load.analysis.pillars.limit_rules import EXHAUSTED_BY_RULE, LIMIT_RULES, RULES, RanOut, RuleId, ran_out_first
 from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS, thresholds
 from k3load.analysis.pillars.rules import Breach
@@ -46,12 +49,12 @@ def test_the_defaults_come_from_the_table_each_limit_once() -> None:
 
 
 def test_a_limit_rule_breaches_typed_and_is_plain_data_in_the_stage_row() -> None:
-    stats = {"stage": "load", "kind": "load", "ttft_p95_ms": 5000.0, "kv_usage_max": 0.99, "waiting_sustained_s": 3.0}
+    stats = StageRow.of(stage="load", kind="load", ttft_p95_ms=5000.0, kv_usage_max=0.99, waiting_sustained_s=3.0)
     typed = stage_breaches(stats, thresholds(None))
     assert [(b.id, b.signal) for b in typed] == [(RuleId.SLO_TTFT_P95, Signal.QUEUE_LATENCY),
                                                  (RuleId.KV_USAGE, Signal.RESOURCE)]
     assert all(isinstance(b, Breach) for b in typed)
-    rows = stage_problems(stats, thresholds(None))
+    rows = replace(stats, problems=tuple(typed)).to_dict()["problems"]
     assert rows[0] == {"id": "slo.ttft_p95", "pillar": "resources", "status": "fail",
                        "reason": "TTFT p95 5000 ms > 3000 ms", "measured": 5000.0, "limit": 3000.0,
                        "signal": "queue_latency", "evidence": ["records.jsonl stage=load"], "interval": None}

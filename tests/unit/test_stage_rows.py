@@ -56,7 +56,7 @@ def rows() -> list[StageRow]:
     out = []
     for stage in data.stages:
         row = stage_stats(data, index, stage, spells, growth, slo, cap)
-        out.append(replace(row, problems=tuple(stage_breaches(row.to_dict(), limits))))
+        out.append(replace(row, problems=tuple(stage_breaches(row, limits))))
     return out
 
 

@@ -288,8 +288,7 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
     slo, cap = Slo.from_limits(limits), engine_cap(data.path)
     for stage in data.stages:
         row = stage_stats(data, index, stage, spells, growth, slo, cap)
-        # the rules read the row as plain data (stages.stage_breaches: hand-made dict rows in their tests)
-        table.append(replace(row, problems=tuple(stage_breaches(row.to_dict(), limits))))
+        table.append(replace(row, problems=tuple(stage_breaches(row, limits))))
     delivery = stream_delivery(data.attempts, index, [row.stage for row in table if saturated_processes(row)])
     if delivery.buffered:  # the client timed the proxy's blocks: the latency SLOs go to the server's histograms
         table = [proxy_judged(row, index, limits) for row in table]

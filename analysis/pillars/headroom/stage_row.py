@@ -10,7 +10,7 @@ buffered stream) present only where they were measured. Units are in the field n
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from k3load.analysis.pillars.headroom.buffering import ServerLatency
@@ -19,6 +19,13 @@ from k3load.analysis.pillars.rules import Breach
 
 # Fields said only when measured: None is "not this kind of stage", and the key is then absent from the row.
 OPTIONAL = ("sessions_per_s", "search", "replay", "server_side_latency", "latency_unjudged")
+# What `StageRow.of` gives a figure a test does not name (the rest: None, "unknown" or "not measured").
+_BRIEF: dict[str, Any] = {
+    "stage": "load", "kind": "load", "start_ts": 0.0, "duration_s": 0.0, "attempts": 0, "errors": 0,
+    "error_rate_ci95": (None, None), "error_rate_distinct_requests": 0, "sent_while_down": 0, "errors_by_layer": {},
+    "error_kinds": {}, "requests_per_s": 0.0, "output_tokens_per_s": 0.0, "kv_usage_max_by_source": {},
+    "load_generator_cpu_max_pct_by_process": {}, "server_down_events": 0, "health_flaps": 0, "metrics_present": False,
+}
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,12 @@ class StageRow:
     problems: tuple[Breach, ...] = ()
     server_side_latency: tuple[ServerLatency, ...] | None = None  # None: the stream was not buffered
     latency_unjudged: tuple[str, ...] | None = None
+
+    @classmethod
+    def of(cls, **figures: Any) -> StageRow:
+        """A row with only the figures a test cares about: the others empty, zero or unknown (None)."""
+        brief: dict[str, Any] = {f.name: _BRIEF.get(f.name) for f in fields(cls) if f.default is MISSING}
+        return cls(**(brief | figures))
 
     def to_dict(self) -> dict[str, Any]:
         """The row as the stage table carries it (verdict.json, the reports): byte for byte as before it was typed."""

@@ -192,84 +192,81 @@ def _over(value: float | None, limit: float) -> bool:
     return value is not None and value > limit
 
 
-def _error_breach(stats: dict[str, Any], limit: float) -> Breach | None:
+def _error_breach(row: StageRow, limit: float) -> Breach | None:
     """Errors breach the SLO only when the rate's lower 95% bound is above it (a few unlucky
     requests in a short stage are not a verdict); the reason names the layers and kinds."""
-    low = (stats.get("error_rate_ci95") or [0.0])[0]
-    if not stats.get("attempts") or low <= limit:
+    low = (row.error_rate_ci95 or (0.0,))[0]
+    if not row.attempts or low is None or low <= limit:
         return None
-    layers = ", ".join(f"{k} {v}" for k, v in stats["errors_by_layer"].items())
-    kinds = ", ".join(f"{k} x{v}" for k, v in list(stats["error_kinds"].items())[:3])
-    return breach(RuleId.SLO_ERROR_RATE, Signal.ERRORS, stats["error_rate"], limit,
-                  f"error rate {stats['error_rate']:.1%} (95% CI from {low:.1%}, over "
-                  f"{stats['attempts'] - stats.get('sent_while_down', 0):,} attempts of "
-                  f"{stats.get('error_rate_distinct_requests', '?')} distinct requests: a load error is drawn per "
+    layers = ", ".join(f"{k} {v}" for k, v in row.errors_by_layer.items())
+    kinds = ", ".join(f"{k} x{v}" for k, v in list(row.error_kinds.items())[:3])
+    return breach(RuleId.SLO_ERROR_RATE, Signal.ERRORS, row.error_rate, limit,
+                  f"error rate {row.error_rate:.1%} (95% CI from {low:.1%}, over "
+                  f"{row.attempts - row.sent_while_down:,} attempts of "
+                  f"{row.error_rate_distinct_requests} distinct requests: a load error is drawn per "
                   f"attempt) > {limit:.1%} "
-                  f"(by layer: {layers}; {kinds})", f"records.jsonl stage={stats['stage']}")
+                  f"(by layer: {layers}; {kinds})", f"records.jsonl stage={row.stage}")
 
 
-def gpu_problems(stats: dict[str, Any], resources: dict[str, float]) -> list[dict[str, Any]]:
-    """`gpu_breaches` as plain data (a row's `problems` in verdict.json)."""
-    return [b.to_dict() for b in gpu_breaches(stats, resources)]
-
-
-def gpu_breaches(stats: dict[str, Any], resources: dict[str, float]) -> list[Breach]:
+def gpu_breaches(row: StageRow, resources: dict[str, float]) -> list[Breach]:
     """GPU memory against what the load added (analysis/pillars/headroom/gpu_growth.py), never against vLLM's
     reservation:
     growth over the start-up baseline beyond `max_gpu_growth_pct` of what was free then; headroom under
     `min_gpu_headroom_pct` of the card only where the load took it there (a card reserved below the floor at
     start is said with the pass, not judged); free memory at the peak that could not hold another jump as
-    large as the largest seen."""
-    if stats.get("gpu_growth_max_pct") is None:
+    large as the largest seen. The GPU figures are measured together (gpu_growth.stage_figures): all or none."""
+    grown = row.gpu_growth_max_pct
+    if grown is None:
         return []
+    grown_mib, headroom, baseline = row.gpu_growth_max_mib, row.gpu_headroom_min_pct, row.gpu_baseline_headroom_min_pct
+    free = row.gpu_free_min_mib
+    if grown_mib is None or headroom is None or baseline is None or free is None:
+        raise ValueError(f"stage {row.stage}: GPU growth measured without its other GPU figures")
     out: list[Breach] = []
-    where = f"gpu.jsonl stage={stats['stage']}"
-    grown, limit = stats["gpu_growth_max_pct"], resources["max_gpu_growth_pct"]
-    if grown > limit and stats["gpu_growth_max_mib"] >= GPU_NOISE_MIB:
+    where = f"gpu.jsonl stage={row.stage}"
+    limit = resources["max_gpu_growth_pct"]
+    if grown > limit and grown_mib >= GPU_NOISE_MIB:
         out.append(breach(RuleId.GPU_GROWTH, Signal.RESOURCE, grown, limit,
-                          f"GPU memory grew {stats['gpu_growth_max_mib']:,.0f} MiB over its start-up baseline on "
-                          f"{stats['gpu_growth_gpu']} ({grown:.0f}% of what was free after start-up) > {limit:.0f}%",
+                          f"GPU memory grew {grown_mib:,.0f} MiB over its start-up baseline on "
+                          f"{row.gpu_growth_gpu} ({grown:.0f}% of what was free after start-up) > {limit:.0f}%",
                           where))
-    headroom, floor = stats["gpu_headroom_min_pct"], resources["min_gpu_headroom_pct"]
-    if headroom < floor <= stats["gpu_baseline_headroom_min_pct"]:
+    floor = resources["min_gpu_headroom_pct"]
+    if headroom < floor <= baseline:
         out.append(breach(RuleId.GPU_HEADROOM, Signal.RESOURCE, headroom, floor,
                           f"GPU memory headroom fell to {headroom:.1f}% < {floor:.0f}% (from "
-                          f"{stats['gpu_baseline_headroom_min_pct']:.1f}% after start-up)", where))
-    jump, free = stats.get("gpu_largest_jump_mib") or 0.0, stats["gpu_free_min_mib"]
+                          f"{baseline:.1f}% after start-up)", where))
+    jump = row.gpu_largest_jump_mib or 0.0
     if jump >= GPU_NOISE_MIB and free < jump:
         out.append(breach(RuleId.GPU_JUMP, Signal.RESOURCE, free, jump,
-                          f"only {free:,.0f} MiB free on {stats['gpu_free_min_gpu']} at the stage's peak, less than "
+                          f"only {free:,.0f} MiB free on {row.gpu_free_min_gpu} at the stage's peak, less than "
                           f"the largest jump seen ({jump:,.0f} MiB between two readings): another as large would "
                           "not fit", where))
     return out
 
 
-def full_batch_breach(stats: dict[str, Any]) -> Breach:
-    """A load step the server only queued: requests waited behind a full batch for most of it."""
-    share = stats["full_batch_queued_scrapes"] / stats["full_batch_scrapes"]
+def full_batch_breach(row: StageRow) -> Breach:
+    """A load step the server only queued: requests waited behind a full batch for most of it (`past_capacity`
+    is said only with the scrapes counted, full_batch.py)."""
+    queued, scrapes = row.full_batch_queued_scrapes or 0, row.full_batch_scrapes or 0
+    share = queued / scrapes
     return breach(RuleId.FULL_BATCH_QUEUE, Signal.RESOURCE, share, 0.5,
-                  f"requests waited behind a full batch in {stats['full_batch_queued_scrapes']} of "
-                  f"{stats['full_batch_scrapes']} scrapes ({share:.0%}; running at {stats['full_batch_cap']}, "
-                  f"{stats['full_batch_cap_from']}): the server queued this load, it did not hold it",
-                  f"metrics.jsonl stage={stats['stage']}")
+                  f"requests waited behind a full batch in {queued} of "
+                  f"{scrapes} scrapes ({share:.0%}; running at {row.full_batch_cap}, "
+                  f"{row.full_batch_cap_from}): the server queued this load, it did not hold it",
+                  f"metrics.jsonl stage={row.stage}")
 
 
-def stage_problems(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
-    """`stage_breaches` as plain data (a row's `problems` in verdict.json; empty: within limits)."""
-    return [b.to_dict() for b in stage_breaches(stats, limits)]
-
-
-def stage_breaches(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -> list[Breach]:
+def stage_breaches(row: StageRow, limits: dict[str, dict[str, float]]) -> list[Breach]:
     """The limits a stage exceeded, as typed breaches (empty: within limits), in the order of the rule table
     (analysis/pillars/limit_rules.py) and then the rules whose check is code."""
     problems: list[Breach] = []
-    errors = _error_breach(stats, limits["slo"]["max_error_rate"])
+    errors = _error_breach(row, limits["slo"]["max_error_rate"])
     if errors:
         problems.append(errors)
-    queued = (stats.get("waiting_sustained_s") or 0) >= QUEUED_S
-    where = f"stage={stats['stage']}"
+    queued = (row.waiting_sustained_s or 0) >= QUEUED_S
+    where = f"stage={row.stage}"
     for rule in LIMIT_RULES:
-        limit, value = limits[rule.section][rule.key], stats.get(rule.stats_key)
+        limit, value = limits[rule.section][rule.key], getattr(row, rule.stats_key)
         if _over(value, limit):
             signal = rule.signal
             if signal == Signal.LATENCY and queued:
@@ -277,35 +274,46 @@ def stage_breaches(stats: dict[str, Any], limits: dict[str, dict[str, float]]) -
             source = "records.jsonl" if rule.section == "slo" else "metrics.jsonl"
             problems.append(breach(rule.id, signal, value, limit, rule.reason.format(v=value, lim=limit),
                                    f"{source} {where}"))
-    problems += gpu_breaches(stats, limits["resources"])
-    if stats.get("kind") in STEP_KINDS and stats.get("past_capacity"):
-        problems.append(full_batch_breach(stats))
-    offered = (stats.get("sessions_per_s") or 0) * (stats.get("duration_s") or 0)
-    short = stats.get("sessions_per_s") is not None and offered_short(offered, stats.get("sessions_arrived") or 0)
-    if stats.get("kind") in STEP_KINDS and short:
-        problems.append(breach(RuleId.OFFERED_SHORT, Signal.RESOURCE, stats.get("sessions_arrived") or 0, offered,
-                               f"{stats.get('sessions_arrived') or 0} sessions started of {offered:.0f} its rate "
-                               "offered: every session slot was busy, the step did not offer its rate",
-                               f"records.jsonl stage={stats['stage']}"))
-    late = offered_late(stats.get("scheduled_turns") or 0, stats.get("late_turns") or 0)
-    if stats.get("kind") in STEP_KINDS and late:  # sessions outlasting their slots: the server slowed (a resource)
-        problems.append(breach(RuleId.OFFERED_LATE, Signal.RESOURCE, stats["late_share"], LATE_SHARE,
-                               f"{stats['late_turns']} of {stats['scheduled_turns']} scheduled turns went out more "
-                               f"than {LATE_S:g} s late (p95 {stats['send_lag_p95_ms']:.0f} ms): every session slot "
-                               "was busy, so the step did not offer its rate and its latencies leave out the wait",
-                               f"records.jsonl stage={stats['stage']}"))
-    if stats.get("kind") == StageKind.REPLAY and late:  # the trace's pace not offered: its latencies leave out the wait
-        why = "; ".join((stats.get("replay") or {}).get("fell_behind") or []) or "the load generator fell behind"
-        problems.append(breach(RuleId.OFFERED_LATE, Signal.RESOURCE, stats["late_share"], LATE_SHARE,
-                               f"{stats['late_turns']} of {stats['scheduled_turns']} trace rows went out more than "
-                               f"{LATE_S:g} s late: {why}", f"records.jsonl stage={stats['stage']}",
-                               f"events.jsonl replay_end stage={stats['stage']}"))
-    if stats.get("server_down_events"):
-        problems.append(breach(RuleId.SERVER_DOWN, Signal.STABILITY, stats["server_down_events"], 0,
-                               f"server down {stats['server_down_events']} time(s)", f"events.jsonl {where}"))
-    if stats.get("health_flaps"):
-        problems.append(breach(RuleId.HEALTH_FLAP, Signal.HEALTH_FLAP, stats["health_flaps"], 0,
-                               f"/health said down {stats['health_flaps']} time(s) while requests kept being answered "
+    problems += gpu_breaches(row, limits["resources"])
+    step = row.kind in STEP_KINDS
+    if step and row.past_capacity:
+        problems.append(full_batch_breach(row))
+    problems += _offered_breaches(row, step)
+    if row.server_down_events:
+        problems.append(breach(RuleId.SERVER_DOWN, Signal.STABILITY, row.server_down_events, 0,
+                               f"server down {row.server_down_events} time(s)", f"events.jsonl {where}"))
+    if row.health_flaps:
+        problems.append(breach(RuleId.HEALTH_FLAP, Signal.HEALTH_FLAP, row.health_flaps, 0,
+                               f"/health said down {row.health_flaps} time(s) while requests kept being answered "
                                "(a flapping health check, not a crash)", f"events.jsonl {where}",
                                f"records.jsonl {where}"))
     return problems
+
+
+def _offered_breaches(row: StageRow, step: bool) -> list[Breach]:
+    """An open-loop stage that did not offer its load: sessions short of its rate, turns (or a trace's rows) sent
+    late. Figures of `row.arrival` (absent: a closed-loop stage, nothing to judge)."""
+    out: list[Breach] = []
+    arrival = row.arrival
+    arrived = (arrival.sessions_arrived if arrival else None) or 0
+    offered = (row.sessions_per_s or 0) * (row.duration_s or 0)
+    if step and row.sessions_per_s is not None and offered_short(offered, arrived):
+        out.append(breach(RuleId.OFFERED_SHORT, Signal.RESOURCE, arrived, offered,
+                          f"{arrived} sessions started of {offered:.0f} its rate "
+                          "offered: every session slot was busy, the step did not offer its rate",
+                          f"records.jsonl stage={row.stage}"))
+    if arrival is None or not offered_late(arrival.scheduled_turns or 0, arrival.late_turns or 0):
+        return out
+    if step:  # sessions outlasting their slots: the server slowed (a resource)
+        out.append(breach(RuleId.OFFERED_LATE, Signal.RESOURCE, arrival.late_share, LATE_SHARE,
+                          f"{arrival.late_turns} of {arrival.scheduled_turns} scheduled turns went out more "
+                          f"than {LATE_S:g} s late (p95 {arrival.send_lag_p95_ms:.0f} ms): every session slot "
+                          "was busy, so the step did not offer its rate and its latencies leave out the wait",
+                          f"records.jsonl stage={row.stage}"))
+    if row.kind == StageKind.REPLAY:  # the trace's pace not offered: its latencies leave out the wait
+        why = "; ".join((row.replay or {}).get("fell_behind") or []) or "the load generator fell behind"
+        out.append(breach(RuleId.OFFERED_LATE, Signal.RESOURCE, arrival.late_share, LATE_SHARE,
+                          f"{arrival.late_turns} of {arrival.scheduled_turns} trace rows went out more than "
+                          f"{LATE_S:g} s late: {why}", f"records.jsonl stage={row.stage}",
+                          f"events.jsonl replay_end stage={row.stage}"))
+    return out
