@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.sim.test_locust_run import ROOT, _free_port, _locust_group, _plan
+from tests.sim.locust_runs import ROOT, _free_port, _locust_group, _plan
 
 STATE_KEYS = {"run_id", "run_dir", "stage", "signals", "pillars", "verdict"}
 

@@ -193,7 +193,7 @@ def test_a_disk_that_fills_mid_run_stops_the_load_with_one_line_and_exit_2(start
     byte. The load stops (the sim's own request counter stays within a few turns of the records kept), the
     run exits 2 with one line and no traceback, every file reads back, and once space is freed `k3load
     analyze` gives a verdict on what was kept."""
-    from tests.sim.test_locust_run import _lines, _locust_group, _plan, locust_cmd
+    from tests.sim.locust_runs import _lines, _locust_group, _plan, locust_cmd
 
     sim = start_sim("--time-scale", "0.3")  # turns of a few hundred ms: about ten requests a second
     out = small_disk / "r1"
@@ -233,7 +233,7 @@ def test_a_disk_that_fills_mid_run_stops_the_load_with_one_line_and_exit_2(start
 
 def _settled(sim) -> int:
     """The sim's finished requests once the count stops moving (the aborted ones counted as they end)."""
-    from tests.sim.test_locust_run import _served
+    from tests.sim.locust_runs import _served
 
     last = -1
     for _ in range(20):

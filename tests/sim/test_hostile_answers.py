@@ -17,8 +17,8 @@ import json
 from k3load.evidence import records_file
 from k3load.outcomes import HARNESS_ERROR
 from k3load.records import read_records
+from tests.sim.locust_runs import VERDICT_CODES, _assert_each_served_request_recorded_once, _plan, run_locust
 from tests.sim.test_event_catalogue import events_file_problems
-from tests.sim.test_locust_run import VERDICT_CODES, _assert_each_served_request_recorded_once, _plan, run_locust
 
 LENIENT_LOCUSTFILE = '''
 import json

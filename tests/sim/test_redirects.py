@@ -488,7 +488,7 @@ def test_sample_and_precheck_warn_once_about_a_key_over_plain_http(tmp_path: Pat
 def test_a_run_whose_models_answer_redirects_stops_naming_it_and_sends_nothing_elsewhere(
         b: Server, servers: Callable[..., Server], tmp_path: Path) -> None:
     """The Locust run's first request (/v1/models, k3load.loadgen.session) never follows: one line, exit 2."""
-    from tests.sim.test_locust_run import SHORT_PLAN, _plan, run_locust
+    from tests.sim.locust_runs import SHORT_PLAN, _plan, run_locust
 
     a = servers(_redirector(b.url + "/v1/models"))
     run = run_locust(a.url, tmp_path / "run", _plan(tmp_path, SHORT_PLAN[:1]), "--k3-api-key", KEY, timeout_s=60)

@@ -42,7 +42,7 @@ from k3load.client.access import REDACTED
 from k3load.evidence import lines, records_file
 from k3load.outcomes import LAYERS
 from k3load.records import Attempt, read_records
-from tests.sim.test_locust_run import locust_cmd
+from tests.sim.locust_runs import locust_cmd
 from tests.sim.test_reliability_client import SURROGATE_BODY, SURROGATE_CHUNKS
 from tests.sim.test_secrets import GATEWAY, GATEWAY_HEADER, KEY, EchoHandler, EchoServer, _completion, _leaks, _sse
 

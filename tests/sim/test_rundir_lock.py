@@ -114,7 +114,7 @@ def test_a_directory_moved_or_emptied_while_the_run_is_live_is_no_longer_its_own
 # -- whole runs against the sim ------------------------------------------------------------------------------------
 
 def _start(sim, out: Path, plan: Path, log_path: Path, run_id: str):
-    from tests.sim.test_locust_run import _locust_group, locust_cmd
+    from tests.sim.locust_runs import _locust_group, locust_cmd
 
     cmd = locust_cmd(sim.base_url, out, plan, "--k3-run-id", run_id)
     cmd = cmd[:cmd.index("--csv")] + cmd[cmd.index("--csv") + 2:]
@@ -123,7 +123,7 @@ def _start(sim, out: Path, plan: Path, log_path: Path, run_id: str):
 
 
 def _wait_for_records(out: Path, proc: subprocess.Popen, n: int = 5) -> None:
-    from tests.sim.test_locust_run import _lines
+    from tests.sim.locust_runs import _lines
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and _lines(out / RECORDS) < n and proc.poll() is None:
@@ -132,7 +132,7 @@ def _wait_for_records(out: Path, proc: subprocess.Popen, n: int = 5) -> None:
 
 
 def test_a_second_run_naming_a_live_runs_directory_exits_2_and_the_first_judges_its_own(start_sim, tmp_path):
-    from tests.sim.test_locust_run import VERDICT_CODES, _plan, run_locust
+    from tests.sim.locust_runs import VERDICT_CODES, _plan, run_locust
 
     sim = start_sim("--time-scale", "0.1")
     out = tmp_path / "shared"
@@ -161,7 +161,7 @@ def test_a_second_run_naming_a_live_runs_directory_exits_2_and_the_first_judges_
 def test_a_run_whose_directory_is_moved_away_judges_nothing_there(start_sim, tmp_path):
     """An operator moves DIR aside while run 1 is live and puts another run's files at DIR: run 1 judges
     neither (exit 2, one line naming where its files went), and DIR's new files are left as they were."""
-    from tests.sim.test_locust_run import _plan
+    from tests.sim.locust_runs import _plan
 
     sim = start_sim("--time-scale", "0.1")
     out = tmp_path / "r"

@@ -44,7 +44,7 @@ from k3load.rundir import JsonlLog, redact_in_files
 from k3load.sampler.fetch import fetch
 from k3load.sampler.logtail import LogTail
 from tests.secret_scan import encodings, leaks
-from tests.sim.test_locust_run import VERDICT_CODES, _plan, run_locust
+from tests.sim.locust_runs import VERDICT_CODES, _plan, run_locust
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = ROOT / "recipes" / "local-dev.yaml"

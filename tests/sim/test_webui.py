@@ -17,7 +17,7 @@ from k3load.loadgen.manual import LiveCounts, ManualStages
 from k3load.loadgen.webui import tab_rows
 from k3load.records import read_records
 from k3load.workload.plan import parse_plan
-from tests.sim.test_locust_run import _free_port, _processes
+from tests.sim.locust_runs import _free_port, _processes
 from tests.webui_fixtures import STATE_KEYS, web_ui_fixture  # noqa: F401  (the web_ui fixture)
 
 

@@ -22,7 +22,7 @@ from k3load.loadgen import held_secrets, ui_guard
 from k3load.loadgen.live import LINKS
 from k3load.loadgen.options import LIVE_OPTIONS, SAFE_WEB_HOST, add_options, run_access
 from k3load.private_files import exposed
-from tests.sim.test_locust_run import ROOT, _free_port, _locust_group, _plan, locust_cmd
+from tests.sim.locust_runs import ROOT, _free_port, _locust_group, _plan, locust_cmd
 from tests.sim.test_workers_remote import _process, _wait
 from tests.webui_fixtures import WebUI, web_ui_fixture  # noqa: F401  (the web_ui fixture)
 
@@ -334,7 +334,7 @@ def test_a_worker_without_the_masters_secrets_refuses_and_the_master_stops_with_
 @pytest.mark.slow
 def test_a_worker_with_the_same_key_in_its_environment_runs_the_masters_plan(start_sim, tmp_path):
     """The other side of the refusal: the key read by the worker itself, never relayed, and the run goes on."""
-    from tests.sim.test_locust_run import VERDICT_CODES
+    from tests.sim.locust_runs import VERDICT_CODES
     from tests.sim.test_workers_remote import _records
 
     sim, port, out = start_sim("--time-scale", "0.05"), _free_port(), tmp_path / "run"

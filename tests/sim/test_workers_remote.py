@@ -37,7 +37,7 @@ from k3load.analysis.run.timeline import MetricIndex
 from k3load.evidence import lines, records_file
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.records import read_records
-from tests.sim.test_locust_run import (
+from tests.sim.locust_runs import (
     VERDICT_CODES,
     _assert_each_served_request_recorded_once,
     _free_port,
