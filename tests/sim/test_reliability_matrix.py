@@ -43,8 +43,8 @@ from k3load.evidence import lines, records_file
 from k3load.outcomes import LAYERS
 from k3load.records import Attempt, read_records
 from tests.sim.locust_runs import locust_cmd
+from tests.sim.secrets_echo import GATEWAY, GATEWAY_HEADER, KEY, EchoHandler, EchoServer, _completion, _leaks, _sse
 from tests.sim.test_reliability_client import SURROGATE_BODY, SURROGATE_CHUNKS
-from tests.sim.test_secrets import GATEWAY, GATEWAY_HEADER, KEY, EchoHandler, EchoServer, _completion, _leaks, _sse
 
 ROOT = Path(__file__).resolve().parents[2]
 BIG = 50 * 1024 * 1024  # the 50 MB: over the 8 MiB body cap and the 1 MiB line cap

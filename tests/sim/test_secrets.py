@@ -1,11 +1,11 @@
 """Secrets and reach (issue 11, point 3): the API key and gateway header values never reach a file of
 the run directory nor the console, whatever the server echoes; they go on every request to the target
-that needs them (/v1/models, /tokenize, /version, chat, and /health, /metrics on the same origin); an
-https target is reached with a private CA (--k3-ca-bundle) or without verification (--k3-insecure).
+that needs them (/v1/models, /tokenize, /version, chat, and /health, /metrics on the same origin).
 
-The servers are real, on loopback: an echo server that repeats the Authorization and X-Gateway-Token
-headers in every body it sends (401 pages, /version, /tokenize, /metrics labels, chat answers and chat
-error bodies), served over plain HTTP or over TLS with a CA made here by the `openssl` command.
+Here: the secrets' parsing and redaction, the options run.json keeps, the precheck against the echo server
+(tests/sim/secrets_echo.py: it repeats the secrets in every body it sends), the restart and log commands'
+output, headers from a file or the environment, and the `k3load` subcommands over plain HTTP. The same over
+TLS (a private CA, --k3-ca-bundle, --k3-insecure) is in test_secrets_tls.py.
 """
 
 from __future__ import annotations
@@ -14,26 +14,18 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
-import ssl
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from k3load.client import result as res
-from k3load.client.access import REDACTED, Secrets, Tls, env_headers, header_lines, parse_header
-from k3load.client.chat import ChatClient
-from k3load.client.transport import TRANSPORTS
-from k3load.evidence import lines, records_file
+from k3load.client.access import REDACTED, Secrets, env_headers, header_lines, parse_header
 from k3load.loadgen.inputs import HarnessError, check_options
 from k3load.loadgen.observe import Restarter
 from k3load.loadgen.options import header, public_options
@@ -41,131 +33,8 @@ from k3load.precheck import run_precheck
 from k3load.precheck.evidence import redact_body
 from k3load.private_files import exposed
 from k3load.rundir import JsonlLog, redact_in_files
-from k3load.sampler.fetch import fetch
 from k3load.sampler.logtail import LogTail
-from tests.secret_scan import encodings, leaks
-from tests.sim.locust_runs import VERDICT_CODES, _plan, run_locust
-
-ROOT = Path(__file__).resolve().parents[2]
-LOCAL = ROOT / "recipes" / "local-dev.yaml"
-KEY = "sk-k3-SECRET-4f9a2c"
-GATEWAY = "gw-SECRET-77d1"
-GATEWAY_HEADER = f"X-Gateway-Token: {GATEWAY}"
-SECRETS = (KEY, GATEWAY)
-ONE_STAGE = [{"name": "load", "kind": "load", "duration_s": 4, "users": 2, "mix": {"agent": 1}}]
-needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-
-
-# -- the echo server --------------------------------------------------------------------------------
-class EchoHandler(BaseHTTPRequestHandler):
-    """Every body repeats the request's secrets; the API refuses a request without the key (401)."""
-
-    protocol_version = "HTTP/1.1"
-    server: EchoServer
-
-    def log_message(self, *args: Any) -> None:  # quiet: the test asserts on the console of the run only
-        pass
-
-    def _echo(self) -> str:
-        """The secrets as received, and each in every form a server may echo it (JSON escapes, percent,
-        base64 of user:key; tests/secret_scan.py's `encodings`)."""
-        auth, gateway = self.headers.get("Authorization"), self.headers.get("X-Gateway-Token")
-        forms = [form for value in ((auth or "").removeprefix("Bearer "), gateway or "") if value
-                 for form in encodings(value).values()]
-        return f"Authorization={auth!r} X-Gateway-Token={gateway!r} forms={' '.join(forms)}"
-
-    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _keyed(self) -> bool:
-        path = self.path.split("?")[0]
-        self.server.seen.append((self.command, path, self.headers.get("Authorization"),
-                                 self.headers.get("X-Gateway-Token")))
-        if self.headers.get("Authorization") == f"Bearer {KEY}":
-            return True
-        self._send(401, json.dumps({"error": {"message": f"bad key: {self._echo()}", "code": 401}}).encode())
-        return False
-
-    def do_GET(self) -> None:
-        if not self._keyed():
-            return
-        path = self.path.split("?")[0]
-        if path == "/v1/models":
-            self._send(200, json.dumps({"object": "list", "data": [{"id": "echo", "object": "model",
-                                        "max_model_len": 4096, "owned_by": self._echo()}]}).encode())
-        elif path == "/version":  # the key also hidden behind JSON escapes: \u0073k-...
-            hidden = "".join(f"\\u{ord(c):04x}" for c in KEY)
-            self._send(200, b'{"version": "0.32.0", "echo": ' + json.dumps(self._echo()).encode()
-                       + b', "escaped": "' + hidden.encode() + b'"}')
-        elif path == "/health":
-            self._send(200, f"ok {self._echo()}".encode(), "text/plain")
-        elif path == "/metrics":
-            label = f"{self.headers.get('Authorization')} {self.headers.get('X-Gateway-Token')}"
-            text = ("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"
-                    f"# TYPE echo_info gauge\necho_info{{echo=\"{label}\"}} 1\n")
-            self._send(200, text.encode(), "text/plain; version=0.0.4")
-        else:
-            self._send(404, f"no {path}: {self._echo()}".encode(), "text/plain")
-
-    def do_POST(self) -> None:
-        request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        if not self._keyed():
-            return
-        if self.path == "/tokenize":
-            self._send(200, json.dumps({"count": len(request.get("prompt", "")) // 4 + 1, "echo": self._echo()})
-                       .encode())
-            return
-        self.server.chats += 1
-        if self.server.chats % 3 == 0:
-            self._send(500, json.dumps({"error": {"message": f"upstream: {self._echo()}", "type": "Internal",
-                                                  "code": 500}}).encode())
-        elif request.get("stream"):
-            self._send(200, _sse(f"echo {self._echo()}"), "text/event-stream")
-        else:
-            self._send(200, json.dumps(_completion(f"echo {self._echo()}")).encode())
-
-
-def _completion(text: str) -> dict[str, Any]:
-    return {"id": "c1", "object": "chat.completion", "model": "echo", "created": 0,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
-
-
-def _sse(text: str) -> bytes:
-    base = {"id": "c1", "object": "chat.completion.chunk", "model": "echo", "created": 0}
-    chunks = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
-              {**base, "choices": [{"index": 0, "delta": {"content": text}}]},
-              {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-              {**base, "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}]
-    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
-
-
-class EchoServer(ThreadingHTTPServer):
-    """On a free loopback port; with `tls`, each connection's handshake runs in its own handler thread."""
-
-    daemon_threads = True
-
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        super().__init__(("127.0.0.1", 0), EchoHandler)
-        self.tls, self.seen, self.chats = tls, [], 0
-        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.server_address[1]}"
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        if self.tls is not None:
-            request = self.tls.wrap_socket(request, server_side=True)
-        super().finish_request(request, client_address)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that refuses our certificate hangs up mid-handshake: expected here
-
-    def paths_with(self, header: int, value: str) -> set[str]:
-        """Paths requested with this header value (2: Authorization, 3: X-Gateway-Token)."""
-        return {s[1] for s in self.seen if s[header] == value}
+from tests.sim.secrets_echo import GATEWAY, GATEWAY_HEADER, KEY, LOCAL, ROOT, EchoServer, _k3load, _leaks
 
 
 @pytest.fixture
@@ -174,47 +43,6 @@ def echo() -> Iterator[EchoServer]:
     yield server
     server.shutdown()
     server.server_close()
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    """A CA and a server certificate for 127.0.0.1 signed by it (EC keys: quick to make)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command")
-    d = tmp_path_factory.mktemp("tls")
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
-
-    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
-        "-subj", "/CN=k3load test CA", "-keyout", "ca.key", "-out", "ca.pem",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=127.0.0.1",
-        "-keyout", "server.key", "-out", "server.csr")
-    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
-                               "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
-                               "authorityKeyIdentifier=keyid\nsubjectKeyIdentifier=hash\n")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-        "-days", "2", "-out", "server.pem", "-extfile", "ext.cnf")
-    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server_ctx.load_cert_chain(d / "server.pem", d / "server.key")
-    return SimpleNamespace(ca=str(d / "ca.pem"), server_ctx=server_ctx)
-
-
-@pytest.fixture
-def tls_echo(certs: SimpleNamespace) -> Iterator[EchoServer]:
-    server = EchoServer(certs.server_ctx)
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-def _leaks(run_dir: Path, *texts: str) -> list[str]:
-    """Where a secret can be read back, in any form (tests/secret_scan.py): files under the run directory
-    (any bytes, compressed ones inflated), and the given console texts."""
-    found = [f"{p.relative_to(run_dir)}: {s}" for p in sorted(run_dir.rglob("*")) if p.is_file()
-             for s in SECRETS if leaks("".join(lines(p, errors="replace")), s)]
-    return found + [f"console: {s}" for text in texts for s in SECRETS if leaks(text, s)]
 
 
 # -- units ------------------------------------------------------------------------------------------
@@ -269,38 +97,6 @@ def test_the_precheck_sends_the_key_and_saves_the_echoing_bodies_redacted(echo: 
     assert REDACTED in (server / "models.json").read_text() and REDACTED in (server / "metrics.txt").read_text()
     assert not _leaks(tmp_path / "run", json.dumps(compat))
     assert {"/version", "/v1/models", "/metrics"} <= echo.paths_with(2, f"Bearer {KEY}") & echo.paths_with(3, GATEWAY)
-
-
-# -- TLS at the client and the sampler --------------------------------------------------------------
-@needs_openssl
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
-def test_chat_client_over_tls_with_the_test_ca_without_it_and_insecure(tls_echo: EchoServer, certs: SimpleNamespace,
-                                                                       transport: str) -> None:
-    secrets = Secrets.parse(KEY, [GATEWAY_HEADER])
-    body = json.dumps({"model": "echo", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
-    got = {}
-    for name, tls in (("default", None), ("ca", Tls(ca_bundle=certs.ca)), ("insecure", Tls(insecure=True))):
-        with ChatClient(tls_echo.url, transport=transport, secrets=secrets, tls=tls) as client:
-            got[name] = client.send(body, 10.0)
-    assert got["default"].status == res.STATUS_TRANSPORT_ERROR and "CERTIFICATE_VERIFY_FAILED" in got["default"].error
-    for name in ("ca", "insecure"):
-        r = got[name]
-        assert r.status == res.STATUS_OK and r.content.startswith("echo ") and REDACTED in r.content, (name, r)
-        assert KEY not in repr(vars(r)) and GATEWAY not in repr(vars(r))
-    assert tls_echo.paths_with(3, GATEWAY) == {"/v1/chat/completions"}
-
-
-@needs_openssl
-def test_sampler_fetch_over_tls_and_its_redacted_bodies(tls_echo: EchoServer, certs: SimpleNamespace) -> None:
-    url = tls_echo.url + "/health"
-    refused = fetch(url, 5.0, KEY)
-    assert not refused.ok and "CERTIFICATE_VERIFY_FAILED" in (refused.error or "")
-    for tls in (Tls(ca_bundle=certs.ca), Tls(insecure=True)):
-        got = fetch(url, 5.0, KEY, headers={"X-Gateway-Token": GATEWAY}, context=tls.context(cooperative=True))
-        assert got.ok and got.body.startswith("ok ") and REDACTED in got.body and KEY not in got.body, got
-        assert GATEWAY not in got.body
-    unkeyed = fetch(tls_echo.url + "/version", 5.0, context=Tls(ca_bundle=certs.ca).context(cooperative=True))
-    assert unkeyed.status == 401 and "None" in unkeyed.body  # nothing sent, nothing to redact
 
 
 def test_a_restart_commands_output_is_logged_redacted_and_outlives_the_harness_copy(tmp_path: Path) -> None:
@@ -391,32 +187,6 @@ def test_headers_come_from_a_file_or_the_environment_and_errors_name_the_line_ne
 
 
 # -- the `k3load` subcommands that reach the target ---------------------------------------------------
-def _k3load(*args: str, timeout_s: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "K3_API_KEY": KEY, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "k3load", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout_s)
-
-
-@needs_openssl
-def test_precheck_and_sample_commands_reach_a_tls_gateway_with_its_header_and_write_no_secret(
-        tls_echo: EchoServer, certs: SimpleNamespace, tmp_path: Path) -> None:
-    access = ["--header", GATEWAY_HEADER, "--ca-bundle", certs.ca]
-    pre = _k3load("precheck", "--recipe", str(LOCAL), "--base-url", tls_echo.url, "--no-nvml", *access,
-                  "--out", str(tmp_path / "pre"))
-    assert pre.returncode in (0, 2), pre.stderr  # pass or inconclusive (no startup log): it ran
-    reachable = next(r for r in json.loads((tmp_path / "pre" / "compat.json").read_text())["rules"]
-                     if r["id"] == "server_reachable")
-    assert reachable["status"] == "pass", reachable
-    sample = _k3load("sample", "--metrics-url", f"{tls_echo.url}/metrics", "--nvml", "off", "--interval", "0.2",
-                     "--duration", "1", *access, "--out", str(tmp_path / "sample"))
-    assert sample.returncode == 0, sample.stderr
-    assert "0 failed" in sample.stdout and "health transitions" in sample.stdout, sample.stdout
-    keyed = tls_echo.paths_with(2, f"Bearer {KEY}") & tls_echo.paths_with(3, GATEWAY)
-    assert {"/version", "/v1/models", "/metrics", "/health"} <= keyed, tls_echo.seen
-    assert {s[1] for s in tls_echo.seen} == keyed  # nothing went without the key and the header
-    assert not _leaks(tmp_path, pre.stdout, pre.stderr, sample.stdout, sample.stderr)
-
-
 def test_precheck_and_sample_take_the_gateway_header_from_a_file_or_K3_HEADER(echo: EchoServer,
                                                                                tmp_path: Path) -> None:
     """No value on the command line, where ps and /proc/PID/cmdline show it to every local user."""
@@ -452,34 +222,3 @@ def test_the_subcommands_name_a_bad_access_option(tmp_path: Path, command: str, 
         assert not (tmp_path / command).exists() and GATEWAY not in done.stderr
     done = _k3load(command, *target, "--out", str(tmp_path / command), env={"K3_HEADER": f"X-Token {GATEWAY}"})
     assert done.returncode == code and done.stderr.strip() == f"k3load {command}: --header: must be 'Name: value'"
-
-
-# -- whole runs (the run against the echoing server is a row of tests/sim/test_reliability_matrix.py) -----
-@needs_openssl
-def test_a_run_against_an_untrusted_tls_server_is_one_harness_error_line(tls_echo: EchoServer,
-                                                                         tmp_path: Path) -> None:
-    run = run_locust(tls_echo.url, tmp_path / "run", _plan(tmp_path, ONE_STAGE), "--k3-api-key", KEY, timeout_s=90)
-    lines = [line for line in (run.stdout + run.stderr).splitlines() if "harness error" in line]
-    assert run.returncode == 2 and len(lines) == 1, run.stderr[-3000:]
-    assert "/v1/models" in lines[0] and "--k3-ca-bundle" in lines[0] and "--k3-insecure" in lines[0]
-    assert not (tmp_path / "run" / "verdict.json").exists() and not _leaks(tmp_path, run.stdout, run.stderr)
-
-
-@needs_openssl
-@pytest.mark.slow
-@pytest.mark.parametrize("trust", ["ca-bundle", "insecure"])
-def test_a_run_against_a_tls_server_with_its_ca_or_insecure(tls_echo: EchoServer, certs: SimpleNamespace,
-                                                            tmp_path: Path, trust: str) -> None:
-    out = tmp_path / "run"
-    extra = ["--k3-ca-bundle", certs.ca] if trust == "ca-bundle" else ["--k3-insecure"]
-    run = run_locust(tls_echo.url, out, _plan(tmp_path, ONE_STAGE), "--k3-api-key", KEY, *extra, timeout_s=240)
-    assert run.returncode in VERDICT_CODES, run.stderr[-3000:]
-    records = [json.loads(line) for line in lines(records_file(out))]
-    assert sum(r["status"] == "ok" for r in records) >= 2, [(r["status"], r["error"]) for r in records[:5]]
-    info = json.loads((out / "run.json").read_text())
-    off = "TLS certificate verification is OFF" in run.stderr
-    assert info["tls"] == {"verify": trust != "insecure", "ca_bundle": certs.ca if trust == "ca-bundle" else None}
-    assert off == (trust == "insecure") and not _leaks(out, run.stdout, run.stderr)
-    compat = json.loads((out / "compat.json").read_text())
-    reachable = next(r for r in compat["rules"] if r["id"] == "server_reachable")
-    assert reachable["status"] == "pass", reachable
