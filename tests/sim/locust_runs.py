@@ -92,7 +92,6 @@ def _served(sim) -> int:
         return int(total(scrape(Target("sim", sim.base_url, "tiny"), client), "vllm:request_success_total"))
 
 
-
 def _lines(path: Path) -> int:
     """Whole lines flushed so far (a compressed log's reach the file at least every half second)."""
     return sum(line.endswith("\n") for line in lines(path)) if path.exists() else 0

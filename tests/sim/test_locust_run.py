@@ -106,7 +106,6 @@ def test_injected_fault_rates_show_up_with_their_layers(start_sim, tmp_path):
     assert failed[("content.reasoning_leak", "parser")] == leaks
 
 
-
 @pytest.mark.slow
 def test_a_second_run_into_the_same_directory_sets_the_first_aside(start_sim, tmp_path):
     """--k3-out reused (its default is runs/latest): the first run moves whole to a sibling named after
@@ -139,7 +138,6 @@ def test_a_second_run_into_the_same_directory_sets_the_first_aside(start_sim, tm
     locust_csvs = {Path(f"locust{suffix}") for suffix in LOCUST_CSV_SUFFIXES}  # Locust's: stay in latest/
     assert {p.relative_to(previous) for p in previous.rglob("*") if p.is_file()} == first_files - locust_csvs
     assert verify(previous) == []
-
 
 
 def test_web_ui_shows_the_options_and_runs_the_plan(start_sim, tmp_path):
@@ -195,7 +193,6 @@ def test_a_dead_server_or_a_bad_scenario_is_a_clear_error_and_no_verdict(start_s
     run = run_locust(sim.base_url, tmp_path / "bad", _plan(tmp_path, SHORT_PLAN[:1]), "--k3-scenarios",
                      str(bad / "*.yaml"), timeout_s=60)
     assert run.returncode == 2 and "broken.yaml: turns[0].expect.kind" in run.stdout + run.stderr
-
 
 
 def test_locust_outputs_inside_the_run_dir_are_left_out_of_the_manifest(tmp_path):

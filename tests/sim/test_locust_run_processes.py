@@ -143,7 +143,6 @@ def test_sigterm_mid_run_stops_it_as_ctrl_c_does(start_sim, tmp_path, processes)
     assert "stopping the run as Ctrl-C does" in output
 
 
-
 def test_a_worker_whose_records_fell_short_is_named_after_the_bound(tmp_path):
     """The master's wait (no sockets): a worker is complete when it said `k3_done` and as many of its records
     arrived as it says it sent, or when its spool is sealed (the fallback on a shared disk); any other worker
