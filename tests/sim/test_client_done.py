@@ -31,7 +31,7 @@ from k3load.client.chat import ChatClient
 from k3load.client.sse import DONE, SSEDecoder, SSEError, SSEEvent, SSELineTooLong
 from k3load.client.transport import TRANSPORTS
 from k3load.records import Attempt, timing_fields
-from tests.sim.test_client_chat import HELLO, RawServer, body, chunk, chunked_head, sse
+from tests.sim.chat_wire import HELLO, RawServer, body, chunk, chunked_head, sse
 
 HOLD_S = 30.0  # the proxy's hold: an answer read to the body's end would take this long
 PROMPT_S = 5.0  # far below the hold, with room for a loaded 2-core machine

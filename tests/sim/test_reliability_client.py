@@ -32,7 +32,7 @@ from k3load.rundir import JsonlLog
 from k3load.workload.conversation import RunContext, run_turn
 from k3load.workload.retry_policy import RETRY_AFTER_MAX_S, retry_wait_s
 from k3load.workload.scenario import parse_scenario
-from tests.sim.test_client_chat import HELLO, RawServer, body, chunk, chunked_head, http, sse
+from tests.sim.chat_wire import HELLO, RawServer, body, chunk, chunked_head, http, sse
 
 ROOT = Path(__file__).resolve().parents[2]
 SURROGATE_CHUNKS = [  # JSON text exactly as a faulty server writes it: valid JSON, lone surrogates

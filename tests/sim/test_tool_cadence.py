@@ -20,7 +20,7 @@ from k3load.client.chat import ChatClient
 from k3load.client.result import StreamResult, ToolCall
 from k3load.client.transport import TRANSPORTS
 from k3load.records import Attempt, timing_fields
-from tests.sim.test_client_chat import RawServer, body, chunk, chunked_head, http, sse
+from tests.sim.chat_wire import RawServer, body, chunk, chunked_head, http, sse
 
 CADENCE = ("tool_call_deltas", "tool_call_span_ms", "tool_call_max_gap_ms")
 
