@@ -20,14 +20,7 @@ import pytest
 from k3load.client import result as res
 from k3load.client.chat import ChatClient
 from k3load.client.transport import TRANSPORTS
-from tests.sim.chat_wire import (
-    SECRET,
-    WEATHER,
-    SimFactory,
-    assert_timeline,
-    body,
-    send,
-)
+from tests.sim.chat_wire import SECRET, WEATHER, SimFactory, assert_timeline, body, send
 
 SLACK_S = 1.5  # far below the 6 s stall: a request that waited for the server would fail
 STALL_DEADLINE_S = 0.8  # against 6 s stalls; leaves a loaded machine time to deliver a first token

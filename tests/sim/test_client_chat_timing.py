@@ -16,16 +16,7 @@ from k3load.client import result as res
 from k3load.client.chat import ChatClient
 from k3load.client.result import StreamResult
 from k3load.client.transport import TRANSPORTS
-from tests.sim.chat_wire import (
-    RawServer,
-    assert_timeline,
-    body,
-    chunk,
-    chunked_head,
-    raw_server,
-    send,
-    sse,
-)
+from tests.sim.chat_wire import RawServer, assert_timeline, body, chunk, chunked_head, raw_server, send, sse
 
 __all__ = ["raw_server"]  # the scripted server's fixture
 

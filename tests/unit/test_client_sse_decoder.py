@@ -13,15 +13,7 @@ import random
 
 import pytest
 
-from k3load.client.sse import (
-    DONE,
-    SSEDecoder,
-    SSEError,
-    SSEEvent,
-    SSEFormatError,
-    SSEJSONError,
-    SSELineTooLong,
-)
+from k3load.client.sse import DONE, SSEDecoder, SSEError, SSEEvent, SSEFormatError, SSEJSONError, SSELineTooLong
 from tests.probes import WIRE, read_sse_capture
 from tests.unit.sse_replay import SIM_WIRE, assemble, decode, snapshot
 
