@@ -10,18 +10,16 @@ in the same tree, so a change elsewhere that alters verdicts on purpose moves bo
 `tests/data/scale-run` is a small acceptance run against the sim (743 records: control pairs, a
 streaming drill, drains, reuse design); it is judged as stored and multiplied four times by
 `bench/analysis_scale.py`. No timing here: the bench prints time and memory against the commit before.
+The record loader's own checks (lean records, torn lines, the decoder) are in test_analysis_scale_records.py;
+the stored run and the whole-Attempt loading both files compare with are in tests/sim/scale_run.py.
 """
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import json
 import random
-import shutil
-import subprocess
 import sys
-from dataclasses import fields
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -30,24 +28,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from k3load import evidence
 from k3load.analysis.analyze import analyze
 from k3load.analysis.outputs import manifest
 from k3load.analysis.outputs.manifest import verify
-from k3load.analysis.pillars.agent.reproducibility import signature_of
 from k3load.analysis.pillars.cache.reuse_replay import Geometry, _ready_ts, designed_tokens, salt_key
 from k3load.analysis.pillars.pillar import percentile, percentiles
 from k3load.analysis.run import rundata
-from k3load.analysis.run.lean import LeanAttempt, call_name
-from k3load.analysis.run.record_decode import FRAME_ONLY, RecordDecoder
 from k3load.analysis.run.stats import NORMAL_RATIO_FROM, ratio_ci, ratio_cis, ratio_normal_ci
 from k3load.analysis.run.timeline import MetricIndex
-from k3load.evidence import records_file
-from k3load.records import Attempt, Finding, read_records
-from k3load.workload.validate import primary_layer
-
-ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "tests" / "data" / "scale-run"
+from k3load.records import Attempt
+from tests.sim.scale_run import ROOT, _attempts_frame, _unpack
 
 
 def _bench() -> ModuleType:
@@ -57,28 +47,6 @@ def _bench() -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
-
-
-def _unpack(dest: Path) -> Path:
-    dest.mkdir()
-    for path in DATA.iterdir():
-        if path.name.endswith(".gz"):
-            (dest / path.name[:-3]).write_bytes(gzip.decompress(path.read_bytes()))
-        elif not path.name.endswith(".golden.json"):
-            shutil.copy(path, dest / path.name)
-    return dest
-
-
-def _attempts_frame(path: Path) -> tuple[list[Attempt], pd.DataFrame]:
-    """The loading path as it was: whole Attempts, primary layers filled in, a frame of their fields."""
-    attempts = read_records(records_file(path))
-    for a in attempts:
-        if a.primary_layer is None and not a.valid:
-            a.primary_layer = primary_layer(a.findings)
-    rows = [{c: getattr(a, c) for c in rundata.RECORD_COLUMNS} | {"failed_layers": list(a.failed_layers)}
-            for a in attempts]
-    frame = pd.DataFrame(rows, columns=[*rundata.RECORD_COLUMNS, "failed_layers"])
-    return attempts, frame.sort_values(["send_ts", "attempt_id"], kind="mergesort").reset_index(drop=True)
 
 
 def _verdicts(run: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bytes, bytes]:
@@ -185,83 +153,6 @@ def test_the_bench_allows_only_reuse_intervals_to_move(tmp_path: Path) -> None:
 def _sorted_percentile(values: list[float], q: float) -> float | None:
     clean = sorted(v for v in values if v is not None)
     return clean[min(round(q * (len(clean) - 1)), len(clean) - 1)] if clean else None
-
-
-def test_lean_records_carry_what_the_attempts_did(tmp_path: Path) -> None:
-    run = _unpack(tmp_path / "run")
-    whole, frame = _attempts_frame(run)
-    data = rundata.load_run(run)
-    pd.testing.assert_frame_equal(data.records, frame, check_exact=True)
-    assert len(data.attempts) == len(whole)
-    for a, lean in zip(whole, data.attempts, strict=True):
-        _same(a, lean)
-
-
-def _record(i: int, **extra: Any) -> dict[str, Any]:
-    return Attempt(run_id="r", attempt_id=f"a{i}", chain_id=f"c{i}", attempt=1, stage="s", scenario="x",
-                   family="f", turn=0, turn_kind="answer", user_id="u", request_sha256="h", prefix_sha256="p",
-                   transport="t", status="ok", send_ts=float(i), end_ts=i + 0.5, **extra).__dict__ | {
-                       "findings": [Finding("transport", True).__dict__]}
-
-
-def test_records_reader_skips_only_a_torn_last_line(tmp_path: Path) -> None:
-    path = tmp_path / "records.jsonl"
-    lines = [json.dumps(_record(1, content="a\u2028b\x85c")), json.dumps(_record(2)), '{"run_id": "r", "att']
-    path.write_text("\n".join(lines), encoding="utf-8")
-    assert [a.attempt_id for a in rundata.read_attempts(path)] == ["a1", "a2"]  # U+2028 ends no line
-    path.write_text("\n".join([lines[0], lines[2], lines[1]]) + "\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"records.jsonl:2: not an attempt record"):
-        rundata.read_attempts(path)
-    path.write_text(json.dumps({k: v for k, v in _record(3).items() if k != "stage"}) + "\n", encoding="utf-8")
-    with pytest.raises(ValueError, match="stage"):
-        rundata.read_attempts(path)
-    # A whole last line (it has its "\n") that does not parse was not torn: an error, never a lost record.
-    path.write_text("\ufeff" + json.dumps(_record(4)) + "\n", encoding="utf-8")  # an editor's BOM
-    with pytest.raises(ValueError, match=r"records.jsonl:1: not an attempt record"):
-        rundata.read_attempts(path)
-    done = subprocess.run([sys.executable, "-m", "k3load", "analyze", str(tmp_path)], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert done.stderr.strip().endswith("not an attempt record: Unexpected UTF-8 BOM (decode using utf-8-sig): "
-                                        "line 1 column 1 (char 0)") and len(done.stderr.splitlines()) == 1
-    # Bytes that are not UTF-8: a whole line is an error naming it (it was a traceback from the decoder);
-    # a last line torn inside a character is a torn line.
-    good, other = json.dumps(_record(5)).encode(), json.dumps(_record(6)).encode()
-    assert b'"stage": "s"' in other
-    path.write_bytes(good + b"\n" + other.replace(b'"stage": "s"', b'"stage": "s\xff"') + b"\n" + good + b"\n")
-    with pytest.raises(ValueError, match=r"records.jsonl:2: not an attempt record: not UTF-8"):
-        rundata.read_attempts(path)
-    done = subprocess.run([sys.executable, "-m", "k3load", "analyze", str(tmp_path)], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 2 and "Traceback" not in done.stderr and "records.jsonl:2: not an attempt record: not " \
-        "UTF-8" in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr[-2000:]
-    path.write_bytes(good + b"\n" + other[:-3] + "é".encode()[:1])
-    assert [a.attempt_id for a in rundata.read_attempts(path)] == ["a5"]
-    assert rundata.load_run(tmp_path).problems == [  # skipped, and said with the verdict
-        f"records.jsonl:2: the last line ({len(other) - 2:,} bytes, no line end) skipped as cut mid-write"]
-
-
-def test_lines_longer_than_a_block_and_a_file_that_is_one_torn_line(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Records (and their non-ASCII text) across many blocks, plain and compressed; a file without a line end
-    (not JSON lines at all: a misplaced file) is one torn line, said as such, its pieces joined once (they
-    were copied block after block: 29 s for 320 MB)."""
-    monkeypatch.setattr(evidence, "READ_BYTES", 256)
-    records = [_record(i, content=("é\u2028" if i % 2 else "x") * (500 * i)) for i in range(1, 6)]
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    run = tmp_path / "run"
-    run.mkdir()
-    for name, data in (("records.jsonl", text.encode()), (evidence.RECORDS, gzip.compress(text.encode()))):
-        (run / name).write_bytes(data)
-        path = evidence.records_file(run)
-        assert path.name == name
-        assert [a.attempt_id for a in rundata.read_attempts(path)] == [f"a{i}" for i in range(1, 6)]
-        assert [json.loads(x)["content"] for x in evidence.lines(path)] == [r["content"] for r in records]
-    (run / evidence.RECORDS).unlink()
-    (run / "records.jsonl").write_bytes(b"\x00" * 200_000)
-    data = rundata.load_run(run)
-    assert data.attempts == [] and data.problems == [
-        "records.jsonl:1: the last line (200,000 bytes, no line end) skipped as cut mid-write"]
 
 
 def _replay(attempts: list[Attempt], design: dict[str, Any], geometry: Geometry) -> dict[str, int]:
@@ -405,91 +296,3 @@ def test_send_order_is_the_stable_sort_on_both_keys() -> None:
         pd.testing.assert_frame_equal(frame.take(order).reset_index(drop=True), want)
     assert rundata.send_order([1.0, None], ["a", "b"]) is None
 
-
-def _read_both(path: Path) -> list[tuple[Attempt, Any]]:
-    """Each line as a whole Attempt (json.loads) beside the loader's lean attempt."""
-    return list(zip(read_records(path), rundata.read_attempts(path), strict=True))
-
-
-def _same(whole: Attempt, lean: Any) -> None:
-    for f in fields(LeanAttempt):
-        if f.name == "answer_signature":  # derived: what the answer did (analysis/pillars/agent/reproducibility.py)
-            assert lean.answer_signature == signature_of(whole)
-            continue
-        value = getattr(whole, f.name)
-        if f.name == "tool_calls":
-            value = tuple(call_name(c) for c in value)
-        elif f.name == "findings":
-            value = tuple(value)
-        elif f.name == "error_body" and whole.http_status != 400:
-            value = None
-        elif f.name == "primary_layer" and value is None and not whole.valid:  # a record from before the field
-            layer = primary_layer(list(whole.findings))  # a Layer member: the lean attempt keeps its plain string
-            value = None if layer is None else str(layer)
-        assert repr(getattr(lean, f.name)) == repr(value), f.name  # repr: NaN, -0.0 and types count
-
-
-def test_the_decoder_reads_every_field_as_the_whole_record_gives_it(tmp_path: Path) -> None:
-    """Lines laid out as the harness writes them and otherwise: findings whose text spells keys, a
-    `findings` key nested in a call, another key order, calls named at the top level or not at all, and
-    values msgspec refuses (NaN, Infinity's overflow, a lone surrogate, a call of another shape), which
-    are read whole: every kept field equals what the whole record says."""
-    tricky = Finding("expect.json", False, "model_output", 'said ],"valid": and ,"findings":[ in "quotes"')
-    records = [_record(1) | {"findings": [tricky.__dict__], "valid": False},
-               _record(2) | {"tool_calls": [{"function": {"name": "f", "findings": [1]}, "valid": 2}]},
-               dict(reversed(list(_record(3).items()))),
-               _record(4) | {"findings": [], "tool_calls": [{"name": "top"}, {"function": None}, {}]},
-               _record(5) | {"ttft_ms": float("nan"), "e2e_ms": -0.0, "prompt_tokens": 2**70},
-               _record(6) | {"http_status": 400, "error_body": "bad \ud83d"},
-               _record(7) | {"http_status": 400, "error_body": '{"object":"error"}'},
-               _record(8) | {"tool_calls": ["named"], "failed_layers": ["parser"], "primary_layer": None}]
-    path = tmp_path / "records.jsonl"
-    text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
-    path.write_text(text, encoding="utf-8")
-    pairs = _read_both(path)
-    assert len(pairs) == len(records)
-    for whole, lean in pairs:
-        _same(whole, lean)
-    assert pairs[0][1].primary_layer == "model_output" and pairs[3][1].tool_calls == ("top", "", "")
-    assert pairs[5][1].error_body == "bad \ud83d" and pairs[7][1].tool_calls == ("named",)
-    columns: dict[str, list] = {name: [] for name in FRAME_ONLY}
-    decoder = RecordDecoder(rundata.Interner(), [], columns)
-    taken = [decoder.take(line) for line in text.splitlines(keepends=True)]
-    assert taken == [True, True, True, True, False, False, True, False]  # NaN, a lone surrogate, a bare name
-    assert [len(values) for values in columns.values()] == [5] * len(FRAME_ONLY)
-    assert [decoder.take(line.encode()) for line in text.splitlines(keepends=True)] == taken  # from UTF-8 bytes
-    frame = rundata.load_run(tmp_path).records
-    assert frame["failed_layers"].tolist()[-1] == ["parser"] and frame["turn_kind"].tolist() == ["answer"] * 8
-
-
-def test_tool_call_names_decoded_are_the_parsed_names(tmp_path: Path) -> None:
-    """Names with quotes, escapes, control characters, U+2028, none at all, ASCII-escaped or not."""
-    rng = random.Random(1)
-    chars = "ab \"\\\x00\x1f\u00e9\u2028\u0085{}[],:"
-    lines, wanted = [], []
-    for i in range(1500):
-        calls = [{"id": rng.choice([None, 'x"y', "id1"]), "type": "function",
-                  "function": {"name": rng.choice([None, "", "".join(rng.choices(chars, k=rng.randint(0, 8)))]),
-                               "arguments": "".join(rng.choices(chars, k=rng.randint(0, 30)))}}
-                 for _ in range(rng.randint(0, 3))]
-        lines.append(json.dumps(_record(i) | {"tool_calls": calls}, ensure_ascii=rng.random() < 0.3,
-                                separators=(",", ":")))
-        wanted.append(tuple(call_name(c) for c in calls))
-    path = tmp_path / "records.jsonl"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    assert [a.tool_calls for a in rundata.read_attempts(path)] == wanted
-
-
-@pytest.mark.parametrize("text", [
-    '{"ts": 1.5, "samples": {"vllm:x{a=\\"b\\"}": 3.0}}', '{"a": 1e400, "b": -1e400}', '{"a": NaN, "b": Infinity}',
-    '{"a": "\\ud800"}', '{"a": 123456789012345678901234567890}', '{"a": -0.0, "b": -0}', '{"a": 1, "a": 2}',
-    '{"a": "\\u2028\\u0085"}', '{"a": 5e-324, "b": 1E2}', '[1, 2]', '"text"'])
-def test_a_jsonl_line_decodes_as_json_loads_gives_it(text: str) -> None:
-    """metrics.jsonl, gpu.jsonl and events.jsonl lines go through msgspec where it decodes them, json.loads
-    where it refuses: the same objects either way (repr: NaN, -0.0 and int/float told apart)."""
-    assert repr(rundata.json_line(text)) == repr(json.loads(text))
-
-
-def test_a_line_that_is_not_json_is_refused_as_json_loads_refuses_it() -> None:
-    with pytest.raises(json.JSONDecodeError, match="Expecting"):
-        rundata.json_line('{"ts": 1.5, "samples": ')
