@@ -43,7 +43,7 @@ import yaml
 from k3load.evidence import SeriesTable, lines, metrics_file, records_file
 from k3load.records import Attempt, read_records
 from k3load.targets import real_model
-from tests.real.test_real_server import (
+from tests.real.real_runs import (
     ROOT,
     assert_every_failure_has_its_layer,
     because,

@@ -1,32 +1,24 @@
-"""Real-server proof: the whole acceptance plan against the real vLLM CPU build, misconfigured the way
-production servers are, asserting the verdict, every pillar's status and the reasons (verdict.json).
+"""Real-server proof on the tiny healthy server and the one started beside it: the whole acceptance plan against
+the real vLLM CPU build, misconfigured the way production servers are, asserting the verdict, every pillar's
+status and the reasons (verdict.json).
 
 Why: a simulator we wrote can agree with a harness we wrote for the wrong reasons. Each setup runs
 `locust -f locustfiles/agent.py --headless` (the plan scaled to a 2-core CPU server: about 85 s) with
-the local-dev recipe, the server's own log as startup log and followed log, and CPU-scaled SLOs:
+the local-dev recipe, the server's own log as startup log and followed log, and CPU-scaled SLOs
+(tests/real/real_runs.py):
 
-2. --no-enable-prefix-caching
+2. --no-enable-prefix-caching (its server starts beside the healthy one, sharing the start-up minutes)
 7. healthy, SIGKILLed mid-soak, brought back by --k3-restart-cmd; 7b. then restarted on purpose by the
    restart drill, in a run whose control prompt is under one cache block (6: a harness input, not a
    server setting, so it rides along instead of costing a run of its own)
-3. KV starved (the session server, 24 blocks)     4. --enable-auto-tool-choice forgotten
 
-Setup 5 (--disable-log-stats) moved onto the real instruct model's misconfigured server
-(tests/real/test_real_model.py, R2), so the suite starts one server fewer.
-
-Setup 1 (healthy) moved to the real instruct model (tests/real/test_real_model.py, R1): random weights
-only ever showed that tool turns come back as newlines. The tiny healthy server still serves 6 and 7.
+Setups 3 and 4 are in tests/real/test_real_server_shortage.py; setup 1 (healthy) and 5 (--disable-log-stats)
+moved to the real instruct model (tests/real/test_real_model.py, R1 and R2): random weights only ever showed
+that tool turns come back as newlines. The tiny healthy server still serves 6 and 7.
 Servers run eager (tests/target_fixtures.py EAGER) and start two at a time (about 3 GB each; never
-more than three of ours at once, the session one included) and stop as soon as their setups are done. Each run's
-verdict.json, validation_summary.json, compat.json and report.md are kept under
-runs/real-server/SETUP/ (docs/real-server-results.md is written from them).
-
-What the real server does that the sim did not (found here): with --disable-log-stats vLLM 0.32 still
-serves vllm:tool_call_parser_invocations_total; without --enable-auto-tool-choice it refuses every
-request with tools and tool_choice other than "none" (400), not just "auto"; its scheduler mostly
-queues rather than preempts when KV blocks run out; and at the harness's temperature 0 the
-random-weight model answers with runs of newlines, never tool markup, so the parser layer shows up
-only as schema-constrained JSON with raw control characters that xgrammar let through.
+more than three of ours at once, the session one included) and stop as soon as their setups are done; this
+module's pool (`vllm_pool`) holds the healthy server, shared by its setups through the module's `healthy` and
+`killed_run` fixtures.
 """
 
 from __future__ import annotations
@@ -35,157 +27,44 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from k3load.evidence import records_file
-from k3load.outcomes import LAYERS
 from k3load.records import Attempt, read_records
 from k3load.targets.vllm_cpu import process_group_alive
-from k3load.workload.scenario import load_scenarios
 from tests.probes import Target, scrape, total
+from tests.real.real_runs import (
+    HEALTHY,
+    KILL_AFTER_S,
+    PREFIX_OFF,
+    RESTART_STAGES,
+    ROOT,
+    SHORT_STAGES,
+    STAGES,
+    accept,
+    assert_cache_pass_or_undecided,
+    because,
+    events,
+    judged,
+    keep,
+    locust_cmd,
+    reasons,
+    statuses,
+    write_plan,
+)
 from tests.scenario_edits import short_control_prompt
-from tests.target_fixtures import EAGER, SERVER_ARGS, ServerConfig, VllmPool, VllmTarget, cache_dir
-
-ROOT = Path(__file__).resolve().parents[2]
-KEEP = ROOT / "runs" / "real-server"
-RECIPE = "recipes/local-dev.yaml"
-STAGES: list[dict[str, Any]] = [
-    {"name": "prefix-control", "kind": "prefix_control", "duration_s": 32, "users": 1,
-     "mix": {"shared_prefix": 1}, "iterations_per_user": 1},  # 8 pairs: 8 x (3 s cold + a warm twin)
-    {"name": "load", "kind": "load", "duration_s": 16, "users": 2, "mix": {"agent": 3, "shared_prefix": 1}},
-    {"name": "long-input", "kind": "long_input", "duration_s": 8, "users": 1, "mix": {"long_input": 1}},
-    {"name": "concurrency", "kind": "concurrency", "duration_s": 6, "steps": [1, 4],
-     "mix": {"agent": 2, "shared_prefix": 1}},
-    {"name": "soak", "kind": "soak", "duration_s": 15, "users": 3,
-     "mix": {"agent": 2, "shared_prefix": 1, "cold": 1, "long_input": 1}},
-]
-# The defaults are a GPU deployment's SLOs; here a cold 2,000-token prefill on two shared cores takes
-# seconds (3-27 s TTFT p95 seen while other jobs ran), so judging latency against them would make
-# `resources` a coin toss of the machine's load. KV, preemption, error and crash limits keep their
-# defaults; sustained waiting is scaled to steps of 6-10 s (the default 10 s could never be reached), and
-# so is the drain bound (an abort lands after the step in progress: two such steps).
-THRESHOLDS = {"slo": {"ttft_p95_ms": 30000, "itl_p95_ms": 2000, "e2e_p95_ms": 120000},
-              "resources": {"max_waiting_sustained_s": 5, "max_drain_s": 20}}
-# Setups 2 and 4 judge a misconfiguration the control and the base load show (caching off, tool choice
-# refused): the long input, the ramp and the soak add nothing to their verdicts but about 40 s each of CI
-# (setups 3 and 7 keep every stage). Setup 2's control keeps its 8 pairs: its tool-call turns are half
-# the attempts that decide the agent pillar (16 s left it inconclusive on a busy machine).
-SHORT_STAGES = STAGES[:2]
-# Setup 4's control pairs are refused at once: 16 s plays them all.
-REFUSED_STAGES = [{**STAGES[0], "duration_s": 16}, STAGES[1]]
-# Setup 3: agents only above the KV capacity (300-1,000-token prompts that grow while decoding:
-# admitted, then short of blocks), for long enough to count as sustained.
-KV_STAGES = [*STAGES[:3], {**STAGES[3], "duration_s": 10, "steps": [2, 8], "mix": {"agent": 1}}, STAGES[4]]
-# Setup 7: the same stages, shorter before the soak (the crash is the point); the soak is killed
-# KILL_AFTER_S in, and the restart stage outlasts a start-up on two busy cores (eager: back after
-# 44-49 s seen; compiled it was 90-110 s) with load left to serve after it.
-KILL_AFTER_S = 6
-RESTART_STAGES = [{**STAGES[0], "duration_s": 16}, {**STAGES[1], "duration_s": 8}, {**STAGES[2], "duration_s": 6},
-                  {**STAGES[3], "duration_s": 5}, {**STAGES[4], "duration_s": 20},
-                  {"name": "restart", "kind": "restart", "duration_s": 80, "users": 3,
-                   "mix": {"agent": 2, "shared_prefix": 1}}]
-HEALTHY = ServerConfig()
-PREFIX_OFF = ServerConfig(drop_flags=["--enable-prefix-caching"], extra_args=["--no-enable-prefix-caching"])
-NO_AUTO_TOOLS = ServerConfig(drop_flags=["--enable-auto-tool-choice"])
-AUTO_REFUSED = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+from tests.target_fixtures import VllmPool, VllmTarget, cache_dir
 
 pytestmark = pytest.mark.vllm
-
-
-# -- running the plan ---------------------------------------------------------------------------------------
-def locust_cmd(target: VllmTarget, out: Path, plan: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "agent.py"), "--headless",
-            "--host", target.base_url, "--k3-out", str(out), "--k3-plan", str(plan), "--k3-recipe", RECIPE,
-            "--k3-startup-log", str(target.log_path), "--k3-server-log", str(target.log_path),
-            "--stop-timeout", "20", "--only-summary", *extra]
-
-
-def write_plan(tmp_path: Path, stages: list[dict[str, Any]]) -> Path:
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(yaml.safe_dump({"name": "real-server", "stages": stages, "thresholds": THRESHOLDS}))
-    return plan
-
-
-def accept(target: VllmTarget, tmp_path: Path, setup: str, flags: list[str], *extra: str,
-           stages: list[dict[str, Any]] = STAGES) -> tuple[dict[str, Any], int, Path]:
-    """Run the plan against the server; (verdict.json, exit code, run dir), kept for the results doc."""
-    out = tmp_path / "run"
-    cmd = locust_cmd(target, out, write_plan(tmp_path, stages), *extra)
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert (out / "verdict.json").exists(), run.stdout[-3000:] + run.stderr[-3000:]
-    keep(setup, flags, out)
-    return json.loads((out / "verdict.json").read_text()), run.returncode, out
-
-
-def assert_cache_pass_or_undecided(verdict: dict[str, Any]) -> None:
-    """The cache pillar of a setup about something else (a crash, a starved KV pool): pass, or inconclusive for
-    want of evidence (too few pairs timed, the latency sign test undecided over 8 pairs on a busy machine),
-    never fail. Why not pass only: 8 pairs on two oversubscribed cores left the sign test at p=0.145 in a CI
-    run, a timing window the test cannot own (setup 1 proves the cache on a healthy server)."""
-    cache = verdict["pillars"]["prefix_cache"]
-    assert cache["status"] == "pass" or (cache["status"] == "inconclusive" and re.search(
-        r"more pairs would decide|fewer than two pairs have a first-token time", cache["reasons"][0])), cache["reasons"]
-
-
-def keep(setup: str, flags: list[str], out: Path) -> None:
-    """The judgment and its setup, for docs/real-server-results.md and post-mortems."""
-    dest = KEEP / setup
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    for name in ("verdict.json", "validation_summary.json", "compat.json", "report.md"):
-        if (out / name).exists():
-            shutil.copy2(out / name, dest / name)
-    (dest / "setup.json").write_text(json.dumps({"setup": setup, "server_flags": flags}, indent=1) + "\n")
-
-
-def statuses(verdict: dict[str, Any]) -> dict[str, str]:
-    return {name: p["status"] for name, p in verdict["pillars"].items()}
-
-
-def reasons(verdict: dict[str, Any], pillar: str) -> str:
-    return " | ".join(verdict["pillars"][pillar]["reasons"])
-
-
-def because(verdict: dict[str, Any]) -> str:
-    return " | ".join(verdict["next_action"]["because"])
-
-
-def events(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines() if line.strip()]
-
-
-def judged(attempts: list[Attempt]) -> list[Attempt]:
-    """What the agent pillar judges: every attempt except the timeout drill's deliberately short ones."""
-    return [a for a in attempts if not a.drill]
-
-
-def assert_every_failure_has_its_layer(attempts: list[Attempt], verdict: dict[str, Any]) -> Counter[str]:
-    """Every invalid attempt names the layer(s) at fault and one primary layer, and the pillar counts
-    each failed attempt once, under its primary layer."""
-    for attempt in attempts:
-        failed = [f for f in attempt.findings if not f.ok]
-        assert attempt.valid == (not failed), attempt.attempt_id
-        assert all(f.layer in LAYERS for f in failed), [(f.check, f.layer) for f in failed]
-        assert sorted(attempt.failed_layers) == sorted({f.layer for f in failed})
-        assert (attempt.primary_layer in attempt.failed_layers) if failed else attempt.primary_layer is None
-    layers = Counter(a.primary_layer for a in judged(attempts) if a.primary_layer)  # each failure counted once
-    numbers = verdict["pillars"]["agent_api"]["numbers"]
-    assert numbers["failed_by_layer"] == {layer: layers.get(layer, 0) for layer in LAYERS}
-    assert numbers["attempts"] == len(judged(attempts))
-    return layers
 
 
 # -- servers ------------------------------------------------------------------------------------------------
@@ -482,112 +361,3 @@ def test_crash_names_the_input_length_of_the_requests_it_cut(killed_run):
         assert abs(conditions["max_prompt_tokens"] - measured[biggest.request_sha256]) <= 0.03 * conditions[
             "max_prompt_tokens"], (conditions, measured[biggest.request_sha256])
     assert 0 < conditions["max_prompt_tokens"] <= 2048  # the tiny model's context
-
-
-# -- 3. KV starved -------------------------------------------------------------------------------------------
-def test_kv_starved_server_is_judged_short_of_kv_with_the_limit_named(vllm_pool, request, tmp_path):
-    """The session server (24 blocks of 128 tokens: one 2,000-token prompt at a time). vLLM 0.32 mostly
-    queues what does not fit (waiting) and preempts what outgrows it; the harness names the KV cache.
-    The verdict does not depend on the machine's speed (how long the queue lasts does), so setup 4's
-    server starts meanwhile. The same run proves the plain path too: every family sent, usage from the
-    server, the long input near the context, the control's warm twins hit and cold ones do not."""
-    vllm_pool.start(no_auto_tools=NO_AUTO_TOOLS)
-    vllm_server = request.getfixturevalue("vllm_server")
-    flags = [" ".join(SERVER_ARGS), *(["--enforce-eager"] if EAGER else [])]
-    verdict, code, out = accept(vllm_server, tmp_path, "3-kv-starved", flags, stages=KV_STAGES)
-    resources = verdict["pillars"]["resources"]
-    assert_cache_pass_or_undecided(verdict)  # a starved KV pool evicts and delays the pairs; judged in setup 1
-    assert {p: s for p, s in statuses(verdict).items() if p != "prefix_cache"} == {
-        "compat": "pass", "resources": "fail", "agent_api": "fail"}, json.dumps(verdict["next_action"], indent=1)
-    stages = {s["stage"]: s for s in resources["numbers"]["stages"]}
-    over = stages["concurrency-c8"]
-    # The sampler reads the KV gauge once a second (late, under this load), so a full cache shows as a
-    # 100% peak only when a reading falls in it: a clean-clone run read 96% (22 of 23 blocks) at most in
-    # c8 while vLLM preempted 10 requests there. Either names the KV cache as what ran out in the stage.
-    # The waiting gauge likewise: a run with the machine oversubscribed read 0 waiting in every c8 scrape
-    # while vLLM preempted 2 there; the queue is asked of the whole run (its soak waited 9 s), not one stage.
-    assert over["kv_usage_max"] >= 0.98 or over["preemptions"], over
-    assert max(s["waiting_max"] or 0 for s in stages.values()) > 0, stages
-    assert re.search(r"stage concurrency-c8 \(8 users\): .*(KV cache usage reached 100% > 98%|preemptions/min > )",
-                     reasons(verdict, "resources"))
-    # How long the queue stayed non-empty depends on this machine's speed (7 s and under 5 s both seen):
-    # the rule must fire exactly when a stage's sustained wait passed the plan's limit.
-    limit = THRESHOLDS["resources"]["max_waiting_sustained_s"]
-    sustained = max((s.get("waiting_sustained_s") or 0.0) for s in stages.values())
-    assert ("requests waited for" in reasons(verdict, "resources")) == (sustained > limit), (sustained, limit)
-    assert sum(s["preemptions"] or 0 for s in stages.values()) > 0, stages
-    assert verdict["limits"]["ran_out_first"] == "KV cache"
-    assert verdict["limits"]["kv_cache_usage_ceiling"] < 0.98
-    if verdict["verdict"] == "scale_up":  # even the base load did not fit, or not even the smallest step did
-        # (one preemption in the 2-user step's few seconds is 8.5 a minute on a slow machine: seen in a clean run)
-        assert code == 5 and ("even the base load stage exceeded its resource limits" in because(verdict) or
-                              "no concurrency step stayed within limits (KV cache ran out first)" in because(verdict))
-    else:
-        assert verdict["verdict"] == "limited" and code == 3
-        assert re.match(r"hold concurrency at \d users \(KV cache ran out above it\)", because(verdict))
-    attempts = read_records(records_file(out))
-    assert_every_failure_has_its_layer(attempts, verdict)
-    assert all(a.status == "ok" for a in judged(attempts))  # queued and preempted, never refused
-    assert {a.family for a in attempts} == {"agent", "shared_prefix", "cold", "long_input"}
-    assert all(a.prompt_tokens and a.completion_tokens is not None for a in attempts if a.status == "ok")
-    long_inputs = [a for a in attempts if a.family == "long_input" and a.status == "ok"]
-    assert long_inputs and min(a.prompt_tokens or 0 for a in long_inputs) > 0.5 * vllm_server.max_model_len
-    control = [a for a in attempts if a.stage == "prefix-control"]  # cold/warm twins: only the warm one hits
-    assert control and [a.control_role for a in control] == ["cold", "warm"] * (len(control) // 2)
-    assert all((a.cached_tokens or 0) * 10 < (a.prompt_tokens or 0) for a in control if a.control_role == "cold")
-    assert all((a.cached_tokens or 0) > 0.5 * (a.prompt_tokens or 0) for a in control if a.control_role == "warm")
-
-
-# -- 4. --enable-auto-tool-choice forgotten -----------------------------------------------------------------
-def _turn_tool_choice(attempt: Attempt, scenarios: dict[str, Any]) -> Any:
-    """The tool_choice the attempt sent: its turn's, or its fallback's once the retries were exhausted (the shipped
-    timeout drill falls back to tool_choice none: served by this server, as a fallback should be)."""
-    turn = scenarios[attempt.scenario].turns[attempt.turn]
-    if attempt.path == "fallback" and turn.fallback is not None and turn.fallback.tool_choice is not None:
-        return turn.fallback.tool_choice
-    return turn.settings.get("tool_choice")
-
-
-def test_forgotten_auto_tool_choice_is_a_server_refusal_not_a_shortage(vllm_pool, tmp_path):
-    """vLLM 0.32 without --enable-auto-tool-choice builds no tool parser: every request with tools and a
-    tool_choice other than "none" is refused with 400 before any work. Each refusal is a `server`
-    failure (vLLM's own JSON error body, not a proxy's); the requests with tool_choice "none" are served.
-    Not scale_up: a refusal is the configuration's fault, not a shortage (analysis/pillars/headroom/stages.py,
-    _load_errors)."""
-    vllm_pool.start(no_auto_tools=NO_AUTO_TOOLS)
-    target = vllm_pool.get("no_auto_tools")
-    try:
-        verdict, code, out = accept(target, tmp_path, "4-no-auto-tool-choice", NO_AUTO_TOOLS.flags(),
-                                    stages=REFUSED_STAGES)
-    finally:
-        vllm_pool.stop("no_auto_tools")
-    assert statuses(verdict) == {"compat": "pass", "resources": "pass", "prefix_cache": "inconclusive",
-                                 "agent_api": "fail"}, json.dumps(verdict["next_action"], indent=1)
-    assert verdict["verdict"] == "limited" and code == 3
-    assert re.search(r"by primary layer: .*server \d+; most frequent checks: transport x\d+",
-                     reasons(verdict, "agent_api"))
-    assert reasons(verdict, "prefix_cache") == \
-        "inconclusive, because no cold/warm control pair completed (every pair had a failed request: server)"
-    attempts = read_records(records_file(out))
-    assert_every_failure_has_its_layer(attempts, verdict)
-    scenarios = {s.name: s for s in load_scenarios(sorted((ROOT / "scenarios").glob("*.yaml")))}
-    refused = [a for a in judged(attempts) if a.status == "http_error"]
-    served = [a for a in judged(attempts) if a.status == "ok"]
-    assert refused and served
-    for attempt in refused:
-        assert attempt.http_status == 400 and attempt.failed_layers == ["server"], attempt.error
-        assert json.loads(attempt.error_body or "{}")["error"]["message"] == AUTO_REFUSED, attempt.error_body
-        assert _turn_tool_choice(attempt, scenarios) != "none"
-    assert all(_turn_tool_choice(a, scenarios) == "none" for a in served)
-    assert {layer for a in served for layer in a.failed_layers} <= {"model_output", "parser"}
-    # Whether a drill's short deadline expires in a 16 s load stage depends on the machine's speed; when one
-    # did, its retry carries tools and is refused too: only a turn's fallback (tool_choice none, the shipped
-    # timeout-retry scenario's) answers here, and the pillar says how many did not.
-    drill = verdict["pillars"]["agent_api"]["numbers"]["timeout_drill"]
-    chains: dict[str, list[Attempt]] = {}
-    for attempt in sorted(attempts, key=lambda a: a.attempt):
-        chains.setdefault(attempt.chain_id, []).append(attempt)
-    answered = [c[-1] for c in chains.values() if any(a.drill for a in c) and c[-1].status == "ok" and len(c) > 1]
-    assert len(answered) == drill["recovered"] and all(a.path == "fallback" for a in answered), (drill, answered)
-    assert (f"timeout drill: only {drill['recovered']} of" in reasons(verdict, "agent_api")) == \
-        (drill["judged"] > drill["recovered"]), drill
