@@ -25,6 +25,7 @@ from k3load.analysis.pillars.cache.pillar_cache import cache_config, judge_prefi
 from k3load.analysis.pillars.cache.reuse import apply_reuse, judge_reuse
 from k3load.analysis.pillars.headroom.buffering import Delivery
 from k3load.analysis.pillars.headroom.pillar_resources import judge_resources
+from k3load.analysis.pillars.headroom.stage_row import StageRow
 from k3load.analysis.pillars.pillar import PillarResult, rounded, thresholds
 from k3load.analysis.run.rundata import RunData, gc_paused, load_run
 from k3load.analysis.run.timeline import MetricIndex, shared_indexes
@@ -43,7 +44,7 @@ OUTPUTS = ("verdict.json", "capacity.json", "report.md", "report.html", "alerts.
 class Judgment:
     data: RunData
     pillars: dict[str, PillarResult]
-    stage_table: list[dict[str, Any]]
+    stage_table: list[StageRow]  # typed; plain data where verdict.json and the reports are written
     ramp: Ramp
     verdict: Verdict
     because: list[str]
@@ -104,12 +105,12 @@ def _judge(run_dir: Path, plotter: PlotsBeside | None = None) -> Judgment:
 
 
 def plan_capacity(data: RunData, index: MetricIndex, pillars: dict[str, PillarResult],
-                  stage_table: list[dict[str, Any]], limits: Limits,
+                  stage_table: list[StageRow], limits: Limits,
                   inputs: PlannerInputs | None = None) -> dict[str, Any]:
     """capacity.json: `inputs` as the run asked (its options and plan) unless given (`k3load capacity`)."""
     inputs = inputs or planner_inputs(data.run, data.plan, data.compat, telemetry_gpus(data))
     bound = min_goodput(data.plan)
-    kind = next((k for k in (StageKind.SEARCH, StageKind.CONCURRENCY) if any(s["kind"] == k for s in stage_table)),
+    kind = next((k for k in (StageKind.SEARCH, StageKind.CONCURRENCY) if any(s.kind == k for s in stage_table)),
                 None)  # a search first: the capacity was read from it
     routing = next((r for r in pillars["prefix_cache"].numbers.get("rules", []) if r.get("id") == "cache.routing"),
                    None)
@@ -121,7 +122,7 @@ def plan_capacity(data: RunData, index: MetricIndex, pillars: dict[str, PillarRe
     return rounded(plan)
 
 
-def _capacity_marks(data: RunData, stage_table: list[dict[str, Any]], limits: dict[str, dict[str, float]]
+def _capacity_marks(data: RunData, stage_table: list[StageRow], limits: dict[str, dict[str, float]]
                     ) -> RampMarks:
     """What the ramp's plots mark: the SLO lines, the goodput bound and the capacity point
     (analysis/decision/capacity.py,

@@ -17,6 +17,7 @@ from typing import Any
 from k3load.analysis.decision.checklist import open_items as open_lines
 from k3load.analysis.decision.ramp import Ramp
 from k3load.analysis.pillars.agent.pillar_agent import context_reason
+from k3load.analysis.pillars.headroom.stage_row import StageRow
 from k3load.analysis.pillars.limit_rules import RuleId
 from k3load.analysis.pillars.pillar import PillarResult
 from k3load.analysis.pillars.rules import RESOURCE_SIGNALS
@@ -68,14 +69,12 @@ class Limits:
         return asdict(self)
 
 
-def _limits(stage_table: list[dict[str, Any]], ramp: Ramp, context: dict[str, Any] | None = None
-            ) -> Limits:
-    good = [s for s in stage_table if not s["problems"]]
-    long_ok = [s["max_prompt_tokens_ok"] for s in good
-               if s["kind"] == StageKind.LONG_INPUT and s["max_prompt_tokens_ok"]]
-    any_ok = [s["max_prompt_tokens_ok"] for s in good if s["max_prompt_tokens_ok"]]
-    kv = [s["kv_usage_max"] for s in good if s["kv_usage_max"] is not None]
-    users = [s["users"] for s in good if s["users"]]
+def _limits(stage_table: list[StageRow], ramp: Ramp, context: dict[str, Any] | None = None) -> Limits:
+    good = [s for s in stage_table if not s.problems]
+    long_ok = [s.max_prompt_tokens_ok for s in good if s.kind == StageKind.LONG_INPUT and s.max_prompt_tokens_ok]
+    any_ok = [s.max_prompt_tokens_ok for s in good if s.max_prompt_tokens_ok]
+    kv = [s.kv_usage_max for s in good if s.kv_usage_max is not None]
+    users = [s.users for s in good if s.users]
     refused = [v["max_model_len"] for v in (context or {}).values()]
     return Limits(max_concurrency=ramp.knee_users if ramp.steps else (max(users) if users else None),
                   max_input_tokens=max(long_ok or any_ok) if (long_ok or any_ok) else None,
@@ -84,11 +83,11 @@ def _limits(stage_table: list[dict[str, Any]], ramp: Ramp, context: dict[str, An
                   max_model_len=min(refused) if refused else None)
 
 
-def _resource_breaches(stage: dict[str, Any]) -> list[str]:
-    return [p["reason"] for p in stage["problems"] if p["signal"] in RESOURCE_SIGNALS]
+def _resource_breaches(stage: StageRow) -> list[str]:
+    return [p.reason for p in stage.problems if p.signal in RESOURCE_SIGNALS]
 
 
-def _scale_up_reasons(resources: PillarResult, stage_table: list[dict[str, Any]], ramp: Ramp) -> list[str]:
+def _scale_up_reasons(resources: PillarResult, stage_table: list[StageRow], ramp: Ramp) -> list[str]:
     """`scale_up` needs a resource signal: an OOM or a crash with memory evidence, KV at its limit,
     sustained waiting, preemptions, GPU memory, or latency over its SLO while requests queued. Errors,
     flapping health checks and crashes without memory evidence are never a reason to buy GPUs."""
@@ -107,24 +106,24 @@ def _scale_up_reasons(resources: PillarResult, stage_table: list[dict[str, Any]]
             text += (f", and again under the same load after the restart ({same['why']}; "
                      f"{again.get('memory_evidence') or 'no memory evidence'}): a continuing OOM")
         reasons.append(text)
-    loads = [s for s in stage_table if s["kind"] == StageKind.LOAD]
+    loads = [s for s in stage_table if s.kind == StageKind.LOAD]
     if loads and all(_resource_breaches(s) for s in loads):
         reasons.append("even the base load stage exceeded its resource limits: "
                        + "; ".join(_resource_breaches(loads[0])))
-    steps = [s for s in stage_table if s["kind"] in STEP_KINDS]
-    if steps and ramp.knee_users is None and _resource_breaches(min(steps, key=lambda s: s["users"] or 0)):
-        reasons.append(f"no {steps[0]['kind']} step stayed within limits ({ramp.ran_out_first} ran out first)")
+    steps = [s for s in stage_table if s.kind in STEP_KINDS]
+    if steps and ramp.knee_users is None and _resource_breaches(min(steps, key=lambda s: s.users or 0)):
+        reasons.append(f"no {steps[0].kind} step stayed within limits ({ramp.ran_out_first} ran out first)")
     return reasons
 
 
-def _failing_layers(stage_table: list[dict[str, Any]]) -> str | None:
+def _failing_layers(stage_table: list[StageRow]) -> str | None:
     """Failures without a resource signal, by layer: what to fix instead of buying GPUs."""
     layers: dict[str, int] = {}
     for stage in stage_table:
-        ids = {p["id"] for p in stage["problems"]}
+        ids = {p.id for p in stage.problems}
         if RuleId.SLO_ERROR_RATE not in ids or _resource_breaches(stage) or RuleId.SERVER_DOWN in ids:
             continue  # errors under KV or queue pressure, or cut by a crash, are said with that cause
-        for layer, count in (stage.get("errors_by_layer") or {}).items():
+        for layer, count in stage.errors_by_layer.items():
             layers[layer] = layers.get(layer, 0) + count
     if not layers:
         return None
@@ -146,15 +145,7 @@ def not_proven(checklist: list[dict[str, Any]]) -> list[str]:
     return [f"not proven: {item['item']} ({item['detail']})" for item in open_lines(checklist)]
 
 
-def decide(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], ramp: dict[str, Any],
-           unfinished: str | None = None, checklist: list[dict[str, Any]] | None = None
-           ) -> tuple[Verdict, list[str], dict[str, Any]]:
-    """`verdict_of` over the ramp as plain data (`ramp.ramp`'s), with the limits as plain data (verdict.json's)."""
-    verdict, why, limits = verdict_of(pillars, stage_table, Ramp.from_dict(ramp), unfinished, checklist)
-    return verdict, why, limits.to_dict()
-
-
-def verdict_of(pillars: dict[str, PillarResult], stage_table: list[dict[str, Any]], ramp: Ramp,
+def verdict_of(pillars: dict[str, PillarResult], stage_table: list[StageRow], ramp: Ramp,
                unfinished: str | None = None, checklist: list[dict[str, Any]] | None = None
                ) -> tuple[Verdict, list[str], Limits]:
     """(verdict, why, limits). `unfinished`: the plan did not finish (never `go`). `checklist`: the signed

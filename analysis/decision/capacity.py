@@ -19,12 +19,13 @@ from typing import Any
 from k3load.analysis.decision.ramp import load_steps
 from k3load.analysis.pillars.headroom.full_batch import MIN_SCRAPES, PAST_CAPACITY_SHARE
 from k3load.analysis.pillars.headroom.goodput import DEFAULT_MIN_GOODPUT
+from k3load.analysis.pillars.headroom.stage_row import StageRow
 from k3load.analysis.pillars.limit_rules import EXHAUSTED_BY_RULE, RuleId
+from k3load.analysis.pillars.rules import Breach
 
 CAPACITY_FORMAT = 1
 DEFAULT_HEADROOM = 0.3
 GOODPUT_RULE = "slo.goodput"
-FULL_BATCH_RULE = str(RuleId.FULL_BATCH_QUEUE)
 RATE = "sessions_per_s"  # a stage row's arrival rate (an open-loop step's)
 
 
@@ -76,36 +77,36 @@ def min_goodput(plan: Any, search: str | None = None) -> float:
     return float(found[-1].min_goodput) if found else DEFAULT_MIN_GOODPUT
 
 
-def step_held(row: dict[str, Any], bound: float) -> bool:
+def step_held(row: StageRow, bound: float) -> bool:
     """Within every limit and goodput at or above the bound. The point estimate decides, as the live search
     decides a step whose interval still straddles the bound after its repeat (k3load.loadgen.search): the
     interval is said beside it (an interval clearly above or below agrees with its point anyway)."""
     return load_held([row], bound)
 
 
-def load_goodput(rows: list[dict[str, Any]]) -> float | None:
+def load_goodput(rows: list[StageRow]) -> float | None:
     """The goodput of one load over all its steps together (a near-bound step and its repeat are one body
     of evidence, as the live search judged them); None where no request was judged."""
-    requests = sum(r.get("goodput_requests") or 0 for r in rows)
-    good = sum(r.get("goodput_good_requests") or 0 for r in rows)
+    requests = sum(r.goodput.requests for r in rows if r.goodput)
+    good = sum(r.goodput.good_requests for r in rows if r.goodput)
     return good / requests if requests else None
 
 
-def _pooled_queue(rows: list[dict[str, Any]]) -> bool:
+def _pooled_queue(rows: list[StageRow]) -> bool:
     """The queue behind a full batch over every step at one load, their scrapes together (as the live search
     pools a repeat's): past capacity where most of them showed it."""
-    scrapes = sum(r.get("full_batch_scrapes") or 0 for r in rows if r.get("full_batch_queued_scrapes") is not None)
-    queued = sum(r.get("full_batch_queued_scrapes") or 0 for r in rows)
+    scrapes = sum(r.full_batch_scrapes or 0 for r in rows if r.full_batch_queued_scrapes is not None)
+    queued = sum(r.full_batch_queued_scrapes or 0 for r in rows)
     return scrapes >= MIN_SCRAPES and queued / scrapes > PAST_CAPACITY_SHARE
 
 
-def load_held(rows: list[dict[str, Any]], bound: float) -> bool:
+def load_held(rows: list[StageRow], bound: float) -> bool:
     """One load, over every step run at it: within every limit (the queue behind a full batch over their
     scrapes together), and their goodput together at the bound; a load no request was judged at never held."""
-    other = [p for r in rows for p in r["problems"] if p["id"] != FULL_BATCH_RULE]
+    other = [p for r in rows for p in r.problems if p.id != RuleId.FULL_BATCH_QUEUE]
     goodput = load_goodput(rows)
-    queued = _pooled_queue(rows) if len(rows) > 1 else any(p["id"] == FULL_BATCH_RULE for r in rows
-                                                            for p in r["problems"])
+    queued = _pooled_queue(rows) if len(rows) > 1 else any(p.id == RuleId.FULL_BATCH_QUEUE for r in rows
+                                                            for p in r.problems)
     return not other and not queued and goodput is not None and goodput >= bound
 
 
@@ -119,52 +120,59 @@ class Limiting:
     reason: str
 
 
-def _limiting(row: dict[str, Any], bound: float) -> Limiting:
+def _limiting(row: StageRow, bound: float) -> Limiting:
     """What ran out at the first failed step, by rule id (never by the reason's wording)."""
-    ids = {p["id"]: p for p in row["problems"]}
+    ids: dict[str, Breach] = {p.id: p for p in row.problems}
     for rule_id, resource in EXHAUSTED_BY_RULE:
         if rule_id in ids:
-            return Limiting(rule_id, resource, ids[rule_id]["reason"])
-    if row["problems"]:
-        first = row["problems"][0]
-        return Limiting(first["id"], "unknown", first["reason"])
-    ci = row.get("goodput_ci95")
-    if not row.get("goodput_requests") or ci is None or row.get("goodput") is None:
+            return Limiting(rule_id, resource, ids[rule_id].reason)
+    if row.problems:
+        first = row.problems[0]
+        return Limiting(str(first.id), "unknown", first.reason)
+    good = row.goodput
+    ci = good.share_ci95 if good else None
+    if good is None or not good.requests or ci is None or good.share is None:
         return Limiting(GOODPUT_RULE, "goodput",
                         "no request was judged at this load (none answered or counted): it cannot be said to hold")
-    misses = row.get("goodput_misses") or {}
+    misses = good.misses or {}
     said = ", ".join(f"{k} {v}" for k, v in misses.items() if v)
     what = ("the answers' validity, not the load: every miss was an answer that was not valid"
             if misses and misses.get("invalid") and not misses.get("latency") and not misses.get("error")
             else "goodput")
-    return Limiting(GOODPUT_RULE, what, f"{row.get('goodput', 0):.1%} of {row.get('goodput_requests')} requests met "
+    return Limiting(GOODPUT_RULE, what, f"{good.share:.1%} of {good.requests} requests met "
                     f"every SLO (95% CI {ci[0]:.1%}-{ci[1]:.1%}) < {bound:.0%}"
                     + (f"; attempts missed by {said}" if said else ""))
 
 
-def _most_requests(row: dict[str, Any]) -> tuple[int, str]:
+def _most_requests(row: StageRow) -> tuple[int, str]:
     """Of repeats at one load, the step with the most evidence speaks for it."""
-    return row.get("goodput_requests") or 0, row["stage"]
+    return (row.goodput.requests if row.goodput else 0) or 0, row.stage
 
 
-def _worst(rows: list[dict[str, Any]], bound: float) -> dict[str, Any]:
+def _worst(rows: list[StageRow], bound: float) -> StageRow:
     """The failed load's step that speaks for it: one that broke a limit, else the one with most evidence."""
-    broke = [r for r in rows if r["problems"]]
+    broke = [r for r in rows if r.problems]
     return broke[0] if broke else max(rows, key=_most_requests)
 
 
-def _load_key(rows: list[dict[str, Any]]) -> str:
+def _load_key(rows: list[StageRow]) -> str:
     """What the steps varied: the arrival rate where they were open-loop (a search on sessions_per_s), else users."""
-    return RATE if rows and all(r.get(RATE) is not None for r in rows) else "users"
+    return RATE if rows and all(r.sessions_per_s is not None for r in rows) else "users"
 
 
-def _bracket(rows: list[dict[str, Any]], bound: float, key: str
-             ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def _load(row: StageRow, key: str) -> float:
+    """The step's load on the axis the steps varied (`_load_key`'s): its arrival rate, else its users (an int,
+    as capacity.json says it; a load step has its load, `load_steps`)."""
+    load = row.sessions_per_s if key == RATE else row.users
+    return load if load is not None else 0
+
+
+def _bracket(rows: list[StageRow], bound: float, key: str) -> tuple[StageRow | None, StageRow | None]:
     """(the capacity step, the first failed step): the largest load held below the smallest that failed;
     a load held only where every step at it held (a repeat that failed counts)."""
-    by_load: dict[float, list[dict[str, Any]]] = {}
+    by_load: dict[float, list[StageRow]] = {}
     for row in rows:
-        by_load.setdefault(float(row[key]), []).append(row)
+        by_load.setdefault(float(_load(row, key)), []).append(row)
     failed = sorted(u for u, group in by_load.items() if not load_held(group, bound))
     first_bad = failed[0] if failed else None
     held = [u for u in by_load if u not in failed and (first_bad is None or u < first_bad)]
@@ -173,11 +181,10 @@ def _bracket(rows: list[dict[str, Any]], bound: float, key: str
             _worst(by_load[first_bad], bound) if first_bad is not None else None)
 
 
-def _per_replica(kind: str | None, rows: list[dict[str, Any]], bound: float, max_input: int | None
-                 ) -> dict[str, Any]:
+def _per_replica(kind: str | None, rows: list[StageRow], bound: float, max_input: int | None) -> dict[str, Any]:
     key = _load_key(rows)
     held, bad = _bracket(rows, bound, key)
-    tried = max((r[key] for r in rows), default=None)
+    tried = max((_load(r, key) for r in rows), default=None)
     out: dict[str, Any] = {"source": kind, "min_goodput": bound, "max_users_at_slo": None,
                            "max_users_at_slo_interval": None, "max_sessions_per_s_at_slo": None,
                            "max_sessions_per_s_at_slo_interval": None, "searched_on": key,
@@ -190,22 +197,28 @@ def _per_replica(kind: str | None, rows: list[dict[str, Any]], bound: float, max
         return out
     unit = "sessions/s" if key == RATE else "users"
     if bad is not None:
-        out["limiting"] = {**asdict(_limiting(bad, bound)), "stage": bad["stage"], "users": bad["users"],
-                           RATE: bad.get(RATE)}
+        out["limiting"] = {**asdict(_limiting(bad, bound)), "stage": bad.stage, "users": bad.users,
+                           RATE: bad.sessions_per_s}
     field = "max_sessions_per_s_at_slo" if key == RATE else "max_users_at_slo"
     if held is None:
-        out["inconclusive"] = (f"no step held at the SLO: the smallest ({bad[key] if bad else '?'} {unit}) "
+        out["inconclusive"] = (f"no step held at the SLO: the smallest ({_load(bad, key) if bad else '?'} {unit}) "
                                "already failed; capacity is below it")
-        out[f"{field}_interval"] = [0, _below(bad[key], key)] if bad else None
+        out[f"{field}_interval"] = [0, _below(_load(bad, key), key)] if bad else None
         return out
-    out |= {field: held[key], "capacity_stage": held["stage"],
-            f"{field}_interval": [held[key], _below(bad[key], key) if bad else None],
-            "requests_per_s_at_slo": held.get("goodput_requests_per_s"),
-            "output_tokens_per_s_at_slo": held.get("goodput_output_tokens_per_s"),
-            "sessions_per_s_at_slo": held.get("goodput_sessions_per_s"),
-            "goodput_at_max": {"share": held.get("goodput"), "ci95": held.get("goodput_ci95"),
-                               "requests": held.get("goodput_requests")}}
+    good = held.goodput  # a held step's goodput was judged (load_held)
+    out |= {field: _load(held, key), "capacity_stage": held.stage,
+            f"{field}_interval": [_load(held, key), _below(_load(bad, key), key) if bad else None],
+            "requests_per_s_at_slo": good.requests_per_s if good else None,
+            "output_tokens_per_s_at_slo": good.output_tokens_per_s if good else None,
+            "sessions_per_s_at_slo": good.sessions_per_s if good else None,
+            "goodput_at_max": {"share": good.share if good else None, "ci95": _ci95(held),
+                               "requests": good.requests if good else None}}
     return out
+
+
+def _ci95(row: StageRow) -> list[float] | None:
+    """The step's goodput interval as capacity.json carries it (a list; None: not judged)."""
+    return list(row.goodput.share_ci95) if row.goodput and row.goodput.share_ci95 else None
 
 
 def _below(failed: float, key: str) -> float:
@@ -296,7 +309,7 @@ def planner_inputs(run: dict[str, Any], plan: Any, compat: dict[str, Any] | None
                          inputs.gpu_hour_cost)
 
 
-def capacity_plan(stage_table: list[dict[str, Any]], inputs: PlannerInputs, bound: float,
+def capacity_plan(stage_table: list[StageRow], inputs: PlannerInputs, bound: float,
                   max_input: int | None, what_if: list[dict[str, Any]], assumptions: list[str]) -> dict[str, Any]:
     """capacity.json: per replica, the targets sized, the cost, the what-ifs and the assumptions."""
     kind, rows = load_steps(stage_table)
@@ -312,10 +325,10 @@ def capacity_plan(stage_table: list[dict[str, Any]], inputs: PlannerInputs, boun
                                                   "users started and served within the SLO (no think time)"))
     targets += [_target("sessions_per_s", r, rate, inputs, basis) for r in inputs.target_sessions_per_s]
     cost = _cost(per, inputs)
-    steps = [{"stage": r["stage"], "users": r["users"], RATE: r.get(RATE), "held": step_held(r, bound),
-              "goodput": r.get("goodput"),
-              "goodput_ci95": r.get("goodput_ci95"), "past_capacity": r.get("past_capacity"),
-              "problems": [p["id"] for p in r["problems"]]} for r in rows]
+    steps = [{"stage": r.stage, "users": r.users, RATE: r.sessions_per_s, "held": step_held(r, bound),
+              "goodput": r.goodput.share if r.goodput else None,
+              "goodput_ci95": _ci95(r), "past_capacity": r.past_capacity,
+              "problems": [str(p.id) for p in r.problems]} for r in rows]
     return {"format": CAPACITY_FORMAT, "per_replica": per, "targets": [t.to_dict() for t in targets],
             "cost": asdict(cost) if cost is not None else None,
             "what_if": what_if, "assumptions": assumptions, "steps": steps}

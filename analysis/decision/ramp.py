@@ -7,9 +7,11 @@ limits; the resource that ran out first is read from the first step past the kne
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
+from itertools import takewhile
 from typing import Any
 
+from k3load.analysis.pillars.headroom.stage_row import StageRow
 from k3load.analysis.pillars.limit_rules import ran_out_first
 from k3load.workload.stage_kind import StageKind
 
@@ -22,24 +24,17 @@ RAMP_COLUMNS = ("stage", "users", "attempts", "requests_per_s", "output_tokens_p
                 "full_batch_scrapes", "full_batch_queued_scrapes", "full_batch_cap", "sessions_per_s")
 
 
-def _exhausted(problems: list[dict[str, Any]]) -> str:
-    """Name the resource behind a step's breaches, by rule id (never by the reason's wording): the rule table's
-    order (analysis/pillars/limit_rules.py)."""
-    return ran_out_first({p["id"] for p in problems})
-
-
-def load_steps(stage_table: list[dict[str, Any]], on_rate: bool | None = None
-               ) -> tuple[str | None, list[dict[str, Any]]]:
+def load_steps(stage_table: list[StageRow], on_rate: bool | None = None) -> tuple[str | None, list[StageRow]]:
     """The load steps the ramp and the capacity plan read: the plan's last search's (a plan may search on users,
     then on rate), else the concurrency ramp's. `on_rate`: only a search on rate (True), or only steps of users
     (False: the last users search, else the ramp); None: whichever came last."""
-    searches = [s for s in stage_table if s["kind"] == StageKind.SEARCH and s.get("users")]
+    searches = [s for s in stage_table if s.kind == StageKind.SEARCH and s.users]
     if on_rate is not None:
-        searches = [s for s in searches if (s.get("sessions_per_s") is not None) == on_rate]
+        searches = [s for s in searches if (s.sessions_per_s is not None) == on_rate]
     if searches:
-        last = searches[-1].get("search")
-        return StageKind.SEARCH, [s for s in searches if s.get("search") == last]
-    ramp_rows = [s for s in stage_table if s["kind"] == StageKind.CONCURRENCY and s.get("users")]
+        last = searches[-1].search
+        return StageKind.SEARCH, [s for s in searches if s.search == last]
+    ramp_rows = [s for s in stage_table if s.kind == StageKind.CONCURRENCY and s.users]
     return (StageKind.CONCURRENCY, ramp_rows) if ramp_rows and not on_rate else (None, [])
 
 
@@ -54,15 +49,11 @@ class RampMarks:
     on_rate: bool
     capacity_load: float | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class Ramp:
-    """The ramp as judged: its steps (plain rows, as the stage table carries them), the knee and what ran out,
-    and what its plots mark once the capacity point is known; plain data (`to_dict`) for a reader of plain
-    data (verdict.decide)."""
+    """The ramp as judged: its steps (plain rows of RAMP_COLUMNS, as the reports and the plots show them), the
+    knee and what ran out, and what its plots mark once the capacity point is known."""
 
     steps: tuple[dict[str, Any], ...]
     knee_users: int | None
@@ -74,42 +65,26 @@ class Ramp:
     largest_step_sessions_per_s: float | None
     marks: RampMarks | None = None  # None: not marked yet (the capacity point unknown)
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: list(self.steps) if f.name == "steps" else getattr(self, f.name) for f in fields(self)
-               if f.name != "marks"}
-        return out | ({"marks": self.marks.to_dict()} if self.marks is not None else {})
 
-    @classmethod
-    def from_dict(cls, plain: dict[str, Any]) -> Ramp:
-        """A ramp read back from its plain data (`to_dict`'s)."""
-        marks = plain.get("marks")
-        return cls(**{f.name: plain[f.name] for f in fields(cls) if f.name not in ("steps", "marks")},
-                   steps=tuple(plain["steps"]), marks=RampMarks(**marks) if marks is not None else None)
-
-
-def ramp_of(stage_table: list[dict[str, Any]]) -> Ramp:
+def ramp_of(stage_table: list[StageRow]) -> Ramp:
+    """The ramp over the load steps (`load_steps`), by their load; its steps are plain rows of RAMP_COLUMNS, as
+    the reports and the plots take them (a column a step did not measure: None)."""
     steps = sorted(load_steps(stage_table)[1],  # by the load: a rate search's, else its users
-                   key=lambda s: (s.get("sessions_per_s") or s["users"] or 0, s.get("start_ts") or 0.0))
-    on_rate = bool(steps) and all(s.get("sessions_per_s") is not None for s in steps)
-    rows: list[dict[str, Any]] = [
-        {c: s.get(c) for c in RAMP_COLUMNS} | {"within_limits": not s["problems"], "problems": s["problems"]}
-        for s in steps]
-    knee = None
-    first_bad = None
-    for row in rows:
-        if row["within_limits"] and first_bad is None:
-            knee = row
-        elif not row["within_limits"] and first_bad is None:
-            first_bad = row
-    return Ramp(steps=tuple(rows), knee_users=knee["users"] if knee and not on_rate else None,
-                knee_sessions_per_s=knee.get("sessions_per_s") if knee and on_rate else None,
-                knee_stage=knee["stage"] if knee else None,
-                ran_out_first=_exhausted(first_bad["problems"]) if first_bad else None,
-                first_step_past_knee=first_bad["stage"] if first_bad else None,
-                largest_step_users=rows[-1]["users"] if rows else None,
-                largest_step_sessions_per_s=rows[-1].get("sessions_per_s") if rows and on_rate else None)
-
-
-def ramp(stage_table: list[dict[str, Any]]) -> dict[str, Any]:
-    """`ramp_of` as plain data (what analysis/analyze.py writes into verdict.json and hands the reports)."""
-    return ramp_of(stage_table).to_dict()
+                   key=lambda s: (s.sessions_per_s or s.users or 0, s.start_ts or 0.0))
+    on_rate = bool(steps) and all(s.sessions_per_s is not None for s in steps)
+    rows: list[dict[str, Any]] = []
+    for step in steps:
+        plain = step.to_dict()
+        rows.append({c: plain.get(c) for c in RAMP_COLUMNS} | {"within_limits": not step.problems,
+                                                               "problems": plain["problems"]})
+    within = list(takewhile(lambda s: not s.problems, steps))  # the knee: the last step before the first breach
+    knee = within[-1] if within else None
+    first_bad = next((s for s in steps if s.problems), None)
+    last = steps[-1] if steps else None
+    return Ramp(steps=tuple(rows), knee_users=knee.users if knee and not on_rate else None,
+                knee_sessions_per_s=knee.sessions_per_s if knee and on_rate else None,
+                knee_stage=knee.stage if knee else None,
+                ran_out_first=ran_out_first({p.id for p in first_bad.problems}) if first_bad else None,
+                first_step_past_knee=first_bad.stage if first_bad else None,
+                largest_step_users=last.users if last else None,
+                largest_step_sessions_per_s=last.sessions_per_s if last and on_rate else None)

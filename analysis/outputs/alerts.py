@@ -140,7 +140,7 @@ def _ttfa(judgment: Any, slo_ms: float) -> str:
     """What the run measured of TTFA. vLLM exports no series for it (`vllm:time_to_first_token_seconds` stops at
     the first reasoning token, vllm/v1/metrics/loggers.py), so no alert can watch it in production."""
     table = getattr(judgment, "stage_table", None) or []
-    seen = [(s["ttfa_p95_ms"], s["stage"]) for s in table if s.get("ttfa_p95_ms") is not None]
+    seen = [(s.ttfa_p95_ms, s.stage) for s in table if s.ttfa_p95_ms is not None]
     measured = (f"measured here at up to {max(seen)[0]:,.0f} ms (stage {max(seen)[1]})" if seen else
                 "not measured in this run (no streamed answer)")
     return (f"time to the first answer token after the reasoning (TTFA) has no vLLM series (its TTFT ends at the "

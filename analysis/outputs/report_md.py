@@ -76,8 +76,9 @@ def _sections(j: Any) -> list[str]:
                + table([cache.get("window") or {}], tuple((cache.get("window") or {"window": None}).keys())))
     out += [_replicas(cache)] if cache.get("replicas") else []  # one replica: no section
     out.append(report_reuse.markdown(cache))
-    out.append("## Stages\n\n" + table(j.stage_table, STAGE_COLUMNS)
-               + "".join(f"\n- {s['stage']}: " + _breaches(s["problems"]) for s in j.stage_table if s["problems"])
+    stages = [s.to_dict() for s in j.stage_table]  # the stage table as plain data, as the table takes it
+    out.append("## Stages\n\n" + table(stages, STAGE_COLUMNS)
+               + "".join(f"\n- {s['stage']}: " + _breaches(s["problems"]) for s in stages if s["problems"])
                + _generator_cpu(j))
     out.append(_ramp(j) + _crashes(j) + report_drain.markdown(j.pillars["resources"].numbers)
                + _agent(j) + report_tool_calls.markdown(j.pillars["agent_api"].numbers)
@@ -145,7 +146,7 @@ def _ramp(j: Any) -> str:
 def _generator_cpu(j: Any) -> str:
     """Each load-generator process's highest CPU per stage (the master or local process, each worker): a
     saturated one measured its own delay along with the server's."""
-    rows = [{"stage": s["stage"], **(s.get("load_generator_cpu_max_pct_by_process") or {})} for s in j.stage_table]
+    rows = [{"stage": s.stage, **s.load_generator_cpu_max_pct_by_process} for s in j.stage_table]
     processes = sorted({k for row in rows for k in row if k != "stage"}, key=lambda k: (k.startswith("worker"), k))
     if not processes:
         return ""

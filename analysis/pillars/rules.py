@@ -69,7 +69,3 @@ class Breach:
 def breach(rule_id: RuleId, signal: Signal, measured: Any, limit: Any, reason: str, *evidence: str) -> Breach:
     """A stage limit exceeded, typed (`.to_dict()` where the stage table carries it: it goes into verdict.json)."""
     return Breach(rule_id, signal, measured, limit, reason, evidence)
-
-
-def texts(breaches: list[dict[str, Any]]) -> list[str]:
-    return [b["reason"] for b in breaches]

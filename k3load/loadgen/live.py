@@ -230,7 +230,7 @@ def _provisional(run_dir: Path, judge: Callable[[Path], Judgment] | None, stage:
         from k3load.analysis import analyze  # the final analysis, loaded where a run is judged
         judge = analyze.judge
     judgment = judge(run_dir)
-    row = next((r for r in judgment.stage_table if r.get("stage") == stage), {})
+    row = next((r.to_dict() for r in judgment.stage_table if r.stage == stage), {})  # plain, as the page shows it
     return _pillar_summary(judgment.pillars), row
 
 

@@ -18,7 +18,11 @@ from hypothesis import strategies as st
 from k3load.analysis.decision.capacity import PlannerInputs, capacity_plan, replicas_for, step_held
 from k3load.analysis.outputs.report_capacity import headline
 from k3load.analysis.pillars.headroom.full_batch import EngineCap, batch_queue, engine_cap
-from k3load.analysis.pillars.headroom.goodput import Slo, attempt_good, good_attempts, stage_goodput
+from k3load.analysis.pillars.headroom.goodput import Goodput, Slo, attempt_good, good_attempts, stage_goodput
+from k3load.analysis.pillars.headroom.stage_row import StageRow
+from k3load.analysis.pillars.limit_rules import RuleId
+from k3load.analysis.pillars.rules import Breach
+from k3load.outcomes import Signal
 
 ROOT = Path(__file__).resolve().parents[2]
 SLO = Slo(ttft_ms=1000.0, ttfa_ms=5000.0, itl_ms=100.0, e2e_ms=10000.0)
@@ -139,12 +143,15 @@ def test_replicas_are_the_target_over_what_each_holds_less_the_headroom() -> Non
 
 
 def _row(stage: str, users: int, problems: list[str] | None = None, goodput: float = 1.0,
-         ci: tuple[float, float] = (0.95, 1.0), kind: str = "concurrency", **more) -> dict:
-    return {"stage": stage, "kind": kind, "users": users, "problems": [
-        {"id": p, "reason": f"{p} breached", "signal": "resource"} for p in problems or []],
-        "goodput": goodput, "goodput_ci95": list(ci), "goodput_requests": 100,
-        "goodput_good_requests": round(goodput * 100), "goodput_requests_per_s": users * 1.0,
-        "goodput_output_tokens_per_s": users * 50.0, "goodput_sessions_per_s": users * 0.1, **more}
+         ci: tuple[float, float] | None = (0.95, 1.0), kind: str = "concurrency", requests: int = 100,
+         good: int | None = None, misses: dict[str, int] | None = None, **more) -> StageRow:
+    """A load step as the capacity plan reads it: its breaches (each rule's id) and its goodput."""
+    figures = Goodput(requests=requests, good_requests=round(goodput * 100) if good is None else good, share=goodput,
+                      share_ci95=ci, sessions=None, good_sessions=None, session_share=None, session_share_ci95=None,
+                      requests_per_s=users * 1.0, output_tokens_per_s=users * 50.0, sessions_per_s=users * 0.1,
+                      misses=misses)
+    breaches = tuple(Breach(RuleId(p), Signal.RESOURCE, None, None, f"{p} breached") for p in problems or [])
+    return StageRow.of(stage=stage, kind=kind, users=users, problems=breaches, goodput=figures, **more)
 
 
 def test_the_capacity_is_the_largest_load_held_below_the_first_that_failed() -> None:
@@ -231,7 +238,7 @@ def test_goodput_says_whether_errors_invalid_answers_or_latency_held_it_down() -
     frame = _frame([{"chain_id": "a"}, {"chain_id": "b", "status": "timeout"}, {"chain_id": "c", "valid": False},
                     {"chain_id": "d", "valid": None}, {"chain_id": "e", "ttft_ms": 5000.0}])
     assert stage_goodput(frame, SLO, 1.0).misses == {"error": 1, "invalid": 2, "latency": 1}
-    weak = _row("c1", 1, goodput=0.5, ci=(0.3, 0.7), goodput_misses={"error": 0, "invalid": 5, "latency": 0})
+    weak = _row("c1", 1, goodput=0.5, ci=(0.3, 0.7), misses={"error": 0, "invalid": 5, "latency": 0})
     plan = capacity_plan([weak], PlannerInputs(), 0.99, None, [], [])
     assert plan["per_replica"]["limiting"]["resource"].startswith("the answers' validity, not the load")
 
@@ -277,7 +284,7 @@ def test_a_plan_searching_on_users_and_on_rate_sizes_each_target_by_its_own_sear
 
 
 def test_a_load_no_request_was_judged_at_never_held_and_repeats_pool_their_queue() -> None:
-    empty = _row("c4", 4, goodput=0.0, goodput_ci95=None, goodput_requests=0, goodput_good_requests=0)
+    empty = _row("c4", 4, goodput=0.0, ci=None, requests=0, good=0)
     assert not step_held(empty, 0.99)  # the live search decides such a step below the bound too
     per = capacity_plan([_row("c2", 2), empty], PlannerInputs(), 0.99, None, [], [])["per_replica"]
     assert per["max_users_at_slo"] == 2 and per["limiting"]["reason"].startswith("no request was judged")

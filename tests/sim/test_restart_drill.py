@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from k3load.analysis.pillars.headroom.restart_audit import drill_reason, restart_drill
+from k3load.analysis.pillars.headroom.stage_row import StageRow
 from k3load.analysis.run.rundata import RunData
 from k3load.evidence import lines, records_file
 from k3load.loadgen.observe import Restarter
@@ -96,7 +97,7 @@ def test_a_server_that_never_comes_back_fails_the_drill_within_its_bound(tmp_pat
     failed = _events(tmp_path)[-1]
     assert "did not answer /health and /v1/models again within 0.6 s" in failed["why"]
     data = RunData(path=tmp_path, events=_events(tmp_path))
-    judged = restart_drill(data, [{"kind": "restart", "stage": "restart"}])
+    judged = restart_drill(data, [StageRow.of(kind="restart", stage="restart")])
     assert judged["status"] == "fail" and judged["recovered"] is False and judged["time_to_ready_s"] is None
     assert judged["why"].startswith("not recovered: the server did not answer")
 
@@ -112,7 +113,7 @@ def test_a_command_that_does_not_restart_the_server_fails_the_drill(tmp_path):
 
 def test_without_a_restart_command_the_drill_is_not_run_never_passed(tmp_path):
     data = RunData(path=tmp_path, events=[{"ts": 1.0, "event": "stage_start", "stage": "restart"}])
-    judged = restart_drill(data, [{"kind": "restart", "stage": "restart", "problems": []}])
+    judged = restart_drill(data, [StageRow.of(kind="restart", stage="restart")])
     assert judged["status"] == "not_run" and "no --k3-restart-cmd" in judged["why"]
     assert drill_reason(judged).startswith("restart drill: not run")
 

@@ -195,9 +195,11 @@ def test_live_state_reads_the_run_incrementally_and_judges_it_provisionally(tmp_
     def judge(run_dir: Path) -> Any:
         from types import SimpleNamespace
 
+        from k3load.analysis.pillars.headroom.stage_row import StageRow
+
         judged.append(run_dir)
         return SimpleNamespace(pillars={"agent_api": PillarResult("pass", ["agent so far 97.1% valid"])},
-                               stage_table=[{"stage": "manual-1", "ttft_p95_ms": 42.0}])
+                               stage_table=[StageRow.of(stage="manual-1", ttft_p95_ms=42.0)])
 
     live = LiveState(_fake_session(tmp_path), judge=judge)
     state = live.state()

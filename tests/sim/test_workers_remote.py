@@ -76,15 +76,15 @@ def test_each_process_cpu_per_stage_and_the_max_over_them():
     assert cpu_by_process(data, 10, 20) == {"worker a:1": 50.0, "worker b:2": 40.0}
     _result, table = judge_resources(data, MetricIndex([]), thresholds(None))
     slow, fine = table
-    assert slow["load_generator_cpu_max_pct"] == 99.0 and fine["load_generator_cpu_max_pct"] == 50.0
-    assert slow["load_generator_cpu_max_pct_by_process"] == {"master": 29.0, "worker a:1": 50.0, "worker b:2": 99.0}
+    assert slow.load_generator_cpu_max_pct == 99.0 and fine.load_generator_cpu_max_pct == 50.0
+    assert slow.load_generator_cpu_max_pct_by_process == {"master": 29.0, "worker a:1": 50.0, "worker b:2": 99.0}
     old = RunData(path=Path("."), metrics=data.metrics, stages=data.stages)  # a local run: no worker events
     assert cpu_by_process(old, 0, 10) == {"local": 29.0}
 
 
 def test_a_saturated_worker_makes_the_latency_of_its_stage_inconclusive_and_is_named():
     result, table = judge_resources(_run(worker_b_pct=99.0), MetricIndex([]), thresholds(None))
-    assert {p["signal"] for p in table[0]["problems"]} == {"latency"} and not table[1]["problems"]
+    assert {p.signal for p in table[0].problems} == {"latency"} and not table[1].problems
     assert result.status == INCONCLUSIVE, result.reasons
     assert result.reasons[0].startswith("inconclusive, because the load generator was saturated (CPU >= 95%) in "
                                         "slow (worker b:2 99%): the latencies measured there are the client's")

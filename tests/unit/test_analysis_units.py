@@ -13,18 +13,20 @@ import yaml
 
 from k3load.analysis.analyze import NothingJudged, analyze
 from k3load.analysis.decision.checklist import _families, build_checklist
-from k3load.analysis.decision.ramp import ramp
+from k3load.analysis.decision.ramp import ramp_of
 from k3load.analysis.outputs.manifest import verify
 from k3load.analysis.outputs.markdown_html import markdown_to_html
 from k3load.analysis.pillars.headroom.pillar_resources import classify_crashes, judge_resources
+from k3load.analysis.pillars.headroom.stage_row import StageRow
+from k3load.analysis.pillars.limit_rules import RuleId
 from k3load.analysis.pillars.pillar import PillarResult, thresholds
 from k3load.analysis.pillars.rules import breach
 from k3load.analysis.run.input_size import input_tokens
 from k3load.analysis.run.rundata import RECORD_COLUMNS, RunData, StageWindow
 from k3load.analysis.run.timeline import MetricIndex
-from k3load.analysis.verdict import decide
+from k3load.analysis.verdict import verdict_of
 from k3load.events import Event
-from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS, Signal
 from k3load.workload.plan import parse_plan
 
 KEY = 'vllm:prefix_cache_hits_total{engine="0",model_name="m"}'
@@ -66,19 +68,20 @@ def test_one_slow_step_read_as_waiting_with_nothing_running_is_no_queue():
     assert MetricIndex(waiting_only).sustained_queue_s(0, 20) == 9
 
 
-def _step(users: int, problems: list[tuple[str, str]]) -> dict:
-    return {"stage": f"c{users}", "kind": "concurrency", "users": users,
-            "problems": [breach(rule, signal, 1, 0, "any wording").to_dict() for rule, signal in problems],
-            "max_prompt_tokens_ok": 500, "kv_usage_max": 0.5}
+def _step(users: int, problems: list[tuple[str, str]]) -> StageRow:
+    return StageRow.of(stage=f"c{users}", kind="concurrency", users=users,
+                       problems=tuple(breach(RuleId(rule), Signal(signal), 1, 0, "any wording")
+                                      for rule, signal in problems),
+                       max_prompt_tokens_ok=500, kv_usage_max=0.5)
 
 
 def test_ramp_knee_and_what_ran_out_first_by_rule_id_not_wording():
     kv = [("slo.ttft_p95", "queue_latency"), ("resources.kv_usage", "resource")]
     table = [_step(2, []), _step(8, []), _step(16, kv), _step(32, [("slo.error_rate", "errors")])]
-    result = ramp(table)
-    assert result["knee_users"] == 8 and result["ran_out_first"] == "KV cache"
-    assert ramp([_step(2, [("slo.ttft_p95", "latency")])])["knee_users"] is None
-    assert ramp([_step(2, []), _step(4, [("stability.health_flap", "health_flap")])])["ran_out_first"] == "health check"
+    result = ramp_of(table)
+    assert result.knee_users == 8 and result.ran_out_first == "KV cache"
+    assert ramp_of([_step(2, [("slo.ttft_p95", "latency")])]).knee_users is None
+    assert ramp_of([_step(2, []), _step(4, [("stability.health_flap", "health_flap")])]).ran_out_first == "health check"
 
 
 def _pillars(**status: str) -> dict[str, PillarResult]:
@@ -89,17 +92,17 @@ def _pillars(**status: str) -> dict[str, PillarResult]:
 def test_verdict_order_rebuild_first_then_scale_up_then_limited():
     kv = [("resources.kv_usage", "resource")]
     table = [_step(2, []), _step(8, kv)]
-    table_ramp = ramp(table)
-    assert decide(_pillars(compat=FAIL, resources=FAIL), table, table_ramp)[0] == "rebuild"
-    verdict, because, limits = decide(_pillars(resources=FAIL), table, table_ramp)
-    assert verdict == "limited" and limits["max_concurrency"] == 2 and "hold concurrency at 2" in because[0]
+    table_ramp = ramp_of(table)
+    assert verdict_of(_pillars(compat=FAIL, resources=FAIL), table, table_ramp)[0] == "rebuild"
+    verdict, because, limits = verdict_of(_pillars(resources=FAIL), table, table_ramp)
+    assert verdict == "limited" and limits.max_concurrency == 2 and "hold concurrency at 2" in because[0]
     all_bad = [_step(2, kv)]
-    assert decide(_pillars(resources=FAIL), all_bad, ramp(all_bad))[0] == "scale_up"
+    assert verdict_of(_pillars(resources=FAIL), all_bad, ramp_of(all_bad))[0] == "scale_up"
     storm = [_step(2, [("slo.error_rate", "errors"), ("slo.ttft_p95", "latency")])]
-    verdict, because, _ = decide(_pillars(resources=FAIL), storm, ramp(storm))
+    verdict, because, _ = verdict_of(_pillars(resources=FAIL), storm, ramp_of(storm))
     assert verdict == "limited"  # errors and latency without a queue, KV or memory signal: never buy GPUs
-    assert decide(_pillars(prefix_cache=INCONCLUSIVE), [_step(2, [])], ramp([_step(2, [])]))[0] == "limited"
-    assert decide(_pillars(), [_step(2, [])], ramp([_step(2, [])]))[0] == "go"
+    assert verdict_of(_pillars(prefix_cache=INCONCLUSIVE), [_step(2, [])], ramp_of([_step(2, [])]))[0] == "limited"
+    assert verdict_of(_pillars(), [_step(2, [])], ramp_of([_step(2, [])]))[0] == "go"
 
 
 def test_markdown_subset_renders_to_html():
@@ -200,7 +203,7 @@ def test_a_run_cut_short_says_the_plan_did_not_finish_and_is_never_go(tmp_path: 
     assert "the plan did not finish, the run was cut short (no run_end in events.jsonl): stages soak not run" \
         in judgment.because
     pillars = _pillars()
-    assert decide(pillars, [_step(2, [])], ramp([_step(2, [])]), "the plan did not finish, x")[0] == "limited"
+    assert verdict_of(pillars, [_step(2, [])], ramp_of([_step(2, [])]), "the plan did not finish, x")[0] == "limited"
 
 
 def test_requests_refused_while_the_server_was_down_are_the_crashs_not_load_errors():
@@ -219,11 +222,11 @@ def test_requests_refused_while_the_server_was_down_are_the_crashs_not_load_erro
                            {"event": "server_up", "ts": 30.0}])
     result, table = judge_resources(data, MetricIndex([]), thresholds(None))
     (stage,) = table
-    assert stage["sent_while_down"] == 20 and stage["errors"] == 1
-    assert [p["id"] for p in stage["problems"]] == ["stability.server_down"]  # 1 cut of 41: no error breach
+    assert stage.sent_while_down == 20 and stage.errors == 1
+    assert [p.id for p in stage.problems] == ["stability.server_down"]  # 1 cut of 41: no error breach
     assert "(20 sent while it was down, not counted as load errors); no restart command of ours ran: something " \
         "else restarted it" in result.reasons[0]
-    verdict, because, _ = decide(_pillars(resources=FAIL), table, ramp(table))
+    verdict, because, _ = verdict_of(_pillars(resources=FAIL), table, ramp_of(table))
     assert verdict == "limited" and not any("without a resource signal" in b for b in because)
 
 
@@ -286,7 +289,7 @@ def test_a_planned_family_that_never_ran_keeps_the_checklist_open_and_the_run_fr
     data.attempts = [SimpleNamespace(family="agent")]
     line = _families(data)
     assert line["status"] == "open" and line["detail"] == "family cold (planned in soak) never ran: no attempt recorded"
-    assert decide(_pillars(), [_step(2, [])], ramp([_step(2, [])]), checklist=[line])[0] == "limited"
+    assert verdict_of(_pillars(), [_step(2, [])], ramp_of([_step(2, [])]), checklist=[line])[0] == "limited"
     data.attempts.append(SimpleNamespace(family="cold"))
     assert _families(data)["status"] == "ok"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from k3load.analysis.decision.ramp import ramp
+from k3load.analysis.decision.ramp import ramp_of
 from k3load.analysis.pillars import rule_docs
 from k3load.analysis.pillars.headroom.stage_row import StageRow
 from k3load.analysis.pillars.headroom.stages import stage_breaches
@@ -59,5 +59,5 @@ def test_a_limit_rule_breaches_typed_and_is_plain_data_in_the_stage_row() -> Non
                        "reason": "TTFT p95 5000 ms > 3000 ms", "measured": 5000.0, "limit": 3000.0,
                        "signal": "queue_latency", "evidence": ["records.jsonl stage=load"], "interval": None}
     assert all(type(v) is str for row in rows for v in (row["id"], row["signal"], row["pillar"], row["status"]))
-    step = {"stage": "c8", "kind": "concurrency", "users": 8, "problems": rows}
-    assert ramp([step])["ran_out_first"] == "KV cache"
+    step = StageRow.of(stage="c8", kind="concurrency", users=8, problems=tuple(typed))
+    assert ramp_of([step]).ran_out_first == "KV cache"

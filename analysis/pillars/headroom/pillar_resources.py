@@ -278,8 +278,9 @@ def gpu_memory_judgment(data: RunData, growth: GpuGrowth, resources: dict[str, f
 
 
 def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[str, float]]
-                    ) -> tuple[PillarResult, list[dict[str, Any]]]:
-    """The pillar, and the per-stage table (the ramp report and the limits read it too)."""
+                    ) -> tuple[PillarResult, list[StageRow]]:
+    """The pillar, and the per-stage table, typed (the ramp, the capacity plan, the limits and the reports read it
+    too; plain data in the pillar's numbers, which verdict.json carries)."""
     if data.records.empty:
         return PillarResult(NOT_RUN, ["no request was recorded"]), []
     spells = down_spells(data)  # once: the stages, the crashes and the numbers read the same spells
@@ -292,7 +293,7 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
     delivery = stream_delivery(data.attempts, index, [row.stage for row in table if saturated_processes(row)])
     if delivery.buffered:  # the client timed the proxy's blocks: the latency SLOs go to the server's histograms
         table = [proxy_judged(row, index, limits) for row in table]
-    plain = [row.to_dict() for row in table]  # the stage table as verdict.json and the readers after this take it
+    plain = [row.to_dict() for row in table]  # the stage table as verdict.json carries it
     resources = limits.get("resources") or {}
     crashes = classify_crashes(data, resources.get("max_gpu_growth_pct", 50.0), spells, growth)
     memory, memory_reasons, memory_notes = gpu_memory_judgment(data, growth, resources)
@@ -316,21 +317,21 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
     numbers["load_generator_saturated"] = [{"stage": row.stage, "processes": saturated_processes(row)}
                                            for row in table if saturated_processes(row)]
     numbers["drain"] = drain_audit(data, index, limits)  # after every stage: was everything let go?
-    numbers["restart_drill"] = restart_drill(data, plain)
+    numbers["restart_drill"] = restart_drill(data, table)
     reasons += drain_reasons(numbers["drain"])
     drill = drill_reason(numbers["restart_drill"])
     if numbers["restart_drill"]["status"] == FAIL and drill:
         reasons.append(drill)
     if reasons:
-        return PillarResult(FAIL, reasons, numbers), plain
+        return PillarResult(FAIL, reasons, numbers), table
     if saturated:
         return PillarResult(INCONCLUSIVE, [f"inconclusive, because the load generator was saturated (CPU >= "
                                            f"{SATURATED_CPU_PCT:.0f}%) in {', '.join(saturated)}: the latencies "
                                            "measured there are the client's, not the server's (add workers: "
-                                           "--processes N, or worker machines)"], numbers), plain
+                                           "--processes N, or worker machines)"], numbers), table
     if not any(row.metrics_present for row in table):
         return PillarResult(INCONCLUSIVE, ["server metrics missing: KV usage, queue and preemptions are unknown "
-                                           "(only the client's latencies and errors were judged)"], numbers), plain
+                                           "(only the client's latencies and errors were judged)"], numbers), table
     gpu_note = "" if any(row.gpu_memory_peak_mib is not None for row in table) else \
         " (GPU telemetry unavailable: memory headroom not judged)"
     saturation_note = [f"the load generator was saturated (CPU >= {SATURATED_CPU_PCT:.0f}%) in "
@@ -338,4 +339,4 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
                        "server's (within the SLOs even so)"] if saturated_within else []
     return PillarResult(PASS, [f"all {len(table)} stages within the SLOs and resource limits, no crash"
                                + gpu_note] + ([drill] if drill else []) + saturation_note + memory_notes,
-                        numbers), plain
+                        numbers), table

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from k3load.analysis.pillars.rules import texts
+from k3load.analysis.pillars.headroom.stage_row import StageRow
 from k3load.analysis.run.rundata import RunData
 from k3load.events import Event
 from k3load.outcomes import FAIL, INCONCLUSIVE, NOT_RUN, PASS
@@ -43,9 +43,9 @@ def _after(events: list[dict[str, Any]], name: Event, ts: float) -> dict[str, An
     return next((e for e in events if e.get("event") == name and e["ts"] >= ts), None)
 
 
-def restart_drill(data: RunData, stage_table: list[dict[str, Any]]) -> dict[str, Any]:
+def restart_drill(data: RunData, stage_table: list[StageRow]) -> dict[str, Any]:
     """The drill's numbers and status (pass / fail / not_run / inconclusive), with `why`."""
-    restart = next((s for s in stage_table if s["kind"] == StageKind.RESTART), None)
+    restart = next((s for s in stage_table if s.kind == StageKind.RESTART), None)
     start = next(iter(data.events_named(Event.RESTART_DRILL_START)), None)
     skipped = next(iter(data.events_named(Event.RESTART_DRILL_SKIPPED)), None)
     if start is None and skipped is not None:
@@ -71,7 +71,7 @@ def restart_drill(data: RunData, stage_table: list[dict[str, Any]]) -> dict[str,
     return numbers | _hold(data, start, ready, restart)
 
 
-def _hold(data: RunData, start: dict[str, Any], ready: dict[str, Any], row: dict[str, Any] | None) -> dict[str, Any]:
+def _hold(data: RunData, start: dict[str, Any], ready: dict[str, Any], row: StageRow | None) -> dict[str, Any]:
     frame = data.records
     after = frame[(frame["send_ts"] >= ready["ts"]) & (frame["stage"] == start["stage"])] if not frame.empty else frame
     good = after[after["status"] == "ok"] if not after.empty else after
@@ -81,19 +81,19 @@ def _hold(data: RunData, start: dict[str, Any], ready: dict[str, Any], row: dict
     if row is None:
         return out | {"status": INCONCLUSIVE, "recovered": None,
                       "why": "inconclusive, because the restart stage has no row in the stage table"}
-    problems = row.get("problems") or []
-    out |= {"held_attempts": row["attempts"], "held_error_rate": row["error_rate"],
-            "held_error_rate_ci95": row["error_rate_ci95"], "held_ttft_p95_ms": row.get("ttft_p95_ms"),
-            "held_e2e_p95_ms": row.get("e2e_p95_ms"), "held_problems": [p["id"] for p in problems]}
+    problems = row.problems
+    out |= {"held_attempts": row.attempts, "held_error_rate": row.error_rate,
+            "held_error_rate_ci95": list(row.error_rate_ci95), "held_ttft_p95_ms": row.ttft_p95_ms,
+            "held_e2e_p95_ms": row.e2e_p95_ms, "held_problems": [str(p.id) for p in problems]}
     if first is None:
         return out | {"status": FAIL, "recovered": False, "why": "not recovered: the server answered /health and "
                       "/v1/models again but no request was answered in full after it"}
     if problems:
         return out | {"status": FAIL, "recovered": False, "why": "not recovered: the held load broke the stage's "
-                      "limits after the restart: " + "; ".join(texts(problems))}
+                      "limits after the restart: " + "; ".join(p.reason for p in problems)}
     return out | {"status": PASS, "recovered": True,
                   "why": f"recovered: ready {ready['time_to_ready_s']:.1f} s after the restart command, first good "
-                         f"answer after {out['time_to_first_good_answer_s']:.1f} s, then {row['attempts']} attempts "
+                         f"answer after {out['time_to_first_good_answer_s']:.1f} s, then {row.attempts} attempts "
                          f"of {start['users']} users within the stage's limits"}
 
 
