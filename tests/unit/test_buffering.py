@@ -13,12 +13,14 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from k3load.analysis.pillars.cache.pillar_cache import through_blocks
-from k3load.analysis.pillars.headroom.buffering import Delivery, server_side_latency, stream_delivery
-from k3load.analysis.pillars.headroom.proxy_rejudge import proxy_latency
+from k3load.analysis.pillars.headroom.buffering import Delivery, latency_on_server, stream_delivery
+from k3load.analysis.pillars.headroom.proxy_rejudge import proxy_judged
+from k3load.analysis.pillars.headroom.stage_row import StageRow
+from k3load.analysis.pillars.limit_rules import RuleId
 from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS
-from k3load.analysis.pillars.rules import RuleResult
+from k3load.analysis.pillars.rules import Breach, RuleResult
 from k3load.analysis.run.timeline import MetricIndex
-from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
+from k3load.outcomes import FAIL, INCONCLUSIVE, PASS, Signal
 from k3load.records import Attempt
 
 TTFT = "vllm:time_to_first_token_seconds"
@@ -111,13 +113,13 @@ def test_whole_answers_in_one_read_tell_nothing_of_a_proxy():
     assert "4 in blocks" in found.reason and "60 more arrived whole" in found.reason
 
 
-def _stage(problems: list[dict], waiting_s: float = 0.0) -> dict:
-    return {"stage": "load", "start_ts": 100.0, "duration_s": 100.0, "problems": problems,
-            "waiting_sustained_s": waiting_s}
+def _stage(problems: list[Breach], waiting_s: float = 0.0) -> StageRow:
+    return StageRow.of(stage="load", start_ts=100.0, duration_s=100.0, problems=tuple(problems),
+                       waiting_sustained_s=waiting_s)
 
 
-def _breach(rule_id: str) -> dict:
-    return {"id": rule_id, "signal": "latency", "reason": f"{rule_id} over (client)"}
+def _breach(rule_id: str) -> Breach:
+    return Breach(RuleId(rule_id), Signal.LATENCY, None, None, f"{rule_id} over (client)")
 
 
 def test_latency_breaches_of_a_buffered_stream_are_judged_on_the_servers_histograms():
@@ -125,25 +127,25 @@ def test_latency_breaches_of_a_buffered_stream_are_judged_on_the_servers_histogr
     # TTFT: every observation in (1, 5] ms (within 40); ITL: in (60, 80] ms (over 40)
     index = MetricIndex([empty(99.0), empty(99.0, ITL), histogram(199.0, [0, 50, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
                          histogram(199.0, [0, 0, 0, 0, 0, 0, 40, 0, 0, 0, 0], ITL)])
-    other = {"id": "resources.kv_usage", "signal": "resource", "reason": "KV"}
+    other = Breach(RuleId.KV_USAGE, Signal.RESOURCE, None, None, "KV")
     stats = _stage([_breach("slo.ttft_p95"), _breach("slo.itl_p95"), _breach("slo.ttfa_p95"), other], waiting_s=30)
-    proxy_latency(stats, index, limits)
-    ids = [p["id"] for p in stats["problems"]]
+    stats = proxy_judged(stats, index, limits)
+    ids = [p.id for p in stats.problems]
     assert ids == ["resources.kv_usage", "slo.itl_p95"]  # TTFT within on the server; TTFA unjudged
-    itl = stats["problems"][1]
-    assert itl["signal"] == "queue_latency" and "p95 in (60, 80] ms of 40 observed by the server's" in itl["reason"]
-    assert [s["status"] for s in stats["server_side_latency"]] == ["within", "over", "unjudged"]
-    assert stats["latency_unjudged"] == ["TTFA p95 not judged: the client's is the proxy's and vLLM exports no series "
-                                         "for the first answer token"]
-    untouched = _stage([other])
-    proxy_latency(untouched, index, limits)
-    assert untouched["problems"] == [other] and "server_side_latency" not in untouched
+    itl = stats.problems[1]
+    assert itl.signal == "queue_latency" and "p95 in (60, 80] ms of 40 observed by the server's" in itl.reason
+    assert [s.status for s in stats.server_side_latency or ()] == ["within", "over", "unjudged"]
+    assert stats.latency_unjudged == ("TTFA p95 not judged: the client's is the proxy's and vLLM exports no series "
+                                      "for the first answer token",)
+    untouched = proxy_judged(_stage([other]), index, limits)
+    assert untouched.problems == (other,) and "server_side_latency" not in untouched.to_dict()
 
 
 def test_a_bucket_that_straddles_the_limit_or_no_observation_leaves_it_unjudged():
     limits = {"slo": {**DEFAULT_THRESHOLDS["slo"], "ttft_p95_ms": 30.0, "itl_p95_ms": 30.0}}
     index = MetricIndex([empty(99.0), histogram(199.0, [0, 0, 0, 0, 50, 0, 0, 0, 0, 0, 0])])  # (20, 40] ms
-    judged = {j.rule_id: j for j in server_side_latency(_stage([]), index, limits)}
+    row = _stage([])
+    judged = {j.rule_id: j for j in latency_on_server(row.start_ts, row.start_ts + row.duration_s, index, limits)}
     assert judged["slo.ttft_p95"].status == "unjudged" and "straddles 30 ms" in judged["slo.ttft_p95"].text
     assert judged["slo.itl_p95"].status == "unjudged" and "observed nothing" in judged["slo.itl_p95"].text
 

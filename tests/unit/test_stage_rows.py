@@ -13,7 +13,7 @@ from k3load.analysis.pillars.headroom.buffering import ServerLatency
 from k3load.analysis.pillars.headroom.full_batch import engine_cap
 from k3load.analysis.pillars.headroom.goodput import Slo
 from k3load.analysis.pillars.headroom.gpu_growth import gpu_growth
-from k3load.analysis.pillars.headroom.proxy_rejudge import proxy_judged, proxy_latency
+from k3load.analysis.pillars.headroom.proxy_rejudge import proxy_judged
 from k3load.analysis.pillars.headroom.stage_row import ArrivalLag, StageRow
 from k3load.analysis.pillars.headroom.stages import stage_breaches, stage_stats
 from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS, rounded, thresholds
@@ -96,7 +96,8 @@ def test_a_rows_problems_are_typed_breaches_and_plain_data_in_its_dict(rows: lis
 
 @pytest.mark.parametrize("waiting_s", [0.0, 30.0])
 def test_a_buffered_streams_rows_are_rejudged_as_the_plain_rows_were(rows: list[StageRow], waiting_s: float) -> None:
-    """The typed re-judging on the server's histograms gives the row the plain one gave its dict, key for key."""
+    """The re-judging on the server's histograms keeps the row's keys in their order, adds the server's judgments
+    last, and keeps the stage's other breaches first (as the plain re-judging did, key for key)."""
     limits = {"slo": {**DEFAULT_THRESHOLDS["slo"], "ttft_p95_ms": 40.0, "itl_p95_ms": 40.0}}
     index = MetricIndex([empty(99.0), empty(99.0, ITL), histogram(199.0, [0, 50, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
                          histogram(199.0, [0, 0, 0, 0, 0, 0, 40, 0, 0, 0, 0], ITL)])
@@ -105,10 +106,12 @@ def test_a_buffered_streams_rows_are_rejudged_as_the_plain_rows_were(rows: list[
     kv = Breach("resources.kv_usage", Signal.RESOURCE, 0.99, 0.95, "KV", ())
     row = replace(rows[1], start_ts=100.0, duration_s=100.0, waiting_sustained_s=waiting_s,
                   problems=(latency[0], kv, *latency[1:]))
-    plain = row.to_dict()
-    proxy_latency(plain, index, limits)
     judged = proxy_judged(row, index, limits)
-    assert judged.to_dict() == plain and list(judged.to_dict()) == list(plain)
+    plain = judged.to_dict()
+    assert list(plain) == [*row.to_dict(), "server_side_latency", "latency_unjudged"]
+    assert {k: v for k, v in plain.items() if k not in ("problems", "server_side_latency", "latency_unjudged")} \
+        == {k: v for k, v in row.to_dict().items() if k != "problems"}
+    assert plain["problems"][0] == kv.to_dict() and plain["problems"][1]["evidence"] == ["metrics.jsonl stage=load"]
     assert [p.id for p in judged.problems] == ["resources.kv_usage", "slo.itl_p95"]
     assert [s.status for s in judged.server_side_latency or ()] == ["within", "over", "unjudged"]
     untouched = replace(rows[1], problems=(kv,))

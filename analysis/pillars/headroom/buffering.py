@@ -173,12 +173,6 @@ class ServerLatency:
         return {"id": self.rule_id, "status": self.status, "text": self.text}
 
 
-def server_side_latency(stats: dict[str, Any], index: MetricIndex, limits: dict[str, dict[str, float]]
-                        ) -> list[ServerLatency]:
-    """`latency_on_server` over a stage row as plain data (its `start_ts` and `duration_s`)."""
-    return latency_on_server(stats["start_ts"], stats["start_ts"] + stats["duration_s"], index, limits)
-
-
 def latency_on_server(t0: float, t1: float, index: MetricIndex, limits: dict[str, dict[str, float]]
                       ) -> list[ServerLatency]:
     """Each client-side latency SLO of a stage [t0, t1], judged again on the server's own histogram over it:

@@ -9,7 +9,6 @@ other breaches stay as they were, first; the ones kept on the server's figure fo
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from k3load.analysis.pillars.headroom.buffering import SERVER_SIDE, ServerLatency, latency_on_server
 from k3load.analysis.pillars.headroom.stage_row import StageRow
@@ -41,14 +40,3 @@ def proxy_judged(row: StageRow, index: MetricIndex, limits: dict[str, dict[str, 
     return replace(row, problems=(*(p for p in row.problems if p.id not in breached), *over),
                    server_side_latency=tuple(judged), latency_unjudged=tuple(unjudged))
 
-
-def proxy_latency(stats: dict[str, Any], index: MetricIndex, limits: dict[str, dict[str, float]]) -> None:
-    """`proxy_judged` over a stage row as plain data (a hand-made table), in place."""
-    breached = {p["id"] for p in stats["problems"] if p["id"] in SERVER_SIDE}
-    if not breached:
-        return
-    judged, over, unjudged = _rejudged(breached, stats["stage"], stats["start_ts"],
-                                       stats["start_ts"] + stats["duration_s"], stats.get("waiting_sustained_s"),
-                                       index, limits)
-    stats["server_side_latency"], stats["latency_unjudged"] = [j.to_dict() for j in judged], unjudged
-    stats["problems"] = [p for p in stats["problems"] if p["id"] not in breached] + [b.to_dict() for b in over]
