@@ -58,6 +58,7 @@ class Server(ThreadingHTTPServer):
     """On a free loopback port, in a thread (a greenlet under the tests' gevent patch)."""
 
     daemon_threads = True
+    seen: list[tuple[str, str, dict[str, str]]]  # (method, path, headers) of every request, in order
 
     def __init__(self, route: Route, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
