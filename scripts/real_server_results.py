@@ -3,7 +3,7 @@
     .venv/bin/python scripts/real_server_results.py [runs/real-server]
 
 Why a script: the page must match a fresh run, so its rows are written from the kept verdicts
-(runs/real-server/SETUP/verdict.json and setup.json, written by tests/real/test_real_server.py and
+(runs/real-server/SETUP/verdict.json and setup.json, written by tests/real/test_real_server_*.py and
 tests/real/test_real_model.py), never retyped. Each row: the setup, its server flags, the verdict and
 the pillars' statuses, then the reasons and the figures behind them (cache pairs, reuse and TTFT
 ratio; the agent rate with its interval and failures by layer; context refusals; crashes).
@@ -61,7 +61,8 @@ def main(argv: list[str]) -> int:
     folders = sorted(p for p in base.iterdir() if (p / "verdict.json").exists() and (p / "setup.json").exists())
     if not folders:
         print(f"no kept runs under {base}: run "
-              "`pytest -m vllm tests/real/test_real_server.py tests/real/test_real_model.py`", file=sys.stderr)
+              "`pytest -m vllm tests/real/test_real_server_healthy.py tests/real/test_real_server_shortage.py "
+              "tests/real/test_real_model.py`", file=sys.stderr)
         return 2
     print("| setup | server flags (against the recipe) | verdict | compat | resources | prefix_cache | agent_api "
           "| the reasons the harness gave | figures |")

@@ -18,7 +18,7 @@ R2. three classic mistakes at once, as an operator makes them: `--max-model-len 
     the parser for what R1's auto run shows too; the parser attribution is proven on the sim
     (tests/sim/test_verdict_matrix.py, wrong-parser-leaves-tool-markup). The third leaves one vllm:*
     family on /metrics, which is not "metrics present": unknown, never a pass (this was the tiny
-    model's setup 5 in tests/real/test_real_server.py; here it costs no server start of its own).
+    model's setup 5 in tests/real/test_real_server_*.py; here it costs no server start of its own).
 
 Each run's verdict.json, validation_summary.json, compat.json and report.md are kept under
 runs/real-server/SETUP/ for docs/real-server-results.md.

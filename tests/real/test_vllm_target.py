@@ -8,7 +8,7 @@ same bytes every build, the server reports the context we asked for, the one sha
 shows prefix-cache hits. That it preempts under a burst is checked beside the sim in
 tests/real/test_conformance.py (test_preemptions_under_a_starved_kv_cache). That stopping a server
 leaves no process or temp dir behind is checked where the real-server setups stop theirs
-(tests/real/test_real_server.py, setups 2 and 7b): a server started only for that cost CI 45 s.
+(tests/real/test_real_server_*.py, setups 2 and 7b): a server started only for that cost CI 45 s.
 """
 
 from __future__ import annotations

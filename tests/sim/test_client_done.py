@@ -6,7 +6,7 @@ brief wait for its end has its connection closed (never reused, never drained), 
 [DONE] is counted on the record. A server that ends the body normally keeps its connection.
 
 Decoder tests and the property tests (under the conftest's Hypothesis profile) need no sockets; the
-client tests run both transports against the bare scripted server of tests/sim/test_client_chat.py (it
+client tests run both transports against the bare scripted server of tests/sim/chat_wire.py (it
 counts connections) and against the sim's `--hold-after-done-rate` fault, in this gevent-patched
 process and in a plain one.
 """

@@ -1,6 +1,6 @@
 """Every byte a server can send is recorded or refused cleanly (issue 11, points 1 and 4 in part).
 
-A bare loopback server (tests/sim/test_client_chat.py's RawServer) sends what no well-behaved server
+A bare loopback server (tests/sim/chat_wire.py's RawServer) sends what no well-behaved server
 does: lone surrogate escapes, bytes that are not UTF-8, a body far over the cap, a line far over the
 cap. Each answer goes through ChatClient (both transports) and then through the record writer and
 reader, so a test fails if an attempt loses its record or its text. Retry-After is checked against the

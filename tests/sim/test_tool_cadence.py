@@ -3,7 +3,7 @@
 Why: a parser that holds a K3 call back until it is whole (vllm#50604) sends it in one delta after a
 long silence; the record must say so (`tool_call_max_gap_ms`, `tool_call_deltas`) instead of reading
 as slow decoding. First on hand-built StreamResults (exact times), then end to end: a loopback server
-(tests/sim/test_client_chat.py's RawServer) streams a role chunk, reasoning, a silence, then a whole call,
+(tests/sim/chat_wire.py's RawServer) streams a role chunk, reasoning, a silence, then a whole call,
 read by ChatClient over both transports.
 """
 
