@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from k3load.analysis.decision.capacity import PlannerInputs, capacity_plan, min_goodput, planner_inputs
+from k3load.analysis.decision.capacity import CapacityPlan, PlannerInputs, capacity_plan, min_goodput, planner_inputs
 from k3load.analysis.decision.capacity_context import assumptions, cold_cache, search_said, telemetry_gpus
 from k3load.analysis.decision.checklist import build_checklist
 from k3load.analysis.decision.ramp import Ramp, RampMarks, ramp_of
@@ -50,7 +50,7 @@ class Judgment:
     because: list[str]
     limits: Limits  # the limits that hold (verdict.json's `limits`)
     checklist: list[dict[str, Any]]
-    capacity: dict[str, Any]  # capacity.json (analysis/decision/capacity.py)
+    capacity: CapacityPlan  # capacity.json (analysis/decision/capacity.py), plain where written
 
     def verdict_json(self) -> dict[str, Any]:
         """Exactly the contract's top-level keys."""
@@ -106,7 +106,7 @@ def _judge(run_dir: Path, plotter: PlotsBeside | None = None) -> Judgment:
 
 def plan_capacity(data: RunData, index: MetricIndex, pillars: dict[str, PillarResult],
                   stage_table: list[StageRow], limits: Limits,
-                  inputs: PlannerInputs | None = None) -> dict[str, Any]:
+                  inputs: PlannerInputs | None = None) -> CapacityPlan:
     """capacity.json: `inputs` as the run asked (its options and plan) unless given (`k3load capacity`)."""
     inputs = inputs or planner_inputs(data.run, data.plan, data.compat, telemetry_gpus(data))
     bound = min_goodput(data.plan)
@@ -114,12 +114,11 @@ def plan_capacity(data: RunData, index: MetricIndex, pillars: dict[str, PillarRe
                 None)  # a search first: the capacity was read from it
     routing = next((r for r in pillars["prefix_cache"].numbers.get("rules", []) if r.get("id") == "cache.routing"),
                    None)
-    plan = capacity_plan(stage_table, inputs, bound, limits.max_input_tokens, [], [])
-    plan["assumptions"] = assumptions(data, len(index.sources), routing, kind, plan["per_replica"]["searched_on"])
-    plan["what_if"] = [cold_cache(data, plan["per_replica"], thresholds(data.plan.thresholds if data.plan else None)
-                                  ["slo"])]
-    plan["search"] = search_said(data, plan["per_replica"])
-    return rounded(plan)
+    plan = capacity_plan(stage_table, inputs, bound, limits.max_input_tokens)
+    per = plan.per_replica
+    slo = thresholds(data.plan.thresholds if data.plan else None)["slo"]
+    return replace(plan, assumptions=tuple(assumptions(data, len(index.sources), routing, kind, per["searched_on"])),
+                   what_if=(cold_cache(data, per, slo),), search=search_said(data, per))
 
 
 def _capacity_marks(data: RunData, stage_table: list[StageRow], limits: dict[str, dict[str, float]]
@@ -128,7 +127,7 @@ def _capacity_marks(data: RunData, stage_table: list[StageRow], limits: dict[str
     (analysis/decision/capacity.py,
     from the stage table alone, so the plots can be drawn before the other pillars are judged)."""
     bound = min_goodput(data.plan)
-    per = capacity_plan(stage_table, PlannerInputs(), bound, None, [], [])["per_replica"]
+    per = capacity_plan(stage_table, PlannerInputs(), bound, None).per_replica
     gpus = planner_inputs(data.run, data.plan, data.compat, telemetry_gpus(data)).gpus_per_replica
     on_rate = per["searched_on"] == "sessions_per_s"  # the ramp's steps are then the rate search's: x is the rate
     return RampMarks(slo=dict(limits["slo"]), min_goodput=bound, gpus=gpus, on_rate=on_rate,
@@ -201,7 +200,7 @@ def analyze(run_dir: Path, plots_beside: bool = False) -> Judgment:
                 raise NothingJudged(why)
             text = json.dumps(judgment.verdict_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
             write_atomic(run_dir / "verdict.json", text)
-            write_atomic(run_dir / "capacity.json", json.dumps(judgment.capacity, indent=2, sort_keys=True,
+            write_atomic(run_dir / "capacity.json", json.dumps(judgment.capacity.to_dict(), indent=2, sort_keys=True,
                                                                ensure_ascii=False) + "\n")
             write_atomic(run_dir / "report.md", report_md.render(judgment))
             pngs = plotter.result() if plotter is not None else None

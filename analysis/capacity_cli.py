@@ -99,10 +99,11 @@ def run(args: argparse.Namespace) -> int:
                          inputs)
     from k3load.analysis.outputs.report_capacity import summary_lines
 
-    print("\n".join(summary_lines(plan)))
+    plain = plan.to_dict()  # as capacity.json carries it
+    print("\n".join(summary_lines(plain)))
     if args.out is not None:
         try:
-            write_atomic(args.out, json.dumps(plan, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+            write_atomic(args.out, json.dumps(plain, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
         except OSError as exc:
             print(f"k3load capacity: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
             return HARNESS_ERROR_EXIT

@@ -21,6 +21,7 @@ from k3load.analysis.pillars.headroom.full_batch import MIN_SCRAPES, PAST_CAPACI
 from k3load.analysis.pillars.headroom.goodput import DEFAULT_MIN_GOODPUT
 from k3load.analysis.pillars.headroom.stage_row import StageRow
 from k3load.analysis.pillars.limit_rules import EXHAUSTED_BY_RULE, RuleId
+from k3load.analysis.pillars.pillar import rounded
 from k3load.analysis.pillars.rules import Breach
 
 CAPACITY_FORMAT = 1
@@ -309,9 +310,34 @@ def planner_inputs(run: dict[str, Any], plan: Any, compat: dict[str, Any] | None
                          inputs.gpu_hour_cost)
 
 
+@dataclass(frozen=True)
+class CapacityPlan:
+    """capacity.json, typed until it is written (`to_dict`): per replica (its figures under capacity.json's keys,
+    and the other search's where a plan searched on both), the targets sized, the cost, the steps read, and what
+    analysis/analyze.py adds (the what-ifs, the assumptions, what the live search said)."""
+
+    per_replica: dict[str, Any]
+    targets: tuple[Target, ...]
+    cost: Cost | None
+    steps: tuple[dict[str, Any], ...]
+    what_if: tuple[dict[str, Any], ...] = ()
+    assumptions: tuple[str, ...] = ()
+    search: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """capacity.json as written (and as the reports read it): plain data, its floats rounded."""
+        plain: dict[str, Any] = rounded({"format": CAPACITY_FORMAT, "per_replica": self.per_replica,
+                                         "targets": [t.to_dict() for t in self.targets],
+                                         "cost": asdict(self.cost) if self.cost is not None else None,
+                                         "what_if": list(self.what_if),
+                                         "assumptions": list(self.assumptions), "steps": list(self.steps),
+                                         "search": self.search})
+        return plain
+
+
 def capacity_plan(stage_table: list[StageRow], inputs: PlannerInputs, bound: float,
-                  max_input: int | None, what_if: list[dict[str, Any]], assumptions: list[str]) -> dict[str, Any]:
-    """capacity.json: per replica, the targets sized, the cost, the what-ifs and the assumptions."""
+                  max_input: int | None) -> CapacityPlan:
+    """The capacity plan: per replica, the targets sized, the cost and the steps it read."""
     kind, rows = load_steps(stage_table)
     per = _per_replica(kind, rows, bound, max_input)
     other = load_steps(stage_table, on_rate=per["searched_on"] != RATE)  # a plan that searched on both
@@ -329,6 +355,4 @@ def capacity_plan(stage_table: list[StageRow], inputs: PlannerInputs, bound: flo
               "goodput": r.goodput.share if r.goodput else None,
               "goodput_ci95": _ci95(r), "past_capacity": r.past_capacity,
               "problems": [str(p.id) for p in r.problems]} for r in rows]
-    return {"format": CAPACITY_FORMAT, "per_replica": per, "targets": [t.to_dict() for t in targets],
-            "cost": asdict(cost) if cost is not None else None,
-            "what_if": what_if, "assumptions": assumptions, "steps": steps}
+    return CapacityPlan(per, tuple(targets), cost, tuple(steps))

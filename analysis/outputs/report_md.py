@@ -60,7 +60,7 @@ def _sections(j: Any) -> list[str]:
         out.append("> **The target is the k3load sim: a rehearsal, never evidence for a production verdict.**\n")
     out.append(f"## Verdict: `{j.verdict}`\n\n**Next action:** {j.verdict_json()['next_action']['action']}\n\n"
                + "".join(f"- {b}\n" for b in j.because))
-    out.append(report_capacity.markdown(j.capacity))  # what a planner reads first (then the plots, in HTML)
+    out.append(report_capacity.markdown(j.capacity.to_dict()))  # what a planner reads first (then the plots, in HTML)
     lim = j.limits.to_dict()  # one row of plain data, as the table takes it
     out.append("## Limits that hold\n\n" + table([lim], ("max_concurrency", "max_input_tokens",
                                                       "kv_cache_usage_ceiling", "ran_out_first",
@@ -133,7 +133,7 @@ def _ramp(j: Any) -> str:
     knee = r.knee_sessions_per_s if on_rate else r.knee_users
     if not r.first_step_past_knee:  # every step held: the largest is no knee, only as far as the ramp went
         said = f"No limit reached up to **{fmt(largest)} {unit}**: every step within the limits."
-        per = (j.capacity or {}).get("per_replica") or {}
+        per = j.capacity.to_dict()["per_replica"]
         if per.get("limit_reached"):  # the limits held, the goodput did not: the capacity plan says where
             said += (f" Goodput fell below {fmt(per.get('min_goodput'))} first: the capacity plan above holds "
                      f"{fmt(per.get('max_sessions_per_s_at_slo' if on_rate else 'max_users_at_slo'))} {unit}.")

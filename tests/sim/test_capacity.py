@@ -158,17 +158,17 @@ def test_the_capacity_is_the_largest_load_held_below_the_first_that_failed() -> 
     rows = [_row("c2", 2), _row("c4", 4), _row("c8", 8, ["resources.full_batch_queue"]), _row("c16", 16),
             _row("load", 8, kind="load")]
     inputs = PlannerInputs(target_users=(2000,), headroom=0.3, gpus_per_replica=8, gpu_hour_cost=2.0)
-    plan = capacity_plan(rows, inputs, 0.99, 4096, [], ["an even router"])
-    per = plan["per_replica"]
+    plan = capacity_plan(rows, inputs, 0.99, 4096)
+    per = plan.per_replica
     assert per["max_users_at_slo"] == 4 and per["max_users_at_slo_interval"] == [4, 7]  # c16 held, but above c8
     assert per["limiting"]["rule"] == "resources.full_batch_queue" and per["limiting"]["resource"] == "scheduler queue"
-    (target,) = plan["targets"]
-    assert target["replicas"] == math.ceil(2000 / (4 * 0.7)) and target["gpus"] == target["replicas"] * 8
-    assert target["cost_per_hour"] == pytest.approx(target["gpus"] * 2.0)
-    cost = plan["cost"]
-    assert cost["replica_cost_per_hour"] == 16.0
-    assert cost["per_million_output_tokens"] == pytest.approx(16.0 / (200.0 * 0.7 * 3600 / 1e6))
-    assert cost["per_agent_session"] == pytest.approx(16.0 / (0.4 * 0.7 * 3600))
+    (target,) = plan.targets
+    assert target.replicas == math.ceil(2000 / (4 * 0.7)) and target.gpus == target.replicas * 8
+    assert target.cost_per_hour == pytest.approx(target.gpus * 2.0)
+    cost = plan.cost
+    assert cost.replica_cost_per_hour == 16.0
+    assert cost.per_million_output_tokens == pytest.approx(16.0 / (200.0 * 0.7 * 3600 / 1e6))
+    assert cost.per_agent_session == pytest.approx(16.0 / (0.4 * 0.7 * 3600))
 
 
 def test_goodput_below_the_bound_fails_a_step_within_every_limit_as_the_live_search_decides() -> None:
@@ -176,34 +176,34 @@ def test_goodput_below_the_bound_fails_a_step_within_every_limit_as_the_live_sea
     repeat's evidence is added to its step's (one load, one body of evidence)."""
     assert step_held(_row("c4", 4, goodput=0.99, ci=(0.95, 0.998)), 0.99)
     assert not step_held(_row("c4", 4, goodput=0.98, ci=(0.93, 0.995)), 0.99)  # straddles, point below
-    plan = capacity_plan([_row("c2", 2), _row("c4", 4, goodput=0.9, ci=(0.85, 0.94))], PlannerInputs(), 0.99, None,
-                         [], [])
-    assert plan["per_replica"]["limiting"]["rule"] == "slo.goodput" and plan["per_replica"]["max_users_at_slo"] == 2
+    plan = capacity_plan([_row("c2", 2), _row("c4", 4, goodput=0.9, ci=(0.85, 0.94))], PlannerInputs(), 0.99,
+                         None)
+    assert plan.per_replica["limiting"]["rule"] == "slo.goodput" and plan.per_replica["max_users_at_slo"] == 2
     repeated = [_row("s1", 2, kind="search"), _row("s2", 4, goodput=0.98, kind="search"),
                 _row("s3", 4, goodput=1.0, kind="search")]  # 198 of 200 together: 0.99, held
-    assert capacity_plan(repeated, PlannerInputs(), 0.99, None, [], [])["per_replica"]["max_users_at_slo"] == 4
+    assert capacity_plan(repeated, PlannerInputs(), 0.99, None).per_replica["max_users_at_slo"] == 4
 
 
 def test_a_repeat_that_failed_at_a_load_fails_that_load() -> None:
     rows = [_row("s1", 2, kind="search"), _row("s2", 4, kind="search"),
             _row("s3", 4, ["slo.ttft_p95"], kind="search"), _row("s4", 3, kind="search"), _row("c64", 64)]
-    per = capacity_plan(rows, PlannerInputs(), 0.99, None, [], [])["per_replica"]
+    per = capacity_plan(rows, PlannerInputs(), 0.99, None).per_replica
     assert per["source"] == "search" and per["max_users_at_slo"] == 3 and per["max_users_at_slo_interval"] == [3, 3]
 
 
 def test_when_every_step_held_the_plan_says_no_limit_reached_never_a_knee() -> None:
-    per = capacity_plan([_row("c2", 2), _row("c4", 4)], PlannerInputs(), 0.99, None, [], [])["per_replica"]
+    per = capacity_plan([_row("c2", 2), _row("c4", 4)], PlannerInputs(), 0.99, None).per_replica
     assert not per["limit_reached"] and per["max_users_at_slo_interval"] == [4, None]
     assert headline(per).startswith("no limit reached up to 4 users")
 
 
 def test_no_step_held_and_no_steps_are_said_not_sized() -> None:
-    per = capacity_plan([_row("c2", 2, ["resources.kv_usage"])], PlannerInputs(target_users=(10,)), 0.99, None,
-                        [], [])
-    assert per["per_replica"]["max_users_at_slo"] is None and per["targets"][0]["replicas"] is None
-    assert "below it" in per["per_replica"]["inconclusive"]
-    none = capacity_plan([_row("load", 8, kind="load")], PlannerInputs(), 0.99, None, [], [])
-    assert none["per_replica"]["inconclusive"].startswith("inconclusive, because")
+    per = capacity_plan([_row("c2", 2, ["resources.kv_usage"])], PlannerInputs(target_users=(10,)), 0.99,
+                        None)
+    assert per.per_replica["max_users_at_slo"] is None and per.targets[0].replicas is None
+    assert "below it" in per.per_replica["inconclusive"]
+    none = capacity_plan([_row("load", 8, kind="load")], PlannerInputs(), 0.99, None)
+    assert none.per_replica["inconclusive"].startswith("inconclusive, because")
 
 
 def test_the_runs_options_win_over_the_plans_capacity_block() -> None:
@@ -239,8 +239,8 @@ def test_goodput_says_whether_errors_invalid_answers_or_latency_held_it_down() -
                     {"chain_id": "d", "valid": None}, {"chain_id": "e", "ttft_ms": 5000.0}])
     assert stage_goodput(frame, SLO, 1.0).misses == {"error": 1, "invalid": 2, "latency": 1}
     weak = _row("c1", 1, goodput=0.5, ci=(0.3, 0.7), misses={"error": 0, "invalid": 5, "latency": 0})
-    plan = capacity_plan([weak], PlannerInputs(), 0.99, None, [], [])
-    assert plan["per_replica"]["limiting"]["resource"].startswith("the answers' validity, not the load")
+    plan = capacity_plan([weak], PlannerInputs(), 0.99, None)
+    assert plan.per_replica["limiting"]["resource"].startswith("the answers' validity, not the load")
 
 
 @pytest.mark.parametrize("args", [["--target-users", "inf"], ["--target-users", "2.5"],
@@ -259,12 +259,12 @@ def test_a_rate_search_is_sized_in_sessions_per_s() -> None:
             _row("r3", 64, ["resources.full_batch_queue"], kind="search", sessions_per_s=2.0),
             _row("r4", 64, kind="search", sessions_per_s=1.5)]
     plan = capacity_plan(rows, PlannerInputs(target_sessions_per_s=(30.0,), headroom=0.25, gpus_per_replica=4), 0.99,
-                         None, [], [])
-    per = plan["per_replica"]
+                         None)
+    per = plan.per_replica
     assert per["searched_on"] == "sessions_per_s" and per["max_users_at_slo"] is None
     assert per["max_sessions_per_s_at_slo"] == 1.5 and per["max_sessions_per_s_at_slo_interval"] == [1.5, 2.0]
-    (target,) = plan["targets"]
-    assert target["replicas"] == math.ceil(30.0 / (1.5 * 0.75)) and target["gpus"] == target["replicas"] * 4
+    (target,) = plan.targets
+    assert target.replicas == math.ceil(30.0 / (1.5 * 0.75)) and target.gpus == target.replicas * 4
     assert headline(per).startswith("each replica holds **1.5 sessions/s** at the SLO (held at 1.5, failed at 2.0")
 
 
@@ -274,27 +274,27 @@ def test_a_plan_searching_on_users_and_on_rate_sizes_each_target_by_its_own_sear
             _row("r1", 64, kind="search", sessions_per_s=1.0, search="rate"),
             _row("r2", 64, ["resources.kv_usage"], kind="search", sessions_per_s=2.0, search="rate")]
     plan = capacity_plan(rows, PlannerInputs(target_users=(40,), target_sessions_per_s=(10.0,), headroom=0.5),
-                         0.99, None, [], [])
-    per = plan["per_replica"]
+                         0.99, None)
+    per = plan.per_replica
     assert per["searched_on"] == "sessions_per_s" and per["max_sessions_per_s_at_slo"] == 1.0  # the last search
     assert per["max_users_at_slo"] == 4 and per["max_users_at_slo_interval"] == [4, 7]
     assert per["users_search"]["limiting"]["rule"] == "resources.full_batch_queue"
-    users, rate = plan["targets"]
-    assert users["replicas"] == 20 and rate["replicas"] == 20  # 40 / (4 x 0.5), 10 / (1.0 x 0.5)
+    users, rate = plan.targets
+    assert users.replicas == 20 and rate.replicas == 20  # 40 / (4 x 0.5), 10 / (1.0 x 0.5)
 
 
 def test_a_load_no_request_was_judged_at_never_held_and_repeats_pool_their_queue() -> None:
     empty = _row("c4", 4, goodput=0.0, ci=None, requests=0, good=0)
     assert not step_held(empty, 0.99)  # the live search decides such a step below the bound too
-    per = capacity_plan([_row("c2", 2), empty], PlannerInputs(), 0.99, None, [], [])["per_replica"]
+    per = capacity_plan([_row("c2", 2), empty], PlannerInputs(), 0.99, None).per_replica
     assert per["max_users_at_slo"] == 2 and per["limiting"]["reason"].startswith("no request was judged")
     queued = {"full_batch_scrapes": 10, "full_batch_queued_scrapes": 6}  # 60%: past capacity alone
     calm = {"full_batch_scrapes": 10, "full_batch_queued_scrapes": 3}
     rows = [_row("s1", 4, ["resources.full_batch_queue"], kind="search", **queued), _row("s2", 4, kind="search",
                                                                                           **calm)]
-    assert capacity_plan(rows, PlannerInputs(), 0.99, None, [], [])["per_replica"]["max_users_at_slo"] == 4  # 45%
+    assert capacity_plan(rows, PlannerInputs(), 0.99, None).per_replica["max_users_at_slo"] == 4  # 45%
     rows[1] = _row("s2", 4, kind="search", full_batch_scrapes=10, full_batch_queued_scrapes=5)  # 55% together
-    assert capacity_plan(rows, PlannerInputs(), 0.99, None, [], [])["per_replica"]["max_users_at_slo"] is None
+    assert capacity_plan(rows, PlannerInputs(), 0.99, None).per_replica["max_users_at_slo"] is None
 
 
 def _cold_run(cold_ttft: float, cold_e2e: float) -> object:
