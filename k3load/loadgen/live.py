@@ -224,7 +224,8 @@ LATENCY_KEYS = ("ttft_p50_ms", "ttft_p95_ms", "ttfa_p50_ms", "ttfa_p95_ms", "itl
                 "e2e_p95_ms")
 
 
-def _provisional(run_dir: Path, judge: Callable[[Path], Judgment] | None, stage: str) -> tuple[dict[str, Any], dict]:
+def _provisional(run_dir: Path, judge: Callable[[Path], Judgment] | None, stage: str
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The final analysis's own functions over the run directory as it is now (nothing written)."""
     if judge is None:
         from k3load.analysis import analyze  # the final analysis, loaded where a run is judged
