@@ -57,9 +57,16 @@ class TargetApi:
         try:  # an OpenAI model list: {"data": [{"id": ..., "max_model_len": ...}, ...]}, or not the server we want
             cards = resp.json()["data"]
             card = next((c for c in cards if c["id"] == wanted), cards[0]) if cards else {}
-            return wanted or card.get("id", ""), card.get("max_model_len")
+            model = wanted or card.get("id", "")
         except (KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
-            raise self._no_answer(exc) from None
+            kind = resp.headers.get("content-type", "no content type").split(";")[0]
+            raise TargetUnusable(f"the server at {self.host} answered /v1/models with HTTP {resp.status_code} "
+                                 f"({kind}), not an OpenAI model list ({type(exc).__name__}): is --host the vLLM "
+                                 "server, or its gateway's route to it?") from None
+        if not model:  # every request would name no model: vLLM's 404 on each, never a finding about the server
+            raise TargetUnusable(f"the server at {self.host} lists no model on /v1/models: give the model to "
+                                 "send with --k3-model")
+        return model, card.get("max_model_len")
 
     def _no_answer(self, exc: Exception) -> TargetUnusable:
         """Nothing an OpenAI server would say: a refused connection, a TLS failure (with its hint), no JSON."""
