@@ -68,9 +68,14 @@ QUEUED = ServerConfig(model=MODEL, enforce_eager=True, extra_args=["--max-num-se
 # request keeps the engine busy for seconds on two cores (a prefill of hundreds of tokens, up to 160 decoded),
 # so a third user's request waits beside the two running for most of a step. The goodput bound is 0: a 135M
 # model's answers are not what this search measures (a real plan keeps 0.99).
+# The shared-prefix family: answers of a few seconds, so a user's own gaps (its client, the API server's chat
+# template and tokenizer, the agents' timeout drill) are a small share of its time and three users keep the third
+# request waiting for most of a step. With the agent family's ~1.5 s answers and its drill, three users queued in
+# 53% to 79% of a step's scrapes here (the share dropping as the machine got busier) and CI read 50% or under
+# once; this family read 81% with two CPU hogs beside it.
 SEARCH_STAGES = [{"name": "capacity", "kind": "search", "start_users": 1, "factor": 2, "max_users": 4,
                   "resolution": 0.1, "min_goodput": 0.0, "step_s": 15, "max_step_s": 30, "max_total_s": 150,
-                  "mix": {"agent": 1}}]
+                  "mix": {"shared_prefix": 1}}]
 REAL_SMALL = ROOT / "plans" / "real-small.yaml"
 # The agent scenarios as written (auto tool turns), briefly: what the model does when it must decide.
 AUTO_STAGES = [{"name": "agents-auto", "kind": "load", "duration_s": 25, "users": 2, "mix": {"agent": 1}}]
@@ -164,8 +169,11 @@ def test_the_healthy_real_model_earns_its_verdict_with_model_output_the_only_fai
     agent = statuses(verdict)["agent_api"]
     opened = [i["item"] for i in verdict["checklist"] if i["status"] == "open"]
     # no --k3-restart-cmd here: the plan's restart stage holds load on a server never restarted, so the seed's
-    # restart check stays open and the verdict is at best limited (issue 38); the only open line it may be
-    assert all(item.startswith("Restart check") for item in opened), (opened, summary)
+    # restart check stays open and the verdict is at best limited (issue 38). The retry line ticks only when a retry
+    # and a fallback both ended valid (issue 33): the agent family's scenarios are drawn at random, so a short run
+    # may never draw the timeout drill, or the small model may fail its retried turn. Those two lines may be open
+    assert all(item.startswith(("Restart check", "Retry and API fallback behaviour")) for item in opened), \
+        (opened, summary)
     if agent == "pass":
         assert verdict["verdict"] == ("limited" if opened else "go") and code == (3 if opened else 0), summary
     else:  # fail, or inconclusive: a few dozen attempts on two cores may not decide a rate near 95%
