@@ -14,6 +14,10 @@ Loaded by ``tests/conftest.py`` (``pytest_plugins = ["tests.target_fixtures"]``)
   Yields a ``VllmTarget`` with ``base_url`` (``http://127.0.0.1:PORT``), ``model`` (``"tiny"``),
   ``log_path``, ``max_model_len`` and the underlying ``server``.
 - ``vllm_compile_cache``: torch.compile caches shared by every server of the session.
+- Launched early: the session's ``vllm_server`` and each selected module's ``PRESTART`` servers start once the
+  warm-up is done, niced, while the tiers before the real one run (tests/vllm_prestart.py). A module that asks
+  for ``vllm_server`` at run time (``request.getfixturevalue``) names it in its ``PRESTART``:
+  ``{"vllm_server": None}``.
 - ``vllm_pool``: a ``VllmPool`` per test module for servers configured otherwise (a recipe flag
   dropped, an extra flag, the real model: ``ServerConfig(model="smollm2-135m")``), compiled like the
   session's. ``pool.start(name=ServerConfig(...), ...)``
@@ -45,6 +49,7 @@ import pytest
 
 from k3load.targets.real_model import ensure_real_model
 from k3load.targets.vllm_cpu import VllmCpuServer, ensure_model, ensure_tiny_model, ensure_venv, model_server
+from tests.vllm_prestart import SESSION, Prestarted
 
 REPO = Path(__file__).resolve().parents[1]
 # Small enough that 64 x 256 tokens preempt, large enough for one 2,048-token context (16 blocks).
@@ -101,12 +106,16 @@ PREWARM = ("from pathlib import Path\n"
            "ensure_tiny_model(venv, cache)\n"
            "ensure_real_model(venv, cache)\n")
 _prewarm: list[subprocess.Popen] = []
+_prestarted = Prestarted()  # tests/vllm_prestart.py: servers launched once the warm-up is done
+_compile_cache: list[Path] = []
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the warm-up when a selected test will use a vLLM fixture (never for a quick `-m 'not vllm'`)."""
-    if os.environ.get("K3LOAD_NO_PREWARM") or not any(
-            VLLM_FIXTURES & set(getattr(item, "fixturenames", ())) for item in session.items):
+    """Start the warm-up when a selected test will use a vLLM fixture (never for a quick `-m 'not vllm'`), and
+    note the servers to launch once it is done: the session's, where a test uses it, and each selected module's
+    ``PRESTART``."""
+    using = [item for item in session.items if item.get_closest_marker("vllm")]  # every user of a fixture above
+    if os.environ.get("K3LOAD_NO_PREWARM") or not using:
         return
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
@@ -114,11 +123,35 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         _prewarm.append(subprocess.Popen([sys.executable, "-c", PREWARM.format(cache=str(folder))], cwd=REPO,
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          preexec_fn=lambda: os.nice(10), start_new_session=True))
+    factory = session.config._tmp_path_factory  # type: ignore[attr-defined]  # the tmp_path_factory fixture's
+    if any("vllm_server" in item.fixturenames for item in using):
+        _prestarted.wanted[SESSION] = (None, lambda: _session_server(factory))
+    for item in using:
+        module = getattr(item, "module", None)
+        for name, config in (getattr(module, "PRESTART", None) or {}).items():
+            if name == "vllm_server":  # a module that asks for the session's server at run time says so
+                _prestarted.wanted[SESSION] = (None, lambda: _session_server(factory))
+                continue
+            _prestarted.wanted.setdefault((module.__name__, name), (
+                config, lambda config=config, name=name: _pool_server(config, name, factory)))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Launch the declared servers at the first test after the warm-up ended well (a failed warm-up: none;
+    each test then builds and starts what it needs, raising the error as it always did)."""
+    if _prestarted.done or not _prestarted.wanted or not _prewarm or _prewarm[0].poll() is None:
+        return
+    if _prewarm[0].returncode == 0:
+        _prestarted.launch_all()
+    _prestarted.done = True
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """A session that ends first (a quick -k, an -x stop) leaves no warm-up behind; the locks keep a
-    half-built step from being used (each writes its marker last)."""
+    half-built step from being used (each writes its marker last). A launched server no test took is stopped."""
+    _prestarted.stop_unclaimed()
+    for folder in _compile_cache:
+        shutil.rmtree(folder, ignore_errors=True)
     for proc in _prewarm:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -142,27 +175,45 @@ def real_model_dir(vllm_venv: Path) -> Path:
     return ensure_real_model(vllm_venv, cache_dir())
 
 
+def _shared_compile_cache(factory: pytest.TempPathFactory) -> Path:
+    """One folder for the session (removed at its end), whether a fixture or a prestart asks first."""
+    if not _compile_cache:
+        _compile_cache.append(factory.mktemp("vllm-compile-cache"))
+    return _compile_cache[0]
+
+
 @pytest.fixture(scope="session")
-def vllm_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def vllm_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """torch.compile caches shared by every server of the session (removed at its end): the first
     server compiles (about a minute on two cores), later ones reuse dynamo/inductor's caches."""
-    folder = tmp_path_factory.mktemp("vllm-compile-cache")
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    return _shared_compile_cache(tmp_path_factory)
+
+
+def _session_server(factory: pytest.TempPathFactory) -> VllmCpuServer:
+    venv = ensure_venv(cache_dir())
+    return VllmCpuServer(venv, ensure_tiny_model(venv, cache_dir()), run_dir=factory.mktemp("vllm-server"),
+                         extra_args=SERVER_ARGS, compile_cache=_shared_compile_cache(factory), enforce_eager=EAGER)
+
+
+def _pool_server(config: ServerConfig, name: str, factory: pytest.TempPathFactory) -> VllmCpuServer:
+    """A pool's server for `config` (not yet started)."""
+    venv = ensure_venv(cache_dir())
+    return model_server(config.model, venv, ensure_model(config.model, venv, cache_dir()),
+                        run_dir=factory.mktemp(f"vllm-{name}"), extra_args=config.extra_args,
+                        drop_flags=config.drop_flags, enforce_eager=config.enforce_eager,
+                        compile_cache=_shared_compile_cache(factory))
 
 
 @pytest.fixture(scope="session")
-def vllm_server(
-    vllm_venv: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, vllm_compile_cache: Path
-) -> Iterator[VllmTarget]:
-    """One server per session; its log stays in pytest's temp dir for post-mortems."""
-    server = VllmCpuServer(
-        vllm_venv, tiny_model_dir, run_dir=tmp_path_factory.mktemp("vllm-server"), extra_args=SERVER_ARGS,
-        compile_cache=vllm_compile_cache, enforce_eager=EAGER,
-    )
-    server.start()
+def vllm_server(vllm_venv: Path, tiny_model_dir: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmTarget]:
+    """One server per session (the one launched early where it was); its log stays in pytest's temp dir for
+    post-mortems."""
+    server = _prestarted.claim(*SESSION, None)
+    if server is not None:
+        server.wait_healthy()
+    else:
+        server = _session_server(tmp_path_factory).start()
     try:
         yield VllmTarget(server.base_url, server.model, server.log_path, server.max_model_len, server)
     finally:
@@ -200,6 +251,7 @@ class VllmPool:
     model_dir: Path
     tmp: pytest.TempPathFactory
     compile_cache: Path | None = None
+    module: str = ""  # the test module's name: its PRESTART servers are claimed under it
     servers: dict[str, VllmCpuServer] = field(default_factory=dict)
     configs: dict[str, ServerConfig] = field(default_factory=dict)
     _all: list[VllmCpuServer] = field(default_factory=list)
@@ -210,17 +262,11 @@ class VllmPool:
         for name, config in configs.items():
             if name in self.servers:
                 continue
-            server = model_server(config.model, self.venv, self._model_dir(config.model),
-                                  run_dir=self.tmp.mktemp(f"vllm-{name}"), extra_args=config.extra_args,
-                                  drop_flags=config.drop_flags, enforce_eager=config.enforce_eager,
-                                  compile_cache=self.compile_cache)
+            launched = _prestarted.claim(self.module, name, config)
+            server = launched or _pool_server(config, name, self.tmp)
             self._all.append(server)
             self.servers[name], self.configs[name] = server, config
-            self._starting[name] = gevent.spawn(server.start)
-
-    def _model_dir(self, model: str) -> Path:
-        """``model_dir`` for the tiny model; another one is built (or found cached) on first use."""
-        return self.model_dir if model == "tiny" else ensure_model(model, self.venv, cache_dir())
+            self._starting[name] = gevent.spawn(server.wait_healthy if launched else server.start)
 
     def get(self, name: str) -> VllmTarget:
         """The named server once healthy (its start's error, if it failed)."""
@@ -261,9 +307,10 @@ class VllmPool:
 
 @pytest.fixture(scope="module")
 def vllm_pool(vllm_venv: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
-              vllm_compile_cache: Path) -> Iterator[VllmPool]:
-    """Extra servers for one module; their logs stay in pytest's temp dir for post-mortems."""
-    pool = VllmPool(vllm_venv, tiny_model_dir, tmp_path_factory, vllm_compile_cache)
+              vllm_compile_cache: Path, request: pytest.FixtureRequest) -> Iterator[VllmPool]:
+    """Extra servers for one module (those its PRESTART launched early, taken as they are); their logs stay in
+    pytest's temp dir for post-mortems."""
+    pool = VllmPool(vllm_venv, tiny_model_dir, tmp_path_factory, vllm_compile_cache, module=request.module.__name__)
     try:
         yield pool
     finally:

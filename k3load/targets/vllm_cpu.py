@@ -251,6 +251,12 @@ class VllmCpuServer:
 
     def start(self) -> VllmCpuServer:
         """Launch in a new process group and block until ``/health`` answers 200."""
+        self.launch()
+        return self.wait_healthy()
+
+    def launch(self) -> VllmCpuServer:
+        """Only the launch, in a new process group: a caller with other work starts the server now and waits for it
+        later (``wait_healthy``), as the test suite does with servers it will need half an hour on."""
         if self.run_dir is None:
             self.run_dir = Path(tempfile.mkdtemp(prefix="k3load-vllm-"))
         self.port = self.port or free_port(self.host)
@@ -265,6 +271,11 @@ class VllmCpuServer:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        return self
+
+    def wait_healthy(self) -> VllmCpuServer:
+        """Block until the launched server's ``/health`` answers 200; stop it (and raise) if it exits or the
+        start-up outlasts ``startup_timeout_s`` from now."""
         try:
             self._wait_healthy()
         except BaseException:

@@ -42,6 +42,8 @@ WEATHER = {"type": "function", "function": {
         "city": {"type": "string", "pattern": "^[A-Za-z ]{1,20}$"},
         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+# The session's server, asked for at run time: launched early (tests/vllm_prestart.py)
+PRESTART = {"vllm_server": None}
 
 
 @pytest.fixture(scope="module", params=["sim", pytest.param("vllm", marks=pytest.mark.vllm)])

@@ -44,6 +44,8 @@ from tests.real.real_runs import (
 from tests.target_fixtures import EAGER, SERVER_ARGS
 
 pytestmark = pytest.mark.vllm
+# The session's server, asked for at run time: launched early (tests/vllm_prestart.py)
+PRESTART = {"vllm_server": None}
 
 
 # -- 3. KV starved -------------------------------------------------------------------------------------------
