@@ -1,13 +1,21 @@
-"""Does the harness keep its memory flat over a long soak? RSS of the Locust process over time, against
-a named reference measured in the same run.
+"""Does the harness stay flat over a day? RSS of the Locust process and the run's files on disk over a soak,
+per hour and per million attempts, against a named reference measured in the same run, and the budget a
+user plans a day-long soak with.
 
-Reference: "sim", the `k3load sim` process serving the same traffic. Its memory is bounded by design
-(a KV block pool and a 100,000-entry body index), so its growth is what a bounded process shows on
-this machine under this load; the harness's growth after the warm-up is printed next to it, with the
-ratio. Issue 11 asks for under 50 MB of harness growth after the first minutes of an hour at about
-50 requests/s (`--duration-s 3600`); shorter runs are rehearsals of the script, not that figure.
+Reference: "sim", the `k3load sim` process serving the same traffic. Its memory is bounded by design (a KV
+block pool and a 100,000-entry body index), so its growth is what a bounded process shows on this machine
+under this load; the harness's growth after the warm-up is printed next to it, with the ratio.
 
-    .venv/bin/python bench/harness_soak.py [--duration-s 3600] [--users 4] [--warmup-s 120]
+A day compressed: the sim answers at `--time-scale` of model time (0.02: a 10 s answer in 0.2 s), and the
+users send with no think time, so an hour of this soak carries as many attempts as a long stretch of real
+traffic. What is measured is per attempt and per hour of wall time: the harness's RSS growth (least
+squares over the samples after the warm-up, against the attempts answered by then and against the hours),
+records.jsonl.gz per million attempts, and metrics.jsonl.gz per hour (one scrape a second whatever the rate;
+per series, since a real vLLM serves more series than the sim). The budget for 24 hours at 10, 50 and 100
+attempts/s is printed from those slopes; issue 11 asked under 50 MB of harness growth after the warm-up of
+an hour at about 50 requests/s, issue 31 a day flat.
+
+    .venv/bin/python bench/harness_soak.py [--duration-s 3600] [--users 8] [--warmup-s 120] [--time-scale 0.02]
 """
 
 from __future__ import annotations
@@ -18,17 +26,32 @@ import subprocess
 import sys
 import tempfile
 import time
+from bisect import bisect_right
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from k3load.evidence import lines, records_file  # noqa: E402
+from k3load.evidence import lines, metrics_file, records_file  # noqa: E402
 from k3load.sim.process import SimProcess  # noqa: E402
 
-SIM_ARGS = ["--time-scale", "0.05", "--seed", "3", "--model", "tiny"]
+DAY_RATES = (10.0, 50.0, 100.0)  # attempts a second the printed day budget is worked out for
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading: wall clock, both processes' RSS and the run's files' sizes."""
+
+    ts: float
+    harness_mib: float
+    sim_mib: float
+    records_bytes: int
+    metrics_bytes: int
 
 
 def rss_mib(pid: int) -> float | None:
@@ -40,6 +63,13 @@ def rss_mib(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _plan(path: Path, duration_s: float, users: int) -> Path:
@@ -55,58 +85,109 @@ def _locust(url: str, out: Path, plan: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _sample(harness: subprocess.Popen[bytes], sim_pid: int, every_s: float) -> list[tuple[float, float, float]]:
-    """(seconds since start, harness MiB, sim MiB) every `every_s` until the harness exits."""
-    start, rows = time.monotonic(), []
+def _sample(harness: subprocess.Popen[bytes], sim_pid: int, run: Path, every_s: float) -> list[Sample]:
+    """A reading every `every_s` until the harness exits."""
+    rows: list[Sample] = []
     while harness.poll() is None:
         mine, sims = rss_mib(harness.pid), rss_mib(sim_pid)
         if mine is not None and sims is not None:
-            rows.append((time.monotonic() - start, mine, sims))
+            rows.append(Sample(time.time(), mine, sims, _size(run / "records.jsonl.gz"),
+                               _size(run / "metrics.jsonl.gz")))
         time.sleep(every_s)
     return rows
 
 
-def _growth(rows: list[tuple[float, float, float]], warmup_s: float, load_end_s: float, column: int) -> float | None:
-    """Growth over the load after the warm-up. Samples after the load's end are left out: the harness then
-    judges the run (pandas reads every record), a one-off peak that is not a leak; it is printed apart."""
-    during = [r[column] for r in rows if warmup_s <= r[0] <= load_end_s]
-    return max(during) - during[0] if len(during) >= 2 else None
+def _ends(run: Path) -> list[float]:
+    """Every attempt's end, sorted: the attempts answered by a sample's time."""
+    ends = []
+    for line in lines(records_file(run)):
+        if line.endswith("\n"):
+            ends.append(float(json.loads(line)["end_ts"]))
+    return sorted(ends)
+
+
+def _series(run: Path) -> int:
+    """The series a scrape of the reference served (the metrics file's first readable row)."""
+    for line in lines(metrics_file(run)):
+        row = json.loads(line) if line.endswith("\n") else {}
+        if row.get("vllm_series"):
+            return int(row["vllm_series"])
+    return 0
+
+
+def _slope(x: list[float], y: list[float]) -> float | None:
+    """Least-squares slope of y on x (None: fewer than three points or no spread in x)."""
+    if len(x) < 3 or max(x) - min(x) <= 0:
+        return None
+    return float(np.polyfit(np.asarray(x), np.asarray(y), 1)[0])
+
+
+def _fmt(value: float | None, unit: str = "", digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}{unit}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration-s", type=float, default=3600.0)
-    parser.add_argument("--users", type=int, default=4)
+    parser.add_argument("--users", type=int, default=8)
     parser.add_argument("--warmup-s", type=float, default=120.0)
     parser.add_argument("--every-s", type=float, default=10.0)
+    parser.add_argument("--time-scale", type=float, default=0.02, help="the sim's wall seconds per model second")
     parser.add_argument("--keep", type=Path, help="keep the run directory and the sim's log here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="k3load-soak-") as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        sim = SimProcess(SIM_ARGS, work / "sim.log").start()
+        sim = SimProcess(["--time-scale", str(args.time_scale), "--seed", "3", "--model", "tiny"],
+                         work / "sim.log").start()
         try:
             assert sim.proc is not None
             harness = _locust(sim.base_url, work / "run", _plan(work / "plan.yaml", args.duration_s, args.users))
-            rows = _sample(harness, sim.proc.pid, args.every_s)
+            rows = _sample(harness, sim.proc.pid, work / "run", args.every_s)
         finally:
             sim.stop()
-        records = [line for line in lines(records_file(work / "run")) if line.endswith("\n")]
+        ends = _ends(work / "run")
+        series = _series(work / "run")
         verdict = json.loads((work / "run" / "verdict.json").read_text())["verdict"]
-    mine, ref = (_growth(rows, args.warmup_s, args.duration_s, column) for column in (1, 2))
-    judging = [r[1] for r in rows if r[0] > args.duration_s]
-    rate = len(records) / args.duration_s
-    print(f"soak of {args.duration_s:.0f} s, {args.users} users: {len(records)} attempts ({rate:.1f}/s), "
-          f"verdict {verdict}, {len(rows)} samples")
-    print(f"{'process':<10} {'start MiB':>10} {'end MiB':>10} {'growth after warm-up MiB':>26}")
-    for name, column, growth in (("harness", 1, mine), ("sim (ref)", 2, ref)):
-        print(f"{name:<10} {rows[0][column]:>10.1f} {rows[-1][column]:>10.1f} "
-              f"{growth if growth is not None else float('nan'):>26.1f}")
-    if mine is not None and ref:
-        print(f"harness growth / sim growth: {mine / ref:.2f}")
+        run_start = json.loads((work / "run" / "run.json").read_text()).get("started_ts") or rows[0].ts
+    load_end = rows[0].ts + args.duration_s
+    during = [r for r in rows if rows[0].ts + args.warmup_s <= r.ts <= load_end]
+    attempts_by = [bisect_right(ends, r.ts) / 1e6 for r in during]
+    hours = [(r.ts - run_start) / 3600 for r in during]
+    per_million = _slope(attempts_by, [r.harness_mib for r in during])
+    per_hour = _slope(hours, [r.harness_mib for r in during])
+    sim_per_hour = _slope(hours, [r.sim_mib for r in during])
+    records_per_million = _slope(attempts_by, [r.records_bytes / MIB for r in during])
+    metrics_per_hour = _slope(hours, [r.metrics_bytes / MIB for r in during])
+    rate = len(ends) / args.duration_s
+    growth = max(r.harness_mib for r in during) - during[0].harness_mib if len(during) >= 2 else None
+    sim_growth = max(r.sim_mib for r in during) - during[0].sim_mib if len(during) >= 2 else None
+    judging = [r.harness_mib for r in rows if r.ts > load_end]
+
+    print(f"soak of {args.duration_s:.0f} s, {args.users} users, sim time scale {args.time_scale}: {len(ends):,} "
+          f"attempts ({rate:.1f}/s), verdict {verdict}, {len(rows)} samples ({len(during)} after the warm-up)")
+    print(f"{'process':<10} {'start MiB':>10} {'end MiB':>10} {'growth MiB':>11} {'MiB/hour':>9} "
+          f"{'MiB/M attempts':>15}")
+    print(f"{'harness':<10} {rows[0].harness_mib:>10.1f} {during[-1].harness_mib if during else float('nan'):>10.1f} "
+          f"{_fmt(growth):>11} {_fmt(per_hour):>9} {_fmt(per_million):>15}")
+    print(f"{'sim (ref)':<10} {rows[0].sim_mib:>10.1f} {during[-1].sim_mib if during else float('nan'):>10.1f} "
+          f"{_fmt(sim_growth):>11} {_fmt(sim_per_hour):>9} {'':>15}")
+    if growth is not None and sim_growth:
+        print(f"harness growth / sim growth: {growth / sim_growth:.2f}")
+    print(f"records.jsonl.gz: {_fmt(records_per_million, ' MiB', 1)} per million attempts; metrics.jsonl.gz: "
+          f"{_fmt(metrics_per_hour, ' MiB', 2)} per hour ({series} series a scrape"
+          + (f", {metrics_per_hour * 1024 / series:.2f} KiB per series-hour" if metrics_per_hour and series else "")
+          + ")")
     if judging:
         print(f"harness peak while judging the run after the load: {max(judging):.1f} MiB "
               f"({len(judging)} samples; a one-off, not growth)")
+    print("budget for 24 hours (from the slopes above; metrics for this many series):")
+    for day_rate in DAY_RATES:
+        millions = day_rate * 86400 / 1e6
+        print(f"  {day_rate:>5.0f} attempts/s = {millions:,.2f} M attempts: harness RSS "
+              f"+{_fmt(None if per_million is None else max(per_million, 0.0) * millions)} MiB, records "
+              f"{_fmt(None if records_per_million is None else records_per_million * millions, ' MiB', 0)}, "
+              f"metrics {_fmt(None if metrics_per_hour is None else metrics_per_hour * 24, ' MiB', 0)}")
     return 0
 
 

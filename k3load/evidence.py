@@ -208,6 +208,9 @@ def _read_ahead(items: Generator[bytes, None, None], depth: int = READ_AHEAD) ->
         thread.join()
 
 
+FOLLOW_CHUNK = 4 << 20  # bytes a follower reads at once
+
+
 class Follow:
     """Whole lines appended to a file since the last call, for a reader that follows a run as it is written
     (the web UI's tail, the master waiting on a worker's spool): a compressed file's up to its writer's last
@@ -223,24 +226,41 @@ class Follow:
 
     def new_lines(self) -> list[str]:
         """Each with its "\\n"; [] while the file is missing, and once a compressed one stops being gzip."""
+        return list(self.iter_new_lines())
+
+    def iter_new_lines(self, chunk_bytes: int = FOLLOW_CHUNK) -> Iterator[str]:
+        """`new_lines` read `chunk_bytes` at a time, so a reader that comes back after hours (a capacity search
+        begun late in a day, a web UI page opened late) holds one chunk's lines at once, never the file's.
+        Consume it whole: the position moves on as lines are given."""
         try:
             with self.path.open("rb") as handle:
                 stat = os.fstat(handle.fileno())
                 if (stat.st_dev, stat.st_ino) != self._identity or stat.st_size < self.offset:
                     self._restart((stat.st_dev, stat.st_ino))
                 handle.seek(self.offset)
-                data = handle.read()
+                compressed = self.path.name.endswith(".gz")
+                while data := handle.read(chunk_bytes):
+                    if compressed:
+                        self.offset += len(data)
+                        try:
+                            yield from self._inflater.feed(data)
+                        except zlib.error:
+                            return
+                        continue
+                    while b"\n" not in data and len(data) % chunk_bytes == 0:  # a line longer than a chunk
+                        more = handle.read(chunk_bytes)
+                        if not more:
+                            break
+                        data += more
+                    end = data.rfind(b"\n") + 1
+                    if not end:
+                        return  # a torn last line waits for its end
+                    self.offset += end
+                    handle.seek(self.offset)
+                    text = data[:end].decode("utf-8", errors=self._errors)
+                    yield from (line + "\n" for line in text.split("\n")[:-1])
         except OSError:
-            return []
-        if self.path.name.endswith(".gz"):
-            self.offset += len(data)
-            try:
-                return self._inflater.feed(data)
-            except zlib.error:
-                return []
-        end = data.rfind(b"\n") + 1
-        self.offset += end
-        return [line + "\n" for line in data[:end].decode("utf-8", errors=self._errors).split("\n")[:-1]]
+            return
 
 
 class SeriesTable:
@@ -271,6 +291,16 @@ class SeriesTable:
                 out["sample_keys"] = {str(i): name for name, i in new.items()}
             out["sample_values"] = [[self._index[name], v] for name, v in samples.items()]
         return out
+
+    def learn(self, row: Any) -> None:
+        """The names a line defines, without decoding it: a reader skipping lines it does not want (the rows
+        before a capacity search's step) still reads the later ones right."""
+        keys = row.get("sample_keys") if isinstance(row, dict) else None
+        if isinstance(keys, dict):
+            try:
+                self._names.update((int(i), name) for i, name in keys.items())
+            except (TypeError, ValueError):
+                return
 
     def decode(self, row: Any) -> Any:
         """The line as it was before `encode` (keys in the same order); any other line as it is."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -278,14 +279,19 @@ def jsonl_lines(text: str) -> list[str]:
 def read_records(path: Path) -> list[Attempt]:
     """Records of a file (`records.jsonl.gz`, or a legacy `records.jsonl`: k3load.evidence.lines); a torn
     last line (the writer was killed mid-write) is skipped, not fatal."""
-    attempts = []
+    return list(iter_records(path))
+
+
+def iter_records(path: Path) -> Iterator[Attempt]:
+    """`read_records` one at a time: a reader that only counts (the validation summary) holds one record, never
+    a day's."""
     for number, line in enumerate(lines(path), start=1):
         if not line.strip():
             continue
         try:
-            attempts.append(Attempt.from_dict(json.loads(line)))
+            attempt = Attempt.from_dict(json.loads(line))
         except (json.JSONDecodeError, TypeError) as exc:
             if not line.endswith("\n") and isinstance(exc, json.JSONDecodeError):
-                break  # torn final line: only the last line can lack its "\n"
+                return  # torn final line: only the last line can lack its "\n"
             raise ValueError(f"{path}:{number}: not an attempt record: {exc}") from exc
-    return attempts
+        yield attempt

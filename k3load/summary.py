@@ -7,53 +7,90 @@ is `valid` only when every check passed, and each failure is counted under the l
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from k3load.evidence import records_file
 from k3load.outcomes import HARNESS_ERROR, LAYERS
-from k3load.records import Attempt, read_records
+from k3load.records import Attempt, iter_records
 from k3load.workload.harness_error import kind_of
 
 KINDS_SAID = 5  # harness-error kinds printed at the run's end; the rest summed in one line
 
 
-def _group(all_attempts: list[Attempt]) -> dict[str, Any]:
-    attempts = [a for a in all_attempts if not a.drill]  # a drill's timeout is its purpose, not a failure
-    layers = Counter(a.primary_layer for a in attempts if a.primary_layer)  # each failure counted once
-    checks = Counter(f.check for a in attempts for f in a.findings if not f.ok)
-    valid = sum(a.valid for a in attempts)
-    return {"attempts": len(attempts), "valid": valid, "valid_rate": valid / len(attempts) if attempts else None,
-            "failed_by_layer": {layer: layers.get(layer, 0) for layer in LAYERS},
-            "failed_by_check": dict(sorted(checks.items())),
-            "retries": sum(a.attempt > 1 for a in attempts),
-            "timeout_drills": len(all_attempts) - len(attempts)}
+class _Group:
+    """One group's counts, fed an attempt at a time (the validation summary never holds a day's records)."""
+
+    def __init__(self) -> None:
+        self.attempts = self.valid = self.retries = self.drills = 0
+        self.layers: Counter[str] = Counter()
+        self.checks: Counter[str] = Counter()
+
+    def add(self, attempt: Attempt) -> None:
+        if attempt.drill:  # a drill's timeout is its purpose, not a failure
+            self.drills += 1
+            return
+        self.attempts += 1
+        self.valid += bool(attempt.valid)
+        self.retries += attempt.attempt > 1
+        if attempt.primary_layer:
+            self.layers[attempt.primary_layer] += 1  # each failure counted once
+        self.checks.update(f.check for f in attempt.findings if not f.ok)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attempts": self.attempts, "valid": self.valid,
+                "valid_rate": self.valid / self.attempts if self.attempts else None,
+                "failed_by_layer": {layer: self.layers.get(layer, 0) for layer in LAYERS},
+                "failed_by_check": dict(sorted(self.checks.items())),
+                "retries": self.retries, "timeout_drills": self.drills}
+
+
+class _Unjudged:
+    """Answers the harness could not judge (a `harness.error` finding), counted by kind as they come."""
+
+    def __init__(self) -> None:
+        self.kinds: Counter[str] = Counter()
+        self.first: dict[str, str] = {}
+
+    def add(self, attempt: Attempt) -> None:
+        detail = next((f.detail for f in attempt.findings if f.check == HARNESS_ERROR), None)
+        if detail is not None:
+            self.kinds[kind_of(detail)] += 1
+            self.first.setdefault(kind_of(detail), attempt.attempt_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        ranked = dict(sorted(self.kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+        return {"answers": sum(self.kinds.values()), "by_kind": ranked,
+                "first_attempt": {k: self.first[k] for k in ranked}}
+
+
+GROUPED_BY = ("scenario", "turn_kind", "stage", "family")
 
 
 def summarise(records_path: Path) -> dict[str, Any]:
-    attempts = read_records(records_path) if records_path.exists() else []
-    out: dict[str, Any] = {"all": _group(attempts)}
-    for key in ("scenario", "turn_kind", "stage", "family"):
-        groups: dict[str, list[Attempt]] = defaultdict(list)
-        for attempt in attempts:
-            groups[str(getattr(attempt, key))].append(attempt)
-        out[f"by_{key}"] = {name: _group(group) for name, group in sorted(groups.items())}
-    out["unjudged"] = unjudged(attempts)
+    """Per group (all, and by scenario, turn kind, stage and family) the counts, read a record at a time."""
+    everything, found = _Group(), _Unjudged()
+    groups: dict[str, dict[str, _Group]] = {key: defaultdict(_Group) for key in GROUPED_BY}
+    for attempt in iter_records(records_path) if records_path.exists() else ():
+        everything.add(attempt)
+        found.add(attempt)
+        for key in GROUPED_BY:
+            groups[key][str(getattr(attempt, key))].add(attempt)
+    out: dict[str, Any] = {"all": everything.to_dict()}
+    for key in GROUPED_BY:
+        out[f"by_{key}"] = {name: group.to_dict() for name, group in sorted(groups[key].items())}
+    out["unjudged"] = found.to_dict()
     return out
 
 
-def unjudged(attempts: list[Attempt]) -> dict[str, Any]:
+def unjudged(attempts: Iterable[Attempt]) -> dict[str, Any]:
     """Answers the harness could not judge (a `harness.error` finding): {answers, by_kind: {kind: n} most
     frequent first, first_attempt: {kind: attempt_id}}."""
-    kinds: Counter[str] = Counter()
-    first: dict[str, str] = {}
+    found = _Unjudged()
     for attempt in attempts:
-        detail = next((f.detail for f in attempt.findings if f.check == HARNESS_ERROR), None)
-        if detail is not None:
-            kinds[kind_of(detail)] += 1
-            first.setdefault(kind_of(detail), attempt.attempt_id)
-    ranked = dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
-    return {"answers": sum(kinds.values()), "by_kind": ranked, "first_attempt": {k: first[k] for k in ranked}}
+        found.add(attempt)
+    return found.to_dict()
 
 
 def unjudged_lines(found: dict[str, Any], run_dir: Path) -> list[str]:

@@ -8,6 +8,11 @@
                             where the run directory is shared; each worker still short is named (an error log
                             line, the `worker_spools` event, the validation summary's problems)
 
+Why no set of every attempt id written: over a day at 100 requests/s that set alone held about 1 GB of the
+master. A worker sends each record once, so a duplicate can only come from its spool: the spool's attempts
+are checked against the records file itself when one is read (`written_ids`), and the few it adds are kept
+(`Workers.recovered`) so that a message arriving late for one of them is not written twice.
+
 Why counts: a worker on another machine shares no disk with the master, so the messages are the only path,
 and a count per worker turns "nothing lost" into a check the master makes before it judges.
 
@@ -30,11 +35,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import gevent
+import msgspec
 from locust.exception import RPCError, RPCReceiveError, RPCSendError
 from locust.rpc.protocol import Message as LocustMessage
 from locust.runners import MasterRunner
 
 from k3load.events import Event, Message
+from k3load.evidence import lines, records_file
 from k3load.loadgen import cpu, replay, spools
 from k3load.loadgen.open_run import OpenRun
 from k3load.rundir import JsonlLog
@@ -69,9 +76,11 @@ class Workers:
     """The master's ledger: every worker that joined this run, what it sent and what arrived."""
 
     tallies: dict[str, Tally] = field(default_factory=dict)
+    recovered: set[str] = field(default_factory=set)  # attempt ids added from spools: a late message for one is dropped
 
     def clear(self) -> None:
         self.tallies.clear()
+        self.recovered.clear()
 
     def tally(self, worker: str) -> Tally:
         return self.tallies.setdefault(worker, Tally())
@@ -182,6 +191,8 @@ def on_record(session: MasterSide, worker: str, line: str) -> None:
                     record.get("run_id"), session.run_id, worker)
         return
     session.workers.received(worker)
+    if record["attempt_id"] in session.workers.recovered:
+        return  # its spool brought it already (the message came after the wait)
     session.write_record_line(record["attempt_id"], line)
 
 
@@ -224,7 +235,7 @@ def collect(run: OpenRun, workers: Workers, write: Callable[[str, str], bool], r
         pumped[0] += pump(runner, seconds)
 
     short = workers.wait(spool_dir, timeout_s, sleep=step if hasattr(runner, "server") else gevent.sleep)
-    recovered = _reconcile(workers, write, spool_dir)
+    recovered = _reconcile(workers, write, spool_dir, lambda among: written_ids(run, among))
     if recovered:
         log.warning("k3load: %d attempt(s) recovered from worker spools", recovered)
     short = [w for w in short if not _sealed(workers.tallies[w], spool_dir)]
@@ -254,16 +265,48 @@ def _sealed(tally: Tally, spool_dir: Path) -> bool:
     return bool(tally.spool) and spools.is_final(spool_dir / str(tally.spool))
 
 
-def _reconcile(workers: Workers, write: Callable[[str, str], bool], spool_dir: Path) -> int:
+def _reconcile(workers: Workers, write: Callable[[str, str], bool], spool_dir: Path,
+               written: Callable[[set[str]], set[str]]) -> int:
     """Attempts that reached the spool of a worker whose messages fell short, but not the master, are added
-    (none twice). A complete worker's spool is not read: its messages brought everything."""
+    (none twice: `written` says which of the spools' attempts the records file holds already, and a spool's
+    line is added once). A complete worker's spool is not read: its messages brought everything. Memory: the
+    short spools' attempt ids, at the end and only where a worker fell short."""
+    short = [t for _w, t in sorted(workers.tallies.items())
+             if t.spool and not t.complete and (spool_dir / str(t.spool)).exists()]
+    if not short:
+        return 0
+    missing = {attempt_id for tally in short for attempt_id, _ in spools.attempt_lines(spool_dir / str(tally.spool))}
+    missing -= written(missing)
     added = 0
-    for tally in (t for _w, t in sorted(workers.tallies.items()) if t.spool and not t.complete):
-        path = spool_dir / str(tally.spool)
-        if not path.exists():
-            continue
-        for attempt_id, line in spools.attempt_lines(path):
-            if write(attempt_id, line):
+    for tally in short:
+        for attempt_id, line in spools.attempt_lines(spool_dir / str(tally.spool)):
+            if attempt_id in missing and write(attempt_id, line):
+                missing.discard(attempt_id)
+                workers.recovered.add(attempt_id)
                 tally.recovered += 1
                 added += 1
     return added
+
+
+class _AttemptId(msgspec.Struct):
+    attempt_id: str = ""
+
+
+_ID = msgspec.json.Decoder(_AttemptId)
+
+
+def written_ids(run: OpenRun, among: set[str]) -> set[str]:
+    """Those of `among` that the run's records file holds (flushed first, so every line written is read). A
+    line that is not a record (torn, not JSON) holds none."""
+    run.records.flush()
+    found: set[str] = set()
+    for line in lines(records_file(run.run_dir)):
+        if not line.endswith("\n"):
+            continue
+        try:
+            attempt_id = _ID.decode(line).attempt_id
+        except msgspec.DecodeError:
+            continue
+        if attempt_id in among:
+            found.add(attempt_id)
+    return found

@@ -33,7 +33,7 @@ from k3load.analysis.cli import summary_line
 from k3load.client.origin import plain_http_warning
 from k3load.events import Event, Message
 from k3load.evidence import records_file
-from k3load.loadgen import delivery, held_secrets, sigterm, ui_guard, webui
+from k3load.loadgen import delivery, held_secrets, locust_trim, sigterm, ui_guard, webui
 from k3load.loadgen.inputs import HARNESS_ERROR_EXIT, STARTUP_ERRORS, HarnessError, bug_at_start, check_inputs
 from k3load.loadgen.open_run import OpenRun
 from k3load.loadgen.options import add_options
@@ -73,6 +73,8 @@ def _on_init(environment: Any, **_kwargs: Any) -> None:
     runner = environment.runner
     if runner is None:
         return
+    if session.role.owns_run:
+        locust_trim.keep_trimmed(environment)  # Locust's per-second counts and chart history, to a window
     if session.role.is_master:
         delivery.register(runner, session)  # k3_join, k3_record, k3_done, k3_cpu
         runner.register_message(Message.REFUSED, lambda msg, **_kw: _worker_refused(environment, msg.data))

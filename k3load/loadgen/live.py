@@ -74,7 +74,7 @@ class Signals:
                 VllmMetric.PREFIX_CACHE_QUERIES_TOTAL)
 
     def __init__(self, run_dir: Path) -> None:
-        self.metrics = Tail(run_dir, METRICS, SeriesTable().decode)
+        self.metrics = Tail(run_dir, METRICS, SeriesTable())
         self.gpu = Tail(run_dir, "gpu.jsonl")
         self.latest: dict[str, dict[str, float]] = {}  # source -> samples of its last good scrape
         self.first: dict[str, dict[str, float | None]] = {}  # source -> counters at its first good scrape
@@ -91,6 +91,8 @@ class Signals:
             self.latest[source] = samples
             self.first.setdefault(source, {c: _sum(samples, c) for c in self.COUNTERS})
             self.history.append({"ts": line.get("ts"), "users": users, **self._server()})
+            if len(self.history) >= 2 * HISTORY_POINTS:  # a page opened hours into a run: never the whole run
+                del self.history[:-HISTORY_POINTS]
         del self.history[:-HISTORY_POINTS]
 
     def _counter_delta(self, name: str) -> float | None:

@@ -52,6 +52,9 @@ class StageCount:
     arrived: int = 0  # open-loop sessions started (their first turn's first attempt)
 
 
+STAGES_KEPT = 2  # a stage's records still arrive while the next one's begin (turns finishing at its end)
+
+
 class LiveGoodput:
     """Requests and good requests per stage, from record lines as they are written."""
 
@@ -59,6 +62,7 @@ class LiveGoodput:
         self.slo = slo
         self.stages: dict[str, StageCount] = {}
         self._retrying_bad: set[tuple[str, str]] = set()  # (stage, chain) whose earlier attempt missed the SLO
+        self._recent: list[str] = []  # the last STAGES_KEPT stages records came from, the newest last
 
     def add(self, line: str) -> None:
         try:
@@ -69,6 +73,7 @@ class LiveGoodput:
             return
         stage, chain = str(record.get("stage")), str(record.get("chain_id"))
         key, retrying = (stage, chain), bool(record.get("will_retry"))
+        self._note_stage(stage)
         intended, sent = record.get("intended_send_ts"), record.get("send_ts")
         if isinstance(intended, (int, float)) and isinstance(sent, (int, float)):
             count = self.stages.setdefault(stage, StageCount())
@@ -94,6 +99,19 @@ class LiveGoodput:
 
     def of(self, stage: str) -> StageCount:
         return self.stages.get(stage, StageCount())
+
+    def _note_stage(self, stage: str) -> None:
+        """A retry chain's last attempt comes in its stage or, cut at the stage's end, never: once records come
+        from a stage two changes later, the older stages' unfinished chains are dropped, so a day of stages
+        (search steps, recovery holds, manual stages) keeps no chain that will never end."""
+        if self._recent and self._recent[-1] == stage:
+            return
+        if stage in self._recent:
+            self._recent.remove(stage)
+        self._recent.append(stage)
+        if len(self._recent) > STAGES_KEPT:
+            del self._recent[:-STAGES_KEPT]
+            self._retrying_bad = {key for key in self._retrying_bad if key[0] in self._recent}
 
 
 def _sum(samples: dict[str, float], name: str) -> float | None:
@@ -121,7 +139,7 @@ class Scrapes:
     """The sampler's scrapes since `begin(ts)`, read as metrics.jsonl.gz grows."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.tail = Tail(run_dir, METRICS, SeriesTable().decode)
+        self.tail = Tail(run_dir, METRICS, SeriesTable())
         self.since = float("inf")
         self.sources: dict[str, SourcePoints] = {}
 
@@ -130,7 +148,7 @@ class Scrapes:
         self.since, self.sources = ts, {}
 
     def read(self) -> None:
-        for line in self.tail.lines():
+        for line in self.tail.lines(since=self.since):  # the scrapes before the step read past, never kept
             ts = line.get("ts")
             if not line.get("ok") or not isinstance(ts, (int, float)) or ts < self.since:
                 continue

@@ -84,7 +84,6 @@ class HarnessSession:
         self.link = WorkerLink(environment.runner, getattr(environment.parsed_options, "k3_worker_spool", "auto")) \
             if self.role.is_worker else None
         self.ready = gevent.event.Event()
-        self._seen: set[str] = set()
         # sized by the server's own token count (a test may replace `_count_tokens`): the long input's document,
         # and whether a scenario fits the server's context at all
         self.long_inputs = LongInputs(lambda: self.max_model_len, lambda s: self._count_tokens(s), lambda: self.events)
@@ -218,7 +217,7 @@ class HarnessSession:
         self.finished, self.judgment, self.stage, self.previous_run_moved_to = False, None, None, None
         self.load_skipped = False  # the precheck said rebuild: no load runs (k3load.loadgen.observe.precheck)
         self.workers_seen = WorkerCount()  # the master's workers, a drop said as worker_lost
-        self._seen, self.attempts_written, self._lost = set(), 0, 0
+        self.attempts_written, self._lost = 0, 0
         self.workers.clear()
         self.manual = ManualStages()
         self.live = LiveCounts()
@@ -354,11 +353,12 @@ class HarnessSession:
             self.write_record_line(attempt.attempt_id, line)
 
     def write_record_line(self, attempt_id: str, line: str) -> bool:
-        """Master/local: the attempt into records.jsonl.gz unless it is there already; True when written."""
+        """Master/local: the attempt into records.jsonl.gz; True when written (False: the run's records are closed).
+        Each attempt comes here once: from the process that sent it, or a worker's message, or its spool where
+        that message never came (k3load.loadgen.delivery: no set of every id written is kept over a day)."""
         records = self._open_records()
-        if attempt_id in self._seen or records is None:
+        if records is None:
             return False
-        self._seen.add(attempt_id)
         records.append_line(line)
         self.attempts_written += 1
         self.live.add(line)

@@ -39,8 +39,9 @@ class SpoolTails:
 
     def last_line(self, path: Path) -> str:
         follow, last = self._follows.get(path) or (Follow(path), "")
-        found = [x for x in follow.new_lines() if x.strip()]
-        last = found[-1] if found else last
+        for line in follow.iter_new_lines():  # a day's spool read on a chunk at a time, only its last line kept
+            if line.strip():
+                last = line
         self._follows[path] = (follow, last)
         return last
 

@@ -285,14 +285,44 @@ def test_the_web_uis_tail_follows_a_compressed_metrics_log_as_it_is_written(tmp_
     from k3load.loadgen.tail import Tail
 
     rows = [{"ts": t, "source": "a", "ok": True, "samples": {"x": float(t), f"new{t}": 1.0}} for t in range(4)]
-    tail = Tail(tmp_path, METRICS, SeriesTable().decode)
-    assert tail.lines() == []  # not written yet
+    tail = Tail(tmp_path, METRICS, SeriesTable())
+    assert list(tail.lines()) == []  # not written yet
     log = JsonlLog(tmp_path / METRICS, encode=SeriesTable().encode, clock=lambda: 0.0)  # no flush on append
     log.append(rows[0])
     log.append(rows[1])
-    assert tail.lines() == []  # not flushed yet: nothing half-read
+    assert list(tail.lines()) == []  # not flushed yet: nothing half-read
     log.flush()
-    assert tail.lines() == rows[:2]
+    assert list(tail.lines()) == rows[:2]
     log.append(rows[2])
     log.close()
-    assert tail.lines() == rows[2:3] and tail.lines() == []
+    assert list(tail.lines()) == rows[2:3] and list(tail.lines()) == []
+
+
+def test_a_tail_read_hours_late_skips_the_rows_before_since_and_reads_a_chunk_at_a_time(tmp_path):
+    """A capacity search begun late in a day reads the scrapes of its step only: the rows before `since` teach
+    the series table their names (a later row may use them) and are never decoded; the file is read a chunk
+    at a time, compressed or plain, a line longer than a chunk included."""
+    from k3load.evidence import Follow
+    from k3load.loadgen.tail import Tail
+
+    rows = [{"ts": float(t), "source": "a", "ok": True, "samples": {f"s{t % 7}": float(t), "x": 1.0}}
+            for t in range(3000)]
+    log = JsonlLog(tmp_path / METRICS, encode=SeriesTable().encode)
+    for row in rows:
+        log.append(row)
+    log.close()
+    tail = Tail(tmp_path, METRICS, SeriesTable())
+    tail.follow = Follow(tmp_path / METRICS)
+    chunks = iter(tail.follow.iter_new_lines(chunk_bytes=4096))
+    first = next(chunks)
+    assert tail.follow.offset == 4096 and json.loads(first)["ts"] == 0.0  # one chunk read, not the file
+    tail.follow = None
+    assert list(tail.lines(since=2990.0)) == rows[2990:]
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"a": "' + "x" * 10_000 + '"}\n{"b": 1}\n{"torn')
+    follow = Follow(plain)
+    assert [len(x) for x in follow.iter_new_lines(chunk_bytes=1024)] == [10_010, 9]
+    assert follow.new_lines() == []  # the torn line waits for its end
+    with plain.open("a") as handle:
+        handle.write('": 2}\n')
+    assert follow.new_lines() == ['{"torn": 2}\n']

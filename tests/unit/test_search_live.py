@@ -44,6 +44,21 @@ def test_live_goodput_counts_requests_as_chains_and_leaves_drills_and_client_err
     assert (goodput.of("t").requests, goodput.of("nowhere").requests) == (1, 0)
 
 
+def test_live_goodput_keeps_no_retry_chain_of_a_stage_two_changes_back():
+    """A chain cut at its stage's end never sends its last attempt: over a day of stages, such chains are
+    dropped once records come from two stages later (a stage's last records still arrive beside the next's)."""
+    goodput = LiveGoodput(SLO)
+    for step in range(1000):
+        goodput.add(record(f"c{step}", stage=f"find-s{step}", status="timeout", will_retry=True))
+        goodput.add(record(f"d{step}", stage=f"find-s{step}"))
+    assert len(goodput._retrying_bad) == 2  # the last two stages' unfinished chains
+    goodput.add(record("c999", stage="find-s999"))  # a chain of the stage before still ends, counted as it was
+    assert (goodput.of("find-s999").requests, goodput.of("find-s999").good) == (2, 1)
+    goodput.add(record("c998", stage="find-s998", status="timeout", will_retry=True))
+    goodput.add(record("c998", stage="find-s998"))  # the stage before the last: still kept, a missed request
+    assert (goodput.of("find-s998").requests, goodput.of("find-s998").good) == (2, 1)
+
+
 def scrape(ts: float, running: float, waiting: float, kv: float = 0.1, preempted: float = 0.0,
            source: str = "http://s/metrics") -> str:
     return json.dumps({"ts": ts, "source": source, "ok": True, "samples": {
