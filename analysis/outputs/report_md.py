@@ -21,6 +21,7 @@ from k3load.analysis.outputs import (
     report_retry_paths,
     report_reuse,
     report_signers,
+    report_soak,
     report_tool_calls,
 )
 from k3load.analysis.outputs.markdown import fmt, table
@@ -80,7 +81,9 @@ def _sections(j: Any) -> list[str]:
     out.append("## Stages\n\n" + table(stages, STAGE_COLUMNS)
                + "".join(f"\n- {s['stage']}: " + _breaches(s["problems"]) for s in stages if s["problems"])
                + _generator_cpu(j))
-    out.append(_ramp(j) + _crashes(j) + report_drain.markdown(j.pillars["resources"].numbers)
+    # a long soak by window ("" otherwise: a shorter run's report is as it was)
+    resources = j.pillars["resources"].numbers
+    out.append(report_soak.markdown(resources) + _ramp(j) + _crashes(j) + report_drain.markdown(resources)
                + _agent(j) + report_tool_calls.markdown(j.pillars["agent_api"].numbers)
                + report_reference.markdown(j.pillars["agent_api"].numbers)
                + report_reproducibility.markdown(j.pillars["agent_api"].numbers))

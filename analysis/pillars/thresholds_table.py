@@ -68,6 +68,13 @@ THRESHOLDS: tuple[Threshold, ...] = (
     Threshold("resources", "min_gpu_runway_h", 24.0, Bound.NON_NEGATIVE, "h",
               "A GPU memory creep measured through the soak, projected: the free memory must last at least this many "
               "hours of the same load (and at least the plan's soak)."),
+    Threshold("resources", "soak_window_s", 300.0, Bound.POSITIVE, "s",
+              "A soak whose load lasted three such windows or more is reported window by window (TTFT and TTFA p95, "
+              "error rate, KV usage, GPU memory growth, prefix-cache hit share) with each figure's trend."),
+    Threshold("resources", "soak_horizon_h", 24.0, Bound.NON_NEGATIVE, "h",
+              "How long the deployment must hold what the soak ran: a figure whose trend through the soak's windows "
+              "(the cautious end of its 99% interval) crosses its limit within this many hours of the soak's end "
+              "fails the resources pillar, named with its rate."),
     Threshold("resources", "max_drain_s", 10.0, Bound.NON_NEGATIVE, "s",
               "The drain audit: after each plan stage (not between the steps of one ramp) the users stop and the "
               "load generator waits up to this long for the server's running and waiting requests to reach 0 (the "

@@ -29,6 +29,7 @@ from k3load.analysis.pillars.headroom.gpu_growth import (
 from k3load.analysis.pillars.headroom.proxy_rejudge import proxy_judged
 from k3load.analysis.pillars.headroom.recovery import ended, hold_at, holds, same_conditions
 from k3load.analysis.pillars.headroom.restart_audit import drill_reason, planned_down, planned_windows, restart_drill
+from k3load.analysis.pillars.headroom.soak_trend import soak_trends
 from k3load.analysis.pillars.headroom.stage_row import StageRow
 from k3load.analysis.pillars.headroom.stages import stage_breaches, stage_stats
 from k3load.analysis.pillars.pillar import PillarResult
@@ -216,11 +217,15 @@ def classify_crashes(data: RunData, growth_limit_pct: float = 50.0, spells: list
     return out
 
 
-def _soak_windows(data: RunData) -> list[tuple[float, float]]:
-    """The soak stages while load was offered: up to when their users stopped (the drain is no load)."""
+def soak_loads(data: RunData) -> list[tuple[str, float, float]]:
+    """The soak stages while load was offered: (name, start, when their users stopped; the drain is no load)."""
     stopped = {e.get("stage"): e.get("users_stopped_ts") for e in data.events_named(Event.STAGE_DRAIN)}
-    return [(s.start_ts, min(s.end_ts, stopped.get(s.name) or s.end_ts)) for s in data.stages
+    return [(s.name, s.start_ts, min(s.end_ts, stopped.get(s.name) or s.end_ts)) for s in data.stages
             if s.kind == StageKind.SOAK]
+
+
+def _soak_windows(data: RunData) -> list[tuple[float, float]]:
+    return [(t0, t1) for _, t0, t1 in soak_loads(data)]
 
 
 def _startup_log(data: RunData) -> str:
@@ -297,8 +302,12 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
     resources = limits.get("resources") or {}
     crashes = classify_crashes(data, resources.get("max_gpu_growth_pct", 50.0), spells, growth)
     memory, memory_reasons, memory_notes = gpu_memory_judgment(data, growth, resources)
+    trends, trend_reasons, trend_notes = soak_trends(data, index, soak_loads(data), limits, spells, growth)
+    memory_reasons, memory_notes = memory_reasons + trend_reasons, memory_notes + trend_notes
     numbers: dict[str, Any] = {"stages": plain, "crashes": crashes, "gpu_memory": memory,
                                "health_spells": [s.to_dict() for s in spells], "stream_delivery": delivery.to_dict()}
+    if trends:  # only a soak of several windows has them: a shorter run's verdict.json is as it was
+        numbers["soak_windows"] = trends
     reasons = [delivery.reason] if delivery.buffered else []
     reasons += [f"stage {row.stage}: {text}" for row in table for text in row.latency_unjudged or ()]
     for crash in crashes:

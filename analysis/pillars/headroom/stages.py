@@ -74,7 +74,7 @@ def cpu_by_process(data: RunData, t0: float, t1: float) -> dict[str, float]:
     return dict(sorted(out.items()))
 
 
-def _load_errors(frame: pd.DataFrame) -> pd.Series:
+def load_errors(frame: pd.DataFrame) -> pd.Series:
     """Failures load can cause: 5xx, 408, 429, timeouts, cut streams, transport errors. A 4xx refusal
     (e.g. vLLM's 400 '"auto" tool choice requires --enable-auto-tool-choice') is the request's or the
     configuration's fault, not a shortage: it stays a failure of the agent pillar (layer `server`). A
@@ -92,7 +92,7 @@ def _error_kinds(errors: pd.DataFrame) -> dict[str, int]:
     return {str(k): int(v) for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))}
 
 
-def _while_down(frame: pd.DataFrame, spells: list[DownSpell]) -> pd.Series:
+def sent_while_down(frame: pd.DataFrame, spells: list[DownSpell]) -> pd.Series:
     """Requests sent while the server was down (a crash, not a flap): refused because nobody was
     listening. They are the crash's consequence, said with it, not load errors of their own."""
     mask = pd.Series(False, index=frame.index)
@@ -104,8 +104,8 @@ def _while_down(frame: pd.DataFrame, spells: list[DownSpell]) -> pd.Series:
 
 
 def _errors(frame: pd.DataFrame, spells: list[DownSpell]) -> dict[str, Any]:
-    down = _while_down(frame, spells)
-    mask = _load_errors(frame) & ~down
+    down = sent_while_down(frame, spells)
+    mask = load_errors(frame) & ~down
     errors = frame[mask]
     layers = errors["primary_layer"].fillna("unknown").value_counts()
     # Per attempt, not per distinct request (docs/verdict-rules.md): a load error (5xx, 429, a timeout, a cut
