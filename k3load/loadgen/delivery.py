@@ -77,10 +77,13 @@ class Workers:
 
     tallies: dict[str, Tally] = field(default_factory=dict)
     recovered: set[str] = field(default_factory=set)  # attempt ids added from spools: a late message for one is dropped
+    # while the spools are read: the ids messages brought meanwhile (the records file is read once, then written)
+    during_reconcile: set[str] | None = None
 
     def clear(self) -> None:
         self.tallies.clear()
         self.recovered.clear()
+        self.during_reconcile = None
 
     def tally(self, worker: str) -> Tally:
         return self.tallies.setdefault(worker, Tally())
@@ -191,9 +194,12 @@ def on_record(session: MasterSide, worker: str, line: str) -> None:
                     record.get("run_id"), session.run_id, worker)
         return
     session.workers.received(worker)
-    if record["attempt_id"] in session.workers.recovered:
+    attempt_id = record["attempt_id"]
+    if attempt_id in session.workers.recovered:
         return  # its spool brought it already (the message came after the wait)
-    session.write_record_line(record["attempt_id"], line)
+    if session.workers.during_reconcile is not None:
+        session.workers.during_reconcile.add(attempt_id)
+    session.write_record_line(attempt_id, line)
 
 
 def pump(runner: MasterRunner, step_s: float = PUMP_STEP_S) -> bool:
@@ -275,17 +281,22 @@ def _reconcile(workers: Workers, write: Callable[[str, str], bool], spool_dir: P
              if t.spool and not t.complete and (spool_dir / str(t.spool)).exists()]
     if not short:
         return 0
-    missing = {attempt_id for tally in short for attempt_id, _ in spools.attempt_lines(spool_dir / str(tally.spool))}
-    missing -= written(missing)
-    added = 0
-    for tally in short:
-        for attempt_id, line in spools.attempt_lines(spool_dir / str(tally.spool)):
-            if attempt_id in missing and write(attempt_id, line):
-                missing.discard(attempt_id)
-                workers.recovered.add(attempt_id)
-                tally.recovered += 1
-                added += 1
-    return added
+    workers.during_reconcile = set()
+    try:
+        missing = {attempt_id for tally in short
+                   for attempt_id, _ in spools.attempt_lines(spool_dir / str(tally.spool))}
+        missing -= written(missing)
+        added = 0
+        for tally in short:
+            for attempt_id, line in spools.attempt_lines(spool_dir / str(tally.spool)):
+                if attempt_id in missing and attempt_id not in workers.during_reconcile and write(attempt_id, line):
+                    missing.discard(attempt_id)
+                    workers.recovered.add(attempt_id)
+                    tally.recovered += 1
+                    added += 1
+        return added
+    finally:
+        workers.during_reconcile = None
 
 
 class _AttemptId(msgspec.Struct):

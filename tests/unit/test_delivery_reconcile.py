@@ -62,3 +62,29 @@ def test_no_short_worker_reads_no_file(tmp_path):
     asked: list[set[str]] = []
     assert _reconcile(workers, lambda *_: True, tmp_path, lambda among: asked.append(among) or set()) == 0
     assert asked == []
+
+
+def test_a_message_that_arrives_while_the_spools_are_read_is_not_added_again(tmp_path):
+    """The records file is read once (flushed first), then the spool's missing lines are written: a message
+    handled in between (the flush may let the hub run) is written by its handler and not again from the spool."""
+    run = _run(tmp_path / "run")
+    spool = tmp_path / "run" / "spool"
+    spool.mkdir()
+    (spool / "worker-1.jsonl").write_text("".join(_record(x) + "\n" for x in ("a", "b")))
+    workers = Workers({"w1": Tally(spool="worker-1.jsonl", received=0, sent=2)})
+
+    def write(attempt_id: str, line: str) -> bool:
+        run.records.append_line(line)
+        return True
+
+    session = SimpleNamespace(run_id="r1", workers=workers, write_record_line=write)
+
+    def written(among: set[str]) -> set[str]:
+        found = written_ids(run, among)
+        on_record(session, "w1", _record("b"))  # its message, handled after the file was read
+        return found
+
+    assert _reconcile(workers, write, spool, written) == 1 and workers.recovered == {"a"}
+    assert workers.during_reconcile is None
+    run.records.close()
+    assert sorted(_ids(tmp_path / "run")) == ["a", "b"]
