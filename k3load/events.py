@@ -166,10 +166,13 @@ FIELDS: dict[Event, frozenset[str]] = {
     # queue, KV
     # or preemptions over their limits, kv_usage_max, decision: held | past_capacity | below_goodput |
     # near_bound (repeated once, then decided on both runs' evidence, which a repeat's fields hold),
-    # duration_s: how long this run of the step went.
+    # duration_s: how long this run of the step went; waiting_sustained_s, preemptions_per_min, scheduled, late,
+    # arrived, offered: the rest of what past_capacity read (turns with an intended time and those sent late,
+    # sessions started and the rate times the seconds), so a step the judgment holds otherwise shows why.
     # A rate search's step (search_on: sessions_per_s): sessions_per_s its arrival rate, users its session slots.
     Event.SEARCH_STEP: _f("stage", "search", "users", "sessions_per_s", "step", "goodput", "goodput_ci95", "requests",
-                          "queue_share", "past_capacity", "kv_usage_max", "decision", "duration_s"),
+                          "queue_share", "past_capacity", "kv_usage_max", "decision", "duration_s",
+                          "waiting_sustained_s", "preemptions_per_min", "scheduled", "late", "arrived", "offered"),
     # k3load.loadgen.search_live, master/local: the search stage NAME ended (largest_held_users, first_failed_users:
     # the bracket, null where none; a rate search's in largest_held_sessions_per_s, first_failed_sessions_per_s;
     # ended: resolved | max_users_held | max_rate_held | max_total_s | nothing_held | stopped; steps: how many

@@ -335,4 +335,7 @@ def step_fields(step: str, search: str, result: StepResult, own: StepEvidence,
             "goodput_ci95": [round(rate.low, 6), round(rate.high, 6)] if e.requests else None,
             "requests": e.requests, "queue_share": round(e.queue.share, 4) if e.queue and e.queue.share is not None
             else None, "past_capacity": past_capacity(e, limits), "kv_usage_max": e.kv_usage_max,
-            "decision": result.decision, "duration_s": round(own.duration_s, 3)}
+            "decision": result.decision, "duration_s": round(own.duration_s, 3),
+            # the rest of what past_capacity read, so a step the judgment holds otherwise shows why it differed
+            "waiting_sustained_s": e.waiting_sustained_s, "preemptions_per_min": e.preemptions_per_min,
+            "scheduled": e.scheduled, "late": e.late, "arrived": e.arrived, "offered": round(e.offered, 3)}
