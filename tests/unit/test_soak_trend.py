@@ -70,6 +70,7 @@ def test_the_line_and_its_interval_are_least_squares_with_students_t():
     assert trend(ttft, hours, values, 1.0, 1e6, 24.0).crosses_in_h is None  # past the horizon
     flat = [400 + rng.gauss(0, 20) for _ in hours]
     assert trend(ttft, hours, flat, 1.0, 3000.0, 24.0).crosses_in_h is None  # no clear rise: nothing named
+    assert trend(ttft, hours, flat, 1.0, 300.0, 24.0).crosses_in_h is None  # over, but flat: the stage row's to say
 
 
 def test_a_long_soak_is_cut_in_windows_and_a_creeping_ttft_is_named_with_when_it_crosses(tmp_path):

@@ -73,7 +73,8 @@ class Trend:
     r2: float
     fitted_at_end: float  # the line's value at the soak's end
     limit: float | None
-    crosses_in_h: float | None  # at the cautious slope, hours after the soak's end until the limit (0: already over)
+    crosses_in_h: float | None  # rising clearly: hours after the soak's end until the limit at the cautious slope
+    # (0: over it already); None: no clear rise, no limit, or not within the horizon
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"slope_ci99": list(self.slope_ci99)}
@@ -113,10 +114,10 @@ def trend(figure: Figure, hours: list[float], values: list[float], end_h: float,
     slope, (low, high), r2, intercept = fitted
     at_end = intercept + slope * end_h
     crosses = None
-    if limit is not None and figure.up_is_bad:
+    if limit is not None and figure.up_is_bad and low > 0:  # a clear rise only: a flat figure is the stage row's
         if at_end > limit:
             crosses = 0.0
-        elif low > 0 and (limit - at_end) / low <= horizon_h:
+        elif (limit - at_end) / low <= horizon_h:
             crosses = (limit - at_end) / low
     return Trend(figure.key, len(values), slope, (low, high), r2, at_end, limit, crosses)
 
