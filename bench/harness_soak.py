@@ -52,6 +52,7 @@ class Sample:
     sim_mib: float
     records_bytes: int
     metrics_bytes: int
+    gpu_bytes: int
 
 
 def rss_mib(pid: int) -> float | None:
@@ -92,7 +93,7 @@ def _sample(harness: subprocess.Popen[bytes], sim_pid: int, run: Path, every_s: 
         mine, sims = rss_mib(harness.pid), rss_mib(sim_pid)
         if mine is not None and sims is not None:
             rows.append(Sample(time.time(), mine, sims, _size(run / "records.jsonl.gz"),
-                               _size(run / "metrics.jsonl.gz")))
+                               _size(run / "metrics.jsonl.gz"), _size(run / "gpu.jsonl")))
         time.sleep(every_s)
     return rows
 
@@ -159,6 +160,7 @@ def main() -> int:
     sim_per_hour = _slope(hours, [r.sim_mib for r in during])
     records_per_million = _slope(attempts_by, [r.records_bytes / MIB for r in during])
     metrics_per_hour = _slope(hours, [r.metrics_bytes / MIB for r in during])
+    gpu_per_hour = _slope(hours, [r.gpu_bytes / MIB for r in during])
     rate = len(ends) / args.duration_s
     growth = max(r.harness_mib for r in during) - during[0].harness_mib if len(during) >= 2 else None
     sim_growth = max(r.sim_mib for r in during) - during[0].sim_mib if len(during) >= 2 else None
@@ -166,18 +168,19 @@ def main() -> int:
 
     print(f"soak of {args.duration_s:.0f} s, {args.users} users, sim time scale {args.time_scale}: {len(ends):,} "
           f"attempts ({rate:.1f}/s), verdict {verdict}, {len(rows)} samples ({len(during)} after the warm-up)")
-    print(f"{'process':<10} {'start MiB':>10} {'end MiB':>10} {'growth MiB':>11} {'MiB/hour':>9} "
+    print(f"{'process':<10} {'after warm-up':>13} {'end MiB':>10} {'growth MiB':>11} {'MiB/hour':>9} "
           f"{'MiB/M attempts':>15}")
-    print(f"{'harness':<10} {rows[0].harness_mib:>10.1f} {during[-1].harness_mib if during else float('nan'):>10.1f} "
+    first, last = (during[0], during[-1]) if during else (rows[0], rows[-1])  # after the warm-up
+    print(f"{'harness':<10} {first.harness_mib:>13.1f} {last.harness_mib:>10.1f} "
           f"{_fmt(growth):>11} {_fmt(per_hour):>9} {_fmt(per_million):>15}")
-    print(f"{'sim (ref)':<10} {rows[0].sim_mib:>10.1f} {during[-1].sim_mib if during else float('nan'):>10.1f} "
+    print(f"{'sim (ref)':<10} {first.sim_mib:>13.1f} {last.sim_mib:>10.1f} "
           f"{_fmt(sim_growth):>11} {_fmt(sim_per_hour):>9} {'':>15}")
     if growth is not None and sim_growth:
         print(f"harness growth / sim growth: {growth / sim_growth:.2f}")
     print(f"records.jsonl.gz: {_fmt(records_per_million, ' MiB', 1)} per million attempts; metrics.jsonl.gz: "
           f"{_fmt(metrics_per_hour, ' MiB', 2)} per hour ({series} series a scrape"
           + (f", {metrics_per_hour * 1024 / series:.2f} KiB per series-hour" if metrics_per_hour and series else "")
-          + ")")
+          + f"); gpu.jsonl: {_fmt(gpu_per_hour, ' MiB', 2)} per hour (the sim's GPUs, one row each a second)")
     if judging:
         print(f"harness peak while judging the run after the load: {max(judging):.1f} MiB "
               f"({len(judging)} samples; a one-off, not growth)")
@@ -187,7 +190,8 @@ def main() -> int:
         print(f"  {day_rate:>5.0f} attempts/s = {millions:,.2f} M attempts: harness RSS "
               f"+{_fmt(None if per_million is None else max(per_million, 0.0) * millions)} MiB, records "
               f"{_fmt(None if records_per_million is None else records_per_million * millions, ' MiB', 0)}, "
-              f"metrics {_fmt(None if metrics_per_hour is None else metrics_per_hour * 24, ' MiB', 0)}")
+              f"metrics {_fmt(None if metrics_per_hour is None else metrics_per_hour * 24, ' MiB', 0)}, "
+              f"gpu {_fmt(None if gpu_per_hour is None else gpu_per_hour * 24, ' MiB', 0)}")
     return 0
 
 
