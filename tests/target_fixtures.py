@@ -124,14 +124,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          preexec_fn=lambda: os.nice(10), start_new_session=True))
     factory = session.config._tmp_path_factory  # type: ignore[attr-defined]  # the tmp_path_factory fixture's
-    if any("vllm_server" in item.fixturenames for item in using):
-        _prestarted.wanted[SESSION] = (None, lambda: _session_server(factory))
     for item in using:
         module = getattr(item, "module", None)
-        for name, config in (getattr(module, "PRESTART", None) or {}).items():
-            if name == "vllm_server":  # a module that asks for the session's server at run time says so
-                _prestarted.wanted[SESSION] = (None, lambda: _session_server(factory))
-                continue
+        declared = dict(getattr(module, "PRESTART", None) or {})
+        # the session's server: a fixture the test names, or (asked for at run time) its module's PRESTART says so
+        at_run_time = "vllm_server" in declared
+        declared.pop("vllm_server", None)
+        if at_run_time or "vllm_server" in item.fixturenames:
+            _prestarted.wanted[SESSION] = (None, lambda: _session_server(factory))
+        for name, config in declared.items():
             _prestarted.wanted.setdefault((module.__name__, name), (
                 config, lambda config=config, name=name: _pool_server(config, name, factory)))
 
@@ -141,9 +142,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     each test then builds and starts what it needs, raising the error as it always did)."""
     if _prestarted.done or not _prestarted.wanted or not _prewarm or _prewarm[0].poll() is None:
         return
+    _prestarted.done = True
     if _prewarm[0].returncode == 0:
         _prestarted.launch_all()
-    _prestarted.done = True
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -97,3 +97,17 @@ def test_a_long_soak_is_cut_in_windows_and_a_creeping_ttft_is_named_with_when_it
 def test_a_short_soak_has_no_windows(tmp_path):
     run = _unpack(tmp_path / "run")
     assert "soak_windows" not in _resources(run)["numbers"]
+
+
+def test_a_tiny_window_is_widened_to_at_most_max_windows(tmp_path, monkeypatch):
+    """A plan may set soak_window_s to a hundredth of a second: a day's soak would be millions of windows; the
+    window widens so the soak has at most MAX_WINDOWS, and the entry says the width used."""
+    import k3load.analysis.pillars.headroom.soak_trend as soak_trend
+
+    monkeypatch.setattr(soak_trend, "MAX_WINDOWS", 100)
+    run = _stretched(tmp_path)
+    plan = run / "plan.yaml"
+    text = plan.read_text().replace("stages:", "thresholds:\n  resources:\n    soak_window_s: 0.01\nstages:", 1)
+    plan.write_text(text)
+    (soak,) = _resources(run)["numbers"]["soak_windows"]
+    assert len(soak["windows"]) == 100 and 17 < soak["window_s"] < 18.1  # not the default's 5 of 300 s

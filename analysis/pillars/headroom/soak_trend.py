@@ -36,6 +36,7 @@ from k3load.analysis.run.timeline import MetricIndex
 from k3load.sampler.vllm_metrics import VllmMetric
 
 MIN_WINDOWS = 3  # fewer windows: no trend (a line through two points has no interval)
+MAX_WINDOWS = 2000  # a plan's tiny soak_window_s (0.01 s over a day: 8.6 M windows) widens to the soak / this
 # Student's t, two-sided 99%, by degrees of freedom (windows - 2); past the table, the normal's 2.576.
 _T99 = {1: 63.657, 2: 9.925, 3: 5.841, 4: 4.604, 5: 4.032, 6: 3.707, 7: 3.499, 8: 3.355, 9: 3.250, 10: 3.169,
         12: 3.055, 15: 2.947, 20: 2.845, 25: 2.787, 30: 2.750, 40: 2.704, 60: 2.660, 120: 2.617}
@@ -176,6 +177,7 @@ def soak_trends(data: RunData, index: MetricIndex, soaks: list[tuple[str, float,
         name, t0, t1 = soak
         if t1 - t0 < MIN_WINDOWS * window_s:
             continue
+        window_s = max(window_s, (t1 - t0) / MAX_WINDOWS)  # said in the entry's window_s
         rows = windows_of(data, index, soak, window_s, spells, growth)
         end_h = len(rows) * window_s / 3600
         trends: dict[str, Any] = {}
