@@ -311,7 +311,10 @@ CASES = {
 }
 
 
-ROWS_AT_ONCE = 2  # a row keeps about a quarter of a core; three at once starved the sims (a cache row lost its effect)
+# Three rows at once: a row keeps about 0.4 of a core (its sim 5.5 s and Locust 5 s of CPU over its 28 s), so three
+# use about 1.1 of CI's two cores. Measured Dec 7 2026 on this 2-core machine: the 33 rows in 311 s (454 s two at a
+# time in CI's last run), and in 310 s with a CPU hog beside them, every row passing both times.
+ROWS_AT_ONCE = 3
 
 
 def _run_case(name: str, case: Case, base: Path) -> tuple[dict, int]:
