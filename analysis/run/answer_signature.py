@@ -46,23 +46,85 @@ def canonical_json(text: str) -> dict[str, Any]:
         return {"raw": text}
 
 
-def _call(call: Any) -> dict[str, Any]:
+def _name_and_arguments(call: Any) -> tuple[str, Any]:
     """A recorded call (`{"id", "type", "function": {"name", "arguments"}}`) as compared: name and arguments."""
     call = call if isinstance(call, Mapping) else {}
     function = call.get("function") or {}
-    name = function.get("name") or call.get("name") or ""
-    arguments = function.get("arguments", call.get("arguments"))
-    return {"name": str(name), "arguments": canonical_json(arguments if isinstance(arguments, str) else
-                                                           _dumps(arguments))}
+    return str(function.get("name") or call.get("name") or ""), function.get("arguments", call.get("arguments"))
 
 
-def answer_signature(turn_kind: str | None, tool_calls: Iterable[Any] | None, content: str | None) -> str | None:
-    """What an answer did, as canonical text (module docstring); None for a turn whose answers are not compared."""
+class Canonical:
+    """Canonical JSON text of argument and content strings, and of whole calls, remembered while the same texts
+    come again.
+
+    Why: a model that must repeat sends the same arguments text again and again (that is what is compared), and
+    parsing and writing it canonically was most of what signing a record cost (about 5 s of an hour's 18 s in
+    bench/analysis_scale.py). At most CAP texts and CAP calls are kept, then that memory starts again: bounded
+    over a day."""
+
+    CAP = 50_000
+
+    def __init__(self) -> None:
+        self._texts: dict[str, str] = {}
+        self._calls: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def __call__(self, text: str) -> str:
+        found = self._texts.get(text)
+        if found is None:
+            if len(self._texts) >= self.CAP:
+                self._texts.clear()
+            found = self._texts[text] = _dumps(canonical_json(text))
+        return found
+
+    def call(self, name: str, arguments: Any) -> tuple[str, str]:
+        """(the arguments' canonical text, the call's canonical text `{"arguments":...,"name":...}`): the same text
+        `_dumps` writes of the call's dict, keys sorted and no spaces."""
+        text = arguments if isinstance(arguments, str) else _dumps(arguments)
+        found = self._calls.get((name, text))
+        if found is None:
+            if len(self._calls) >= self.CAP:
+                self._calls.clear()
+            canonical = self(text)
+            found = self._calls[(name, text)] = (canonical, '{"arguments":' + canonical + ',"name":' + _dumps(name)
+                                                 + "}")
+        return found
+
+
+_CANONICAL = Canonical()
+
+
+def signature_of_calls(turn_kind: str | None, calls: Iterable[tuple[str, Any]], content: str | None,
+                       canonical: Canonical = _CANONICAL) -> str | None:
+    """`answer_signature` of calls given as (name, arguments) pairs, joined from canonical pieces: the text of
+    `_dumps({"calls": [...], "output": ...})` without building or writing the payload (tests/unit/
+    test_reproducibility.py holds the two equal on any calls)."""
     if turn_kind not in COMPARED_KINDS:
         return None
     # by name, then arguments: a parallel call list in another order is the same action, and the calls of one
     # tool pair up with each other when two answers are told apart (what_differs)
-    calls = sorted((_call(c) for c in tool_calls or ()), key=lambda c: (c["name"], _dumps(c["arguments"])))
+    pieces = sorted(((name, *canonical.call(name, arguments)) for name, arguments in calls),
+                    key=lambda p: (p[0], p[1]))
+    text = '{"calls":[' + ",".join(p[2] for p in pieces) + "]"
+    if turn_kind == "json":
+        text += ',"output":' + canonical(content or "")
+    text += "}"
+    return text if len(text) <= SIGNATURE_CAP else "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def answer_signature(turn_kind: str | None, tool_calls: Iterable[Any] | None, content: str | None) -> str | None:
+    """What an answer did, as canonical text (module docstring); None for a turn whose answers are not compared."""
+    return signature_of_calls(turn_kind, map(_name_and_arguments, tool_calls or ()), content)
+
+
+def payload_signature(turn_kind: str | None, tool_calls: Iterable[Any] | None, content: str | None) -> str | None:
+    """The signature as first written: the payload built whole and written by `_dumps` (the reference the joined
+    pieces are held to, tests/unit/test_reproducibility.py)."""
+    if turn_kind not in COMPARED_KINDS:
+        return None
+    calls = sorted(({"name": name, "arguments": canonical_json(arguments if isinstance(arguments, str) else
+                                                               _dumps(arguments))}
+                    for name, arguments in map(_name_and_arguments, tool_calls or ())),
+                   key=lambda c: (c["name"], _dumps(c["arguments"])))
     payload: dict[str, Any] = {"calls": calls}
     if turn_kind == "json":
         payload["output"] = canonical_json(content or "")

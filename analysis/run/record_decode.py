@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from k3load.analysis.run.answer_signature import answer_signature, compared
+from k3load.analysis.run.answer_signature import compared, signature_of_calls
 from k3load.analysis.run.lean import DEFAULTS, REQUIRED, Interner, LeanAttempt, derived_layer
 
 # Columns of RunData.records that no rule reads from the attempts: taken from the line as it passes.
@@ -101,11 +101,10 @@ class RecordDecoder:
         """The answer's signature (analysis/pillars/agent/reproducibility.py) for a tool-call or json turn, interned."""
         if not compared(r.turn_kind, r.status, r.temperature, r.seed):
             return None
-        calls = [{"function": {"name": c.function.name if c.function is not None else c.name,
-                               "arguments": c.function.arguments if c.function is not None else c.arguments}}
-                 for c in r.tool_calls or ()]
+        calls = [(str(c.function.name or ""), c.function.arguments) if c.function is not None else
+                 (str(c.name or ""), c.arguments) for c in r.tool_calls or ()]
         content = msgspec.json.decode(bytes(r.content)) if r.turn_kind == "json" else None
-        found = answer_signature(r.turn_kind, calls, content if isinstance(content, str) else None)
+        found = signature_of_calls(r.turn_kind, calls, content if isinstance(content, str) else None)
         return None if found is None else self.shared.intern(found, found)
 
     def _read(self, line: str | bytes) -> tuple[LeanAttempt, tuple[Any, ...]]:

@@ -13,7 +13,13 @@ from k3load.analysis.pillars.agent.pillar_agent import judge_agent_api
 from k3load.analysis.pillars.agent.reproducibility import judge, reproducibility, what_differs
 from k3load.analysis.pillars.agent.trigger_by_stage import trigger_by_stage
 from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS
-from k3load.analysis.run.answer_signature import SIGNATURE_CAP, answer_signature
+from k3load.analysis.run.answer_signature import (
+    SIGNATURE_CAP,
+    Canonical,
+    answer_signature,
+    payload_signature,
+    signature_of_calls,
+)
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.records import Attempt, Finding
 from k3load.workload.plan import parse_plan
@@ -68,6 +74,36 @@ def test_the_signature_ignores_key_order_spacing_ids_and_call_order(calls, seed)
         name, arguments = calls[0]
         changed = [_call(name, json.dumps({**arguments, "__extra": 1})), *one[1:]]
         assert answer_signature("tool_call", changed, "") != answer_signature("tool_call", one, "")
+
+
+any_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+                        max_leaves=10)
+any_arguments = st.one_of(st.text(), any_json.map(json.dumps), any_json)  # text, JSON text, or a decoded value
+any_call = st.one_of(
+    st.builds(lambda n, a: {"function": {"name": n, "arguments": a}}, st.one_of(st.text(), st.none(), st.integers()),
+              any_arguments),
+    st.builds(lambda n, a: {"name": n, "arguments": a}, st.text(), any_arguments),
+    st.builds(lambda f: {"function": f}, st.dictionaries(st.text(max_size=3), any_json, max_size=2)),
+    any_json)
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(["tool_call", "json", "answer", None]), calls=st.lists(any_call, max_size=4),
+       content=st.one_of(st.none(), st.text(), any_json.map(json.dumps)), cap=st.integers(1, 4))
+def test_the_joined_signature_is_the_payloads_text_on_any_calls(kind, calls, content, cap):
+    """The signature joined from remembered canonical pieces is byte for byte the payload written whole, on any
+    recorded calls (names and arguments of every JSON shape, text that is not JSON, a memory that starts again)."""
+    canonical = Canonical()
+    canonical.CAP = cap  # a tiny memory: cleared and refilled within one answer
+    expected = payload_signature(kind, calls, content)
+    assert answer_signature(kind, calls, content) == expected
+    pairs = [(str(((c.get("function") or {}).get("name") if isinstance(c, dict) else None)
+                   or (c.get("name") if isinstance(c, dict) else None) or ""),
+              ((c.get("function") or {}).get("arguments", c.get("arguments")) if isinstance(c, dict) else None))
+             for c in calls]
+    assert signature_of_calls(kind, pairs, content, canonical) == expected
+    assert signature_of_calls(kind, pairs, content, canonical) == expected  # again, from what it remembered
 
 
 def test_what_is_compared_per_turn_kind():
