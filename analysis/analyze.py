@@ -82,7 +82,8 @@ def _judge(run_dir: Path, plotter: PlotsBeside | None = None) -> Judgment:
     resources, stage_table = judge_resources(data, index, limits)
     ramp_table = replace(ramp_of(stage_table), marks=_capacity_marks(data, stage_table, limits))
     if plotter is not None:  # drawn in its child while the other pillars are judged
-        plotter.submit(plot_inputs(ramp_table, data, index, resources.numbers.get("crashes", [])))
+        plotter.submit(plot_inputs(ramp_table, data, index, resources.numbers.get("crashes", []),
+                                   resources.numbers.get("soak_windows", [])))
     pillars = {"compat": compat_pillar(data.compat), "resources": resources,
                "prefix_cache": judge_prefix_cache(data, index, cache_limits, buffered=(resources.numbers.get(
                    "stream_delivery") or {}).get("delivery") == Delivery.BUFFERED),

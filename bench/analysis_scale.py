@@ -24,6 +24,11 @@ imports k3load from the tree under test only, so the two trees never mix.
     .venv/bin/python bench/analysis_scale.py [--records 360000 | --quick] [--source runs/demo]
         [--reference-commit REV [--overlay] | --no-reference] [--this-commit REV] [--keep DIR] [--profile]
         [--plain]
+    .venv/bin/python bench/analysis_scale.py --hours 1,4,24 [--rate 100] [--cap-mib 4096] [--source DIR]
+
+`--hours` builds a soak of each length at `--rate` records a second and judges it with the working tree alone:
+wall time, peak memory (killed and said past `--cap-mib`), their growth per million records over the first
+length's, and issue 31's targets (an hour in 3 s; a day in 60 s and 2 GiB) met or missed.
 
 `--this-commit HEAD` measures the committed tree instead of the working tree (other work in progress in
 the checkout then changes nothing); `--overlay` makes the reference the measured tree with only the
@@ -38,6 +43,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -110,19 +116,30 @@ class Measured:
     peak_mib: float
     code: int
     output: str
+    capped: bool = False  # killed at the memory cap (`--cap-mib`): peak_mib is what it had reached
 
 
-def analyze(tree: Path, run_dir: Path, profile: Path | None = None) -> Measured:
-    """`k3load analyze run_dir` with the code of `tree`, in a fresh process: wall time and its peak RSS."""
+def analyze(tree: Path, run_dir: Path, profile: Path | None = None, cap_mib: float | None = None) -> Measured:
+    """`k3load analyze run_dir` with the code of `tree`, in a fresh process: wall time and its peak RSS. With
+    `cap_mib`, the analysis (its process and the plots' beside it) is killed once their RSS together passes the
+    cap (`Measured.capped`): a day judged by code that holds every record would take the machine's memory."""
     with tempfile.TemporaryFile("w+") as log:
         argv = [sys.executable, "-c", CHILD, str(tree), str(run_dir), *([str(profile)] if profile else [])]
         began = time.perf_counter()
-        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tree)
-        _, status, usage = os.wait4(child.pid, 0)
+        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tree, start_new_session=True)
+        watched = Watched()
+        pid, status, usage = os.wait4(child.pid, 0 if cap_mib is None else os.WNOHANG)
+        while pid == 0:  # watched (`cap_mib`): polled until it ends, killed past the cap
+            _watch(child.pid, watched, cap_mib or 0.0)
+            time.sleep(0.1)
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
         wall = time.perf_counter() - began
         child.returncode = os.waitstatus_to_exitcode(status)
         log.seek(0)
         output = log.read()
+    if watched.capped:
+        return Measured(wall, usage.ru_utime + usage.ru_stime, watched.peak_mib, child.returncode, output,
+                        capped=True)
     if not (run_dir / "verdict.json").exists():
         raise SystemExit(f"analyze with {tree} wrote no verdict (exit {child.returncode}):\n{output[-3000:]}")
     # Peak memory: the analysis's own peak plus its children's (the plots' process beside it), a bound on
@@ -130,6 +147,37 @@ def analyze(tree: Path, run_dir: Path, profile: Path | None = None) -> Measured:
     found = PEAK.search(output)
     peak = (int(found[1]) + int(found[2])) if found else usage.ru_maxrss
     return Measured(wall, usage.ru_utime + usage.ru_stime, peak / 1024, child.returncode, output)
+
+
+@dataclass
+class Watched:
+    peak_mib: float = 0.0
+    capped: bool = False
+
+
+def _rss_mib(pid: int) -> float:
+    """The RSS of a process and every descendant (the plots' child), from /proc; 0 for one already gone."""
+    total, pending = 0.0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def _watch(pid: int, watched: Watched, cap_mib: float) -> None:
+    """One look at the analysis's RSS (its children's added); past `cap_mib`, its session is killed (the analysis
+    and the plots' child)."""
+    watched.peak_mib = max(watched.peak_mib, _rss_mib(pid))
+    if watched.peak_mib > cap_mib and not watched.capped:
+        watched.capped = True
+        os.killpg(pid, signal.SIGKILL)
 
 
 @contextmanager
@@ -228,7 +276,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="also write cProfile stats next to each run dir")
     parser.add_argument("--plain", action="store_true",
                         help="write records and metrics plain (.jsonl), as runs before compact evidence did")
+    parser.add_argument("--hours", help="soak lengths in hours, comma-separated (e.g. 1,4,24): each built at --rate "
+                        "and judged by this tree alone; prints wall time and peak memory per length")
+    parser.add_argument("--rate", type=float, default=100.0, help="records a second of soak for --hours (100)")
+    parser.add_argument("--cap-mib", type=float, default=4096.0,
+                        help="with --hours: an analysis past this RSS (its plots' child added) is killed and said")
     args = parser.parse_args(argv)
+    if args.hours:
+        return _by_hours(args, [float(h) for h in args.hours.split(",")])
     total = 30_000 if args.quick else args.records
     work = args.keep or Path(tempfile.mkdtemp(prefix="k3load-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -237,6 +292,55 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+# Issue 31's targets for the judgment of a long soak on this 2-core machine (wall s, peak MiB), by soak hours.
+TARGETS = {1.0: (3.0, None), 24.0: (60.0, 2048.0)}
+
+
+def _by_hours(args: argparse.Namespace, hours: list[float]) -> int:
+    """Each soak length built and judged in turn (its directory removed after, unless --keep): the wall time, the
+    peak memory, and their growth per million records over the first length's, against TARGETS."""
+    work = args.keep or Path(tempfile.mkdtemp(prefix="k3load-hours-"))
+    rows: list[tuple[float, int, float, Measured]] = []
+    try:
+        for length in hours:
+            run_dir = work / f"{length:g}h" / "run"
+            shutil.rmtree(run_dir.parent, ignore_errors=True)
+            run_dir.parent.mkdir(parents=True)
+            began = time.perf_counter()
+            written = build_run(args.source.resolve(), run_dir, round(args.rate * 3600 * length), 3600 * length)
+            built = time.perf_counter() - began
+            _warm(run_dir)
+            measured = analyze(ROOT, run_dir, cap_mib=args.cap_mib)
+            rows.append((length, written, built, measured))
+            _print_hours(rows, args.cap_mib)
+            if args.keep is None:
+                shutil.rmtree(run_dir.parent, ignore_errors=True)
+    finally:
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(not m.capped and m.code in (0, 3, 4, 5) for *_, m in rows) else 1
+
+
+def _print_hours(rows: list[tuple[float, int, float, Measured]], cap_mib: float) -> None:
+    print(f"\n{'hours':>6}{'records':>11}{'built s':>9}{'wall s':>9}{'cpu s':>9}{'peak MiB':>10}"
+          f"{'MiB/M rec':>11}{'s/M rec':>9}  target")
+    first = rows[0]
+    for length, written, built, m in rows:
+        grow = ((m.peak_mib - first[3].peak_mib) / ((written - first[1]) / 1e6)
+                if written > first[1] and not m.capped and not first[3].capped else None)
+        pace = m.wall_s / (written / 1e6)
+        wall_cap, memory_cap = TARGETS.get(length, (None, None))
+        target = "; ".join(filter(None, [
+            f"wall <= {wall_cap:g} s: {'met' if m.wall_s <= wall_cap and not m.capped else 'MISSED'}"
+            if wall_cap else "",
+            f"peak <= {memory_cap:g} MiB: {'met' if m.peak_mib <= memory_cap and not m.capped else 'MISSED'}"
+            if memory_cap else ""]))
+        peak = f">{cap_mib:.0f}" if m.capped else f"{m.peak_mib:.0f}"
+        print(f"{length:>6g}{written:>11,}{built:>9.1f}{m.wall_s:>9.1f}{m.cpu_s:>9.1f}{peak:>10}"
+              f"{(f'{grow:.0f}' if grow is not None else '-'):>11}{pace:>9.1f}  {target}"
+              + (f" (killed at the {cap_mib:.0f} MiB cap after {m.wall_s:.0f} s)" if m.capped else ""))
 
 
 def _run(args: argparse.Namespace, total: int, work: Path) -> int:

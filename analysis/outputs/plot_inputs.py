@@ -27,13 +27,17 @@ class PlotInputs:
     series: list[tuple[str, list[float], list[float]]] = field(default_factory=list)  # (label, x, y)
     memory: tuple[list[float], list[float]] = ([], [])
     crashes: list[float] = field(default_factory=list)
+    # a long soak by window (pillars.resources.numbers.soak_windows, analysis/pillars/headroom/soak_trend.py)
+    soaks: list[dict[str, Any]] = field(default_factory=list)
 
 
 TIMELINE_SERIES = ((VllmMetric.KV_CACHE_USAGE, "KV usage"), (VllmMetric.NUM_REQUESTS_WAITING, "waiting requests"))
 
 
-def plot_inputs(ramp: Ramp, data: Any, index: MetricIndex, crashes: list[dict[str, Any]]) -> PlotInputs:
-    """What `draw` needs, read off the judgment's tables (cheap: no matplotlib here)."""
+def plot_inputs(ramp: Ramp, data: Any, index: MetricIndex, crashes: list[dict[str, Any]],
+                soaks: list[dict[str, Any]] | None = None) -> PlotInputs:
+    """What `draw` needs, read off the judgment's tables (cheap: no matplotlib here); `soaks`: the resources
+    pillar's soak windows."""
     if not data.stages:
         return PlotInputs(ramp)
     t0, t1 = data.stages[0].start_ts, data.stages[-1].end_ts
@@ -43,13 +47,15 @@ def plot_inputs(ramp: Ramp, data: Any, index: MetricIndex, crashes: list[dict[st
         series.append((label, [p[0] - t0 for p in points], [p[1] for p in points]))
     curve = memory_curve(data.gpu, t0, t1)  # each GPU once per sampling round, whichever sources read it
     return PlotInputs(ramp, [(s.name, s.start_ts - t0, s.end_ts - t0) for s in data.stages], series,
-                      (list(curve["ts"] - t0), list(curve["memory_used_mib"])), [c["ts"] - t0 for c in crashes])
+                      (list(curve["ts"] - t0), list(curve["memory_used_mib"])), [c["ts"] - t0 for c in crashes],
+                      list(soaks or []))
 
 
 def report_plot_inputs(judgment: Any) -> PlotInputs:
     """The inputs of a finished judgment's plots."""
-    return plot_inputs(judgment.ramp, judgment.data, MetricIndex(judgment.data.metrics),
-                       judgment.pillars["resources"].numbers.get("crashes", []))
+    numbers = judgment.pillars["resources"].numbers
+    return plot_inputs(judgment.ramp, judgment.data, MetricIndex(judgment.data.metrics), numbers.get("crashes", []),
+                       numbers.get("soak_windows", []))
 
 
 def data_uri(png: bytes) -> str:

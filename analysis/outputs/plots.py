@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt
 
 from k3load.analysis.decision.ramp import Ramp, RampMarks
 from k3load.analysis.outputs.plot_inputs import PlotInputs
+from k3load.analysis.outputs.soak_panels import soak_panels
 
 UNMARKED = RampMarks(slo={}, min_goodput=0.99, gpus=None, on_rate=False, capacity_load=None)  # marks not known
 _META = {"Software": None}  # no version stamp: same data, same bytes
@@ -31,7 +32,7 @@ def _png(fig: Any) -> bytes:
 
 def draw(inputs: PlotInputs) -> dict[str, bytes]:
     """The report's PNGs by name: latency and throughput against concurrency, and the timeline."""
-    return ramp_plots(inputs.ramp) | timeline_plot(inputs)
+    return ramp_plots(inputs.ramp) | timeline_plot(inputs) | soak_plots(inputs.soaks)
 
 
 def ramp_plots(ramp: Ramp) -> dict[str, bytes]:
@@ -123,3 +124,33 @@ def timeline_plot(inputs: PlotInputs) -> dict[str, bytes]:
         for ax in axes:
             ax.axvline(crash, color="red", linestyle=":")
     return {"timeline": _png(fig)}
+
+
+def soak_plots(soaks: list[dict[str, Any]]) -> dict[str, bytes]:
+    """A long soak by window (analysis/outputs/soak_panels.py): each figure per window against hours into the soak,
+    the judgment's trend line through it (red where it reaches its limit within the horizon) and the limit."""
+    out = {}
+    for soak in soaks:
+        panels = soak_panels(soak)
+        if not panels:
+            continue
+        fig, axes = plt.subplots(len(panels), 1, figsize=(7, 1.9 * len(panels)), sharex=True, squeeze=False)
+        for ax, panel in zip(axes[:, 0], panels, strict=True):
+            for series in panel.series:
+                y = [float("nan") if v is None else v for v in series.y]
+                ax.plot(series.x, y, marker=".", linewidth=1, label=series.label)
+                if series.band is not None:
+                    low, high = ([float("nan") if v is None else v for v in side] for side in series.band)
+                    ax.fill_between(series.x, low, high, alpha=0.2)
+            for line in panel.trends:
+                color = "tab:red" if line.rising_to_limit else "grey"
+                ax.plot(line.x, line.y, linestyle="--", linewidth=1, color=color)
+            for what, value in panel.limits:
+                ax.axhline(value, color="tab:red", linestyle=":", linewidth=1, label=what)
+            ax.set_ylabel(panel.ylabel, fontsize=8)
+            ax.legend(fontsize=6, loc="upper left")
+        axes[0, 0].set_title(f"Soak {soak['stage']} by window of {float(soak['window_s']) / 60:g} min "
+                             "(dashed: the judged trend)", fontsize=9)
+        axes[-1, 0].set_xlabel("hours since the soak began")
+        out[f"soak_{soak['stage']}"] = _png(fig)
+    return out

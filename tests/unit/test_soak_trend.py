@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from k3load.analysis.analyze import analyze
+from k3load.analysis.outputs.soak_panels import soak_panels
 from k3load.analysis.pillars.headroom.soak_trend import FIGURES, MIN_WINDOWS, _t99, fit, trend
 from k3load.evidence import records_file
 from tests.sim.scale_run import _unpack
@@ -92,6 +93,27 @@ def test_a_long_soak_is_cut_in_windows_and_a_creeping_ttft_is_named_with_when_it
     ttft = creeping["numbers"]["soak_windows"][0]["trends"]["ttft_p95_ms"]
     assert 1000 < ttft["slope_ci99"][0] <= ttft["slope_per_h"] <= ttft["slope_ci99"][1] and ttft["crosses_in_h"] < 24
     assert creeping["status"] == "fail"
+    _the_plot_draws_the_windows_and_the_judged_trends(run, creeping["numbers"]["soak_windows"][0])
+
+
+def _the_plot_draws_the_windows_and_the_judged_trends(run: Path, soak: dict) -> None:
+    """The report's soak plot, panel by panel: each window's figure at its midpoint, the judged line through them
+    (ending at the trend's value at the soak's end, with its slope), red where it reaches its limit, the limit."""
+    panels = {p.ylabel: p for p in soak_panels(soak)}
+    latency = panels["ms (p95)"]
+    ttft = next(s for s in latency.series if s.key == "ttft_p95_ms")
+    assert ttft.x == [(i * 300 + 150) / 3600 for i in range(5)]
+    assert ttft.y == [w["ttft_p95_ms"] for w in soak["windows"]]
+    line = next(t for t in latency.trends if t.key == "ttft_p95_ms")
+    found = soak["trends"]["ttft_p95_ms"]
+    assert line.x == (ttft.x[0], 5 * 300 / 3600) and math.isclose(line.y[1], found["fitted_at_end"])
+    assert math.isclose((line.y[1] - line.y[0]) / (line.x[1] - line.x[0]), found["slope_per_h"])
+    assert line.rising_to_limit and ("TTFT p95 limit", 3000.0) in latency.limits
+    errors = panels["error rate"].series[0]
+    assert errors.band == ([w["error_rate_ci95"][0] for w in soak["windows"]],
+                           [w["error_rate_ci95"][1] for w in soak["windows"]])
+    assert f'alt="soak_{soak["stage"]}"' in (run / "report.html").read_text()  # drawn into the report
+    assert soak_panels({"stage": "s", "window_s": 300.0, "windows": [], "trends": {}}) == []
 
 
 def test_a_short_soak_has_no_windows(tmp_path):
