@@ -49,6 +49,17 @@ _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RF
 def is_header_name(name: str) -> bool:
     """An HTTP header name (RFC 9110 token): the one check the client, the options and the secrets share."""
     return bool(_TOKEN.fullmatch(name))  # fullmatch: `$` alone lets a trailing newline through
+# Each attempt's own header (k3load.workload.conversation): a new value on every request, so never part of a
+# cached request head (k3load.client.transport)
+PER_REQUEST_HEADER = "X-Request-Id"
+# A header value as geventhttpclient takes one (RFC 9110 field-value: visible characters, spaces and tabs)
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+
+
+def is_header_value(value: str) -> bool:
+    return bool(_FIELD_VALUE.fullmatch(value))
+
+
 # Set by the harness itself: HTTP's framing, and each attempt's own X-Request-Id (k3load.workload.conversation)
 RESERVED_HEADERS = frozenset({"host", "content-length", "content-type", "transfer-encoding", "connection",
                               "x-request-id"})

@@ -44,7 +44,7 @@ from gevent.exceptions import ConcurrentObjectUseError
 from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPParseError, HTTPSocketPoolResponse
 
-from k3load.client.access import Tls
+from k3load.client.access import PER_REQUEST_HEADER, Tls, is_header_value
 from k3load.client.transport_base import (
     BodyCut,
     ResponseStream,
@@ -261,21 +261,34 @@ class GeventTransport:
         self._client = HTTPClient.from_url(base_url, concurrency=max_connections, block_size=_GEVENT_BLOCK,
                                            connection_timeout=connect_timeout_s, network_timeout=None, **options)
         # request heads already built: geventhttpclient's _build_request validates and merges headers on
-        # every call (20 us, bench/peers.py); the same path, headers and body length give the same bytes
+        # every call (20 us, bench/peers.py); the same path, headers and body length give the same bytes. The
+        # request's own X-Request-Id (new every time) is kept out of the key and added to the cached head.
         self._heads: dict[tuple[str, tuple[tuple[str, str], ...], int], bytes] = {}
+
+    def _head(self, path: str, body: bytes, headers: Mapping[str, str]) -> bytes:
+        """The request's head: built once per path, shared headers and body length (`_build_request`), with the
+        request's own id as the last header line (checked as `_build_request` checks a value)."""
+        own = headers.get(PER_REQUEST_HEADER)
+        shared = tuple((k, v) for k, v in headers.items() if k != PER_REQUEST_HEADER)
+        key = (path, shared, len(body))
+        head = self._heads.get(key)
+        if head is None:  # the head depends on nothing else
+            head = self._client._build_request("POST", path, body=body, headers=dict(shared)).encode("latin-1")
+            if len(self._heads) >= _HEADS_KEPT:
+                self._heads.clear()
+            self._heads[key] = head
+        if own is None:
+            return head
+        if not is_header_value(own):
+            raise ValueError(f"invalid value for header field {PER_REQUEST_HEADER!r}")
+        return head[:-2] + f"{PER_REQUEST_HEADER}: {own}\r\n\r\n".encode("latin-1")
 
     def open(self, path: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> _GeventResponse:
         """Like `HTTPClient.request` (which never retries a POST either), but a gevent.Timeout or
         GreenletExit while the body is being sent gives the socket back instead of leaking its pool
         slot. `timeout_s` is not used: the caller's gevent.Timeout bounds the call."""
         client, pool = self._client, self._client._connection_pool
-        key = (path, tuple(headers.items()), len(body))
-        head = self._heads.get(key)
-        if head is None:  # the head depends on nothing else: built once per path, headers and body length
-            head = client._build_request("POST", path, body=body, headers=dict(headers)).encode("latin-1")
-            if len(self._heads) >= _HEADS_KEPT:
-                self._heads.clear()
-            self._heads[key] = head
+        head = self._head(path, body, headers)
         try:
             sock = pool.get_socket()
         except TimeoutError as exc:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from k3load.client.access import PER_REQUEST_HEADER
 from k3load.client.result import StreamResult
 from k3load.records import Attempt
 from k3load.workload.scenario import Scenario, Turn
@@ -30,7 +31,7 @@ class Client(Protocol):
              ) -> StreamResult: ...
 
 
-REQUEST_ID_HEADER = "X-Request-Id"
+REQUEST_ID_HEADER = PER_REQUEST_HEADER  # declared once, where the client keeps it out of its cached heads
 
 
 def request_id_of(attempt_id: str) -> str:
