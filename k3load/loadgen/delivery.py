@@ -245,6 +245,7 @@ def collect(run: OpenRun, workers: Workers, write: Callable[[str, str], bool], r
     if recovered:
         log.warning("k3load: %d attempt(s) recovered from worker spools", recovered)
     short = [w for w in short if not _sealed(workers.tallies[w], spool_dir)]
+    spools.TAILS.forget(spool_dir)  # the run's spools are not looked at again
     problems = [f"{workers.describe(w)} did not complete within {timeout_s:.0f} s: turns it finished later "
                 "may be missing from records.jsonl" for w in short]
     for problem in problems:

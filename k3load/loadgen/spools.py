@@ -45,6 +45,15 @@ class SpoolTails:
         self._follows[path] = (follow, last)
         return last
 
+    def forget(self, spool_dir: Path) -> None:
+        """A run's spools read for the last time (its end): their followers let go, so a master that runs test
+        after test from the web UI (each its own run directory) keeps none of the runs before."""
+        for path in [p for p in self._follows if p.parent == spool_dir]:
+            del self._follows[path]
+
+    def __len__(self) -> int:
+        return len(self._follows)
+
 
 TAILS = SpoolTails()  # the master's, for the run's spools (a spool is only ever appended to)
 

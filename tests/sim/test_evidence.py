@@ -279,6 +279,12 @@ def test_a_compressed_spool_is_final_once_sealed_and_a_new_one_at_its_path_is_re
     again.close()
     assert list(attempt_lines(tmp_path / "moved.jsonl.gz")) == [("a", '{"attempt_id": "a"}'),
                                                                  ("b", '{"attempt_id": "b"}')]
+    other = tmp_path / "next-run" / "worker-1.jsonl.gz"  # a later run's spool: kept when the first run's go
+    other.parent.mkdir()
+    JsonlLog(other).close()
+    assert not is_final(other, tails) and len(tails) == 2
+    tails.forget(tmp_path)  # the first run ended: only the later run's follower is kept
+    assert len(tails) == 1 and not is_final(other, tails)
 
 
 def test_the_web_uis_tail_follows_a_compressed_metrics_log_as_it_is_written(tmp_path):
