@@ -200,6 +200,13 @@ class ReplayState:
         attempt.session_id, attempt.intended_send_ts = session_id, ticket.due_ts
         sink(attempt)
 
+    def release(self) -> None:
+        """The stage ended and its summary is said: the rows not taken are not played (a user asking now gets none)
+        and the block texts are let go, so a run of many replay stages keeps no ended stage's schedule or texts
+        (a row taken before the end and sent after it makes its texts again, the same)."""
+        self.tickets, self.next = [], 0
+        self.texts.forget()
+
     def summary(self) -> dict[str, Any]:
         """What became of this process's rows, and who fell behind when rows went late."""
         due = len(self.tickets) + self.not_played
@@ -275,6 +282,7 @@ def finish(state: ReplayState, write: Callable[[dict[str, Any]], None]) -> None:
         log.warning("k3load: replay %s: %d answered rows came back shorter than their output_length: the server (or "
                     "a gateway before it) did not honour min_tokens, so this stage decoded less than the trace did",
                     state.stage.name, summary["rows_short"])
+    state.release()
     with contextlib.suppress(ValueError):  # the run's logs closed first: nowhere to write it
         write(summary)
 

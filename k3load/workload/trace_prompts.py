@@ -121,6 +121,13 @@ class BlockTexts:
             self._cache.move_to_end(key)
         return found
 
+    def forget(self) -> None:
+        """The texts let go (their stage ended); asked again, they are made again, the same."""
+        self._cache.clear()
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
     def prompt(self, hash_ids: tuple[int, ...], input_tokens: int) -> str:
         """The prompt of a row of `input_tokens` tokens over `hash_ids` (a row cut to fit the server's context
         keeps its leading blocks, the last one cut)."""

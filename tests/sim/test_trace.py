@@ -279,6 +279,22 @@ def test_a_late_row_names_whether_the_users_were_busy_or_the_process_was_slow(tm
     assert state.take(first.due_ts + 5, free_since=first.due_ts + 4) is first  # its user was still sending
     assert state.take(second.due_ts + 5, free_since=0.0) is second  # its user was free: the process lagged
     assert state.late_all_busy == 1
+    _the_stage_end_says_its_rows_and_lets_go(state)
+
+
+def _the_stage_end_says_its_rows_and_lets_go(state: Any) -> None:
+    """At the stage's end the summary counts every row due, then the schedule and the block texts are let go: no
+    row is taken after it, and a text asked again (a row taken before the end) is made again, the same."""
+    from k3load.loadgen.replay import finish
+
+    due, text = len(state.tickets) + state.not_played, state.texts.text(7)
+    said: list[dict[str, Any]] = []
+    finish(state, said.append)
+    assert said[0]["rows_due"] == due and said[0]["rows_sent"] == 0 and said[0]["rows_not_played"] == due
+    assert state.tickets == [] and len(state.texts) == 0 and state.take(2e9, free_since=0.0) is None
+    assert state.texts.text(7) == text
+    finish(state, said.append)  # said once
+    assert len(said) == 1
 
 
 def test_replay_figures_sum_the_processes_and_a_late_replay_did_not_offer_the_traces_pace() -> None:
