@@ -339,7 +339,7 @@ def _print_hours(rows: list[tuple[float, int, float, Measured]], cap_mib: float)
             if memory_cap else ""]))
         peak = f">{cap_mib:.0f}" if m.capped else f"{m.peak_mib:.0f}"
         print(f"{length:>6g}{written:>11,}{built:>9.1f}{m.wall_s:>9.1f}{m.cpu_s:>9.1f}{peak:>10}"
-              f"{(f'{grow:.0f}' if grow is not None else '-'):>11}{pace:>9.1f}  {target}"
+              f"{(f'{grow:.0f}' if grow is not None else '-'):>11}{('-' if m.capped else f'{pace:.1f}'):>9}  {target}"
               + (f" (killed at the {cap_mib:.0f} MiB cap after {m.wall_s:.0f} s)" if m.capped else ""))
 
 
