@@ -155,7 +155,11 @@ STAGE_RULES: tuple[StageRule, ...] = (
               "open-loop search steps only",
               "fewer sessions started than the rate offered by more than two Poisson standard deviations (at least 5 "
               "offered): every slot was busy and the schedule's tickets waited untaken (a single slot at 8 "
-              "sessions/s was held before this rule, seen on the sim); the live search holds its steps to the same"),
+              "sessions/s was held before this rule, seen on the sim); the live search holds its steps to the same, "
+              "counting a step's sessions from its schedule (tickets taken whose time had come) where its process runs "
+              "the users, so a session whose first answer is still on its way at the decision counts, as its record "
+              "later shows (`sessions_arrived`: the step's first turns, whenever they ended); a master with workers "
+              "counts the first answers recorded so far"),
     StageRule(RuleId.OFFERED_LATE, Signal.RESOURCE, RanOut.SESSION_SLOTS,
               "records' `intended_send_ts` against `send_ts` (`analysis/pillars/headroom/arrival_lag.py`); "
               "open-loop search steps and replay stages only",

@@ -41,7 +41,7 @@ RECORD_COLUMNS = ("attempt_id", "chain_id", "attempt", "stage", "scenario", "fam
                   "prompt_tokens", "completion_tokens", "cached_tokens", "max_tokens", "valid", "drill",
                   "will_retry", "prefix_sha256", "request_sha256", "request_bytes", "http_status", "error", "user_id",
                   "primary_layer", "control_pair", "control_role", "session_id",
-                  "intended_send_ts")
+                  "intended_send_ts", "stream_role")
 
 
 @dataclass

@@ -17,8 +17,11 @@ run's arrival times repeat.
 from __future__ import annotations
 
 import random
+from collections import deque
 
 from k3load.workload.plan import ArrivalSpec
+
+HELD_KEPT = 4096  # the last tickets' intended times kept: more than a stage's users ever hold unsent
 
 
 def gap_s(arrival: ArrivalSpec, rng: random.Random) -> float:
@@ -39,6 +42,7 @@ class ArrivalSchedule:
         self._rng = random.Random(seed)
         self._next = start_ts + gap_s(arrival, self._rng)
         self.taken = 0
+        self._recent: deque[float] = deque(maxlen=HELD_KEPT)  # the last taken tickets' times, in order
 
     def take(self) -> float | None:
         """The next session's intended start (epoch seconds; it may be past: the session is late), or None
@@ -48,7 +52,20 @@ class ArrivalSchedule:
         ts = self._next
         self._next += gap_s(self.arrival, self._rng)
         self.taken += 1
+        self._recent.append(ts)
         return ts
+
+    def started_by(self, ts: float) -> int:
+        """Sessions started by `ts`: tickets taken whose intended time has come (a user holding a later one is still
+        waiting for it; one taken late went out at once). What the records will say once every session's first
+        turn has ended: the live capacity search counts arrivals here, not from records that come when an answer
+        ends, so a step is not called short by the sessions whose first answers are still on their way."""
+        waiting = 0
+        for intended in reversed(self._recent):
+            if intended <= ts:
+                break
+            waiting += 1
+        return self.taken - waiting
 
 
 class Schedules:
@@ -57,6 +74,11 @@ class Schedules:
     def __init__(self, seed: int | str, run_id: str = "") -> None:
         self.seed, self.run_id = seed, run_id  # one set per run: a second test of the same plan starts afresh
         self._by_stage: dict[str, ArrivalSchedule] = {}
+
+    def started_by(self, stage_name: str, ts: float) -> int | None:
+        """Sessions of the stage this process started by `ts`; None before its first user asked (no schedule)."""
+        found = self._by_stage.get(stage_name)
+        return None if found is None else found.started_by(ts)
 
     def of(self, stage_name: str, arrival: ArrivalSpec, start_ts: float, duration_s: float) -> ArrivalSchedule:
         found = self._by_stage.get(stage_name)

@@ -209,9 +209,13 @@ class LiveSearch:
 
     def __init__(self, stage: Stage, goodput: LiveGoodput, scrapes: Scrapes, events: JsonlLog | None,
                  limits: ResourceLimits, cap: EngineCap | None,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = now) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = now,
+                 started: Callable[[str, float], int | None] | None = None) -> None:
         assert stage.search is not None
         self.stage, self.goodput, self.scrapes, self.events = stage, goodput, scrapes, events
+        # sessions a step's schedule started by a time, where this process runs the users
+        # (k3load.loadgen.arrivals.Schedules.started_by); None: counted from the records
+        self.sessions_started = started
         self.cap, self.clock, self.wall = cap, clock, wall
         self.controller = SearchController(stage.search, limits)
         self.started = clock()
@@ -224,10 +228,11 @@ class LiveSearch:
 
     @classmethod
     def for_run(cls, stage: Stage, run_dir: Path, events: JsonlLog | None, limits: dict[str, dict[str, float]],
-                goodput: LiveGoodput) -> LiveSearch:
+                goodput: LiveGoodput, started: Callable[[str, float], int | None] | None = None) -> LiveSearch:
         """A search of the run in `run_dir`: its scrapes, the plan's resource limits, the engine's batch cap where
         the start-up log the precheck saved says it (else the most the engine ran at once in the step)."""
-        return cls(stage, goodput, Scrapes(run_dir), events, ResourceLimits.from_limits(limits), engine_cap(run_dir))
+        return cls(stage, goodput, Scrapes(run_dir), events, ResourceLimits.from_limits(limits), engine_cap(run_dir),
+                   started=started)
 
     def step_now(self) -> Stage | None:
         """The step to run now: the running one until it is decided, then the next; None once the search ended
@@ -275,12 +280,20 @@ class LiveSearch:
         elapsed = self.clock() - self.step_started
         rate = self.step.arrival.sessions_per_s if self.step.arrival is not None else 0.0
         self.evidence = StepEvidence(requests=count.requests, good=count.good, scheduled=count.scheduled,
-                                     late=count.late, arrived=count.arrived, offered=rate * elapsed,
+                                     late=count.late, arrived=self._arrived(count.arrived), offered=rate * elapsed,
                                      queue=self.scrapes.queue(self.cap, self.step.users),
                                      kv_usage_max=self.scrapes.kv_usage_max(), preemptions=self.scrapes.preemptions(),
                                      duration_s=self.clock() - self.step_started,
                                      waiting_sustained_s=self.scrapes.waiting_sustained_s())
         return self.evidence
+
+    def _arrived(self, recorded: int) -> int:
+        """Sessions the step started: by its schedule where this process runs the users (a session counts from
+        its first send, as the analysis counts it from the records the step's sessions leave), else by the
+        first answers recorded so far (a master with workers: those still on their way are not counted yet)."""
+        assert self.step is not None
+        started = self.sessions_started(self.step.name, self.wall()) if self.sessions_started else None
+        return recorded if started is None else max(recorded, started)
 
     def _say_step(self, result: StepResult) -> None:
         self.last = result

@@ -29,6 +29,7 @@ from k3load.disk_full import FULL, stopped_line
 from k3load.events import Event, Message
 from k3load.evidence import RECORDS
 from k3load.loadgen import delivery, held_secrets, observe
+from k3load.loadgen.arrivals import Schedules
 from k3load.loadgen.drain import StageDrain
 from k3load.loadgen.hold import RunHold, stop_load
 from k3load.loadgen.inputs import harness_error_line, load_inputs
@@ -312,8 +313,17 @@ class HarnessSession:
         if self.search is None or self.search.stage.name != stage.name:
             if self.run is None:
                 return None  # no run open (the shape opens one first): nothing to search
-            self.search = LiveSearch.for_run(stage, self.run.run_dir, self.run.events, self.limits, self.goodput)
+            self.search = LiveSearch.for_run(stage, self.run.run_dir, self.run.events, self.limits, self.goodput,
+                                             self._sessions_started)
         return self.search.step_now()
+
+    def _sessions_started(self, stage: str, ts: float) -> int | None:
+        """An open-loop stage's sessions this process started by `ts` (its users' schedules,
+        k3load.loadgen.users); None where no user of this run took one here (a master with workers)."""
+        schedules = getattr(self.env, "k3_arrivals", None)
+        if not isinstance(schedules, Schedules) or schedules.run_id != self.run_id:
+            return None
+        return schedules.started_by(stage, ts)
 
     def enter_manual_stage(self, users: int, spawn_rate: float) -> None:
         """Master/local, no plan shape: the user count was set (a test started, or changed from the

@@ -44,6 +44,19 @@ def test_a_schedule_keeps_its_intended_times_and_ends_with_its_stage() -> None:
         times.append(ts)
     assert times == pytest.approx([100.1 + 0.1 * i for i in range(9)]) and schedule.taken == 9
     assert schedule.take() is None  # over for good: bounded by the stage's end
+    # sessions started by a time: the tickets taken whose intended time has come
+    assert [schedule.started_by(t) for t in (100.0, 100.1, 100.55, 101.0)] == [0, 1, 5, 9]
+
+
+def test_sessions_started_count_the_tickets_due_not_those_users_hold_for_later() -> None:
+    """A user holding the next session's ticket waits for its time: not started yet. The live capacity search reads
+    this count, so sessions whose first answers are still on their way are counted (k3load.loadgen.search_live)."""
+    schedules = Schedules(1, "run")
+    assert schedules.started_by("open", 1e12) is None  # no user asked yet: nothing known here
+    schedule = schedules.of("open", Arrival(10.0, "constant"), 0.0, 10.0)
+    held = [schedule.take() for _ in range(30)]  # 30 tickets taken: 0.1 s to 3.0 s
+    assert held[-1] == pytest.approx(3.0)
+    assert schedules.started_by("open", 1.05) == 10 and schedules.started_by("open", 5.0) == 30
 
 
 def test_the_same_seed_gives_the_same_arrivals_and_one_schedule_per_stage() -> None:

@@ -200,6 +200,48 @@ def test_the_run_dir_of_a_search_is_its_scrapes(tmp_path: Path):
     assert search.step_now().name == "find-s1-c4"
 
 
+def test_a_rate_step_counts_the_sessions_its_schedule_started_not_only_the_answers_recorded(tmp_path):
+    """A step with every first answer still on its way when it is decided started its sessions: counted from the
+    schedule where this process runs the users, it is not short; from the records alone (a master with workers) the
+    answers not yet recorded are not counted (the rule's conservative side)."""
+    plan = parse_plan({"name": "p", "stages": [
+        {"name": "rate", "kind": "search", "search_on": "sessions_per_s", "start_sessions_per_s": 4,
+         "max_sessions_per_s": 8, "max_users": 32, "min_goodput": 0.5, "step_s": 5, "max_step_s": 10,
+         "max_total_s": 300, "arrival_process": "constant", "mix": {"agent": 1}}]}, "p.yaml")
+
+    class NoQueue(FakeScrapes):
+        def queue(self, cap: Any, users: int) -> Any:
+            from k3load.analysis.pillars.headroom.full_batch import BatchQueue
+            return BatchQueue(10, 0, 8, "test")
+
+    def first_step(started: Any) -> dict:
+        clock = [0.0]
+        goodput, events = LiveGoodput(SLO), JsonlLog(tmp_path / f"events-{started is None}.jsonl")
+        search = LiveSearch(plan.stages[0], goodput, NoQueue(), events, ResourceLimits(), None,  # type: ignore[arg-type]
+                            clock=lambda: clock[0], wall=lambda: 1000 + clock[0], started=started)
+        step = search.step_now()
+        search.enter(step)
+        for i in range(8):  # eight answered sessions of the 20 the step offered in 5 s: the rest still answering
+            line = json.loads(record(f"s{i}", stage=step.name))
+            goodput.add(json.dumps(line | {"turn": 0, "attempt": 1, "intended_send_ts": 1000.0, "send_ts": 1000.1}))
+        clock[0] = 5.0
+        search.step_now()
+        events.close()
+        return next(json.loads(line) for line in events.path.read_text().splitlines()
+                    if json.loads(line)["event"] == "search_step")
+
+    asked: list[tuple[str, float]] = []
+
+    def started(stage: str, ts: float) -> int:
+        asked.append((stage, ts))
+        return 20  # the schedule started every session the rate offered
+
+    by_schedule, by_records = first_step(started), first_step(None)
+    assert asked and asked[-1] == ("rate-s1-r4", 1005.0)
+    assert (by_schedule["arrived"], by_schedule["decision"]) == (20, "held")
+    assert (by_records["arrived"], by_records["decision"]) == (8, "past_capacity")
+
+
 def test_a_rate_search_runs_open_loop_steps_named_by_their_rate(tmp_path):
     """search_on sessions_per_s: each step an open-loop stage (its `arrival` at the step's rate, max_users session
     slots), named NAME-sK-rRATE, the bracket in sessions/s in search_end."""

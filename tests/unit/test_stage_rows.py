@@ -116,3 +116,22 @@ def test_a_buffered_streams_rows_are_rejudged_as_the_plain_rows_were(rows: list[
     assert [s.status for s in judged.server_side_latency or ()] == ["within", "over", "unjudged"]
     untouched = replace(rows[1], problems=(kv,))
     assert proxy_judged(untouched, index, limits) is untouched
+
+
+def test_a_steps_sessions_are_its_first_turns_whenever_they_ended() -> None:
+    """The sessions an open-loop step started (what the live search counts at its decision, from its schedule): its
+    first turns, a drill's included and a first turn still answering at the decision too; a session that began in
+    an earlier step and goes on in this one, a retry, a stream pair's whole twin, a closed-loop turn are not."""
+    import pandas as pd
+
+    from k3load.analysis.pillars.headroom.arrival_lag import sessions_started
+
+    def row(stage: str = "s1", turn: int = 0, attempt: int = 1, drill: bool = False, role: str | None = None,
+            intended: float | None = 10.0, end: float = 11.0) -> dict:
+        return {"stage": stage, "turn": turn, "attempt": attempt, "drill": drill, "stream_role": role,
+                "intended_send_ts": intended, "end_ts": end}
+
+    rows = [row(), row(drill=True), row(end=99.0),  # started: 3 (one answered after the decision)
+            row(turn=1), row(attempt=2), row(role="whole"), row(intended=None), row(stage="s2")]
+    assert sessions_started(pd.DataFrame(rows), "s1") == 3
+    assert sessions_started(pd.DataFrame(), "s1") == 0

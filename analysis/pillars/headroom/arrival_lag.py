@@ -59,8 +59,25 @@ def replay_figures(ends: list[dict[str, Any]], stage: str) -> dict[str, Any]:
     return {"replay": out}
 
 
-def arrival_lag(frame: pd.DataFrame) -> dict[str, Any]:
-    """The stage's scheduled turns (first attempts with an intended time), their lateness and the late share."""
+def sessions_started(records: pd.DataFrame, stage: str) -> int:
+    """Open-loop sessions the stage started: its first turns (first attempts, a drill's included, a stream pair's
+    whole twin not), whenever they ended. What the live search counts at a step's decision (k3load.loadgen.arrivals.
+    ArrivalSchedule.started_by: the step's tickets taken whose time had come), so the two agree on a step's
+    arrivals: a session still answering at the decision is the step's, and one that began in an earlier step and
+    goes on in this one is not (their records, each turn named by the stage it was sent in, say so)."""
+    if records.empty or "intended_send_ts" not in records:
+        return 0
+    first = ((records["stage"] == stage) & (records["turn"] == 0) & (records["attempt"] == 1)
+             & records["intended_send_ts"].notna())
+    if "stream_role" in records:
+        first &= records["stream_role"] != "whole"
+    return int(first.sum())
+
+
+def arrival_lag(frame: pd.DataFrame, started: int | None = None) -> dict[str, Any]:
+    """The stage's scheduled turns (first attempts with an intended time), their lateness and the late share;
+    `started`: the stage's sessions started (`sessions_started`, an open-loop stage's), else the sessions its
+    scheduled turns belong to (a replay stage's rows)."""
     if "intended_send_ts" not in frame:
         return {}
     scheduled = frame[frame["intended_send_ts"].notna()]
@@ -73,4 +90,5 @@ def arrival_lag(frame: pd.DataFrame) -> dict[str, Any]:
     return {"scheduled_turns": len(scheduled), "late_turns": late, "late_share": share.value,
             "late_share_ci95": [share.low, share.high], "send_lag_p50_ms": p50, "send_lag_p95_ms": p95,
             "send_lag_max_ms": top,
-            "sessions_arrived": int(scheduled["session_id"].nunique()) if "session_id" in scheduled else None}
+            "sessions_arrived": started if started is not None else
+            int(scheduled["session_id"].nunique()) if "session_id" in scheduled else None}

@@ -19,6 +19,7 @@ from k3load.analysis.pillars.headroom.arrival_lag import (
     offered_late,
     offered_short,
     replay_figures,
+    sessions_started,
 )
 from k3load.analysis.pillars.headroom.full_batch import EngineCap, stage_batch_queue
 from k3load.analysis.pillars.headroom.goodput import Slo, stage_goodput
@@ -120,10 +121,11 @@ def _errors(frame: pd.DataFrame, spells: list[DownSpell]) -> dict[str, Any]:
 
 
 def _capacity_figures(frame: pd.DataFrame, duration: float, index: MetricIndex, stage: StageWindow,
-                      slo: Slo | None, cap: EngineCap | None) -> dict[str, Any]:
+                      slo: Slo | None, cap: EngineCap | None, records: pd.DataFrame) -> dict[str, Any]:
     """Goodput (analysis/pillars/headroom/goodput.py), the arrival lag of an open-loop stage, and the queue behind
     a full batch (analysis/pillars/headroom/full_batch.py), as the row's fields."""
-    lag = arrival_lag(frame)  # open-loop stages only (an empty dict elsewhere: the closed-loop rows are unchanged)
+    started = sessions_started(records, stage.name) if stage.sessions_per_s is not None else None
+    lag = arrival_lag(frame, started)  # open-loop stages only (an empty dict elsewhere: closed-loop rows unchanged)
     queue = stage_batch_queue(index, stage.start_ts, stage.end_ts, cap, stage.users)
     return {"goodput": stage_goodput(frame, slo, duration) if slo is not None else None,
             "arrival": ArrivalLag(**lag) if lag else None,
@@ -183,7 +185,7 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
         # serves vllm:tool_call_parser_invocations_total, and KV, queue and preemptions are unknown.
         metrics_present=kv is not None or waiting is not None or running is not None,
         **gpu,
-        **_capacity_figures(frame, duration, index, stage, slo, cap),
+        **_capacity_figures(frame, duration, index, stage, slo, cap, data.records),
         replay=replay_figures(data.events_named(Event.REPLAY_END), stage.name).get("replay"),  # arrival_lag.py
     )
 
