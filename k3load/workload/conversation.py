@@ -53,13 +53,14 @@ from k3load.workload.validate import primary_layer, validate
 def make_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest, result: StreamResult,
                  findings: list[Finding], chain_id: str, number: int, will_retry: bool,
                  timing: dict[str, Any] | None = None, attempt_id: str | None = None,
-                 path: AttemptPath | None = None) -> Attempt:
+                 path: AttemptPath | None = None, stage: str | None = None) -> Attempt:
+    """`stage`: the stage the attempt was sent in (`Judged.stage`); None: the stage now."""
     failed = sorted({f.layer for f in findings if not f.ok and f.layer})
     attempt_id = attempt_id or uuid.uuid4().hex
     return Attempt(
         run_id=ctx.run_id, attempt_id=attempt_id, request_id=request_id_of(attempt_id),
         response_id=result.response_id, stream_reads=result.stream_reads, stream_bytes=result.stream_bytes,
-        chain_id=chain_id, attempt=number, stage=ctx.stage(),
+        chain_id=chain_id, attempt=number, stage=ctx.stage() if stage is None else stage,
         scenario=scenario.name, family=scenario.family, turn=turn.index, turn_kind=turn.kind,
         user_id=ctx.user_id, request_sha256=prepared.sha256, prefix_sha256=prepared.prefix_sha256,
         request_bytes=len(prepared.body),
@@ -93,6 +94,9 @@ class Judged:
     fault: HarnessFault | None = None
     # The record's id, drawn before the send: the request carried it (request_id_of) as its X-Request-Id
     attempt_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # The stage it was sent in, read before the send: a search's steps follow each other with no drain, so an
+    # answer still streaming when its step is decided belongs to that step, not to the next (None: unknown)
+    stage: str | None = None
 
 
 def send_and_judge(client: Client, ctx: RunContext, scenario: Scenario, turn: Turn, body: bytes,
@@ -100,6 +104,10 @@ def send_and_judge(client: Client, ctx: RunContext, scenario: Scenario, turn: Tu
     """Send, time and validate one attempt; never raises an Exception (see the module docstring). The
     request carries its record's id as `X-Request-Id`, and the conversation's id in the session header."""
     attempt_id, send_ts = uuid.uuid4().hex, time.time()
+    try:
+        stage: str | None = str(ctx.stage())
+    except Exception:  # the record says the stage when it is built, or "unknown" (bare_attempt)
+        stage = None
     headers = {REQUEST_ID_HEADER: request_id_of(attempt_id)}
     if ctx.session_header and session_id:
         headers[ctx.session_header] = session_id
@@ -108,16 +116,16 @@ def send_and_judge(client: Client, ctx: RunContext, scenario: Scenario, turn: Tu
     except Exception as exc:  # the client's own bug: the request may be out, so it is recorded
         fault = HarnessFault.of(exc, harness_error.PHASE_SEND)
         result = harness_error.unanswered(getattr(client, "transport", "unknown"), send_ts, time.time(), fault)
-        return Judged(result, [harness_error.finding(fault, result)], None, fault, attempt_id)
+        return Judged(result, [harness_error.finding(fault, result)], None, fault, attempt_id, stage)
     phase, timing = harness_error.PHASE_TIMING, None
     try:
         timing = timing_fields(result)
         phase = harness_error.PHASE_VALIDATE
         return Judged(result, validate(result, scenario, turn, timing, ctx.max_tool_call_gap_ms), timing,
-                      attempt_id=attempt_id)
+                      attempt_id=attempt_id, stage=stage)
     except Exception as exc:  # a RecursionError in a hostile answer, a bug: recorded as received
         fault = HarnessFault.of(exc, phase)
-        return Judged(result, [harness_error.finding(fault, result)], timing, fault, attempt_id)
+        return Judged(result, [harness_error.finding(fault, result)], timing, fault, attempt_id, stage)
 
 
 def record_of(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest, judged: Judged,
@@ -126,13 +134,13 @@ def record_of(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: Prepare
     finding (a bare record where even that cannot be built): never raises an Exception."""
     try:
         return make_attempt(ctx, scenario, turn, prepared, judged.result, judged.findings, chain_id, number,
-                            will_retry, judged.timing, judged.attempt_id, path)
+                            will_retry, judged.timing, judged.attempt_id, path, judged.stage)
     except Exception as exc:
         fault = HarnessFault.of(exc, harness_error.PHASE_RECORD)
     findings = [harness_error.finding(fault, judged.result)]
     try:
         return make_attempt(ctx, scenario, turn, prepared, judged.result, findings, chain_id, number, False,
-                            judged.timing or {}, judged.attempt_id, path)
+                            judged.timing or {}, judged.attempt_id, path, judged.stage)
     except Exception:
         return bare_attempt(ctx, scenario, turn, prepared, judged.result, findings, chain_id, number,
                             judged.attempt_id, path)

@@ -243,3 +243,28 @@ def test_library_request_logs_stay_off_the_console_unless_debug():
     finally:
         logging.getLogger("httpx").setLevel(logging.NOTSET)
         logging.getLogger("httpcore").setLevel(logging.NOTSET)
+
+
+def test_a_record_names_the_stage_it_was_sent_in_not_the_one_it_ended_in():
+    """A search's steps follow each other with no drain: an answer still streaming when its step is decided is
+    that step's (its record is built after the stage moved on); so are a client that raised and a record that
+    could not be built."""
+    stage = ["find-s1-c2"]
+
+    class SlowClient(FakeClient):
+        def send(self, body: bytes, deadline_s: float, *, headers: object = None) -> StreamResult:
+            stage[0] = "find-s2-c4"  # decided while this answer streamed
+            return super().send(body, deadline_s, headers=headers)
+
+    ctx, sink = _ctx(stage=lambda: stage[0]), []
+    (attempt,) = run_turn(SlowClient(), ctx, SCENARIO, CALL, "", sink.append)
+    assert attempt.stage == "find-s1-c2" and attempt.valid
+    stage[0] = "find-s1-c2"
+
+    class SlowRaising(SlowClient):
+        def send(self, body: bytes, deadline_s: float, *, headers: object = None) -> StreamResult:
+            stage[0] = "find-s2-c4"
+            raise KeyError("chunk")
+
+    (raised,) = run_turn(SlowRaising(), ctx, SCENARIO, CALL, "", [].append)
+    assert raised.stage == "find-s1-c2"
