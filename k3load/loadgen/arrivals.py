@@ -17,11 +17,10 @@ run's arrival times repeat.
 from __future__ import annotations
 
 import random
-from collections import deque
+from array import array
+from bisect import bisect_right
 
 from k3load.workload.plan import ArrivalSpec
-
-HELD_KEPT = 4096  # the last tickets' intended times kept: more than a stage's users ever hold unsent
 
 
 def gap_s(arrival: ArrivalSpec, rng: random.Random) -> float:
@@ -42,7 +41,7 @@ class ArrivalSchedule:
         self._rng = random.Random(seed)
         self._next = start_ts + gap_s(arrival, self._rng)
         self.taken = 0
-        self._recent: deque[float] = deque(maxlen=HELD_KEPT)  # the last taken tickets' times, in order
+        self._times = array("d")  # every taken ticket's time, in order (8 bytes each: the stage's rate x its length)
 
     def take(self) -> float | None:
         """The next session's intended start (epoch seconds; it may be past: the session is late), or None
@@ -52,7 +51,7 @@ class ArrivalSchedule:
         ts = self._next
         self._next += gap_s(self.arrival, self._rng)
         self.taken += 1
-        self._recent.append(ts)
+        self._times.append(ts)
         return ts
 
     def started_by(self, ts: float) -> int:
@@ -60,12 +59,7 @@ class ArrivalSchedule:
         waiting for it; one taken late went out at once). What the records will say once every session's first
         turn has ended: the live capacity search counts arrivals here, not from records that come when an answer
         ends, so a step is not called short by the sessions whose first answers are still on their way."""
-        waiting = 0
-        for intended in reversed(self._recent):
-            if intended <= ts:
-                break
-            waiting += 1
-        return self.taken - waiting
+        return bisect_right(self._times, ts)
 
 
 class Schedules:

@@ -69,18 +69,22 @@ class LiveGoodput:
             record = json.loads(line)
         except ValueError:
             return
-        if not isinstance(record, dict) or record.get("drill"):
+        if not isinstance(record, dict):
             return
         stage, chain = str(record.get("stage")), str(record.get("chain_id"))
+        intended, sent = record.get("intended_send_ts"), record.get("send_ts")
+        scheduled = isinstance(intended, (int, float)) and isinstance(sent, (int, float))
+        if scheduled and record.get("turn") == 0 and record.get("attempt") == 1 and \
+                record.get("stream_role") != "whole":  # a session started (a drill's too; its twin is the same one)
+            self.stages.setdefault(stage, StageCount()).arrived += 1
+        if record.get("drill"):
+            return
         key, retrying = (stage, chain), bool(record.get("will_retry"))
         self._note_stage(stage)
-        intended, sent = record.get("intended_send_ts"), record.get("send_ts")
         if isinstance(intended, (int, float)) and isinstance(sent, (int, float)):
             count = self.stages.setdefault(stage, StageCount())
             count.scheduled += 1
             count.late += int(sent - intended > LATE_S)
-            count.arrived += int(record.get("turn") == 0 and record.get("attempt") == 1
-                                 and record.get("stream_role") != "whole")  # a drill's twin is the same session
         if record.get("status") == STATUS_CLIENT_RAISED:  # nothing known of the answer: not counted
             if not retrying and key in self._retrying_bad:
                 self._retrying_bad.discard(key)
@@ -210,12 +214,14 @@ class LiveSearch:
     def __init__(self, stage: Stage, goodput: LiveGoodput, scrapes: Scrapes, events: JsonlLog | None,
                  limits: ResourceLimits, cap: EngineCap | None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = now,
-                 started: Callable[[str, float], int | None] | None = None) -> None:
+                 started: Callable[[str, float], int | None] | None = None,
+                 epoch: Callable[[], float] = time.time) -> None:
         assert stage.search is not None
         self.stage, self.goodput, self.scrapes, self.events = stage, goodput, scrapes, events
         # sessions a step's schedule started by a time, where this process runs the users
         # (k3load.loadgen.arrivals.Schedules.started_by); None: counted from the records
         self.sessions_started = started
+        self.epoch = epoch  # the schedules' clock (time.time, as the records' send_ts and intended_send_ts)
         self.cap, self.clock, self.wall = cap, clock, wall
         self.controller = SearchController(stage.search, limits)
         self.started = clock()
@@ -292,7 +298,7 @@ class LiveSearch:
         its first send, as the analysis counts it from the records the step's sessions leave), else by the
         first answers recorded so far (a master with workers: those still on their way are not counted yet)."""
         assert self.step is not None
-        started = self.sessions_started(self.step.name, self.wall()) if self.sessions_started else None
+        started = self.sessions_started(self.step.name, self.epoch()) if self.sessions_started else None
         return recorded if started is None else max(recorded, started)
 
     def _say_step(self, result: StepResult) -> None:

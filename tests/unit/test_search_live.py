@@ -218,7 +218,8 @@ def test_a_rate_step_counts_the_sessions_its_schedule_started_not_only_the_answe
         clock = [0.0]
         goodput, events = LiveGoodput(SLO), JsonlLog(tmp_path / f"events-{started is None}.jsonl")
         search = LiveSearch(plan.stages[0], goodput, NoQueue(), events, ResourceLimits(), None,  # type: ignore[arg-type]
-                            clock=lambda: clock[0], wall=lambda: 1000 + clock[0], started=started)
+                            clock=lambda: clock[0], wall=lambda: 1000 + clock[0], started=started,
+                            epoch=lambda: 1000 + clock[0])
         step = search.step_now()
         search.enter(step)
         for i in range(8):  # eight answered sessions of the 20 the step offered in 5 s: the rest still answering
@@ -240,6 +241,17 @@ def test_a_rate_step_counts_the_sessions_its_schedule_started_not_only_the_answe
     assert asked and asked[-1] == ("rate-s1-r4", 1005.0)
     assert (by_schedule["arrived"], by_schedule["decision"]) == (20, "held")
     assert (by_records["arrived"], by_records["decision"]) == (8, "past_capacity")
+
+
+def test_live_arrivals_count_a_drills_first_turn_and_not_a_whole_twin_or_a_later_turn():
+    """A session whose first turn is a drill started all the same (the judgment counts it: sessions_started); a
+    stream pair's whole twin is the same session; a later turn or a retry starts none."""
+    goodput = LiveGoodput(SLO)
+    base = json.loads(record("a", stage="s"))
+    for extra in ({"drill": True}, {}, {"stream_role": "whole"}, {"turn": 1}, {"attempt": 2},
+                  {"intended_send_ts": None}):
+        goodput.add(json.dumps(base | {"turn": 0, "attempt": 1, "intended_send_ts": 5.0, "send_ts": 5.1} | extra))
+    assert goodput.of("s").arrived == 2
 
 
 def test_a_rate_search_runs_open_loop_steps_named_by_their_rate(tmp_path):

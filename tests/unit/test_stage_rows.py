@@ -135,3 +135,17 @@ def test_a_steps_sessions_are_its_first_turns_whenever_they_ended() -> None:
             row(turn=1), row(attempt=2), row(role="whole"), row(intended=None), row(stage="s2")]
     assert sessions_started(pd.DataFrame(rows), "s1") == 3
     assert sessions_started(pd.DataFrame(), "s1") == 0
+
+
+def test_a_step_whose_first_answers_all_ended_after_its_decision_still_says_its_sessions() -> None:
+    """No scheduled turn of the step ended by its decision (answers slower than the step): the sessions it started
+    are still said, never read as none (which would call it short of its rate)."""
+    import pandas as pd
+
+    from k3load.analysis.pillars.headroom.arrival_lag import arrival_lag
+
+    nothing = pd.DataFrame({"intended_send_ts": pd.Series([], dtype=float), "send_ts": pd.Series([], dtype=float)})
+    said = arrival_lag(nothing, started=12)
+    assert said["sessions_arrived"] == 12 and said["scheduled_turns"] == 0 and said["late_share"] is None
+    assert ArrivalLag(**said).sessions_arrived == 12
+    assert arrival_lag(nothing) == {} and arrival_lag(pd.DataFrame(), started=3)["sessions_arrived"] == 3

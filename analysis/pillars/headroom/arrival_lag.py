@@ -78,11 +78,11 @@ def arrival_lag(frame: pd.DataFrame, started: int | None = None) -> dict[str, An
     """The stage's scheduled turns (first attempts with an intended time), their lateness and the late share;
     `started`: the stage's sessions started (`sessions_started`, an open-loop stage's), else the sessions its
     scheduled turns belong to (a replay stage's rows)."""
-    if "intended_send_ts" not in frame:
-        return {}
-    scheduled = frame[frame["intended_send_ts"].notna()]
-    if scheduled.empty:
-        return {}
+    scheduled = frame[frame["intended_send_ts"].notna()] if "intended_send_ts" in frame else frame.iloc[0:0]
+    if scheduled.empty:  # no scheduled turn ended in it: its sessions started are still said (an open-loop step)
+        return {} if started is None else {
+            "scheduled_turns": 0, "late_turns": 0, "late_share": None, "late_share_ci95": [None, None],
+            "send_lag_p50_ms": None, "send_lag_p95_ms": None, "send_lag_max_ms": None, "sessions_arrived": started}
     lag_s = (scheduled["send_ts"] - scheduled["intended_send_ts"].astype(float)).clip(lower=0.0)
     p50, p95, top = percentiles(lag_s.to_numpy() * 1000.0, (0.5, 0.95, 1.0))
     late = int((lag_s > LATE_S).sum())
