@@ -126,13 +126,19 @@ def analyze(tree: Path, run_dir: Path, profile: Path | None = None, cap_mib: flo
     with tempfile.TemporaryFile("w+") as log:
         argv = [sys.executable, "-c", CHILD, str(tree), str(run_dir), *([str(profile)] if profile else [])]
         began = time.perf_counter()
-        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tree, start_new_session=True)
-        watched = Watched()
-        pid, status, usage = os.wait4(child.pid, 0 if cap_mib is None else os.WNOHANG)
-        while pid == 0:  # watched (`cap_mib`): polled until it ends, killed past the cap
-            _watch(child.pid, watched, cap_mib or 0.0)
-            time.sleep(0.1)
-            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tree,
+                                 start_new_session=cap_mib is not None)
+        watched, pid = Watched(), 0
+        try:
+            pid, status, usage = os.wait4(child.pid, 0 if cap_mib is None else os.WNOHANG)
+            while pid == 0:  # watched (`cap_mib`): polled until it ends, killed past the cap
+                _watch(child.pid, watched, cap_mib or 0.0)
+                time.sleep(0.1)
+                pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+        finally:
+            if pid == 0 and cap_mib is not None:  # interrupted while it ran (Ctrl-C): its session goes too
+                os.killpg(child.pid, signal.SIGKILL)
+                os.waitpid(child.pid, 0)
         wall = time.perf_counter() - began
         child.returncode = os.waitstatus_to_exitcode(status)
         log.seek(0)
@@ -156,14 +162,18 @@ class Watched:
 
 
 def _rss_mib(pid: int) -> float:
-    """The RSS of a process and every descendant (the plots' child), from /proc; 0 for one already gone."""
+    """The memory of a process and every descendant (the plots' child), from /proc: each one's proportional set
+    size (pages shared since the fork counted once between them), its RSS where the kernel gives no PSS; 0 for one
+    already gone."""
     total, pending = 0.0, [pid]
     while pending:
         current = pending.pop()
         try:
-            for line in Path(f"/proc/{current}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) / 1024
+            try:
+                text, field = Path(f"/proc/{current}/smaps_rollup").read_text(), "Pss:"
+            except OSError:
+                text, field = Path(f"/proc/{current}/status").read_text(), "VmRSS:"
+            total += next((int(line.split()[1]) / 1024 for line in text.splitlines() if line.startswith(field)), 0.0)
             for task in Path(f"/proc/{current}/task").iterdir():
                 pending += [int(c) for c in (task / "children").read_text().split()]
         except (OSError, ValueError):
@@ -283,7 +293,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --hours: an analysis past this RSS (its plots' child added) is killed and said")
     args = parser.parse_args(argv)
     if args.hours:
-        return _by_hours(args, [float(h) for h in args.hours.split(",")])
+        hours = [float(h) for h in args.hours.split(",")]
+        if not all(h > 0 for h in hours) or args.rate <= 0:
+            parser.error("--hours and --rate: positive numbers (e.g. --hours 1,4,24)")
+        return _by_hours(args, hours)
     total = 30_000 if args.quick else args.records
     work = args.keep or Path(tempfile.mkdtemp(prefix="k3load-scale-"))
     work.mkdir(parents=True, exist_ok=True)

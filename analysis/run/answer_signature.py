@@ -59,10 +59,11 @@ class Canonical:
 
     Why: a model that must repeat sends the same arguments text again and again (that is what is compared), and
     parsing and writing it canonically was most of what signing a record cost (about 5 s of an hour's 18 s in
-    bench/analysis_scale.py). At most CAP texts and CAP calls are kept, then that memory starts again: bounded
-    over a day."""
+    bench/analysis_scale.py). At most CAP texts and CAP calls are kept, each of at most LONGEST characters (a
+    longer one is written each time), then that memory starts again: at most a few tens of MB, over a day."""
 
-    CAP = 50_000
+    CAP = 20_000
+    LONGEST = 2_048
 
     def __init__(self) -> None:
         self._texts: dict[str, str] = {}
@@ -71,9 +72,11 @@ class Canonical:
     def __call__(self, text: str) -> str:
         found = self._texts.get(text)
         if found is None:
-            if len(self._texts) >= self.CAP:
-                self._texts.clear()
-            found = self._texts[text] = _dumps(canonical_json(text))
+            found = _dumps(canonical_json(text))
+            if len(text) <= self.LONGEST:
+                if len(self._texts) >= self.CAP:
+                    self._texts.clear()
+                self._texts[text] = found
         return found
 
     def call(self, name: str, arguments: Any) -> tuple[str, str]:
@@ -82,11 +85,12 @@ class Canonical:
         text = arguments if isinstance(arguments, str) else _dumps(arguments)
         found = self._calls.get((name, text))
         if found is None:
-            if len(self._calls) >= self.CAP:
-                self._calls.clear()
             canonical = self(text)
-            found = self._calls[(name, text)] = (canonical, '{"arguments":' + canonical + ',"name":' + _dumps(name)
-                                                 + "}")
+            found = (canonical, '{"arguments":' + canonical + ',"name":' + _dumps(name) + "}")
+            if len(text) + len(name) <= self.LONGEST:
+                if len(self._calls) >= self.CAP:
+                    self._calls.clear()
+                self._calls[(name, text)] = found
         return found
 
 

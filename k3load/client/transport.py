@@ -64,6 +64,7 @@ __all__ = ["TRANSPORTS", "BodyCut", "GeventTransport", "HttpxTransport", "Respon
 
 _GEVENT_BLOCK = 64 * 1024  # bytes per recv: one read takes whatever the kernel holds, up to this
 _PLAIN_SOCKET = gevent.socket.socket  # what geventhttpclient connects plain http with (its `_wait` is used)
+_PER_REQUEST = PER_REQUEST_HEADER.lower()  # however a caller spells it: never in the cached head, never twice
 _HEADS_KEPT = 256  # request heads cached per transport (by path, headers, body length); cleared when full
 # Linux's SO_TIMESTAMPNS / SCM_TIMESTAMPNS (the same number; Python's socket module names neither): a
 # struct timespec of CLOCK_REALTIME with each read. Elsewhere reads are stamped when they return.
@@ -268,8 +269,8 @@ class GeventTransport:
     def _head(self, path: str, body: bytes, headers: Mapping[str, str]) -> bytes:
         """The request's head: built once per path, shared headers and body length (`_build_request`), with the
         request's own id as the last header line (checked as `_build_request` checks a value)."""
-        own = headers.get(PER_REQUEST_HEADER)
-        shared = tuple((k, v) for k, v in headers.items() if k != PER_REQUEST_HEADER)
+        own = next((v for k, v in headers.items() if k.lower() == _PER_REQUEST), None)
+        shared = tuple((k, v) for k, v in headers.items() if k.lower() != _PER_REQUEST)
         key = (path, shared, len(body))
         head = self._heads.get(key)
         if head is None:  # the head depends on nothing else

@@ -36,6 +36,8 @@ def test_every_request_id_shares_one_cached_head():
         assert f"{PER_REQUEST_HEADER}: k3load-{i}\r\n".encode() in head
     assert len(transport._heads) == 1
     assert transport._head(PATH, body, SHARED) == transport._heads[(PATH, tuple(SHARED.items()), len(body))]
+    lower = transport._head(PATH, body, {**SHARED, "x-request-id": "k3load-x", PER_REQUEST_HEADER: "k3load-y"})
+    assert lower.lower().count(b"x-request-id") == 1 and len(transport._heads) == 1  # however spelt: once
     with pytest.raises(ValueError, match="X-Request-Id"):
         transport._head(PATH, body, {**SHARED, PER_REQUEST_HEADER: "a\x01b"})
 
