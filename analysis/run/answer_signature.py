@@ -63,7 +63,7 @@ class Canonical:
     longer one is written each time), then that memory starts again: at most a few tens of MB, over a day."""
 
     CAP = 20_000
-    LONGEST = 2_048
+    LONGEST = 512
 
     def __init__(self) -> None:
         self._texts: dict[str, str] = {}
