@@ -59,6 +59,7 @@ from k3load.evidence import records_file
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench.* when run as `python bench/analysis_scale.py`
 
+from bench.proc_memory import tree_pss_mib  # noqa: E402
 from bench.scale_run import build_run, link_copy  # noqa: E402
 
 # The last commit before the analysis-at-scale work: the reference the speed-up is measured against.
@@ -161,30 +162,10 @@ class Watched:
     capped: bool = False
 
 
-def _rss_mib(pid: int) -> float:
-    """The memory of a process and every descendant (the plots' child), from /proc: each one's proportional set
-    size (pages shared since the fork counted once between them), its RSS where the kernel gives no PSS; 0 for one
-    already gone."""
-    total, pending = 0.0, [pid]
-    while pending:
-        current = pending.pop()
-        try:
-            try:
-                text, field = Path(f"/proc/{current}/smaps_rollup").read_text(), "Pss:"
-            except OSError:
-                text, field = Path(f"/proc/{current}/status").read_text(), "VmRSS:"
-            total += next((int(line.split()[1]) / 1024 for line in text.splitlines() if line.startswith(field)), 0.0)
-            for task in Path(f"/proc/{current}/task").iterdir():
-                pending += [int(c) for c in (task / "children").read_text().split()]
-        except (OSError, ValueError):
-            continue
-    return total
-
-
 def _watch(pid: int, watched: Watched, cap_mib: float) -> None:
-    """One look at the analysis's RSS (its children's added); past `cap_mib`, its session is killed (the analysis
-    and the plots' child)."""
-    watched.peak_mib = max(watched.peak_mib, _rss_mib(pid))
+    """One look at the analysis's memory (its children's added, by PSS); past `cap_mib`, its session is killed (the
+    analysis and the plots' child)."""
+    watched.peak_mib = max(watched.peak_mib, tree_pss_mib(pid))
     if watched.peak_mib > cap_mib and not watched.capped:
         watched.capped = True
         os.killpg(pid, signal.SIGKILL)

@@ -36,6 +36,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.proc_memory import rss_mib  # noqa: E402
 from k3load.evidence import lines, metrics_file, records_file  # noqa: E402
 from k3load.sim.process import SimProcess  # noqa: E402
 
@@ -53,17 +54,6 @@ class Sample:
     records_bytes: int
     metrics_bytes: int
     gpu_bytes: int
-
-
-def rss_mib(pid: int) -> float | None:
-    """Resident memory of one process from /proc (None once it has gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 def _size(path: Path) -> int:

@@ -72,11 +72,7 @@ class Canonical:
     def __call__(self, text: str) -> str:
         found = self._texts.get(text)
         if found is None:
-            found = _dumps(canonical_json(text))
-            if len(text) <= self.LONGEST:
-                if len(self._texts) >= self.CAP:
-                    self._texts.clear()
-                self._texts[text] = found
+            found = self._keep(self._texts, text, _dumps(canonical_json(text)), len(text))
         return found
 
     def call(self, name: str, arguments: Any) -> tuple[str, str]:
@@ -86,12 +82,18 @@ class Canonical:
         found = self._calls.get((name, text))
         if found is None:
             canonical = self(text)
-            found = (canonical, '{"arguments":' + canonical + ',"name":' + _dumps(name) + "}")
-            if len(text) + len(name) <= self.LONGEST:
-                if len(self._calls) >= self.CAP:
-                    self._calls.clear()
-                self._calls[(name, text)] = found
+            found = self._keep(self._calls, (name, text),
+                               (canonical, '{"arguments":' + canonical + ',"name":' + _dumps(name) + "}"),
+                               len(text) + len(name))
         return found
+
+    def _keep(self, memory: dict[Any, Any], key: Any, value: Any, size: int) -> Any:
+        """`value`, remembered under `key` unless over LONGEST characters (the memory started again when full)."""
+        if size <= self.LONGEST:
+            if len(memory) >= self.CAP:
+                memory.clear()
+            memory[key] = value
+        return value
 
 
 _CANONICAL = Canonical()

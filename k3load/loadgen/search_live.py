@@ -73,18 +73,18 @@ class LiveGoodput:
             return
         stage, chain = str(record.get("stage")), str(record.get("chain_id"))
         intended, sent = record.get("intended_send_ts"), record.get("send_ts")
-        scheduled = isinstance(intended, (int, float)) and isinstance(sent, (int, float))
-        if scheduled and record.get("turn") == 0 and record.get("attempt") == 1 and \
+        lag = sent - intended if isinstance(intended, (int, float)) and isinstance(sent, (int, float)) else None
+        if lag is not None and record.get("turn") == 0 and record.get("attempt") == 1 and \
                 record.get("stream_role") != "whole":  # a session started (a drill's too; its twin is the same one)
             self.stages.setdefault(stage, StageCount()).arrived += 1
         if record.get("drill"):
             return
         key, retrying = (stage, chain), bool(record.get("will_retry"))
         self._note_stage(stage)
-        if isinstance(intended, (int, float)) and isinstance(sent, (int, float)):
+        if lag is not None:
             count = self.stages.setdefault(stage, StageCount())
             count.scheduled += 1
-            count.late += int(sent - intended > LATE_S)
+            count.late += int(lag > LATE_S)
         if record.get("status") == STATUS_CLIENT_RAISED:  # nothing known of the answer: not counted
             if not retrying and key in self._retrying_bad:
                 self._retrying_bad.discard(key)
@@ -214,14 +214,12 @@ class LiveSearch:
     def __init__(self, stage: Stage, goodput: LiveGoodput, scrapes: Scrapes, events: JsonlLog | None,
                  limits: ResourceLimits, cap: EngineCap | None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = now,
-                 started: Callable[[str, float], int | None] | None = None,
-                 epoch: Callable[[], float] = time.time) -> None:
+                 started: Callable[[str], int | None] | None = None) -> None:
         assert stage.search is not None
         self.stage, self.goodput, self.scrapes, self.events = stage, goodput, scrapes, events
-        # sessions a step's schedule started by a time, where this process runs the users
+        # sessions a step's schedule has started, where this process runs the users
         # (k3load.loadgen.arrivals.Schedules.started_by); None: counted from the records
         self.sessions_started = started
-        self.epoch = epoch  # the schedules' clock (time.time, as the records' send_ts and intended_send_ts)
         self.cap, self.clock, self.wall = cap, clock, wall
         self.controller = SearchController(stage.search, limits)
         self.started = clock()
@@ -234,7 +232,7 @@ class LiveSearch:
 
     @classmethod
     def for_run(cls, stage: Stage, run_dir: Path, events: JsonlLog | None, limits: dict[str, dict[str, float]],
-                goodput: LiveGoodput, started: Callable[[str, float], int | None] | None = None) -> LiveSearch:
+                goodput: LiveGoodput, started: Callable[[str], int | None] | None = None) -> LiveSearch:
         """A search of the run in `run_dir`: its scrapes, the plan's resource limits, the engine's batch cap where
         the start-up log the precheck saved says it (else the most the engine ran at once in the step)."""
         return cls(stage, goodput, Scrapes(run_dir), events, ResourceLimits.from_limits(limits), engine_cap(run_dir),
@@ -298,7 +296,7 @@ class LiveSearch:
         its first send, as the analysis counts it from the records the step's sessions leave), else by the
         first answers recorded so far (a master with workers: those still on their way are not counted yet)."""
         assert self.step is not None
-        started = self.sessions_started(self.step.name, self.epoch()) if self.sessions_started else None
+        started = self.sessions_started(self.step.name) if self.sessions_started else None
         return recorded if started is None else max(recorded, started)
 
     def _say_step(self, result: StepResult) -> None:

@@ -317,13 +317,14 @@ class HarnessSession:
                                              self._sessions_started)
         return self.search.step_now()
 
-    def _sessions_started(self, stage: str, ts: float) -> int | None:
-        """An open-loop stage's sessions this process started by `ts` (its users' schedules,
-        k3load.loadgen.users); None where no user of this run took one here (a master with workers)."""
+    def _sessions_started(self, stage: str) -> int | None:
+        """An open-loop stage's sessions this process has started (its users' schedules, k3load.loadgen.users, on
+        their clock: time.time, as the records' send_ts); None where no user of this run took one here (a master
+        with workers)."""
         schedules = getattr(self.env, "k3_arrivals", None)
         if not isinstance(schedules, Schedules) or schedules.run_id != self.run_id:
             return None
-        return schedules.started_by(stage, ts)
+        return schedules.started_by(stage, time.time())
 
     def enter_manual_stage(self, users: int, spawn_rate: float) -> None:
         """Master/local, no plan shape: the user count was set (a test started, or changed from the

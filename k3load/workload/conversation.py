@@ -143,23 +143,25 @@ def record_of(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: Prepare
                             judged.timing or {}, judged.attempt_id, path, judged.stage)
     except Exception:
         return bare_attempt(ctx, scenario, turn, prepared, judged.result, findings, chain_id, number,
-                            judged.attempt_id, path)
+                            judged.attempt_id, path, judged.stage)
 
 
 def bare_attempt(ctx: RunContext, scenario: Scenario, turn: Turn, prepared: PreparedRequest, result: StreamResult,
                  findings: list[Finding], chain_id: str, number: int, attempt_id: str | None = None,
-                 path: AttemptPath | None = None) -> Attempt:
-    """The record with only what is certain to read: identity, status, times, the text as strings."""
+                 path: AttemptPath | None = None, stage: str | None = None) -> Attempt:
+    """The record with only what is certain to read: identity, status, times, the text as strings; `stage`: the
+    one it was sent in (None: the stage now, or "unknown")."""
     def text(value: Any) -> str:
         return value if isinstance(value, str) else ""
 
     def number_or_none(value: Any) -> float | None:
         return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
-    try:
-        stage = str(ctx.stage())
-    except Exception:
-        stage = "unknown"
+    if stage is None:
+        try:
+            stage = str(ctx.stage())
+        except Exception:
+            stage = "unknown"
     send_ts = number_or_none(getattr(result, "send_ts", None)) or time.time()
     end_ts = number_or_none(getattr(result, "end_ts", None)) or send_ts
     http = getattr(result, "http_status", None)

@@ -133,8 +133,9 @@ def test_a_steps_sessions_are_its_first_turns_whenever_they_ended() -> None:
 
     rows = [row(), row(drill=True), row(end=99.0),  # started: 3 (one answered after the decision)
             row(turn=1), row(attempt=2), row(role="whole"), row(intended=None), row(stage="s2")]
-    assert sessions_started(pd.DataFrame(rows), "s1") == 3
-    assert sessions_started(pd.DataFrame(), "s1") == 0
+    frame = pd.DataFrame(rows)
+    assert sessions_started(frame[frame["stage"] == "s1"]) == 3
+    assert sessions_started(pd.DataFrame()) == 0
 
 
 def test_a_step_whose_first_answers_all_ended_after_its_decision_still_says_its_sessions() -> None:

@@ -59,18 +59,17 @@ def replay_figures(ends: list[dict[str, Any]], stage: str) -> dict[str, Any]:
     return {"replay": out}
 
 
-def sessions_started(records: pd.DataFrame, stage: str) -> int:
-    """Open-loop sessions the stage started: its first turns (first attempts, a drill's included, a stream pair's
-    whole twin not), whenever they ended. What the live search counts at a step's decision (k3load.loadgen.arrivals.
-    ArrivalSchedule.started_by: the step's tickets taken whose time had come), so the two agree on a step's
-    arrivals: a session still answering at the decision is the step's, and one that began in an earlier step and
-    goes on in this one is not (their records, each turn named by the stage it was sent in, say so)."""
-    if records.empty or "intended_send_ts" not in records:
+def sessions_started(stage_rows: pd.DataFrame) -> int:
+    """Open-loop sessions a stage started, from every record that names it: its first turns (first attempts, a
+    drill's included, a stream pair's whole twin not), whenever they ended. What the live search counts at a step's
+    decision (k3load.loadgen.arrivals.ArrivalSchedule.started_by: the step's tickets taken whose time had come), so
+    the two agree on a step's arrivals: a session still answering at the decision is the step's, and one that began
+    in an earlier step and goes on in this one is not (each record names the stage it was sent in)."""
+    if stage_rows.empty or "intended_send_ts" not in stage_rows:
         return 0
-    first = ((records["stage"] == stage) & (records["turn"] == 0) & (records["attempt"] == 1)
-             & records["intended_send_ts"].notna())
-    if "stream_role" in records:
-        first &= records["stream_role"] != "whole"
+    first = (stage_rows["turn"] == 0) & (stage_rows["attempt"] == 1) & stage_rows["intended_send_ts"].notna()
+    if "stream_role" in stage_rows:
+        first &= stage_rows["stream_role"] != "whole"
     return int(first.sum())
 
 

@@ -121,10 +121,11 @@ def _errors(frame: pd.DataFrame, spells: list[DownSpell]) -> dict[str, Any]:
 
 
 def _capacity_figures(frame: pd.DataFrame, duration: float, index: MetricIndex, stage: StageWindow,
-                      slo: Slo | None, cap: EngineCap | None, records: pd.DataFrame) -> dict[str, Any]:
+                      slo: Slo | None, cap: EngineCap | None, labelled: pd.DataFrame) -> dict[str, Any]:
     """Goodput (analysis/pillars/headroom/goodput.py), the arrival lag of an open-loop stage, and the queue behind
-    a full batch (analysis/pillars/headroom/full_batch.py), as the row's fields."""
-    started = sessions_started(records, stage.name) if stage.sessions_per_s is not None else None
+    a full batch (analysis/pillars/headroom/full_batch.py), as the row's fields; `labelled`: every record naming the
+    stage (drills and those ended after a step's decision too: its sessions started)."""
+    started = sessions_started(labelled) if stage.sessions_per_s is not None else None
     lag = arrival_lag(frame, started)  # open-loop stages only (an empty dict elsewhere: closed-loop rows unchanged)
     queue = stage_batch_queue(index, stage.start_ts, stage.end_ts, cap, stage.users)
     return {"goodput": stage_goodput(frame, slo, duration) if slo is not None else None,
@@ -144,7 +145,8 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
     where the server said it (analysis/pillars/headroom/full_batch.py). The row's problems are judged after
     (`stage_breaches`)."""
     t0, t1 = stage.start_ts, stage.end_ts
-    frame = data.records[(data.records["stage"] == stage.name) & ~data.records["drill"].astype(bool)]
+    labelled = data.records[data.records["stage"] == stage.name]
+    frame = labelled[~labelled["drill"].astype(bool)]
     if stage.search is not None:  # a search step: what ended by its decision, the evidence the live search judged
         frame = frame[frame["end_ts"] <= t1]
     planned = planned_windows(data)  # the restart drill's down on purpose is not the stage's
@@ -185,7 +187,7 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
         # serves vllm:tool_call_parser_invocations_total, and KV, queue and preemptions are unknown.
         metrics_present=kv is not None or waiting is not None or running is not None,
         **gpu,
-        **_capacity_figures(frame, duration, index, stage, slo, cap, data.records),
+        **_capacity_figures(frame, duration, index, stage, slo, cap, labelled),
         replay=replay_figures(data.events_named(Event.REPLAY_END), stage.name).get("replay"),  # arrival_lag.py
     )
 
