@@ -120,22 +120,24 @@ def test_a_buffered_streams_rows_are_rejudged_as_the_plain_rows_were(rows: list[
 
 def test_a_steps_sessions_are_its_first_turns_whenever_they_ended() -> None:
     """The sessions an open-loop step started (what the live search counts at its decision, from its schedule): its
-    first turns, a drill's included and a first turn still answering at the decision too; a session that began in
-    an earlier step and goes on in this one, a retry, a stream pair's whole twin, a closed-loop turn are not."""
+    first turns sent by the decision, a drill's included and a first turn still answering at the decision too; a
+    session that began in an earlier step and goes on in this one, a retry, a stream pair's whole twin, a
+    closed-loop turn, one sent after the decision are not."""
     import pandas as pd
 
     from k3load.analysis.pillars.headroom.arrival_lag import sessions_started
 
     def row(stage: str = "s1", turn: int = 0, attempt: int = 1, drill: bool = False, role: str | None = None,
-            intended: float | None = 10.0, end: float = 11.0) -> dict:
+            intended: float | None = 10.0, end: float = 11.0, sent: float = 10.0) -> dict:
         return {"stage": stage, "turn": turn, "attempt": attempt, "drill": drill, "stream_role": role,
-                "intended_send_ts": intended, "end_ts": end}
+                "intended_send_ts": intended, "end_ts": end, "send_ts": sent}
 
-    rows = [row(), row(drill=True), row(end=99.0),  # started: 3 (one answered after the decision)
-            row(turn=1), row(attempt=2), row(role="whole"), row(intended=None), row(stage="s2")]
+    rows = [row(), row(drill=True), row(end=99.0),  # started: 3 (one answered after the decision at 20)
+            row(turn=1), row(attempt=2), row(role="whole"), row(intended=None), row(stage="s2"),
+            row(sent=20.5)]  # sent after the decision, before the users moved on: not counted by the search
     frame = pd.DataFrame(rows)
-    assert sessions_started(frame[frame["stage"] == "s1"]) == 3
-    assert sessions_started(pd.DataFrame()) == 0
+    assert sessions_started(frame[frame["stage"] == "s1"], 20.0) == 3
+    assert sessions_started(pd.DataFrame(), 20.0) == 0
 
 
 def test_a_step_whose_first_answers_all_ended_after_its_decision_still_says_its_sessions() -> None:

@@ -59,15 +59,17 @@ def replay_figures(ends: list[dict[str, Any]], stage: str) -> dict[str, Any]:
     return {"replay": out}
 
 
-def sessions_started(stage_rows: pd.DataFrame) -> int:
-    """Open-loop sessions a stage started, from every record that names it: its first turns (first attempts, a
-    drill's included, a stream pair's whole twin not), whenever they ended. What the live search counts at a step's
+def sessions_started(stage_rows: pd.DataFrame, until: float) -> int:
+    """Open-loop sessions a stage started by `until` (its end; a search step's decision), from every record that
+    names it: its first turns sent by then (first attempts, a drill's included, a stream pair's whole twin not),
+    whenever they ended. What the live search counts at a step's
     decision (k3load.loadgen.arrivals.ArrivalSchedule.started_by: the step's tickets taken whose time had come), so
     the two agree on a step's arrivals: a session still answering at the decision is the step's, and one that began
     in an earlier step and goes on in this one is not (each record names the stage it was sent in)."""
     if stage_rows.empty or "intended_send_ts" not in stage_rows:
         return 0
-    first = (stage_rows["turn"] == 0) & (stage_rows["attempt"] == 1) & stage_rows["intended_send_ts"].notna()
+    first = ((stage_rows["turn"] == 0) & (stage_rows["attempt"] == 1) & stage_rows["intended_send_ts"].notna()
+             & (stage_rows["send_ts"] <= until))  # a step's users go on a moment after its decision
     if "stream_role" in stage_rows:
         first &= stage_rows["stream_role"] != "whole"
     return int(first.sum())

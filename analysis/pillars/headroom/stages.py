@@ -125,7 +125,7 @@ def _capacity_figures(frame: pd.DataFrame, duration: float, index: MetricIndex, 
     """Goodput (analysis/pillars/headroom/goodput.py), the arrival lag of an open-loop stage, and the queue behind
     a full batch (analysis/pillars/headroom/full_batch.py), as the row's fields; `labelled`: every record naming the
     stage (drills and those ended after a step's decision too: its sessions started)."""
-    started = sessions_started(labelled) if stage.sessions_per_s is not None else None
+    started = sessions_started(labelled, stage.end_ts) if stage.sessions_per_s is not None else None
     lag = arrival_lag(frame, started)  # open-loop stages only (an empty dict elsewhere: closed-loop rows unchanged)
     queue = stage_batch_queue(index, stage.start_ts, stage.end_ts, cap, stage.users)
     return {"goodput": stage_goodput(frame, slo, duration) if slo is not None else None,
