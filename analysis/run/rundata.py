@@ -32,6 +32,8 @@ import yaml
 from k3load import evidence
 from k3load.analysis.run.lean import DEFAULTS, AnyAttempt, Interner, lean_attempt
 from k3load.analysis.run.record_decode import FRAME_ONLY, RecordDecoder
+from k3load.analysis.run.row_columns import RowColumns
+from k3load.analysis.run.scrape_samples import Layouts
 from k3load.errors import InputError
 from k3load.events import Event
 from k3load.workload.plan import Plan, PlanError, parse_plan
@@ -111,22 +113,44 @@ def _lines(path: Path, errors: str = "strict") -> Iterator[tuple[int, str, bool]
         yield previous[0], previous[1], True
 
 
-def _jsonl(path: Path, problems: list[str], shared: Interner | None = None,
+def _jsonl(path: Path, problems: list[str], layouts: Layouts | None = None,
            decode: Callable[[Any], Any] | None = None) -> list[dict[str, Any]]:
     """The rows of a JSONL file; `decode` gives back a row as it was before the writer's encoding (metrics:
-    `evidence.SeriesTable.decode`). Unreadable lines and bytes are problems, never errors."""
+    `evidence.SeriesTable.decode`); with `layouts`, a row's `samples` held compactly (`scrape_samples.Samples`).
+    Unreadable lines and bytes are problems, never errors."""
     if not path.exists():
         return []
     rows: list[dict[str, Any]] = []
-    try:
-        _read_rows(path, problems, shared, decode, rows)
-    except ValueError as exc:  # a compressed file that stops being gzip: what came before it counts
-        problems.append(f"{path.name}: {exc}")
+    _read_rows(path, problems, layouts, decode, rows.append)
     return rows
 
 
-def _read_rows(path: Path, problems: list[str], shared: Interner | None, decode: Callable[[Any], Any] | None,
-               rows: list[dict[str, Any]]) -> None:
+def _gpu_frame(path: Path, problems: list[str]) -> pd.DataFrame:
+    """gpu.jsonl as `pd.DataFrame(rows)` would make it, without holding the rows (`row_columns`); a line that
+    is not a JSON object is a problem, skipped (pandas could not have framed it)."""
+    columns = RowColumns()
+
+    def add(row: Any) -> None:
+        if isinstance(row, dict):
+            columns.add(row)
+        else:
+            problems.append(f"{path.name}: a line that is not a JSON object ({type(row).__name__}) skipped")
+
+    if path.exists():
+        _read_rows(path, problems, None, None, add)
+    return columns.frame()
+
+
+def _read_rows(path: Path, problems: list[str], layouts: Layouts | None, decode: Callable[[Any], Any] | None,
+               add: Callable[[Any], None]) -> None:
+    try:
+        _add_rows(path, problems, layouts, decode, add)
+    except ValueError as exc:  # a compressed file that stops being gzip: what came before it counts
+        problems.append(f"{path.name}: {exc}")
+
+
+def _add_rows(path: Path, problems: list[str], layouts: Layouts | None, decode: Callable[[Any], Any] | None,
+              add: Callable[[Any], None]) -> None:
     for number, line, last in _lines(path, errors="replace"):
         if not line.strip():
             continue
@@ -137,10 +161,9 @@ def _read_rows(path: Path, problems: list[str], shared: Interner | None, decode:
             if not last:  # a torn last line is expected after a crash
                 problems.append(f"{path.name}:{number}: unreadable line skipped")
             continue
-        if shared is not None and isinstance(row, dict) and isinstance(row.get("samples"), dict):
-            intern = shared.intern  # series keys: one object each, not one per scrape
-            row["samples"] = {intern(k, k): v for k, v in row["samples"].items()}
-        rows.append(row)
+        if layouts is not None and isinstance(row, dict) and isinstance(row.get("samples"), dict):
+            row["samples"] = layouts.compact(row["samples"])  # the keys once a run, the values 8 bytes each
+        add(row)
 
 
 _FAST_JSON = msgspec.json.Decoder().decode
@@ -341,9 +364,9 @@ def _load(path: Path) -> RunData:
         attempts, frame_only = _read_records(records, problems)
     data.attempts = attempts
     data.records = _records_frame(attempts, frame_only)
-    metrics = _jsonl(evidence.metrics_file(path), problems, Interner(), evidence.SeriesTable().decode)
+    metrics = _jsonl(evidence.metrics_file(path), problems, Layouts(), evidence.SeriesTable().decode)
     data.metrics = sorted(metrics, key=lambda r: r.get("ts", 0))
-    data.gpu = pd.DataFrame(_jsonl(path / "gpu.jsonl", problems))
+    data.gpu = _gpu_frame(path / "gpu.jsonl", problems)
     data.events = sorted(_jsonl(path / "events.jsonl", problems), key=lambda r: r.get("ts", 0))
     for event in data.events_named(Event.WORKER_SPOOLS):  # the master gave up waiting for a worker's records
         problems += [f"{worker} did not report its users stopped: its last turns may be missing"

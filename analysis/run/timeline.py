@@ -20,27 +20,36 @@ import itertools
 import statistics
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 from k3load.analysis.run.rundata import gc_paused
-from k3load.sampler.prom import split_key
+from k3load.analysis.run.scrape_samples import Labels, Layouts, SampleLayout
 from k3load.sampler.vllm_metrics import VllmMetric
 
 EDGE_INTERVALS = 3  # a bracketing scrape may be this many scrape intervals away from the window's edge
 MIN_EDGE_S = 2.5
 
 
-@dataclass
+_EMPTY = SampleLayout((), {})  # a scrape that carried no sample with a value
+
+
+@dataclass(slots=True)
 class Scrape:
-    """One good scrape: per series name, the label sets (one tuple shared by every scrape that carried the
-    same ones) and their values, in the order scraped."""
+    """One good scrape: its samples' layout (shared by every scrape that carried the same keys) and its values
+    in the layout's grouped order (analysis/run/scrape_samples.py)."""
 
     ts: float
-    values: dict[str, tuple[tuple[dict[str, str], ...], tuple[float, ...]]]  # name -> (labels, values)
+    layout: SampleLayout
+    floats: Sequence[float]
+
+    @property
+    def series(self) -> dict[str, tuple[Labels, int, int]]:
+        """Series name -> (its label sets in the order scraped, start, stop in `floats`)."""
+        return self.layout.series
 
 
 @dataclass
@@ -109,6 +118,7 @@ class MetricIndex:
         self.scrapes: list[Scrape] = []  # every source, in time order
         self.by_source: dict[str, list[Scrape]] = defaultdict(list)
         self.failed: dict[str, list[tuple[float, str]]] = defaultdict(list)  # source -> [(ts, why)]
+        self._layouts = Layouts()  # for lines whose samples are plain dicts (a run's are held as Samples already)
         with gc_paused():  # a few hundred series a scrape, an hour at 1 Hz: a million small tuples
             self._index(lines)
         # Each source's scrape times, when in order (a run's are): a window is then found by bisection
@@ -123,10 +133,10 @@ class MetricIndex:
             shared[id(lines)] = (lines, len(lines), self)
 
     def _index(self, lines: list[dict[str, Any]]) -> None:
-        # A key is parsed once however many scrapes carry it: an hour at 1 Hz repeats each of a few
-        # hundred series 3,600 times. The labels are shared between scrapes and only ever read.
-        keys: dict[str, tuple[str, dict[str, str]]] = {}
-        label_sets: dict[tuple[str, ...], tuple[dict[str, str], ...]] = {}
+        # A key is parsed once however many scrapes carry it, and a scrape's layout (its keys, their labels,
+        # each name's place) is shared by every scrape with the same keys: an hour at 1 Hz repeats each of a
+        # few hundred series 3,600 times. The labels are shared between scrapes and only ever read.
+        layouts = self._layouts
         for line in lines:
             source = str(line.get("source") or "")
             if not line.get("ok"):
@@ -134,27 +144,8 @@ class MetricIndex:
                 continue
             if not line.get("vllm_series"):
                 continue
-            named: dict[str, tuple[list[str], list[float]]] = {}
-            for key, value in (line.get("samples") or {}).items():
-                if value is None:
-                    continue
-                parsed = keys.get(key)
-                if parsed is None:
-                    parsed = keys[key] = split_key(key)
-                rows = named.get(parsed[0])
-                if rows is None:
-                    named[parsed[0]] = ([key], [value])
-                else:
-                    rows[0].append(key)
-                    rows[1].append(value)
-            values = {}
-            for name, (series, numbers) in named.items():
-                ident = tuple(series)
-                labels = label_sets.get(ident)
-                if labels is None:
-                    labels = label_sets[ident] = tuple(keys[k][1] for k in ident)
-                values[name] = (labels, tuple(numbers))
-            scrape = Scrape(line["ts"], values)
+            view = layouts.index_view(line.get("samples"))
+            scrape = Scrape(line["ts"], _EMPTY, ()) if view is None else Scrape(line["ts"], *view)
             self.scrapes.append(scrape)
             self.by_source[source].append(scrape)
 
@@ -166,20 +157,22 @@ class MetricIndex:
         return any(t0 <= s.ts <= t1 for s in self.scrapes)
 
     def _total(self, scrape: Scrape, name: str, match: dict[str, str] | None) -> float | None:
-        series = scrape.values.get(name)
+        series = scrape.layout.series.get(name)
         if series is None:
             return None
+        labels, start, stop = series
         if not match:
-            return sum(series[1])
+            return sum(scrape.floats[start:stop])
         wanted = match.items()
-        return sum(v for labels, v in zip(*series, strict=True) if wanted <= labels.items())
+        return sum(v for labels, v in zip(labels, scrape.floats[start:stop], strict=True)
+                   if wanted <= labels.items())
 
     def points(self, name: str, t0: float, t1: float, match: dict[str, str] | None = None,
                baseline: bool = False, source: str | None = None) -> list[tuple[float, float]]:
         """(ts, value summed over matching label sets) of one source (default: the first that has the
         series); with `baseline`, the last scrape before t0 too."""
         if source is None:
-            source = next((s for s in self.sources if any(name in x.values for x in self.by_source[s])), "")
+            source = next((s for s in self.sources if any(name in x.series for x in self.by_source[s])), "")
         scrapes = self.by_source.get(source, [])
         times = self._times.get(source)
         start, stop = (bisect_left(times, t0), bisect_right(times, t1)) if times is not None else (0, len(scrapes))
@@ -228,7 +221,7 @@ class MetricIndex:
     def bracketed_delta(self, name: str, t0: float, t1: float) -> Bracketed:
         """The counter's increase from a good scrape at or before t0 to one at or after t1, on every
         source serving it; unknown (with the reason) when an edge has no such scrape nearby."""
-        sources = [s for s in self.sources if any(name in x.values for x in self.by_source[s])]
+        sources = [s for s in self.sources if any(name in x.series for x in self.by_source[s])]
         if not sources:
             return Bracketed(None, f"{name} was never scraped", evidence=["metrics.jsonl"])
         total, gaps = 0.0, []
@@ -312,7 +305,7 @@ class MetricIndex:
         that compares it with a limit passes when the whole bucket is within it, fails when the whole bucket
         is over it, and cannot tell otherwise."""
         bucket = name + "_bucket"
-        bounds = sorted({labels["le"] for scrape in self.scrapes for labels in scrape.values.get(bucket, ((), ()))[0]
+        bounds = sorted({labels["le"] for scrape in self.scrapes for labels in (scrape.series.get(bucket) or ((),))[0]
                          if "le" in labels}, key=_le)
         counts = [(le, self.delta(bucket, t0, t1, {"le": le})) for le in bounds]
         known = [(_le(le), c) for le, c in counts if c is not None]

@@ -367,7 +367,7 @@ def judge_prefix_cache(data: RunData, index: MetricIndex, limits: dict[str, floa
                                    "block_size", "enable_prefix_caching", "mamba_block_size",
                                    "cache_hit_alignment_tokens", "num_gpu_blocks") if k in config}}
     metrics_seen = index.present(t0 - 60, t1 + 60) and any(
-        VllmMetric.PREFIX_CACHE_QUERIES_TOTAL in s.values for s in index.scrapes if t0 - 60 <= s.ts <= t1 + 60)
+        VllmMetric.PREFIX_CACHE_QUERIES_TOTAL in s.series for s in index.scrapes if t0 - 60 <= s.ts <= t1 + 60)
     if config.get("enable_prefix_caching") == "False":
         return PillarResult(FAIL, ["prefix caching is off on the server (vllm:cache_config_info "
                                    "enable_prefix_caching=False)"], numbers)
