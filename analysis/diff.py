@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from k3load.analysis.pillars.agent.agreement import agreement, profile
 from k3load.analysis.pillars.pillar import percentile, rounded, thresholds
 from k3load.analysis.pillars.rules import RuleResult
@@ -119,19 +121,20 @@ def _figure(value: float | None, interval: tuple[float, float] | None) -> dict[s
 def stage_figures(data: RunData) -> dict[str, dict[str, Any]]:
     """Per stage name: answered requests/s and output tokens/s, latency p50/p95, each with its interval."""
     out: dict[str, dict[str, Any]] = {}
-    frame = data.records[~data.records["drill"].astype(bool) & (data.records["status"] == "ok")]
     for name in dict.fromkeys(s.name for s in data.stages):
         duration = sum(s.end_ts - s.start_ts for s in data.stages if s.name == name)
-        ok = frame[frame["stage"] == name]
+        mine = data.columns.rows(name)
+        ok = mine[~mine.flag("drill") & mine.code_is("status", "ok")]
         rps = poisson_interval(len(ok), duration)
-        tokens = float(ok["completion_tokens"].fillna(0).sum())
+        tokens = float(np.nan_to_num(ok.number("completion_tokens"), nan=0.0).sum())
         per_answer = tokens / len(ok) if len(ok) else 0.0
         figures = {"answers": len(ok), "duration_s": duration,
                    "requests_per_s": _figure(len(ok) / duration if duration > 0 else None, rps),
                    "output_tokens_per_s": _figure(tokens / duration if duration > 0 else None,
                                                   (rps[0] * per_answer, rps[1] * per_answer) if rps else None)}
         for column, label in LATENCIES:
-            values = [float(v) for v in ok[column].dropna()]
+            known = ok.number(column)
+            values = known[~np.isnan(known)].tolist()
             for q in QUANTILES:
                 figures[f"{label}_p{round(q * 100)}_ms"] = _figure(percentile(values, q),
                                                                   quantile_interval(values, q))

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from k3load.analysis.pillars.pillar import percentile
+from k3load.analysis.run.record_columns import Rows
 from k3load.analysis.run.rundata import RunData
 from k3load.events import Event
 from k3load.workload.stage_kind import STEP_KINDS
@@ -19,10 +21,17 @@ COLD_FAMILY = "cold"
 MIN_COLD = 5  # cold-family requests at the capacity step needed to read their latency
 
 
-def _hit_share(ok: pd.DataFrame) -> tuple[float | None, int]:
-    known = ok[ok["prompt_tokens"].notna() & ok["cached_tokens"].notna()]
-    prompt = float(known["prompt_tokens"].sum())
-    return (float(known["cached_tokens"].sum()) / prompt if prompt > 0 else None), len(known)
+def _hit_share(ok: Rows) -> tuple[float | None, int]:
+    prompt_tokens, cached_tokens = ok.number("prompt_tokens"), ok.number("cached_tokens")
+    known = ~np.isnan(prompt_tokens) & ~np.isnan(cached_tokens)
+    prompt = float(prompt_tokens[known].sum())
+    return (float(cached_tokens[known].sum()) / prompt if prompt > 0 else None), int(known.sum())
+
+
+def _recorded(rows: Rows, column: str) -> list[Any]:
+    """A latency column's known values as the records held them (integers where every record's was one)."""
+    values = rows.number(column)
+    return rows.as_recorded(column, values[~np.isnan(values)])
 
 
 def cold_cache(data: RunData, per_replica: dict[str, Any], slo: dict[str, float] | None = None) -> dict[str, Any]:
@@ -40,19 +49,20 @@ def cold_cache(data: RunData, per_replica: dict[str, Any], slo: dict[str, float]
                            "cold_requests": 0, "cold_ttft_p95_ms": None, "cached_ttft_p95_ms": None,
                            "cold_e2e_p50_ms": None, "cached_e2e_p50_ms": None, "max_users_at_slo_cold": None,
                            "max_sessions_per_s_at_slo_cold": None}
-    records = data.records
-    if stage is None or records.empty:
+    if stage is None or not len(data.columns):
         out["inconclusive"] = "inconclusive, because no step held at the SLO"
         return out
-    ok = records[(records["status"] == "ok") & ~records["drill"].astype(bool) & (records["stage"] == stage)]
+    mine = data.columns.rows(str(stage))
+    ok = mine[mine.code_is("status", "ok") & ~mine.flag("drill")]
     share, n = _hit_share(ok)
     out["measured_hit_share"], out["requests"] = share, n
     out["prefill_tokens_factor"] = 1.0 / (1.0 - share) if share is not None and share < 1 else None
-    cold, cached = ok[ok["family"] == COLD_FAMILY], ok[ok["family"] != COLD_FAMILY]
+    is_cold = ok.code_is("family", COLD_FAMILY)
+    cold, cached = ok[is_cold], ok[~is_cold]
     out["cold_requests"] = len(cold)
-    for name, frame in (("cold", cold), ("cached", cached)):
-        out[f"{name}_ttft_p95_ms"] = percentile(frame["ttft_ms"].dropna().tolist(), 0.95) if len(frame) else None
-        out[f"{name}_e2e_p50_ms"] = percentile(frame["e2e_ms"].dropna().tolist(), 0.5) if len(frame) else None
+    for name, rows in (("cold", cold), ("cached", cached)):
+        out[f"{name}_ttft_p95_ms"] = percentile(_recorded(rows, "ttft_ms"), 0.95) if len(rows) else None
+        out[f"{name}_e2e_p50_ms"] = percentile(_recorded(rows, "e2e_ms"), 0.5) if len(rows) else None
     if len(cold) < MIN_COLD:
         out["inconclusive"] = (f"inconclusive, because {len(cold)} cold-family requests ran at the capacity step "
                                f"({stage}; {MIN_COLD} needed): add `cold` to its mix")
@@ -64,7 +74,7 @@ def cold_cache(data: RunData, per_replica: dict[str, Any], slo: dict[str, float]
             out["max_sessions_per_s_at_slo_cold"] = rate * warm_e2e / cold_e2e
         return out
     limits = slo or {}
-    cold_e2e95 = percentile(cold["e2e_ms"].dropna().tolist(), 0.95)
+    cold_e2e95 = percentile(_recorded(cold, "e2e_ms"), 0.95)
     over = [f"{what} p95 {value:.0f} ms > {limits[key]:.0f} ms" for what, key, value in
             (("TTFT", "ttft_p95_ms", out["cold_ttft_p95_ms"]), ("e2e", "e2e_p95_ms", cold_e2e95))
             if value is not None and key in limits and value > limits[key]]

@@ -9,7 +9,8 @@ with its bytes, so it clusters by them again. Records written before `temperatur
 cluster by their bytes (the scenarios' default temperature is 0).
 
 Usage: `rate_by_request(attempts, [a.valid for a in attempts])` -> a `stats.Rate` that says its distinct
-requests; `request_cluster(frame)` -> each row's key, for a records frame.
+requests. (The stage table's error rate says its distinct requests by their bytes alone: its records carry no
+temperature, analysis/pillars/headroom/stages.py.)
 """
 
 from __future__ import annotations
@@ -33,17 +34,6 @@ def attempt_key(attempt: Any) -> str:
     """`cluster_key` of a record (whole or lean); a record without temperature or seed: by its bytes."""
     return cluster_key(attempt.request_sha256, attempt.attempt_id, getattr(attempt, "temperature", None),
                        getattr(attempt, "seed", None))
-
-
-def request_cluster(frame: pd.DataFrame) -> pd.Series:
-    """Each row's cluster key in a records frame (RunData.records); without a temperature column, the bytes."""
-    keys = frame["request_sha256"].astype(object)
-    if "temperature" not in frame or frame.empty:
-        return keys
-    temperature = pd.to_numeric(frame["temperature"], errors="coerce").fillna(0.0)
-    seeded = frame["seed"].notna() if "seed" in frame else pd.Series(False, index=frame.index)
-    drawn = (temperature > 0) & ~seeded
-    return keys.where(~drawn, frame["attempt_id"].astype(object))
 
 
 def distinct_requests(attempts: Iterable[Any]) -> int:

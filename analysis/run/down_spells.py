@@ -41,17 +41,19 @@ def down_spells(data: RunData) -> list[DownSpell]:
     downs = sorted(e["ts"] for e in data.events_named(Event.SERVER_DOWN))
     ups = sorted(e["ts"] for e in data.events_named(Event.SERVER_UP))
     logs = [e["ts"] for e in data.events_named(*LOG_CRASH_EVENTS)]
-    frame = data.records
+    rows = data.columns.rows()
+    ended = rows.number("end_ts") if downs else None
+    ok = rows.code_is("status", "ok") if downs else None
+    cut_short = rows.code_is("status", *CUT_STATUSES) if downs else None
     spells = []
     for down in downs:
         up = next((u for u in ups if u > down), None)
         end = up if up is not None else float("inf")
-        served = cut = 0
-        if not frame.empty:
-            inside = (frame["end_ts"] > down) & (frame["end_ts"] < end)
-            served = int((inside & (frame["status"] == "ok")).sum())
-            around = (frame["end_ts"] >= down - DETECTION_S) & (frame["end_ts"] < end)
-            cut = int((around & frame["status"].isin(CUT_STATUSES)).sum())
+        assert ended is not None and ok is not None and cut_short is not None
+        inside = (ended > down) & (ended < end)
+        served = int((inside & ok).sum())
+        around = (ended >= down - DETECTION_S) & (ended < end)
+        cut = int((around & cut_short).sum())
         near = sum(1 for ts in logs if abs(ts - down) <= LOG_NEAR_S)
         spells.append(DownSpell(down, up, served, cut, near))
     return spells

@@ -9,26 +9,48 @@ history shape), or, failing that, of the whole run. An estimate is always marked
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
+from k3load.analysis.run.record_columns import MISSING_INT, Rows
 
-def tokens_per_byte(frame: pd.DataFrame) -> tuple[pd.Series, float | None]:
-    """Median tokens/byte per (scenario, turn) and over the run, from attempts the server measured."""
-    if "request_bytes" not in frame:
+Ratios = tuple[pd.Series, float | None]  # (median tokens/byte per (scenario, turn), over the run)
+
+
+def tokens_per_byte(rows: Rows) -> Ratios:
+    """Median tokens/byte per (scenario, turn) and over the run, from attempts the server measured. Grouped by
+    pandas, as the rules always did (the mean of the two middle ratios where a group's count is even)."""
+    prompt, size = rows.number("prompt_tokens"), rows.number("request_bytes")
+    known = ~np.isnan(prompt) & ~np.isnan(size) & (size > 0)
+    if not known.any():
         return pd.Series(dtype=float), None
-    known = frame[frame["prompt_tokens"].notna() & frame["request_bytes"].notna() & (frame["request_bytes"] > 0)]
-    if known.empty:
-        return pd.Series(dtype=float), None
-    ratio = known["prompt_tokens"].astype(float) / known["request_bytes"].astype(float)
-    return ratio.groupby([known["scenario"], known["turn"]]).median(), float(ratio.median())
+    measured = rows[known]
+    ratio = pd.Series(prompt[known] / size[known])
+    turn = measured.ints("turn")
+    keys = [measured.values("scenario"), pd.Series(turn).where(turn != MISSING_INT)]  # no turn: no group (NaN)
+    return ratio.groupby(keys).median(), float(ratio.median())
 
 
-def input_tokens(rows: pd.DataFrame, learn_from: pd.DataFrame | None = None) -> pd.DataFrame:
+def live_frame(rows: Rows) -> pd.DataFrame:
+    """The few records a crash caught, in send order (ties by attempt id), as `input_tokens` reads them."""
+    ids = rows.key_texts("attempt_id")
+    sent = rows.number("send_ts")
+    order = sorted(range(len(rows)), key=lambda i: (sent[i], "" if ids[i] is None else str(ids[i])))
+    picked = rows.take(np.array(order, dtype=np.intp))
+    turn = picked.ints("turn")
+    return pd.DataFrame({"prompt_tokens": picked.number("prompt_tokens"),
+                         "request_bytes": picked.number("request_bytes"),
+                         "scenario": pd.Series(picked.values("scenario"), dtype=object),
+                         "turn": pd.Series(turn).where(turn != MISSING_INT),
+                         "max_tokens": picked.number("max_tokens")})
+
+
+def input_tokens(rows: pd.DataFrame, ratios: Ratios) -> pd.DataFrame:
     """`input_tokens` (nullable int) and `input_tokens_estimated` (bool) for `rows`, indexed like it;
-    the tokens per byte are learnt from `learn_from` (the whole run), `rows` itself by default."""
-    per_turn, overall = tokens_per_byte(rows if learn_from is None else learn_from)
+    `ratios`: the tokens per byte, learnt from the whole run (`tokens_per_byte`)."""
+    per_turn, overall = ratios
     measured = rows["prompt_tokens"].astype("Float64")
-    size = rows.get("request_bytes", pd.Series(pd.NA, index=rows.index)).astype("Float64")  # absent in old records
+    size = rows["request_bytes"].astype("Float64")
     keys = pd.MultiIndex.from_arrays([rows["scenario"], rows["turn"]])
     ratio = pd.Series(per_turn.reindex(keys).to_numpy(), index=rows.index, dtype="Float64")
     if overall is not None:

@@ -14,7 +14,7 @@ real `Attempt`s), in slots, with the repeated values shared:
 - repeated strings (stage, scenario, status, layers, hashes, user ids) are one object each.
 
 Dropped: the text (reasoning, content), the transport, the per-attempt inter-token percentiles and
-decode time, which no rule reads (the stage table reads `itl_mean_ms` and `ttfa_ms` from `RunData.records`).
+decode time, which no rule reads (the stage table reads `itl_mean_ms` and `ttfa_ms` from `RunData.columns`).
 """
 
 from __future__ import annotations

@@ -23,12 +23,14 @@ import msgspec
 
 from k3load.analysis.run.answer_signature import compared, signature_of_calls
 from k3load.analysis.run.lean import DEFAULTS, REQUIRED, Interner, LeanAttempt, derived_layer
+from k3load.analysis.run.record_columns import RecordColumns
 
-# Columns of RunData.records that no rule reads from the attempts: taken from the line as it passes.
-FRAME_ONLY = ("turn_kind", "itl_mean_ms", "ttfa_ms", "completion_tokens", "max_tokens", "error", "failed_layers",
-              "session_id", "intended_send_ts")
-# Every field LeanAttempt keeps and the frame-only ones, but the calls and findings (decoded apart).
-_OPTIONAL = tuple(name for name in dict.fromkeys([*(f.name for f in fields(LeanAttempt)), *FRAME_ONLY])
+# Fields the record columns keep that the lean attempt does not (analysis/run/record_columns.py), in the order
+# `RecordColumns.add` takes them: taken from the line as it passes.
+FRAME_ONLY = ("ttfa_ms", "itl_mean_ms", "completion_tokens", "max_tokens", "error", "session_id", "intended_send_ts")
+# Every field LeanAttempt keeps, the frame-only ones and the turn's kind (for the answer's signature), but the
+# calls and findings (decoded apart).
+_OPTIONAL = tuple(name for name in dict.fromkeys([*(f.name for f in fields(LeanAttempt)), *FRAME_ONLY, "turn_kind"])
                   if name not in REQUIRED and name not in ("tool_calls", "findings", "answer_signature"))
 
 
@@ -59,19 +61,16 @@ _REFUSED = (msgspec.DecodeError, ValueError, TypeError)  # msgspec.ValidationErr
 
 
 class RecordDecoder:
-    """Appends each line's lean attempt and frame-only values (to `columns`), or says the line must be read
-    whole."""
+    """Appends each line's lean attempt (to `attempts`) and its columns (to `columns`), or says the line must be
+    read whole."""
 
-    def __init__(self, shared: Interner, attempts: list[Any], columns: dict[str, list[Any]]) -> None:
+    def __init__(self, shared: Interner, attempts: list[Any], columns: RecordColumns) -> None:
         self.shared = shared
         # `_Line` is built at import from Attempt's fields (declared once, in k3load.records), so no checker can
         # see its attributes: a decoded line is read as `Any`, its fields as json.loads would give them
         self._decode: Callable[[str | bytes], Any] = msgspec.json.Decoder(_Line).decode
         self._append = attempts.append
-        # one bound append per frame-only column, called written out (a loop over them cost 0.2 s an hour)
-        (self._turn_kind, self._itl, self._ttfa, self._completion, self._max_tokens, self._error,
-         self._failed, self._session, self._intended) = (columns[name].append for name in FRAME_ONLY)
-        self.layer_lists: dict[tuple[Any, ...], list[Any]] = {}  # one list per distinct failed_layers
+        self._columns = columns.add
 
     def take(self, line: str | bytes) -> bool:
         """True when the line (JSON text, or its UTF-8 bytes) was taken; False (nothing appended) when it
@@ -86,16 +85,7 @@ class RecordDecoder:
     def add(self, lean: Any, frame: tuple[Any, ...]) -> None:
         """An attempt and its frame-only values (in FRAME_ONLY's order); a line read whole comes here too."""
         self._append(lean)
-        turn_kind, itl, ttfa, completion, max_tokens, error, failed, session, intended = frame
-        self._turn_kind(turn_kind)
-        self._itl(itl)
-        self._ttfa(ttfa)
-        self._completion(completion)
-        self._max_tokens(max_tokens)
-        self._error(error)
-        self._failed(failed)
-        self._session(session)
-        self._intended(intended)
+        self._columns(lean, frame)
 
     def _signature(self, r: Any) -> str | None:
         """The answer's signature (analysis/pillars/agent/reproducibility.py) for a tool-call or json turn, interned."""
@@ -120,7 +110,6 @@ class RecordDecoder:
         layer, valid, http_status = r.primary_layer, r.valid, r.http_status
         if layer is None and not valid:  # written before primary_layer existed: the same rule, from its findings
             layer = derived_layer(findings)
-        failed = tuple(r.failed_layers or ())
         stage, scenario, family, user, request, prefix, status, finish, role, stream_role = (
             r.stage, r.scenario, r.family, r.user_id, r.request_sha256, r.prefix_sha256, r.status, r.finish_reason,
             r.control_role, r.stream_role)
@@ -134,8 +123,6 @@ class RecordDecoder:
             intern(stream_role, stream_role), r.tool_call_span_ms, r.tool_call_max_gap_ms, r.tool_call_deltas,
             r.last_silence_ms, r.temperature, r.seed, r.stream, r.stream_reads, r.stream_bytes, r.history,
             r.model_round, self._signature(r), intern(r.path, r.path))
-        turn_kind, error = r.turn_kind, r.error
-        frame = (intern(turn_kind, turn_kind), r.itl_mean_ms, r.ttfa_ms, r.completion_tokens, r.max_tokens,
-                 intern(error, error), self.layer_lists.setdefault(failed, list(failed)), r.session_id,
+        frame = (r.ttfa_ms, r.itl_mean_ms, r.completion_tokens, r.max_tokens, r.error, r.session_id,
                  r.intended_send_ts)
         return lean, frame

@@ -6,11 +6,11 @@ empty tables (a pillar then says `not_run` or `inconclusive`, with the reason), 
 
 Why streamed and lean: an hour at 100 requests/s is 360,000 records (about 650 MB of JSON lines). Each
 line is read, reduced to what the rules read (`analysis/run/lean.py`: the attempts) and the stage table's
-columns (`RunData.records`), and dropped, so neither the file's text nor its parsed dicts are held. The
-files are opened here only (`_read_records` through `k3load.evidence.blocks`, `_jsonl` through
-`k3load.evidence.lines`: records.jsonl.gz and metrics.jsonl.gz, or an older run's plain records.jsonl and
-metrics.jsonl; a compressed file inflated in a second thread meanwhile), and everything downstream reads
-`RunData`.
+columns (`RunData.columns`, analysis/run/record_columns.py), and dropped, so neither the file's text nor its
+parsed dicts are held. The files are opened here only (`_read_records` through `k3load.evidence.blocks`,
+`_jsonl` through `k3load.evidence.lines`: records.jsonl.gz and metrics.jsonl.gz, or an older run's plain
+records.jsonl and metrics.jsonl; a compressed file inflated in a second thread meanwhile), and everything
+downstream reads `RunData`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +30,13 @@ import yaml
 
 from k3load import evidence
 from k3load.analysis.run.lean import DEFAULTS, AnyAttempt, Interner, lean_attempt
+from k3load.analysis.run.record_columns import RecordColumns
 from k3load.analysis.run.record_decode import FRAME_ONLY, RecordDecoder
 from k3load.analysis.run.row_columns import RowColumns
 from k3load.analysis.run.scrape_samples import Layouts
 from k3load.errors import InputError
 from k3load.events import Event
 from k3load.workload.plan import Plan, PlanError, parse_plan
-
-RECORD_COLUMNS = ("attempt_id", "chain_id", "attempt", "stage", "scenario", "family", "turn", "turn_kind",
-                  "status", "send_ts", "first_token_ts", "end_ts", "ttft_ms", "ttfa_ms", "itl_mean_ms", "e2e_ms",
-                  "prompt_tokens", "completion_tokens", "cached_tokens", "max_tokens", "valid", "drill",
-                  "will_retry", "prefix_sha256", "request_sha256", "request_bytes", "http_status", "error", "user_id",
-                  "primary_layer", "control_pair", "control_role", "session_id",
-                  "intended_send_ts", "stream_role")
 
 
 @dataclass
@@ -63,7 +56,7 @@ class RunData:
     run: dict[str, Any] = field(default_factory=dict)
     plan: Plan | None = None
     attempts: list[AnyAttempt] = field(default_factory=list)  # file order; LeanAttempt when loaded from disk
-    records: pd.DataFrame = field(default_factory=pd.DataFrame)
+    columns: RecordColumns = field(default_factory=RecordColumns)  # the same records as columns (record_columns.py)
     metrics: list[dict[str, Any]] = field(default_factory=list)
     gpu: pd.DataFrame = field(default_factory=pd.DataFrame)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -185,8 +178,8 @@ class UnreadableRecords(InputError):
     judged without guessing, so `k3load analyze` says which line, in one line, and exits 2."""
 
 
-def _read_records(path: Path, problems: list[str] | None = None) -> tuple[list[AnyAttempt], dict[str, list[Any]]]:
-    """The lean attempts and the frame-only columns, one line at a time: each line decoded by
+def _read_records(path: Path, problems: list[str] | None = None) -> tuple[list[AnyAttempt], RecordColumns]:
+    """The lean attempts and the record columns, one line at a time: each line decoded by
     `RecordDecoder` (only the fields the rules read), or, where it refuses one, read whole. A torn last
     line (the writer was killed mid-write) is skipped, and said in `problems` with its size (a file that is
     not JSON lines at all is one such "line", which must not read as a run that recorded nothing); any
@@ -199,7 +192,7 @@ def _read_records(path: Path, problems: list[str] | None = None) -> tuple[list[A
     is read whole, which names it, as before."""
     shared = Interner()
     attempts: list[AnyAttempt] = []
-    columns: dict[str, list[Any]] = {name: [] for name in FRAME_ONLY}
+    columns = RecordColumns()
     decoder = RecordDecoder(shared, attempts, columns)
     take = decoder.take
     number, tail = 0, []  # tail: the line the next block goes on with, in pieces (a line may span blocks)
@@ -265,16 +258,7 @@ def _read_whole(path: Path, number: int, line: bytes, decoder: RecordDecoder, la
         attempt = lean_attempt(record, decoder.shared)
     except TypeError as exc:
         raise UnreadableRecords(f"{path}:{number}: not an attempt record: {exc}") from exc
-    intern, values = decoder.shared.intern, []
-    for name in FRAME_ONLY:
-        value = record.get(name, DEFAULTS.get(name))
-        if name in ("turn_kind", "error"):
-            value = intern(value, value)
-        elif name == "failed_layers":
-            failed = tuple(value or ())
-            value = decoder.layer_lists.setdefault(failed, list(failed))  # one list per distinct value
-        values.append(value)
-    decoder.add(attempt, tuple(values))
+    decoder.add(attempt, tuple(record.get(name, DEFAULTS.get(name)) for name in FRAME_ONLY))
 
 
 def read_attempts(path: Path) -> list[AnyAttempt]:
@@ -282,26 +266,9 @@ def read_attempts(path: Path) -> list[AnyAttempt]:
     return _read_records(path)[0]
 
 
-def _records_frame(attempts: list[AnyAttempt], frame_only: dict[str, list[Any]]) -> pd.DataFrame:
-    """The stage table's view: RECORD_COLUMNS and failed_layers, in send order (the values, and so the
-    dtypes pandas infers, are those the frame of whole Attempts had). Built in file order and then put in
-    send order by one `take`: the columns are picked off the attempts in one pass (one attrgetter call
-    each), where gathering each column in send order cost a lookup per value (0.4 s of 2.2 s at an
-    hour's soak); a dtype is inferred from the same values in either order."""
-    columns = [*RECORD_COLUMNS, "failed_layers"]
-    lean = [c for c in columns if c not in frame_only]
-    picked = zip(*map(attrgetter(*lean), attempts), strict=True) if attempts else [()] * len(lean)
-    data = {name: list(values) for name, values in zip(lean, picked, strict=True)}
-    frame = pd.DataFrame(data | {c: frame_only[c] for c in columns if c in frame_only}, columns=columns)
-    order = send_order(data["send_ts"], data["attempt_id"])
-    if order is None:  # not plain times: pandas places the gaps, as it did
-        return frame.sort_values(["send_ts", "attempt_id"], kind="mergesort").reset_index(drop=True)
-    return frame.take(order).reset_index(drop=True)
-
-
 def send_order(send_ts: list[Any], attempt_ids: list[Any]) -> np.ndarray | None:
     """Row order by (send_ts, attempt_id), ties kept in file order: what a stable sort on both keys
-    gives; None unless every send time is a float (the frame then sorts as pandas does). Why not
+    gives; None unless every send time is a float (the caller then sorts as pandas does). Why not
     `sort_values` on both: it ranks 360,000 distinct attempt ids to break ties that almost never occur;
     here only rows that share a send time are ordered by their ids."""
     if not all(type(t) is float for t in send_ts):
@@ -357,13 +324,9 @@ def _load(path: Path) -> RunData:
             data.plan = parse_plan(yaml.safe_load(text), str(path / "plan.yaml"), text)
         except (PlanError, yaml.YAMLError) as exc:
             problems.append(f"plan.yaml: {exc}")
-    attempts: list[AnyAttempt] = []
-    frame_only: dict[str, list[Any]] = {name: [] for name in FRAME_ONLY}
     records = evidence.records_file(path)
     if records.exists():
-        attempts, frame_only = _read_records(records, problems)
-    data.attempts = attempts
-    data.records = _records_frame(attempts, frame_only)
+        data.attempts, data.columns = _read_records(records, problems)
     metrics = _jsonl(evidence.metrics_file(path), problems, Layouts(), evidence.SeriesTable().decode)
     data.metrics = sorted(metrics, key=lambda r: r.get("ts", 0))
     data.gpu = _gpu_frame(path / "gpu.jsonl", problems)

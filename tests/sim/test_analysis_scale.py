@@ -3,8 +3,8 @@
 Why: the loader (lean records, streamed), the bootstrap (shared picks, threads), the reuse replay
 (cached maxima) and the percentile (selection) were rewritten for an hour's soak (360,000 records), and
 a verdict is a pure function of the run directory: the same files must give the same verdict.json byte
-for byte. The reference path is the code as first written, kept here: whole `Attempt`s and the frame of
-their fields, `ratio_ci` per interval, every request compared with every variant, a sorted pick, every
+for byte. The reference path is the code as first written, kept here: whole `Attempt`s and the columns taken
+from them, `ratio_ci` per interval, every request compared with every variant, a sorted pick, every
 /metrics query a walk over the whole run. It runs
 in the same tree, so a change elsewhere that alters verdicts on purpose moves both sides alike.
 `tests/data/scale-run` is a small acceptance run against the sim (743 records: control pairs, a
@@ -37,6 +37,7 @@ from k3load.analysis.run import rundata
 from k3load.analysis.run.stats import NORMAL_RATIO_FROM, ratio_ci, ratio_cis, ratio_normal_ci
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.records import Attempt
+from k3load.sampler.prom import split_key
 from tests.sim.scale_run import ROOT, _attempts_frame, _unpack
 
 
@@ -56,7 +57,7 @@ def _verdicts(run: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bytes, bytes]
     with monkeypatch.context() as patch:
         def load_whole(path: Path) -> rundata.RunData:
             data = load_run(path)
-            data.attempts, data.records = _attempts_frame(path)  # type: ignore[assignment]
+            data.attempts, data.columns = _attempts_frame(path)  # type: ignore[assignment]
             return data
 
         load_run = rundata.load_run
@@ -70,17 +71,18 @@ def _verdicts(run: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bytes, bytes]
         index_init = MetricIndex.__init__
 
         def walking(self: MetricIndex, lines: list[dict[str, Any]]) -> None:
-            """Every query walks the whole run, over (labels, value) rows, as first written."""
+            """Every query walks the whole run, over each scrape's (key, value) rows, as first written."""
             if "_times" in self.__dict__:
                 return
             index_init(self, lines)
             self._times = {}
-            for scrape in self.scrapes:
-                scrape.values = {name: list(zip(*rows, strict=True)) for name, rows in scrape.values.items()}
 
         def total(self: MetricIndex, scrape: Any, name: str, match: dict[str, str] | None) -> float | None:
-            rows = scrape.values.get(name)
-            if rows is None:
+            """The series' keys parsed again, in the scrape's order: not the layout's grouping of them."""
+            layout = scrape.layout
+            rows = [(split_key(key)[1], value) for key, value in
+                    zip(layout.keys, layout.in_scrape_order(scrape.floats), strict=True) if split_key(key)[0] == name]
+            if not rows:
                 return None
             return sum(v for labels, v in rows if not match or match.items() <= labels.items())
 

@@ -17,24 +17,24 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 
 from k3load import evidence
 from k3load.analysis.pillars.agent.reproducibility import signature_of
 from k3load.analysis.run import rundata
 from k3load.analysis.run.lean import LeanAttempt, call_name
-from k3load.analysis.run.record_decode import FRAME_ONLY, RecordDecoder
+from k3load.analysis.run.record_columns import RecordColumns
+from k3load.analysis.run.record_decode import RecordDecoder
 from k3load.records import Attempt, Finding, read_records
 from k3load.workload.validate import primary_layer
-from tests.sim.scale_run import _attempts_frame, _unpack
+from tests.sim.scale_run import _attempts_frame, _unpack, same_columns
 
 
 def test_lean_records_carry_what_the_attempts_did(tmp_path: Path) -> None:
     run = _unpack(tmp_path / "run")
-    whole, frame = _attempts_frame(run)
+    whole, columns = _attempts_frame(run)
     data = rundata.load_run(run)
-    pd.testing.assert_frame_equal(data.records, frame, check_exact=True)
+    assert same_columns(data.columns, columns)
     assert len(data.attempts) == len(whole)
     for a, lean in zip(whole, data.attempts, strict=True):
         _same(a, lean)
@@ -153,14 +153,15 @@ def test_the_decoder_reads_every_field_as_the_whole_record_gives_it(tmp_path: Pa
         _same(whole, lean)
     assert pairs[0][1].primary_layer == "model_output" and pairs[3][1].tool_calls == ("top", "", "")
     assert pairs[5][1].error_body == "bad \ud83d" and pairs[7][1].tool_calls == ("named",)
-    columns: dict[str, list] = {name: [] for name in FRAME_ONLY}
+    columns = RecordColumns()
     decoder = RecordDecoder(rundata.Interner(), [], columns)
     taken = [decoder.take(line) for line in text.splitlines(keepends=True)]
     assert taken == [True, True, True, True, False, False, True, False]  # NaN, a lone surrogate, a bare name
-    assert [len(values) for values in columns.values()] == [5] * len(FRAME_ONLY)
+    assert len(columns) == 5
     assert [decoder.take(line.encode()) for line in text.splitlines(keepends=True)] == taken  # from UTF-8 bytes
-    frame = rundata.load_run(tmp_path).records
-    assert frame["failed_layers"].tolist()[-1] == ["parser"] and frame["turn_kind"].tolist() == ["answer"] * 8
+    loaded = rundata.load_run(tmp_path)
+    assert len(loaded.columns) == 8  # every line, the ones read whole too, in its columns as in its attempt
+    assert loaded.columns.rows().values("primary_layer") == [a.primary_layer for a in loaded.attempts]
 
 
 def test_tool_call_names_decoded_are_the_parsed_names(tmp_path: Path) -> None:

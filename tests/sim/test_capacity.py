@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,16 +21,17 @@ from k3load.analysis.pillars.headroom.goodput import Goodput, Slo, attempt_good,
 from k3load.analysis.pillars.headroom.stage_row import StageRow
 from k3load.analysis.pillars.limit_rules import RuleId
 from k3load.analysis.pillars.rules import Breach
+from k3load.analysis.run.record_columns import RecordColumns, Rows
 from k3load.outcomes import Signal
 
 ROOT = Path(__file__).resolve().parents[2]
 SLO = Slo(ttft_ms=1000.0, ttfa_ms=5000.0, itl_ms=100.0, e2e_ms=10000.0)
 
 
-def _frame(rows: list[dict]) -> pd.DataFrame:
+def _frame(rows: list[dict]) -> Rows:
     base = {"status": "ok", "valid": True, "ttft_ms": 100.0, "ttfa_ms": 100.0, "itl_mean_ms": 10.0, "e2e_ms": 500.0,
             "completion_tokens": 10, "session_id": None, "turn": 0, "attempt": 1}
-    return pd.DataFrame([base | r for r in rows])
+    return RecordColumns.of([base | r for r in rows]).rows()
 
 
 # --- goodput ---------------------------------------------------------------------------------------------------
@@ -52,7 +52,8 @@ latency = st.one_of(st.none(), st.floats(min_value=0, max_value=20000, allow_nan
                           latency, latency), min_size=1, max_size=20))
 def test_the_vectorised_goodput_is_the_same_test_row_by_row(rows: list[tuple]) -> None:
     """The live search calls attempt_good one record at a time; the judgment the vectorised form: one rule."""
-    frame = pd.DataFrame(rows, columns=["status", "valid", "ttft_ms", "ttfa_ms", "itl_mean_ms", "e2e_ms"])
+    names = ("status", "valid", "ttft_ms", "ttfa_ms", "itl_mean_ms", "e2e_ms")
+    frame = RecordColumns.of([dict(zip(names, row, strict=True)) for row in rows]).rows()
     assert good_attempts(frame, SLO).tolist() == [attempt_good(SLO, *row) for row in rows]
 
 
@@ -304,7 +305,7 @@ def _cold_run(cold_ttft: float, cold_e2e: float) -> object:
              "prompt_tokens": 1000, "cached_tokens": 900} for _ in range(20)]
     rows += [{"stage": "c8", "status": "ok", "drill": False, "family": "cold", "ttft_ms": cold_ttft,
               "e2e_ms": cold_e2e, "prompt_tokens": 1000, "cached_tokens": 0} for _ in range(10)]
-    return SimpleNamespace(records=pd.DataFrame(rows))
+    return SimpleNamespace(columns=RecordColumns.of(rows))
 
 
 def test_the_cold_cache_what_if_reads_the_cold_familys_requests_at_the_capacity_load() -> None:

@@ -10,11 +10,11 @@ whole-line reader), the stage rule `slo.ttfa_p95` (unknown, never breached, with
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 
 from k3load.analysis.decision.ramp import RAMP_COLUMNS
@@ -23,7 +23,8 @@ from k3load.analysis.pillars.headroom.stage_row import StageRow
 from k3load.analysis.pillars.headroom.stages import _latency, stage_breaches
 from k3load.analysis.pillars.pillar import thresholds
 from k3load.analysis.run import rundata
-from k3load.analysis.run.rundata import RECORD_COLUMNS, read_attempts
+from k3load.analysis.run.record_columns import RecordColumns, Rows
+from k3load.analysis.run.rundata import read_attempts
 from k3load.client import result as res
 from k3load.client.assemble import Assembler
 from k3load.client.chat import ChatClient
@@ -135,16 +136,16 @@ def test_the_record_carries_ttfa_and_the_loader_reads_it_on_both_paths(tmp_path:
     path.write_text("".join(a.to_json() + "\n" for a in (fast, refused, unknown)))
     attempts, columns = rundata._read_records(path)
     assert [a.attempt_id for a in attempts] == ["a1", "a2", "a3"] and len(read_attempts(path)) == 3
-    assert columns["ttfa_ms"] == [pytest.approx(900), pytest.approx(900), None]
-    assert "ttfa_ms" in RECORD_COLUMNS and pd.isna(rundata._records_frame(attempts, columns)["ttfa_ms"][2])
+    ttfa = columns.array("ttfa_ms")
+    assert ttfa[:2].tolist() == [pytest.approx(900), pytest.approx(900)] and math.isnan(ttfa[2])
 
 
-def _stage(ttfa: list[float | None], status: str = "ok") -> pd.DataFrame:
+def _stage(ttfa: list[float | None], status: str = "ok") -> Rows:
     rows = [{"status": status, "ttft_ms": 50.0, "ttfa_ms": v, "itl_mean_ms": 5.0, "e2e_ms": 3000.0} for v in ttfa]
-    return pd.DataFrame(rows)
+    return RecordColumns.of(rows).rows()
 
 
-def _stats(frame: pd.DataFrame) -> StageRow:
+def _stats(frame: Rows) -> StageRow:
     return StageRow.of(stage="load", attempts=len(frame), error_rate_ci95=(0.0, 0.1), **_latency(frame))
 
 

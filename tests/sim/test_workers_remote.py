@@ -25,14 +25,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 import yaml
 
 from k3load.analysis.pillars.headroom.pillar_resources import judge_resources
 from k3load.analysis.pillars.headroom.stages import cpu_by_process
 from k3load.analysis.pillars.pillar import thresholds
-from k3load.analysis.run.rundata import RECORD_COLUMNS, RunData, StageWindow
+from k3load.analysis.run.record_columns import RecordColumns
+from k3load.analysis.run.rundata import RunData, StageWindow
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.evidence import lines, records_file
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
@@ -50,23 +50,22 @@ DONE = re.compile(r"k3load: worker done: run (\S+), worker (\S+), pid (\d+): (\d
                   r"(\d+) could not be sent, spool (\S+)")
 
 
-def _rows(stage: str, ttft_ms: float, count: int, t0: float) -> pd.DataFrame:
-    rows = [{"attempt_id": f"{stage}-{i}", "stage": stage, "status": "ok", "send_ts": t0 + i, "end_ts": t0 + i + 0.5,
+def _rows(stage: str, ttft_ms: float, count: int, t0: float) -> list[dict[str, Any]]:
+    return [{"attempt_id": f"{stage}-{i}", "stage": stage, "status": "ok", "send_ts": t0 + i, "end_ts": t0 + i + 0.5,
              "ttft_ms": ttft_ms, "itl_mean_ms": 10.0, "e2e_ms": ttft_ms + 100, "completion_tokens": 10,
              "prompt_tokens": 100, "drill": False, "valid": True, "http_status": 200} for i in range(count)]
-    return pd.DataFrame(rows).reindex(columns=[*RECORD_COLUMNS, "failed_layers"])
 
 
 def _run(worker_b_pct: float) -> RunData:
     """Two stages of 10 s: `slow` (TTFT over its SLO) and `fine`; the master samples at 20-30 %, worker a at
     50 %, worker b at `worker_b_pct` during `slow` only."""
-    records = pd.concat([_rows("slow", 60_000.0, 10, 0.0), _rows("fine", 50.0, 10, 10.0)], ignore_index=True)
+    records = RecordColumns.of([*_rows("slow", 60_000.0, 10, 0.0), *_rows("fine", 50.0, 10, 10.0)])
     metrics = [{"ts": t + 0.5, "ok": True, "load_generator_cpu_pct": 20.0 + t, "samples": {}} for t in range(10)]
     events = [{"ts": t + 0.5, "event": "load_generator_cpu", "process": process, "cpu_pct": pct}
               for t in range(20) for process, pct in (("worker a:1", 50.0), ("worker b:2", worker_b_pct if t < 10
                                                                                         else 40.0))]
     stages = [StageWindow("slow", "load", 0, 10, 4), StageWindow("fine", "soak", 10, 20, 4)]
-    return RunData(path=Path("."), run={"options": {"master": True}}, records=records, metrics=metrics,
+    return RunData(path=Path("."), run={"options": {"master": True}}, columns=records, metrics=metrics,
                    events=events, stages=stages)
 
 
@@ -95,7 +94,7 @@ def test_a_saturated_worker_makes_the_latency_of_its_stage_inconclusive_and_is_n
 
 def test_a_stage_within_its_slos_with_a_saturated_worker_passes_and_says_so():
     data = _run(worker_b_pct=99.0)
-    data.records = data.records[data.records["stage"] == "fine"]
+    data.columns = RecordColumns.of(_rows("fine", 50.0, 10, 10.0))
     data.events = [{**e, "cpu_pct": 97.0} if e["process"] == "worker a:1" and e["ts"] > 10 else e for e in data.events]
     result, _ = judge_resources(data, MetricIndex([]), thresholds(None))
     assert result.status in (PASS, INCONCLUSIVE)  # no engine metrics in hand-made data: inconclusive for that

@@ -21,8 +21,9 @@ from k3load.analysis.pillars.headroom.stage_row import StageRow
 from k3load.analysis.pillars.limit_rules import RuleId
 from k3load.analysis.pillars.pillar import PillarResult, thresholds
 from k3load.analysis.pillars.rules import breach
-from k3load.analysis.run.input_size import input_tokens
-from k3load.analysis.run.rundata import RECORD_COLUMNS, RunData, StageWindow
+from k3load.analysis.run.input_size import input_tokens, live_frame, tokens_per_byte
+from k3load.analysis.run.record_columns import RecordColumns
+from k3load.analysis.run.rundata import RunData, StageWindow
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.analysis.verdict import verdict_of
 from k3load.events import Event
@@ -159,27 +160,32 @@ def _attempt_row(scenario: str, turn: int, status: str, send: float, end: float,
 
 
 def test_input_tokens_are_the_servers_count_or_an_estimate_marked_as_one():
-    frame = pd.DataFrame([_attempt_row("a", 0, "ok", 0, 1, 1000, 4000), _attempt_row("a", 0, "ok", 0, 1, 1100, 4400),
-                          _attempt_row("b", 1, "ok", 0, 1, 300, 600),
-                          _attempt_row("a", 0, "truncated", 0, 1, None, 8000),  # same turn: its own ratio
-                          _attempt_row("c", 2, "truncated", 0, 1, None, 1000),  # never finished: run median
-                          _attempt_row("a", 0, "truncated", 0, 1, None, None)])  # an old record: unknown
-    sizes = input_tokens(frame)
+    rows = [_attempt_row("a", 0, "ok", 0, 1, 1000, 4000), _attempt_row("a", 0, "ok", 0, 1, 1100, 4400),
+            _attempt_row("b", 1, "ok", 0, 1, 300, 600),
+            _attempt_row("a", 0, "truncated", 0, 1, None, 8000),  # same turn: its own ratio
+            _attempt_row("c", 2, "truncated", 0, 1, None, 1000),  # never finished: run median
+            _attempt_row("a", 0, "truncated", 0, 1, None, None)]  # an old record: unknown
+
+    def sizes_of(rows: list[dict]) -> pd.DataFrame:
+        everything = RecordColumns.of(rows).rows()
+        return input_tokens(live_frame(everything), tokens_per_byte(everything))
+
+    sizes = sizes_of(rows)
     assert sizes["input_tokens"].tolist()[:5] == [1000, 1100, 300, 2000, 250]
     assert pd.isna(sizes["input_tokens"].iloc[5])
     assert sizes["input_tokens_estimated"].tolist() == [False, False, False, True, True, False]
-    assert input_tokens(frame.assign(prompt_tokens=None))["input_tokens"].isna().all()  # nothing to learn from
+    assert sizes_of([r | {"prompt_tokens": None} for r in rows])["input_tokens"].isna().all()  # nothing to learn
 
 
 def test_a_crash_names_the_requests_it_cut_not_those_that_had_finished():
-    frame = pd.DataFrame([_attempt_row("a", 0, "ok", 0, 9.5, 1000, 4000),  # finished well before the crash
-                          _attempt_row("a", 0, "truncated", 8, 9.8, None, 8000),  # cut; seen at 10
-                          _attempt_row("a", 0, "transport_error", 9, 12, None, 4400),  # still running at 10
-                          _attempt_row("a", 0, "http_error", 5, 6, None, 4000, 400),  # refused earlier
-                          _attempt_row("a", 0, "transport_error", 9.9, 9.9, None, 9000,  # after the kill
-                                       error="ConnectionRefusedError: [Errno 111] Connection refused"),
-                          _attempt_row("a", 0, "ok", 11, 12, 1000, 4000)])  # sent after it
-    data = RunData(path=Path("."), records=frame.assign(attempt_id=[str(i) for i in range(6)]),
+    rows = [_attempt_row("a", 0, "ok", 0, 9.5, 1000, 4000),  # finished well before the crash
+            _attempt_row("a", 0, "truncated", 8, 9.8, None, 8000),  # cut; seen at 10
+            _attempt_row("a", 0, "transport_error", 9, 12, None, 4400),  # still running at 10
+            _attempt_row("a", 0, "http_error", 5, 6, None, 4000, 400),  # refused earlier
+            _attempt_row("a", 0, "transport_error", 9.9, 9.9, None, 9000,  # after the kill
+                         error="ConnectionRefusedError: [Errno 111] Connection refused"),
+            _attempt_row("a", 0, "ok", 11, 12, 1000, 4000)]  # sent after it
+    data = RunData(path=Path("."), columns=RecordColumns.of(r | {"attempt_id": str(i)} for i, r in enumerate(rows)),
                    events=[{"event": "server_down", "ts": 10.0, "reason": "connection refused"}])
     (crash,) = classify_crashes(data)
     assert crash["conditions"] == {"requests_in_flight": 2, "max_prompt_tokens": 2000,
@@ -212,11 +218,9 @@ def test_requests_refused_while_the_server_was_down_are_the_crashs_not_load_erro
     rows += [_attempt_row("a", 0, "transport_error", t + 0.5, t + 0.6, None, 400,
                           error="ConnectionRefusedError: [Errno 111] Connection refused") for t in range(10, 30)]
     rows += [_attempt_row("a", 0, "ok", t, t + 0.5, 100, 400) for t in range(30, 60)]
-    frame = pd.DataFrame(rows).assign(attempt_id=[str(i) for i in range(len(rows))], stage="restart", drill=False,
-                                      primary_layer=lambda f: [None if x == "ok" else "gateway" for x in f["status"]],
-                                      completion_tokens=10)
-    frame = frame.reindex(columns=[*RECORD_COLUMNS, "failed_layers"])
-    data = RunData(path=Path("."), records=frame,
+    rows = [r | {"attempt_id": str(i), "stage": "restart", "drill": False, "completion_tokens": 10,
+                 "primary_layer": None if r["status"] == "ok" else "gateway"} for i, r in enumerate(rows)]
+    data = RunData(path=Path("."), columns=RecordColumns.of(rows),
                    stages=[StageWindow("restart", "restart", 0, 60, 4)],
                    events=[{"event": "server_down", "ts": 10.2, "reason": "connection refused"},
                            {"event": "server_up", "ts": 30.0}])
@@ -257,16 +261,15 @@ def test_monitoring_is_refused_only_while_the_engines_series_are_still_missing()
 
 
 def test_the_restart_check_says_whether_our_restart_command_ran():
-    rows = [_attempt_row("a", 0, "ok", t, t + 0.5, 100, 400) for t in (1, 2, 40)]
-    frame = pd.DataFrame(rows).assign(attempt_id=["1", "2", "3"])
+    rows = [_attempt_row("a", 0, "ok", t, t + 0.5, 100, 400) | {"attempt_id": str(t)} for t in (1, 2, 40)]
     down = {"event": "server_down", "ts": 10.0, "reason": "connection refused"}
     command = {"event": Event.RESTART_COMMAND, "ts": 10.5, "attempt": 1, "pid": 7, "log": "restart-1.log"}
     earlier = {"event": Event.RESTART_COMMAND, "ts": 5.0, "attempt": 1, "pid": 6, "log": "restart-0.log"}
 
     def restart(*events: dict) -> dict:
         up = any(e["event"] == "server_up" for e in events)  # served after it only where it came back
-        records = frame if up else frame.iloc[:2]
-        (crash,) = classify_crashes(RunData(path=Path("."), records=records, events=[down, *events]))
+        records = RecordColumns.of(rows if up else rows[:2])
+        (crash,) = classify_crashes(RunData(path=Path("."), columns=records, events=[down, *events]))
         return crash["restart"]
 
     came_back = restart(command, {"event": "server_up", "ts": 30.0})
@@ -283,7 +286,7 @@ def test_the_restart_check_says_whether_our_restart_command_ran():
 def test_a_planned_family_that_never_ran_keeps_the_checklist_open_and_the_run_from_go(tmp_path: Path) -> None:
     """Issue 38: a family the plan mixed in that sent nothing (a worker lost, a scenario file missing where it
     started) leaves an open line, named, and so never `go`."""
-    data = RunData(path=tmp_path, records=pd.DataFrame([_attempt_row("a", 0, "ok", 0, 1, 100, 400)]))
+    data = RunData(path=tmp_path, columns=RecordColumns.of([_attempt_row("a", 0, "ok", 0, 1, 100, 400)]))
     data.plan = parse_plan({"name": "p", "stages": [{"name": "soak", "kind": "soak", "duration_s": 5, "users": 2,
                                                      "mix": {"agent": 1, "cold": 1}}]}, "plan")
     data.attempts = [SimpleNamespace(family="agent")]

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
-import pandas as pd
 import pytest
 
-from k3load.analysis.run.clusters import attempt_key, cluster_key, rate_by_keys, request_cluster
+from k3load.analysis.run.clusters import attempt_key, cluster_key, rate_by_keys
 from k3load.analysis.run.stats import MIN_DISTINCT_REQUESTS, cluster_rate, decide_rate, more_requests_to_decide, wilson
 from k3load.client.result import StreamResult
 from k3load.outcomes import INCONCLUSIVE, PASS
@@ -102,9 +102,9 @@ def test_temperature_above_0_makes_every_attempt_its_own_draw():
     assert rate.clusters == 200 and rate.low == wilson(200, 200).low
     mixed = rate_by_keys([f"a{i}" for i in range(50)], [i % 5 != 0 for i in range(50)])
     assert (mixed.low, mixed.high) == (wilson(40, 50).low, wilson(40, 50).high)  # each its own request: Wilson's
-    frame = pd.DataFrame({"request_sha256": ["x", "x", "x"], "attempt_id": ["1", "2", "3"],
-                          "temperature": [0.0, 0.7, 0.7], "seed": [None, None, 3]})
-    assert list(request_cluster(frame)) == ["x", "2", "x"]
+    drawn = [SimpleNamespace(request_sha256="x", attempt_id=str(i), temperature=t, seed=seed)
+             for i, (t, seed) in enumerate([(0.0, None), (0.7, None), (0.7, 3)], start=1)]
+    assert [attempt_key(a) for a in drawn] == ["x", "2", "x"]
 
 
 def test_a_plan_sets_temperature_and_seed_per_family_and_the_body_carries_them():

@@ -23,6 +23,7 @@ from k3load.analysis.pillars.headroom.stage_row import StageRow
 from k3load.analysis.pillars.headroom.stages import gpu_breaches
 from k3load.analysis.pillars.pillar import thresholds
 from k3load.analysis.run.down_spells import DownSpell
+from k3load.analysis.run.record_columns import RecordColumns
 from k3load.analysis.run.rundata import RunData, StageWindow
 from k3load.sim.config import ProfileError, SimConfig, validate
 from k3load.sim.gpu_memory import GpuMemory
@@ -39,7 +40,7 @@ def _rows(used: dict[float, float], gpu: int = 0) -> list[dict[str, Any]]:
 
 
 def _data(rows: list[dict[str, Any]], first_send: float = 10.0, stages: list[StageWindow] | None = None) -> RunData:
-    data = RunData(path=Path("."), records=pd.DataFrame({"send_ts": [first_send, first_send + 1]}))
+    data = RunData(path=Path("."), columns=RecordColumns.of([{"send_ts": first_send}, {"send_ts": first_send + 1}]))
     data.gpu = pd.DataFrame(rows)
     data.stages = stages or [StageWindow("load", "load", first_send, 1000.0, 4)]
     return data
@@ -107,7 +108,7 @@ def test_a_restart_starts_a_new_life_with_its_own_baseline() -> None:
             | {float(t): RESERVED for t in range(60, 100)})
     spells = [DownSpell(40.0, 60.0, 0, 0, 0)]
     data = _data(_rows(used), stages=[StageWindow("soak", "soak", 10, 100, 4)])
-    data.records = pd.DataFrame({"send_ts": [10.0, 70.0]})
+    data.columns = RecordColumns.of([{"send_ts": 10.0}, {"send_ts": 70.0}])
     growth = gpu_growth(data, spells)
     assert [b.life_start_ts for b in growth.baselines] == [-math.inf, 60.0]
     assert all(b.used_mib == RESERVED for b in growth.baselines)

@@ -19,6 +19,7 @@ from k3load.analysis.pillars.headroom.stages import stage_breaches, stage_stats
 from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS, rounded, thresholds
 from k3load.analysis.pillars.rules import Breach
 from k3load.analysis.run.down_spells import down_spells
+from k3load.analysis.run.record_columns import RecordColumns
 from k3load.analysis.run.rundata import load_run
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.outcomes import Signal
@@ -123,8 +124,6 @@ def test_a_steps_sessions_are_its_first_turns_whenever_they_ended() -> None:
     first turns sent by the decision, a drill's included and a first turn still answering at the decision too; a
     session that began in an earlier step and goes on in this one, a retry, a stream pair's whole twin, a
     closed-loop turn, one sent after the decision are not."""
-    import pandas as pd
-
     from k3load.analysis.pillars.headroom.arrival_lag import sessions_started
 
     def row(stage: str = "s1", turn: int = 0, attempt: int = 1, drill: bool = False, role: str | None = None,
@@ -135,20 +134,17 @@ def test_a_steps_sessions_are_its_first_turns_whenever_they_ended() -> None:
     rows = [row(), row(drill=True), row(end=99.0),  # started: 3 (one answered after the decision at 20)
             row(turn=1), row(attempt=2), row(role="whole"), row(intended=None), row(stage="s2"),
             row(sent=20.5)]  # sent after the decision, before the users moved on: not counted by the search
-    frame = pd.DataFrame(rows)
-    assert sessions_started(frame[frame["stage"] == "s1"], 20.0) == 3
-    assert sessions_started(pd.DataFrame(), 20.0) == 0
+    assert sessions_started(RecordColumns.of(rows).rows("s1"), 20.0) == 3
+    assert sessions_started(RecordColumns().rows(), 20.0) == 0
 
 
 def test_a_step_whose_first_answers_all_ended_after_its_decision_still_says_its_sessions() -> None:
     """No scheduled turn of the step ended by its decision (answers slower than the step): the sessions it started
     are still said, never read as none (which would call it short of its rate)."""
-    import pandas as pd
-
     from k3load.analysis.pillars.headroom.arrival_lag import arrival_lag
 
-    nothing = pd.DataFrame({"intended_send_ts": pd.Series([], dtype=float), "send_ts": pd.Series([], dtype=float)})
+    nothing = RecordColumns.of([{"send_ts": 1.0, "intended_send_ts": None}]).rows()  # a closed-loop turn only
     said = arrival_lag(nothing, started=12)
     assert said["sessions_arrived"] == 12 and said["scheduled_turns"] == 0 and said["late_share"] is None
     assert ArrivalLag(**said).sessions_arrived == 12
-    assert arrival_lag(nothing) == {} and arrival_lag(pd.DataFrame(), started=3)["sessions_arrived"] == 3
+    assert arrival_lag(nothing) == {} and arrival_lag(RecordColumns().rows(), started=3)["sessions_arrived"] == 3

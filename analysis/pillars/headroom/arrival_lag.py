@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
+import numpy as np
 
 from k3load.analysis.pillars.pillar import percentiles
+from k3load.analysis.run.record_columns import Rows, distinct_keys
 from k3load.analysis.run.stats import wilson
 
 LATE_S = 1.0  # a turn sent this much after its intended time was held back by the generator
@@ -59,37 +60,34 @@ def replay_figures(ends: list[dict[str, Any]], stage: str) -> dict[str, Any]:
     return {"replay": out}
 
 
-def sessions_started(stage_rows: pd.DataFrame, until: float) -> int:
+def sessions_started(stage_rows: Rows, until: float) -> int:
     """Open-loop sessions a stage started by `until` (its end; a search step's decision), from every record that
     names it: its first turns sent by then (first attempts, a drill's included, a stream pair's whole twin not),
     whenever they ended. What the live search counts at a step's
     decision (k3load.loadgen.arrivals.ArrivalSchedule.started_by: the step's tickets taken whose time had come), so
     the two agree on a step's arrivals: a session still answering at the decision is the step's, and one that began
     in an earlier step and goes on in this one is not (each record names the stage it was sent in)."""
-    if stage_rows.empty or "intended_send_ts" not in stage_rows:
-        return 0
-    first = ((stage_rows["turn"] == 0) & (stage_rows["attempt"] == 1) & stage_rows["intended_send_ts"].notna()
-             & (stage_rows["send_ts"] <= until))  # a step's users go on a moment after its decision
-    if "stream_role" in stage_rows:
-        first &= stage_rows["stream_role"] != "whole"
+    first = ((stage_rows.ints("turn") == 0) & (stage_rows.ints("attempt") == 1)
+             & ~np.isnan(stage_rows.number("intended_send_ts"))
+             & (stage_rows.number("send_ts") <= until))  # a step's users go on a moment after its decision
+    first &= ~stage_rows.code_is("stream_role", "whole")
     return int(first.sum())
 
 
-def arrival_lag(frame: pd.DataFrame, started: int | None = None) -> dict[str, Any]:
+def arrival_lag(rows: Rows, started: int | None = None) -> dict[str, Any]:
     """The stage's scheduled turns (first attempts with an intended time), their lateness and the late share;
     `started`: the stage's sessions started (`sessions_started`, an open-loop stage's), else the sessions its
     scheduled turns belong to (a replay stage's rows)."""
-    scheduled = frame[frame["intended_send_ts"].notna()] if "intended_send_ts" in frame else frame.iloc[0:0]
+    scheduled = rows[~np.isnan(rows.number("intended_send_ts"))]
     if scheduled.empty:  # no scheduled turn ended in it: its sessions started are still said (an open-loop step)
         return {} if started is None else {
             "scheduled_turns": 0, "late_turns": 0, "late_share": None, "late_share_ci95": [None, None],
             "send_lag_p50_ms": None, "send_lag_p95_ms": None, "send_lag_max_ms": None, "sessions_arrived": started}
-    lag_s = (scheduled["send_ts"] - scheduled["intended_send_ts"].astype(float)).clip(lower=0.0)
-    p50, p95, top = percentiles(lag_s.to_numpy() * 1000.0, (0.5, 0.95, 1.0))
+    lag_s = np.clip(scheduled.number("send_ts") - scheduled.number("intended_send_ts"), 0.0, None)
+    p50, p95, top = percentiles(lag_s * 1000.0, (0.5, 0.95, 1.0))
     late = int((lag_s > LATE_S).sum())
     share = wilson(late, len(scheduled))
     return {"scheduled_turns": len(scheduled), "late_turns": late, "late_share": share.value,
             "late_share_ci95": [share.low, share.high], "send_lag_p50_ms": p50, "send_lag_p95_ms": p95,
             "send_lag_max_ms": top,
-            "sessions_arrived": started if started is not None else
-            int(scheduled["session_id"].nunique()) if "session_id" in scheduled else None}
+            "sessions_arrived": started if started is not None else distinct_keys(scheduled.keys("session_id"))}

@@ -78,12 +78,9 @@ def _aborts(index: MetricIndex, stage: StageWindow, event: dict[str, Any] | None
 
 
 def _left_early(data: RunData, stage: StageWindow) -> dict[str, int]:
-    frame = data.records[data.records["stage"] == stage.name] if not data.records.empty else data.records
-    if frame.empty:
-        return {"attempts": 0, "clients_left_early": 0, "timeout_drills": 0}
-    left = frame["status"].isin(LEFT_EARLY)
-    return {"attempts": len(frame), "clients_left_early": int(left.sum()),
-            "timeout_drills": int((frame["drill"].astype(bool) & (frame["status"] == "timeout")).sum())}
+    rows = data.columns.rows(stage.name)
+    return {"attempts": len(rows), "clients_left_early": int(rows.code_is("status", *LEFT_EARLY).sum()),
+            "timeout_drills": int((rows.flag("drill") & rows.code_is("status", "timeout")).sum())}
 
 
 def _row(data: RunData, index: MetricIndex, stage: StageWindow, event: dict[str, Any] | None,

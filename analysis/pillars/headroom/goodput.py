@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS
+from k3load.analysis.run.record_columns import NO_KEY, Rows, all_by_group, group_of
 from k3load.analysis.run.stats import wilson
 
 STATUS_OK = "ok"
@@ -61,13 +61,14 @@ def attempt_good(slo: Slo, status: str, valid: bool, ttft_ms: float | None, ttfa
             and _within(itl_mean_ms, slo.itl_ms) and _within(e2e_ms, slo.e2e_ms))
 
 
-def good_attempts(frame: pd.DataFrame, slo: Slo) -> pd.Series:
-    """`attempt_good` over a records frame, vectorised (the same test, row by row)."""
-    good = (frame["status"] == STATUS_OK) & (frame["valid"] == True)  # noqa: E712 (None, NaN: not valid)
+def good_attempts(rows: Rows, slo: Slo) -> np.ndarray:
+    """`attempt_good` over records' columns, vectorised (the same test, row by row; `valid` counts when it is
+    True as `valid == True` tests it: None or NaN is not valid)."""
+    good: np.ndarray = rows.code_is("status", STATUS_OK) & rows.flag("valid")
     for column, limit in (("ttft_ms", slo.ttft_ms), ("ttfa_ms", slo.ttfa_ms), ("itl_mean_ms", slo.itl_ms),
                           ("e2e_ms", slo.e2e_ms)):
-        values = pd.to_numeric(frame[column], errors="coerce")
-        good &= values.isna() | (values <= limit)
+        values = rows.number(column)
+        good &= np.isnan(values) | (values <= limit)
     return good
 
 
@@ -110,34 +111,42 @@ def _share(good: int, total: int) -> tuple[float | None, tuple[float, float] | N
     return rate.value, (rate.low, rate.high)
 
 
-def stage_goodput(frame: pd.DataFrame, slo: Slo, duration_s: float) -> Goodput:
-    """`frame`: the stage's attempts (drill attempts already left out); `duration_s`: its load time."""
-    frame = frame[frame["status"] != STATUS_CLIENT_RAISED]
-    good = good_attempts(frame, slo)
-    by_chain = good.groupby(frame["chain_id"].to_numpy(), sort=False).all()
-    good_chains = by_chain[by_chain]
-    requests_share = _share(len(good_chains), len(by_chain))
-    ok_good = frame[good & frame["chain_id"].isin(good_chains.index)]
-    tokens = float(pd.to_numeric(ok_good["completion_tokens"], errors="coerce").fillna(0).sum())
+def stage_goodput(rows: Rows, slo: Slo, duration_s: float) -> Goodput:
+    """`rows`: the stage's attempts (drill attempts already left out); `duration_s`: its load time."""
+    rows = rows[~rows.code_is("status", STATUS_CLIENT_RAISED)]
+    good = good_attempts(rows, slo)
+    chains = rows.keys("chain_id")
+    named = chains["kind"] != NO_KEY  # an attempt without a chain id belongs to no request (groupby drops it)
+    count, chain_of = group_of(chains[named])
+    chain_good = all_by_group(count, chain_of, good[named])
+    good_chains = int(np.count_nonzero(chain_good))
+    requests_share = _share(good_chains, count)
+    in_good_chain = np.zeros(len(rows), dtype=bool)
+    in_good_chain[np.flatnonzero(named)] = chain_good[chain_of]
+    tokens = float(np.nan_to_num(rows.number("completion_tokens")[good & in_good_chain], nan=0.0).sum())
     duration = max(duration_s, 1e-9)
-    answered = frame["status"] == STATUS_OK
-    valid = answered & (frame["valid"] == True)  # noqa: E712 (None, NaN: not valid)
+    answered = rows.code_is("status", STATUS_OK)
+    valid = answered & rows.flag("valid")
     misses = {"error": int((~answered).sum()), "invalid": int((answered & ~valid).sum()),
               "latency": int((valid & ~good).sum())}
     sessions = good_sessions = None
     session_share: tuple[float | None, tuple[float, float] | None] = (None, None)
     per_s = None
-    if "session_id" in frame and frame["session_id"].notna().any():
+    ids = rows.keys("session_id")
+    if (ids["kind"] != NO_KEY).any():
         # a session counts in the stage it started in (its first turn's first attempt): one that goes on into
         # the next stage or step is not counted twice, nor one that came in from the last
-        started = frame.loc[(frame["turn"] == 0) & (frame["attempt"] == 1), "session_id"].dropna()
-        known = frame["session_id"].isin(set(started)).to_numpy()
-        by_session = good[known].groupby(frame["session_id"][known].to_numpy(), sort=False).all()
-        sessions, good_sessions = len(by_session), int(np.count_nonzero(by_session.to_numpy()))
+        groups, session_of = group_of(ids)
+        first = (rows.ints("turn") == 0) & (rows.ints("attempt") == 1) & (ids["kind"] != NO_KEY)
+        started = np.zeros(groups, dtype=bool)
+        started[session_of[first]] = True
+        known = started[session_of]
+        session_good = all_by_group(groups, session_of[known], good[known])[started]
+        sessions, good_sessions = int(started.sum()), int(np.count_nonzero(session_good))
         session_share = _share(good_sessions, sessions)
         per_s = good_sessions / duration
-    return Goodput(requests=len(by_chain), good_requests=len(good_chains), share=requests_share[0],
+    return Goodput(requests=count, good_requests=good_chains, share=requests_share[0],
                    share_ci95=requests_share[1], sessions=sessions, good_sessions=good_sessions,
                    session_share=session_share[0], session_share_ci95=session_share[1],
-                   requests_per_s=len(good_chains) / duration, output_tokens_per_s=tokens / duration,
+                   requests_per_s=good_chains / duration, output_tokens_per_s=tokens / duration,
                    sessions_per_s=per_s, misses=misses)

@@ -134,7 +134,8 @@ def gpu_growth(data: RunData, spells: list[DownSpell]) -> GpuGrowth:
                           "total": known["memory_total_mib"].astype(float)}).sort_values("ts", kind="mergesort")
     starts = _lives(spells)
     table["life"] = np.searchsorted(np.array(starts[1:]), table["ts"].to_numpy(), side="right")
-    sends = np.sort(data.records["send_ts"].dropna().to_numpy()) if "send_ts" in data.records else np.array([])
+    sends = data.columns.array("send_ts")
+    sends = np.sort(sends[~np.isnan(sends)])
     baselines, parts = [], []
     for (life, name), rows in table.groupby(["life", "gpu"], sort=True):
         later = sends[sends >= starts[life]]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -36,7 +37,7 @@ from k3load.analysis.pillars.pillar import PillarResult
 from k3load.analysis.pillars.rules import Breach
 from k3load.analysis.run.down_spells import CUT_STATUSES, DETECTION_S, DownSpell, down_spells
 from k3load.analysis.run.gpu_memory import memory_curve
-from k3load.analysis.run.input_size import input_tokens
+from k3load.analysis.run.input_size import Ratios, input_tokens, live_frame, tokens_per_byte
 from k3load.analysis.run.rundata import RunData
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.events import Event
@@ -115,20 +116,20 @@ def _memory_curve(data: RunData, ts: float, span_s: float = 60.0) -> list[dict[s
             for t, v in zip(curve["ts"], curve["memory_used_mib"], strict=True)]
 
 
-def _in_flight(data: RunData, ts: float) -> dict[str, Any]:
+def _in_flight(data: RunData, ts: float, ratios: Callable[[], Ratios]) -> dict[str, Any]:
     """The requests the crash caught: sent before it and either still running at it, or cut by it.
 
     The crash's `ts` is when the sampler saw the server gone, up to a poll after the process died,
     so a request cut by the crash may have ended just before it; one that finished well, or was
     refused a connection (it never reached the server), is not in flight however close it ended.
     Input sizes the server never reported are estimated (input_size)."""
-    frame = data.records
-    cut = frame["status"].isin(CUT_STATUSES) | ((frame["status"] == "http_error") & (frame["http_status"] >= 500))
-    never_arrived = frame["error"].fillna("").str.contains("refused", case=False)  # nobody was listening
-    cut &= ~never_arrived
-    live_mask = (frame["send_ts"] <= ts) & ((frame["end_ts"] >= ts) | (cut & (frame["end_ts"] >= ts - DETECTION_S)))
-    live = frame[live_mask]
-    sizes = input_tokens(live, learn_from=frame)  # tokens per byte learnt from the whole run
+    rows = data.columns.rows()
+    cut = rows.code_is("status", *CUT_STATUSES) | (rows.code_is("status", "http_error")
+                                                   & (rows.number("http_status") >= 500))
+    cut &= ~rows.flag("error")  # the error says the connection was refused: nobody was listening, it never arrived
+    sent, ended = rows.number("send_ts"), rows.number("end_ts")
+    live = live_frame(rows[(sent <= ts) & ((ended >= ts) | (cut & (ended >= ts - DETECTION_S)))])
+    sizes = input_tokens(live, ratios())  # tokens per byte learnt from the whole run
     known = sizes["input_tokens"].dropna()
     largest = int(known.max()) if not known.empty else None
     estimated = bool(sizes.loc[known.idxmax(), "input_tokens_estimated"]) if largest is not None else False
@@ -162,9 +163,10 @@ def _restart_check(data: RunData, ts: float) -> dict[str, Any]:
             "no restart command ran (--k3-restart-cmd not given, or its --k3-max-restarts used up)"
         return {"recovered": False, "command_run": command,
                 "detail": f"the server did not come back within the run; {why}"}
-    after = data.records[data.records["send_ts"] >= up]
-    served = int((after["status"] == "ok").sum())
-    during = int(((data.records["send_ts"] >= ts) & (data.records["send_ts"] < up)).sum())
+    rows = data.columns.rows()
+    sent = rows.number("send_ts")
+    served = int(((sent >= up) & rows.code_is("status", "ok")).sum())
+    during = int(((sent >= ts) & (sent < up)).sum())
     by = ran or "no restart command of ours ran: something else restarted it"
     return {"recovered": served > 0, "down_s": up - ts, "up_ts": up, "ok_after_restart": served,
             "sent_while_down": during,
@@ -194,6 +196,13 @@ def classify_crashes(data: RunData, growth_limit_pct: float = 50.0, spells: list
     growth = growth if growth is not None else gpu_growth(data, spells)
     out = []
     found, all_holds = _crash_times(data, spells), holds(data)
+    learnt: list[Ratios] = []
+
+    def ratios() -> Ratios:  # the run's tokens per byte, learnt once if a crash caught a request
+        if not learnt:
+            learnt.append(tokens_per_byte(data.columns.rows()))
+        return learnt[0]
+
     for n, crash in enumerate(found):
         stage = data.stage_of(crash["ts"])
         kinds = sorted({e["event"] for e in crash["events"]})
@@ -204,7 +213,7 @@ def classify_crashes(data: RunData, growth_limit_pct: float = 50.0, spells: list
                     "phase": PHASES.get(stage.kind if stage else None, "unknown phase"), "events": kinds,
                     "oom": oom, "memory_evidence": _memory_evidence(oom, growth, crash["ts"], growth_limit_pct),
                     "memory_before": memory_before(growth, crash["ts"]),
-                    "log_lines": lines[:3], "conditions": _in_flight(data, crash["ts"]),
+                    "log_lines": lines[:3], "conditions": _in_flight(data, crash["ts"], ratios),
                     "memory_curve": curve, "restart": _restart_check(data, crash["ts"])})
         down = next((e for e in crash["events"] if e["event"] == Event.SERVER_DOWN), None)
         in_hold = hold_at(all_holds, crash["ts"])  # a crash under a hold repeats the crash before it
@@ -286,7 +295,7 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
                     ) -> tuple[PillarResult, list[StageRow]]:
     """The pillar, and the per-stage table, typed (the ramp, the capacity plan, the limits and the reports read it
     too; plain data in the pillar's numbers, which verdict.json carries)."""
-    if data.records.empty:
+    if not len(data.columns):
         return PillarResult(NOT_RUN, ["no request was recorded"]), []
     spells = down_spells(data)  # once: the stages, the crashes and the numbers read the same spells
     growth = gpu_growth(data, spells)  # each GPU against its start-up baseline, read by stages and crashes

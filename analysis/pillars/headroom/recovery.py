@@ -62,20 +62,18 @@ class Hold:
 
 def holds(data: RunData) -> list[Hold]:
     ends = {e.get("stage"): e for e in data.events_named(Event.RECOVERY_HOLD)}
-    frame = data.records
     out = []
     for start in data.events_named(Event.STAGE_START):
         if start.get("kind") != RECOVERY:
             continue
         end = ends.get(start.get("stage"), {})
         held = end.get("held_s")
-        mine = frame[frame["stage"] == start.get("stage")] if not frame.empty else frame
+        mine = data.columns.rows(str(start.get("stage")))
         out.append(Hold(str(start.get("stage")), float(start["ts"]),
                         float(start["ts"]) + float(held) if held is not None else None, start.get("users"),
                         dict(start.get("mix") or {}), end.get("hold_s"), held, end.get("ended"),
                         end.get("crash_stage"), end.get("down_ts"),
-                        int((mine["status"] == "ok").sum()) if not mine.empty else 0,
-                        int(mine["user_id"].nunique()) if not mine.empty else 0,
+                        int(mine.code_is("status", "ok").sum()), mine.distinct("user_id"),
                         start.get("sessions_per_s") is not None))
     return out
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from k3load.analysis.pillars.headroom.stage_row import StageRow
 from k3load.analysis.run.rundata import RunData
 from k3load.events import Event
@@ -72,10 +74,10 @@ def restart_drill(data: RunData, stage_table: list[StageRow]) -> dict[str, Any]:
 
 
 def _hold(data: RunData, start: dict[str, Any], ready: dict[str, Any], row: StageRow | None) -> dict[str, Any]:
-    frame = data.records
-    after = frame[(frame["send_ts"] >= ready["ts"]) & (frame["stage"] == start["stage"])] if not frame.empty else frame
-    good = after[after["status"] == "ok"] if not after.empty else after
-    first = float(good["end_ts"].min()) if not good.empty else None
+    mine = data.columns.rows(str(start["stage"]))
+    after = mine[mine.number("send_ts") >= ready["ts"]]
+    ended = after[after.code_is("status", "ok")].number("end_ts")
+    first = _earliest(ended) if len(ended) else None
     out: dict[str, Any] = {"time_to_first_good_answer_s": first - start["ts"] if first is not None else None,
                            "first_good_answer_after_ready_s": first - ready["ts"] if first is not None else None}
     if row is None:
@@ -95,6 +97,12 @@ def _hold(data: RunData, start: dict[str, Any], ready: dict[str, Any], row: Stag
                   "why": f"recovered: ready {ready['time_to_ready_s']:.1f} s after the restart command, first good "
                          f"answer after {out['time_to_first_good_answer_s']:.1f} s, then {row.attempts} attempts "
                          f"of {start['users']} users within the stage's limits"}
+
+
+def _earliest(values: np.ndarray) -> float:
+    """The smallest value, NaN left out (pandas' `min`; NaN when every value is)."""
+    known = values[~np.isnan(values)]
+    return float(known.min()) if len(known) else float("nan")
 
 
 def drill_reason(drill: dict[str, Any]) -> str | None:

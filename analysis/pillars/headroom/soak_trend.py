@@ -24,12 +24,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from k3load.analysis.pillars.headroom.gpu_growth import GpuGrowth, stage_figures
 from k3load.analysis.pillars.headroom.stages import load_errors, sent_while_down
 from k3load.analysis.pillars.pillar import percentiles
 from k3load.analysis.run.down_spells import DownSpell
+from k3load.analysis.run.record_columns import Rows
 from k3load.analysis.run.rundata import RunData
 from k3load.analysis.run.stats import wilson
 from k3load.analysis.run.timeline import MetricIndex
@@ -129,26 +129,32 @@ def windows_of(data: RunData, index: MetricIndex, soak: tuple[str, float, float]
     requests to compare), each window's figures."""
     name, t0, t1 = soak
     count = int((t1 - t0) // window_s)
-    records = data.records
-    frame = records[(records["stage"] == name) & ~records["drill"].astype(bool)].sort_values("send_ts", kind="stable")
-    edges = np.searchsorted(frame["send_ts"].to_numpy(dtype=float), [t0 + i * window_s for i in range(count + 1)])
+    mine = data.columns.rows(name)
+    mine = mine[~mine.flag("drill")]
+    # each record's window: the last edge at or before its send (the same edges as floats: a record on an edge
+    # is in the window that starts there); before the first or at the last edge and after, none
+    window = np.searchsorted(np.array([t0 + i * window_s for i in range(count + 1)]), mine.number("send_ts"),
+                             side="right") - 1
+    placed = np.flatnonzero((window >= 0) & (window < count))
+    placed = placed[np.argsort(window[placed], kind="stable")]
+    bounds = np.searchsorted(window[placed], np.arange(count + 1))
     rows = []
-    for i in range(count):  # a day's soak is 288 windows: each a slice of the sorted frame, not a pass over it
+    for i in range(count):  # a day's soak is 288 windows: each a slice of the records put in order once
         w0, w1 = t0 + i * window_s, t0 + (i + 1) * window_s
-        rows.append(_window(frame.iloc[edges[i]:edges[i + 1]], index, w0, w1, t0, spells, growth))
+        rows.append(_window(mine.take(placed[bounds[i]:bounds[i + 1]]), index, w0, w1, t0, spells, growth))
     return rows
 
 
-def _window(frame: pd.DataFrame, index: MetricIndex, w0: float, w1: float, t0: float, spells: list[DownSpell],
+def _window(frame: Rows, index: MetricIndex, w0: float, w1: float, t0: float, spells: list[DownSpell],
             growth: GpuGrowth) -> dict[str, Any]:
     down = sent_while_down(frame, spells)
     errors = load_errors(frame) & ~down
     rate = wilson(int(errors.sum()), int((~down).sum()))
-    ok = frame[frame["status"] == "ok"]
+    ok = frame[frame.code_is("status", "ok")]
     p95 = {}
     for column in ("ttft_ms", "ttfa_ms"):
-        known = ok[column].dropna()
-        values = [float(v) for v in known]
+        values = ok.number(column)
+        values = values[~np.isnan(values)].tolist()
         p95[column.replace("_ms", "_p95_ms")] = percentiles(values, (0.95,))[0] if values else None
     kv = index.gauge(VllmMetric.KV_CACHE_USAGE, w0, w1)
     hits = index.delta(VllmMetric.PREFIX_CACHE_HITS_TOTAL, w0, w1)

@@ -7,10 +7,10 @@ and resource limits; the checks that failed are named.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from k3load.analysis.pillars.headroom.arrival_lag import (
     LATE_S,
@@ -29,8 +29,8 @@ from k3load.analysis.pillars.headroom.stage_row import ArrivalLag, StageRow
 from k3load.analysis.pillars.limit_rules import LIMIT_RULES, RuleId
 from k3load.analysis.pillars.pillar import percentiles
 from k3load.analysis.pillars.rules import Breach, breach
-from k3load.analysis.run.clusters import request_cluster
 from k3load.analysis.run.down_spells import DownSpell, down_spells
+from k3load.analysis.run.record_columns import Rows
 from k3load.analysis.run.rundata import RunData, StageWindow
 from k3load.analysis.run.stats import wilson
 from k3load.analysis.run.timeline import MetricIndex
@@ -44,14 +44,13 @@ QUEUED_S = 2.0  # latency over its SLO while requests waited at least this long 
 # capacity (analysis/pillars/headroom/full_batch.py)
 
 
-def _latency(frame: pd.DataFrame) -> dict[str, float | None]:
-    ok = frame[frame["status"] == "ok"]
+def _latency(rows: Rows) -> dict[str, float | None]:
+    ok = rows[rows.code_is("status", "ok")]
     out: dict[str, float | None] = {}
     # ttfa: the first answer token after any reasoning; only streamed answers have one (none: unknown, None)
     for column, label in (("ttft_ms", "ttft"), ("ttfa_ms", "ttfa"), ("itl_mean_ms", "itl"), ("e2e_ms", "e2e")):
-        known = ok[column].dropna()
-        values = known.to_numpy() if known.dtype == np.float64 else [float(v) for v in known]
-        for q, value in zip((50, 95, 99), percentiles(values, (0.50, 0.95, 0.99)), strict=True):
+        values = ok.number(column)
+        for q, value in zip((50, 95, 99), percentiles(values[~np.isnan(values)], (0.50, 0.95, 0.99)), strict=True):
             out[f"{label}_p{q}_ms"] = value
     return out
 
@@ -75,53 +74,62 @@ def cpu_by_process(data: RunData, t0: float, t1: float) -> dict[str, float]:
     return dict(sorted(out.items()))
 
 
-def load_errors(frame: pd.DataFrame) -> pd.Series:
+def load_errors(rows: Rows) -> np.ndarray:
     """Failures load can cause: 5xx, 408, 429, timeouts, cut streams, transport errors. A 4xx refusal
     (e.g. vLLM's 400 '"auto" tool choice requires --enable-auto-tool-choice') is the request's or the
     configuration's fault, not a shortage: it stays a failure of the agent pillar (layer `server`). A
     `client_raised` (our client raised: nothing known of the answer) is never the server's."""
-    status = frame["http_status"]
-    refused = (frame["status"] == "http_error") & status.between(400, 499) & ~status.isin([408, 429])
-    return (frame["status"] != "ok") & ~refused & (frame["status"] != "client_raised")
+    status = rows.number("http_status")
+    refused = (rows.code_is("status", "http_error") & (status >= 400) & (status <= 499)
+               & ~np.isin(status, (408.0, 429.0)))
+    return ~rows.code_is("status", "ok", "client_raised") & ~refused
 
 
-def _error_kinds(errors: pd.DataFrame) -> dict[str, int]:
+def _error_kinds(errors: Rows) -> dict[str, int]:
     """What the failed requests were, most frequent first: `HTTP 502`, `truncated`, `timeout` ..."""
-    kinds = [f"HTTP {int(s)}" if st == "http_error" and pd.notna(s) else st
-             for st, s in zip(errors["status"], errors["http_status"], strict=True)]
-    counts = pd.Series(kinds, dtype=object).value_counts()
+    http = errors.number("http_status")
+    with_status = errors.code_is("status", "http_error") & ~np.isnan(http)
+    counts: Counter[Any] = Counter()
+    for value, n in zip(*np.unique(http[with_status], return_counts=True), strict=True):
+        counts[f"HTTP {int(value)}"] += int(n)
+    for status, n in errors[~with_status].counts("status").items():
+        if status is not None:  # a status that is no value is no kind (as value_counts left it out)
+            counts[status] += n
     return {str(k): int(v) for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))}
 
 
-def sent_while_down(frame: pd.DataFrame, spells: list[DownSpell]) -> pd.Series:
+def sent_while_down(rows: Rows, spells: list[DownSpell]) -> np.ndarray:
     """Requests sent while the server was down (a crash, not a flap): refused because nobody was
     listening. They are the crash's consequence, said with it, not load errors of their own."""
-    mask = pd.Series(False, index=frame.index)
+    send = rows.number("send_ts")
+    mask = np.zeros(len(send), dtype=bool)
     for spell in spells:
         if not spell.flap:
             end = spell.up_ts if spell.up_ts is not None else float("inf")
-            mask |= (frame["send_ts"] >= spell.down_ts) & (frame["send_ts"] < end)
+            mask |= (send >= spell.down_ts) & (send < end)
     return mask
 
 
-def _errors(frame: pd.DataFrame, spells: list[DownSpell]) -> dict[str, Any]:
-    down = sent_while_down(frame, spells)
-    mask = load_errors(frame) & ~down
-    errors = frame[mask]
-    layers = errors["primary_layer"].fillna("unknown").value_counts()
+def _errors(rows: Rows, spells: list[DownSpell]) -> dict[str, Any]:
+    down = sent_while_down(rows, spells)
+    mask = load_errors(rows) & ~down
+    errors = rows[mask]
+    layers: Counter[Any] = Counter()
+    for layer, n in errors.counts("primary_layer").items():
+        layers["unknown" if layer is None else layer] += n  # fillna("unknown"): one key with any "unknown"
     # Per attempt, not per distinct request (docs/verdict-rules.md): a load error (5xx, 429, a timeout, a cut
     # stream) is the server's state when the attempt was sent, not its prompt's, and the same bytes sent again
     # fail or not on their own. The distinct requests are said beside it.
     rate = wilson(int(mask.sum()), int((~down).sum()))
     return {"errors": int(mask.sum()), "error_rate": rate.value, "error_rate_ci95": [rate.low, rate.high],
-            "error_rate_distinct_requests": int(request_cluster(frame[~down]).nunique()),
+            "error_rate_distinct_requests": rows[~down].distinct("request_sha256"),
             "sent_while_down": int(down.sum()),
             "errors_by_layer": {str(k): int(v) for k, v in sorted(layers.items())},
             "error_kinds": _error_kinds(errors) if len(errors) else {}}
 
 
-def _capacity_figures(frame: pd.DataFrame, duration: float, index: MetricIndex, stage: StageWindow,
-                      slo: Slo | None, cap: EngineCap | None, labelled: pd.DataFrame) -> dict[str, Any]:
+def _capacity_figures(frame: Rows, duration: float, index: MetricIndex, stage: StageWindow,
+                      slo: Slo | None, cap: EngineCap | None, labelled: Rows) -> dict[str, Any]:
     """Goodput (analysis/pillars/headroom/goodput.py), the arrival lag of an open-loop stage, and the queue behind
     a full batch (analysis/pillars/headroom/full_batch.py), as the row's fields; `labelled`: every record naming the
     stage (drills and those ended after a step's decision too: its sessions started)."""
@@ -145,14 +153,14 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
     where the server said it (analysis/pillars/headroom/full_batch.py). The row's problems are judged after
     (`stage_breaches`)."""
     t0, t1 = stage.start_ts, stage.end_ts
-    labelled = data.records[data.records["stage"] == stage.name]
-    frame = labelled[~labelled["drill"].astype(bool)]
+    labelled = data.columns.rows(stage.name)
+    frame = labelled[~labelled.flag("drill")]
     if stage.search is not None:  # a search step: what ended by its decision, the evidence the live search judged
-        frame = frame[frame["end_ts"] <= t1]
+        frame = frame[frame.number("end_ts") <= t1]
     planned = planned_windows(data)  # the restart drill's down on purpose is not the stage's
     # rates over the time load was offered: a restart drill's wait for the server is no load time
     duration = max(t1 - t0 - sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in planned), 1e-9)
-    ok = frame[frame["status"] == "ok"]
+    ok = frame[frame.code_is("status", "ok")]
     kv = index.gauge(VllmMetric.KV_CACHE_USAGE, t0, t1)
     waiting = index.gauge(VllmMetric.NUM_REQUESTS_WAITING, t0, t1)
     running = index.gauge(VllmMetric.NUM_REQUESTS_RUNNING, t0, t1)
@@ -169,8 +177,8 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
         stage=stage.name, kind=stage.kind, users=stage.users, start_ts=t0, duration_s=t1 - t0,
         attempts=len(frame), **(errors | {"error_rate_ci95": tuple(errors["error_rate_ci95"])}),
         requests_per_s=len(ok) / duration,
-        output_tokens_per_s=float(ok["completion_tokens"].fillna(0).sum()) / duration,
-        max_prompt_tokens_ok=int(ok["prompt_tokens"].max()) if ok["prompt_tokens"].notna().any() else None,
+        output_tokens_per_s=float(np.nan_to_num(ok.number("completion_tokens"), nan=0.0).sum()) / duration,
+        max_prompt_tokens_ok=_largest(ok.number("prompt_tokens")),
         **latency,
         kv_usage_mean=kv["mean"] if kv else None, kv_usage_max=kv["max"] if kv else None,
         kv_usage_max_by_source={src or "target": g["max"] for src, g in
@@ -190,6 +198,11 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
         **_capacity_figures(frame, duration, index, stage, slo, cap, labelled),
         replay=replay_figures(data.events_named(Event.REPLAY_END), stage.name).get("replay"),  # arrival_lag.py
     )
+
+
+def _largest(values: np.ndarray) -> int | None:
+    known = values[~np.isnan(values)]
+    return int(known.max()) if len(known) else None
 
 
 def _over(value: float | None, limit: float) -> bool:

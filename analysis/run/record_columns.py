@@ -1,0 +1,366 @@
+"""The records as columns: what the stage table's rules read of every record, a few bytes a field.
+
+Why: the stage table, the crash and restart checks, the soak's windows and the capacity's what-if read a
+few fields of every record. They read them from a pandas frame of every record with 36 columns (strings as
+objects), built once more in send order: about 640 bytes a record at its peak, 5.5 GB for a day's soak.
+Here each record's fields go, as it is read, into a batch, and a batch into numpy columns of the smallest
+kind that keeps what the rules read (`Kind`): numbers as float64, strings as codes into the run's table
+of distinct values, ids as their 16 bytes. About 170 bytes a record, in file order.
+
+What a kind keeps is what the frame's rules made of the field (verdicts unchanged byte for byte):
+`TRUTHY` is `astype(bool)`, `IS_TRUE` is `== True`, `REFUSED` is `str.contains("refused", case=False)`, a
+`NUMBER` that is not a JSON number is missing (NaN), as `to_numeric(errors="coerce")` made it, and a
+number column whose every record held an integer is said (`int_only`: the frame's int64 column, whose
+values a rule wrote as integers).
+
+Usage: `RecordColumns.add(lean, frame_only)` per record (analysis/run/record_decode.py), `rows()` for the
+whole run or `rows(stage=name)`, then a `Rows` view: `view.number("ttft_ms")`, `view.code_is("status",
+"ok")`, `view[mask]`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+BATCH = 65_536  # records a batch holds before it becomes columns (a few MB of tuples, whatever the run's size)
+MISSING_INT = np.iinfo(np.int64).min  # an INT field that was not an integer: never equal to a rule's 0 or 1
+_REFUSED = re.compile("refused", flags=re.IGNORECASE)  # pandas' str.contains(case=False): the same search
+_HEX = frozenset("0123456789abcdef")
+
+
+class Kind(Enum):
+    NUMBER = "number"  # float64; None and anything not a JSON number: NaN
+    CODE = "code"  # int32 into the run's table of the field's distinct values (None is a value)
+    TRUTHY = "truthy"  # bool(value)
+    IS_TRUE = "is_true"  # value == True
+    INT = "int"  # int64; anything not an integer: MISSING_INT
+    REFUSED = "refused"  # the error text says "refused", in any case: nobody was listening
+    KEY = "key"  # an id: (kind, hi, lo): a uuid's 16 bytes (kind 0), another string's code (1), None (2)
+
+
+# The fields kept, in the order a record's values are taken (`_values`); declared once.
+FIELDS: dict[str, Kind] = {
+    "stage": Kind.CODE, "status": Kind.CODE, "scenario": Kind.CODE, "family": Kind.CODE,
+    "primary_layer": Kind.CODE, "stream_role": Kind.CODE, "request_sha256": Kind.CODE, "user_id": Kind.CODE,
+    "send_ts": Kind.NUMBER, "end_ts": Kind.NUMBER, "ttft_ms": Kind.NUMBER, "e2e_ms": Kind.NUMBER,
+    "prompt_tokens": Kind.NUMBER, "cached_tokens": Kind.NUMBER, "request_bytes": Kind.NUMBER,
+    "http_status": Kind.NUMBER, "ttfa_ms": Kind.NUMBER, "itl_mean_ms": Kind.NUMBER, "completion_tokens": Kind.NUMBER,
+    "max_tokens": Kind.NUMBER, "intended_send_ts": Kind.NUMBER,
+    "drill": Kind.TRUTHY, "valid": Kind.IS_TRUE, "error": Kind.REFUSED, "turn": Kind.INT, "attempt": Kind.INT,
+    "attempt_id": Kind.KEY, "chain_id": Kind.KEY, "session_id": Kind.KEY,
+}
+NAMES = tuple(FIELDS)
+
+
+def _values(lean: Any, frame: Sequence[Any]) -> tuple[Any, ...]:
+    """A record's kept values in FIELDS' order, from its lean attempt and its frame-only values (the decoder's
+    `add`: ttfa, itl, completion tokens, max tokens, error, session id, intended send time)."""
+    ttfa, itl, completion, max_tokens, error, session, intended = frame
+    return (lean.stage, lean.status, lean.scenario, lean.family, lean.primary_layer, lean.stream_role,
+            lean.request_sha256, lean.user_id, lean.send_ts, lean.end_ts, lean.ttft_ms, lean.e2e_ms,
+            lean.prompt_tokens, lean.cached_tokens, lean.request_bytes, lean.http_status, ttfa, itl, completion,
+            max_tokens, intended, lean.drill, lean.valid, error, lean.turn, lean.attempt, lean.attempt_id,
+            lean.chain_id, session)
+
+
+class Codes:
+    """A field's distinct values in order of first appearance, each with its code."""
+
+    def __init__(self) -> None:
+        self.code_of: dict[Any, int] = {}
+        self.values: list[Any] = []
+
+    def code(self, value: Any) -> int:
+        try:
+            found = self.code_of.get(value)
+        except TypeError:  # an unhashable value (a list where a string belongs): its text stands for it
+            return self.code(("unhashable", repr(value)))
+        if found is None:
+            found = self.code_of[value] = len(self.values)
+            self.values.append(value)
+        return found
+
+    def of(self, *values: Any) -> np.ndarray:
+        """The codes of those values this run holds (a value it never held matches no row)."""
+        return np.array([self.code_of[v] for v in values if _hashable(v) and v in self.code_of], dtype=np.int32)
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _number(value: Any) -> float:
+    kind = type(value)
+    if kind is float:
+        return value
+    if kind is int:
+        try:
+            return float(value)
+        except OverflowError:  # an integer past float range: no number a rule can compare
+            return math.nan
+    return math.nan
+
+
+def _int(value: Any) -> int:
+    if type(value) is int or type(value) is bool:
+        return int(value) if -(2 ** 63) < value < 2 ** 63 else MISSING_INT
+    return MISSING_INT
+
+
+class Column:
+    """One field's batches, joined into one array when first read."""
+
+    def __init__(self, kind: Kind) -> None:
+        self.kind = kind
+        self.parts: list[np.ndarray] = []
+        self.codes = Codes() if kind in (Kind.CODE, Kind.KEY) else None
+        self.int_only = True  # NUMBER: every record held an integer (no None, no fraction written as such)
+        self._joined: np.ndarray | None = None
+
+    def extend(self, values: tuple[Any, ...]) -> None:
+        self.parts.append(self._convert(values))
+        self._joined = None
+
+    def array(self) -> np.ndarray:
+        if self._joined is None:
+            if len(self.parts) == 1:
+                self._joined = self.parts[0]
+            else:
+                self._joined = np.concatenate(self.parts) if self.parts else self._convert(())
+            self.parts = [self._joined]
+        return self._joined
+
+    def _convert(self, values: tuple[Any, ...]) -> np.ndarray:
+        n, kind = len(values), self.kind
+        if kind is Kind.NUMBER:
+            types = set(map(type, values))
+            if types - {int}:
+                self.int_only = False
+            if types <= {float}:
+                return np.array(values, dtype=np.float64) if n else np.empty(0, dtype=np.float64)
+            return np.fromiter(map(_number, values), dtype=np.float64, count=n)
+        if kind is Kind.CODE:
+            assert self.codes is not None
+            return np.fromiter(map(self.codes.code, values), dtype=np.int32, count=n)
+        if kind is Kind.TRUTHY:
+            return np.fromiter(map(bool, values), dtype=bool, count=n)
+        if kind is Kind.IS_TRUE:
+            return np.fromiter((v == True for v in values), dtype=bool, count=n)  # noqa: E712 (the frame's test)
+        if kind is Kind.INT:
+            return np.fromiter(map(_int, values), dtype=np.int64, count=n)
+        if kind is Kind.REFUSED:
+            return np.fromiter((type(v) is str and _REFUSED.search(v) is not None for v in values), dtype=bool,
+                               count=n)
+        return self._keys(values)
+
+    def _keys(self, values: tuple[Any, ...]) -> np.ndarray:
+        out = np.empty(len(values), dtype=KEY_DTYPE)
+        if values and all(type(v) is str and len(v) == 32 for v in values):
+            joined = "".join(values)
+            if _HEX.issuperset(joined):  # every one a uuid's lowercase hex: its 16 bytes, as two big-endian words
+                words = np.frombuffer(bytes.fromhex(joined), dtype=">u8").reshape(-1, 2)
+                out["kind"], out["hi"], out["lo"] = 0, words[:, 0], words[:, 1]
+                return out
+        for i, value in enumerate(values):
+            out[i] = self._key(value)
+        return out
+
+    def _key(self, value: Any) -> tuple[int, int, int]:
+        if value is None:
+            return NO_KEY, 0, 0
+        if type(value) is str and len(value) == 32 and _HEX.issuperset(value):
+            whole = int(value, 16)
+            return 0, whole >> 64, whole & 0xFFFF_FFFF_FFFF_FFFF
+        assert self.codes is not None
+        return 1, self.codes.code(value), 0
+
+    def key_text(self, key: np.void) -> Any:
+        """The id a key stands for (its text, as recorded)."""
+        if key["kind"] == 0:
+            return f"{int(key['hi']):016x}{int(key['lo']):016x}"
+        if key["kind"] == NO_KEY:
+            return None
+        assert self.codes is not None
+        return self.codes.values[int(key["hi"])]
+
+
+KEY_DTYPE = np.dtype([("kind", np.uint8), ("hi", np.uint64), ("lo", np.uint64)])
+NO_KEY = 2  # a key's kind where the record held no id (None)
+
+
+class RecordColumns:
+    """Every record's kept fields (FIELDS), in file order, a batch at a time."""
+
+    def __init__(self) -> None:
+        self.columns = {name: Column(kind) for name, kind in FIELDS.items()}
+        self._batch: list[tuple[Any, ...]] = []
+        self._count = 0
+        self._stage_index: dict[str, np.ndarray] | None = None
+
+    def add(self, lean: Any, frame: Sequence[Any]) -> None:
+        self._batch.append(_values(lean, frame))
+        if len(self._batch) >= BATCH:
+            self._flush()
+
+    def add_values(self, values: dict[str, Any]) -> None:
+        """A record given by its fields (a test's rows; a field left out is None)."""
+        self._batch.append(tuple(values.get(name) for name in NAMES))
+        if len(self._batch) >= BATCH:
+            self._flush()
+
+    @classmethod
+    def of(cls, records: Iterable[dict[str, Any]]) -> RecordColumns:
+        columns = cls()
+        for record in records:
+            columns.add_values(record)
+        return columns
+
+    def _flush(self) -> None:
+        if not self._batch:
+            return
+        batch, self._batch = self._batch, []
+        for column, values in zip(self.columns.values(), zip(*batch, strict=True), strict=True):
+            column.extend(values)
+        self._count += len(batch)
+        self._stage_index = None
+
+    def __len__(self) -> int:
+        return self._count + len(self._batch)
+
+    def array(self, name: str) -> np.ndarray:
+        self._flush()
+        return self.columns[name].array()
+
+    def rows(self, stage: str | None = None) -> Rows:
+        """Every record, or those naming `stage` (the stage each was sent in)."""
+        self._flush()
+        if stage is None:
+            return Rows(self, None)
+        if self._stage_index is None:
+            self._stage_index = self._by_stage()
+        return Rows(self, self._stage_index.get(stage, np.empty(0, dtype=np.intp)))
+
+    def _by_stage(self) -> dict[str, np.ndarray]:
+        codes = self.array("stage")
+        names = self.columns["stage"].codes
+        assert names is not None
+        order = np.argsort(codes, kind="stable")
+        bounds = np.searchsorted(codes[order], np.arange(len(names.values) + 1))
+        out: dict[str, np.ndarray] = {}
+        for code, value in enumerate(names.values):
+            if isinstance(value, str):
+                out[value] = order[bounds[code]:bounds[code + 1]]
+        return out
+
+
+class Rows:
+    """Some records of a run (`index` into its columns, file order; None: all), read as columns."""
+
+    def __init__(self, columns: RecordColumns, index: np.ndarray | None) -> None:
+        self.columns = columns
+        self.index = index
+
+    def __len__(self) -> int:
+        return len(self.columns) if self.index is None else len(self.index)
+
+    @property
+    def empty(self) -> bool:
+        return len(self) == 0
+
+    def __getitem__(self, mask: np.ndarray) -> Rows:
+        """The rows where `mask` (one bool per row of this view) holds."""
+        picked = np.flatnonzero(mask)
+        return Rows(self.columns, picked if self.index is None else self.index[picked])
+
+    def take(self, positions: np.ndarray) -> Rows:
+        """The rows at these positions of this view, in that order."""
+        return Rows(self.columns, positions if self.index is None else self.index[positions])
+
+    def _get(self, name: str) -> np.ndarray:
+        whole = self.columns.array(name)
+        return whole if self.index is None else whole[self.index]
+
+    def number(self, name: str) -> np.ndarray:
+        return self._get(name)
+
+    def flag(self, name: str) -> np.ndarray:
+        return self._get(name)
+
+    def ints(self, name: str) -> np.ndarray:
+        return self._get(name)
+
+    def codes(self, name: str) -> np.ndarray:
+        return self._get(name)
+
+    def code_is(self, name: str, *values: Any) -> np.ndarray:
+        """Whether each row's value of a CODE field is one of `values`."""
+        table = self.columns.columns[name].codes
+        assert table is not None
+        return np.isin(self._get(name), table.of(*values))
+
+    def values(self, name: str) -> list[Any]:
+        """A CODE field's values, as recorded."""
+        table = self.columns.columns[name].codes
+        assert table is not None
+        return [table.values[c] for c in self._get(name).tolist()]
+
+    def counts(self, name: str) -> dict[Any, int]:
+        """A CODE field's values with their counts, in order of first appearance in the run."""
+        table = self.columns.columns[name].codes
+        assert table is not None
+        codes, counts = np.unique(self._get(name), return_counts=True)
+        return {table.values[c]: n for c, n in zip(codes.tolist(), counts.tolist(), strict=True)}
+
+    def distinct(self, name: str) -> int:
+        """Distinct values of a CODE field, None left out (pandas' `nunique`)."""
+        table = self.columns.columns[name].codes
+        assert table is not None
+        codes = np.unique(self._get(name))
+        return sum(1 for c in codes.tolist() if table.values[c] is not None)
+
+    def keys(self, name: str) -> np.ndarray:
+        return self._get(name)
+
+    def key_texts(self, name: str) -> list[Any]:
+        column = self.columns.columns[name]
+        return [column.key_text(k) for k in self._get(name)]
+
+    def as_recorded(self, name: str, values: np.ndarray) -> list[Any]:
+        """A NUMBER field's values as the frame's column gave them: integers where every record held one."""
+        if self.columns.columns[name].int_only:
+            return [int(v) for v in values.tolist()]
+        return values.tolist()
+
+    def file_positions(self) -> np.ndarray:
+        return np.arange(len(self)) if self.index is None else self.index
+
+
+def group_of(keys: np.ndarray) -> tuple[int, np.ndarray]:
+    """(distinct keys, each row's group number) of a KEY column's values."""
+    if not len(keys):
+        return 0, np.empty(0, dtype=np.intp)
+    unique, inverse = np.unique(keys, return_inverse=True)
+    return len(unique), inverse.reshape(-1)
+
+
+def distinct_keys(keys: np.ndarray) -> int:
+    """Distinct ids among a KEY column's values, None left out (pandas' `nunique`)."""
+    named = keys[keys["kind"] != NO_KEY]
+    return len(np.unique(named)) if len(named) else 0
+
+
+def all_by_group(groups: int, inverse: np.ndarray, good: np.ndarray) -> np.ndarray:
+    """Per group, whether every row of it is good (pandas' `groupby(...).all()`)."""
+    bad = np.bincount(inverse, weights=~good, minlength=groups)
+    return bad == 0
+
