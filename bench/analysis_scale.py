@@ -9,7 +9,8 @@ function of the run directory), or differ only in the reuse intervals that an ho
 the normal approximation (`_same_verdict`).
 
 The run directory is built from a real small run (`make demo` writes runs/demo): its records are
-repeated with fresh attempt, chain, user and stream-pair ids, relabelled to the soak stage and spread
+repeated with fresh attempt, chain, user, session and stream-pair ids (a uuid's hex stays one, as runs write
+them: `scale_run.copied_id`), relabelled to the soak stage and spread
 over a soak stretched to an hour (`--soak-s`), about 100 requests/s at 360,000 records. The server's
 timeline is stretched with them, so the directory stays coherent: metrics.jsonl and gpu.jsonl repeat
 the soak's 1 Hz scrapes over the hour (cumulative counters keep rising by the soak's own increase per

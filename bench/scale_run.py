@@ -37,7 +37,9 @@ GENERATED = ("records.jsonl", "metrics.jsonl", "gpu.jsonl", "gpu.jsonl.gz", "eve
              METRICS)
 COUNTER_SUFFIXES = ("_total", "_sum", "_count", "_bucket")
 SLOT = re.compile(r'"@K3SLOT:(\w+)@"')
-ID_FIELDS = ("attempt_id", "chain_id", "user_id", "stream_pair")
+ID_FIELDS = ("attempt_id", "chain_id", "user_id", "stream_pair", "session_id")
+UUID_TAIL = re.compile(r"[0-9a-f]{32}\Z")
+SPREAD = 0x9E3779B97F4A7C15F39CC0605CEDC835  # odd: each copy's ids a distinct 128-bit shift of the source's
 
 
 # -- building the run directory ---------------------------------------------------------------------
@@ -121,9 +123,18 @@ def _copy_line(pieces: list[str], values: dict[str, Any], copy: int, shift: floa
     out = [pieces[0]]
     for i in range(1, len(pieces), 2):
         value = values[pieces[i]]
-        out.append(repr(value + shift) if isinstance(value, float) else json.dumps(f"{value}-{copy}"))
+        out.append(repr(value + shift) if isinstance(value, float) else json.dumps(copied_id(value, copy)))
         out.append(pieces[i + 1])
     return "".join(out)
+
+
+def copied_id(value: str, copy: int) -> str:
+    """A copy's id of the form a run writes: a uuid's hex (a session's `k3load-` and its first attempt's) stays
+    32 hex digits, shifted per copy the same way wherever it appears; any other id gets the copy's number."""
+    if UUID_TAIL.search(value):
+        tail = (int(value[-32:], 16) + copy * SPREAD) % (1 << 128)
+        return f"{value[:-32]}{tail:032x}"
+    return f"{value}-{copy}"
 
 
 def _shifted(record: dict[str, Any], shift: float) -> dict[str, Any]:

@@ -41,7 +41,8 @@ class Kind(Enum):
     IS_TRUE = "is_true"  # value == True
     INT = "int"  # int64; anything not an integer: MISSING_INT
     REFUSED = "refused"  # the error text says "refused", in any case: nobody was listening
-    KEY = "key"  # an id: (kind, hi, lo): a uuid's 16 bytes (kind 0), another string's code (1), None (2)
+    KEY = "key"  # an id: (kind, hi, lo): a uuid's 16 bytes, alone (kind 0) or after a prefix (kind 3 + the
+    # prefix's code: a session's `k3load-`); another string's code (1); None (2)
 
 
 # The fields kept, in the order a record's values are taken (`_values`); declared once.
@@ -125,6 +126,7 @@ class Column:
         self.parts: list[np.ndarray] = []
         self.codes = Codes() if kind in (Kind.CODE, Kind.KEY) else None
         self.int_only = True  # NUMBER: every record held an integer (no None, no fraction written as such)
+        self._prefixes: dict[str, int] = {}  # KEY: the prefixes seen before a uuid's hex, each with its kind
         self._joined: np.ndarray | None = None
 
     def extend(self, values: tuple[Any, ...]) -> None:
@@ -165,37 +167,54 @@ class Column:
 
     def _keys(self, values: tuple[Any, ...]) -> np.ndarray:
         out = np.empty(len(values), dtype=KEY_DTYPE)
-        if values and all(type(v) is str and len(v) == 32 for v in values):
-            joined = "".join(values)
-            if _HEX.issuperset(joined):  # every one a uuid's lowercase hex: its 16 bytes, as two big-endian words
-                words = np.frombuffer(bytes.fromhex(joined), dtype=">u8").reshape(-1, 2)
-                out["kind"], out["hi"], out["lo"] = 0, words[:, 0], words[:, 1]
+        if values and all(type(v) is str for v in values) and len(lengths := set(map(len, values))) == 1:
+            cut = lengths.pop() - 32
+            prefixes = {v[:cut] for v in values} if cut >= 0 else set()
+            kind = self._prefix_kind(prefixes.pop()) if len(prefixes) == 1 else None
+            tails = "".join(v[cut:] for v in values) if kind is not None else ""
+            if kind is not None and _HEX.issuperset(tails):  # one prefix (or none), then a uuid's lowercase hex
+                words = np.frombuffer(bytes.fromhex(tails), dtype=">u8").reshape(-1, 2)
+                out["kind"], out["hi"], out["lo"] = kind, words[:, 0], words[:, 1]
                 return out
         for i, value in enumerate(values):
             out[i] = self._key(value)
         return out
 
+    def _prefix_kind(self, prefix: str) -> int | None:
+        """The key kind of ids with this prefix before their uuid hex (None: too many prefixes to keep apart)."""
+        if not prefix:
+            return 0
+        found = self._prefixes.get(prefix)
+        if found is None and len(self._prefixes) < MAX_PREFIXES:
+            found = self._prefixes[prefix] = FIRST_PREFIX + len(self._prefixes)
+        return found
+
     def _key(self, value: Any) -> tuple[int, int, int]:
         if value is None:
             return NO_KEY, 0, 0
-        if type(value) is str and len(value) == 32 and _HEX.issuperset(value):
-            whole = int(value, 16)
-            return 0, whole >> 64, whole & 0xFFFF_FFFF_FFFF_FFFF
+        if type(value) is str and len(value) >= 32 and _HEX.issuperset(value[-32:]):
+            kind = self._prefix_kind(value[:-32])
+            if kind is not None:
+                whole = int(value[-32:], 16)
+                return kind, whole >> 64, whole & 0xFFFF_FFFF_FFFF_FFFF
         assert self.codes is not None
         return 1, self.codes.code(value), 0
 
     def key_text(self, key: np.void) -> Any:
         """The id a key stands for (its text, as recorded)."""
-        if key["kind"] == 0:
-            return f"{int(key['hi']):016x}{int(key['lo']):016x}"
-        if key["kind"] == NO_KEY:
+        kind = int(key["kind"])
+        if kind == NO_KEY:
             return None
-        assert self.codes is not None
-        return self.codes.values[int(key["hi"])]
+        if kind == 1:
+            assert self.codes is not None
+            return self.codes.values[int(key["hi"])]
+        prefix = "" if kind == 0 else next(p for p, k in self._prefixes.items() if k == kind)
+        return f"{prefix}{int(key['hi']):016x}{int(key['lo']):016x}"
 
 
 KEY_DTYPE = np.dtype([("kind", np.uint8), ("hi", np.uint64), ("lo", np.uint64)])
 NO_KEY = 2  # a key's kind where the record held no id (None)
+FIRST_PREFIX, MAX_PREFIXES = 3, 250  # kinds 3.. name the prefixes before a uuid's hex (a uint8 holds 252 of them)
 
 
 class RecordColumns:
