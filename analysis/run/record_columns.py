@@ -32,6 +32,9 @@ BATCH = 65_536  # records a batch holds before it becomes columns (a few MB of t
 MISSING_INT = np.iinfo(np.int64).min  # an INT field that was not an integer: never equal to a rule's 0 or 1
 _REFUSED = re.compile("refused", flags=re.IGNORECASE)  # pandas' str.contains(case=False): the same search
 _HEX = frozenset("0123456789abcdef")
+NONE = type(None)
+_PLAIN_NUMBERS = frozenset((float, int, NONE))
+_HASHED = frozenset((str, NONE, int, float, bool))  # types whose values a dict finds by hash alone
 
 
 class Kind(Enum):
@@ -143,24 +146,42 @@ class Column:
         return self._joined
 
     def _convert(self, values: tuple[Any, ...]) -> np.ndarray:
+        """A batch's values as this kind's array. Each kind has a fast path for a run's own records (one or two
+        plain types) and the value-by-value rule for anything else; both give the same array."""
         n, kind = len(values), self.kind
+        types = set(map(type, values))
         if kind is Kind.NUMBER:
-            types = set(map(type, values))
             if types - {int}:
                 self.int_only = False
-            if types <= {float}:
-                return np.array(values, dtype=np.float64) if n else np.empty(0, dtype=np.float64)
+            if types <= _PLAIN_NUMBERS:
+                try:  # floats and integers as they are, None as NaN
+                    return np.array([math.nan if v is None else v for v in values] if NONE in types else values,
+                                    dtype=np.float64)
+                except OverflowError:  # an integer past float range: NaN, value by value
+                    pass
             return np.fromiter(map(_number, values), dtype=np.float64, count=n)
         if kind is Kind.CODE:
             assert self.codes is not None
+            known = list(map(self.codes.code_of.get, values)) if types <= _HASHED else [None]
+            if None not in known:  # every value seen before (a run repeats a few hundred)
+                return np.array(known, dtype=np.int32)
             return np.fromiter(map(self.codes.code, values), dtype=np.int32, count=n)
         if kind is Kind.TRUTHY:
             return np.fromiter(map(bool, values), dtype=bool, count=n)
         if kind is Kind.IS_TRUE:
+            if types <= {bool}:
+                return np.array(values, dtype=bool)
             return np.fromiter((v == True for v in values), dtype=bool, count=n)  # noqa: E712 (the frame's test)
         if kind is Kind.INT:
+            if types <= {int}:
+                try:
+                    return np.array(values, dtype=np.int64) if n else np.empty(0, dtype=np.int64)
+                except OverflowError:
+                    pass
             return np.fromiter(map(_int, values), dtype=np.int64, count=n)
         if kind is Kind.REFUSED:
+            if types <= {NONE}:
+                return np.zeros(n, dtype=bool)
             return np.fromiter((type(v) is str and _REFUSED.search(v) is not None for v in values), dtype=bool,
                                count=n)
         return self._keys(values)
