@@ -386,17 +386,25 @@ class Rows:
 
 
 def group_of(keys: np.ndarray) -> tuple[int, np.ndarray]:
-    """(distinct keys, each row's group number) of a KEY column's values."""
+    """(distinct keys, each row's group number) of a KEY column's values. Sorted by the three words at once
+    (`lexsort`): `np.unique` on the structured keys sorted them field by field, about three times slower."""
     if not len(keys):
         return 0, np.empty(0, dtype=np.intp)
-    unique, inverse = np.unique(keys, return_inverse=True)
-    return len(unique), inverse.reshape(-1)
+    order = np.lexsort((keys["lo"], keys["hi"], keys["kind"]))
+    ordered = keys[order]
+    starts = np.ones(len(ordered), dtype=bool)
+    for field in ("kind", "hi", "lo"):
+        starts[1:] &= ordered[field][1:] == ordered[field][:-1]
+    starts = ~starts
+    starts[0] = True
+    inverse = np.empty(len(keys), dtype=np.intp)
+    inverse[order] = np.cumsum(starts) - 1
+    return int(starts.sum()), inverse
 
 
 def distinct_keys(keys: np.ndarray) -> int:
     """Distinct ids among a KEY column's values, None left out (pandas' `nunique`)."""
-    named = keys[keys["kind"] != NO_KEY]
-    return len(np.unique(named)) if len(named) else 0
+    return group_of(keys[keys["kind"] != NO_KEY])[0]
 
 
 def all_by_group(groups: int, inverse: np.ndarray, good: np.ndarray) -> np.ndarray:

@@ -125,3 +125,16 @@ def test_a_view_counts_and_selects_as_the_frame_did() -> None:
     assert len(ok) == 2 and ok.values("user_id") == ["u1", "u2"]
     assert not view.code_is("status", "never seen").any() and len(RecordColumns().rows()) == 0
     assert ok.take(np.array([1, 0])).values("user_id") == ["u2", "u1"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(words=st.lists(st.tuples(st.sampled_from([0, 1, 2, 3]), st.integers(0, 3), st.integers(0, 3)), max_size=30))
+def test_keys_are_grouped_as_numpy_groups_them(words: list[tuple[int, int, int]]) -> None:
+    """Goodput's requests and sessions: the keys' groups, each row's group the same as `np.unique`'s."""
+    keys = np.array(words, dtype=record_columns.KEY_DTYPE)
+    count, inverse = record_columns.group_of(keys)
+    unique, want = np.unique(keys, return_inverse=True) if len(keys) else (keys, np.empty(0, dtype=np.intp))
+    assert count == len(unique) and inverse.tolist() == want.reshape(-1).tolist()
+    good = np.array([w[1] != 3 for w in words], dtype=bool)
+    every = record_columns.all_by_group(count, inverse, good)
+    assert every.tolist() == [all(g for g, i in zip(good, inverse, strict=True) if i == n) for n in range(count)]
