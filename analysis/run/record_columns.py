@@ -5,7 +5,7 @@ few fields of every record. They read them from a pandas frame of every record w
 objects), built once more in send order: about 640 bytes a record at its peak, 5.5 GB for a day's soak.
 Here each record's fields go, as it is read, into a batch, and a batch into numpy columns of the smallest
 kind that keeps what the rules read (`Kind`): numbers as float64, strings as codes into the run's table
-of distinct values, ids as their 16 bytes. About 170 bytes a record, in file order.
+of distinct values, ids as their 16 bytes. About 190 bytes a record, in file order.
 
 What a kind keeps is what the frame's rules made of the field (verdicts unchanged byte for byte):
 `TRUTHY` is `astype(bool)`, `IS_TRUE` is `== True`, `REFUSED` is `str.contains("refused", case=False)`, a
@@ -34,7 +34,7 @@ _REFUSED = re.compile("refused", flags=re.IGNORECASE)  # pandas' str.contains(ca
 _HEX = frozenset("0123456789abcdef")
 NONE = type(None)
 _PLAIN_NUMBERS = frozenset((float, int, NONE))
-_HASHED = frozenset((str, NONE, int, float, bool))  # types whose values a dict finds by hash alone
+_HASHED = frozenset((str, NONE))  # types whose values are their own keys in a code table (`Codes`)
 
 
 class Kind(Enum):
@@ -73,26 +73,38 @@ def _values(lean: Any, frame: Sequence[Any]) -> tuple[Any, ...]:
             lean.chain_id, session)
 
 
+KEY_DTYPE = np.dtype([("kind", np.uint8), ("hi", np.uint64), ("lo", np.uint64)])
+NO_KEY = 2  # a key's kind where the record held no id (None)
+FIRST_PREFIX, MAX_PREFIXES = 3, 250  # kinds 3.. name the prefixes before a uuid's hex (a uint8 holds 252 of them)
+
+
 class Codes:
-    """A field's distinct values in order of first appearance, each with its code."""
+    """A field's distinct values in order of first appearance, each with its code. A string (or None) is its own
+    key; any other value is keyed with its type, so `0`, `0.0` and `False` (one dict key) stay three values."""
 
     def __init__(self) -> None:
-        self.code_of: dict[Any, int] = {}
+        self.code_of: dict[Any, int] = {}  # a string or None, or (type, value)
         self.values: list[Any] = []
 
     def code(self, value: Any) -> int:
+        key = _code_key(value)
         try:
-            found = self.code_of.get(value)
+            found = self.code_of.get(key)
         except TypeError:  # an unhashable value (a list where a string belongs): its text stands for it
             return self.code(("unhashable", repr(value)))
         if found is None:
-            found = self.code_of[value] = len(self.values)
+            found = self.code_of[key] = len(self.values)
             self.values.append(value)
         return found
 
     def of(self, *values: Any) -> np.ndarray:
         """The codes of those values this run holds (a value it never held matches no row)."""
-        return np.array([self.code_of[v] for v in values if _hashable(v) and v in self.code_of], dtype=np.int32)
+        keys = [_code_key(v) for v in values if _hashable(v)]
+        return np.array([self.code_of[k] for k in keys if k in self.code_of], dtype=np.int32)
+
+
+def _code_key(value: Any) -> Any:
+    return value if value is None or type(value) is str else (type(value), value)
 
 
 def _hashable(value: Any) -> bool:
@@ -233,11 +245,6 @@ class Column:
         return f"{prefix}{int(key['hi']):016x}{int(key['lo']):016x}"
 
 
-KEY_DTYPE = np.dtype([("kind", np.uint8), ("hi", np.uint64), ("lo", np.uint64)])
-NO_KEY = 2  # a key's kind where the record held no id (None)
-FIRST_PREFIX, MAX_PREFIXES = 3, 250  # kinds 3.. name the prefixes before a uuid's hex (a uint8 holds 252 of them)
-
-
 class RecordColumns:
     """Every record's kept fields (FIELDS), in file order, a batch at a time."""
 
@@ -248,6 +255,7 @@ class RecordColumns:
         self._stage_index: dict[str, np.ndarray] | None = None
 
     def add(self, lean: Any, frame: Sequence[Any]) -> None:
+        """A record read: its lean attempt (or whole `Attempt`) and its frame-only values (`_values`)."""
         self._batch.append(_values(lean, frame))
         if len(self._batch) >= BATCH:
             self._flush()
@@ -337,9 +345,6 @@ class Rows:
         return self._get(name)
 
     def ints(self, name: str) -> np.ndarray:
-        return self._get(name)
-
-    def codes(self, name: str) -> np.ndarray:
         return self._get(name)
 
     def code_is(self, name: str, *values: Any) -> np.ndarray:

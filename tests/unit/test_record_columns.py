@@ -71,8 +71,8 @@ def test_each_kind_keeps_what_the_rules_read_of_any_record(rows: list[dict[str, 
             assert all(_same_float(h, _number(v)) for h, v in zip(held.tolist(), given_values, strict=True))
             assert columns.columns[name].int_only == all(type(v) is int for v in given_values)
         elif kind is Kind.CODE:
-            assert [repr(v) for v in everything.values(name)] == [repr(_key_text(v) if not _hashable(v) else v)
-                                                                  for v in given_values]
+            assert [repr(v) for v in everything.values(name)] == [
+                repr(v if record_columns._hashable(v) else _key_text(v)) for v in given_values]
         elif kind is Kind.TRUTHY:
             assert held.tolist() == [bool(v) for v in given_values]
         elif kind is Kind.IS_TRUE:
@@ -104,14 +104,6 @@ def test_a_batch_of_ids_of_one_form_is_read_at_once_and_given_back(tails: list[s
     assert everything.key_texts("session_id") == [r["session_id"] for r in rows]
     assert everything.key_texts("chain_id") == tails
     assert distinct_keys(everything.keys("session_id")) == len(set(tails))
-
-
-def _hashable(value: Any) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
 
 
 def test_a_view_counts_and_selects_as_the_frame_did() -> None:
