@@ -58,8 +58,13 @@ class SampleLayout:
         return tuple(values) if self._in_scrape_order is None else self._in_scrape_order(values)
 
 
+MAX_LAYOUTS = 4_096  # distinct key sequences remembered: past that (a server whose series churn), one per scrape
+
+
 class Layouts:
-    """One layout per distinct key sequence of a run (and each key parsed once), shared by its scrapes."""
+    """One layout per distinct key sequence of a run (and each key parsed once), shared by its scrapes. A run
+    sees a few (a series appears when its first event does: a `finished_reason` of `abort`, an adapter); a
+    server whose keys change at every scrape gets a layout per scrape, about what a dict per scrape held."""
 
     def __init__(self) -> None:
         self._layouts: dict[tuple[str, ...], SampleLayout] = {}
@@ -69,10 +74,14 @@ class Layouts:
         layout = self._layouts.get(keys)
         if layout is None:
             parsed = self._parsed
+            if len(parsed) > MAX_LAYOUTS * 64:  # keys that never repeat: parsed for this scrape only
+                parsed = {key: parsed.get(key) or split_key(key) for key in keys}
             for key in keys:
                 if key not in parsed:
                     parsed[key] = split_key(key)
-            layout = self._layouts[keys] = SampleLayout(keys, parsed)
+            layout = SampleLayout(keys, parsed)
+            if len(self._layouts) < MAX_LAYOUTS:
+                self._layouts[keys] = layout
         return layout
 
     def compact(self, samples: Any) -> Any:

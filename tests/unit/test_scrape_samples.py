@@ -77,3 +77,15 @@ def test_the_index_sums_each_series_as_the_dicts_did(scrapes: list[dict[str, Any
                     if (t := _reference_total(s, name, match)) is not None]
             assert [ts for ts, _ in got] == [ts for ts, _ in want]
             assert all(_same(g, w) for (_, g), (_, w) in zip(got, want, strict=True)), (name, match, got, want)
+
+
+def test_scrapes_whose_keys_never_repeat_are_still_read_and_the_memory_of_them_is_bounded(monkeypatch) -> None:
+    """A server whose series change at every scrape (a label per request): each scrape its own layout, past the
+    bound none remembered, every value read back."""
+    from k3load.analysis.run import scrape_samples
+
+    monkeypatch.setattr(scrape_samples, "MAX_LAYOUTS", 3)
+    layouts = Layouts()
+    held = [layouts.compact({f'vllm:x{{id="{n}"}}': float(n), "vllm:y": 1.5}) for n in range(10)]
+    assert len(layouts._layouts) == 3
+    assert [dict(h.items()) for h in held] == [{f'vllm:x{{id="{n}"}}': float(n), "vllm:y": 1.5} for n in range(10)]
