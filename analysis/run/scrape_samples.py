@@ -130,7 +130,8 @@ class _Values(ValuesView[float]):
 
 
 class Samples(Mapping[str, float]):
-    """One scrape's samples: the dict `{key: value}` it was, read through its layout."""
+    """One scrape's samples: the dict `{key: value}` it was, read through its layout (equality and no hash:
+    `Mapping`'s own, as a dict's)."""
 
     __slots__ = ("floats", "layout")
 
@@ -155,10 +156,3 @@ class Samples(Mapping[str, float]):
 
     def values(self) -> ValuesView[float]:
         return _Values(self)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Mapping):
-            return dict(self.items()) == dict(other.items())
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  # a mapping, as the dict it stands for
