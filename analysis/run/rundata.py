@@ -118,19 +118,31 @@ def _jsonl(path: Path, problems: list[str], layouts: Layouts | None = None,
     return rows
 
 
+GPU_NUMBERS = ("ts", "memory_used_mib", "memory_total_mib", "memory_free_mib")  # what the GPU rules compute with
+
+
 def _gpu_frame(path: Path, problems: list[str]) -> pd.DataFrame:
-    """gpu.jsonl as `pd.DataFrame(rows)` would make it, without holding the rows (`row_columns`); a line that
-    is not a JSON object is a problem, skipped (pandas could not have framed it)."""
+    """gpu.jsonl as `pd.DataFrame(rows)` would make it, without holding the rows (`row_columns`). A line that
+    is not a JSON object is a problem, skipped (pandas could not have framed it); a reading whose time or memory
+    is not a number (another writer's "n/a") is kept with that field unknown, and said."""
     columns = RowColumns()
+    not_numbers: dict[str, int] = {}
 
     def add(row: Any) -> None:
-        if isinstance(row, dict):
-            columns.add(row)
-        else:
+        if not isinstance(row, dict):
             problems.append(f"{path.name}: a line that is not a JSON object ({type(row).__name__}) skipped")
+            return
+        for name in GPU_NUMBERS:
+            value = row.get(name)
+            if value is not None and (type(value) is bool or not isinstance(value, int | float)):
+                not_numbers[name] = not_numbers.get(name, 0) + 1
+                row[name] = None
+        columns.add(row)
 
     if path.exists():
         _read_rows(path, problems, None, None, add)
+    problems += [f"{path.name}: {n} reading(s) whose {name} is not a number, read as unknown"
+                 for name, n in not_numbers.items()]
     return columns.frame()
 
 
