@@ -109,6 +109,20 @@ class LeanAttempt:
 
 
 AnyAttempt = Attempt | LeanAttempt
+# The counts and times the rules compute with (sums, ratios, comparisons): a value that is no plain number is
+# read as unknown (None; `chunks` as its default 0), never handed to a rule that would fail on it.
+NUMBERS = frozenset(("first_token_ts", "ttft_ms", "e2e_ms", "chunks", "prompt_tokens", "cached_tokens",
+                     "request_bytes", "tool_call_span_ms", "tool_call_max_gap_ms", "tool_call_deltas",
+                     "last_silence_ms", "stream_reads", "stream_bytes"))
+PLAIN_INT = 2 ** 53  # integers a float holds exactly: a count past it is no count a server reported
+
+
+def plain_number(value: Any, default: Any = None) -> Any:
+    """`value` where it is a number a rule can compute with (a float, or an integer a float holds), else `default`."""
+    kind = type(value)
+    if kind is float or (kind is int and -PLAIN_INT <= value <= PLAIN_INT):
+        return value
+    return default
 SHARED = ("stage", "scenario", "family", "user_id", "request_sha256", "prefix_sha256", "status", "finish_reason",
           "primary_layer", "control_role", "stream_role")
 
@@ -192,7 +206,7 @@ def lean_attempt(record: dict[str, Any], shared: Interner) -> LeanAttempt:
     if not record.keys() >= REQUIRED:
         missing = sorted(REQUIRED - record.keys())
         raise TypeError(f"Attempt.__init__() missing required arguments: {', '.join(map(repr, missing))}")
-    get, intern = record.get, shared.intern
+    get, intern, num = record.get, shared.intern, plain_number
     findings = shared.finding_tuple(get("findings") or [])
     layer = get("primary_layer")
     valid = get("valid", True)
@@ -210,13 +224,14 @@ def lean_attempt(record: dict[str, Any], shared: Interner) -> LeanAttempt:
         record["attempt_id"], record["chain_id"], record["attempt"], intern(stage, stage),
         intern(scenario, scenario), intern(family, family), record["turn"], intern(user, user),
         intern(request, request), intern(prefix, prefix), intern(status, status),
-        record["send_ts"], record["end_ts"], get("first_token_ts"), get("ttft_ms"), get("e2e_ms"),
-        get("chunks", 0), get("prompt_tokens"), get("cached_tokens"), get("request_bytes"),
+        record["send_ts"], record["end_ts"], num(get("first_token_ts")), num(get("ttft_ms")), num(get("e2e_ms")),
+        num(get("chunks", 0), 0), num(get("prompt_tokens")), num(get("cached_tokens")), num(get("request_bytes")),
         intern(finish, finish), http_status, get("error_body") if http_status == 400 else None,
         names, findings, valid, get("will_retry", False), get("drill", False), intern(layer, layer),
         get("control_pair"), intern(role, role), get("stream_pair"), intern(stream_role, stream_role),
-        get("tool_call_span_ms"), get("tool_call_max_gap_ms"), get("tool_call_deltas"), get("last_silence_ms"),
-        get("temperature"), get("seed"), get("stream", True), get("stream_reads"), get("stream_bytes"),
+        num(get("tool_call_span_ms")), num(get("tool_call_max_gap_ms")), num(get("tool_call_deltas")),
+        num(get("last_silence_ms")), get("temperature"), get("seed"), get("stream", True), num(get("stream_reads")),
+        num(get("stream_bytes")),
         get("history"), get("model_round"), _signature(record, shared),
         intern(get("path"), get("path")))
 

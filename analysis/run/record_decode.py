@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from k3load.analysis.run.answer_signature import compared, signature_of_calls
-from k3load.analysis.run.lean import DEFAULTS, REQUIRED, Interner, LeanAttempt, derived_layer
+from k3load.analysis.run.lean import DEFAULTS, NUMBERS, PLAIN_INT, REQUIRED, Interner, LeanAttempt, derived_layer
 from k3load.analysis.run.record_columns import RecordColumns
 
 # Fields the record columns keep that the lean attempt does not (analysis/run/record_columns.py), in the order
@@ -49,10 +49,13 @@ class _Call(msgspec.Struct, gc=False):
 
 # The record's kept fields: the required ones without a default (absent: refused, then read whole, which
 # names them), the others with Attempt's defaults, applied only where the key is absent as dict.get's are.
+# A count or time the rules compute with is a JSON number a float can hold: anything else (a string, a boolean,
+# an integer past 2**53) is refused here, and the line read whole, which reads it as unknown (`lean.plain_number`).
+_Number = Annotated[int, msgspec.Meta(ge=-PLAIN_INT, le=PLAIN_INT)] | float | None
 _Line = msgspec.defstruct(
     "_Line",
     [*((name, Any) for name in sorted(REQUIRED)),
-     *((name, Any, DEFAULTS[name]) for name in _OPTIONAL),
+     *((name, _Number if name in NUMBERS else Any, DEFAULTS[name]) for name in _OPTIONAL),
      ("tool_calls", list[_Call] | None, None),
      ("findings", msgspec.Raw, msgspec.Raw(b"[]")),
      ("content", msgspec.Raw, msgspec.Raw(b'""'))],  # parsed only for a json turn's signature

@@ -22,7 +22,7 @@ import pytest
 from k3load import evidence
 from k3load.analysis.pillars.agent.reproducibility import signature_of
 from k3load.analysis.run import rundata
-from k3load.analysis.run.lean import LeanAttempt, call_name
+from k3load.analysis.run.lean import NUMBERS, LeanAttempt, call_name, plain_number
 from k3load.analysis.run.record_columns import RecordColumns
 from k3load.analysis.run.record_decode import RecordDecoder
 from k3load.records import Attempt, Finding, read_records
@@ -124,6 +124,8 @@ def _same(whole: Attempt, lean: Any) -> None:
             value = tuple(value)
         elif f.name == "error_body" and whole.http_status != 400:
             value = None
+        elif f.name in NUMBERS:  # a count or time that is no plain number (a string, past 2**53): unknown
+            value = plain_number(value, 0 if f.name == "chunks" else None)
         elif f.name == "primary_layer" and value is None and not whole.valid:  # a record from before the field
             layer = primary_layer(list(whole.findings))  # a Layer member: the lean attempt keeps its plain string
             value = None if layer is None else str(layer)
@@ -143,7 +145,8 @@ def test_the_decoder_reads_every_field_as_the_whole_record_gives_it(tmp_path: Pa
                _record(5) | {"ttft_ms": float("nan"), "e2e_ms": -0.0, "prompt_tokens": 2**70},
                _record(6) | {"http_status": 400, "error_body": "bad \ud83d"},
                _record(7) | {"http_status": 400, "error_body": '{"object":"error"}'},
-               _record(8) | {"tool_calls": ["named"], "failed_layers": ["parser"], "primary_layer": None}]
+               _record(8) | {"tool_calls": ["named"], "failed_layers": ["parser"], "primary_layer": None},
+               _record(9) | {"request_bytes": "12", "chunks": True, "stream_reads": 10 ** 400, "cached_tokens": 7}]
     path = tmp_path / "records.jsonl"
     text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
     path.write_text(text, encoding="utf-8")
@@ -153,14 +156,18 @@ def test_the_decoder_reads_every_field_as_the_whole_record_gives_it(tmp_path: Pa
         _same(whole, lean)
     assert pairs[0][1].primary_layer == "model_output" and pairs[3][1].tool_calls == ("top", "", "")
     assert pairs[5][1].error_body == "bad \ud83d" and pairs[7][1].tool_calls == ("named",)
+    assert pairs[4][1].prompt_tokens is None and (pairs[8][1].request_bytes, pairs[8][1].chunks,
+                                                   pairs[8][1].stream_reads, pairs[8][1].cached_tokens) == (None, 0,
+                                                                                                           None, 7)
     columns = RecordColumns()
     decoder = RecordDecoder(rundata.Interner(), [], columns)
     taken = [decoder.take(line) for line in text.splitlines(keepends=True)]
-    assert taken == [True, True, True, True, False, False, True, False]  # NaN, a lone surrogate, a bare name
+    # NaN, a lone surrogate, a bare name, counts that are no plain numbers
+    assert taken == [True, True, True, True, False, False, True, False, False]
     assert len(columns) == 5
     assert [decoder.take(line.encode()) for line in text.splitlines(keepends=True)] == taken  # from UTF-8 bytes
     loaded = rundata.load_run(tmp_path)
-    assert len(loaded.columns) == 8  # every line, the ones read whole too, in its columns as in its attempt
+    assert len(loaded.columns) == 9  # every line, the ones read whole too, in its columns as in its attempt
     assert loaded.columns.rows().values("primary_layer") == [a.primary_layer for a in loaded.attempts]
 
 
