@@ -34,3 +34,20 @@ def test_a_repeated_string_is_held_once() -> None:
         columns.add({"source": "".join(["nv", "ml"]), "gpu": n})  # a new string object each row, as decoded
     held = columns.columns["source"]
     assert held[0] is held[1] is held[2]
+
+
+def test_a_gpu_reading_that_is_no_number_is_unknown_and_said(tmp_path) -> None:
+    """Another writer's gpu.jsonl: a memory of "n/a", a line that is no object. The rules get NaN, not a string
+    (which failed inside pandas), and the verdict says what was not read."""
+    from k3load.analysis.run.rundata import _gpu_frame
+
+    path = tmp_path / "gpu.jsonl"
+    path.write_text('{"ts": 1.0, "gpu": 0, "memory_used_mib": "n/a", "memory_total_mib": 80.0}\n[1]\n'
+                    '{"ts": 2.0, "gpu": 0, "memory_used_mib": 5.0, "memory_total_mib": true}\n')
+    problems: list[str] = []
+    frame = _gpu_frame(path, problems)
+    assert frame["memory_used_mib"].isna().tolist() == [True, False]
+    assert frame["memory_total_mib"].isna().tolist() == [False, True]
+    assert problems == ["gpu.jsonl: a line that is not a JSON object (list) skipped",
+                        "gpu.jsonl: 1 reading(s) whose memory_used_mib is not a number, read as unknown",
+                        "gpu.jsonl: 1 reading(s) whose memory_total_mib is not a number, read as unknown"]
