@@ -1,6 +1,7 @@
 """What a web UI visitor may change: users, rates, the run time, the classes and a shipped plan. Nothing else.
 
     refusal(form, start_host, plans_dir)   for POST /swarm: None, or the one-line reason it is refused
+    no_workers_refusal(workers)           for POST /swarm on a master: refused while no worker is connected
     user_settings_refusal(settings, ...)   for POST /user (the class picker's per-class settings)
     exposure_warnings(parsed, web_ui)      at start: what listens beyond loopback for anyone who reaches it
 
@@ -105,6 +106,17 @@ def refusal(form: Mapping[str, Any], start_host: str | None, plans_dir: Path, st
     if plan and plan != start_plan and not (PLAN_NAME.fullmatch(str(plan)) and (plans_dir / f"{plan}.yaml").is_file()):
         return "the start request names a plan that is not one shipped under plans/ (a file is chosen at start)"
     return None
+
+
+def no_workers_refusal(workers: int | None) -> str | None:
+    """Why a start on a master with no worker connected is refused (None: a local runner, or workers there).
+    Why: Locust's master answers such a start with success and does nothing (locust/runners.py MasterRunner.start
+    only logs "You can't start a distributed test before at least one worker processes has connected"), so the
+    visitor who clicks Start while --processes' workers are still importing sees a test that never begins."""
+    if workers is None or workers > 0:
+        return None
+    return ("no worker has connected to this master yet (with --processes they connect a few seconds after start): "
+            "start again once the Workers tab lists them")
 
 
 def _other_target(host: Any, start_host: str | None) -> bool:

@@ -18,7 +18,8 @@
       "Download Data" tab     links to the live page and the run's report (`extended_csv_files`)
       POST /swarm             while a run without a plan shape is running: a new stage `manual-N`; a start
                               request that sets anything fixed at start (a command, a URL, a path, a secret,
-                              Locust's own outputs) or another target's origin is refused (k3load.loadgen.ui_guard)
+                              Locust's own outputs) or another target's origin is refused (k3load.loadgen.ui_guard),
+                              and so is a start on a master no worker has joined yet (Locust's does nothing)
       POST /user              the class picker's settings: only tasks, weight and fixed count
 """
 
@@ -35,6 +36,7 @@ from locust.runners import STATE_RUNNING, STATE_SPAWNING
 from k3load.loadgen import held_secrets, ui_guard
 from k3load.loadgen.live import LINKS, LiveState
 from k3load.loadgen.webui_page import PAGE, TAB_JS
+from k3load.loadgen.worker_count import WorkerCount
 
 TAB = "k3load"
 PLANS_DIR = Path(__file__).resolve().parents[2] / "plans"
@@ -88,7 +90,8 @@ def register(environment: Any, live: LiveState | None = None) -> LiveState:
             return None
         bound = held_secrets.held(environment.parsed_options).origin or environment.host
         if request.path == "/swarm":
-            why = ui_guard.refusal(request.form, bound, PLANS_DIR, start_plan)
+            why = (ui_guard.refusal(request.form, bound, PLANS_DIR, start_plan)
+                   or ui_guard.no_workers_refusal(WorkerCount.now(environment.runner)))
         else:
             why = ui_guard.user_settings_refusal(request.get_json(force=True, silent=True), bound)
         if why is None:

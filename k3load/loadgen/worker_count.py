@@ -24,7 +24,8 @@ class WorkerCount:
     def __init__(self) -> None:
         self.seen = 0
 
-    def now(self, runner: Any) -> int | None:
+    @staticmethod
+    def now(runner: Any) -> int | None:
         """The workers connected and not missing (None: not a master)."""
         if not isinstance(runner, MasterRunner):
             return None

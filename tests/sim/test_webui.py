@@ -17,7 +17,7 @@ from k3load.loadgen.manual import LiveCounts, ManualStages
 from k3load.loadgen.webui import tab_rows
 from k3load.records import read_records
 from k3load.workload.plan import parse_plan
-from tests.sim.locust_runs import _free_port, _processes
+from tests.sim.locust_runs import _free_port, _processes, _served
 from tests.webui_fixtures import STATE_KEYS, web_ui_fixture  # noqa: F401  (the web_ui fixture)
 
 
@@ -231,6 +231,9 @@ def _wait_for_workers_ready(ui: Any, count: int, timeout_s: float = 30) -> None:
 @pytest.mark.slow
 def test_under_a_master_each_ui_test_is_its_own_run_with_every_workers_records(web_ui):
     ui, sim = web_ui("--k3-manual", *_processes(2))
+    # the workers import the locustfile after the master's UI is up (seconds on a busy machine): a start before
+    # they join is refused (test_a_start_before_any_worker_joined_is_refused_with_the_reason)
+    _wait_for_workers_ready(ui, 2, 90)
     ui.swarm(2, sim.base_url)
     first = ui.wait_for(lambda s: (s["signals"].get("attempts") or 0) >= 3, 40, "workers' attempts")
     ui.swarm(4, sim.base_url)
@@ -252,6 +255,17 @@ def test_under_a_master_each_ui_test_is_its_own_run_with_every_workers_records(w
         ids = [a.attempt_id for a in attempts]
         assert len(ids) == len(set(ids)) and {a.stage for a in attempts} == stages, directory
         assert {a.run_id for a in attempts} == {json.loads((directory / "run.json").read_text())["run_id"]}
+
+
+def test_a_start_before_any_worker_joined_is_refused_with_the_reason(web_ui):
+    """A master no worker has joined: Locust's own /swarm answers success and starts nothing (its console says
+    why); k3load refuses the start with the reason, in the answer the page shows."""
+    port = str(_free_port())
+    ui, sim = web_ui("--k3-manual", "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", port)
+    answer = ui.http.post(ui.base + "/swarm", data={"user_count": 2, "spawn_rate": 10, "host": sim.base_url}).json()
+    assert not answer["success"] and answer["message"].startswith("k3load refused: no worker has connected"), answer
+    time.sleep(1)
+    assert ui.state()["run_id"] is None and _served(sim) == 0
 
 
 def test_a_dead_server_is_said_in_the_state_and_the_tab(web_ui):
