@@ -77,7 +77,7 @@ def load_side(path: Path) -> Side:
     if not records_file(path).is_file():
         raise DiffInputError(f"{path}: no records.jsonl.gz (not a run directory, or the run never sent a request)")
     data = load_run(path)
-    if not data.attempts:
+    if not len(data.columns):
         raise DiffInputError(f"{path}: records.jsonl holds no attempt")
     if (path / "verdict.json").is_file():
         return Side(data, json.loads((path / "verdict.json").read_text()), False)

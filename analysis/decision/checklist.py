@@ -93,7 +93,7 @@ def _stage_logs(data: RunData) -> dict[str, Any]:
 
     kinds = {kind(s) for s in data.stages}
     needed = set(REQUIRED_KINDS)
-    ran = {a.stage for a in data.attempts}
+    ran = set(data.columns.rows().seen("stage"))
     present = {kind(s) for s in data.stages if s.name in ran}
     ok = needed <= present and bool(data.metrics)
     missing = [k for k in REQUIRED_KINDS if k not in present]
@@ -114,7 +114,7 @@ def _families(data: RunData) -> dict[str, Any]:
         for family, weight in stage.mix.items():
             if weight > 0:
                 planned.setdefault(family, []).append(stage.name)
-    ran = {a.family for a in data.attempts}
+    ran = set(data.columns.rows().seen("family"))
     missing = [f"family {family} (planned in {', '.join(stages)}) never ran: no attempt recorded"
                for family, stages in sorted(planned.items()) if family not in ran]
     detail = "; ".join(missing) if missing else f"{len(planned)} planned families ran: {', '.join(sorted(planned))}"
@@ -240,7 +240,7 @@ def build_checklist(data: RunData, pillars: dict[str, PillarResult]) -> list[dic
                                                           "prompt_tokens_cached")), ["metrics.jsonl"]),
         _item("Schema validation of tool calls, reasoning, content and structured output",
               bool(agent.get("attempts")), f"{agent.get('attempts', 0)} attempts validated", ["records.jsonl"]),
-        _item("Retry and API fallback behaviour", *checklist_line(path_counts(data.attempts), drill),
+        _item("Retry and API fallback behaviour", *checklist_line(path_counts(data), drill),
               ["records.jsonl"]),
         _item("Judge, date, samples used and next action", bool(judge),
               f"judge {judge!r}" if judge else "judge to be filled in before signing",

@@ -87,7 +87,7 @@ def _sections(j: Any) -> list[str]:
                + _agent(j) + report_tool_calls.markdown(j.pillars["agent_api"].numbers)
                + report_reference.markdown(j.pillars["agent_api"].numbers)
                + report_reproducibility.markdown(j.pillars["agent_api"].numbers))
-    out.append(report_retry_paths.markdown(j.data.attempts))  # first tries, retries, fallbacks (the checklist's)
+    out.append(report_retry_paths.markdown(j.data))  # first tries, retries, fallbacks (the checklist's)
     out.append(f"## Signature\n\n| field | value |\n|---|---|\n| judge | {h['judge'] or '________'} |\n"
                f"| date | {h['date']} |\n| samples used | samples.sha256 (sha256 {h['samples']}…) |\n"
                f"| next action | {fmt(j.verdict_json()['next_action']['action'])} |\n\n"

@@ -1,7 +1,7 @@
 """The report's "Retries and fallbacks" section (report.md; report.html renders the same): each attempt's path,
 first try, retry or fallback, with how many of each were valid and how many were the timeout drill's.
 
-Usage: `markdown(data.attempts)` -> the section's Markdown. Columns: `path`, `attempts`, `valid`, `drill`
+Usage: `markdown(data)` -> the section's Markdown. Columns: `path`, `attempts`, `valid`, `drill`
 (sent with the drill's deliberately short deadline: failed on purpose). The counts are
 analysis/pillars/agent/retry_paths.py's,
 the ones the checklist's "Retry and API fallback behaviour" line is ticked on.
@@ -9,17 +9,15 @@ the ones the checklist's "Retry and API fallback behaviour" line is ticked on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 from k3load.analysis.outputs.markdown import table
 from k3load.analysis.pillars.agent.retry_paths import PATHS, path_counts
+from k3load.analysis.run.rundata import RunData
 
 COLUMNS = ("path", "attempts", "valid", "drill")
 
 
-def markdown(attempts: Sequence[Any]) -> str:
-    counts = path_counts(attempts)
+def markdown(data: RunData) -> str:
+    counts = path_counts(data)
     rows = [{"path": p, **counts[p]} for p in PATHS]
     unrecovered = counts["retried_unrecovered"]
     note = (f"\n{unrecovered} retried request(s) ended without a valid answer and with no fallback.\n"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from typing import Any
 
@@ -57,7 +57,7 @@ FIELDS: dict[str, Kind] = {
     "http_status": Kind.NUMBER, "ttfa_ms": Kind.NUMBER, "itl_mean_ms": Kind.NUMBER, "completion_tokens": Kind.NUMBER,
     "max_tokens": Kind.NUMBER, "intended_send_ts": Kind.NUMBER,
     "drill": Kind.TRUTHY, "valid": Kind.IS_TRUE, "error": Kind.REFUSED, "turn": Kind.INT, "attempt": Kind.INT,
-    "attempt_id": Kind.KEY, "chain_id": Kind.KEY, "session_id": Kind.KEY,
+    "attempt_id": Kind.KEY, "chain_id": Kind.KEY, "session_id": Kind.KEY, "control_role": Kind.CODE,
 }
 NAMES = tuple(FIELDS)
 
@@ -70,11 +70,12 @@ def _values(lean: Any, frame: Sequence[Any]) -> tuple[Any, ...]:
             lean.request_sha256, lean.user_id, lean.send_ts, lean.end_ts, lean.ttft_ms, lean.e2e_ms,
             lean.prompt_tokens, lean.cached_tokens, lean.request_bytes, lean.http_status, ttfa, itl, completion,
             max_tokens, intended, lean.drill, lean.valid, error, lean.turn, lean.attempt, lean.attempt_id,
-            lean.chain_id, session)
+            lean.chain_id, session, lean.control_role)
 
 
 KEY_DTYPE = np.dtype([("kind", np.uint8), ("hi", np.uint64), ("lo", np.uint64)])
 NO_KEY = 2  # a key's kind where the record held no id (None)
+_KEY_BYTES = np.dtype(f"V{KEY_DTYPE.itemsize}")  # a key as one opaque value: compared whole (np.isin)
 FIRST_PREFIX, MAX_PREFIXES = 3, 250  # kinds 3.. name the prefixes before a uuid's hex (a uint8 holds 252 of them)
 
 
@@ -353,6 +354,13 @@ class Rows:
         assert table is not None
         return np.isin(self._get(name), table.of(*values))
 
+    def code_where(self, name: str, test: Callable[[Any], Any]) -> np.ndarray:
+        """Whether each row's value of a CODE field passes `test` (asked once per distinct value)."""
+        table = self.columns.columns[name].codes
+        assert table is not None
+        passed = np.fromiter((bool(test(v)) for v in table.values), dtype=bool, count=len(table.values))
+        return passed[self._get(name)]
+
     def values(self, name: str) -> list[Any]:
         """A CODE field's values, as recorded."""
         table = self.columns.columns[name].codes
@@ -375,6 +383,16 @@ class Rows:
 
     def keys(self, name: str) -> np.ndarray:
         return self._get(name)
+
+    def key_in(self, name: str, among: np.ndarray) -> np.ndarray:
+        """Whether each row's KEY of `name` is one of `among` (keys of the same column)."""
+        return np.isin(self._get(name).view(_KEY_BYTES), among.view(_KEY_BYTES))
+
+    def seen(self, name: str) -> list[Any]:
+        """A CODE field's distinct values in these rows, in order of first appearance in the run."""
+        table = self.columns.columns[name].codes
+        assert table is not None
+        return [table.values[c] for c in np.unique(self._get(name)).tolist()]
 
     def key_texts(self, name: str) -> list[Any]:
         column = self.columns.columns[name]

@@ -30,7 +30,7 @@ import yaml
 
 from k3load import evidence
 from k3load.analysis.run.lean import DEFAULTS, AnyAttempt, Interner, lean_attempt
-from k3load.analysis.run.record_columns import RecordColumns
+from k3load.analysis.run.record_columns import RecordColumns, Rows
 from k3load.analysis.run.record_decode import FRAME_ONLY, RecordDecoder
 from k3load.analysis.run.row_columns import RowColumns
 from k3load.analysis.run.scrape_samples import Layouts
@@ -65,6 +65,15 @@ class RunData:
     stages: list[StageWindow] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # unreadable lines or files, reported not hidden
 
+    def __post_init__(self) -> None:
+        if self.attempts and not len(self.columns):  # attempts given whole (a test's): the same records as columns
+            self.columns = columns_of(self.attempts)
+
+    def pick(self, rows: Rows) -> list[AnyAttempt]:
+        """The attempts of these rows, in their order. Why: a rule that reads a few records whole (retries, drills,
+        refusals, control pairs) chooses them on the columns first and reads only those."""
+        return [self.attempts[i] for i in rows.file_positions().tolist()]
+
     def events_named(self, *names: Event) -> list[dict[str, Any]]:
         return [e for e in self.events if e.get("event") in names]
 
@@ -73,6 +82,14 @@ class RunData:
             if stage.start_ts <= ts < stage.end_ts:
                 return stage
         return None
+
+
+def columns_of(attempts: list[AnyAttempt]) -> RecordColumns:
+    """The columns of attempts given whole or lean (each field the record columns keep and the attempt lacks: None)."""
+    columns = RecordColumns()
+    for attempt in attempts:
+        columns.add(attempt, tuple(getattr(attempt, name, None) for name in FRAME_ONLY))
+    return columns
 
 
 @contextmanager
@@ -302,10 +319,12 @@ def send_order(send_ts: list[Any], attempt_ids: list[Any]) -> np.ndarray | None:
     return order
 
 
-def _stage_windows(events: list[dict[str, Any]], attempts: list[AnyAttempt]) -> list[StageWindow]:
+def _stage_windows(events: list[dict[str, Any]], columns: RecordColumns) -> list[StageWindow]:
     starts = sorted((e for e in events if e.get("event") == Event.STAGE_START), key=lambda e: e["ts"])
     ends = [e["ts"] for e in events if e.get("event") == Event.RUN_END]
-    last = max([*ends, *(a.end_ts for a in attempts)], default=None)
+    answered = columns.array("end_ts")
+    answered = answered[~np.isnan(answered)]  # a record's end that is no number: unknown
+    last = max([*ends, *([float(answered.max())] if len(answered) else [])], default=None)
     # A search step ends where the live search decided it (its `search_step`): the analysis judges the evidence
     # the search judged, not the users' departure after the last step (k3load.loadgen.search)
     decided = {e.get("stage"): e["ts"] for e in events if e.get("event") == Event.SEARCH_STEP}
@@ -350,5 +369,5 @@ def _load(path: Path) -> RunData:
         data.compat = json.loads((path / "compat.json").read_text())
     if (path / "reuse_design.json").exists():
         data.reuse_design = json.loads((path / "reuse_design.json").read_text())
-    data.stages = _stage_windows(data.events, data.attempts)
+    data.stages = _stage_windows(data.events, data.columns)
     return data

@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from k3load.analysis.pillars.agent.retry_paths import checklist_line, path_counts
+from k3load.analysis.run.rundata import RunData
 from k3load.client.result import STATUS_OK, STATUS_TIMEOUT, StreamResult, ToolCall
 from k3load.evidence import records_file
 from k3load.records import Attempt, read_records
@@ -256,15 +257,19 @@ def _attempt(chain: str, number: int, valid: bool, sha: str = "a", path: str | N
                    end_ts=2.0, valid=valid, path=path, **kw)
 
 
+def _counts(attempts: list[Attempt]) -> dict[str, Any]:
+    return path_counts(RunData(path=Path("."), attempts=attempts))
+
+
 def test_paths_are_read_from_the_chain_where_the_record_does_not_say_them() -> None:
     chain = [_attempt("c", 1, False, will_retry=True), _attempt("c", 2, False, will_retry=True),
              _attempt("c", 3, True, sha="b")]
-    counts = path_counts([*chain, _attempt("d", 1, True)])
+    counts = _counts([*chain, _attempt("d", 1, True)])
     assert {p: counts[p] for p in ("first_try", "retry", "fallback")} == {
         "first_try": {"attempts": 2, "valid": 1, "drill": 0}, "retry": {"attempts": 1, "valid": 0, "drill": 0},
         "fallback": {"attempts": 1, "valid": 1, "drill": 0}}
     recorded = [_attempt("e", 1, False, will_retry=True), _attempt("e", 2, True, path=AttemptPath.FALLBACK.value)]
-    assert path_counts(recorded)["fallback"]["attempts"] == 1  # a record's own path wins (the same bytes here)
+    assert _counts(recorded)["fallback"]["attempts"] == 1  # a record's own path wins (the same bytes here)
 
 
 @pytest.mark.parametrize(("attempts", "why"), [
@@ -281,7 +286,7 @@ def test_paths_are_read_from_the_chain_where_the_record_does_not_say_them() -> N
       _attempt("a", 3, True, sha="x")], "not proven, because none of the 1 retries ended in a valid answer"),
 ])
 def test_the_line_stays_open_saying_why(attempts: list[Attempt], why: str) -> None:
-    ticked, detail = checklist_line(path_counts(attempts), {"timed_out": 1, "recovered": 1})
+    ticked, detail = checklist_line(_counts(attempts), {"timed_out": 1, "recovered": 1})
     assert not ticked and detail.startswith(why), detail
     assert detail.endswith("timeout drill: 1 timed out, 1 recovered")
 
@@ -290,7 +295,7 @@ def test_the_line_is_ticked_when_a_retry_and_a_fallback_each_ended_valid() -> No
     attempts = [_attempt("a", 1, False, will_retry=True), _attempt("a", 2, True),
                 _attempt("b", 1, False, will_retry=True), _attempt("b", 2, False, will_retry=True),
                 _attempt("b", 3, True, sha="x")]
-    ticked, detail = checklist_line(path_counts(attempts), {})
+    ticked, detail = checklist_line(_counts(attempts), {})
     assert ticked and detail == ("first tries 2 (0 valid), retries 2 (1 valid), fallbacks 1 (1 valid); timeout "
                                  "drill: 0 timed out, 0 recovered")
 
@@ -332,5 +337,5 @@ def test_a_sim_run_falls_back_after_the_drills_exhausted_retries(start_sim: Any,
     assert "## Retries and fallbacks" in (out / "report.md").read_text()
 
     without = [a for a in attempts if a.turn != 1]  # turn 0 only: recovered by retry, never fell back
-    ticked, detail = checklist_line(path_counts(without), {})
+    ticked, detail = checklist_line(_counts(without), {})
     assert not ticked and "no turn exhausted its retries, so the fallback was never exercised" in detail

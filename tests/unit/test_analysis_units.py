@@ -286,14 +286,14 @@ def test_the_restart_check_says_whether_our_restart_command_ran():
 def test_a_planned_family_that_never_ran_keeps_the_checklist_open_and_the_run_from_go(tmp_path: Path) -> None:
     """Issue 38: a family the plan mixed in that sent nothing (a worker lost, a scenario file missing where it
     started) leaves an open line, named, and so never `go`."""
-    data = RunData(path=tmp_path, columns=RecordColumns.of([_attempt_row("a", 0, "ok", 0, 1, 100, 400)]))
+    agent = _attempt_row("a", 0, "ok", 0, 1, 100, 400) | {"family": "agent"}
+    data = RunData(path=tmp_path, columns=RecordColumns.of([agent]))
     data.plan = parse_plan({"name": "p", "stages": [{"name": "soak", "kind": "soak", "duration_s": 5, "users": 2,
                                                      "mix": {"agent": 1, "cold": 1}}]}, "plan")
-    data.attempts = [SimpleNamespace(family="agent")]
     line = _families(data)
     assert line["status"] == "open" and line["detail"] == "family cold (planned in soak) never ran: no attempt recorded"
     assert verdict_of(_pillars(), [_step(2, [])], ramp_of([_step(2, [])]), checklist=[line])[0] == "limited"
-    data.attempts.append(SimpleNamespace(family="cold"))
+    data.columns = RecordColumns.of([agent, agent | {"family": "cold"}])
     assert _families(data)["status"] == "ok"
 
 

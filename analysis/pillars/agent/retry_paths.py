@@ -1,7 +1,7 @@
 """How each attempt came to be sent (first try, retry, fallback) and how each path ended: the evidence of the
 checklist's "Retry and API fallback behaviour" line and of the report's "Retries and fallbacks" section.
 
-Usage: `path_counts(data.attempts)` -> `{"first_try": {"attempts", "valid", "drill"}, "retry": {...},
+Usage: `path_counts(data)` -> `{"first_try": {"attempts", "valid", "drill"}, "retry": {...},
 "fallback": {...}, "retried_unrecovered": N}`; `checklist_line(counts, drill)` -> (ticked, detail).
 
 A record's `path` says its path (k3load.workload.retry_policy.AttemptPath; the judgment's lean records keep
@@ -16,17 +16,36 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from k3load.analysis.run.rundata import RunData
 from k3load.workload.retry_policy import AttemptPath
 
 PATHS = tuple(p.value for p in AttemptPath)
 
 
-def path_counts(attempts: Sequence[Any]) -> dict[str, Any]:
+def path_counts(data: RunData) -> dict[str, Any]:
     """Per path: its attempts, how many were valid, and how many were the timeout drill's (a deliberately short
     deadline: they fail on purpose). `retried_unrecovered`: requests retried whose last attempt (not cut by the
-    run's end) was a failed retry, with no fallback after it."""
+    run's end) was a failed retry, with no fallback after it.
+
+    Read whole: every attempt not numbered 1 and the first tries of their chains (few); every other first try
+    only counted, on the record columns (its `valid` counted where it is true)."""
+    rows = data.columns.rows()
+    first_try = rows.ints("attempt") == 1
+    later_chains = rows[~first_try].keys("chain_id")
+    read = ~first_try | rows.key_in("chain_id", later_chains)
+    counts = _path_counts(data.pick(rows[read]))
+    counted = rows[~read]  # first tries of chains never retried
+    first_tries = counts[AttemptPath.FIRST_TRY.value]
+    first_tries["attempts"] += len(counted)
+    first_tries["valid"] += int(counted.flag("valid").sum())
+    first_tries["drill"] += int(counted.flag("drill").sum())
+    return counts
+
+
+def _path_counts(attempts: Sequence[Any]) -> dict[str, Any]:
+    """`path_counts` over these attempts, every one read whole."""
     counts: dict[str, Any] = {p: {"attempts": 0, "valid": 0, "drill": 0} for p in PATHS}
-    later = [a for a in attempts if a.attempt > 1]  # few: one pass, the first tries counted whole
+    later = [a for a in attempts if a.attempt > 1]
     first_tries = counts[AttemptPath.FIRST_TRY.value]
     first_tries["attempts"] = len(attempts) - len(later)
     first_tries["valid"] = sum(1 for a in attempts if a.valid and a.attempt == 1)

@@ -59,8 +59,10 @@ Pair = tuple[AnyAttempt, AnyAttempt]
 def control_pairs(data: RunData) -> list[tuple[AnyAttempt, AnyAttempt]]:
     """(cold, warm) twins in pair order: the last attempt of each role (a retry replaces its try)."""
     by_pair: dict[int, dict[str, AnyAttempt]] = {}
-    control = [a for a in data.attempts if a.control_pair is not None and a.control_role in ("cold", "warm")
-               and not a.drill]  # filtered before the (stable) sort: the same order, without sorting the soak
+    rows = data.columns.rows()
+    roles = data.pick(rows[rows.code_is("control_role", "cold", "warm")])  # the control's records: read whole
+    control = [a for a in roles if a.control_pair is not None and not a.drill]  # filtered before the (stable)
+    # sort: the same order, without sorting the soak
     for attempt in sorted(control, key=lambda a: (a.send_ts, a.attempt)):
         by_pair.setdefault(int(attempt.control_pair or 0), {})[str(attempt.control_role)] = attempt
     return [(p["cold"], p["warm"]) for _, p in sorted(by_pair.items()) if "cold" in p and "warm" in p]
@@ -348,8 +350,10 @@ def judge_prefix_cache(data: RunData, index: MetricIndex, limits: dict[str, floa
     first-token times are the proxy's (`through_blocks`)."""
     pairs = [(c, w) for c, w in control_pairs(data) if c.status == "ok" and w.status == "ok"]
     if not pairs:
-        if any(a.control_role for a in data.attempts):
-            failed = sorted({a.primary_layer or a.status for a in data.attempts if a.control_role and a.status != "ok"})
+        rows = data.columns.rows()
+        roles = rows[rows.code_where("control_role", bool)]  # any role (a truthy one)
+        if len(roles):
+            failed = sorted({a.primary_layer or a.status for a in data.pick(roles) if a.status != "ok"})
             return PillarResult(INCONCLUSIVE, ["inconclusive, because no cold/warm control pair completed (every "
                                                f"pair had a failed request: {', '.join(failed)})"])
         return PillarResult(NOT_RUN, ["no cold/warm control pair was sent (the plan has no prefix_control stage, "

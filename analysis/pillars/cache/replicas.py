@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+import numpy as np
+
 from k3load.analysis.run.lean import AnyAttempt
 from k3load.analysis.run.rundata import RunData
 from k3load.analysis.run.timeline import MetricIndex
@@ -311,10 +313,10 @@ def reused(cold: AnyAttempt, warm: AnyAttempt) -> bool | None:
 def per_replica(data: RunData, index: MetricIndex, routing: Routing) -> list[dict[str, Any]]:
     """Per source over the run: requests it finished, control requests placed on it, KV usage peak and mean,
     waiting peak, prefix-cache hit share. Unknown is None, never 0."""
-    if not data.attempts:
+    if not len(data.columns):
         return []
-    t0 = min(a.send_ts for a in data.attempts)
-    t1 = max(a.end_ts for a in data.attempts) + GAUGE_SLACK_S
+    t0 = float(np.nanmin(data.columns.array("send_ts")))
+    t1 = float(np.nanmax(data.columns.array("end_ts"))) + GAUGE_SLACK_S
     kv = index.gauge_by_source(VllmMetric.KV_CACHE_USAGE, t0, t1)
     waiting = index.gauge_by_source(VllmMetric.NUM_REQUESTS_WAITING, t0, t1)
     placed: dict[str, int] = defaultdict(int)
