@@ -58,6 +58,7 @@ FIELDS: dict[str, Kind] = {
     "max_tokens": Kind.NUMBER, "intended_send_ts": Kind.NUMBER,
     "drill": Kind.TRUTHY, "valid": Kind.IS_TRUE, "error": Kind.REFUSED, "turn": Kind.INT, "attempt": Kind.INT,
     "attempt_id": Kind.KEY, "chain_id": Kind.KEY, "session_id": Kind.KEY, "control_role": Kind.CODE,
+    "stream": Kind.TRUTHY, "chunks": Kind.NUMBER, "stream_reads": Kind.NUMBER, "stream_bytes": Kind.NUMBER,
 }
 NAMES = tuple(FIELDS)
 
@@ -70,7 +71,7 @@ def _values(lean: Any, frame: Sequence[Any]) -> tuple[Any, ...]:
             lean.request_sha256, lean.user_id, lean.send_ts, lean.end_ts, lean.ttft_ms, lean.e2e_ms,
             lean.prompt_tokens, lean.cached_tokens, lean.request_bytes, lean.http_status, ttfa, itl, completion,
             max_tokens, intended, lean.drill, lean.valid, error, lean.turn, lean.attempt, lean.attempt_id,
-            lean.chain_id, session, lean.control_role)
+            lean.chain_id, session, lean.control_role, lean.stream, lean.chunks, lean.stream_reads, lean.stream_bytes)
 
 
 KEY_DTYPE = np.dtype([("kind", np.uint8), ("hi", np.uint64), ("lo", np.uint64)])

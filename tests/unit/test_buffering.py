@@ -19,6 +19,8 @@ from k3load.analysis.pillars.headroom.stage_row import StageRow
 from k3load.analysis.pillars.limit_rules import RuleId
 from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS
 from k3load.analysis.pillars.rules import Breach, RuleResult
+from k3load.analysis.run.record_columns import Rows
+from k3load.analysis.run.rundata import columns_of
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS, Signal
 from k3load.records import Attempt
@@ -26,6 +28,10 @@ from k3load.records import Attempt
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = "vllm:inter_token_latency_seconds"
 BOUNDS = ("0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5", "+Inf")
+
+
+def _rows(attempts: list[Attempt]) -> Rows:
+    return columns_of(attempts).rows()
 
 
 def attempt(n: int, reads: int | None, size: int | None, *, chunks: int = 60, stage: str = "load",
@@ -60,7 +66,7 @@ def empty(ts: float, name: str = TTFT) -> dict:
 def test_blocks_are_named_buffered_with_the_servers_own_ttft_beside_the_clients():
     blocks = [attempt(i, 4, 14_000) for i in range(30)]  # 15 events and 3.5 KB a read: nginx's 4 KB buffers
     index = MetricIndex([empty(90.0), histogram(125.0, [0, 20, 10, 0, 0, 0, 0, 0, 0, 0, 0])])  # in the window
-    found = stream_delivery(blocks, index)
+    found = stream_delivery(_rows(blocks), index)
     assert found.delivery is Delivery.BUFFERED and found.buffered
     assert found.blocked.k == found.streams == 30 and found.blocked.low > 0.5
     assert found.events_per_read_p50 == 15 and found.bytes_per_read_p50 == 3500
@@ -71,32 +77,32 @@ def test_blocks_are_named_buffered_with_the_servers_own_ttft_beside_the_clients(
 
 def test_one_event_a_read_is_straight_and_short_or_unread_streams_cannot_tell():
     index = MetricIndex([])
-    straight = stream_delivery([attempt(i, 55, 15_000) for i in range(20)], index)
+    straight = stream_delivery(_rows([attempt(i, 55, 15_000) for i in range(20)]), index)
     assert straight.delivery is Delivery.STRAIGHT and straight.blocked.high < 0.5
     assert straight.to_dict()["layer"] is None
     short = [attempt(i, 1, 2_000, chunks=5) for i in range(40)]  # whole short answers fit one read anyway
-    assert stream_delivery(short, index).delivery is Delivery.UNKNOWN
+    assert stream_delivery(_rows(short), index).delivery is Delivery.UNKNOWN
     older = [attempt(i, None, None) for i in range(40)]  # records written before stream_reads existed
-    assert "written before stream_reads existed" in stream_delivery(older, index).reason
+    assert "written before stream_reads existed" in stream_delivery(_rows(older), index).reason
     whole = [attempt(i, None, None, stream=False) for i in range(40)]
-    assert stream_delivery(whole, index).delivery is Delivery.UNKNOWN
+    assert stream_delivery(_rows(whole), index).delivery is Delivery.UNKNOWN
     few = [attempt(i, 4, 14_000) for i in range(9)]
-    assert "only 9 streamed answers" in stream_delivery(few, index).reason
+    assert "only 9 streamed answers" in stream_delivery(_rows(few), index).reason
 
 
 def test_a_saturated_load_generator_leaves_its_stages_out():
     """Its own socket piles events up: blocks from its stages say nothing of a proxy."""
     hot = [attempt(i, 4, 14_000, stage="concurrency-c12") for i in range(30)]
-    found = stream_delivery(hot, MetricIndex([]), saturated_stages=["concurrency-c12"])
+    found = stream_delivery(_rows(hot), MetricIndex([]), saturated_stages=["concurrency-c12"])
     assert found.delivery is Delivery.UNKNOWN and "saturated in concurrency-c12" in found.reason
     mixed = hot + [attempt(100 + i, 50, 14_000) for i in range(20)]
-    assert stream_delivery(mixed, MetricIndex([]), ["concurrency-c12"]).delivery is Delivery.STRAIGHT
+    assert stream_delivery(_rows(mixed), MetricIndex([]), ["concurrency-c12"]).delivery is Delivery.STRAIGHT
 
 
 def test_some_answers_in_blocks_are_a_server_or_client_behind_not_a_proxy():
     """A proxy buffers every stream; half in blocks is undecided, never named a proxy."""
     mixed = [attempt(i, 4, 14_000) for i in range(10)] + [attempt(10 + i, 55, 14_000) for i in range(10)]
-    found = stream_delivery(mixed, MetricIndex([]))
+    found = stream_delivery(_rows(mixed), MetricIndex([]))
     assert found.delivery is Delivery.UNKNOWN and "a proxy buffers every stream" in found.reason
 
 
@@ -104,11 +110,11 @@ def test_whole_answers_in_one_read_tell_nothing_of_a_proxy():
     """A real vLLM (the tiny model on CPU) wrote whole answers faster than a busy client read them: 96-256 events in
     one read. Those are left out; the answers in three reads or more decide (there 9-26% in blocks: no proxy)."""
     whole = [attempt(i, 1, 24_000, chunks=96) for i in range(60)]
-    assert stream_delivery(whole, MetricIndex([])).delivery is Delivery.UNKNOWN
-    assert "60 arrived whole, in one or two reads" in stream_delivery(whole, MetricIndex([])).reason
+    assert stream_delivery(_rows(whole), MetricIndex([])).delivery is Delivery.UNKNOWN
+    assert "60 arrived whole, in one or two reads" in stream_delivery(_rows(whole), MetricIndex([])).reason
     bursts = [attempt(100 + i, 5, 24_000, chunks=96) for i in range(4)] + \
         [attempt(200 + i, 90, 24_000, chunks=96) for i in range(30)]
-    found = stream_delivery(whole + bursts, MetricIndex([]))
+    found = stream_delivery(_rows(whole + bursts), MetricIndex([]))
     assert found.delivery is Delivery.STRAIGHT and found.streams == 34, found.reason
     assert "4 in blocks" in found.reason and "60 more arrived whole" in found.reason
 

@@ -4,6 +4,8 @@ choose the few records a rule still reads whole, `RunData.pick`, and count the r
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +13,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from k3load.analysis.pillars.agent.retry_paths import _path_counts, path_counts
-from k3load.analysis.run.rundata import RunData
+from k3load.analysis.pillars.headroom.buffering import (
+    BLOCK_BYTES_PER_READ,
+    BLOCK_EVENTS_PER_READ,
+    BUFFERED_SHARE,
+    FIX,
+    LAYER,
+    MIN_CHUNKS,
+    MIN_READS,
+    MIN_STREAMS,
+    STRAIGHT_SHARE,
+    Delivery,
+    StreamDelivery,
+    stream_delivery,
+)
+from k3load.analysis.run.rundata import RunData, columns_of
+from k3load.analysis.run.stats import wilson
+from k3load.analysis.run.timeline import MetricIndex
 from k3load.records import Attempt
+from k3load.sampler.vllm_metrics import VllmMetric
 from k3load.workload.retry_policy import AttemptPath
 
 CHAINS = ("c0", "c1", "c2", "0123456789abcdef0123456789abcdef", None)
@@ -43,3 +62,115 @@ def test_path_counts_on_the_columns_are_those_of_every_attempt_read_whole(run: l
     except TypeError:  # a string numbered attempt compared with an integer: the rule fails on it either way
         return
     assert path_counts(RunData(path=Path("."), attempts=run)) == whole
+
+
+# -- stream delivery: the reading of every attempt whole, as it was before the columns (the reference) ---------------
+def _counted(attempt: Any) -> bool:
+    """A streamed answer that ended well, long enough to show blocks, with its reads counted."""
+    return bool(attempt.stream) and attempt.status == "ok" and attempt.chunks >= MIN_CHUNKS and \
+        bool(attempt.stream_reads) and attempt.stream_bytes is not None
+
+
+def in_blocks(attempt: Any) -> bool:
+    """Many events and kilobytes per read: a buffer's blocks, not the server's pacing."""
+    reads = attempt.stream_reads or 1
+    return attempt.chunks / reads >= BLOCK_EVENTS_PER_READ and (attempt.stream_bytes or 0) / reads >= \
+        BLOCK_BYTES_PER_READ
+
+
+def _whole_stream_delivery(attempts: Sequence[Any], index: MetricIndex, saturated_stages: Sequence[str] = ()
+                           ) -> StreamDelivery:
+    """Straight, buffered or unknown, from the streams outside `saturated_stages` (a saturated load
+    generator reads late and piles events up in its own socket)."""
+    streamed = [a for a in attempts if a.stream and a.status == "ok" and a.chunks >= MIN_CHUNKS]
+    if not streamed:
+        return StreamDelivery(Delivery.UNKNOWN, "inconclusive, because no streamed answer of at least "
+                              f"{MIN_CHUNKS} token chunks ended well")
+    counted = [a for a in streamed if _counted(a)]
+    if not counted:
+        return StreamDelivery(Delivery.UNKNOWN, "inconclusive, because the records do not count the reads that "
+                              "carried each stream (written before stream_reads existed)")
+    hot = set(saturated_stages)
+    cool = [a for a in counted if a.stage not in hot]
+    telling = [a for a in cool if (a.stream_reads or 0) >= MIN_READS]
+    whole = len(cool) - len(telling)
+    if len(telling) < MIN_STREAMS:
+        why = (f"the load generator was saturated in {', '.join(sorted(hot))} (its own socket piles events up)"
+               if hot and len(counted) >= MIN_STREAMS else
+               f"{whole} arrived whole, in one or two reads (written faster than read, or held whole)" if whole
+               else "")
+        return StreamDelivery(Delivery.UNKNOWN, f"inconclusive, because only {len(telling)} streamed answers of at "
+                              f"least {MIN_CHUNKS} chunks came in {MIN_READS} reads or more (at least {MIN_STREAMS} "
+                              "are needed)" + (f": {why}" if why else ""), len(telling))
+    blocked = wilson(sum(1 for a in telling if in_blocks(a)), len(telling))
+    events = statistics.median(a.chunks / (a.stream_reads or 1) for a in telling)
+    size = statistics.median((a.stream_bytes or 0) / (a.stream_reads or 1) for a in telling)
+    ttfts = [a.ttft_ms for a in telling if a.ttft_ms is not None]
+    client = statistics.median(ttfts) if ttfts else None
+    t0, t1 = min(a.send_ts for a in telling), max(a.end_ts for a in telling)
+    server = index.histogram_bucket(VllmMetric.TIME_TO_FIRST_TOKEN, t0, t1, 0.5)
+    numbers: dict[str, Any] = {"streams": len(telling), "blocked": blocked, "events_per_read_p50": round(events, 2),
+               "bytes_per_read_p50": round(size), "client_ttft_p50_ms": round(client, 3) if client else None,
+               "server_ttft": server}
+    pattern = (f"{blocked.k} of {len(telling)} streamed answers of {MIN_READS} reads or more (95% CI {blocked.low:.1%}-"
+               f"{blocked.high:.1%}) reached the client in blocks: a median {events:.1f} SSE events and {size:,.0f} "
+               "bytes per socket read (a server's own pacing is about one event a read)")
+    if blocked.low > BUFFERED_SHARE:
+        timing = f"; the client's TTFT p50 {client:.0f} ms" if client is not None else ""
+        if server is not None and timing:
+            timing += f" against the server's own {server.text()} (vllm:time_to_first_token_seconds)"
+        return StreamDelivery(Delivery.BUFFERED, f"{LAYER}: the stream is buffered between the server and the client: "
+                              f"{pattern}{timing}. The client's TTFT and inter-token latency are the proxy's blocks, "
+                              f"not the engine's: latency SLOs judged on the server's own histograms. Fix: {FIX}",
+                              **numbers)
+    arrived_whole = f"; {whole} more arrived whole, in one or two reads" if whole else ""
+    if blocked.high < STRAIGHT_SHARE:
+        return StreamDelivery(Delivery.STRAIGHT, f"no proxy's blocks: median {events:.1f} events and {size:,.0f} bytes "
+                              f"per read over {len(telling)} streamed answers of {MIN_READS} reads or more "
+                              f"({blocked.k} in blocks, 95% CI {blocked.low:.1%}-{blocked.high:.1%}){arrived_whole}",
+                              **numbers)
+    return StreamDelivery(Delivery.UNKNOWN, f"inconclusive, because {pattern}{arrived_whole}: a proxy buffers every "
+                          "stream, a server or client running behind only some", **numbers)
+
+
+
+
+@st.composite
+def streams(draw: Any) -> list[Attempt]:
+    """Answers streamed or not, ended well or not, short or long, in one read or many, small or large reads (a run
+    mostly in a proxy's blocks, mostly paced, or mixed), in a saturated stage or not, with their reads counted or
+    not (older records), their TTFT known or not."""
+    out = []
+    blocky = draw(st.sampled_from([0.0, 0.5, 0.95, 1.0]))  # the share of answers a proxy's blocks carried
+    for i in range(draw(st.sampled_from([0, 5, 15, 60, 150]))):
+        in_blocks = draw(st.floats(0, 1)) < blocky
+        chunks = draw(st.one_of(st.integers(0, 7), st.integers(8, 200), st.integers(60, 200)))
+        told = draw(st.sampled_from(["none", "few", "many", "many", "many", "many"]))  # how its reads were counted
+        if told == "none":
+            reads = None
+        elif told == "few":
+            reads = draw(st.integers(0, 2))
+        else:
+            reads = draw(st.integers(3, max(3, chunks // 8)) if in_blocks else
+                         st.integers(max(3, chunks // 2), max(3, chunks)))
+        per_read = draw(st.integers(2048, 5000) if in_blocks else st.integers(0, 400))
+        size = None if told == "none" and draw(st.booleans()) else per_read * max(reads or 1, 1)
+        out.append(Attempt(
+            run_id="r", attempt_id=f"a{i}", chain_id=f"c{i}", attempt=1,
+            stage=draw(st.sampled_from(["load", "load", "hot"])), scenario="s", family="agent", turn=0,
+            turn_kind="answer", user_id="u", request_sha256="x", prefix_sha256="p", transport="fake",
+            status=draw(st.sampled_from(["ok", "ok", "ok", "timeout"])), send_ts=draw(st.floats(0, 100)),
+            end_ts=draw(st.floats(100, 200)), stream=draw(st.sampled_from([True, True, True, False])),
+            chunks=chunks, stream_reads=reads, stream_bytes=size,
+            ttft_ms=draw(st.one_of(st.none(), st.floats(0.0, 5000.0)))))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams(), st.sampled_from([(), ("hot",)]))
+def test_stream_delivery_on_the_columns_is_that_of_every_attempt_read_whole(run: list[Attempt],
+                                                                            hot: tuple[str, ...]) -> None:
+    index = MetricIndex([])
+    whole = _whole_stream_delivery(run, index, hot)
+    found = stream_delivery(columns_of(run).rows(), index, hot)
+    assert (found.to_dict(), found.reason) == (whole.to_dict(), whole.reason)

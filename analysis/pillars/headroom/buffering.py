@@ -25,14 +25,15 @@ blocks (`server_side_latency`); the verdict never reads them as capacity.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+import numpy as np
+
 from k3load.analysis.pillars.limit_rules import RuleId
-from k3load.analysis.run.lean import AnyAttempt
+from k3load.analysis.run.record_columns import Rows
 from k3load.analysis.run.stats import Rate, wilson
 from k3load.analysis.run.timeline import MetricIndex, QuantileBucket
 from k3load.outcomes import GATEWAY
@@ -84,56 +85,47 @@ class StreamDelivery:
                 "server_ttft_p50": self.server_ttft.text() if self.server_ttft else None}
 
 
-def _counted(attempt: AnyAttempt) -> bool:
-    """A streamed answer that ended well, long enough to show blocks, with its reads counted."""
-    return bool(attempt.stream) and attempt.status == "ok" and attempt.chunks >= MIN_CHUNKS and \
-        bool(attempt.stream_reads) and attempt.stream_bytes is not None
-
-
-def in_blocks(attempt: AnyAttempt) -> bool:
-    """Many events and kilobytes per read: a buffer's blocks, not the server's pacing."""
-    reads = attempt.stream_reads or 1
-    return attempt.chunks / reads >= BLOCK_EVENTS_PER_READ and (attempt.stream_bytes or 0) / reads >= \
-        BLOCK_BYTES_PER_READ
-
-
-def stream_delivery(attempts: Sequence[AnyAttempt], index: MetricIndex, saturated_stages: Sequence[str] = ()
-                    ) -> StreamDelivery:
+def stream_delivery(rows: Rows, index: MetricIndex, saturated_stages: Sequence[str] = ()) -> StreamDelivery:
     """Straight, buffered or unknown, from the streams outside `saturated_stages` (a saturated load
-    generator reads late and piles events up in its own socket)."""
-    streamed = [a for a in attempts if a.stream and a.status == "ok" and a.chunks >= MIN_CHUNKS]
-    if not streamed:
+    generator reads late and piles events up in its own socket). Read on the record columns: a stream's `stream`
+    is truthy, its counts are numbers (unknown: NaN), its TTFT median an integer where every record's was."""
+    chunks, reads, size = rows.number("chunks"), rows.number("stream_reads"), rows.number("stream_bytes")
+    streamed = rows.flag("stream") & rows.code_is("status", "ok") & (chunks >= MIN_CHUNKS)
+    if not streamed.any():
         return StreamDelivery(Delivery.UNKNOWN, "inconclusive, because no streamed answer of at least "
                               f"{MIN_CHUNKS} token chunks ended well")
-    counted = [a for a in streamed if _counted(a)]
-    if not counted:
+    counted = streamed & (reads != 0) & ~np.isnan(reads) & ~np.isnan(size)  # its reads counted
+    if not counted.any():
         return StreamDelivery(Delivery.UNKNOWN, "inconclusive, because the records do not count the reads that "
                               "carried each stream (written before stream_reads existed)")
-    hot = set(saturated_stages)
-    cool = [a for a in counted if a.stage not in hot]
-    telling = [a for a in cool if (a.stream_reads or 0) >= MIN_READS]
-    whole = len(cool) - len(telling)
-    if len(telling) < MIN_STREAMS:
-        why = (f"the load generator was saturated in {', '.join(sorted(hot))} (its own socket piles events up)"
-               if hot and len(counted) >= MIN_STREAMS else
+    hot = sorted(set(saturated_stages))
+    cool = counted & ~rows.code_is("stage", *hot)
+    telling_rows = cool & (reads >= MIN_READS)
+    streams = int(telling_rows.sum())
+    whole = int(cool.sum()) - streams
+    if streams < MIN_STREAMS:
+        why = (f"the load generator was saturated in {', '.join(hot)} (its own socket piles events up)"
+               if hot and counted.sum() >= MIN_STREAMS else
                f"{whole} arrived whole, in one or two reads (written faster than read, or held whole)" if whole
                else "")
-        return StreamDelivery(Delivery.UNKNOWN, f"inconclusive, because only {len(telling)} streamed answers of at "
+        return StreamDelivery(Delivery.UNKNOWN, f"inconclusive, because only {streams} streamed answers of at "
                               f"least {MIN_CHUNKS} chunks came in {MIN_READS} reads or more (at least {MIN_STREAMS} "
-                              "are needed)" + (f": {why}" if why else ""), len(telling))
-    blocked = wilson(sum(1 for a in telling if in_blocks(a)), len(telling))
-    events = statistics.median(a.chunks / (a.stream_reads or 1) for a in telling)
-    size = statistics.median((a.stream_bytes or 0) / (a.stream_reads or 1) for a in telling)
-    ttfts = [a.ttft_ms for a in telling if a.ttft_ms is not None]
-    client = statistics.median(ttfts) if ttfts else None
-    t0, t1 = min(a.send_ts for a in telling), max(a.end_ts for a in telling)
+                              "are needed)" + (f": {why}" if why else ""), streams)
+    telling = rows[telling_rows]
+    events_per_read = chunks[telling_rows] / reads[telling_rows]
+    bytes_per_read = size[telling_rows] / reads[telling_rows]
+    in_blocks = (events_per_read >= BLOCK_EVENTS_PER_READ) & (bytes_per_read >= BLOCK_BYTES_PER_READ)
+    blocked = wilson(int(in_blocks.sum()), streams)
+    events, per_read = float(np.median(events_per_read)), float(np.median(bytes_per_read))
+    client = _median_as_recorded(telling, "ttft_ms")
+    t0, t1 = float(telling.number("send_ts").min()), float(telling.number("end_ts").max())
     server = index.histogram_bucket(VllmMetric.TIME_TO_FIRST_TOKEN, t0, t1, 0.5)
-    numbers: dict[str, Any] = {"streams": len(telling), "blocked": blocked, "events_per_read_p50": round(events, 2),
-               "bytes_per_read_p50": round(size), "client_ttft_p50_ms": round(client, 3) if client else None,
-               "server_ttft": server}
-    pattern = (f"{blocked.k} of {len(telling)} streamed answers of {MIN_READS} reads or more (95% CI {blocked.low:.1%}-"
-               f"{blocked.high:.1%}) reached the client in blocks: a median {events:.1f} SSE events and {size:,.0f} "
-               "bytes per socket read (a server's own pacing is about one event a read)")
+    numbers: dict[str, Any] = {"streams": streams, "blocked": blocked, "events_per_read_p50": round(events, 2),
+                               "bytes_per_read_p50": round(per_read),
+                               "client_ttft_p50_ms": round(client, 3) if client else None, "server_ttft": server}
+    pattern = (f"{blocked.k} of {streams} streamed answers of {MIN_READS} reads or more (95% CI {blocked.low:.1%}-"
+               f"{blocked.high:.1%}) reached the client in blocks: a median {events:.1f} SSE events and "
+               f"{per_read:,.0f} bytes per socket read (a server's own pacing is about one event a read)")
     if blocked.low > BUFFERED_SHARE:
         timing = f"; the client's TTFT p50 {client:.0f} ms" if client is not None else ""
         if server is not None and timing:
@@ -144,12 +136,27 @@ def stream_delivery(attempts: Sequence[AnyAttempt], index: MetricIndex, saturate
                               **numbers)
     arrived_whole = f"; {whole} more arrived whole, in one or two reads" if whole else ""
     if blocked.high < STRAIGHT_SHARE:
-        return StreamDelivery(Delivery.STRAIGHT, f"no proxy's blocks: median {events:.1f} events and {size:,.0f} bytes "
-                              f"per read over {len(telling)} streamed answers of {MIN_READS} reads or more "
+        return StreamDelivery(Delivery.STRAIGHT, f"no proxy's blocks: median {events:.1f} events and {per_read:,.0f} "
+                              f"bytes per read over {streams} streamed answers of {MIN_READS} reads or more "
                               f"({blocked.k} in blocks, 95% CI {blocked.low:.1%}-{blocked.high:.1%}){arrived_whole}",
                               **numbers)
     return StreamDelivery(Delivery.UNKNOWN, f"inconclusive, because {pattern}{arrived_whole}: a proxy buffers every "
                           "stream, a server or client running behind only some", **numbers)
+
+
+def _median_as_recorded(rows: Rows, name: str) -> float | int | None:
+    """The median of a NUMBER field's known values (statistics.median's: the middle one, or the mean of the two),
+    an integer where the run recorded integers only; None when none is known."""
+    known = rows.number(name)
+    known = known[~np.isnan(known)]
+    if not len(known):
+        return None
+    ordered = np.sort(known)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return rows.as_recorded(name, ordered[middle:middle + 1])[0]
+    low, high = rows.as_recorded(name, ordered[middle - 1:middle + 1])
+    return (low + high) / 2
 
 
 # Latency SLOs the client measures and the server's own histograms that stand for them when a proxy buffers

@@ -304,7 +304,7 @@ def judge_resources(data: RunData, index: MetricIndex, limits: dict[str, dict[st
     for stage in data.stages:
         row = stage_stats(data, index, stage, spells, growth, slo, cap)
         table.append(replace(row, problems=tuple(stage_breaches(row, limits))))
-    delivery = stream_delivery(data.attempts, index, [row.stage for row in table if saturated_processes(row)])
+    delivery = stream_delivery(data.columns.rows(), index, [row.stage for row in table if saturated_processes(row)])
     if delivery.buffered:  # the client timed the proxy's blocks: the latency SLOs go to the server's histograms
         table = [proxy_judged(row, index, limits) for row in table]
     plain = [row.to_dict() for row in table]  # the stage table as verdict.json carries it
