@@ -154,9 +154,11 @@ def _median_as_recorded(rows: Rows, name: str) -> float | int | None:
     ordered = np.sort(known)
     middle = len(ordered) // 2
     if len(ordered) % 2:
-        return rows.as_recorded(name, ordered[middle:middle + 1])[0]
+        found: float | int = rows.as_recorded(name, ordered[middle:middle + 1])[0]
+        return found
     low, high = rows.as_recorded(name, ordered[middle - 1:middle + 1])
-    return (low + high) / 2
+    mean: float = (low + high) / 2
+    return mean
 
 
 # Latency SLOs the client measures and the server's own histograms that stand for them when a proxy buffers
