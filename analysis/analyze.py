@@ -87,7 +87,7 @@ def _judge(run_dir: Path, plotter: PlotsBeside | None = None) -> Judgment:
     pillars = {"compat": compat_pillar(data.compat), "resources": resources,
                "prefix_cache": judge_prefix_cache(data, index, cache_limits, buffered=(resources.numbers.get(
                    "stream_delivery") or {}).get("delivery") == Delivery.BUFFERED),
-               "agent_api": judge_agent_api(data.attempts, limits["agent_api"], data.plan,
+               "agent_api": judge_agent_api(data, limits["agent_api"], data.plan,
                                             read_reference(run_dir, data.problems))}
     _server_aborts(pillars["agent_api"], data, index)
     reuse = judge_reuse(data, index, cache_limits, config)  # designed vs achieved reuse per family (issue 15)

@@ -28,12 +28,15 @@ from typing import Any
 
 import numpy as np
 
+from k3load.analysis.run.lean import PLAIN_INT
+
 BATCH = 65_536  # records a batch holds before it becomes columns (a few MB of tuples, whatever the run's size)
 MISSING_INT = np.iinfo(np.int64).min  # an INT field that was not an integer: never equal to a rule's 0 or 1
 _REFUSED = re.compile("refused", flags=re.IGNORECASE)  # pandas' str.contains(case=False): the same search
 _HEX = frozenset("0123456789abcdef")
 NONE = type(None)
 _PLAIN_NUMBERS = frozenset((float, int, NONE))
+_INTS_OR_NONE = frozenset((int, NONE))
 _HASHED = frozenset((str, NONE))  # types whose values are their own keys in a code table (`Codes`)
 
 
@@ -44,6 +47,8 @@ class Kind(Enum):
     IS_TRUE = "is_true"  # value == True
     INT = "int"  # int64; anything not an integer: MISSING_INT
     REFUSED = "refused"  # the error text says "refused", in any case: nobody was listening
+    SHARED = "shared"  # int32 into the run's table of distinct objects, by identity: the decoder shares one object
+    # (a findings tuple, a tool-call names tuple) among every record that holds the same, a whole Attempt its own
     KEY = "key"  # an id: (kind, hi, lo): a uuid's 16 bytes, alone (kind 0) or after a prefix (kind 3 + the
     # prefix's code: a session's `k3load-`); another string's code (1); None (2)
 
@@ -59,6 +64,7 @@ FIELDS: dict[str, Kind] = {
     "drill": Kind.TRUTHY, "valid": Kind.IS_TRUE, "error": Kind.REFUSED, "turn": Kind.INT, "attempt": Kind.INT,
     "attempt_id": Kind.KEY, "chain_id": Kind.KEY, "session_id": Kind.KEY, "control_role": Kind.CODE,
     "stream": Kind.TRUTHY, "chunks": Kind.NUMBER, "stream_reads": Kind.NUMBER, "stream_bytes": Kind.NUMBER,
+    "findings": Kind.SHARED, "tool_calls": Kind.SHARED, "will_retry": Kind.TRUTHY, "finish_reason": Kind.CODE,
 }
 NAMES = tuple(FIELDS)
 
@@ -71,7 +77,8 @@ def _values(lean: Any, frame: Sequence[Any]) -> tuple[Any, ...]:
             lean.request_sha256, lean.user_id, lean.send_ts, lean.end_ts, lean.ttft_ms, lean.e2e_ms,
             lean.prompt_tokens, lean.cached_tokens, lean.request_bytes, lean.http_status, ttfa, itl, completion,
             max_tokens, intended, lean.drill, lean.valid, error, lean.turn, lean.attempt, lean.attempt_id,
-            lean.chain_id, session, lean.control_role, lean.stream, lean.chunks, lean.stream_reads, lean.stream_bytes)
+            lean.chain_id, session, lean.control_role, lean.stream, lean.chunks, lean.stream_reads, lean.stream_bytes,
+            lean.findings, lean.tool_calls, lean.will_retry, lean.finish_reason)
 
 
 KEY_DTYPE = np.dtype([("kind", np.uint8), ("hi", np.uint64), ("lo", np.uint64)])
@@ -105,6 +112,28 @@ class Codes:
         return np.array([self.code_of[k] for k in keys if k in self.code_of], dtype=np.int32)
 
 
+class Shared:
+    """A field's distinct objects by identity, in order of first appearance, each with its code (each kept alive
+    here, so an id names one object for as long as the table lives)."""
+
+    def __init__(self) -> None:
+        self.code_of: dict[int, int] = {}
+        self.values: list[Any] = []
+
+    def codes(self, values: Sequence[Any]) -> np.ndarray:
+        code_of = self.code_of
+        known = list(map(code_of.get, map(id, values)))
+        if None in known:
+            for i, value in enumerate(values):
+                if known[i] is None:
+                    found = code_of.get(id(value))
+                    if found is None:
+                        found = code_of[id(value)] = len(self.values)
+                        self.values.append(value)
+                    known[i] = found
+        return np.array(known, dtype=np.int32)
+
+
 def _code_key(value: Any) -> Any:
     return value if value is None or type(value) is str else (type(value), value)
 
@@ -129,6 +158,20 @@ def _number(value: Any) -> float:
     return math.nan
 
 
+def _ints_of(values: tuple[Any, ...], numbers: np.ndarray) -> np.ndarray | bool:
+    """Which of a batch's values (`numbers`: as NUMBER holds them) are integers a float holds exactly (True: all,
+    False: none, else per value)."""
+    types = set(map(type, values))
+    if int not in types:
+        return False
+    if types <= _INTS_OR_NONE and not (np.abs(numbers) >= PLAIN_INT).any():  # None is NaN there: the rest are
+        flags = ~np.isnan(numbers)  # integers, each smaller than 2**53
+    else:
+        flags = np.fromiter((type(v) is int and -PLAIN_INT <= v <= PLAIN_INT for v in values), dtype=bool,
+                            count=len(values))
+    return True if flags.all() else flags
+
+
 def _int(value: Any) -> int:
     if type(value) is int or type(value) is bool:
         return int(value) if -(2 ** 63) < value < 2 ** 63 else MISSING_INT
@@ -142,13 +185,29 @@ class Column:
         self.kind = kind
         self.parts: list[np.ndarray] = []
         self.codes = Codes() if kind in (Kind.CODE, Kind.KEY) else None
+        self.shared = Shared() if kind is Kind.SHARED else None
         self.int_only = True  # NUMBER: every record held an integer (no None, no fraction written as such)
+        # NUMBER: per batch, its size and which of its records held an integer (True: all of them, False: none)
+        self.int_parts: list[tuple[int, np.ndarray | bool]] = []
         self._prefixes: dict[str, int] = {}  # KEY: the prefixes seen before a uuid's hex, each with its kind
         self._joined: np.ndarray | None = None
 
     def extend(self, values: tuple[Any, ...]) -> None:
-        self.parts.append(self._convert(values))
+        array = self._convert(values)
+        self.parts.append(array)
+        if self.kind is Kind.NUMBER:
+            self.int_parts.append((len(values), _ints_of(values, array)))
         self._joined = None
+
+    def is_int(self) -> np.ndarray:
+        """NUMBER: whether each record held an integer (its value is then one, exactly: at most 2**53 in size)."""
+        if len(self.int_parts) != 1 or isinstance(self.int_parts[0][1], bool):
+            flags = [np.full(n, part, dtype=bool) if isinstance(part, bool) else part for n, part in self.int_parts]
+            whole = np.concatenate(flags) if flags else np.zeros(0, dtype=bool)
+            self.int_parts = [(len(whole), whole)]
+        part = self.int_parts[0][1]
+        assert not isinstance(part, bool)
+        return part
 
     def array(self) -> np.ndarray:
         if self._joined is None:
@@ -180,6 +239,9 @@ class Column:
             if None not in known:  # every value seen before (a run repeats a few hundred)
                 return np.array(known, dtype=np.int32)
             return np.fromiter(map(self.codes.code, values), dtype=np.int32, count=n)
+        if kind is Kind.SHARED:
+            assert self.shared is not None
+            return self.shared.codes(values)
         if kind is Kind.TRUTHY:
             return np.fromiter(map(bool, values), dtype=bool, count=n)
         if kind is Kind.IS_TRUE:
@@ -291,6 +353,10 @@ class RecordColumns:
         self._flush()
         return self.columns[name].array()
 
+    def is_int(self, name: str) -> np.ndarray:
+        self._flush()
+        return self.columns[name].is_int()
+
     def rows(self, stage: str | None = None) -> Rows:
         """Every record, or those naming `stage` (the stage each was sent in)."""
         self._flush()
@@ -343,6 +409,23 @@ class Rows:
     def number(self, name: str) -> np.ndarray:
         return self._get(name)
 
+    def is_int(self, name: str) -> np.ndarray:
+        """Whether each row's value of a NUMBER field was an integer (exactly its float: at most 2**53)."""
+        whole = self.columns.is_int(name)
+        return whole if self.index is None else whole[self.index]
+
+    def total(self, name: str, falsy_as_zero: bool = False) -> int | float:
+        """Python's `sum` of a NUMBER field's values as recorded (an integer where a record held one), in row order:
+        the same value and type. `falsy_as_zero`: a zero counted as the integer 0 (`value or 0`). Unknown values
+        (NaN) are the caller's to leave out."""
+        values, ints = self.number(name), self.is_int(name)
+        if ints.all():
+            if float(np.abs(values).sum()) < PLAIN_INT:  # every partial sum exact, in any order
+                return int(values.sum())
+            return sum(int(v) for v in values.tolist())
+        recorded = [int(v) if i else v for v, i in zip(values.tolist(), ints.tolist(), strict=True)]
+        return sum([v or 0 for v in recorded] if falsy_as_zero else recorded)
+
     def flag(self, name: str) -> np.ndarray:
         return self._get(name)
 
@@ -356,8 +439,9 @@ class Rows:
         return np.isin(self._get(name), table.of(*values))
 
     def code_where(self, name: str, test: Callable[[Any], Any]) -> np.ndarray:
-        """Whether each row's value of a CODE field passes `test` (asked once per distinct value)."""
-        table = self.columns.columns[name].codes
+        """Whether each row's value of a CODE or SHARED field passes `test` (asked once per distinct value)."""
+        column = self.columns.columns[name]
+        table = column.codes or column.shared
         assert table is not None
         passed = np.fromiter((bool(test(v)) for v in table.values), dtype=bool, count=len(table.values))
         return passed[self._get(name)]

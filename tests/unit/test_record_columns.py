@@ -31,7 +31,9 @@ stages = st.sampled_from(["load", "soak", "c8", None, 3])
 
 @st.composite
 def records(draw: st.DrawFn) -> dict[str, Any]:
-    record = {name: draw(ids if kind is Kind.KEY else anything) for name, kind in FIELDS.items()}
+    counts = st.one_of(st.none(), st.integers(-2 ** 54, 2 ** 54))  # a run's own: integers or none, some past 2**53
+    record = {name: draw(ids if kind is Kind.KEY else counts if kind is Kind.NUMBER and draw(st.booleans()) else
+                         anything) for name, kind in FIELDS.items()}
     record["stage"] = draw(stages)
     record["error"] = draw(st.one_of(anything, st.sampled_from(["Connection REFUSED", "ConnectionRefusedError"])))
     return record
@@ -70,6 +72,7 @@ def test_each_kind_keeps_what_the_rules_read_of_any_record(rows: list[dict[str, 
         if kind is Kind.NUMBER:
             assert all(_same_float(h, _number(v)) for h, v in zip(held.tolist(), given_values, strict=True))
             assert columns.columns[name].int_only == all(type(v) is int for v in given_values)
+            assert columns.is_int(name).tolist() == [type(v) is int and abs(v) <= 2 ** 53 for v in given_values]
         elif kind is Kind.CODE:
             assert [repr(v) for v in everything.values(name)] == [
                 repr(v if record_columns._hashable(v) else _key_text(v)) for v in given_values]
@@ -83,6 +86,11 @@ def test_each_kind_keeps_what_the_rules_read_of_any_record(rows: list[dict[str, 
         elif kind is Kind.INT:
             assert held.tolist() == [int(v) if type(v) in (int, bool) and abs(v) < 2 ** 63 else MISSING_INT
                                      for v in given_values]
+        elif kind is Kind.SHARED:  # the same object, the same code; another object, another code
+            table = columns.columns[name].shared
+            assert table is not None
+            assert [table.values[c] for c in held.tolist()] == given_values
+            assert len(set(held.tolist())) == len({id(v) for v in given_values})
         else:
             assert everything.key_texts(name) == given_values  # ids given back exactly, uuids or not
             named = {v for v in given_values if v is not None}

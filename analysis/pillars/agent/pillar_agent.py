@@ -9,6 +9,8 @@ timeout is the point of the drill, the retry after it must succeed.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,13 +20,15 @@ from k3load.analysis.pillars.agent.reproducibility import holds_the_pillar, repr
 from k3load.analysis.pillars.agent.reproducibility import judge as judge_reproducibility
 from k3load.analysis.pillars.agent.tool_calls import known_failures
 from k3load.analysis.pillars.agent.trigger_by_stage import trigger_by_stage
+from k3load.analysis.pillars.agent.unjudged import has_harness_error
 from k3load.analysis.pillars.agent.unjudged import numbers as unjudged_numbers
 from k3load.analysis.pillars.agent.unjudged import rule as unjudged_rule
-from k3load.analysis.pillars.agent.unjudged import split as split_unjudged
 from k3load.analysis.pillars.pillar import PillarResult
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.clusters import attempt_key, rate_by_keys, rate_by_request
 from k3load.analysis.run.lean import AnyAttempt, by_findings
+from k3load.analysis.run.record_columns import MISSING_INT, Rows, group_of
+from k3load.analysis.run.rundata import RunData
 from k3load.analysis.run.stats import (
     MIN_DISTINCT_REQUESTS,
     Rate,
@@ -81,9 +85,49 @@ def _rates(attempts: list[AnyAttempt]) -> tuple[dict[str, Any], Rate]:
     }, valid
 
 
-def _chains(attempts: list[AnyAttempt]) -> dict[str, Any]:
+def _chains(rows: Rows, pick: Callable[[Rows], list[AnyAttempt]]) -> dict[str, Any]:
     """Retries are duplicate work the server really did, drill retries included; the prompt tokens
-    spent on abandoned attempts are read from a sibling of the same bytes that the server answered."""
+    spent on abandoned attempts are read from a sibling of the same bytes that the server answered.
+
+    On the record columns: each chain's last attempt is its highest number (the first of equals in file order), a
+    request's prompt tokens the last known in file order, a record's `valid` counted where it is true. A run with an
+    attempt number that is no integer is read whole (`_chains_whole`)."""
+    number = rows.ints("attempt")
+    if (number == MISSING_INT).any():
+        return _chains_whole(pick(rows))
+    chains, chain = group_of(rows.keys("chain_id"))
+    sizes = np.bincount(chain, minlength=chains)
+    order = np.lexsort((np.arange(len(rows)), -number, chain))  # per chain: highest number first, then file order
+    first_of_chain = np.ones(len(order), dtype=bool)
+    first_of_chain[1:] = chain[order][1:] != chain[order][:-1]
+    final = np.empty(chains, dtype=np.intp)
+    final[chain[order][first_of_chain]] = order[first_of_chain]
+    final_valid = rows.flag("valid")[final]
+    retried = sizes > 1
+    drilled = np.bincount(chain, weights=rows.flag("drill"), minlength=chains) > 0
+    abandoned = rows.flag("will_retry")
+    return {"requests": int(chains), "requests_valid": int(final_valid.sum()),
+            "retried_requests": int(retried.sum()), "recovered_by_retry": int((retried & final_valid).sum()),
+            "duplicate_attempts": int((sizes[retried] - 1).sum()),
+            "duplicate_attempts_drill": int((sizes[retried & drilled] - 1).sum()),
+            "abandoned_prompt_tokens": _abandoned_tokens(rows, abandoned),
+            "abandoned_output_chunks": rows[abandoned].total("chunks")}
+
+
+def _abandoned_tokens(rows: Rows, abandoned: np.ndarray) -> int | float:
+    """The prompt tokens of the abandoned attempts, each read from the last record of its bytes (in file order)
+    that knew them (none: 0)."""
+    tokens = rows.number("prompt_tokens")
+    request = rows.ints("request_sha256")
+    known = np.flatnonzero(~np.isnan(tokens))
+    last = np.full(int(request.max(initial=-1)) + 1, -1, dtype=np.intp)
+    np.maximum.at(last, request[known], known)  # per request: its last record that knew them, in file order
+    source = last[request[abandoned]]
+    return rows.take(source[source >= 0]).total("prompt_tokens", falsy_as_zero=True)
+
+
+def _chains_whole(attempts: list[AnyAttempt]) -> dict[str, Any]:
+    """`_chains` over every attempt read whole."""
     by_chain: dict[str, list[AnyAttempt]] = {}
     for attempt in attempts:
         by_chain.setdefault(attempt.chain_id, []).append(attempt)
@@ -100,16 +144,16 @@ def _chains(attempts: list[AnyAttempt]) -> dict[str, Any]:
             "abandoned_output_chunks": sum(a.chunks for a in abandoned)}
 
 
-def context_refusals(attempts: list[AnyAttempt]) -> dict[str, Any]:
+def context_refusals(rows: Rows, pick: Callable[[Rows], list[AnyAttempt]]) -> dict[str, Any]:
     """vLLM's context-length 400s per family: the prompts' tokens against the server's max_model_len.
 
     vLLM counts a refused prompt only up to max_model_len + 1 ("at least N"), so the size the operator
     needs (how much context to give) is estimated from the bytes each refused request sent, at the
-    tokens per byte of the run's answered requests, and marked as an estimate."""
-    per_byte = _tokens_per_byte(attempts)
+    tokens per byte of the run's answered requests, and marked as an estimate. The 400s are read whole."""
+    per_byte = _tokens_per_byte(rows)
     out: dict[str, Any] = {}
-    for attempt in attempts:
-        found = context_length(attempt.error_body) if attempt.http_status == 400 else None
+    for attempt in pick(rows[rows.number("http_status") == 400]):
+        found = context_length(attempt.error_body)
         if not found:
             continue
         family = out.setdefault(attempt.family, {"refused": 0, "attempts": 0, "max_model_len": found.max_model_len,
@@ -127,9 +171,10 @@ def context_refusals(attempts: list[AnyAttempt]) -> dict[str, Any]:
         if per_byte and attempt.request_bytes:
             estimate = round(attempt.request_bytes * per_byte)
             family["prompt_tokens_estimated"] = max(family["prompt_tokens_estimated"] or 0, estimate)
-    for attempt in attempts:
-        if attempt.family in out:
-            out[attempt.family]["attempts"] += 1
+    if out:
+        for family_name, count in rows.counts("family").items():
+            if family_name in out:
+                out[family_name]["attempts"] += count
     for family in out.values():
         # The run's average tokens per byte can undercount one prompt (an agent's late turn, dense with tool
         # JSON, was estimated at 1,018 where vLLM counted at least 1,025); vLLM's floor is known, so an
@@ -139,11 +184,15 @@ def context_refusals(attempts: list[AnyAttempt]) -> dict[str, Any]:
     return out
 
 
-def _tokens_per_byte(attempts: list[AnyAttempt]) -> float | None:
+def _tokens_per_byte(rows: Rows) -> float | None:
     """Prompt tokens per body byte over the answered requests (None when none reports both)."""
-    pairs = [(a.prompt_tokens, a.request_bytes) for a in attempts
-             if a.status == "ok" and a.prompt_tokens and a.request_bytes]
-    return sum(t for t, _ in pairs) / sum(b for _, b in pairs) if pairs else None
+    tokens, size = rows.number("prompt_tokens"), rows.number("request_bytes")
+    both = rows.code_is("status", "ok") & (tokens != 0) & ~np.isnan(tokens) & (size != 0) & ~np.isnan(size)
+    if not both.any():
+        return None
+    told = rows[both]
+    per_byte: float = told.total("prompt_tokens") / told.total("request_bytes")
+    return per_byte
 
 
 def context_reason(refusals: dict[str, Any]) -> str | None:
@@ -170,10 +219,17 @@ def _sizes(v: dict[str, Any]) -> str:
     return said
 
 
-def _drill(attempts: list[AnyAttempt]) -> tuple[dict[str, Any], list[str]]:
+def _drill(rows: Rows, pick: Callable[[Rows], list[AnyAttempt]]) -> tuple[dict[str, Any], list[str]]:
     """Chains whose deliberately short first deadline expired must be answered on retry. A drill
     answered within its deadline proves nothing either way (not a failure); a chain the run's end cut
-    before its retry is left out."""
+    before its retry is left out. Read whole: the drills and the chains of those that timed out (few)."""
+    drill = rows.flag("drill")
+    timed_out = rows[drill & rows.code_is("status", "timeout")].keys("chain_id")
+    return _drill_whole(pick(rows[drill | rows.key_in("chain_id", timed_out)]))
+
+
+def _drill_whole(attempts: list[AnyAttempt]) -> tuple[dict[str, Any], list[str]]:
+    """`_drill` over the drills and every attempt of their chains, read whole."""
     drills = [a for a in attempts if a.drill]
     timed_out = {a.chain_id for a in drills if a.status == "timeout"}
     finals: dict[str, AnyAttempt] = {}
@@ -251,19 +307,25 @@ def tool_turns_reason(tool_turns: str) -> str | None:
             "model's own choice to call a tool (auto) was not tested")
 
 
-def judge_agent_api(attempts: list[AnyAttempt], limits: dict[str, float], plan: Plan | None = None,
+def judge_agent_api(run: RunData | list[AnyAttempt], limits: dict[str, float], plan: Plan | None = None,
                     reference: dict[str, Any] | None = None) -> PillarResult:
     """The valid rate over every judged attempt, and beside it Kimi's known tool-calling failures
     (analysis/pillars/agent/tool_calls.py): a streaming path wrong where the whole body is right, tool calls held back
     for long silences, answers left in the reasoning. Any of those failing fails the pillar. With a
-    reference run (reference.json, analysis/pillars/agent/agreement.py), agreement with it is judged too."""
-    if not attempts:
+    reference run (reference.json, analysis/pillars/agent/agreement.py), agreement with it is judged too.
+    `run`: the run's data, or attempts given whole (a library user's, a test's)."""
+    data = run if isinstance(run, RunData) else RunData(path=Path("."), attempts=list(run))
+    rows = data.columns.rows()
+    if rows.empty:
         return PillarResult(NOT_RUN, ["no request was recorded"])
     tool_turns = plan.tool_turns if plan else "auto"
-    answered, unjudged = split_unjudged(attempts)  # answers the harness could not judge: neither valid nor failed
-    judged = [a for a in answered if not a.drill]
+    # answers the harness could not judge (a harness.error finding): neither valid nor failed
+    unjudged_rows = rows[rows.code_where("findings", has_harness_error)]
+    unjudged = data.pick(unjudged_rows)
+    judged_rows = rows[~rows.code_where("findings", has_harness_error) & ~rows.flag("drill")]
+    judged = data.pick(judged_rows)
     rates, valid = _rates(judged)
-    numbers = rates | {"requests": _chains(attempts), "tool_turns": tool_turns}
+    numbers = rates | {"requests": _chains(rows, data.pick), "tool_turns": tool_turns}
     harness = []
     if unjudged:  # only then: a run without one is judged (and its verdict.json written) as before
         numbers["unjudged"] = unjudged_numbers(unjudged)
@@ -278,9 +340,9 @@ def judge_agent_api(attempts: list[AnyAttempt], limits: dict[str, float], plan: 
                                                                                                      plan)
     known_rules += repeat_rules
     known_reasons += [r.reason for r in repeat_rules if r.status != PASS]
-    drill, drill_reasons = _drill(attempts)
+    drill, drill_reasons = _drill(rows, data.pick)
     numbers["timeout_drill"] = drill
-    numbers["context_length_refusals"] = refusals = context_refusals(judged)
+    numbers["context_length_refusals"] = refusals = context_refusals(judged_rows, data.pick)
     if len(judged) < limits["min_attempts"]:
         numbers["rules"] = [r.to_dict() for r in harness]
         return PillarResult(INCONCLUSIVE, [r.reason for r in harness] + [

@@ -12,11 +12,13 @@ threshold (analysis/pillars/agent/pillar_agent.py).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from k3load.analysis.pillars.rules import RuleResult
-from k3load.analysis.run.lean import AnyAttempt, by_findings
+from k3load.analysis.run.lean import AnyAttempt
 from k3load.outcomes import HARNESS_ERROR, INCONCLUSIVE, Pillar
+from k3load.records import Finding
 from k3load.workload.harness_error import kind_of
 
 PILLAR = Pillar.AGENT_API  # the pillar these rules judge
@@ -25,15 +27,9 @@ KINDS_KEPT = 10  # in verdict.json; the rest summed as "other kinds"
 KINDS_SAID = 3  # in the reason
 
 
-def split(attempts: list[AnyAttempt]) -> tuple[list[AnyAttempt], list[AnyAttempt]]:
-    """(judged, unjudged): the attempts without a `harness.error` finding, and those with one."""
-    unjudged_ids: set[int] = set()
-    for findings, group in by_findings(attempts):
-        if any(f.check == HARNESS_ERROR for f in findings):
-            unjudged_ids.update(id(a) for a in group)
-    if not unjudged_ids:
-        return attempts, []
-    return ([a for a in attempts if id(a) not in unjudged_ids], [a for a in attempts if id(a) in unjudged_ids])
+def has_harness_error(findings: Sequence[Finding]) -> bool:
+    """Whether a record's findings hold the harness's own `harness.error`: an answer it could not judge."""
+    return any(f.check == HARNESS_ERROR for f in findings)
 
 
 def numbers(unjudged: list[AnyAttempt]) -> dict[str, Any]:
