@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from k3load.analysis.run.record_columns import Rows, group_of
 from k3load.analysis.run.stats import Rate, cluster_rate
 
 
@@ -52,3 +53,29 @@ def rate_by_keys(keys: Sequence[Any], successes: Sequence[bool] | np.ndarray) ->
 def rate_by_request(attempts: Sequence[Any], successes: Sequence[bool] | np.ndarray) -> Rate:
     """The success rate of `attempts` (one success flag each) with its interval over their distinct requests."""
     return rate_by_keys([attempt_key(a) for a in attempts], successes)
+
+
+def _drawn(temperature: Any, seed: Any) -> bool:
+    return isinstance(temperature, int | float) and temperature > 0 and seed is None
+
+
+def cluster_codes(rows: Rows) -> np.ndarray:
+    """Each row's cluster (`cluster_key`) as a number, numbered in order of first appearance among these rows, as
+    `rate_by_keys` numbers the keys: its bytes' code, or, for a fresh draw, its own id's group."""
+    if rows.empty:
+        return np.empty(0, dtype=np.intp)
+    drawn_temperature = rows.code_where("temperature", lambda t: _drawn(t, None))
+    drawn = drawn_temperature & rows.code_where("seed", lambda s: s is None)
+    request = rows.ints("request_sha256").astype(np.int64)
+    if drawn.any():
+        _, own = group_of(rows.keys("attempt_id"))
+        request = np.where(drawn, int(request.max()) + 1 + own, request)
+    codes, _ = pd.factorize(request, sort=False)
+    return codes
+
+
+def rate_by_codes(codes: np.ndarray, successes: np.ndarray) -> Rate:
+    """`cluster_rate` of per-row successes grouped by their cluster numbers (`cluster_codes`)."""
+    if not len(codes):
+        return cluster_rate([], [])
+    return cluster_rate(np.bincount(codes, weights=successes.astype(float)), np.bincount(codes))

@@ -65,6 +65,7 @@ FIELDS: dict[str, Kind] = {
     "attempt_id": Kind.KEY, "chain_id": Kind.KEY, "session_id": Kind.KEY, "control_role": Kind.CODE,
     "stream": Kind.TRUTHY, "chunks": Kind.NUMBER, "stream_reads": Kind.NUMBER, "stream_bytes": Kind.NUMBER,
     "findings": Kind.SHARED, "tool_calls": Kind.SHARED, "will_retry": Kind.TRUTHY, "finish_reason": Kind.CODE,
+    "temperature": Kind.CODE, "seed": Kind.CODE,
 }
 NAMES = tuple(FIELDS)
 
@@ -78,7 +79,8 @@ def _values(lean: Any, frame: Sequence[Any]) -> tuple[Any, ...]:
             lean.prompt_tokens, lean.cached_tokens, lean.request_bytes, lean.http_status, ttfa, itl, completion,
             max_tokens, intended, lean.drill, lean.valid, error, lean.turn, lean.attempt, lean.attempt_id,
             lean.chain_id, session, lean.control_role, lean.stream, lean.chunks, lean.stream_reads, lean.stream_bytes,
-            lean.findings, lean.tool_calls, lean.will_retry, lean.finish_reason)
+            lean.findings, lean.tool_calls, lean.will_retry, lean.finish_reason, getattr(lean, "temperature", None),
+            getattr(lean, "seed", None))
 
 
 KEY_DTYPE = np.dtype([("kind", np.uint8), ("hi", np.uint64), ("lo", np.uint64)])
@@ -437,6 +439,13 @@ class Rows:
         table = self.columns.columns[name].codes
         assert table is not None
         return np.isin(self._get(name), table.of(*values))
+
+    def table(self, name: str) -> list[Any]:
+        """A CODE or SHARED field's distinct values, each at its code."""
+        column = self.columns.columns[name]
+        table = column.codes or column.shared
+        assert table is not None
+        return table.values
 
     def code_where(self, name: str, test: Callable[[Any], Any]) -> np.ndarray:
         """Whether each row's value of a CODE or SHARED field passes `test` (asked once per distinct value)."""

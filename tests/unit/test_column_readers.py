@@ -5,14 +5,24 @@ choose the few records a rule still reads whole, `RunData.pick`, and count the r
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k3load.analysis.pillars.agent.pillar_agent import _chains, _chains_whole, _drill, _drill_whole, context_refusals
+from k3load.analysis.pillars.agent.agreement import findings_schema_ok
+from k3load.analysis.pillars.agent.pillar_agent import (
+    _chains,
+    _chains_whole,
+    _drill,
+    _drill_whole,
+    _rates,
+    context_refusals,
+)
 from k3load.analysis.pillars.agent.retry_paths import _path_counts, path_counts
 from k3load.analysis.pillars.headroom.buffering import (
     BLOCK_BYTES_PER_READ,
@@ -28,10 +38,13 @@ from k3load.analysis.pillars.headroom.buffering import (
     StreamDelivery,
     stream_delivery,
 )
+from k3load.analysis.run.clusters import attempt_key, rate_by_keys, rate_by_request
+from k3load.analysis.run.lean import by_findings
 from k3load.analysis.run.rundata import RunData, columns_of
-from k3load.analysis.run.stats import wilson
+from k3load.analysis.run.stats import Rate, wilson
 from k3load.analysis.run.timeline import MetricIndex
-from k3load.records import Attempt
+from k3load.outcomes import LAYERS
+from k3load.records import Attempt, Finding
 from k3load.sampler.vllm_metrics import VllmMetric
 from k3load.workload.retry_policy import AttemptPath
 from k3load.workload.validate import context_length
@@ -262,3 +275,81 @@ def _whole_tokens_per_byte(attempts: list[Any]) -> float | None:
     return sum(t for t, _ in pairs) / sum(b for _, b in pairs) if pairs else None
 
 
+
+
+# -- the agent pillar's rates: the reading of every attempt whole, as it was before the columns (the reference) ------
+def _whole_rates(attempts: list[Any]) -> tuple[dict[str, Any], Rate]:
+    """Each failed attempt counted once, under its primary layer; a check failing only as the
+    consequence of another layer's fault (a parser that lost the call fails `expect.tool_call`
+    too) is counted apart, as secondary. Every rate's interval is over the distinct requests
+    (analysis/run/clusters.py); the valid rate is returned with the numbers."""
+    layers = Counter(a.primary_layer for a in attempts if a.primary_layer)
+    primary: Counter[str] = Counter()
+    secondary: Counter[str] = Counter()
+    position = {id(a): i for i, a in enumerate(attempts)}
+    failing: dict[str, np.ndarray] = {}  # per primary check: which attempts failed it
+    for findings, group in by_findings(attempts):  # each distinct list of findings read once
+        failed = [f for f in findings if not f.ok]
+        if not failed:
+            continue
+        for layer, n in Counter(a.primary_layer for a in group).items():
+            for f in failed:
+                (primary if f.layer == layer else secondary)[f.check] += n
+        for f in failed:
+            marks = [position[id(a)] for a in group if a.primary_layer == f.layer]
+            if marks:
+                failing.setdefault(f.check, np.zeros(len(attempts), dtype=bool))[marks] = True
+    tool_responses = [a for a in attempts if a.tool_calls or a.finish_reason == "tool_calls"]
+    schema_ok = {id(a) for findings, group in by_findings(tool_responses) if findings_schema_ok(findings)
+                 for a in group}
+    keys = [attempt_key(a) for a in attempts]
+    valid = rate_by_keys(keys, [a.valid for a in attempts])
+    schema = rate_by_request(tool_responses, [id(a) in schema_ok for a in tool_responses])
+    n = len(attempts)
+    return {
+        "attempts": n, "distinct_requests": valid.clusters, "valid": valid.k, "valid_rate": valid.value,
+        "valid_rate_ci95": [valid.low, valid.high],
+        "failed_by_layer": {layer: layers.get(layer, 0) for layer in LAYERS},
+        "failed_by_check": dict(sorted(primary.items())),
+        "secondary_failures_by_check": dict(sorted(secondary.items())),
+        "check_failure_rates": {check: rate_by_keys(keys, failing[check]).to_dict() for check in sorted(primary)},
+        "tool_call_responses": len(tool_responses),
+        "tool_call_schema_accuracy": schema.value, "tool_call_schema_accuracy_ci95":
+            [schema.low, schema.high] if tool_responses else None,
+        "tool_call_schema_distinct_requests": schema.clusters,
+    }, valid
+
+
+FINDINGS = [[], [Finding("expect.tool_call", True)], [Finding("expect.tool_call", False, "model_output")],
+            [Finding("tool_call.schema", False, "parser"), Finding("expect.tool_call", False, "model_output")],
+            [Finding("transport", False, "gateway")], [Finding("expect.json", False, "parser")]]
+
+
+@st.composite
+def judged(draw: Any) -> list[Attempt]:
+    """Attempts sharing their findings lists (as the decoder shares them) or not, each failing under its primary layer
+    or another's, tool calls or not, drawn at a temperature with or without a seed, repeated bytes."""
+    out = []
+    for i in range(draw(st.sampled_from([0, 4, 20, 60]))):
+        findings = draw(st.sampled_from(FINDINGS)) if draw(st.booleans()) else \
+            [Finding(f.check, f.ok, f.layer) for f in draw(st.sampled_from(FINDINGS))]  # its own list
+        failed = [f.layer for f in findings if not f.ok]
+        calls = [{"function": {"name": "get_weather"}}] if draw(st.booleans()) else []
+        out.append(Attempt(
+            run_id="r", attempt_id=f"a{i % 50}", chain_id=f"c{i}", attempt=1, stage="load", scenario="s",
+            family="agent", turn=0, turn_kind="tool_call", user_id="u",
+            request_sha256=draw(st.sampled_from(["x", "y", "z", "w"])), prefix_sha256="p", transport="fake",
+            status="ok", send_ts=1.0, end_ts=2.0, findings=findings, valid=not failed, tool_calls=calls,
+            primary_layer=draw(st.sampled_from(failed)) if failed else None,
+            finish_reason=draw(st.sampled_from(["stop", "tool_calls", None])),
+            temperature=draw(st.sampled_from([None, 0, 0.0, 0.7, True])), seed=draw(st.sampled_from([None, 7]))))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(judged())
+def test_the_agent_rates_on_the_columns_are_those_of_every_attempt_read_whole(run: list[Attempt]) -> None:
+    rows = RunData(path=Path("."), attempts=run).columns.rows()
+    found, valid = _rates(rows)
+    whole, whole_valid = _whole_rates(run)
+    assert repr(found) == repr(whole) and valid == whole_valid

@@ -25,8 +25,8 @@ from k3load.analysis.pillars.agent.unjudged import numbers as unjudged_numbers
 from k3load.analysis.pillars.agent.unjudged import rule as unjudged_rule
 from k3load.analysis.pillars.pillar import PillarResult
 from k3load.analysis.pillars.rules import RuleResult
-from k3load.analysis.run.clusters import attempt_key, rate_by_keys, rate_by_request
-from k3load.analysis.run.lean import AnyAttempt, by_findings
+from k3load.analysis.run.clusters import cluster_codes, rate_by_codes, rate_by_request
+from k3load.analysis.run.lean import AnyAttempt
 from k3load.analysis.run.record_columns import MISSING_INT, Rows, group_of
 from k3load.analysis.run.rundata import RunData
 from k3load.analysis.run.stats import (
@@ -43,44 +43,49 @@ from k3load.workload.validate import context_length
 PILLAR = Pillar.AGENT_API  # the pillar these rules judge
 
 
-def _rates(attempts: list[AnyAttempt]) -> tuple[dict[str, Any], Rate]:
+def _rates(rows: Rows) -> tuple[dict[str, Any], Rate]:
     """Each failed attempt counted once, under its primary layer; a check failing only as the
     consequence of another layer's fault (a parser that lost the call fails `expect.tool_call`
     too) is counted apart, as secondary. Every rate's interval is over the distinct requests
-    (analysis/run/clusters.py); the valid rate is returned with the numbers."""
-    layers = Counter(a.primary_layer for a in attempts if a.primary_layer)
+    (analysis/run/clusters.py); the valid rate is returned with the numbers. On the record columns: each distinct
+    list of findings read once, a record's `valid` counted where it is true."""
+    layer_table = rows.table("primary_layer")
+    layer, findings = rows.ints("primary_layer").astype(np.int64), rows.ints("findings").astype(np.int64)
+    width = len(layer_table)
+    pairs, per_pair = np.unique(findings * width + layer, return_counts=True)  # (findings, layer) -> attempts
+    layers: Counter[Any] = Counter()
+    for code, n in zip((pairs % width).tolist(), per_pair.tolist(), strict=True):
+        if layer_table[code]:
+            layers[layer_table[code]] += n
     primary: Counter[str] = Counter()
     secondary: Counter[str] = Counter()
-    position = {id(a): i for i, a in enumerate(attempts)}
-    failing: dict[str, np.ndarray] = {}  # per primary check: which attempts failed it
-    for findings, group in by_findings(attempts):  # each distinct list of findings read once
-        failed = [f for f in findings if not f.ok]
-        if not failed:
-            continue
-        for layer, n in Counter(a.primary_layer for a in group).items():
-            for f in failed:
-                (primary if f.layer == layer else secondary)[f.check] += n
+    marked: dict[str, list[int]] = {}  # per primary check: the (findings, layer) pairs whose attempts failed it
+    for pair, n in zip(pairs.tolist(), per_pair.tolist(), strict=True):
+        failed = [f for f in rows.table("findings")[pair // width] if not f.ok]
+        primary_layer = layer_table[pair % width]
         for f in failed:
-            marks = [position[id(a)] for a in group if a.primary_layer == f.layer]
-            if marks:
-                failing.setdefault(f.check, np.zeros(len(attempts), dtype=bool))[marks] = True
-    tool_responses = [a for a in attempts if a.tool_calls or a.finish_reason == "tool_calls"]
-    schema_ok = {id(a) for findings, group in by_findings(tool_responses) if findings_schema_ok(findings)
-                 for a in group}
-    keys = [attempt_key(a) for a in attempts]
-    valid = rate_by_keys(keys, [a.valid for a in attempts])
-    schema = rate_by_request(tool_responses, [id(a) in schema_ok for a in tool_responses])
-    n = len(attempts)
+            (primary if f.layer == primary_layer else secondary)[f.check] += n
+            if f.layer == primary_layer:
+                marked.setdefault(f.check, []).append(pair)
+    tool_responses = rows.code_where("tool_calls", bool) | rows.code_is("finish_reason", "tool_calls")
+    schema_ok = rows.code_where("findings", findings_schema_ok)
+    clusters = cluster_codes(rows)
+    valid = rate_by_codes(clusters, rows.flag("valid"))
+    told = rows[tool_responses]
+    schema = rate_by_codes(cluster_codes(told), schema_ok[tool_responses])
+    pair_of_row = findings * width + layer
+    n = len(rows)
     return {
         "attempts": n, "distinct_requests": valid.clusters, "valid": valid.k, "valid_rate": valid.value,
         "valid_rate_ci95": [valid.low, valid.high],
-        "failed_by_layer": {layer: layers.get(layer, 0) for layer in LAYERS},
+        "failed_by_layer": {name: layers.get(name, 0) for name in LAYERS},
         "failed_by_check": dict(sorted(primary.items())),
         "secondary_failures_by_check": dict(sorted(secondary.items())),
-        "check_failure_rates": {check: rate_by_keys(keys, failing[check]).to_dict() for check in sorted(primary)},
-        "tool_call_responses": len(tool_responses),
+        "check_failure_rates": {check: rate_by_codes(clusters, np.isin(pair_of_row, marked[check])).to_dict()
+                                for check in sorted(primary)},
+        "tool_call_responses": len(told),
         "tool_call_schema_accuracy": schema.value, "tool_call_schema_accuracy_ci95":
-            [schema.low, schema.high] if tool_responses else None,
+            [schema.low, schema.high] if len(told) else None,
         "tool_call_schema_distinct_requests": schema.clusters,
     }, valid
 
@@ -324,7 +329,7 @@ def judge_agent_api(run: RunData | list[AnyAttempt], limits: dict[str, float], p
     unjudged = data.pick(unjudged_rows)
     judged_rows = rows[~rows.code_where("findings", has_harness_error) & ~rows.flag("drill")]
     judged = data.pick(judged_rows)
-    rates, valid = _rates(judged)
+    rates, valid = _rates(judged_rows)
     numbers = rates | {"requests": _chains(rows, data.pick), "tool_turns": tool_turns}
     harness = []
     if unjudged:  # only then: a run without one is judged (and its verdict.json written) as before
