@@ -65,7 +65,8 @@ FIELDS: dict[str, Kind] = {
     "attempt_id": Kind.KEY, "chain_id": Kind.KEY, "session_id": Kind.KEY, "control_role": Kind.CODE,
     "stream": Kind.TRUTHY, "chunks": Kind.NUMBER, "stream_reads": Kind.NUMBER, "stream_bytes": Kind.NUMBER,
     "findings": Kind.SHARED, "tool_calls": Kind.SHARED, "will_retry": Kind.TRUTHY, "finish_reason": Kind.CODE,
-    "temperature": Kind.CODE, "seed": Kind.CODE,
+    "temperature": Kind.CODE, "seed": Kind.CODE, "tool_call_max_gap_ms": Kind.NUMBER,
+    "tool_call_span_ms": Kind.NUMBER, "tool_call_deltas": Kind.NUMBER,
 }
 NAMES = tuple(FIELDS)
 
@@ -80,7 +81,7 @@ def _values(lean: Any, frame: Sequence[Any]) -> tuple[Any, ...]:
             max_tokens, intended, lean.drill, lean.valid, error, lean.turn, lean.attempt, lean.attempt_id,
             lean.chain_id, session, lean.control_role, lean.stream, lean.chunks, lean.stream_reads, lean.stream_bytes,
             lean.findings, lean.tool_calls, lean.will_retry, lean.finish_reason, getattr(lean, "temperature", None),
-            getattr(lean, "seed", None))
+            getattr(lean, "seed", None), lean.tool_call_max_gap_ms, lean.tool_call_span_ms, lean.tool_call_deltas)
 
 
 KEY_DTYPE = np.dtype([("kind", np.uint8), ("hi", np.uint64), ("lo", np.uint64)])
@@ -427,6 +428,14 @@ class Rows:
             return sum(int(v) for v in values.tolist())
         recorded = [int(v) if i else v for v, i in zip(values.tolist(), ints.tolist(), strict=True)]
         return sum([v or 0 for v in recorded] if falsy_as_zero else recorded)
+
+    def recorded(self, name: str) -> np.ndarray | list[Any]:
+        """A NUMBER field's values as recorded: its floats, or, where a record held an integer, a list with that
+        integer in its place (a rule that keeps a value, a percentile or a maximum, keeps its type)."""
+        values, ints = self.number(name), self.is_int(name)
+        if not ints.any():
+            return values
+        return [int(v) if i else v for v, i in zip(values.tolist(), ints.tolist(), strict=True)]
 
     def flag(self, name: str) -> np.ndarray:
         return self._get(name)

@@ -4,17 +4,12 @@ choose the few records a rule still reads whole, `RunData.pick`, and count the r
 
 from __future__ import annotations
 
-import statistics
-from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k3load.analysis.pillars.agent.agreement import findings_schema_ok
 from k3load.analysis.pillars.agent.pillar_agent import (
     _chains,
     _chains_whole,
@@ -24,31 +19,26 @@ from k3load.analysis.pillars.agent.pillar_agent import (
     context_refusals,
 )
 from k3load.analysis.pillars.agent.retry_paths import _path_counts, path_counts
+from k3load.analysis.pillars.agent.tool_calls import known_failures
 from k3load.analysis.pillars.headroom.buffering import (
-    BLOCK_BYTES_PER_READ,
-    BLOCK_EVENTS_PER_READ,
-    BUFFERED_SHARE,
-    FIX,
-    LAYER,
-    MIN_CHUNKS,
-    MIN_READS,
-    MIN_STREAMS,
-    STRAIGHT_SHARE,
-    Delivery,
-    StreamDelivery,
     stream_delivery,
 )
-from k3load.analysis.run.clusters import attempt_key, rate_by_keys, rate_by_request
-from k3load.analysis.run.lean import by_findings
+from k3load.analysis.pillars.pillar import DEFAULT_THRESHOLDS
 from k3load.analysis.run.rundata import RunData, columns_of
-from k3load.analysis.run.stats import Rate, wilson
 from k3load.analysis.run.timeline import MetricIndex
-from k3load.outcomes import LAYERS
 from k3load.records import Attempt, Finding
-from k3load.sampler.vllm_metrics import VllmMetric
+from k3load.workload.plan import parse_plan
 from k3load.workload.retry_policy import AttemptPath
-from k3load.workload.validate import context_length
+from k3load.workload.stream_equivalence import BOTH_VALID, NOT_COMPARED
+from k3load.workload.stream_equivalence import CHECK as EQUIVALENCE
+from tests.unit.whole_readings import (
+    _whole_context_refusals,
+    _whole_known_failures,
+    _whole_rates,
+    _whole_stream_delivery,
+)
 
+LIMITS = DEFAULT_THRESHOLDS["agent_api"]
 CHAINS = ("c0", "c1", "c2", "0123456789abcdef0123456789abcdef", None)
 
 
@@ -77,77 +67,6 @@ def test_path_counts_on_the_columns_are_those_of_every_attempt_read_whole(run: l
     except TypeError:  # a string numbered attempt compared with an integer: the rule fails on it either way
         return
     assert path_counts(RunData(path=Path("."), attempts=run)) == whole
-
-
-# -- stream delivery: the reading of every attempt whole, as it was before the columns (the reference) ---------------
-def _counted(attempt: Any) -> bool:
-    """A streamed answer that ended well, long enough to show blocks, with its reads counted."""
-    return bool(attempt.stream) and attempt.status == "ok" and attempt.chunks >= MIN_CHUNKS and \
-        bool(attempt.stream_reads) and attempt.stream_bytes is not None
-
-
-def in_blocks(attempt: Any) -> bool:
-    """Many events and kilobytes per read: a buffer's blocks, not the server's pacing."""
-    reads = attempt.stream_reads or 1
-    return attempt.chunks / reads >= BLOCK_EVENTS_PER_READ and (attempt.stream_bytes or 0) / reads >= \
-        BLOCK_BYTES_PER_READ
-
-
-def _whole_stream_delivery(attempts: Sequence[Any], index: MetricIndex, saturated_stages: Sequence[str] = ()
-                           ) -> StreamDelivery:
-    """Straight, buffered or unknown, from the streams outside `saturated_stages` (a saturated load
-    generator reads late and piles events up in its own socket)."""
-    streamed = [a for a in attempts if a.stream and a.status == "ok" and a.chunks >= MIN_CHUNKS]
-    if not streamed:
-        return StreamDelivery(Delivery.UNKNOWN, "inconclusive, because no streamed answer of at least "
-                              f"{MIN_CHUNKS} token chunks ended well")
-    counted = [a for a in streamed if _counted(a)]
-    if not counted:
-        return StreamDelivery(Delivery.UNKNOWN, "inconclusive, because the records do not count the reads that "
-                              "carried each stream (written before stream_reads existed)")
-    hot = set(saturated_stages)
-    cool = [a for a in counted if a.stage not in hot]
-    telling = [a for a in cool if (a.stream_reads or 0) >= MIN_READS]
-    whole = len(cool) - len(telling)
-    if len(telling) < MIN_STREAMS:
-        why = (f"the load generator was saturated in {', '.join(sorted(hot))} (its own socket piles events up)"
-               if hot and len(counted) >= MIN_STREAMS else
-               f"{whole} arrived whole, in one or two reads (written faster than read, or held whole)" if whole
-               else "")
-        return StreamDelivery(Delivery.UNKNOWN, f"inconclusive, because only {len(telling)} streamed answers of at "
-                              f"least {MIN_CHUNKS} chunks came in {MIN_READS} reads or more (at least {MIN_STREAMS} "
-                              "are needed)" + (f": {why}" if why else ""), len(telling))
-    blocked = wilson(sum(1 for a in telling if in_blocks(a)), len(telling))
-    events = statistics.median(a.chunks / (a.stream_reads or 1) for a in telling)
-    size = statistics.median((a.stream_bytes or 0) / (a.stream_reads or 1) for a in telling)
-    ttfts = [a.ttft_ms for a in telling if a.ttft_ms is not None]
-    client = statistics.median(ttfts) if ttfts else None
-    t0, t1 = min(a.send_ts for a in telling), max(a.end_ts for a in telling)
-    server = index.histogram_bucket(VllmMetric.TIME_TO_FIRST_TOKEN, t0, t1, 0.5)
-    numbers: dict[str, Any] = {"streams": len(telling), "blocked": blocked, "events_per_read_p50": round(events, 2),
-               "bytes_per_read_p50": round(size), "client_ttft_p50_ms": round(client, 3) if client else None,
-               "server_ttft": server}
-    pattern = (f"{blocked.k} of {len(telling)} streamed answers of {MIN_READS} reads or more (95% CI {blocked.low:.1%}-"
-               f"{blocked.high:.1%}) reached the client in blocks: a median {events:.1f} SSE events and {size:,.0f} "
-               "bytes per socket read (a server's own pacing is about one event a read)")
-    if blocked.low > BUFFERED_SHARE:
-        timing = f"; the client's TTFT p50 {client:.0f} ms" if client is not None else ""
-        if server is not None and timing:
-            timing += f" against the server's own {server.text()} (vllm:time_to_first_token_seconds)"
-        return StreamDelivery(Delivery.BUFFERED, f"{LAYER}: the stream is buffered between the server and the client: "
-                              f"{pattern}{timing}. The client's TTFT and inter-token latency are the proxy's blocks, "
-                              f"not the engine's: latency SLOs judged on the server's own histograms. Fix: {FIX}",
-                              **numbers)
-    arrived_whole = f"; {whole} more arrived whole, in one or two reads" if whole else ""
-    if blocked.high < STRAIGHT_SHARE:
-        return StreamDelivery(Delivery.STRAIGHT, f"no proxy's blocks: median {events:.1f} events and {size:,.0f} bytes "
-                              f"per read over {len(telling)} streamed answers of {MIN_READS} reads or more "
-                              f"({blocked.k} in blocks, 95% CI {blocked.low:.1%}-{blocked.high:.1%}){arrived_whole}",
-                              **numbers)
-    return StreamDelivery(Delivery.UNKNOWN, f"inconclusive, because {pattern}{arrived_whole}: a proxy buffers every "
-                          "stream, a server or client running behind only some", **numbers)
-
-
 
 
 @st.composite
@@ -229,95 +148,7 @@ def test_chains_drills_and_refusals_on_the_columns_are_those_of_every_attempt_re
     assert repr(context_refusals(rows, data.pick)) == repr(_whole_context_refusals(run))
 
 
-def _whole_context_refusals(attempts: list[Any]) -> dict[str, Any]:
-    """vLLM's context-length 400s per family: the prompts' tokens against the server's max_model_len.
 
-    vLLM counts a refused prompt only up to max_model_len + 1 ("at least N"), so the size the operator
-    needs (how much context to give) is estimated from the bytes each refused request sent, at the
-    tokens per byte of the run's answered requests, and marked as an estimate."""
-    per_byte = _whole_tokens_per_byte(attempts)
-    out: dict[str, Any] = {}
-    for attempt in attempts:
-        found = context_length(attempt.error_body) if attempt.http_status == 400 else None
-        if not found:
-            continue
-        family = out.setdefault(attempt.family, {"refused": 0, "attempts": 0, "max_model_len": found.max_model_len,
-                                                 "prompt_tokens_min": None, "prompt_tokens_max": None,
-                                                 "counted_only_to_the_limit": False, "prompt_tokens_estimated": None,
-                                                 "completion_tokens_max": None})
-        family["refused"] += 1
-        if found.prompt_tokens is not None:
-            known = [t for t in (family["prompt_tokens_min"], family["prompt_tokens_max"]) if t is not None]
-            family["prompt_tokens_min"] = min([*known, found.prompt_tokens])
-            family["prompt_tokens_max"] = max([*known, found.prompt_tokens])
-        family["counted_only_to_the_limit"] |= found.at_least
-        if found.completion_tokens is not None:  # the prompt fit; with the output budget asked for it did not
-            family["completion_tokens_max"] = max(family["completion_tokens_max"] or 0, found.completion_tokens)
-        if per_byte and attempt.request_bytes:
-            estimate = round(attempt.request_bytes * per_byte)
-            family["prompt_tokens_estimated"] = max(family["prompt_tokens_estimated"] or 0, estimate)
-    for attempt in attempts:
-        if attempt.family in out:
-            out[attempt.family]["attempts"] += 1
-    for family in out.values():
-        # The run's average tokens per byte can undercount one prompt (an agent's late turn, dense with tool
-        # JSON, was estimated at 1,018 where vLLM counted at least 1,025); vLLM's floor is known, so an
-        # estimate below it is known to be wrong and is raised to it.
-        if family["prompt_tokens_estimated"] and family["counted_only_to_the_limit"] and family["prompt_tokens_max"]:
-            family["prompt_tokens_estimated"] = max(family["prompt_tokens_estimated"], family["prompt_tokens_max"])
-    return out
-
-
-def _whole_tokens_per_byte(attempts: list[Any]) -> float | None:
-    """Prompt tokens per body byte over the answered requests (None when none reports both)."""
-    pairs = [(a.prompt_tokens, a.request_bytes) for a in attempts
-             if a.status == "ok" and a.prompt_tokens and a.request_bytes]
-    return sum(t for t, _ in pairs) / sum(b for _, b in pairs) if pairs else None
-
-
-
-
-# -- the agent pillar's rates: the reading of every attempt whole, as it was before the columns (the reference) ------
-def _whole_rates(attempts: list[Any]) -> tuple[dict[str, Any], Rate]:
-    """Each failed attempt counted once, under its primary layer; a check failing only as the
-    consequence of another layer's fault (a parser that lost the call fails `expect.tool_call`
-    too) is counted apart, as secondary. Every rate's interval is over the distinct requests
-    (analysis/run/clusters.py); the valid rate is returned with the numbers."""
-    layers = Counter(a.primary_layer for a in attempts if a.primary_layer)
-    primary: Counter[str] = Counter()
-    secondary: Counter[str] = Counter()
-    position = {id(a): i for i, a in enumerate(attempts)}
-    failing: dict[str, np.ndarray] = {}  # per primary check: which attempts failed it
-    for findings, group in by_findings(attempts):  # each distinct list of findings read once
-        failed = [f for f in findings if not f.ok]
-        if not failed:
-            continue
-        for layer, n in Counter(a.primary_layer for a in group).items():
-            for f in failed:
-                (primary if f.layer == layer else secondary)[f.check] += n
-        for f in failed:
-            marks = [position[id(a)] for a in group if a.primary_layer == f.layer]
-            if marks:
-                failing.setdefault(f.check, np.zeros(len(attempts), dtype=bool))[marks] = True
-    tool_responses = [a for a in attempts if a.tool_calls or a.finish_reason == "tool_calls"]
-    schema_ok = {id(a) for findings, group in by_findings(tool_responses) if findings_schema_ok(findings)
-                 for a in group}
-    keys = [attempt_key(a) for a in attempts]
-    valid = rate_by_keys(keys, [a.valid for a in attempts])
-    schema = rate_by_request(tool_responses, [id(a) in schema_ok for a in tool_responses])
-    n = len(attempts)
-    return {
-        "attempts": n, "distinct_requests": valid.clusters, "valid": valid.k, "valid_rate": valid.value,
-        "valid_rate_ci95": [valid.low, valid.high],
-        "failed_by_layer": {layer: layers.get(layer, 0) for layer in LAYERS},
-        "failed_by_check": dict(sorted(primary.items())),
-        "secondary_failures_by_check": dict(sorted(secondary.items())),
-        "check_failure_rates": {check: rate_by_keys(keys, failing[check]).to_dict() for check in sorted(primary)},
-        "tool_call_responses": len(tool_responses),
-        "tool_call_schema_accuracy": schema.value, "tool_call_schema_accuracy_ci95":
-            [schema.low, schema.high] if tool_responses else None,
-        "tool_call_schema_distinct_requests": schema.clusters,
-    }, valid
 
 
 FINDINGS = [[], [Finding("expect.tool_call", True)], [Finding("expect.tool_call", False, "model_output")],
@@ -353,3 +184,51 @@ def test_the_agent_rates_on_the_columns_are_those_of_every_attempt_read_whole(ru
     found, valid = _rates(rows)
     whole, whole_valid = _whole_rates(run)
     assert repr(found) == repr(whole) and valid == whole_valid
+
+
+# -- Kimi's known tool-calling failures -----------------------------------------------------------------------------
+TOOL_FINDINGS = [
+    [], [Finding("expect.calls", True)], [Finding("expect.calls", False, "model_output")],
+    [Finding("expect.calls", False, "parser"), Finding("tool_call.args", False, "parser")],
+    [Finding("tool_call.cadence", False, "parser")], [Finding("tool_call.cadence", True)],
+    [Finding("stream.stall", False, "parser")], [Finding("reasoning.no_transition", False, "parser")],
+    [Finding("reasoning.no_transition", False, "model_output")],
+    [Finding(EQUIVALENCE, True, None, BOTH_VALID)], [Finding(EQUIVALENCE, True, None, NOT_COMPARED)],
+    [Finding(EQUIVALENCE, False, "parser", "")]]
+
+
+@st.composite
+def tool_runs(draw: Any) -> list[Attempt]:
+    """Streamed tool calls with their silences (or none: not a call), stalls, parallel calls of any count, answers
+    left in the reasoning, the streaming drill's twins; findings shared or each its own; integers and floats."""
+    out = []
+    for i in range(draw(st.sampled_from([0, 5, 30, 80]))):
+        findings = draw(st.sampled_from(TOOL_FINDINGS))
+        if draw(st.booleans()):
+            findings = [Finding(f.check, f.ok, f.layer, f.detail) for f in findings]
+        failed = [f.layer for f in findings if not f.ok]
+        number = st.one_of(st.none(), st.floats(0, 90_000), st.integers(0, 90_000))
+        out.append(Attempt(
+            run_id="r", attempt_id=f"a{i}", chain_id=f"c{i}", attempt=1, stage=draw(st.sampled_from(["load", "c8"])),
+            scenario="s", family="agent", turn=0, turn_kind="tool_call", user_id="u",
+            request_sha256=draw(st.sampled_from(["x", "y", "z"])), prefix_sha256="p", transport="fake", status="ok",
+            send_ts=1.0, end_ts=2.0, findings=findings, valid=not failed,
+            primary_layer=draw(st.sampled_from(failed)) if failed else None,
+            tool_calls=[{"function": {"name": "f"}}] * draw(st.integers(0, 3)),
+            stream_role=draw(st.sampled_from([None, None, "stream", "whole"])),
+            tool_call_max_gap_ms=draw(number), tool_call_span_ms=draw(number),
+            tool_call_deltas=draw(st.one_of(st.none(), st.integers(0, 40))), last_silence_ms=draw(number)))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(tool_runs(), st.booleans())
+def test_known_tool_call_failures_on_the_columns_are_those_of_every_attempt_read_whole(run: list[Attempt],
+                                                                                      drill: bool) -> None:
+    plan = parse_plan({"name": "p", "stages": [{"name": "load", "kind": "load", "duration_s": 5, "users": 2,
+                                                "mix": {"agent": 1}}],
+                       **({"stream_equivalence": {"turns": ["tool_call"], "share": 0.5}} if drill else {})}, "plan")
+    data = RunData(path=Path("."), attempts=run)
+    found = known_failures(data.columns.rows(), data.pick, LIMITS, plan)
+    whole = _whole_known_failures(run, LIMITS, plan)
+    assert repr(found) == repr(whole)

@@ -335,7 +335,7 @@ def judge_agent_api(run: RunData | list[AnyAttempt], limits: dict[str, float], p
     if unjudged:  # only then: a run without one is judged (and its verdict.json written) as before
         numbers["unjudged"] = unjudged_numbers(unjudged)
         harness = [unjudged_rule(numbers["unjudged"])]
-    known, known_rules, known_reasons = known_failures(judged, limits, plan)
+    known, known_rules, known_reasons = known_failures(judged_rows, data.pick, limits, plan)
     numbers |= known
     if reference is not None:  # the tool-call choices and schema accuracy against a trusted run
         numbers["reference"], reference_found = reference_rules(reference, judged, limits)

@@ -11,12 +11,16 @@ and outcome, never by their wording, and says what evidence it lacked.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from k3load.analysis.pillars.pillar import percentiles
 from k3load.analysis.pillars.rules import RuleResult
-from k3load.analysis.run.clusters import rate_by_request
-from k3load.analysis.run.lean import AnyAttempt, by_findings, first_finding
+from k3load.analysis.run.clusters import cluster_codes, rate_by_codes, rate_by_request
+from k3load.analysis.run.lean import AnyAttempt, first_finding
+from k3load.analysis.run.record_columns import Rows
 from k3load.outcomes import FAIL, INCONCLUSIVE, PARSER, PASS, Pillar
 from k3load.workload.plan import Plan
 from k3load.workload.stream_equivalence import BOTH_VALID, NOT_COMPARED, OUTCOMES
@@ -30,10 +34,10 @@ def _finding(attempt: AnyAttempt, check: str) -> Any:
     return first_finding(attempt.findings, check)
 
 
-def _failing(attempts: list[AnyAttempt], check: str) -> list[AnyAttempt]:
-    """The attempts whose first finding of `check` failed (grouped by findings: `lean.by_findings`)."""
-    return [a for findings, group in by_findings(attempts)
-            if (f := first_finding(findings, check)) is not None and not f.ok for a in group]
+def _failing(rows: Rows, check: str) -> np.ndarray:
+    """Whether each row's first finding of `check` failed (each distinct list of findings read once)."""
+    return rows.code_where("findings", lambda findings: (f := first_finding(findings, check)) is not None
+                           and not f.ok)
 
 
 def _outcome(attempt: AnyAttempt) -> str | None:
@@ -43,11 +47,11 @@ def _outcome(attempt: AnyAttempt) -> str | None:
     return found.detail if found.ok else STREAM_PATH_WRONG
 
 
-def stream_equivalence(attempts: list[AnyAttempt], limits: dict[str, float], plan: Plan | None
-                       ) -> tuple[dict[str, Any], RuleResult | None]:
+def stream_equivalence(rows: Rows, pick: Callable[[Rows], list[AnyAttempt]], limits: dict[str, float],
+                       plan: Plan | None) -> tuple[dict[str, Any], RuleResult | None]:
     """Per stage (a concurrency level) and in all: the pairs compared and how many times the streamed
-    answer was wrong where its whole twin was right, with an interval."""
-    streamed = [a for a in attempts if a.stream_role == "stream"]
+    answer was wrong where its whole twin was right, with an interval. The drill's streamed twins are read whole."""
+    streamed = pick(rows[rows.code_is("stream_role", "stream")])
     drill = plan.stream_equivalence if plan else None
     if not streamed:
         numbers: dict[str, Any] = {"drill": drill, "pairs": 0}
@@ -95,27 +99,35 @@ def stream_equivalence(attempts: list[AnyAttempt], limits: dict[str, float], pla
                                None, evidence, (rate.low, rate.high))
 
 
-def _distribution(values: list[float]) -> dict[str, float | int | None]:
+def _distribution(values: list[float] | np.ndarray) -> dict[str, float | int | None]:
+    """n, p50, p95 and max of values as recorded (a float array, or a list keeping a recorded integer's type)."""
     p50, p95 = percentiles(values, (0.5, 0.95))
+    if isinstance(values, np.ndarray):
+        return {"n": len(values), "p50": p50, "p95": p95, "max": float(values.max()) if len(values) else None}
     return {"n": len(values), "p50": p50, "p95": p95, "max": max(values) if values else None}
 
 
-def cadence(attempts: list[AnyAttempt], limits: dict[str, float]) -> tuple[dict[str, Any], RuleResult | None]:
+def cadence(rows: Rows, pick: Callable[[Rows], list[AnyAttempt]], limits: dict[str, float]
+            ) -> tuple[dict[str, Any], RuleResult | None]:
     """Streamed tool calls: the span from the first tool-call delta to the arguments' end, the longest
     silence inside the call, the deltas per call; silences past the plan's limit and stalls that our
-    deadline cut (each a finding on its attempt) with their rate."""
-    calls = [a for a in attempts if a.tool_call_max_gap_ms is not None]
+    deadline cut (each a finding on its attempt) with their rate. On the record columns; the failures read whole."""
+    gap = rows.number("tool_call_max_gap_ms")
+    called = ~np.isnan(gap)
+    calls = rows[called]
     limit = limits["max_tool_call_gap_ms"]
-    over, stalls = _failing(calls, "tool_call.cadence"), _failing(attempts, "stream.stall")  # counted, maxed
-    gaps = [a.tool_call_max_gap_ms for a in calls if a.tool_call_max_gap_ms is not None]  # every call's
+    over_mask, stalled = _failing(calls, "tool_call.cadence"), _failing(rows, "stream.stall")  # counted, maxed
+    over, stalls = pick(calls[over_mask]), pick(rows[stalled])
+    span, deltas = calls.number("tool_call_span_ms"), calls.number("tool_call_deltas")
     numbers: dict[str, Any] = {"limit_ms": limit, "streamed_tool_calls": len(calls),
-               "span_ms": _distribution([a.tool_call_span_ms for a in calls if a.tool_call_span_ms is not None]),
-               "max_gap_ms": _distribution(gaps),
-               "deltas": _distribution([float(a.tool_call_deltas) for a in calls if a.tool_call_deltas]),
+               "span_ms": _distribution(calls[~np.isnan(span)].recorded("tool_call_span_ms")),
+               "max_gap_ms": _distribution(calls.recorded("tool_call_max_gap_ms")),  # every call's
+               "deltas": _distribution(deltas[(deltas != 0) & ~np.isnan(deltas)]),
                "over_limit": len(over), "stalls": len(stalls)}
     evidence = ("records.jsonl tool_call_max_gap_ms, findings tool_call.cadence and stream.stall",)
-    failed = {id(a) for a in over}
-    rate = rate_by_request([*calls, *stalls], [*(id(a) in failed for a in calls), *([True] * len(stalls))])
+    both = np.concatenate([np.flatnonzero(called), np.flatnonzero(stalled)])  # the calls, then the stalls
+    rate = rate_by_codes(cluster_codes(rows.take(both)),
+                         np.concatenate([over_mask, np.ones(len(stalls), dtype=bool)]))
     numbers["over_limit_rate"] = rate.to_dict()
     if over or stalls:
         worst = max([a.tool_call_max_gap_ms or 0.0 for a in over] + [a.last_silence_ms or 0.0 for a in stalls])
@@ -125,7 +137,7 @@ def cadence(attempts: list[AnyAttempt], limits: dict[str, float]) -> tuple[dict[
                 "(vllm#50604); clients show nothing or time out")
         return numbers, RuleResult("agent.tool_call_cadence", PILLAR, FAIL, text, worst, limit, None, evidence,
                                    (rate.low, rate.high))
-    if not calls:
+    if not len(calls):
         return numbers, None  # no streamed tool call: nothing to say about cadence
     longest = numbers["max_gap_ms"]["max"] or 0.0
     return numbers, RuleResult("agent.tool_call_cadence", PILLAR, PASS,
@@ -134,36 +146,48 @@ def cadence(attempts: list[AnyAttempt], limits: dict[str, float]) -> tuple[dict[
                                f"(limit {limit:.0f} ms)", longest, limit, None, evidence, (rate.low, rate.high))
 
 
-def parallel_calls(attempts: list[AnyAttempt]) -> dict[str, Any]:
+def parallel_calls(rows: Rows) -> dict[str, Any]:
     """Turns that expect several calls in one answer (`expect.calls`): how many answers carried exactly
     the calls asked for, and how the others went wrong (short, merged arguments, a call emitted twice)."""
-    groups = [(findings, group, found) for findings, group in by_findings(attempts)
-              if (found := first_finding(findings, "expect.calls")) is not None]
-    asked = [a for _findings, group, _found in groups for a in group]
-    exact = [found.ok for _findings, group, found in groups for _a in group]
-    right = sum(exact)
+    asked_mask = rows.code_where("findings", lambda findings: first_finding(findings, "expect.calls") is not None)
+    asked = rows[asked_mask]
+    exact = asked.code_where("findings", lambda findings: getattr(first_finding(findings, "expect.calls"), "ok",
+                                                                  False))
     failed_checks: Counter[str] = Counter()
-    for findings, group, _found in groups:
+    for findings, n in _per_findings(asked):
         for f in findings:
             if not f.ok:
-                failed_checks[f.check] += len(group)
-    numbers: dict[str, Any] = {"answers": len(asked), "exact": right,
-                               "exact_rate": rate_by_request(asked, exact).to_dict(),
-                               "calls_per_answer": dict(sorted(Counter(len(a.tool_calls) for a in asked).items())),
+                failed_checks[f.check] += n
+    lengths = np.fromiter((len(calls) for calls in asked.table("tool_calls")), dtype=np.int64)
+    per_length = Counter(dict(zip(*(a.tolist() for a in np.unique(lengths[asked.ints("tool_calls")],
+                                                                   return_counts=True)), strict=True)))
+    layers: Counter[Any] = Counter()
+    for layer, n in asked.counts("primary_layer").items():
+        if layer:
+            layers[layer] += n
+    numbers: dict[str, Any] = {"answers": len(asked), "exact": int(exact.sum()),
+                               "exact_rate": rate_by_codes(cluster_codes(asked), exact).to_dict(),
+                               "calls_per_answer": dict(sorted(per_length.items())),
                                "failed_checks": dict(sorted(failed_checks.items())),
-                               "by_primary_layer": dict(sorted(Counter(a.primary_layer for a in asked
-                                                                       if a.primary_layer).items()))}
+                               "by_primary_layer": dict(sorted(layers.items()))}
     return numbers
 
 
-def no_transition(attempts: list[AnyAttempt]) -> tuple[dict[str, Any], str | None]:
+def _per_findings(rows: Rows) -> list[tuple[Any, int]]:
+    """Each distinct list of findings among these rows with how many rows hold it, in order of first appearance."""
+    codes, counts = np.unique(rows.ints("findings"), return_counts=True)
+    table = rows.table("findings")
+    return [(table[c], n) for c, n in zip(codes.tolist(), counts.tolist(), strict=True)]
+
+
+def no_transition(rows: Rows) -> tuple[dict[str, Any], str | None]:
     """Answers that never left the reasoning (reasoning present, content and calls empty), split by
     the evidence: tool-call markup inside the reasoning (the parser's, vllm#53246) or none (the model's)."""
     by_layer: Counter[Any] = Counter()
-    for findings, group in by_findings(attempts):
+    for findings, n in _per_findings(rows):
         for f in findings:
             if f.check == "reasoning.no_transition" and not f.ok:
-                by_layer[f.layer] += len(group)
+                by_layer[f.layer] += n
     numbers = {"answers": by_layer.total(), "by_layer": dict(sorted(by_layer.items()))}
     if not by_layer.get(PARSER):
         return numbers, None
@@ -172,14 +196,14 @@ def no_transition(attempts: list[AnyAttempt]) -> tuple[dict[str, Any], str | Non
                      "think-to-answer transition and the reasoning parser kept everything (vllm#53246)")
 
 
-def known_failures(attempts: list[AnyAttempt], limits: dict[str, float], plan: Plan | None
-                   ) -> tuple[dict[str, Any], list[RuleResult], list[str]]:
-    """Every section's numbers, its rules and the reasons to say beside the valid rate."""
-    equivalence, equivalence_rule = stream_equivalence(attempts, limits, plan)
-    timing, cadence_rule = cadence(attempts, limits)
-    transition, transition_reason = no_transition(attempts)
+def known_failures(rows: Rows, pick: Callable[[Rows], list[AnyAttempt]], limits: dict[str, float],
+                   plan: Plan | None) -> tuple[dict[str, Any], list[RuleResult], list[str]]:
+    """Every section's numbers, its rules and the reasons to say beside the valid rate (`rows`: the judged)."""
+    equivalence, equivalence_rule = stream_equivalence(rows, pick, limits, plan)
+    timing, cadence_rule = cadence(rows, pick, limits)
+    transition, transition_reason = no_transition(rows)
     numbers = {"stream_equivalence": equivalence, "tool_call_cadence": timing,
-               "parallel_calls": parallel_calls(attempts), "no_transition": transition}
+               "parallel_calls": parallel_calls(rows), "no_transition": transition}
     rules = [r for r in (equivalence_rule, cadence_rule) if r is not None]
     reasons = [r.reason for r in rules if r.status != PASS]
     return numbers, rules, reasons + ([transition_reason] if transition_reason else [])
