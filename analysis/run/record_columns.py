@@ -66,7 +66,7 @@ FIELDS: dict[str, Kind] = {
     "stream": Kind.TRUTHY, "chunks": Kind.NUMBER, "stream_reads": Kind.NUMBER, "stream_bytes": Kind.NUMBER,
     "findings": Kind.SHARED, "tool_calls": Kind.SHARED, "will_retry": Kind.TRUTHY, "finish_reason": Kind.CODE,
     "temperature": Kind.CODE, "seed": Kind.CODE, "tool_call_max_gap_ms": Kind.NUMBER,
-    "tool_call_span_ms": Kind.NUMBER, "tool_call_deltas": Kind.NUMBER,
+    "tool_call_span_ms": Kind.NUMBER, "tool_call_deltas": Kind.NUMBER, "history": Kind.CODE, "model_round": Kind.CODE,
 }
 NAMES = tuple(FIELDS)
 
@@ -81,7 +81,8 @@ def _values(lean: Any, frame: Sequence[Any]) -> tuple[Any, ...]:
             max_tokens, intended, lean.drill, lean.valid, error, lean.turn, lean.attempt, lean.attempt_id,
             lean.chain_id, session, lean.control_role, lean.stream, lean.chunks, lean.stream_reads, lean.stream_bytes,
             lean.findings, lean.tool_calls, lean.will_retry, lean.finish_reason, getattr(lean, "temperature", None),
-            getattr(lean, "seed", None), lean.tool_call_max_gap_ms, lean.tool_call_span_ms, lean.tool_call_deltas)
+            getattr(lean, "seed", None), lean.tool_call_max_gap_ms, lean.tool_call_span_ms, lean.tool_call_deltas,
+            getattr(lean, "history", None), getattr(lean, "model_round", None))
 
 
 KEY_DTYPE = np.dtype([("kind", np.uint8), ("hi", np.uint64), ("lo", np.uint64)])

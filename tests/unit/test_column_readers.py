@@ -20,6 +20,7 @@ from k3load.analysis.pillars.agent.pillar_agent import (
 )
 from k3load.analysis.pillars.agent.retry_paths import _path_counts, path_counts
 from k3load.analysis.pillars.agent.tool_calls import known_failures
+from k3load.analysis.pillars.agent.trigger_by_stage import trigger_by_stage
 from k3load.analysis.pillars.headroom.buffering import (
     stream_delivery,
 )
@@ -36,6 +37,7 @@ from tests.unit.whole_readings import (
     _whole_known_failures,
     _whole_rates,
     _whole_stream_delivery,
+    _whole_trigger_by_stage,
 )
 
 LIMITS = DEFAULT_THRESHOLDS["agent_api"]
@@ -232,3 +234,35 @@ def test_known_tool_call_failures_on_the_columns_are_those_of_every_attempt_read
     found = known_failures(data.columns.rows(), data.pick, LIMITS, plan)
     whole = _whole_known_failures(run, LIMITS, plan)
     assert repr(found) == repr(whole)
+
+
+# -- the tool-call trigger rate per stage ------------------------------------------------------------------------------
+@st.composite
+def stage_turns(draw: Any) -> list[Attempt]:
+    """Tool-call turns (an `expect.tool_call` finding, held or not) and others across the plan's stages and one it
+    does not name, answered or not, drills, model-driven conversations past their first request, repeated bytes."""
+    out = []
+    for i in range(draw(st.sampled_from([0, 10, 60, 150]))):
+        checked = draw(st.sampled_from([[Finding("expect.tool_call", True)], [Finding("expect.tool_call", False,
+                                                                                      "model_output")], []]))
+        out.append(Attempt(
+            run_id="r", attempt_id=f"a{i}", chain_id=f"c{i}", attempt=1,
+            stage=draw(st.sampled_from(["load", "c2", "c12", "extra"])),
+            scenario=draw(st.sampled_from(["s", "t"])), family="agent", turn=draw(st.integers(0, 2)),
+            turn_kind="tool_call", user_id="u", request_sha256=draw(st.sampled_from([f"q{k}" for k in range(14)])),
+            prefix_sha256="p", transport="fake", status=draw(st.sampled_from(["ok", "ok", "ok", "timeout"])),
+            send_ts=1.0, end_ts=2.0, findings=checked, valid=True, drill=draw(st.booleans()) and draw(st.booleans()),
+            tool_calls=[{"function": {"name": "f"}}] if draw(st.booleans()) else [],
+            finish_reason=draw(st.sampled_from(["stop", "tool_calls"])),
+            history=draw(st.sampled_from([None, None, "model"])), model_round=draw(st.sampled_from([None, 0, 1]))))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(stage_turns())
+def test_the_trigger_rate_by_stage_on_the_columns_is_that_of_every_attempt_read_whole(run: list[Attempt]) -> None:
+    plan = parse_plan({"name": "p", "stages": [
+        {"name": "load", "kind": "load", "duration_s": 5, "users": 2, "mix": {"agent": 1}},
+        {"name": "c", "kind": "concurrency", "duration_s": 5, "steps": [2, 12], "mix": {"agent": 1}}]}, "plan")
+    found = trigger_by_stage(columns_of(run).rows(), plan)
+    assert repr(found) == repr(_whole_trigger_by_stage(run, plan))

@@ -20,6 +20,8 @@ from k3load.analysis.run.answer_signature import (
     payload_signature,
     signature_of_calls,
 )
+from k3load.analysis.run.record_columns import Rows
+from k3load.analysis.run.rundata import columns_of
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.records import Attempt, Finding
 from k3load.workload.plan import parse_plan
@@ -30,6 +32,10 @@ PLAN = parse_plan({"name": "p", "stages": [
     {"name": "concurrency", "kind": "concurrency", "duration_s": 5, "steps": [2, 12], "mix": {"agent": 1}}]}, "p")
 USERS = {s.name: s.users for s in PLAN.stages}
 
+
+
+def _rows(attempts: list[Attempt]) -> Rows:
+    return columns_of(attempts).rows()
 
 def _call(name: str, arguments: str, call_id: str = "functions.x:0") -> dict:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
@@ -212,7 +218,7 @@ def test_a_trigger_rate_that_drops_under_load_is_named_and_fails():
     load = [_attempt(i, f"q{i}") for i in range(30)]
     c12 = [_attempt(100 + i, f"q{i}", [] if i % 2 else None, stage="concurrency-c12") for i in range(30)]
     c2 = [_attempt(200 + i, f"q{i}", stage="concurrency-c2") for i in range(30)]
-    numbers, rule = trigger_by_stage([*load, *c2, *c12], PLAN)
+    numbers, rule = trigger_by_stage(_rows([*load, *c2, *c12]), PLAN)
     assert numbers["base_stage"] == "load" and numbers["changed_stages"] == ["concurrency-c12"]
     row = numbers["stages"]["concurrency-c12"]
     assert row["called"]["rate"] == 0.5 and row["called_expected"]["rate"] == 0.5 and row["tool_call_turns"] == 30
@@ -225,11 +231,11 @@ def test_a_trigger_rate_that_drops_under_load_is_named_and_fails():
 def test_trigger_rate_steady_across_stages_passes_and_without_a_load_stage_says_so():
     attempts = [_attempt(i, f"q{i}") for i in range(20)] + \
         [_attempt(100 + i, f"q{i}", stage="concurrency-c12") for i in range(20)]
-    numbers, rule = trigger_by_stage(attempts, PLAN)
+    numbers, rule = trigger_by_stage(_rows(attempts), PLAN)
     assert rule is not None and rule.status == PASS and numbers["changed_stages"] == []
     only = parse_plan({"name": "p", "stages": [{"name": "soak", "kind": "soak", "duration_s": 5, "users": 2,
                                                 "mix": {"agent": 1}}]}, "p")
-    numbers, rule = trigger_by_stage([_attempt(i, f"q{i}", stage="soak") for i in range(5)], only)
+    numbers, rule = trigger_by_stage(_rows([_attempt(i, f"q{i}", stage="soak") for i in range(5)]), only)
     assert rule is None and "no stage of kind load" in numbers["reason"]
 
 
@@ -238,7 +244,7 @@ def test_a_stage_playing_other_turns_is_not_read_as_load_changing_the_model():
     on the turns it shares with the base only, here none; the pillar is not failed for its own turns' habits."""
     load = [_attempt(i, f"q{i}") for i in range(30)]
     other = [_attempt(100 + i, f"o{i}", [], stage="concurrency-c12", scenario="other") for i in range(30)]
-    numbers, rule = trigger_by_stage([*load, *other], PLAN)
+    numbers, rule = trigger_by_stage(_rows([*load, *other]), PLAN)
     row = numbers["stages"]["concurrency-c12"]
     assert row["compared_turns"] == 0 and row["called_drop"]["drop"] is None and row["called"]["rate"] == 0.0
     assert numbers["changed_stages"] == [] and rule is not None and rule.status == PASS

@@ -10,7 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from k3load.analysis.pillars.agent.agreement import findings_schema_ok
+from k3load.analysis.pillars.agent.agreement import answered, drop, findings_schema_ok, triggered
+from k3load.analysis.pillars.agent.trigger_by_stage import Change
+from k3load.analysis.pillars.agent.trigger_by_stage import _rule as _trigger_rule
 from k3load.analysis.pillars.headroom.buffering import (
     BLOCK_BYTES_PER_READ,
     BLOCK_EVENTS_PER_READ,
@@ -28,11 +30,12 @@ from k3load.analysis.pillars.pillar import percentiles
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.clusters import attempt_key, rate_by_keys, rate_by_request
 from k3load.analysis.run.lean import by_findings, first_finding
-from k3load.analysis.run.stats import Rate, wilson
+from k3load.analysis.run.stats import Rate, too_few_requests, wilson
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.outcomes import FAIL, INCONCLUSIVE, LAYERS, PARSER, PASS, Pillar
 from k3load.sampler.vllm_metrics import VllmMetric
 from k3load.workload.plan import Plan
+from k3load.workload.stage_kind import StageKind
 from k3load.workload.stream_equivalence import BOTH_VALID, NOT_COMPARED, OUTCOMES
 from k3load.workload.stream_equivalence import CHECK as EQUIVALENCE
 from k3load.workload.validate import context_length
@@ -355,3 +358,56 @@ def _whole_known_failures(attempts: list[Any], limits: dict[str, float], plan: P
     reasons = [r.reason for r in rules if r.status != PASS]
     return numbers, rules, reasons + ([transition_reason] if transition_reason else [])
 
+
+def _whole_tbs_rates(turns: list[Any]) -> dict[str, Rate]:
+    expected = [bool(f.ok) if (f := first_finding(a.findings, "expect.tool_call")) else False for a in turns]
+    return {"called": rate_by_request(turns, [triggered(a) for a in turns]),
+            "called_expected": rate_by_request(turns, expected)}
+
+
+def _whole_tbs_turns(attempts: list[Any]) -> set[tuple[str, int]]:
+    return {(a.scenario, a.turn) for a in attempts}
+
+
+def _whole_tbs_decided(rate: Rate) -> bool:
+    return bool(rate.n) and too_few_requests(rate) is None
+
+
+def _whole_trigger_by_stage(attempts: list[Any], plan: Plan | None) -> tuple[dict[str, Any], RuleResult | None]:
+    """Per stage the two shares with their intervals and drops from the base; the rule (None: no tool-call turn,
+    or no load stage to compare with)."""
+    turns = [a for a in attempts if answered(a) and first_finding(a.findings, "expect.tool_call") is not None]
+    stages = list(plan.stages) if plan else []
+    order = [s.name for s in stages] + sorted({a.stage for a in turns} - {s.name for s in stages})
+    users = {s.name: s.users for s in stages}
+    kinds = {s.name: s.kind for s in stages}
+    per_stage = {name: [a for a in turns if a.stage == name] for name in order}
+    rates = {name: _whole_tbs_rates(group) for name, group in per_stage.items() if group}
+    base = next((s.name for s in stages if s.kind == StageKind.LOAD and s.name in rates), None)
+    changes: list[Change] = []
+    rows: dict[str, dict[str, Any]] = {}
+    for name, shares in rates.items():
+        row: dict[str, Any] = {"kind": kinds.get(name), "users": users.get(name),
+                               "tool_call_turns": len(per_stage[name]),
+                               **{share: rate.to_dict() for share, rate in shares.items()}}
+        # like for like: only the (scenario, turn) pairs both the stage and the base answered, so a stage playing
+        # other families or another mix of turns is not read as load changing the model
+        common = _whole_tbs_turns(per_stage[name]) & _whole_tbs_turns(per_stage[base]) \
+            if base and name != base else set()
+        mine = _whole_tbs_rates([a for a in per_stage[name] if (a.scenario, a.turn) in common]) if common else {}
+        theirs = _whole_tbs_rates([a for a in per_stage[base] if (a.scenario, a.turn) in common]) \
+            if common and base else {}
+        row["compared_turns"] = len(common) if base and name != base else None
+        for share in shares:
+            value, interval = drop(theirs[share], mine[share]) if common else (None, None)
+            row[f"{share}_drop"] = {"drop": value, "ci95": list(interval) if interval else None}
+            if interval and (interval[0] > 0 or interval[1] < 0) and _whole_tbs_decided(mine[share]) \
+                    and _whole_tbs_decided(theirs[share]):
+                changes.append(Change(name, share, value or 0.0, *interval, mine[share], theirs[share]))
+        rows[name] = row
+    numbers = {"base_stage": base, "stages": rows, "changed_stages": list(dict.fromkeys(c.stage for c in changes))}
+    if not turns or base is None:
+        numbers["reason"] = ("no tool-call turn was answered" if not turns else
+                             "no stage of kind load answered a tool-call turn: nothing to compare the stages with")
+        return numbers, None
+    return numbers, _trigger_rule(changes, rates, base, users)

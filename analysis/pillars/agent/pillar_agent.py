@@ -288,7 +288,7 @@ def _valid_rule(numbers: dict[str, Any], threshold: float, rate: Rate, carried: 
 SURFACED = ("reproducibility",)  # at `pillars.agent_api.reproducibility` too: issue 33's path for it
 
 
-def _repeats(judged: list[AnyAttempt], limits: dict[str, float], plan: Plan | None
+def _repeats(judged: list[AnyAttempt], judged_rows: Rows, limits: dict[str, float], plan: Plan | None
              ) -> tuple[dict[str, Any], dict[str, Any], list[RuleResult], str | None]:
     """Tool calls that must repeat (analysis/pillars/agent/reproducibility.py) and the trigger rate per stage
     (analysis/pillars/agent/trigger_by_stage.py): their numbers, the rules that decide the pillar, and the
@@ -296,7 +296,7 @@ def _repeats(judged: list[AnyAttempt], limits: dict[str, float], plan: Plan | No
     reason when it decides nothing (said beside the pillar's reasons: never a silent pass on no evidence)."""
     found = reproducibility(judged, {s.name: s.users for s in plan.stages} if plan else None)
     rule = judge_reproducibility(found, limits["min_reproducible_share"])
-    trigger, trigger_rule = trigger_by_stage(judged, plan)
+    trigger, trigger_rule = trigger_by_stage(judged_rows, plan)
     holds = holds_the_pillar(rule, found)
     rules = [r for r in ((rule if holds else None), trigger_rule) if r is not None]
     return (found.to_dict() | {"status": rule.status, "reason": rule.reason}, trigger, rules,
@@ -341,8 +341,8 @@ def judge_agent_api(run: RunData | list[AnyAttempt], limits: dict[str, float], p
         numbers["reference"], reference_found = reference_rules(reference, judged, limits)
         known_rules += reference_found
         known_reasons += [r.reason for r in reference_found if r.status != PASS]
-    numbers["reproducibility"], numbers["trigger_rate_by_stage"], repeat_rules, repeat_note = _repeats(judged, limits,
-                                                                                                     plan)
+    repeated = _repeats(judged, judged_rows, limits, plan)
+    numbers["reproducibility"], numbers["trigger_rate_by_stage"], repeat_rules, repeat_note = repeated
     known_rules += repeat_rules
     known_reasons += [r.reason for r in repeat_rules if r.status != PASS]
     drill, drill_reasons = _drill(rows, data.pick)

@@ -24,10 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from k3load.analysis.pillars.agent.agreement import answered, drop, triggered
+import numpy as np
+
+from k3load.analysis.pillars.agent.agreement import drop
 from k3load.analysis.pillars.rules import RuleResult
-from k3load.analysis.run.clusters import rate_by_request
-from k3load.analysis.run.lean import AnyAttempt, first_finding
+from k3load.analysis.run.clusters import cluster_codes, rate_by_codes
+from k3load.analysis.run.lean import first_finding
+from k3load.analysis.run.record_columns import Rows
 from k3load.analysis.run.stats import Rate, too_few_requests
 from k3load.outcomes import FAIL, PASS, Pillar
 from k3load.workload.plan import Plan
@@ -53,53 +56,66 @@ class Change:
     then: Rate  # the base's share over the same turns
 
 
-def _rates(turns: list[AnyAttempt]) -> dict[str, Rate]:
-    expected = [bool(f.ok) if (f := first_finding(a.findings, "expect.tool_call")) else False for a in turns]
-    return {"called": rate_by_request(turns, [triggered(a) for a in turns]),
-            "called_expected": rate_by_request(turns, expected)}
-
-
-def _turns(attempts: list[AnyAttempt]) -> set[tuple[str, int]]:
-    return {(a.scenario, a.turn) for a in attempts}
+def _rates(turns: Rows) -> dict[str, Rate]:
+    clusters = cluster_codes(turns)
+    expected = turns.code_where("findings", lambda findings: bool(getattr(first_finding(findings, "expect.tool_call"),
+                                                                          "ok", False)))
+    called = turns.code_where("tool_calls", bool) | turns.code_is("finish_reason", "tool_calls")
+    return {"called": rate_by_codes(clusters, called), "called_expected": rate_by_codes(clusters, expected)}
 
 
 def _decided(rate: Rate) -> bool:
     return bool(rate.n) and too_few_requests(rate) is None
 
 
-def trigger_by_stage(attempts: list[AnyAttempt], plan: Plan | None) -> tuple[dict[str, Any], RuleResult | None]:
+def _answered(rows: Rows) -> np.ndarray:
+    """`agreement.answered` on the columns: ok, no drill, the scenario's designed body (`lean.designed_body`)."""
+    designed = ~rows.code_is("history", "model") | ((rows.ints("turn") == 0) &
+                                                    rows.code_where("model_round", lambda r: not r))
+    return rows.code_is("status", "ok") & ~rows.flag("drill") & designed
+
+
+def trigger_by_stage(rows: Rows, plan: Plan | None) -> tuple[dict[str, Any], RuleResult | None]:
     """Per stage the two shares with their intervals and drops from the base; the rule (None: no tool-call turn,
-    or no load stage to compare with)."""
-    turns = [a for a in attempts if answered(a) and first_finding(a.findings, "expect.tool_call") is not None]
+    or no load stage to compare with). On the record columns; a (scenario, turn) pair is its scenario's code and
+    its turn's number."""
+    tool_turn = rows.code_where("findings", lambda findings: first_finding(findings, "expect.tool_call") is not None)
+    turns = rows[_answered(rows) & tool_turn]
     stages = list(plan.stages) if plan else []
-    order = [s.name for s in stages] + sorted({a.stage for a in turns} - {s.name for s in stages})
+    seen = turns.seen("stage")
+    order = [s.name for s in stages] + sorted(set(seen) - {s.name for s in stages})
     users = {s.name: s.users for s in stages}
     kinds = {s.name: s.kind for s in stages}
-    per_stage = {name: [a for a in turns if a.stage == name] for name in order}
-    rates = {name: _rates(group) for name, group in per_stage.items() if group}
+    _, pair = np.unique(np.stack([turns.ints("scenario").astype(np.int64), turns.ints("turn")], axis=1), axis=0,
+                        return_inverse=True) if len(turns) else (None, np.empty(0, dtype=np.intp))
+    pair = pair.reshape(-1)
+    per_stage = {name: turns.code_is("stage", name) for name in order}
+    rates = {name: _rates(turns[mask]) for name, mask in per_stage.items() if mask.any()}
     base = next((s.name for s in stages if s.kind == StageKind.LOAD and s.name in rates), None)
     changes: list[Change] = []
-    rows: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for name, shares in rates.items():
         row: dict[str, Any] = {"kind": kinds.get(name), "users": users.get(name),
-                               "tool_call_turns": len(per_stage[name]),
+                               "tool_call_turns": int(per_stage[name].sum()),
                                **{share: rate.to_dict() for share, rate in shares.items()}}
         # like for like: only the (scenario, turn) pairs both the stage and the base answered, so a stage playing
         # other families or another mix of turns is not read as load changing the model
-        common = _turns(per_stage[name]) & _turns(per_stage[base]) if base and name != base else set()
-        mine = _rates([a for a in per_stage[name] if (a.scenario, a.turn) in common]) if common else {}
-        theirs = _rates([a for a in per_stage[base] if (a.scenario, a.turn) in common]) if common and base else {}
-        row["compared_turns"] = len(common) if base and name != base else None
+        compared = bool(base) and name != base
+        common = np.intersect1d(pair[per_stage[name]], pair[per_stage[base]]) if compared and base else pair[:0]
+        alike = np.isin(pair, common)
+        mine = _rates(turns[per_stage[name] & alike]) if len(common) else {}
+        theirs = _rates(turns[per_stage[base] & alike]) if len(common) and base else {}
+        row["compared_turns"] = len(common) if compared else None
         for share in shares:
-            value, interval = drop(theirs[share], mine[share]) if common else (None, None)
+            value, interval = drop(theirs[share], mine[share]) if len(common) else (None, None)
             row[f"{share}_drop"] = {"drop": value, "ci95": list(interval) if interval else None}
             if interval and (interval[0] > 0 or interval[1] < 0) and _decided(mine[share]) \
                     and _decided(theirs[share]):
                 changes.append(Change(name, share, value or 0.0, *interval, mine[share], theirs[share]))
-        rows[name] = row
-    numbers = {"base_stage": base, "stages": rows, "changed_stages": list(dict.fromkeys(c.stage for c in changes))}
-    if not turns or base is None:
-        numbers["reason"] = ("no tool-call turn was answered" if not turns else
+        out[name] = row
+    numbers = {"base_stage": base, "stages": out, "changed_stages": list(dict.fromkeys(c.stage for c in changes))}
+    if not len(turns) or base is None:
+        numbers["reason"] = ("no tool-call turn was answered" if not len(turns) else
                              "no stage of kind load answered a tool-call turn: nothing to compare the stages with")
         return numbers, None
     return numbers, _rule(changes, rates, base, users)
