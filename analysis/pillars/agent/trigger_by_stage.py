@@ -72,7 +72,8 @@ def _answered(rows: Rows) -> np.ndarray:
     """`agreement.answered` on the columns: ok, no drill, the scenario's designed body (`lean.designed_body`)."""
     designed = ~rows.code_is("history", "model") | ((rows.ints("turn") == 0) &
                                                     rows.code_where("model_round", lambda r: not r))
-    return rows.code_is("status", "ok") & ~rows.flag("drill") & designed
+    answered: np.ndarray = rows.code_is("status", "ok") & ~rows.flag("drill") & designed
+    return answered
 
 
 def trigger_by_stage(rows: Rows, plan: Plan | None) -> tuple[dict[str, Any], RuleResult | None]:
