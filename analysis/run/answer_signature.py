@@ -138,6 +138,9 @@ def payload_signature(turn_kind: str | None, tool_calls: Iterable[Any] | None, c
     return text if len(text) <= SIGNATURE_CAP else "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
+UNREAD = object()  # the signature of a record read without it (a reader that kept no arguments): never guessed
+
+
 def repeats(temperature: Any, seed: Any) -> bool:
     return seed is not None or (type(temperature) in (int, float) and temperature == 0)
 

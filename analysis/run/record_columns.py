@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from k3load.analysis.run.answer_signature import UNREAD
 from k3load.analysis.run.lean import PLAIN_INT
 
 BATCH = 65_536  # records a batch holds before it becomes columns (a few MB of tuples, whatever the run's size)
@@ -67,6 +68,7 @@ FIELDS: dict[str, Kind] = {
     "findings": Kind.SHARED, "tool_calls": Kind.SHARED, "will_retry": Kind.TRUTHY, "finish_reason": Kind.CODE,
     "temperature": Kind.CODE, "seed": Kind.CODE, "tool_call_max_gap_ms": Kind.NUMBER,
     "tool_call_span_ms": Kind.NUMBER, "tool_call_deltas": Kind.NUMBER, "history": Kind.CODE, "model_round": Kind.CODE,
+    "answer_signature": Kind.CODE,
 }
 NAMES = tuple(FIELDS)
 
@@ -82,7 +84,8 @@ def _values(lean: Any, frame: Sequence[Any]) -> tuple[Any, ...]:
             lean.chain_id, session, lean.control_role, lean.stream, lean.chunks, lean.stream_reads, lean.stream_bytes,
             lean.findings, lean.tool_calls, lean.will_retry, lean.finish_reason, getattr(lean, "temperature", None),
             getattr(lean, "seed", None), lean.tool_call_max_gap_ms, lean.tool_call_span_ms, lean.tool_call_deltas,
-            getattr(lean, "history", None), getattr(lean, "model_round", None))
+            getattr(lean, "history", None), getattr(lean, "model_round", None),
+            getattr(lean, "answer_signature", UNREAD))
 
 
 KEY_DTYPE = np.dtype([("kind", np.uint8), ("hi", np.uint64), ("lo", np.uint64)])

@@ -36,6 +36,7 @@ from k3load.analysis.run.row_columns import RowColumns
 from k3load.analysis.run.scrape_samples import Layouts
 from k3load.errors import InputError
 from k3load.events import Event
+from k3load.records import Attempt
 from k3load.workload.plan import Plan, PlanError, parse_plan
 
 
@@ -85,10 +86,14 @@ class RunData:
 
 
 def columns_of(attempts: list[AnyAttempt]) -> RecordColumns:
-    """The columns of attempts given whole or lean (each field the record columns keep and the attempt lacks: None)."""
-    columns = RecordColumns()
+    """The columns of attempts given whole or lean (each field the record columns keep and the attempt lacks: None).
+    A whole `Attempt` goes in as its line would be read (`lean_attempt` of its JSON: its answer's signature, its
+    counts as the reader keeps them, findings shared with the same ones), as a run's records go in."""
+    columns, shared = RecordColumns(), Interner()
     for attempt in attempts:
-        columns.add(attempt, tuple(getattr(attempt, name, None) for name in FRAME_ONLY))
+        frame = tuple(getattr(attempt, name, None) for name in FRAME_ONLY)
+        columns.add(lean_attempt(json.loads(attempt.to_json()), shared) if isinstance(attempt, Attempt) else attempt,
+                    frame)
     return columns
 
 

@@ -18,6 +18,7 @@ from k3load.analysis.pillars.agent.pillar_agent import (
     _rates,
     context_refusals,
 )
+from k3load.analysis.pillars.agent.reproducibility import reproducibility
 from k3load.analysis.pillars.agent.retry_paths import _path_counts, path_counts
 from k3load.analysis.pillars.agent.tool_calls import known_failures
 from k3load.analysis.pillars.agent.trigger_by_stage import trigger_by_stage
@@ -36,6 +37,7 @@ from tests.unit.whole_readings import (
     _whole_context_refusals,
     _whole_known_failures,
     _whole_rates,
+    _whole_reproducibility,
     _whole_stream_delivery,
     _whole_trigger_by_stage,
 )
@@ -61,7 +63,7 @@ def attempts(draw: Any) -> list[Attempt]:
     return out
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(attempts())
 def test_path_counts_on_the_columns_are_those_of_every_attempt_read_whole(run: list[Attempt]) -> None:
     try:
@@ -78,7 +80,7 @@ def streams(draw: Any) -> list[Attempt]:
     not (older records), their TTFT known or not."""
     out = []
     blocky = draw(st.sampled_from([0.0, 0.5, 0.95, 1.0]))  # the share of answers a proxy's blocks carried
-    for i in range(draw(st.sampled_from([0, 5, 15, 60, 150]))):
+    for i in range(draw(st.sampled_from([0, 15, 60, 120]))):
         in_blocks = draw(st.floats(0, 1)) < blocky
         chunks = draw(st.one_of(st.integers(0, 7), st.integers(8, 200), st.integers(60, 200)))
         told = draw(st.sampled_from(["none", "few", "many", "many", "many", "many"]))  # how its reads were counted
@@ -102,7 +104,7 @@ def streams(draw: Any) -> list[Attempt]:
     return out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(streams(), st.sampled_from([(), ("hot",)]))
 def test_stream_delivery_on_the_columns_is_that_of_every_attempt_read_whole(run: list[Attempt],
                                                                             hot: tuple[str, ...]) -> None:
@@ -140,7 +142,7 @@ def chained(draw: Any) -> list[Attempt]:
     return out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(chained())
 def test_chains_drills_and_refusals_on_the_columns_are_those_of_every_attempt_read_whole(run: list[Attempt]) -> None:
     data = RunData(path=Path("."), attempts=run)
@@ -179,7 +181,7 @@ def judged(draw: Any) -> list[Attempt]:
     return out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(judged())
 def test_the_agent_rates_on_the_columns_are_those_of_every_attempt_read_whole(run: list[Attempt]) -> None:
     rows = RunData(path=Path("."), attempts=run).columns.rows()
@@ -204,7 +206,7 @@ def tool_runs(draw: Any) -> list[Attempt]:
     """Streamed tool calls with their silences (or none: not a call), stalls, parallel calls of any count, answers
     left in the reasoning, the streaming drill's twins; findings shared or each its own; integers and floats."""
     out = []
-    for i in range(draw(st.sampled_from([0, 5, 30, 80]))):
+    for i in range(draw(st.sampled_from([0, 5, 20, 50]))):
         findings = draw(st.sampled_from(TOOL_FINDINGS))
         if draw(st.booleans()):
             findings = [Finding(f.check, f.ok, f.layer, f.detail) for f in findings]
@@ -223,7 +225,7 @@ def tool_runs(draw: Any) -> list[Attempt]:
     return out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(tool_runs(), st.booleans())
 def test_known_tool_call_failures_on_the_columns_are_those_of_every_attempt_read_whole(run: list[Attempt],
                                                                                       drill: bool) -> None:
@@ -242,7 +244,7 @@ def stage_turns(draw: Any) -> list[Attempt]:
     """Tool-call turns (an `expect.tool_call` finding, held or not) and others across the plan's stages and one it
     does not name, answered or not, drills, model-driven conversations past their first request, repeated bytes."""
     out = []
-    for i in range(draw(st.sampled_from([0, 10, 60, 150]))):
+    for i in range(draw(st.sampled_from([0, 10, 40, 80]))):
         checked = draw(st.sampled_from([[Finding("expect.tool_call", True)], [Finding("expect.tool_call", False,
                                                                                       "model_output")], []]))
         out.append(Attempt(
@@ -258,7 +260,7 @@ def stage_turns(draw: Any) -> list[Attempt]:
     return out
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(stage_turns())
 def test_the_trigger_rate_by_stage_on_the_columns_is_that_of_every_attempt_read_whole(run: list[Attempt]) -> None:
     plan = parse_plan({"name": "p", "stages": [
@@ -266,3 +268,43 @@ def test_the_trigger_rate_by_stage_on_the_columns_is_that_of_every_attempt_read_
         {"name": "c", "kind": "concurrency", "duration_s": 5, "steps": [2, 12], "mix": {"agent": 1}}]}, "plan")
     found = trigger_by_stage(columns_of(run).rows(), plan)
     assert repr(found) == repr(_whole_trigger_by_stage(run, plan))
+
+
+# -- tool calls that must repeat ---------------------------------------------------------------------------------------
+IDS = ("0123456789abcdef0123456789abcdef", "ffffffffffffffffffffffffffffffff",
+       "k3load-0000000000000000000000000000aaaa", "b", "a", "10")
+
+
+@st.composite
+def repeats_run(draw: Any) -> list[Attempt]:
+    """Requests answered in several chains across stages, some calls differing, retried chains (a failed first try),
+    ties in send time broken by ids of any form, drills, answers at a temperature or with a seed, json turns."""
+    out = []
+    for i in range(draw(st.sampled_from([0, 10, 30, 60]))):
+        kind = draw(st.sampled_from(["tool_call", "tool_call", "json", "answer"]))
+        city = draw(st.sampled_from(["Paris", "Paris", "Paris", "Rome"]))
+        calls = [{"id": f"call{i}", "type": "function", "function": {"name": draw(st.sampled_from(["get_weather",
+                 "get_weather", "search"])), "arguments": f'{{"city": "{city}"}}'}}] if kind == "tool_call" else []
+        chain = draw(st.integers(0, 25))
+        out.append(Attempt(
+            run_id="r", attempt_id=draw(st.sampled_from(IDS)) + str(i) if draw(st.booleans()) else f"{i:032x}",
+            chain_id=f"c{chain}", attempt=draw(st.sampled_from([1, 1, 2])), stage=draw(st.sampled_from(["load", "c2",
+                                                                                                         "c12", "x"])),
+            scenario="s", family="agent", turn=draw(st.integers(0, 1)), turn_kind=kind, user_id="u",
+            request_sha256=draw(st.sampled_from(["q0", "q1", "q2", "q3"])), prefix_sha256="p", transport="fake",
+            status=draw(st.sampled_from(["ok", "ok", "ok", "timeout"])), send_ts=draw(st.sampled_from([1.0, 2.0, 2.5,
+                                                                                                     3.0])),
+            end_ts=4.0, valid=True, drill=draw(st.booleans()) and draw(st.booleans()), tool_calls=calls,
+            content='{"a": 1}' if kind == "json" and city == "Paris" else '{"a": 2}' if kind == "json" else "hi",
+            temperature=draw(st.sampled_from([0, 0.0, None, 0.7])), seed=draw(st.sampled_from([None, None, 7]))))
+    return out
+
+
+@settings(deadline=None)
+@given(repeats_run())
+def test_reproducibility_on_the_columns_is_that_of_every_attempt_read_whole(run: list[Attempt]) -> None:
+    users = {"load": 2, "c2": 2, "c12": 12}
+    found = reproducibility(columns_of(run).rows(), users)
+    whole = _whole_reproducibility(run, users)
+    assert repr(found.to_dict()) == repr(whole.to_dict())
+    assert (found.answers, found.unread, found.base_users) == (whole.answers, whole.unread, whole.base_users)

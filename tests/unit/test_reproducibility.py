@@ -139,13 +139,13 @@ def test_retries_failures_drills_and_sampled_requests_are_not_repeats():
         _attempt(8, "q4", temperature=None), _attempt(9, "q4", lyon, temperature=None),  # the server's default
         _attempt(10, "q5", temperature=0.7, seed=3), _attempt(11, "q5", temperature=0.7, seed=3),  # seeded: compared
         _attempt(12, "q6", turn_kind="answer"), _attempt(13, "q6", lyon, turn_kind="answer")]  # prose: not compared
-    found = reproducibility(attempts, USERS)
+    found = reproducibility(_rows(attempts), USERS)
     assert (found.rate.n, found.rate.k, found.answers) == (1, 1, 2)
 
 
 def test_a_deterministic_server_reads_fully_reproducible_but_99_needs_more_repeats():
     attempts = _repeated(40, "load", 0) + _repeated(40, "concurrency-c12", 100)
-    found = reproducibility(attempts, USERS)
+    found = reproducibility(_rows(attempts), USERS)
     assert (found.rate.n, found.rate.k, found.rate.value) == (40, 40, 1.0) and not found.differences
     assert found.to_dict()["by_stage"]["concurrency-c12"]["share"] == 1.0
     rule = judge(found, 0.99)

@@ -3,14 +3,24 @@ column readings are held to (tests/unit/test_column_readers.py). Kept as they we
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from k3load.analysis.pillars.agent.agreement import answered, drop, findings_schema_ok, triggered
+from k3load.analysis.pillars.agent.reproducibility import (
+    FIRST_DIFFERENCES,
+    Answer,
+    Reproducibility,
+    StageAgreement,
+    _difference,
+    must_repeat,
+    signature_of,
+)
 from k3load.analysis.pillars.agent.trigger_by_stage import Change
 from k3load.analysis.pillars.agent.trigger_by_stage import _rule as _trigger_rule
 from k3load.analysis.pillars.headroom.buffering import (
@@ -28,6 +38,7 @@ from k3load.analysis.pillars.headroom.buffering import (
 )
 from k3load.analysis.pillars.pillar import percentiles
 from k3load.analysis.pillars.rules import RuleResult
+from k3load.analysis.run.answer_signature import UNREAD
 from k3load.analysis.run.clusters import attempt_key, rate_by_keys, rate_by_request
 from k3load.analysis.run.lean import by_findings, first_finding
 from k3load.analysis.run.stats import Rate, too_few_requests, wilson
@@ -411,3 +422,77 @@ def _whole_trigger_by_stage(attempts: list[Any], plan: Plan | None) -> tuple[dic
                              "no stage of kind load answered a tool-call turn: nothing to compare the stages with")
         return numbers, None
     return numbers, _trigger_rule(changes, rates, base, users)
+
+
+def _whole_repro_answers(attempts: Sequence[Any]) -> tuple[dict[str, list[Answer]], int]:
+    """Per request that must repeat, one answer per chain (its first that completed), in send order."""
+    firsts: dict[str, Any] = {}
+    unread = 0
+    for attempt in attempts:
+        if attempt.status != "ok" or attempt.drill or not must_repeat(attempt):
+            continue
+        known = firsts.get(attempt.chain_id)
+        if known is None or attempt.attempt < known.attempt:
+            firsts[attempt.chain_id] = attempt
+    by_request: dict[str, list[Answer]] = {}
+    for attempt in sorted(firsts.values(), key=lambda a: (a.send_ts, a.attempt_id)):
+        signature = signature_of(attempt)
+        if signature is UNREAD:
+            unread += 1
+            continue
+        if signature is None:
+            continue
+        by_request.setdefault(attempt.request_sha256, []).append(Answer(
+            attempt.request_sha256, attempt.attempt_id, attempt.stage, attempt.send_ts, signature, attempt.scenario,
+            attempt.turn))
+    return by_request, unread
+
+
+def _whole_reproducibility(attempts: Sequence[Any], users_by_stage: Mapping[str, int] | None = None
+                    ) -> Reproducibility:
+    """Every request that must repeat and was answered in two chains or more, compared (module docstring).
+    `users_by_stage`: each stage's concurrency (the plan's users, in plan order), which orders the stages.
+
+    A request's reference is its first answer at the lowest concurrency it was answered at; per stage, a
+    request counts where it has an answer other than its reference, and agrees there when all of them are
+    the reference's. Batch-dependent: every differing answer came at a stage with more users than the base (the
+    lowest concurrency any compared answer came from), and the base agrees throughout."""
+    users = dict(users_by_stage or {})
+    by_request, unread = _whole_repro_answers(attempts)
+    repeated = {k: v for k, v in by_request.items() if len(v) > 1}
+    by_stage: dict[str, StageAgreement] = {}
+    keys, flags, found = [], [], []
+    for request, answers in repeated.items():
+        reference = min(answers, key=lambda a: (users.get(a.stage, math.inf), a.send_ts))
+        keys.append(request)
+        flags.append(all(a.signature == reference.signature for a in answers))
+        _whole_tally_stages(by_stage, users, reference, answers)
+        found += [(other, reference) for other in answers if other.signature != reference.signature]
+    found.sort(key=lambda pair: (pair[0].send_ts, pair[0].attempt_id))
+    order = {name: i for i, name in enumerate(users)}
+    ordered = dict(sorted(by_stage.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))
+    # the base: the lowest concurrency any compared answer came from, references included (a request answered once
+    # alone and once under load has its alone answer only as the reference: that stage has no row of its own)
+    answered = {a.stage for answers in repeated.values() for a in answers}
+    base = min(answered, key=lambda s: (users.get(s, math.inf), order.get(s, len(order)), s), default=None)
+    batch = None
+    if found and users and base is not None:
+        quiet = base not in ordered or ordered[base].agreeing == ordered[base].repeated_requests
+        # differences only under load: every differing answer came at more users than the base (two answers at 12
+        # users that differ are two different batches too: batch-dependent, not the model)
+        batch = quiet and all(users.get(other.stage, -1) > users.get(base, math.inf) for other, _ in found)
+    differing = {other.stage for other, _ in found}
+    return Reproducibility(rate_by_keys(keys, flags), sum(len(v) for v in repeated.values()), unread, ordered,
+                           [_difference(other, reference) for other, reference in found[:FIRST_DIFFERENCES]],
+                           base, batch, [s for s in ordered if s in differing], users.get(base) if base else None)
+
+
+def _whole_tally_stages(by_stage: dict[str, StageAgreement], users: Mapping[str, int], reference: Answer,
+                  answers: list[Answer]) -> None:
+    for stage in dict.fromkeys(a.stage for a in answers if a is not reference):
+        same = all(a.signature == reference.signature for a in answers if a.stage == stage and a is not reference)
+        row = by_stage.setdefault(stage, StageAgreement(users.get(stage)))
+        row.repeated_requests += 1
+        row.agreeing += same
+        row.keys.append(reference.request_sha256)
+        row.flags.append(same)

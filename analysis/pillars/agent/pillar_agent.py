@@ -294,7 +294,7 @@ def _repeats(judged: list[AnyAttempt], judged_rows: Rows, limits: dict[str, floa
     (analysis/pillars/agent/trigger_by_stage.py): their numbers, the rules that decide the pillar, and the
     reproducibility's
     reason when it decides nothing (said beside the pillar's reasons: never a silent pass on no evidence)."""
-    found = reproducibility(judged, {s.name: s.users for s in plan.stages} if plan else None)
+    found = reproducibility(judged_rows, {s.name: s.users for s in plan.stages} if plan else None)
     rule = judge_reproducibility(found, limits["min_reproducible_share"])
     trigger, trigger_rule = trigger_by_stage(judged_rows, plan)
     holds = holds_the_pillar(rule, found)

@@ -35,13 +35,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from k3load.analysis.pillars.rules import RuleResult
-from k3load.analysis.run.answer_signature import _dumps, answer_signature, compared, repeats
-from k3load.analysis.run.clusters import rate_by_keys
+from k3load.analysis.run.answer_signature import UNREAD, _dumps, answer_signature, compared, repeats
+from k3load.analysis.run.clusters import rate_by_codes, rate_by_keys
+from k3load.analysis.run.record_columns import Rows, group_of
 from k3load.analysis.run.stats import (
     MIN_DISTINCT_REQUESTS,
     Rate,
@@ -58,7 +61,6 @@ if TYPE_CHECKING:
     from k3load.analysis.run.lean import AnyAttempt
 
 FIRST_DIFFERENCES = 5
-UNREAD = object()  # a lean attempt read without its signature
 
 
 def signature_of(attempt: AnyAttempt) -> Any:
@@ -142,67 +144,152 @@ class Reproducibility:
                 "differences": [d.to_dict() for d in self.differences]}
 
 
-def _answers(attempts: Sequence[AnyAttempt]) -> tuple[dict[str, list[Answer]], int]:
-    """Per request that must repeat, one answer per chain (its first that completed), in send order."""
-    firsts: dict[str, AnyAttempt] = {}
-    unread = 0
-    for attempt in attempts:
-        if attempt.status != "ok" or attempt.drill or not must_repeat(attempt):
-            continue
-        known = firsts.get(attempt.chain_id)
-        if known is None or attempt.attempt < known.attempt:
-            firsts[attempt.chain_id] = attempt
-    by_request: dict[str, list[Answer]] = {}
-    for attempt in sorted(firsts.values(), key=lambda a: (a.send_ts, a.attempt_id)):
-        signature = signature_of(attempt)
-        if signature is UNREAD:
-            unread += 1
-            continue
-        if signature is None:
-            continue
-        by_request.setdefault(attempt.request_sha256, []).append(Answer(
-            attempt.request_sha256, attempt.attempt_id, attempt.stage, attempt.send_ts, signature, attempt.scenario,
-            attempt.turn))
-    return by_request, unread
-
-
-def reproducibility(attempts: Sequence[AnyAttempt], users_by_stage: Mapping[str, int] | None = None
-                    ) -> Reproducibility:
+def reproducibility(rows: Rows, users_by_stage: Mapping[str, int] | None = None) -> Reproducibility:
     """Every request that must repeat and was answered in two chains or more, compared (module docstring).
     `users_by_stage`: each stage's concurrency (the plan's users, in plan order), which orders the stages.
 
     A request's reference is its first answer at the lowest concurrency it was answered at; per stage, a
     request counts where it has an answer other than its reference, and agrees there when all of them are
     the reference's. Batch-dependent: every differing answer came at a stage with more users than the base (the
-    lowest concurrency any compared answer came from), and the base agrees throughout."""
+    lowest concurrency any compared answer came from), and the base agrees throughout.
+
+    On the record columns: per chain its first answer (the lowest attempt number, the first of equals in file
+    order), the answers in send order (ties by attempt id), each request's answers grouped in the order its first
+    answer came; the few differences shown are read whole."""
     users = dict(users_by_stage or {})
-    by_request, unread = _answers(attempts)
-    repeated = {k: v for k, v in by_request.items() if len(v) > 1}
-    by_stage: dict[str, StageAgreement] = {}
-    keys, flags, found = [], [], []
-    for request, answers in repeated.items():
-        reference = min(answers, key=lambda a: (users.get(a.stage, math.inf), a.send_ts))
-        keys.append(request)
-        flags.append(all(a.signature == reference.signature for a in answers))
-        _tally_stages(by_stage, users, reference, answers)
-        found += [(other, reference) for other in answers if other.signature != reference.signature]
-    found.sort(key=lambda pair: (pair[0].send_ts, pair[0].attempt_id))
-    order = {name: i for i, name in enumerate(users)}
-    ordered = dict(sorted(by_stage.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))
-    # the base: the lowest concurrency any compared answer came from, references included (a request answered once
-    # alone and once under load has its alone answer only as the reference: that stage has no row of its own)
-    answered = {a.stage for answers in repeated.values() for a in answers}
-    base = min(answered, key=lambda s: (users.get(s, math.inf), order.get(s, len(order)), s), default=None)
+    must = rows.code_where("temperature", lambda t: repeats(t, None)) | rows.code_where("seed", lambda s: s is not None)
+    chosen = rows[rows.code_is("status", "ok") & ~rows.flag("drill") & must]
+    answers, unread = _answers(chosen)
+    signature, request = answers.ints("answer_signature"), answers.ints("request_sha256")
+    _, group = np.unique(request, return_inverse=True)
+    group = group.reshape(-1)
+    sizes = np.bincount(group)
+    repeated = sizes[group] > 1
+    answers, signature, group = answers[repeated], signature[repeated], group[repeated]
+    if not len(answers):
+        return Reproducibility(rate_by_keys([], []), 0, unread, {}, [], None, None, [])
+    # requests numbered in the order their first answer came (the order a dict of them fills)
+    first_at = np.full(int(group.max()) + 1, len(group), dtype=np.intp)
+    np.minimum.at(first_at, group, np.arange(len(group)))
+    rank = np.argsort(np.argsort(first_at, kind="stable"), kind="stable")
+    group = rank[group]
+    stages = answers.ints("stage")
+    stage_table = rows.table("stage")
+    stage_users = np.array([users.get(name, math.inf) if _hashable(name) else math.inf for name in stage_table])
+    position = np.arange(len(answers))
+    order = np.lexsort((position, answers.number("send_ts"), stage_users[stages], group))  # per request: reference
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = group[order][1:] != group[order][:-1]
+    reference = np.empty(int(group.max()) + 1, dtype=np.intp)
+    reference[group[order][first]] = order[first]
+    differs = signature != signature[reference[group]]
+    requests = len(reference)
+    alike = np.bincount(group, weights=differs, minlength=requests) == 0
+    table = rows.table("request_sha256")
+    keys = [table[c] for c in request[repeated][reference].tolist()]
+    by_stage = _by_stage(answers, group, stages, differs, reference, keys, users, stage_table)
+    order_of = {name: i for i, name in enumerate(users)}
+    ordered = dict(sorted(by_stage.items(), key=lambda kv: (order_of.get(kv[0], len(order_of)), kv[0])))
+    answered = [stage_table[c] for c in np.unique(stages).tolist()]
+    base = min(answered, key=lambda s: (users.get(s, math.inf), order_of.get(s, len(order_of)), s), default=None)
+    found = np.flatnonzero(differs)  # in send order, as the differences are sorted
+    found_stages = [stage_table[c] for c in stages[found].tolist()]
     batch = None
-    if found and users and base is not None:
+    if len(found) and users and base is not None:
         quiet = base not in ordered or ordered[base].agreeing == ordered[base].repeated_requests
-        # differences only under load: every differing answer came at more users than the base (two answers at 12
-        # users that differ are two different batches too: batch-dependent, not the model)
-        batch = quiet and all(users.get(other.stage, -1) > users.get(base, math.inf) for other, _ in found)
-    differing = {other.stage for other, _ in found}
-    return Reproducibility(rate_by_keys(keys, flags), sum(len(v) for v in repeated.values()), unread, ordered,
-                           [_difference(other, reference) for other, reference in found[:FIRST_DIFFERENCES]],
-                           base, batch, [s for s in ordered if s in differing], users.get(base) if base else None)
+        batch = quiet and all(users.get(stage, -1) > users.get(base, math.inf) for stage in found_stages)
+    differing = set(found_stages)
+    shown = found[:FIRST_DIFFERENCES]
+    return Reproducibility(rate_by_codes(np.arange(requests), alike), len(answers), unread, ordered,
+                           _differences(answers, shown, reference[group[shown]]), base, batch,
+                           [s for s in ordered if s in differing], users.get(base) if base else None)
+
+
+def _answers(chosen: Rows) -> tuple[Rows, int]:
+    """Of each chain its first answer, in send order (ties by attempt id), that carries a signature; and how many
+    were read without one."""
+    number = chosen.ints("attempt")
+    _, chain = group_of(chosen.keys("chain_id"))
+    by_chain = np.lexsort((np.arange(len(chosen)), number, chain))
+    first = np.ones(len(by_chain), dtype=bool)
+    first[1:] = chain[by_chain][1:] != chain[by_chain][:-1]
+    firsts = chosen.take(np.sort(by_chain[first]))
+    sent = firsts.number("send_ts")
+    in_order = np.argsort(sent, kind="stable")
+    in_order = _ties_by_id(firsts, sent, in_order)
+    firsts = firsts.take(in_order)
+    signature = firsts.ints("answer_signature")
+    table = chosen.table("answer_signature")
+    unread_code = [c for c, value in enumerate(table) if value is UNREAD]
+    none_code = [c for c, value in enumerate(table) if value is None]
+    unread = int(np.isin(signature, unread_code).sum())
+    return firsts[~np.isin(signature, unread_code + none_code)], unread
+
+
+def _ties_by_id(rows: Rows, sent: np.ndarray, in_order: np.ndarray) -> np.ndarray:
+    """`in_order` (by send time) with each run of equal send times put in order of attempt id, as text."""
+    ordered = sent[in_order]
+    tied = np.flatnonzero(ordered[1:] == ordered[:-1])
+    if not len(tied):
+        return in_order
+    in_order = in_order.copy()
+    start = 0
+    while start < len(tied):
+        end = start
+        while end + 1 < len(tied) and tied[end + 1] == tied[end] + 1:
+            end += 1
+        span = slice(int(tied[start]), int(tied[end]) + 2)
+        members = in_order[span]
+        ids = rows.take(members).key_texts("attempt_id")
+        in_order[span] = members[sorted(range(len(members)), key=lambda i: ids[i])]
+        start = end + 1
+    return in_order
+
+
+def _by_stage(answers: Rows, group: np.ndarray, stages: np.ndarray, differs: np.ndarray, reference: np.ndarray,
+              keys: list[Any], users: Mapping[str, int], stage_table: list[Any]) -> dict[str, StageAgreement]:
+    """Per stage, the requests with an answer there other than their reference, and whether all of those agreed."""
+    others = np.ones(len(answers), dtype=bool)
+    others[reference] = False
+    pairs = np.stack([group[others], stages[others]], axis=1)
+    if not len(pairs):
+        return {}
+    unique, inverse = np.unique(pairs, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    agreed = np.bincount(inverse, weights=differs[others], minlength=len(unique)) == 0
+    by_stage: dict[str, StageAgreement] = {}
+    for (request, stage), same in zip(unique.tolist(), agreed.tolist(), strict=True):  # requests in order
+        name = stage_table[stage]
+        row = by_stage.setdefault(name, StageAgreement(users.get(name)))
+        row.repeated_requests += 1
+        row.agreeing += same
+        row.keys.append(keys[request])
+        row.flags.append(same)
+    return by_stage
+
+
+def _differences(answers: Rows, shown: np.ndarray, references: np.ndarray) -> list[Difference]:
+    """The differences shown, each against its reference, read whole from the columns."""
+    out = []
+    signatures = answers.table("answer_signature")
+    for other, reference in zip(shown.tolist(), references.tolist(), strict=True):
+        pair = answers.take(np.array([reference, other]))
+        request = pair.values("request_sha256")[0]
+        scenario, turn = pair.values("scenario")[0], int(pair.ints("turn")[0])
+        stages = pair.values("stage")
+        ids = pair.key_texts("attempt_id")
+        reference_signature, other_signature = (signatures[c] for c in pair.ints("answer_signature").tolist())
+        out.append(Difference(request, scenario, turn, (stages[0], stages[1]), (ids[0], ids[1]),
+                              what_differs(reference_signature, other_signature)))
+    return out
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _tally_stages(by_stage: dict[str, StageAgreement], users: Mapping[str, int], reference: Answer,
