@@ -25,7 +25,7 @@ from k3load.analysis.pillars.agent.unjudged import numbers as unjudged_numbers
 from k3load.analysis.pillars.agent.unjudged import rule as unjudged_rule
 from k3load.analysis.pillars.pillar import PillarResult
 from k3load.analysis.pillars.rules import RuleResult
-from k3load.analysis.run.clusters import cluster_codes, rate_by_codes, rate_by_request
+from k3load.analysis.run.clusters import cluster_codes, rate_by_codes
 from k3load.analysis.run.lean import AnyAttempt
 from k3load.analysis.run.record_columns import MISSING_INT, Rows, group_of
 from k3load.analysis.run.rundata import RunData
@@ -288,7 +288,7 @@ def _valid_rule(numbers: dict[str, Any], threshold: float, rate: Rate, carried: 
 SURFACED = ("reproducibility",)  # at `pillars.agent_api.reproducibility` too: issue 33's path for it
 
 
-def _repeats(judged: list[AnyAttempt], judged_rows: Rows, limits: dict[str, float], plan: Plan | None
+def _repeats(judged_rows: Rows, limits: dict[str, float], plan: Plan | None
              ) -> tuple[dict[str, Any], dict[str, Any], list[RuleResult], str | None]:
     """Tool calls that must repeat (analysis/pillars/agent/reproducibility.py) and the trigger rate per stage
     (analysis/pillars/agent/trigger_by_stage.py): their numbers, the rules that decide the pillar, and the
@@ -328,7 +328,6 @@ def judge_agent_api(run: RunData | list[AnyAttempt], limits: dict[str, float], p
     unjudged_rows = rows[rows.code_where("findings", has_harness_error)]
     unjudged = data.pick(unjudged_rows)
     judged_rows = rows[~rows.code_where("findings", has_harness_error) & ~rows.flag("drill")]
-    judged = data.pick(judged_rows)
     rates, valid = _rates(judged_rows)
     numbers = rates | {"requests": _chains(rows, data.pick), "tool_turns": tool_turns}
     harness = []
@@ -338,24 +337,26 @@ def judge_agent_api(run: RunData | list[AnyAttempt], limits: dict[str, float], p
     known, known_rules, known_reasons = known_failures(judged_rows, data.pick, limits, plan)
     numbers |= known
     if reference is not None:  # the tool-call choices and schema accuracy against a trusted run
-        numbers["reference"], reference_found = reference_rules(reference, judged, limits)
+        numbers["reference"], reference_found = reference_rules(reference, data.pick(judged_rows), limits)
         known_rules += reference_found
         known_reasons += [r.reason for r in reference_found if r.status != PASS]
-    repeated = _repeats(judged, judged_rows, limits, plan)
+    repeated = _repeats(judged_rows, limits, plan)
     numbers["reproducibility"], numbers["trigger_rate_by_stage"], repeat_rules, repeat_note = repeated
     known_rules += repeat_rules
     known_reasons += [r.reason for r in repeat_rules if r.status != PASS]
     drill, drill_reasons = _drill(rows, data.pick)
     numbers["timeout_drill"] = drill
     numbers["context_length_refusals"] = refusals = context_refusals(judged_rows, data.pick)
-    if len(judged) < limits["min_attempts"]:
+    if len(judged_rows) < limits["min_attempts"]:
         numbers["rules"] = [r.to_dict() for r in harness]
         return PillarResult(INCONCLUSIVE, [r.reason for r in harness] + [
-            f"inconclusive, because only {len(judged)} attempts were judged (at least {int(limits['min_attempts'])} "
-            "are needed: one success is not evidence)"], numbers, SURFACED)
+            f"inconclusive, because only {len(judged_rows)} attempts were judged (at least "
+            f"{int(limits['min_attempts'])} are needed: one success is not evidence)"], numbers, SURFACED)
     carried = None
     if unjudged:  # the rate were every answer the harness could not judge valid
-        carried = rate_by_request([*judged, *unjudged], [*(a.valid for a in judged), *([True] * len(unjudged))])
+        both = rows.take(np.concatenate([judged_rows.file_positions(), unjudged_rows.file_positions()]))
+        carried = rate_by_codes(cluster_codes(both), np.concatenate([judged_rows.flag("valid"),
+                                                                     np.ones(len(unjudged_rows), dtype=bool)]))
     rule = _valid_rule(numbers, limits["min_valid_rate"], valid, carried)
     rules = [*harness, rule, *known_rules]
     numbers["rules"] = [r.to_dict() for r in rules]
