@@ -39,6 +39,7 @@ NONE = type(None)
 _PLAIN_NUMBERS = frozenset((float, int, NONE))
 _INTS_OR_NONE = frozenset((int, NONE))
 _HASHED = frozenset((str, NONE))  # types whose values are their own keys in a code table (`Codes`)
+_SCALARS = frozenset((str, NONE, int, float, bool))  # hashable, keyed with their type unless str or None
 
 
 class Kind(Enum):
@@ -242,10 +243,18 @@ class Column:
             return np.fromiter(map(_number, values), dtype=np.float64, count=n)
         if kind is Kind.CODE:
             assert self.codes is not None
-            known = list(map(self.codes.code_of.get, values)) if types <= _HASHED else [None]
+            get = self.codes.code_of.get
+            if types <= _HASHED:
+                known = list(map(get, values))
+            elif types <= _SCALARS:  # numbers keyed with their type (`_code_key`), without a call per value
+                known = [get(v if v is None or type(v) is str else (type(v), v)) for v in values]
+            else:
+                return np.fromiter(map(self.codes.code, values), dtype=np.int32, count=n)
             if None not in known:  # every value seen before (a run repeats a few hundred)
                 return np.array(known, dtype=np.int32)
-            return np.fromiter(map(self.codes.code, values), dtype=np.int32, count=n)
+            code = self.codes.code  # a new value: its code made, in order of first appearance
+            return np.fromiter((c if c is not None else code(v) for c, v in zip(known, values, strict=True)),
+                               dtype=np.int32, count=n)
         if kind is Kind.SHARED:
             assert self.shared is not None
             return self.shared.codes(values)
