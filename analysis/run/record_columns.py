@@ -524,6 +524,28 @@ class Rows:
         return np.arange(len(self)) if self.index is None else self.index
 
 
+def ties_by_id(send: np.ndarray, order: np.ndarray, ids_of: Callable[[np.ndarray], list[Any]]) -> np.ndarray:
+    """`order` (rows by send time, a stable argsort of `send`) with each run of equal send times put in order of
+    its rows' ids (`ids_of(rows)`: their ids, compared as recorded; stable): a sort on (send_ts, attempt_id) that
+    reads the ids of tied rows only, which almost never occur."""
+    ordered = send[order]
+    tied = np.flatnonzero(ordered[1:] == ordered[:-1])
+    if not len(tied):
+        return order
+    order = order.copy()
+    start = 0
+    while start < len(tied):
+        end = start
+        while end + 1 < len(tied) and tied[end + 1] == tied[end] + 1:
+            end += 1
+        span = slice(int(tied[start]), int(tied[end]) + 2)
+        members = order[span]
+        ids = ids_of(members)
+        order[span] = members[sorted(range(len(members)), key=ids.__getitem__)]
+        start = end + 1
+    return order
+
+
 def group_of(keys: np.ndarray) -> tuple[int, np.ndarray]:
     """(distinct keys, each row's group number) of a KEY column's values. Sorted by the three words at once
     (`lexsort`): `np.unique` on the structured keys sorted them field by field, about three times slower."""

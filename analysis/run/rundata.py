@@ -30,7 +30,7 @@ import yaml
 
 from k3load import evidence
 from k3load.analysis.run.lean import DEFAULTS, AnyAttempt, Interner, lean_attempt
-from k3load.analysis.run.record_columns import RecordColumns, Rows
+from k3load.analysis.run.record_columns import RecordColumns, Rows, ties_by_id
 from k3load.analysis.run.record_decode import FRAME_ONLY, RecordDecoder
 from k3load.analysis.run.row_columns import RowColumns
 from k3load.analysis.run.scrape_samples import Layouts
@@ -310,18 +310,7 @@ def send_order(send_ts: list[Any], attempt_ids: list[Any]) -> np.ndarray | None:
     send = np.array(send_ts, dtype=float)
     if np.isnan(send).any():
         return None
-    order = np.argsort(send, kind="stable")
-    ties = np.flatnonzero(send[order][1:] == send[order][:-1])
-    start = 0
-    for i in ties.tolist():  # runs of equal send times, each sorted by id (stable)
-        if i < start:
-            continue
-        end = i + 1
-        while end + 1 < len(order) and send[order[end + 1]] == send[order[i]]:
-            end += 1
-        order[i:end + 1] = sorted(order[i:end + 1].tolist(), key=lambda row: attempt_ids[row])
-        start = end + 1
-    return order
+    return ties_by_id(send, np.argsort(send, kind="stable"), lambda tied: [attempt_ids[i] for i in tied.tolist()])
 
 
 def _stage_windows(events: list[dict[str, Any]], columns: RecordColumns) -> list[StageWindow]:

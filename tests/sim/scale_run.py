@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from k3load.analysis.run.record_columns import FIELDS, RecordColumns
+from k3load.analysis.run.rundata import columns_of
 from k3load.evidence import records_file
 from k3load.records import Attempt, read_records
 from k3load.workload.validate import primary_layer
@@ -31,15 +32,13 @@ def _unpack(dest: Path) -> Path:
 
 
 def _attempts_frame(path: Path) -> tuple[list[Attempt], RecordColumns]:
-    """The loading path as it was: whole Attempts, primary layers filled in, and the columns taken from them."""
+    """The loading path as it was: whole Attempts, primary layers filled in, and the columns taken from them (each
+    as its line is read whole: `rundata.columns_of`, not the decoder's fast path)."""
     attempts = read_records(records_file(path))
-    columns = RecordColumns()
     for a in attempts:
         if a.primary_layer is None and not a.valid:
             a.primary_layer = primary_layer(a.findings)
-        columns.add(a, (a.ttfa_ms, a.itl_mean_ms, a.completion_tokens, a.max_tokens, a.error, a.session_id,
-                        a.intended_send_ts))
-    return attempts, columns
+    return attempts, columns_of(attempts)
 
 
 def same_columns(a: RecordColumns, b: RecordColumns) -> bool:

@@ -44,7 +44,7 @@ import numpy as np
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.answer_signature import UNREAD, _dumps, answer_signature, compared, repeats
 from k3load.analysis.run.clusters import rate_by_codes, rate_by_keys
-from k3load.analysis.run.record_columns import Rows, group_of
+from k3load.analysis.run.record_columns import Rows, group_of, ties_by_id
 from k3load.analysis.run.stats import (
     MIN_DISTINCT_REQUESTS,
     Rate,
@@ -215,8 +215,8 @@ def _answers(chosen: Rows) -> tuple[Rows, int]:
     first[1:] = chain[by_chain][1:] != chain[by_chain][:-1]
     firsts = chosen.take(np.sort(by_chain[first]))
     sent = firsts.number("send_ts")
-    in_order = np.argsort(sent, kind="stable")
-    in_order = _ties_by_id(firsts, sent, in_order)
+    in_order = ties_by_id(sent, np.argsort(sent, kind="stable"),
+                          lambda tied: firsts.take(tied).key_texts("attempt_id"))
     firsts = firsts.take(in_order)
     signature = firsts.ints("answer_signature")
     table = chosen.table("answer_signature")
@@ -224,26 +224,6 @@ def _answers(chosen: Rows) -> tuple[Rows, int]:
     none_code = [c for c, value in enumerate(table) if value is None]
     unread = int(np.isin(signature, unread_code).sum())
     return firsts[~np.isin(signature, unread_code + none_code)], unread
-
-
-def _ties_by_id(rows: Rows, sent: np.ndarray, in_order: np.ndarray) -> np.ndarray:
-    """`in_order` (by send time) with each run of equal send times put in order of attempt id, as text."""
-    ordered = sent[in_order]
-    tied = np.flatnonzero(ordered[1:] == ordered[:-1])
-    if not len(tied):
-        return in_order
-    in_order = in_order.copy()
-    start = 0
-    while start < len(tied):
-        end = start
-        while end + 1 < len(tied) and tied[end + 1] == tied[end] + 1:
-            end += 1
-        span = slice(int(tied[start]), int(tied[end]) + 2)
-        members = in_order[span]
-        ids = rows.take(members).key_texts("attempt_id")
-        in_order[span] = members[sorted(range(len(members)), key=lambda i: ids[i])]
-        start = end + 1
-    return in_order
 
 
 def _by_stage(answers: Rows, group: np.ndarray, stages: np.ndarray, differs: np.ndarray, reference: np.ndarray,
