@@ -1,21 +1,25 @@
-"""The records as columns: what the stage table's rules read of every record, a few bytes a field.
+"""The records as columns: what the rules read of every record, a few bytes a field.
 
-Why: the stage table, the crash and restart checks, the soak's windows and the capacity's what-if read a
-few fields of every record. They read them from a pandas frame of every record with 36 columns (strings as
-objects), built once more in send order: about 640 bytes a record at its peak, 5.5 GB for a day's soak.
+Why: the stage table, the crash and restart checks, the soak's windows, the capacity's what-if, the checklist and
+most of the agent pillar read a few fields of every record. The stage table's read them from a pandas frame of every
+record with 36 columns (strings as objects), built once more in send order: about 640 bytes a record at its peak,
+5.5 GB for a day's soak.
 Here each record's fields go, as it is read, into a batch, and a batch into numpy columns of the smallest
 kind that keeps what the rules read (`Kind`): numbers as float64, strings as codes into the run's table
-of distinct values, ids as their 16 bytes. About 190 bytes a record, in file order.
+of distinct values, ids as their 16 bytes, a findings list or a tool-call names tuple by the object the decoder
+shares among every record that holds the same (`SHARED`). About 290 bytes a record, in file order.
 
 What a kind keeps is what the frame's rules made of the field (verdicts unchanged byte for byte):
 `TRUTHY` is `astype(bool)`, `IS_TRUE` is `== True`, `REFUSED` is `str.contains("refused", case=False)`, a
 `NUMBER` that is not a JSON number is missing (NaN), as `to_numeric(errors="coerce")` made it, and a
 number column whose every record held an integer is said (`int_only`: the frame's int64 column, whose
-values a rule wrote as integers).
+values a rule wrote as integers). Per record, a NUMBER also says whether it was recorded as an integer
+(`is_int`): a rule's sum, maximum or percentile keeps the type it had over the attempts read whole
+(`Rows.total`, `Rows.recorded`).
 
 Usage: `RecordColumns.add(lean, frame_only)` per record (analysis/run/record_decode.py), `rows()` for the
 whole run or `rows(stage=name)`, then a `Rows` view: `view.number("ttft_ms")`, `view.code_is("status",
-"ok")`, `view[mask]`.
+"ok")`, `view[mask]`; a rule that reads a few records whole picks them by their rows (`RunData.pick`).
 """
 
 from __future__ import annotations
