@@ -175,7 +175,7 @@ def reproducibility(rows: Rows, users_by_stage: Mapping[str, int] | None = None)
     group = rank[group]
     stages = answers.ints("stage")
     stage_table = rows.table("stage")
-    stage_users = np.array([users.get(name, math.inf) if _hashable(name) else math.inf for name in stage_table])
+    stage_users = np.array([users.get(name, math.inf) for name in stage_table])  # a code table's values hash
     position = np.arange(len(answers))
     order = np.lexsort((position, answers.number("send_ts"), stage_users[stages], group))  # per request: reference
     first = np.ones(len(order), dtype=bool)
@@ -262,14 +262,6 @@ def _differences(answers: Rows, shown: np.ndarray, references: np.ndarray) -> li
         out.append(Difference(request, scenario, turn, (stages[0], stages[1]), (ids[0], ids[1]),
                               what_differs(reference_signature, other_signature)))
     return out
-
-
-def _hashable(value: Any) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
 
 
 def _tally_stages(by_stage: dict[str, StageAgreement], users: Mapping[str, int], reference: Answer,
