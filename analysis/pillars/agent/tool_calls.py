@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from k3load.analysis.pillars.pillar import percentiles
 from k3load.analysis.pillars.rules import RuleResult
@@ -38,6 +39,14 @@ def _failing(rows: Rows, check: str) -> np.ndarray:
     """Whether each row's first finding of `check` failed (each distinct list of findings read once)."""
     return rows.code_where("findings", lambda findings: (f := first_finding(findings, check)) is not None
                            and not f.ok)
+
+
+def _by_findings(rows: Rows) -> Rows:
+    """These rows grouped by their list of findings, the groups in order of first appearance, each in row order:
+    the order `lean.by_findings` gave the rules, which a rate's interval follows (its clusters are summed in the
+    order they first appear)."""
+    groups, _ = pd.factorize(rows.ints("findings"), sort=False)
+    return rows.take(np.argsort(groups, kind="stable"))
 
 
 def _outcome(attempt: AnyAttempt) -> str | None:
@@ -117,7 +126,8 @@ def cadence(rows: Rows, pick: Callable[[Rows], list[AnyAttempt]], limits: dict[s
     calls = rows[called]
     limit = limits["max_tool_call_gap_ms"]
     over_mask, stalled = _failing(calls, "tool_call.cadence"), _failing(rows, "stream.stall")  # counted, maxed
-    over, stalls = pick(calls[over_mask]), pick(rows[stalled])
+    stall_rows = _by_findings(rows[stalled])
+    over, stalls = pick(_by_findings(calls[over_mask])), pick(stall_rows)
     span, deltas = calls.number("tool_call_span_ms"), calls.number("tool_call_deltas")
     numbers: dict[str, Any] = {"limit_ms": limit, "streamed_tool_calls": len(calls),
                "span_ms": _distribution(calls[~np.isnan(span)].recorded("tool_call_span_ms")),
@@ -125,8 +135,8 @@ def cadence(rows: Rows, pick: Callable[[Rows], list[AnyAttempt]], limits: dict[s
                "deltas": _distribution(deltas[(deltas != 0) & ~np.isnan(deltas)]),
                "over_limit": len(over), "stalls": len(stalls)}
     evidence = ("records.jsonl tool_call_max_gap_ms, findings tool_call.cadence and stream.stall",)
-    both = np.concatenate([np.flatnonzero(called), np.flatnonzero(stalled)])  # the calls, then the stalls
-    rate = rate_by_codes(cluster_codes(rows.take(both)),
+    both = np.concatenate([calls.file_positions(), stall_rows.file_positions()])  # the calls, then the stalls
+    rate = rate_by_codes(cluster_codes(calls.columns.rows().take(both)),
                          np.concatenate([over_mask, np.ones(len(stalls), dtype=bool)]))
     numbers["over_limit_rate"] = rate.to_dict()
     if over or stalls:
@@ -150,7 +160,7 @@ def parallel_calls(rows: Rows) -> dict[str, Any]:
     """Turns that expect several calls in one answer (`expect.calls`): how many answers carried exactly
     the calls asked for, and how the others went wrong (short, merged arguments, a call emitted twice)."""
     asked_mask = rows.code_where("findings", lambda findings: first_finding(findings, "expect.calls") is not None)
-    asked = rows[asked_mask]
+    asked = _by_findings(rows[asked_mask])
     exact = asked.code_where("findings", lambda findings: getattr(first_finding(findings, "expect.calls"), "ok",
                                                                   False))
     failed_checks: Counter[str] = Counter()

@@ -88,7 +88,7 @@ class StreamDelivery:
 def stream_delivery(rows: Rows, index: MetricIndex, saturated_stages: Sequence[str] = ()) -> StreamDelivery:
     """Straight, buffered or unknown, from the streams outside `saturated_stages` (a saturated load
     generator reads late and piles events up in its own socket). Read on the record columns: a stream's `stream`
-    is truthy, its counts are numbers (unknown: NaN), its TTFT median an integer where every record's was."""
+    is truthy, its counts are numbers (unknown: NaN), its TTFT median of the type its record gave it."""
     chunks, reads, size = rows.number("chunks"), rows.number("stream_reads"), rows.number("stream_bytes")
     streamed = rows.flag("stream") & rows.code_is("status", "ok") & (chunks >= MIN_CHUNKS)
     if not streamed.any():
@@ -145,19 +145,24 @@ def stream_delivery(rows: Rows, index: MetricIndex, saturated_stages: Sequence[s
 
 
 def _median_as_recorded(rows: Rows, name: str) -> float | int | None:
-    """The median of a NUMBER field's known values (statistics.median's: the middle one, or the mean of the two),
-    an integer where the run recorded integers only; None when none is known."""
-    known = rows.number(name)
-    known = known[~np.isnan(known)]
-    if not len(known):
+    """The median of a NUMBER field's known values as `statistics.median` gives it over the values as recorded: the
+    middle one with its own type (an integer where its record held one), or the mean of the two; None when none is
+    known. Equal values keep their rows' order, as Python's stable sort keeps them."""
+    values, ints = rows.number(name), rows.is_int(name)
+    known = ~np.isnan(values)
+    values, ints = values[known], ints[known]
+    if not len(values):
         return None
-    ordered = np.sort(known)
-    middle = len(ordered) // 2
-    if len(ordered) % 2:
-        found: float | int = rows.as_recorded(name, ordered[middle:middle + 1])[0]
-        return found
-    low, high = rows.as_recorded(name, ordered[middle - 1:middle + 1])
-    mean: float = (low + high) / 2
+    order = np.argsort(values, kind="stable")
+    middle = len(order) // 2
+
+    def recorded(i: int) -> float | int:
+        value: float = float(values[order[i]])
+        return int(value) if ints[order[i]] else value
+
+    if len(order) % 2:
+        return recorded(middle)
+    mean: float = (recorded(middle - 1) + recorded(middle)) / 2
     return mean
 
 
