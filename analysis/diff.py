@@ -15,9 +15,16 @@ records.
 Why these intervals. A percentile's interval is the distribution-free order-statistic interval: the
 sorted values between which the true percentile lies with 95% probability, from the binomial count of
 values below it. It is what a percentile bootstrap of the stage's records approximates by resampling,
-but exact, instant and the same bytes on every machine. Throughput (answered requests per second of
-the stage) gets the Poisson score interval of the count; output tokens/s the same relative interval
-(the count of answers carries the noise; tokens per answer of the same scenarios vary little).
+but exact, instant and the same bytes on every machine. Throughput (answered requests per second and
+output tokens per second of the stage) is a compound count: what the stage samples is sessions, each
+bringing its own number of answers and each answer its own tokens (a timeout-retry drill's session
+answers twice in a second, a multi-tool session eight times; a tool call is 20 tokens, prose ten times
+more), so the variance of the stage's total is the sum over its sessions of their squared totals, not
+the answers' count times the mean squared. Each gets the Poisson score interval of the answers' count,
+its half-width widened by sqrt(n * sum(session total^2)) / total (`spread_factor`; 1 for single answers
+of equal size; a record without a session is a session of its own). Why: CI's healthy pair (stop 46)
+drew its two c2 users into timeout-retry sessions in A and not in B, 34 answers against 63 in the same
+2 s, and the answers-as-independent interval called it a change beyond noise; by sessions it is not.
 "Changed beyond noise" means the two 95% intervals do not overlap: a conservative two-sample test (for
 equal widths it rejects at about p < 0.006), chosen because dozens of figures are compared at once and
 a flag should mean something; and the figure moved by at least the plan's `min_relative_change`,
@@ -27,6 +34,15 @@ also has to move by at least `min_latency_change_ms` (5 ms): on a fast server (t
 a 30% move is 1 ms, the jitter of the client machine's scheduler, not the deployment's. A gating
 rule fails only when B is worse beyond the plan's margin AND beyond noise (latencies: by at least that
 floor too); inconclusive rules are printed but never gate (too little evidence is not a regression).
+
+Why a starved load generator leaves its stage unjudged. The client's share of each figure is its own:
+a latency holds the time the load generator waited for a CPU before reading the answer, and a closed
+loop that waits sends less. Each run records that wait (k3load.sampler.cpu_wait, the kernel's run-queue
+time of the process). A stage where either run's load generator waited more than the plan's
+`max_load_generator_cpu_wait` share of its wall time (mean over the stage, the most-waiting process) keeps
+its figures and intervals, but no flag and no pass or fail: its rules are inconclusive, saying whose wait
+and how much. CI's healthy pair showed why (stop 46): B's 2-s step served 29 answers to A's 52 while a
+real vLLM warmed up on the same two cores, and output tokens/s came out "lower" beyond noise.
 """
 
 from __future__ import annotations
@@ -40,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from k3load.analysis.pillars.agent.agreement import agreement, profile
+from k3load.analysis.pillars.headroom.stages import cpu_wait_in
 from k3load.analysis.pillars.pillar import percentile, rounded, thresholds
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.stats import Z95, Rate, decide_rate
@@ -51,6 +68,8 @@ if TYPE_CHECKING:  # pandas is imported only when a diff runs, not by every `k3l
     from k3load.analysis.run.rundata import RunData
 
 DIFF_WORSE_EXIT = 6  # B worse than A beyond the plan's thresholds (the verdict codes are 0, 3, 4, 5; errors 2)
+CPU_WAIT = "load_generator_cpu_wait_pct"  # a stage's most-waiting load-generator process, mean % of wall time
+CPU_WAIT_EVIDENCE = ("metrics.jsonl load_generator_cpu_wait_pct", "events.jsonl load_generator_cpu cpu_wait_pct")
 LATENCIES = (("ttft_ms", "ttft"), ("ttfa_ms", "ttfa"), ("itl_mean_ms", "itl"), ("e2e_ms", "e2e"))
 QUANTILES = (0.5, 0.95)
 
@@ -105,13 +124,27 @@ def quantile_interval(values: list[float], q: float) -> tuple[float, float] | No
     return xs[max(r, 1) - 1], xs[min(s, n) - 1]
 
 
-def poisson_interval(count: int, duration_s: float) -> tuple[float, float] | None:
-    """95% score interval of a rate from a count over a duration."""
+def poisson_interval(count: int, duration_s: float, spread: float = 1.0, scale: float = 1.0
+                     ) -> tuple[float, float] | None:
+    """95% score interval of a rate from a count over a duration; its half-width times `spread` (the
+    clustering's, `spread_factor`) and the whole times `scale` (tokens per answer)."""
     if duration_s <= 0:
         return None
-    half = Z95 * math.sqrt(count + Z95 * Z95 / 4)
+    half = Z95 * math.sqrt(count + Z95 * Z95 / 4) * spread
     centre = count + Z95 * Z95 / 2
-    return max(centre - half, 0.0) / duration_s, (centre + half) / duration_s
+    return max(centre - half, 0.0) * scale / duration_s, (centre + half) * scale / duration_s
+
+
+def spread_factor(values: np.ndarray, groups: np.ndarray) -> float:
+    """The factor a count's interval widens by when the items of a sum come in groups (a session's answers):
+    the compound Poisson standard deviation sqrt(sum over groups of (group sum)^2) against sqrt(n) times the
+    mean item, i.e. sqrt(n * sum(g^2)) / total. 1 for single items of equal value; never under 1 for
+    non-negative values (Cauchy-Schwarz: total^2 <= groups * sum(g^2) <= n * sum(g^2))."""
+    total = float(values.sum())
+    if total <= 0 or not len(values):
+        return 1.0
+    sums = np.bincount(groups, weights=values) if len(groups) else values
+    return math.sqrt(len(values) * float(np.square(sums).sum())) / total
 
 
 def _figure(value: float | None, interval: tuple[float, float] | None) -> dict[str, Any]:
@@ -122,16 +155,18 @@ def stage_figures(data: RunData) -> dict[str, dict[str, Any]]:
     """Per stage name: answered requests/s and output tokens/s, latency p50/p95, each with its interval."""
     out: dict[str, dict[str, Any]] = {}
     for name in dict.fromkeys(s.name for s in data.stages):
-        duration = sum(s.end_ts - s.start_ts for s in data.stages if s.name == name)
+        windows = [(s.start_ts, s.end_ts) for s in data.stages if s.name == name]
+        duration = sum(t1 - t0 for t0, t1 in windows)
         mine = data.columns.rows(name)
         ok = mine[~mine.flag("drill") & mine.code_is("status", "ok")]
-        rps = poisson_interval(len(ok), duration)
-        tokens = float(np.nan_to_num(ok.number("completion_tokens"), nan=0.0).sum())
-        per_answer = tokens / len(ok) if len(ok) else 0.0
-        figures = {"answers": len(ok), "duration_s": duration,
+        sessions = ok.groups("session_id")
+        rps = poisson_interval(len(ok), duration, spread_factor(np.ones(len(ok)), sessions))
+        per_answer = np.nan_to_num(ok.number("completion_tokens"), nan=0.0)
+        tokens = float(per_answer.sum())
+        figures = {"answers": len(ok), "duration_s": duration, CPU_WAIT: cpu_wait_in(data, windows),
                    "requests_per_s": _figure(len(ok) / duration if duration > 0 else None, rps),
-                   "output_tokens_per_s": _figure(tokens / duration if duration > 0 else None,
-                                                  (rps[0] * per_answer, rps[1] * per_answer) if rps else None)}
+                   "output_tokens_per_s": _figure(tokens / duration if duration > 0 else None, poisson_interval(
+                       len(ok), duration, spread_factor(per_answer, sessions), tokens / len(ok) if len(ok) else 0.0))}
         for column, label in LATENCIES:
             known = ok.number(column)
             values = known[~np.isnan(known)].tolist()
@@ -162,17 +197,31 @@ def changed(a: dict[str, Any], b: dict[str, Any], min_relative: float = 0.0, min
     return None
 
 
+def starved_by(waits: dict[str, float | None], most: float) -> str | None:
+    """Why a stage is not judged: each run whose load generator waited for a CPU more than `most` (a share)
+    of the stage, with its wait; None when neither did or neither recorded it."""
+    over = [f"{pct:g}% in {side.upper()}" for side, pct in waits.items() if pct is not None and pct > most * 100]
+    if not over:
+        return None
+    return (f"the load generator was short of CPU (it waited for one {' and '.join(over)} of the stage's wall time, "
+            f"more than {most:.0%}): its latencies and its closed loop's rate are the host's as much as the server's")
+
+
 def compare_stages(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], min_relative: float = 0.0,
-                   min_latency_ms: float = 0.0) -> list[dict[str, Any]]:
-    """Per stage in both runs, each measure of both with its flag (latencies: `min_latency_ms` at least)."""
+                   min_latency_ms: float = 0.0, max_cpu_wait: float = 1.0) -> list[dict[str, Any]]:
+    """Per stage in both runs, each measure of both with its flag (latencies: `min_latency_ms` at least);
+    none where a load generator waited for a CPU more than `max_cpu_wait` of the stage (`starved`)."""
     rows = []
     for name in [*a, *(n for n in b if n not in a)]:
         row: dict[str, Any] = {"stage": name, "in": "both" if name in a and name in b else "a" if name in a else "b"}
         if row["in"] == "both":
             row["answers"] = {"a": a[name]["answers"], "b": b[name]["answers"]}
+            waits = {"a": a[name].get(CPU_WAIT), "b": b[name].get(CPU_WAIT)}
+            row[CPU_WAIT], row["starved"] = waits, starved_by(waits, max_cpu_wait)
             row["measures"] = {m: {"a": a[name][m], "b": b[name][m],
-                                   "changed_beyond_noise": changed(a[name][m], b[name][m], min_relative,
-                                                                          min_latency_ms if m.endswith("_ms") else 0.0)}
+                                   "changed_beyond_noise": None if row["starved"] else
+                                   changed(a[name][m], b[name][m], min_relative,
+                                           min_latency_ms if m.endswith("_ms") else 0.0)}
                                for m in MEASURES}
         rows.append(row)
     return rows
@@ -183,6 +232,12 @@ def _stage_rules(stages: list[dict[str, Any]], limits: dict[str, float]) -> list
     rules = []
     up, down, floor = limits["max_latency_p95_increase"], limits["max_throughput_drop"], limits["min_latency_change_ms"]
     for row in (r for r in stages if r["in"] == "both"):
+        if row["starved"]:
+            rules.append(RuleResult(f"diff.stage.{row['stage']}", "diff", INCONCLUSIVE, f"{row['stage']}: latencies "
+                                    f"and throughput inconclusive, because {row['starved']}",
+                                    max(v for v in row[CPU_WAIT].values() if v is not None),
+                                    limits["max_load_generator_cpu_wait"] * 100, evidence=CPU_WAIT_EVIDENCE))
+            continue
         for measure, figures in row["measures"].items():
             a, b = figures["a"], figures["b"]
             latency = measure.endswith("_p95_ms")
@@ -206,6 +261,10 @@ def _stage_rules(stages: list[dict[str, Any]], limits: dict[str, float]) -> list
                 "and noise)", b["value"], a["value"], evidence=("records.jsonl", "events.jsonl stage windows"),
                 interval=tuple(b["ci95"])))
     return rules
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:g}"
 
 
 def _ci(figure: dict[str, Any]) -> str:
@@ -287,7 +346,7 @@ def diff(a_dir: Path, b_dir: Path) -> dict[str, Any]:
     pillars = sorted(set(a.verdict.get("pillars") or {}) | set(b.verdict.get("pillars") or {}))
     limit_keys = sorted(set(a.verdict.get("limits") or {}) | set(b.verdict.get("limits") or {}))
     stages = compare_stages(stage_figures(a.data), stage_figures(b.data), limits["min_relative_change"],
-                            limits["min_latency_change_ms"])
+                            limits["min_latency_change_ms"], limits["max_load_generator_cpu_wait"])
     agreed = agreement(profile(a.data.attempts), b.data.attempts)
     rules = _agreement_rules(agreed, limits) + _stage_rules(stages, limits)
     failed = [r for r in rules if r.status == FAIL]
@@ -329,8 +388,14 @@ def render_text(result: dict[str, Any]) -> str:
         if row["in"] != "both":
             stage_rows.append({"stage": row["stage"], "measure": f"only in {row['in'].upper()}"})
             continue
+        unjudged = "not judged: short of CPU" if row["starved"] else ""
+        waits = row.get(CPU_WAIT) or {}
+        if any(v is not None for v in waits.values()):
+            stage_rows.append({"stage": row["stage"], "measure": "load generator CPU wait %",
+                               "A": _pct(waits.get("a")), "B": _pct(waits.get("b")), "changed beyond noise": ""})
         stage_rows += [{"stage": row["stage"], "measure": m, "A": _ci(f["a"]), "B": _ci(f["b"]),
-                        "changed beyond noise": f["changed_beyond_noise"] or ""} for m, f in row["measures"].items()]
+                        "changed beyond noise": f["changed_beyond_noise"] or unjudged}
+                       for m, f in row["measures"].items()]
     floor, latency_floor = result["thresholds"]["min_relative_change"], result["thresholds"]["min_latency_change_ms"]
     out.append(f"## Stages (95% intervals; changed beyond noise: the intervals do not overlap and the figure "
                f"moved by at least {floor:.0%}, a latency by at least {latency_floor:g} ms)\n\n"

@@ -137,8 +137,9 @@ FIELDS: dict[Event, frozenset[str]] = {
     Event.WORKER_LOST: _f("stage", "workers_before", "workers_now"),
     Event.WORKER_SPOOLS: _f("workers", "final", "not_final", "waited_s", "read_after_locust_quit", "by_worker"),
     # k3load.loadgen.cpu.write_reading, master: a worker's CPU per wall second (100 = one core), ts the
-    # master's clock at receipt, worker_ts the worker's own. process: "worker HOST:PID".
-    Event.LOAD_GENERATOR_CPU: _f("process", "role", "worker", "cpu_pct", "worker_ts"),
+    # master's clock at receipt, worker_ts the worker's own. process: "worker HOST:PID". cpu_wait_pct: the share of
+    # wall time it was ready to run and waited for a CPU (k3load.sampler.cpu_wait; null where unknown).
+    Event.LOAD_GENERATOR_CPU: _f("process", "role", "worker", "cpu_pct", "cpu_wait_pct", "worker_ts"),
     # k3load.loadgen.observe.Restarter: after a server_down (not at the first poll) the --k3-restart-cmd
     # started (attempt: 1.., log: its output file in the run directory).
     Event.RESTART_COMMAND: _f("attempt", "pid", "log"),
@@ -298,7 +299,7 @@ MESSAGE_FIELDS: dict[Message, frozenset[str] | None] = {
     # worker -> master (WorkerLink.seal, at test_stop): its own count of records sent and not sent.
     Message.DONE: _f("run_id", "sent", "unsent", "spool"),
     # worker -> master (k3load.loadgen.cpu.CpuReporter): its CPU per wall second; written as load_generator_cpu.
-    Message.CPU: _f("run_id", "cpu_pct", "ts", "host", "pid"),
+    Message.CPU: _f("run_id", "cpu_pct", "cpu_wait_pct", "ts", "host", "pid"),
     # worker -> master (k3load.loadgen.listeners, at test_start): it does not hold the master's secrets for this
     # target (why: one line, no value); the master stops the run, exit 2.
     Message.REFUSED: _f("host", "pid", "why"),

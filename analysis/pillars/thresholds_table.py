@@ -128,6 +128,13 @@ THRESHOLDS: tuple[Threshold, ...] = (
               "A stage latency is flagged 'changed beyond noise', and a p95 increase fails the diff, only when it "
               "also moved by at least this many milliseconds: on a fast server a large share of a few milliseconds "
               "is the client machine's scheduling jitter."),
+    Threshold("diff", "max_load_generator_cpu_wait", 0.2, Bound.SHARE, "share",
+              "A stage is compared beyond noise, and its latency and throughput rules judged, only while neither "
+              "run's load generator waited for a CPU more than this share of the stage's wall time (the kernel's "
+              "run-queue time, k3load.sampler.cpu_wait; measured: 4-8% on a quiet two-core machine, 28-52% with six "
+              "busy loops beside it). Above it the stage's flags stay empty and its rules are inconclusive: a starved "
+              "client measures its own wait and, in a closed loop, sends less. A run that did not record the wait "
+              "is judged as before. Not a gate of its own."),
 )
 
 SECTION_HELP = {

@@ -508,6 +508,16 @@ class Rows:
         """Whether each row's KEY of `name` is one of `among` (keys of the same column)."""
         return np.isin(self._get(name).view(_KEY_BYTES), among.view(_KEY_BYTES))
 
+    def groups(self, name: str) -> np.ndarray:
+        """Each row's group: rows with the same KEY of `name` share a number (0..), a row without one (None)
+        is a group of its own."""
+        keys = self._get(name)
+        _, group = np.unique(keys.view(_KEY_BYTES), return_inverse=True)
+        group = group.reshape(-1).astype(np.int64)
+        alone = keys["kind"] == NO_KEY
+        group[alone] = (group.max(initial=-1) + 1) + np.arange(int(alone.sum()))
+        return group
+
     def seen(self, name: str) -> list[Any]:
         """A CODE field's distinct values in these rows, in order of first appearance in the run."""
         table = self.columns.columns[name].codes

@@ -19,12 +19,12 @@ metrics.jsonl.gz — one line per scrape of vLLM /metrics, per source (`source`:
 compressed and flushed at least every half second (k3load.evidence: read it with `evidence.lines` and
 `SeriesTable.decode`, which gives back `samples` as below; on disk the names are written once per file)::
 
-    {"ts", "source": URL, "ok": true, "scrape_ms", "load_generator_cpu_pct",
+    {"ts", "source": URL, "ok": true, "scrape_ms", "load_generator_cpu_pct", "load_generator_cpu_wait_pct",
      "vllm_series": N, "samples": {"vllm:name{label=\"v\",...}": value, ...},
      "legacy": {"vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc", ...},
      "process_start_ts": float | null, "types": {family: type}  (only when it changed: first line, after a change)}
-    {"ts", "source", "ok": false, "scrape_ms", "load_generator_cpu_pct", "error": "connection refused" |
-     "timeout after 2 s" | "HTTP 500" | "parse error: ...", "http_status": int | null}
+    {"ts", "source", "ok": false, "scrape_ms", "load_generator_cpu_pct", "load_generator_cpu_wait_pct",
+     "error": "connection refused" | "timeout after 2 s" | "HTTP 500" | "parse error: ...", "http_status": int | null}
 
   From Prometheus (`prometheus_url`, k3load/sampler/promapi.py): the same shape, one line per query_range
   step (ts = the evaluation time, on a grid of `interval_s` from the sampler's start) per `instance`, with
@@ -43,7 +43,10 @@ compressed and flushed at least every half second (k3load.evidence: read it with
   num_requests_waiting, kv_cache_usage_perc) are absent, even if other vllm:* series remain (vLLM 0.32 with
   --disable-log-stats keeps its 12 `vllm:tool_call_parser_invocations_total` series): those are still
   written, the `metrics_missing` event says what is absent, and absent series are unknown. A value that is
-  NaN/Inf is null. `load_generator_cpu_pct`: CPU of the sampling process per wall second (100 = one core).
+  NaN/Inf is null. `load_generator_cpu_pct`: CPU of the sampling process per wall second (100 = one core);
+  `load_generator_cpu_wait_pct`: the share of the same wall time it was ready to run and waited for a CPU
+  (k3load.sampler.cpu_wait: a host short of CPU starves the load generator without saturating it; null where
+  the kernel does not count it; absent from lines written before it was recorded).
 
 gpu.jsonl — one line per GPU per reading (fields a source lacks are null)::
 

@@ -24,6 +24,7 @@ from k3load.events import Event
 from k3load.evidence import METRICS, SeriesTable
 from k3load.private_files import make_run_dir
 from k3load.rundir import JsonlLog, WriteGuard
+from k3load.sampler.cpu_wait import CpuWaitMeter
 from k3load.sampler.fetch import Fetched, fetch, health_url_for, redact_url, same_origin
 from k3load.sampler.gpu_poll import DcgmPoller, NvmlPoller
 from k3load.sampler.health import HealthWatch
@@ -225,9 +226,9 @@ class Sampler:
             notice = (None, "no GPU telemetry: NVML off, no dcgm-exporter URL, no DCGM_FI_* series on /metrics")
         watch = MetricsWatch(metrics_url, partial(self._fetch, with_key=True), self._metrics_log, self.event, self.gpu,
                              no_gpu_notice=notice)
-        cpu = CpuMeter()
+        cpu, wait = CpuMeter(), CpuWaitMeter()
         name = "metrics" if len(self.metrics_urls) == 1 else f"metrics:{watch.source}"
-        self._add_loop(name, lambda: watch.tick(self.clock(), cpu.read()))
+        self._add_loop(name, lambda: watch.tick(self.clock(), cpu.read(), wait.read()))
         return watch
 
     def _start_health(self, health_url: str) -> HealthWatch:

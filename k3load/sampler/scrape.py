@@ -43,12 +43,12 @@ class MetricsWatch:
         self.missing = False
         self.scrapes = self.failures = 0
 
-    def tick(self, ts: float, cpu_pct: float | None) -> None:
+    def tick(self, ts: float, cpu_pct: float | None, cpu_wait_pct: float | None = None) -> None:
         if self._fetch is None:
             raise RuntimeError(f"{self.source}: fed by another reader (take/fail), it has no fetcher")
         result = self._fetch(self.url)
         base = {"ts": ts, "source": self.source, "ok": result.ok, "scrape_ms": result.elapsed_ms,
-                "load_generator_cpu_pct": cpu_pct}
+                "load_generator_cpu_pct": cpu_pct, "load_generator_cpu_wait_pct": cpu_wait_pct}
         if not result.ok:
             self.fail(base, result.error or "failed", result.status)
             return

@@ -23,6 +23,7 @@ import pytest
 
 from k3load.evidence import SeriesTable, lines, metrics_file
 from k3load.sampler import Sampler
+from k3load.sampler.cpu_wait import read_run_queue_ns
 from k3load.sampler.loop import CpuMeter
 from tests.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, FakeNvml
 
@@ -96,7 +97,8 @@ def test_scrape_round_trip_and_counters_rise_under_requests(start_sim, sampled, 
     assert all(line["ok"] for line in lines) and summary["scrapes"] == len(lines)
     assert gevent.monkey.is_module_patched("threading")  # conftest imports locust: the loops ran as greenlets
     assert first["source"] == sim.base_url + "/metrics" and first["vllm_series"] > 300
-    assert set(first) >= {"ts", "source", "ok", "scrape_ms", "load_generator_cpu_pct", "samples", "legacy", "types"}
+    assert set(first) >= {"ts", "source", "ok", "scrape_ms", "load_generator_cpu_pct", "load_generator_cpu_wait_pct",
+                          "samples", "legacy", "types"}
     assert "types" not in last  # said once, until it changes
     assert first["samples"][PROMPT_TOKENS] == 0 < last["samples"][PROMPT_TOKENS]
     success = 'vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny"}'
@@ -113,6 +115,10 @@ def test_scrape_round_trip_and_counters_rise_under_requests(start_sim, sampled, 
         else:
             counted = line["ts"]
     assert cpu and all(isinstance(pct, float) and pct >= 0 for pct in cpu)
+    waits = [line["load_generator_cpu_wait_pct"] for line in lines]  # the same windows as the CPU's
+    assert all(w is None or 0 <= w <= 100 for w in waits)
+    if read_run_queue_ns() is not None:  # a kernel that counts run-queue time gives a reading where the CPU has one
+        assert all(isinstance(waits[i], float) for i, line in enumerate(lines) if line["load_generator_cpu_pct"])
     (config,) = events(out, "cache_config")
     assert config["labels"][0]["block_size"] == "16" and config["labels"][0]["enable_prefix_caching"] == "True"
     assert not events(out, "counter_reset") and not events(out, "server_down")

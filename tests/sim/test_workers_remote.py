@@ -37,6 +37,7 @@ from k3load.analysis.run.timeline import MetricIndex
 from k3load.evidence import lines, records_file
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 from k3load.records import read_records
+from k3load.sampler.cpu_wait import read_run_queue_ns
 from tests.sim.locust_runs import (
     VERDICT_CODES,
     _assert_each_served_request_recorded_once,
@@ -243,6 +244,10 @@ def test_remote_workers_records_reach_the_master_by_message_exactly_once(start_s
     assert sorted(t["received"] for t in ledger["by_worker"].values()) == sorted(by_pid.values())
     cpu = {e["process"] for e in events if e["event"] == "load_generator_cpu"}
     assert {p.split(":")[-1] for p in cpu} == set(by_pid), cpu  # each worker's own CPU reached the run directory
+    if read_run_queue_ns() is not None:  # this kernel counts run-queue time: each worker sent its wait with its CPU
+        waits = {e["process"] for e in events if e["event"] == "load_generator_cpu"
+                 and isinstance(e.get("cpu_wait_pct"), float) and 0 <= e["cpu_wait_pct"] <= 100}
+        assert waits == cpu, events
     verdict = json.loads((out / "verdict.json").read_text())
     (stage,) = verdict["pillars"]["resources"]["numbers"]["stages"]
     assert set(stage["load_generator_cpu_max_pct_by_process"]) == cpu | {"master"}

@@ -9,13 +9,27 @@ tests/sim/test_diff.py.
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from k3load.analysis.diff import changed, poisson_interval, quantile_interval
+from k3load.analysis.diff import (
+    CPU_WAIT,
+    MEASURES,
+    _figure,
+    _stage_rules,
+    changed,
+    compare_stages,
+    poisson_interval,
+    quantile_interval,
+    spread_factor,
+)
 from k3load.analysis.pillars.agent.agreement import (
     REFERENCE_FILE,
     ReferenceRunError,
@@ -115,6 +129,66 @@ def test_newcombe_difference_and_order_statistic_intervals_match_published_examp
     fast, slower = {"value": 3.96, "ci95": [3.79, 4.13]}, {"value": 5.16, "ci95": [4.87, 5.64]}
     assert changed(fast, slower, 0.25) == "higher" and changed(fast, slower, 0.25, 5.0) is None
     assert changed({"value": 40.0, "ci95": [38, 42]}, {"value": 52.0, "ci95": [50, 54]}, 0.25, 5.0) == "higher"
+
+
+@given(st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 5)), min_size=1, max_size=60), st.floats(0.5, 600))
+def test_a_rate_interval_is_the_count_interval_widened_by_how_its_sessions_cluster(items, duration):
+    """Single answers of equal size: the count's interval times the size (what the diff gave before); any
+    spread, of sizes or of answers into sessions, only widens it around the same centre, never narrows it."""
+    values = np.array([float(v) for v, _ in items])
+    sessions = np.array([g for _, g in items])
+    total, n = float(values.sum()), len(values)
+    factor = spread_factor(values, sessions)
+    assert (factor >= 1.0 - 1e-9 and spread_factor(values, np.arange(n)) <= factor + 1e-9) or total == 0
+    low, high = poisson_interval(n, duration, factor, total / n)
+    plain_low, plain_high = poisson_interval(n, duration)
+    assert low <= total / duration <= high or total == 0 == low == high
+    assert low <= plain_low * total / n * (1 + 1e-9) and high >= plain_high * total / n * (1 - 1e-9)
+    equal = np.full(n, 7.0)
+    assert spread_factor(equal, np.arange(n)) == pytest.approx(1.0)
+    assert spread_factor(np.ones(n), np.zeros(n, dtype=int)) == pytest.approx(math.sqrt(n))  # one session: n wide
+
+
+def test_the_sessions_of_a_short_step_widen_its_rate_to_what_they_tell():
+    """CI's healthy pair (stop 46), c2 of A and B: 34 answers in 13 sessions against 63 in 13, over 2 s. As
+    independent answers the intervals lay apart; by sessions they overlap."""
+    a = np.repeat(np.arange(13), [1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 3, 5, 7])
+    b = np.repeat(np.arange(13), [1, 2, 3, 5, 5, 5, 5, 5, 5, 6, 6, 7, 8])
+    assert poisson_interval(len(a), 2.0)[1] < poisson_interval(len(b), 2.0)[0]
+    wide_a = poisson_interval(len(a), 2.0, spread_factor(np.ones(len(a)), a))
+    wide_b = poisson_interval(len(b), 2.0, spread_factor(np.ones(len(b)), b))
+    assert wide_a[1] > wide_b[0] and changed(_figure(17.0, wide_a), _figure(31.5, wide_b), 0.5) is None
+    assert spread_factor(np.array([]), np.array([], dtype=int)) == 1.0
+    assert poisson_interval(36, 0.0) is None and poisson_interval(3, 2.0, 1.0, 0.0) == (0.0, 0.0)
+
+
+def _stage(rps: float, wait: float | None) -> dict[str, Any]:
+    """One stage's figures: every measure at `rps` with a tight interval, the load generator's wait."""
+    return {"answers": 100, CPU_WAIT: wait, **{m: {"value": rps, "ci95": [rps * 0.95, rps * 1.05]} for m in MEASURES}}
+
+
+def test_a_stage_whose_load_generator_waited_for_a_cpu_is_shown_but_not_judged():
+    """B halved beyond noise and margin: fails when both load generators had their CPU, inconclusive (flags
+    empty, one rule naming whose wait and how much) when either waited more than the limit; unknown wait (a run
+    recorded before the meter) judges as before."""
+    limits = {**thresholds(None)["diff"], "min_latency_change_ms": 0.0}
+    most = limits["max_load_generator_cpu_wait"]
+    for wait_a, wait_b, starved in ((5.0, 7.0, False), (None, None, False), (4.0, None, False),
+                                    (5.0, most * 100 + 0.1, True), (60.0, None, True)):
+        rows = compare_stages({"s": _stage(100.0, wait_a)}, {"s": _stage(50.0, wait_b)}, 0.25, 0.0, most)
+        (row,) = rows
+        assert row[CPU_WAIT] == {"a": wait_a, "b": wait_b}
+        flags = {f["changed_beyond_noise"] for f in row["measures"].values()}
+        rules = _stage_rules(rows, limits)
+        if starved:
+            assert flags == {None} and [r.status for r in rules] == ["inconclusive"]
+            (rule,) = rules
+            assert rule.id == "diff.stage.s" and "short of CPU" in rule.reason and rule.limit == most * 100
+            assert rule.measured == max(w for w in (wait_a, wait_b) if w is not None)
+            assert f"{max(w for w in (wait_a, wait_b) if w is not None):g}%" in rule.reason
+        else:
+            assert flags == {"lower"} and row["starved"] is None
+            assert {r.status for r in rules if ".throughput." in r.id} == {"fail"}
 
 
 def test_reference_rules_fail_on_skipped_calls_and_are_inconclusive_on_too_little():

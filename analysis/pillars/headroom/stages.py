@@ -61,17 +61,41 @@ def sampler_process(data: RunData) -> str:
     return "master" if (data.run.get("options") or {}).get("master") else "local"
 
 
-def cpu_by_process(data: RunData, t0: float, t1: float) -> dict[str, float]:
-    """Each load-generator process's highest CPU in [t0, t1] (% of one core): the sampling process from
-    metrics.jsonl, each worker from its `load_generator_cpu` events (k3load.loadgen.cpu)."""
-    out: dict[str, float] = {}
-    readings = [(sampler_process(data), m.get("ts"), m.get("load_generator_cpu_pct")) for m in data.metrics]
+def _readings(data: RunData, line_key: str, event_key: str, t0: float, t1: float) -> dict[str, list[float]]:
+    """Per load-generator process, its readings of one meter in [t0, t1]: the sampling process from
+    metrics.jsonl (`line_key`), each worker from its `load_generator_cpu` events (`event_key`,
+    k3load.loadgen.cpu); a reading that is no number is unknown, left out."""
+    out: dict[str, list[float]] = {}
+    readings = [(sampler_process(data), m.get("ts"), m.get(line_key)) for m in data.metrics]
     workers = data.events_named(Event.LOAD_GENERATOR_CPU)  # a worker's own CPU, written by the master as it arrives
-    readings += [(str(e.get("process")), e.get("ts"), e.get("cpu_pct")) for e in workers]
+    readings += [(str(e.get("process")), e.get("ts"), e.get(event_key)) for e in workers]
     for process, ts, value in readings:
-        if value is not None and ts is not None and t0 <= ts <= t1:
-            out[process] = max(out.get(process, float("-inf")), float(value))
+        if isinstance(value, int | float) and not isinstance(value, bool) and ts is not None and t0 <= ts <= t1:
+            out.setdefault(process, []).append(float(value))
     return dict(sorted(out.items()))
+
+
+def cpu_by_process(data: RunData, t0: float, t1: float) -> dict[str, float]:
+    """Each load-generator process's highest CPU in [t0, t1] (% of one core)."""
+    return {p: max(v) for p, v in _readings(data, "load_generator_cpu_pct", "cpu_pct", t0, t1).items()}
+
+
+def cpu_wait_in(data: RunData, windows: list[tuple[float, float]]) -> float | None:
+    """The most-waiting load-generator process's mean wait for a CPU over all of `windows` (one stage's, a
+    stage name played more than once has several), % of wall time; None where none was recorded."""
+    merged: dict[str, list[float]] = {}
+    for t0, t1 in windows:
+        for process, values in _readings(data, "load_generator_cpu_wait_pct", "cpu_wait_pct", t0, t1).items():
+            merged.setdefault(process, []).extend(values)
+    return max((round(sum(v) / len(v), 1) for v in merged.values()), default=None)
+
+
+def cpu_wait_by_process(data: RunData, t0: float, t1: float) -> dict[str, float]:
+    """Each load-generator process's mean share of wall time waiting for a CPU in [t0, t1] (%,
+    k3load.sampler.cpu_wait): a mean, not a peak, because the question is how much of the stage's
+    measuring it held, and its windows are the sampler's equal intervals. Empty where none was recorded."""
+    waits = _readings(data, "load_generator_cpu_wait_pct", "cpu_wait_pct", t0, t1)
+    return {p: round(sum(v) / len(v), 1) for p, v in waits.items()}
 
 
 def load_errors(rows: Rows) -> np.ndarray:
