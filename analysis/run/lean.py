@@ -206,10 +206,15 @@ def lean_attempt(record: dict[str, Any], shared: Interner) -> LeanAttempt:
     if not record.keys() >= REQUIRED:
         missing = sorted(REQUIRED - record.keys())
         raise TypeError(f"Attempt.__init__() missing required arguments: {', '.join(map(repr, missing))}")
+    for name in ("attempt", "turn"):  # numbers every rule orders and groups by: a "2" or 1.0 is no record of ours
+        if type(record[name]) is not int:
+            raise TypeError(f"{name} is {_shown(record[name])}, not an integer")
     get, intern, num = record.get, shared.intern, plain_number
     findings = shared.finding_tuple(get("findings") or [])
     layer = get("primary_layer")
     valid = get("valid", True)
+    if type(valid) is not bool:  # counted as valid or not by every rule: "yes" is neither
+        raise TypeError(f"valid is {_shown(valid)}, not true or false")
     if layer is None and not valid:  # written before primary_layer existed: the same rule, from its findings
         layer = derived_layer(findings)
     http_status = get("http_status")
@@ -234,6 +239,13 @@ def lean_attempt(record: dict[str, Any], shared: Interner) -> LeanAttempt:
         num(get("stream_bytes")),
         get("history"), get("model_round"), _signature(record, shared),
         intern(get("path"), get("path")))
+
+
+def _shown(value: Any) -> str:
+    """A refused value named by its JSON type and its start, never the whole of a long one."""
+    kind = {bool: "a boolean", str: "a string", float: "a number with a fraction", type(None): "null",
+            list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+    return f"{kind} ({json.dumps(value)[:40]})"
 
 
 def _signature(record: dict[str, Any], shared: Interner) -> str | None:

@@ -52,10 +52,13 @@ class _Call(msgspec.Struct, gc=False):
 # A count or time the rules compute with is a JSON number a float can hold: anything else (a string, a boolean,
 # an integer past 2**53) is refused here, and the line read whole, which reads it as unknown (`lean.plain_number`).
 _Number = Annotated[int, msgspec.Meta(ge=-PLAIN_INT, le=PLAIN_INT)] | float | None
+# The attempt number, the turn and `valid`, which every rule orders, groups and counts by, are the types k3load
+# writes: anything else is refused here, and the line read whole is refused with its line named (`lean_attempt`).
+_STRICT: dict[str, Any] = {"attempt": int, "turn": int, "valid": bool}
 _Line = msgspec.defstruct(
     "_Line",
-    [*((name, Any) for name in sorted(REQUIRED)),
-     *((name, _Number if name in NUMBERS else Any, DEFAULTS[name]) for name in _OPTIONAL),
+    [*((name, _STRICT.get(name, Any)) for name in sorted(REQUIRED)),
+     *((name, _Number if name in NUMBERS else _STRICT.get(name, Any), DEFAULTS[name]) for name in _OPTIONAL),
      ("tool_calls", list[_Call] | None, None),
      ("findings", msgspec.Raw, msgspec.Raw(b"[]")),
      ("content", msgspec.Raw, msgspec.Raw(b'""'))],  # parsed only for a json turn's signature

@@ -13,11 +13,14 @@ import json
 import random
 import subprocess
 import sys
+import tempfile
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from k3load import evidence
 from k3load.analysis.pillars.agent.reproducibility import signature_of
@@ -202,3 +205,36 @@ def test_a_jsonl_line_decodes_as_json_loads_gives_it(text: str) -> None:
 def test_a_line_that_is_not_json_is_refused_as_json_loads_refuses_it() -> None:
     with pytest.raises(json.JSONDecodeError, match="Expecting"):
         rundata.json_line('{"ts": 1.5, "samples": ')
+
+
+_NOT_OURS = st.one_of(st.booleans(), st.none(), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
+                      st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["attempt", "turn", "valid"]), _NOT_OURS, st.integers(1, 3))
+def test_an_attempt_turn_or_validity_of_another_type_is_refused_with_its_line(name: str, value: Any, line: int
+                                                                             ) -> None:
+    """The numbers every rule orders, groups and counts by are k3load's types or the line is refused, named
+    (a "2" among integers crashed the retry chains with a TypeError: never a traceback, never a guess)."""
+    if name == "valid" and type(value) is bool:
+        value = "yes"
+    if name != "valid" and type(value) is int:
+        value = str(value)
+    records = [_record(i) for i in range(1, 4)]
+    records[line - 1][name] = value
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "records.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+        with pytest.raises(ValueError, match=rf"records.jsonl:{line}: not an attempt record: {name} is "):
+            rundata.read_attempts(path)
+
+
+def test_a_refused_attempt_number_stops_the_analysis_with_one_line(tmp_path: Path) -> None:
+    records = [_record(1), _record(2) | {"attempt": "2", "chain_id": "c1"}]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "k3load", "analyze", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().endswith('records.jsonl:2: not an attempt record: attempt is a string ("2"), not an '
+                                        "integer") and len(done.stderr.splitlines()) == 1

@@ -8,6 +8,7 @@ timeout is the point of the drill, the retry after it must succeed.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -131,17 +132,25 @@ def _abandoned_tokens(rows: Rows, abandoned: np.ndarray) -> int | float:
     return rows.take(source[source >= 0]).total("prompt_tokens", falsy_as_zero=True)
 
 
+def _attempt_rank(attempt: AnyAttempt) -> float:
+    """An attempt's number as the columns read it (an integer or a boolean); one that is no integer (a hand-made
+    "2", 1.0, none) ranks below every number, so a chain's final attempt is its highest numbered, ties in file
+    order, and never a comparison of a string with an integer."""
+    number = attempt.attempt
+    return int(number) if type(number) is int or type(number) is bool else -math.inf
+
+
 def _chains_whole(attempts: list[AnyAttempt]) -> dict[str, Any]:
     """`_chains` over every attempt read whole."""
     by_chain: dict[str, list[AnyAttempt]] = {}
     for attempt in attempts:
         by_chain.setdefault(attempt.chain_id, []).append(attempt)
-    finals = [chain[0] if len(chain) == 1 else max(chain, key=lambda a: a.attempt) for chain in by_chain.values()]
+    finals = [chain[0] if len(chain) == 1 else max(chain, key=_attempt_rank) for chain in by_chain.values()]
     retried = [c for c in by_chain.values() if len(c) > 1]
-    recovered = [c for c in retried if max(c, key=lambda a: a.attempt).valid]
+    recovered = [c for c in retried if max(c, key=_attempt_rank).valid == True]  # noqa: E712 (as `valid` is read)
     tokens = {a.request_sha256: a.prompt_tokens for a in attempts if a.prompt_tokens is not None}
     abandoned = [a for a in attempts if a.will_retry]
-    return {"requests": len(finals), "requests_valid": sum(a.valid for a in finals),
+    return {"requests": len(finals), "requests_valid": sum(a.valid == True for a in finals),  # noqa: E712
             "retried_requests": len(retried), "recovered_by_retry": len(recovered),
             "duplicate_attempts": sum(len(c) - 1 for c in retried),
             "duplicate_attempts_drill": sum(len(c) - 1 for c in retried if any(a.drill for a in c)),
