@@ -158,8 +158,13 @@ def _generator_cpu(j: Any) -> str:
             + "; ".join(f"{h['stage']} (" + ", ".join(f"{k} {v:.0f}%" for k, v in sorted(h["processes"].items()))
                         + ")" for h in hot)
             + ": the latencies measured there are the client's as much as the server's.\n") if hot else ""
+    waits = [{"stage": s.stage, **(s.load_generator_cpu_wait_pct_by_process or {})} for s in j.stage_table]
+    waiting = sorted({k for row in waits for k in row if k != "stage"}, key=lambda k: (k.startswith("worker"), k))
+    waited = ("\n\nWaiting for a CPU (% of each stage's wall time the process was ready to run and got none: a "
+              "host short of CPU starves the load generator without saturating it, and its latencies hold the "
+              "wait):\n\n" + table(waits, ("stage", *waiting))) if waiting else ""
     return ("\n\n### Load generator CPU (highest % of one core per stage and process)\n\n"
-            + table(rows, ("stage", *processes)) + said)
+            + table(rows, ("stage", *processes)) + said + waited)
 
 
 def _crashes(j: Any) -> str:

@@ -252,3 +252,6 @@ def test_remote_workers_records_reach_the_master_by_message_exactly_once(start_s
     (stage,) = verdict["pillars"]["resources"]["numbers"]["stages"]
     assert set(stage["load_generator_cpu_max_pct_by_process"]) == cpu | {"master"}
     assert "### Load generator CPU" in (out / "report.md").read_text()
+    if read_run_queue_ns() is not None:  # each process's wait for a CPU, the master's from its metrics lines
+        assert set(stage["load_generator_cpu_wait_pct_by_process"]) == cpu | {"master"}, stage
+        assert "Waiting for a CPU" in (out / "report.md").read_text()

@@ -18,7 +18,8 @@ from k3load.analysis.pillars.headroom.goodput import Goodput
 from k3load.analysis.pillars.rules import Breach
 
 # Fields said only when measured: None is "not this kind of stage", and the key is then absent from the row.
-OPTIONAL = ("sessions_per_s", "search", "replay", "server_side_latency", "latency_unjudged")
+OPTIONAL = ("sessions_per_s", "search", "replay", "server_side_latency", "latency_unjudged",
+            "load_generator_cpu_wait_pct_by_process")
 # What `StageRow.of` gives a figure a test does not name (the rest: None, "unknown" or "not measured").
 _BRIEF: dict[str, Any] = {
     "stage": "load", "kind": "load", "start_ts": 0.0, "duration_s": 0.0, "attempts": 0, "errors": 0,
@@ -89,6 +90,9 @@ class StageRow:
     running_max: float | None
     load_generator_cpu_max_pct: float | None
     load_generator_cpu_max_pct_by_process: dict[str, float]
+    # each process's mean share of the stage's wall time waiting for a CPU (k3load.sampler.cpu_wait): a host
+    # short of CPU starves the load generator without saturating it; None (absent): not recorded
+    load_generator_cpu_wait_pct_by_process: dict[str, float] | None
     preemptions: float | None
     preemptions_per_min: float | None
     server_down_events: int

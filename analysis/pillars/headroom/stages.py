@@ -212,6 +212,7 @@ def stage_stats(data: RunData, index: MetricIndex, stage: StageWindow, spells: l
         running_max=running["max"] if running else None,
         load_generator_cpu_max_pct=max(cpu.values()) if cpu else None,  # over every process
         load_generator_cpu_max_pct_by_process=cpu,
+        load_generator_cpu_wait_pct_by_process=cpu_wait_by_process(data, t0, t1) or None,
         preemptions=preemptions, preemptions_per_min=preemptions / duration * 60 if preemptions is not None
         else None, server_down_events=len(downs),
         health_flaps=sum(1 for ts in flaps if t0 <= ts <= t1 and not planned_down(ts, planned)),
