@@ -41,8 +41,9 @@ loop that waits sends less. Each run records that wait (k3load.sampler.cpu_wait,
 time of the process). A stage where either run's load generator waited more than the plan's
 `max_load_generator_cpu_wait` share of its wall time (mean over the stage, the most-waiting process) keeps
 its figures and intervals, but no flag and no pass or fail: its rules are inconclusive, saying whose wait
-and how much. CI's healthy pair showed why (stop 46): B's 2-s step served 29 answers to A's 52 while a
-real vLLM warmed up on the same two cores, and output tokens/s came out "lower" beyond noise.
+and how much. Why: the healthy pair of tests/sim/test_diff.py run with six busy loops beside it on two cores
+(its load generator waiting 28-52% of each stage) moved its load stage's TTFT p50 from 15 to 67 ms, intervals
+apart, on the same sim; run quiet (waiting 4-8%), nothing moved.
 """
 
 from __future__ import annotations

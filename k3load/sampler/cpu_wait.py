@@ -3,9 +3,9 @@
 Why this beside the CPU meter (k3load.sampler.loop.CpuMeter): a load generator at 100% of a core is
 saturated and says so, but one starved by its host (other tenants, a server warming up on the same two
 cores) reads low CPU, because it is not running; it is waiting. Every latency it measures then holds
-that wait, and a closed loop sends less: a 2-s step served 52 answers in one run and 29 in the next on
-the same healthy sim (CI, stop 46), and `k3load diff` called the second run's throughput lower. The
-kernel counts exactly that wait: the second field of /proc/self/schedstat is the nanoseconds the
+that wait, and a closed loop sends less: with six busy loops beside it on two cores, the same healthy
+sim's load-stage TTFT p50 went from 15 to 67 ms between two runs, which `k3load diff` called a change
+beyond noise. The kernel counts exactly that wait: the second field of /proc/self/schedstat is the nanoseconds the
 process's main thread (the one running the users' greenlets) spent runnable on a run queue, not running
 (Documentation/scheduler/sched-stats.rst, "/proc/<pid>/schedstat"; kept when the kernel has
 CONFIG_SCHED_INFO, as Debian's and most distributions' have). Where it is absent or unreadable the
