@@ -560,6 +560,15 @@ def ties_by_id(send: np.ndarray, order: np.ndarray, ids_of: Callable[[np.ndarray
     return order
 
 
+def group_heads(group: np.ndarray, *keys: np.ndarray) -> np.ndarray:
+    """Per group (numbered 0.. without gaps), its row that sorts first by `keys` (numpy's lexsort order: the last
+    key first), equals in row order: a chain's final or first attempt, a request's reference answer."""
+    order = np.lexsort((np.arange(len(group)), *keys, group))
+    starts = np.ones(len(order), dtype=bool)
+    starts[1:] = group[order][1:] != group[order][:-1]
+    return order[starts]
+
+
 def group_of(keys: np.ndarray) -> tuple[int, np.ndarray]:
     """(distinct keys, each row's group number) of a KEY column's values. Sorted by the three words at once
     (`lexsort`): `np.unique` on the structured keys sorted them field by field, about three times slower."""

@@ -7,6 +7,7 @@ import math
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,12 +15,12 @@ import numpy as np
 from k3load.analysis.pillars.agent.agreement import answered, drop, findings_schema_ok, triggered
 from k3load.analysis.pillars.agent.reproducibility import (
     FIRST_DIFFERENCES,
-    Answer,
+    Difference,
     Reproducibility,
     StageAgreement,
-    _difference,
     must_repeat,
     signature_of,
+    what_differs,
 )
 from k3load.analysis.pillars.agent.trigger_by_stage import Change
 from k3load.analysis.pillars.agent.trigger_by_stage import _rule as _trigger_rule
@@ -422,6 +423,24 @@ def _whole_trigger_by_stage(attempts: list[Any], plan: Plan | None) -> tuple[dic
                              "no stage of kind load answered a tool-call turn: nothing to compare the stages with")
         return numbers, None
     return numbers, _trigger_rule(changes, rates, base, users)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One chain's answer to a request that must repeat (as the whole reading kept it)."""
+
+    request_sha256: str
+    attempt_id: str
+    stage: str
+    send_ts: float
+    signature: str
+    scenario: str
+    turn: int
+
+
+def _difference(other: Answer, reference: Answer) -> Difference:
+    return Difference(reference.request_sha256, reference.scenario, reference.turn, (reference.stage, other.stage),
+                      (reference.attempt_id, other.attempt_id), what_differs(reference.signature, other.signature))
 
 
 def _whole_repro_answers(attempts: Sequence[Any]) -> tuple[dict[str, list[Answer]], int]:

@@ -28,7 +28,7 @@ from k3load.analysis.pillars.pillar import PillarResult
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.clusters import cluster_codes, rate_by_codes
 from k3load.analysis.run.lean import AnyAttempt
-from k3load.analysis.run.record_columns import MISSING_INT, Rows, group_of
+from k3load.analysis.run.record_columns import MISSING_INT, Rows, group_heads, group_of
 from k3load.analysis.run.rundata import RunData
 from k3load.analysis.run.stats import (
     MIN_DISTINCT_REQUESTS,
@@ -103,11 +103,7 @@ def _chains(rows: Rows, pick: Callable[[Rows], list[AnyAttempt]]) -> dict[str, A
         return _chains_whole(pick(rows))
     chains, chain = group_of(rows.keys("chain_id"))
     sizes = np.bincount(chain, minlength=chains)
-    order = np.lexsort((np.arange(len(rows)), -number, chain))  # per chain: highest number first, then file order
-    first_of_chain = np.ones(len(order), dtype=bool)
-    first_of_chain[1:] = chain[order][1:] != chain[order][:-1]
-    final = np.empty(chains, dtype=np.intp)
-    final[chain[order][first_of_chain]] = order[first_of_chain]
+    final = group_heads(chain, -number)  # per chain: its highest number, then file order
     final_valid = rows.flag("valid")[final]
     retried = sizes > 1
     drilled = np.bincount(chain, weights=rows.flag("drill"), minlength=chains) > 0

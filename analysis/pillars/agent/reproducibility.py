@@ -44,7 +44,7 @@ import numpy as np
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.answer_signature import UNREAD, _dumps, answer_signature, compared, repeats
 from k3load.analysis.run.clusters import rate_by_codes, rate_by_keys
-from k3load.analysis.run.record_columns import Rows, group_of, ties_by_id
+from k3load.analysis.run.record_columns import Rows, group_heads, group_of, ties_by_id
 from k3load.analysis.run.stats import (
     MIN_DISTINCT_REQUESTS,
     Rate,
@@ -75,19 +75,6 @@ def signature_of(attempt: AnyAttempt) -> Any:
 def must_repeat(attempt: AnyAttempt) -> bool:
     """Sent at temperature 0, or with a seed: its answer must be the same every time."""
     return repeats(getattr(attempt, "temperature", None), getattr(attempt, "seed", None))
-
-
-@dataclass(frozen=True)
-class Answer:
-    """One chain's answer to a request that must repeat."""
-
-    request_sha256: str
-    attempt_id: str
-    stage: str
-    send_ts: float
-    signature: str
-    scenario: str
-    turn: int
 
 
 @dataclass(frozen=True)
@@ -176,12 +163,7 @@ def reproducibility(rows: Rows, users_by_stage: Mapping[str, int] | None = None)
     stages = answers.ints("stage")
     stage_table = rows.table("stage")
     stage_users = np.array([users.get(name, math.inf) for name in stage_table])  # a code table's values hash
-    position = np.arange(len(answers))
-    order = np.lexsort((position, answers.number("send_ts"), stage_users[stages], group))  # per request: reference
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = group[order][1:] != group[order][:-1]
-    reference = np.empty(int(group.max()) + 1, dtype=np.intp)
-    reference[group[order][first]] = order[first]
+    reference = group_heads(group, answers.number("send_ts"), stage_users[stages])  # fewest users, then sent first
     differs = signature != signature[reference[group]]
     requests = len(reference)
     alike = np.bincount(group, weights=differs, minlength=requests) == 0
@@ -210,10 +192,7 @@ def _answers(chosen: Rows) -> tuple[Rows, int]:
     were read without one."""
     number = chosen.ints("attempt")
     _, chain = group_of(chosen.keys("chain_id"))
-    by_chain = np.lexsort((np.arange(len(chosen)), number, chain))
-    first = np.ones(len(by_chain), dtype=bool)
-    first[1:] = chain[by_chain][1:] != chain[by_chain][:-1]
-    firsts = chosen.take(np.sort(by_chain[first]))
+    firsts = chosen.take(np.sort(group_heads(chain, number)))
     sent = firsts.number("send_ts")
     in_order = ties_by_id(sent, np.argsort(sent, kind="stable"),
                           lambda tied: firsts.take(tied).key_texts("attempt_id"))
@@ -262,22 +241,6 @@ def _differences(answers: Rows, shown: np.ndarray, references: np.ndarray) -> li
         out.append(Difference(request, scenario, turn, (stages[0], stages[1]), (ids[0], ids[1]),
                               what_differs(reference_signature, other_signature)))
     return out
-
-
-def _tally_stages(by_stage: dict[str, StageAgreement], users: Mapping[str, int], reference: Answer,
-                  answers: list[Answer]) -> None:
-    for stage in dict.fromkeys(a.stage for a in answers if a is not reference):
-        same = all(a.signature == reference.signature for a in answers if a.stage == stage and a is not reference)
-        row = by_stage.setdefault(stage, StageAgreement(users.get(stage)))
-        row.repeated_requests += 1
-        row.agreeing += same
-        row.keys.append(reference.request_sha256)
-        row.flags.append(same)
-
-
-def _difference(other: Answer, reference: Answer) -> Difference:
-    return Difference(reference.request_sha256, reference.scenario, reference.turn, (reference.stage, other.stage),
-                      (reference.attempt_id, other.attempt_id), what_differs(reference.signature, other.signature))
 
 
 def what_differs(a: str, b: str) -> str:
