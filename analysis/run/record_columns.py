@@ -512,10 +512,9 @@ class Rows:
         """Each row's group: rows with the same KEY of `name` share a number (0..), a row without one (None)
         is a group of its own."""
         keys = self._get(name)
-        _, group = np.unique(keys.view(_KEY_BYTES), return_inverse=True)
-        group = group.reshape(-1).astype(np.int64)
+        count, group = group_of(keys)
         alone = keys["kind"] == NO_KEY
-        group[alone] = (group.max(initial=-1) + 1) + np.arange(int(alone.sum()))
+        group[alone] = count + np.arange(int(alone.sum()))
         return group
 
     def seen(self, name: str) -> list[Any]:

@@ -127,6 +127,17 @@ def test_a_view_counts_and_selects_as_the_frame_did() -> None:
     assert ok.take(np.array([1, 0])).values("user_id") == ["u2", "u1"]
 
 
+@settings(max_examples=60, deadline=None)
+@given(sessions=st.lists(st.one_of(st.none(), st.sampled_from(["s1", "s2", "k3load-" + "a" * 32])), max_size=20))
+def test_rows_of_one_session_share_a_group_and_a_row_without_one_is_alone(sessions: list[str | None]) -> None:
+    """The diff's throughput clusters: rows with the same session share a group number, every row without a
+    session is its own group."""
+    group = RecordColumns.of([{"session_id": s} for s in sessions]).rows().groups("session_id").tolist()
+    for i, (mine, session) in enumerate(zip(group, sessions, strict=True)):
+        alike = {j for j, other in enumerate(sessions) if other == session and session is not None} or {i}
+        assert {j for j, g in enumerate(group) if g == mine} == alike
+
+
 @settings(max_examples=100, deadline=None)
 @given(words=st.lists(st.tuples(st.sampled_from([0, 1, 2, 3]), st.integers(0, 3), st.integers(0, 3)), max_size=30))
 def test_keys_are_grouped_as_numpy_groups_them(words: list[tuple[int, int, int]]) -> None:
