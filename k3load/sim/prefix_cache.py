@@ -25,14 +25,18 @@ def block_hashes(token_ids: list[int], block_size: int) -> list[bytes]:
 
 
 class BlockPool:
-    """Fixed number of KV blocks; free blocks kept in LRU order, cached ones indexed by hash."""
+    """Fixed number of KV blocks; free blocks kept in LRU order, cached ones indexed by hash.
+
+    Block 0 is vLLM's null block: its BlockPool takes the first free block as a placeholder no request gets,
+    and `get_usage` divides by num_gpu_blocks - 1 (vllm/v1/core/block_pool.py, 0.32), so a real CPU server of
+    24 blocks gives requests 23 and reads 11 of them as 0.478. The sim gives and counts the same."""
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self._ref = [0] * num_blocks
         self._hash: list[bytes | None] = [None] * num_blocks
         self._cached: dict[bytes, int] = {}
-        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
         self.evictions = 0
 
     @property
@@ -40,8 +44,9 @@ class BlockPool:
         return len(self._free)
 
     def usage(self) -> float:
-        """Fraction of blocks held by live requests (vLLM's kv_cache_usage_perc)."""
-        return (self.num_blocks - len(self._free)) / self.num_blocks
+        """Fraction of the blocks requests can hold that live requests hold (vLLM's kv_cache_usage_perc)."""
+        usable = self.num_blocks - 1
+        return (usable - len(self._free)) / usable if usable else 0.0
 
     def lookup(self, hashes: list[bytes]) -> list[int]:
         """Blocks of the longest cached prefix of `hashes`."""

@@ -58,9 +58,10 @@ def test_block_hashes_chain_so_a_changed_head_changes_every_block():
 
 
 def test_pool_hits_after_register_and_evicts_lru_when_full():
-    pool = BlockPool(4)
+    pool = BlockPool(5)  # 4 to give: the first is vLLM's null block
     hashes = block_hashes(list(range(32)), 16)
     blocks = pool.allocate(2)
+    assert 0 not in blocks
     for b, h in zip(blocks, hashes, strict=True):
         pool.register(b, h)
     pool.free(blocks)
@@ -68,6 +69,7 @@ def test_pool_hits_after_register_and_evicts_lru_when_full():
     pool.touch(blocks)
     assert pool.usage() == 0.5
     pool.free(blocks)
+    assert pool.allocate(5) is None  # the null block is nobody's
     assert pool.allocate(4) is not None  # needs every block: the cached ones are evicted
     assert pool.lookup(hashes) == [] and pool.evictions == 2
     assert pool.allocate(1) is None
