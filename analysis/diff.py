@@ -15,16 +15,24 @@ records.
 Why these intervals. A percentile's interval is the distribution-free order-statistic interval: the
 sorted values between which the true percentile lies with 95% probability, from the binomial count of
 values below it. It is what a percentile bootstrap of the stage's records approximates by resampling,
-but exact, instant and the same bytes on every machine. Throughput (answered requests per second and
-output tokens per second of the stage) is a compound count: what the stage samples is sessions, each
-bringing its own number of answers and each answer its own tokens (a timeout-retry drill's session
-answers twice in a second, a multi-tool session eight times; a tool call is 20 tokens, prose ten times
-more), so the variance of the stage's total is the sum over its sessions of their squared totals, not
-the answers' count times the mean squared. Each gets the Poisson score interval of the answers' count,
-its half-width widened by sqrt(n * sum(session total^2)) / total (`spread_factor`; 1 for single answers
-of equal size; a record without a session is a session of its own). Why: CI's healthy pair (stop 46)
-drew its two c2 users into timeout-retry sessions in A and not in B, 34 answers against 63 in the same
-2 s, and the answers-as-independent interval called it a change beyond noise; by sessions it is not.
+but exact, instant and the same bytes on every machine. It counts the values as independent draws, and
+answers sent close together are not: a hiccup of the server or the machine slows every answer in flight
+(CI's healthy pair, stop 47: six of B's seven slowest TTFTs of the 2-s c6 step were sent within 90 ms,
+and its p95 interval lay above A's on the same sim). So each latency's interval is the one of the
+effective number of draws, the values over their design effect (`design_effect`: how much more the share
+under the percentile varies between the stage's send windows, each as wide as its median answer, than
+between independent draws; Woodruff's interval under clustering), its ranks scaled back to the values:
+never narrower than the independent one, the same where the windows show no clustering.
+
+Throughput (answered requests per second and output tokens per second of the stage) is a compound count:
+what the stage samples is sessions, each bringing its own number of answers and each answer its own tokens
+(a timeout-retry drill's session answers twice in a second, a multi-tool session eight times; a tool call is
+20 tokens, prose ten times more), so the variance of the stage's total is the sum over its sessions of their
+squared totals, not the answers' count times the mean squared. Each gets the Poisson score interval of the
+answers' count, its half-width widened by sqrt(n * sum(session total^2)) / total (`spread_factor`; 1 for
+single answers of equal size; a record without a session is a session of its own). Why: CI's healthy pair
+(stop 46) drew its two c2 users into timeout-retry sessions in A and not in B, 34 answers against 63 in the
+same 2 s, and the answers-as-independent interval called it a change beyond noise; by sessions it is not.
 "Changed beyond noise" means the two 95% intervals do not overlap: a conservative two-sample test (for
 equal widths it rejects at about p < 0.006), chosen because dozens of figures are compared at once and
 a flag should mean something; and the figure moved by at least the plan's `min_relative_change`,
@@ -66,6 +74,7 @@ from k3load.evidence import records_file
 from k3load.outcomes import FAIL, INCONCLUSIVE, PASS
 
 if TYPE_CHECKING:  # pandas is imported only when a diff runs, not by every `k3load` command
+    from k3load.analysis.run.record_columns import Rows
     from k3load.analysis.run.rundata import RunData
 
 DIFF_WORSE_EXIT = 6  # B worse than A beyond the plan's thresholds (the verdict codes are 0, 3, 4, 5; errors 2)
@@ -108,12 +117,8 @@ def load_side(path: Path) -> Side:
 
 # -- per stage -----------------------------------------------------------------------------------------
 
-def quantile_interval(values: list[float], q: float) -> tuple[float, float] | None:
-    """The 95% order-statistic interval of the q-quantile (module docstring); None under 2 values."""
-    xs = sorted(values)
-    n = len(xs)
-    if n < 2:
-        return None
+def _order_ranks(n: int, q: float) -> tuple[int, int]:
+    """The 1-based ranks (r, s) of n sorted draws between which the q-quantile lies with 95% probability."""
     log_q, log_p = math.log(q), math.log1p(-q)
     cdf, cumulative = [], 0.0
     for k in range(n + 1):
@@ -122,7 +127,43 @@ def quantile_interval(values: list[float], q: float) -> tuple[float, float] | No
         cdf.append(cumulative)
     r = max([k + 1 for k in range(n + 1) if cdf[k] <= 0.025], default=0)  # P(B < r) <= 2.5%
     s = min([k + 1 for k in range(n + 1) if cdf[k] >= 0.975], default=n)  # P(B >= s) <= 2.5%
-    return xs[max(r, 1) - 1], xs[min(s, n) - 1]
+    return max(r, 1), min(s, n)
+
+
+def design_effect(values: np.ndarray, estimate: float, groups: np.ndarray) -> float:
+    """How much more the share of values at or under `estimate` varies when the values come in groups than
+    if each were drawn alone: the groups' (cluster-robust) variance of that share over the binomial one,
+    never under 1; 1 where it cannot be told (one group, or every value on one side)."""
+    n = len(values)
+    below = (values <= estimate).astype(float)
+    share = float(below.mean()) if n else 0.0
+    codes = np.unique(groups, return_inverse=True)[1] if n else groups
+    count = int(codes.max()) + 1 if n else 0
+    if count < 2 or share in (0.0, 1.0):
+        return 1.0
+    spread = np.bincount(codes, weights=below) - share * np.bincount(codes)
+    clustered = float(np.square(spread).sum()) / n ** 2  # values each alone: exactly share * (1 - share) / n
+    return max(clustered / (share * (1 - share) / n), 1.0)
+
+
+def quantile_interval(values: list[float], q: float, groups: np.ndarray | None = None
+                      ) -> tuple[float, float] | None:
+    """The 95% order-statistic interval of the q-quantile (module docstring); None under 2 values. With
+    `groups` (each value's send window), the interval of the effective number of draws, n over the design
+    effect (Woodruff's interval under clustering), its ranks scaled back to the n values; never narrower
+    than the interval of n independent draws, and exactly it where the groups show no clustering."""
+    xs = sorted(values)
+    n = len(xs)
+    if n < 2:
+        return None
+    r, s = _order_ranks(n, q)
+    if groups is not None:
+        deff = design_effect(np.asarray(values, dtype=float), percentile(values, q), groups)
+        m = max(int(n / deff + 1e-9), 2)  # the rounding of a design effect of 1 leaves n
+        if m < n:
+            rm, sm = _order_ranks(m, q)
+            r, s = min(r, (rm - 1) * n // m + 1), max(s, min(n, -(-sm * n // m)))
+    return xs[r - 1], xs[s - 1]
 
 
 def poisson_interval(count: int, duration_s: float, spread: float = 1.0, scale: float = 1.0
@@ -152,6 +193,19 @@ def _figure(value: float | None, interval: tuple[float, float] | None) -> dict[s
     return {"value": value, "ci95": list(interval) if interval else None}
 
 
+def send_windows(ok: Rows) -> np.ndarray:
+    """Each answer's window of the stage by its send time, a window as wide as the stage's median answer
+    (e2e; 1 ms at least): answers sent within one answer's time of each other met the same server and the
+    same machine, a hiccup slowing all of them (CI's healthy pair, stop 47: six of B's seven slowest c6 TTFTs
+    sent within 90 ms)."""
+    send = ok.number("send_ts")
+    e2e = ok.number("e2e_ms")
+    known = e2e[~np.isnan(e2e)]
+    width = max(float(np.median(known)) / 1000 if len(known) else 0.0, 1e-3)
+    start = float(np.nanmin(send)) if len(send) and not np.isnan(send).all() else 0.0
+    return np.nan_to_num(np.floor((send - start) / width), nan=-1.0).astype(np.int64)
+
+
 def stage_figures(data: RunData) -> dict[str, dict[str, Any]]:
     """Per stage name: answered requests/s and output tokens/s, latency p50/p95, each with its interval."""
     out: dict[str, dict[str, Any]] = {}
@@ -168,12 +222,14 @@ def stage_figures(data: RunData) -> dict[str, dict[str, Any]]:
                    "requests_per_s": _figure(len(ok) / duration if duration > 0 else None, rps),
                    "output_tokens_per_s": _figure(tokens / duration if duration > 0 else None, poisson_interval(
                        len(ok), duration, spread_factor(per_answer, sessions), tokens / len(ok) if len(ok) else 0.0))}
+        windows_of = send_windows(ok)
         for column, label in LATENCIES:
             known = ok.number(column)
             values = known[~np.isnan(known)].tolist()
+            groups = windows_of[~np.isnan(known)]
             for q in QUANTILES:
                 figures[f"{label}_p{round(q * 100)}_ms"] = _figure(percentile(values, q),
-                                                                  quantile_interval(values, q))
+                                                                  quantile_interval(values, q, groups))
         out[name] = figures
     return out
 

@@ -26,6 +26,7 @@ from k3load.analysis.diff import (
     _stage_rules,
     changed,
     compare_stages,
+    design_effect,
     poisson_interval,
     quantile_interval,
     spread_factor,
@@ -41,7 +42,7 @@ from k3load.analysis.pillars.agent.agreement import (
     reference_record,
     reference_rules,
 )
-from k3load.analysis.pillars.pillar import thresholds
+from k3load.analysis.pillars.pillar import percentile, thresholds
 from k3load.analysis.run.stats import wilson
 from k3load.records import Attempt, Finding
 from k3load.sim.config import FaultProfile
@@ -160,6 +161,50 @@ def test_the_sessions_of_a_short_step_widen_its_rate_to_what_they_tell():
     assert wide_a[1] > wide_b[0] and changed(_figure(17.0, wide_a), _figure(31.5, wide_b), 0.5) is None
     assert spread_factor(np.array([]), np.array([], dtype=int)) == 1.0
     assert poisson_interval(36, 0.0) is None and poisson_interval(3, 2.0, 1.0, 0.0) == (0.0, 0.0)
+
+
+@given(st.lists(st.tuples(st.floats(0, 1e4, allow_nan=False), st.integers(0, 6)), min_size=2, max_size=80),
+       st.sampled_from([0.5, 0.95]))
+def test_a_latency_interval_widens_by_how_its_send_windows_cluster_and_only_then(items, q):
+    """Never narrower than the interval of independent draws, which it is exactly where every value has a
+    window of its own; it holds the percentile."""
+    values = [v for v, _ in items]
+    windows = np.array([w for _, w in items])
+    plain = quantile_interval(values, q)
+    assert quantile_interval(values, q, np.arange(len(values))) == plain
+    assert design_effect(np.array(values), percentile(values, q), np.arange(len(values))) == pytest.approx(1.0)
+    low, high = quantile_interval(values, q, windows)
+    assert low <= plain[0] and high >= plain[1] and low <= percentile(values, q) <= high
+
+
+# CI's healthy pair (stop 47), the 2-s c6 step of A and of B on the same sim: (TTFT ms, send window of a median answer)
+C6_A = [(31.3, 0), (32.9, 0), (31.9, 0), (11.7, 0), (24.5, 0), (18.2, 0), (11.3, 1), (10.2, 1), (15.4, 1),
+    (9.0, 1), (12.1, 3), (28.8, 2), (24.3, 2), (13.8, 3), (17.5, 3), (17.6, 3), (16.0, 3), (11.9, 3), (14.2, 4),
+    (11.0, 4), (18.5, 5), (21.8, 5), (16.5, 5), (22.8, 5), (14.4, 5), (8.5, 6), (8.2, 6), (5.2, 6), (21.4, 6),
+    (8.1, 7), (8.8, 7), (10.1, 8), (11.3, 7), (10.0, 8), (20.5, 8), (4.2, 8), (12.9, 8), (4.7, 9), (6.3, 9),
+    (5.7, 9), (6.2, 9), (8.9, 9), (6.4, 9), (15.0, 10), (14.7, 10), (18.9, 10), (7.0, 10), (6.0, 11), (6.6, 11),
+    (11.5, 11), (8.9, 11), (8.8, 11), (12.1, 12), (5.6, 12), (10.3, 13), (5.9, 12), (15.7, 13), (15.1, 13),
+    (10.3, 13), (9.9, 13), (7.1, 14), (8.9, 14), (6.9, 14), (9.2, 14), (9.6, 14), (8.5, 14), (4.7, 14), (5.3, 15),
+    (4.7, 14), (4.1, 14), (11.5, 15), (6.8, 15), (5.9, 15), (10.7, 15), (13.7, 15), (12.0, 16), (15.2, 15),
+    (9.5, 16), (12.3, 16)]
+C6_B = [(30.3, 0), (32.2, 0), (8.8, 0), (8.3, 0), (8.6, 0), (6.9, 0), (40.2, 1), (13.8, 1), (10.2, 1), (12.5, 1),
+    (8.6, 2), (9.0, 2), (7.6, 3), (7.5, 3), (7.9, 3), (86.0, 4), (70.4, 4), (65.8, 4), (42.0, 4), (42.4, 4),
+    (42.7, 4), (10.7, 5), (18.9, 5), (11.3, 6), (14.9, 6), (8.1, 6), (6.1, 7), (8.5, 7), (9.1, 7), (9.4, 7),
+    (10.4, 7), (11.5, 7), (11.6, 8), (12.2, 8), (10.4, 8), (18.9, 8), (9.4, 7), (10.7, 8), (4.9, 8), (11.4, 8),
+    (15.1, 9), (7.1, 9), (6.4, 9), (33.5, 9), (29.7, 9), (11.0, 10), (4.9, 9), (29.8, 9), (8.1, 10), (11.3, 10),
+    (14.2, 11), (11.4, 12), (15.9, 11), (23.7, 12), (25.2, 12), (11.4, 12), (14.2, 13), (29.0, 13), (15.4, 13),
+    (15.5, 13), (15.1, 13), (16.2, 14), (7.5, 14), (13.4, 14), (13.0, 14), (6.0, 16)]
+
+
+def test_a_hiccup_that_slows_one_send_window_widens_the_p95_of_a_short_step():
+    """B's six slow TTFTs (42-86 ms) were sent within 90 ms, one window: as independent draws the two p95
+    intervals lay apart and the diff said B's TTFT p95 was higher beyond noise; by windows they overlap."""
+    (a, wa), (b, wb) = (([v for v, _ in pairs], np.array([w for _, w in pairs])) for pairs in (C6_A, C6_B))
+    assert quantile_interval(b, 0.95)[0] > quantile_interval(a, 0.95)[1]
+    assert quantile_interval(b, 0.95, wb)[0] <= quantile_interval(a, 0.95, wa)[1]
+    assert design_effect(np.array(b), percentile(b, 0.95), wb) > 2
+    assert changed(_figure(percentile(a, 0.95), quantile_interval(a, 0.95, wa)),
+                   _figure(percentile(b, 0.95), quantile_interval(b, 0.95, wb)), 0.5, 5.0) is None
 
 
 def _stage(rps: float, wait: float | None) -> dict[str, Any]:
