@@ -157,8 +157,9 @@ def quantile_interval(values: list[float], q: float, groups: np.ndarray | None =
     if n < 2:
         return None
     r, s = _order_ranks(n, q)
-    if groups is not None:
-        deff = design_effect(np.asarray(values, dtype=float), percentile(values, q), groups)
+    estimate = percentile(values, q)  # a number: the values are at least two
+    if groups is not None and estimate is not None:
+        deff = design_effect(np.asarray(values, dtype=float), estimate, groups)
         m = max(int(n / deff + 1e-9), 2)  # the rounding of a design effect of 1 leaves n
         if m < n:
             rm, sm = _order_ranks(m, q)
