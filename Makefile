@@ -17,7 +17,7 @@ demo: $(STAMP)
 test: $(STAMP) browser prometheus nginx openssh
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python scripts/typecheck.py
-	$(VENV)/bin/python -m pytest -m "vllm or not vllm" --durations=40
+	K3LOAD_BESIDE=1 $(VENV)/bin/python -m pytest -m "vllm or not vllm" --durations=40
 
 # Debian's chromium renders the HTML report in a test, and with Debian's chromium-driver (selenium, from the
 # dev extra, drives it) the web UI's k3load tab in another (each installed when missing and apt is usable).

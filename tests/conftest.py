@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, settings
 
 from k3load.sim.process import SimProcess
 
-pytest_plugins = ["tests.target_fixtures"] if importlib.util.find_spec("tests.target_fixtures") else []
+pytest_plugins = ["tests.target_fixtures", "tests.beside"] if importlib.util.find_spec("tests.target_fixtures") \
+    else []
 
 # Property tests (every parser of outside bytes has some): in `make test` derandomised, so CI draws the same
 # examples every run, a bounded number each; `make fuzz SECONDS=N` (scripts/fuzz.py) runs them under the
