@@ -314,8 +314,13 @@ class HarnessSession:
             if self.run is None:
                 return None  # no run open (the shape opens one first): nothing to search
             self.search = LiveSearch.for_run(stage, self.run.run_dir, self.run.events, self.limits, self.goodput,
-                                             self._sessions_started)
+                                             self._sessions_started, self._flush_scrapes)
         return self.search.step_now()
+
+    def _flush_scrapes(self) -> None:
+        """The sampler's scrapes so far into metrics.jsonl.gz (a search step's decision reads them there)."""
+        if self.sampler is not None:
+            self.sampler.flush()
 
     def _sessions_started(self, stage: str) -> int | None:
         """An open-loop stage's sessions this process has started (its users' schedules, k3load.loadgen.users, on

@@ -294,3 +294,26 @@ def test_a_rate_search_runs_open_loop_steps_named_by_their_rate(tmp_path):
     assert end["largest_held_sessions_per_s"] <= 3.0 < end["first_failed_sessions_per_s"]
     assert end["first_failed_sessions_per_s"] - end["largest_held_sessions_per_s"] <= 0.1 * \
         end["largest_held_sessions_per_s"]
+
+
+def test_each_decision_reads_the_scrapes_after_the_sampler_flushed_them():
+    """The sampler's metrics log is deflated and reaches its file at most every half second: a step decided on
+    what the file held then missed its last scrapes, which the analysis then judged it on (Sampler.flush)."""
+    calls: list[str] = []
+
+    class Ordered(FakeScrapes):
+        def read(self) -> None:
+            calls.append("read")
+
+    clock = [0.0]
+    goodput = LiveGoodput(SLO)
+    search = LiveSearch(PLAN.stages[0], goodput, Ordered(), None, ResourceLimits(), None,  # type: ignore[arg-type]
+                        clock=lambda: clock[0], flush=lambda: calls.append("flush"))
+    step = search.step_now()
+    search.enter(step)
+    for second in range(6):
+        for i in range(40):
+            goodput.add(record(f"{second}-{i}", stage=step.name))
+        clock[0] += 1
+        search.step_now()
+    assert search.last is not None and calls and calls == ["flush", "read"] * (len(calls) // 2), calls
