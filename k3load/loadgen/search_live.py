@@ -215,14 +215,15 @@ class LiveSearch:
                  limits: ResourceLimits, cap: EngineCap | None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = now,
                  started: Callable[[str], int | None] | None = None,
-                 flush: Callable[[], None] | None = None) -> None:
+                 flush: Callable[[bool], None] | None = None) -> None:
         assert stage.search is not None
         self.stage, self.goodput, self.scrapes, self.events = stage, goodput, scrapes, events
         # sessions a step's schedule has started, where this process runs the users
         # (k3load.loadgen.arrivals.Schedules.started_by); None: counted from the records
         self.sessions_started = started
-        # the sampler's scrapes so far into the file before each reading (Sampler.flush): a decision sees the
-        # scrapes the analysis will judge the step on
+        # the sampler's scrapes so far into the file before each reading (Sampler.flush), a scrape under way
+        # waited for (True) once the step may be decided: a decision sees the scrapes the analysis will judge
+        # the step on
         self.flush = flush
         self.cap, self.clock, self.wall = cap, clock, wall
         self.controller = SearchController(stage.search, limits)
@@ -237,7 +238,7 @@ class LiveSearch:
     @classmethod
     def for_run(cls, stage: Stage, run_dir: Path, events: JsonlLog | None, limits: dict[str, dict[str, float]],
                 goodput: LiveGoodput, started: Callable[[str], int | None] | None = None,
-                flush: Callable[[], None] | None = None) -> LiveSearch:
+                flush: Callable[[bool], None] | None = None) -> LiveSearch:
         """A search of the run in `run_dir`: its scrapes, the plan's resource limits, the engine's batch cap where
         the start-up log the precheck saved says it (else the most the engine ran at once in the step)."""
         return cls(stage, goodput, Scrapes(run_dir), events, ResourceLimits.from_limits(limits), engine_cap(run_dir),
@@ -285,7 +286,8 @@ class LiveSearch:
     def _read(self) -> StepEvidence:
         assert self.step is not None
         if self.flush is not None:
-            self.flush()
+            spec = self.step.search
+            self.flush(spec is None or self.clock() - self.step_started >= spec.step_s)  # decidable (decide_step)
         self.scrapes.read()
         count = self.goodput.of(self.step.name)
         elapsed = self.clock() - self.step_started

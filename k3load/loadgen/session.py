@@ -317,10 +317,11 @@ class HarnessSession:
                                              self._sessions_started, self._flush_scrapes)
         return self.search.step_now()
 
-    def _flush_scrapes(self) -> None:
-        """The sampler's scrapes so far into metrics.jsonl.gz (a search step's decision reads them there)."""
+    def _flush_scrapes(self, settle: bool) -> None:
+        """The sampler's scrapes so far into metrics.jsonl.gz (a search step's decision reads them there); with
+        `settle`, a scrape under way too (waited for, at most one sampling interval)."""
         if self.sampler is not None:
-            self.sampler.flush()
+            self.sampler.flush(None if settle else 0.0)
 
     def _sessions_started(self, stage: str) -> int | None:
         """An open-loop stage's sessions this process has started (its users' schedules, k3load.loadgen.users, on

@@ -42,10 +42,19 @@ class MetricsWatch:
         self.process_start_ts: float | None = None
         self.missing = False
         self.scrapes = self.failures = 0
+        self.reading_since: float | None = None  # the `ts` of the scrape under way (Sampler.flush waits for it)
 
     def tick(self, ts: float, cpu_pct: float | None, cpu_wait_pct: float | None = None) -> None:
         if self._fetch is None:
             raise RuntimeError(f"{self.source}: fed by another reader (take/fail), it has no fetcher")
+        self.reading_since = ts
+        try:
+            self._read(ts, cpu_pct, cpu_wait_pct)
+        finally:
+            self.reading_since = None
+
+    def _read(self, ts: float, cpu_pct: float | None, cpu_wait_pct: float | None) -> None:
+        assert self._fetch is not None
         result = self._fetch(self.url)
         base = {"ts": ts, "source": self.source, "ok": result.ok, "scrape_ms": result.elapsed_ms,
                 "load_generator_cpu_pct": cpu_pct, "load_generator_cpu_wait_pct": cpu_wait_pct}

@@ -352,3 +352,16 @@ def test_sample_command_with_duration_and_sigterm(start_sim, tmp_path):
             proc.kill()
             proc.wait()
     assert events(tmp_path / "b")[-1]["event"] == "sampler_stop"
+
+
+def test_flush_waits_for_the_scrape_under_way_and_leaves_it_in_the_file(start_sim, sampled, tmp_path):
+    """Sampler.flush (a live search step's decision calls it): a scrape begun before the call is in
+    metrics.jsonl.gz when it returns, though the server takes 400 ms to answer it. Without the wait the decision
+    read a step's scrapes without its last one, which the analysis then judged the step on."""
+    sim = start_sim("--metrics-stall-ms", "400")  # every /metrics answer waits 400 ms wall
+    sampler = sampled(sim.base_url + "/metrics", interval_s=0.5, timeout_s=5.0)
+    wait_for(lambda: read_metrics(tmp_path / "run"), what="a first scrape in the file")
+    under_way = wait_for(lambda: next((w.reading_since for w in sampler._watches if w.reading_since is not None),
+                                      None), what="a scrape under way")
+    sampler.flush(settle_s=10.0)
+    assert under_way in [line["ts"] for line in read_metrics(tmp_path / "run")]

@@ -308,7 +308,7 @@ def test_each_decision_reads_the_scrapes_after_the_sampler_flushed_them():
     clock = [0.0]
     goodput = LiveGoodput(SLO)
     search = LiveSearch(PLAN.stages[0], goodput, Ordered(), None, ResourceLimits(), None,  # type: ignore[arg-type]
-                        clock=lambda: clock[0], flush=lambda: calls.append("flush"))
+                        clock=lambda: clock[0], flush=lambda settle: calls.append(f"flush {settle}"))
     step = search.step_now()
     search.enter(step)
     for second in range(6):
@@ -316,4 +316,6 @@ def test_each_decision_reads_the_scrapes_after_the_sampler_flushed_them():
             goodput.add(record(f"{second}-{i}", stage=step.name))
         clock[0] += 1
         search.step_now()
-    assert search.last is not None and calls and calls == ["flush", "read"] * (len(calls) // 2), calls
+    assert search.last is not None and calls[1::2] == ["read"] * (len(calls) // 2), calls
+    # a scrape under way waited for only where the step may be decided (from its step_s, 5 s, on)
+    assert calls[::2] == [f"flush {second >= 5}" for second in range(1, len(calls) // 2 + 1)], calls
