@@ -73,7 +73,7 @@ FIELDS: dict[str, Kind] = {
     "findings": Kind.SHARED, "tool_calls": Kind.SHARED, "will_retry": Kind.TRUTHY, "finish_reason": Kind.CODE,
     "temperature": Kind.CODE, "seed": Kind.CODE, "tool_call_max_gap_ms": Kind.NUMBER,
     "tool_call_span_ms": Kind.NUMBER, "tool_call_deltas": Kind.NUMBER, "history": Kind.CODE, "model_round": Kind.CODE,
-    "answer_signature": Kind.CODE,
+    "answer_signature": Kind.CODE, "first_token_ts": Kind.NUMBER,
 }
 NAMES = tuple(FIELDS)
 
@@ -90,7 +90,7 @@ def _values(lean: Any, frame: Sequence[Any]) -> tuple[Any, ...]:
             lean.findings, lean.tool_calls, lean.will_retry, lean.finish_reason, getattr(lean, "temperature", None),
             getattr(lean, "seed", None), lean.tool_call_max_gap_ms, lean.tool_call_span_ms, lean.tool_call_deltas,
             getattr(lean, "history", None), getattr(lean, "model_round", None),
-            getattr(lean, "answer_signature", UNREAD))
+            getattr(lean, "answer_signature", UNREAD), lean.first_token_ts)
 
 
 KEY_DTYPE = np.dtype([("kind", np.uint8), ("hi", np.uint64), ("lo", np.uint64)])

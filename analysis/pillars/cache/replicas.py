@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from k3load.analysis.run.lean import AnyAttempt
+from k3load.analysis.run.record_columns import Rows
 from k3load.analysis.run.rundata import RunData
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.sampler.vllm_metrics import VllmMetric
@@ -261,6 +262,20 @@ def _pair_route(number: int, cold: AnyAttempt, warm: AnyAttempt, counters: list[
                      "the counters disagree" if told else "; ".join(whys) or None)
 
 
+def _spans(ok: Rows, admitted: bool) -> tuple[tuple[float, float, float], ...]:
+    """Each ok attempt's (send, when the server surely counted it, how far it moved the counter), in send order:
+    `Counters.latest` and `Counters.unit` (1.0 where not known) over the record columns. Why columns: an hour's
+    soak is 360,000 attempts, read here for a few fields each."""
+    send, end = ok.number("send_ts"), ok.number("end_ts")
+    if admitted:
+        first, prompt = ok.number("first_token_ts"), ok.number("prompt_tokens")
+        latest = np.where(np.isnan(first), end, np.minimum(first, end))
+        unit = np.where(np.isnan(prompt) | (prompt == 0), 1.0, prompt)
+    else:
+        latest, unit = end, np.ones(len(end))
+    return tuple(sorted(zip(send.tolist(), latest.tolist(), unit.tolist(), strict=True)))
+
+
 def route_pairs(data: RunData, index: MetricIndex, pairs: Sequence[tuple[AnyAttempt, AnyAttempt]]
                 ) -> Routing | None:
     """The route of every (cold, warm) pair, numbered from 1 as the pillar's control table; None where fewer
@@ -270,14 +285,14 @@ def route_pairs(data: RunData, index: MetricIndex, pairs: Sequence[tuple[AnyAtte
     counter, ticks = request_counter(data)
     if len(ticks) < 2:
         return None
-    ok = [a for a in data.attempts if a.status == "ok"]  # each surely counted by some replica
+    every = data.columns.rows()
+    ok = every[every.code_is("status", "ok")]  # each surely counted by some replica
     counters = []
     admitted = timelines(data, ADMISSION_COUNTER)
     for name, lines, at_admission in ((ADMISSION_COUNTER, admitted, True), (counter, ticks, False)):
         if name and lines and all(any(t.count is not None for t in line) for line in lines.values()):
             read = Counters(name, lines, {s: index.edge_s(s) for s in lines}, at_admission)
-            counters.append(replace(read, spans=tuple(sorted((a.send_ts, read.latest(a), read.unit(a) or 1.0)
-                                                             for a in ok))))
+            counters.append(replace(read, spans=_spans(ok, at_admission)))
     names = tuple(c.name for c in counters)
     if not counters:
         why = "no replica served a per-request counter (" + ", ".join((ADMISSION_COUNTER, *REQUEST_COUNTERS)) + ")"
