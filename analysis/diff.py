@@ -405,7 +405,7 @@ def diff(a_dir: Path, b_dir: Path) -> dict[str, Any]:
     limit_keys = sorted(set(a.verdict.get("limits") or {}) | set(b.verdict.get("limits") or {}))
     stages = compare_stages(stage_figures(a.data), stage_figures(b.data), limits["min_relative_change"],
                             limits["min_latency_change_ms"], limits["max_load_generator_cpu_wait"])
-    agreed = agreement(profile(a.data.attempts), b.data.attempts)
+    agreed = agreement(profile(a.data.columns.rows()), b.data.columns.rows())
     rules = _agreement_rules(agreed, limits) + _stage_rules(stages, limits)
     failed = [r for r in rules if r.status == FAIL]
     return rounded({

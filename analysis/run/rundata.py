@@ -300,6 +300,11 @@ def read_attempts(path: Path) -> list[AnyAttempt]:
     return _read_records(path)[0]
 
 
+def read_columns(path: Path) -> RecordColumns:
+    """The record columns of a records.jsonl alone (a reference run's, for its profile)."""
+    return _read_records(path)[1]
+
+
 def send_order(send_ts: list[Any], attempt_ids: list[Any]) -> np.ndarray | None:
     """Row order by (send_ts, attempt_id), ties kept in file order: what a stable sort on both keys
     gives; None unless every send time is a float (the caller then sorts as pandas does). Why not

@@ -11,6 +11,7 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from k3load.analysis.pillars.agent.agreement import agreement, profile
 from k3load.analysis.pillars.agent.pillar_agent import (
     _chains,
     _chains_whole,
@@ -36,8 +37,10 @@ from k3load.workload.retry_policy import AttemptPath
 from k3load.workload.stream_equivalence import BOTH_VALID, NOT_COMPARED
 from k3load.workload.stream_equivalence import CHECK as EQUIVALENCE
 from tests.unit.whole_readings import (
+    _whole_agreement,
     _whole_context_refusals,
     _whole_known_failures,
+    _whole_profile,
     _whole_rates,
     _whole_reproducibility,
     _whole_stream_delivery,
@@ -285,6 +288,46 @@ def test_the_trigger_rate_by_stage_on_the_columns_is_that_of_every_attempt_read_
     run = _lean(run)
     found = trigger_by_stage(columns_of(run).rows(), plan)
     assert repr(found) == repr(_whole_trigger_by_stage(run, plan))
+
+
+# -- the agreement with a reference run -------------------------------------------------------------------------------
+NAMES = ([], [{"function": {"name": "f"}}], [{"function": {"name": "g"}}, {"function": {"name": "f"}}],
+         [{"name": "f"}, {"function": {"name": "g"}}], [{"function": {"name": "g"}}])
+
+
+@st.composite
+def answers_run(draw: Any) -> list[Attempt]:
+    """Answers across scenarios and turns whose keys sort otherwise than their pairs (s#10 before s#2), answered or
+    not, drills, model-driven conversations past their first request, calls of several names in any order,
+    finish reasons (None among them), schema and structured-output findings, primary layers, repeated bytes, draws
+    at a temperature with or without a seed."""
+    out = []
+    for i in range(draw(st.sampled_from([0, 6, 30, 70]))):
+        findings = [Finding("tool_call.arguments_schema", draw(st.booleans()))] if draw(st.booleans()) else []
+        if draw(st.booleans()):
+            findings.append(Finding("expect.json", draw(st.booleans())))
+        out.append(Attempt(
+            run_id="r", attempt_id=f"a{i}", chain_id=f"c{i}", attempt=1, stage="load",
+            scenario=draw(st.sampled_from(["s", "t", "s#1"])), family="agent",
+            turn=draw(st.sampled_from([0, 1, 2, 10])),
+            turn_kind="tool_call", user_id="u", request_sha256=draw(st.sampled_from([f"q{k}" for k in range(9)])),
+            prefix_sha256="p", transport="fake", status=draw(st.sampled_from(["ok", "ok", "ok", "timeout"])),
+            send_ts=1.0, end_ts=2.0, findings=findings, valid=True, drill=draw(st.booleans()) and draw(st.booleans()),
+            tool_calls=draw(st.sampled_from(NAMES)), finish_reason=draw(st.sampled_from(["stop", "tool_calls", None])),
+            primary_layer=draw(st.sampled_from([None, "parser", "model_output"])),
+            history=draw(st.sampled_from([None, None, "model"])), model_round=draw(st.sampled_from([None, 0, 1])),
+            temperature=draw(st.sampled_from([None, 0.0, 0.7])), seed=draw(st.sampled_from([None, 7]))))
+    return out
+
+
+@settings(deadline=None)
+@given(answers_run(), answers_run())
+def test_the_agreement_with_a_reference_on_the_columns_is_that_of_every_attempt_read_whole(
+        reference: list[Attempt], run: list[Attempt]) -> None:
+    reference, run = _lean(reference), _lean(run)
+    found = profile(columns_of(reference).rows())
+    assert repr(found) == repr(_whole_profile(reference))
+    assert repr(agreement(found, columns_of(run).rows())) == repr(_whole_agreement(found, run))
 
 
 # -- tool calls that must repeat ---------------------------------------------------------------------------------------

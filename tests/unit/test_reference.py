@@ -43,6 +43,8 @@ from k3load.analysis.pillars.agent.agreement import (
     reference_rules,
 )
 from k3load.analysis.pillars.pillar import percentile, thresholds
+from k3load.analysis.run.record_columns import Rows
+from k3load.analysis.run.rundata import columns_of
 from k3load.analysis.run.stats import wilson
 from k3load.records import Attempt, Finding
 from k3load.sim.config import FaultProfile
@@ -69,6 +71,11 @@ def attempt(scenario: str, turn: int, called: bool, *, status: str = "ok", drill
                    drill=drill)
 
 
+def rows_of(attempts: list[Attempt]) -> Rows:
+    """The attempts as the agreement reads a run: its record columns."""
+    return columns_of(attempts).rows()
+
+
 def times(n: int, *args: Any, **kw: Any) -> list[Attempt]:
     """n answers alike, each its own attempt and request."""
     return [attempt(*args, **kw) for _ in range(n)]
@@ -83,7 +90,7 @@ def reference_attempts() -> list[Attempt]:
 
 
 def test_profile_labels_each_turn_by_the_reference_majority():
-    found = profile(reference_attempts())
+    found = profile(rows_of(reference_attempts()))
     turns = {(t["scenario"], t["turn"]): t for t in found["turns"]}
     assert found["answers"] == 9  # the timeout and the drill left out
     assert (turns[("s", 0)]["label"], turns[("s", 0)]["triggered"], turns[("s", 0)]["answers"]) == ("tool_call", 3, 4)
@@ -99,7 +106,7 @@ def test_trigger_precision_recall_f1_and_their_intervals():
     run = (times(6, "s", 0, True) + times(4, "s", 0, False, layer="model_output")  # tp 6, fn 4
            + [attempt("s", 1, True, names=["other"])] + times(9, "s", 1, False)  # fp 1, tn 9
            + times(5, "s", 2, True) + [attempt("t", 0, True)])  # no label, never answered: not comparable
-    n = agreement(profile(reference_attempts()), run)
+    n = agreement(profile(rows_of(reference_attempts())), rows_of(run))
     trig = n["trigger"]
     assert (trig["tp"], trig["fp"], trig["fn"], trig["tn"]) == (6, 1, 4, 9)
     assert n["comparable"] == 20 and n["not_comparable"] == 6
@@ -237,15 +244,16 @@ def test_a_stage_whose_load_generator_waited_for_a_cpu_is_shown_but_not_judged()
 
 
 def test_reference_rules_fail_on_skipped_calls_and_are_inconclusive_on_too_little():
-    record = {"run_id": "ref-1", "manifest_sha256": "ab" * 32, "path": "/r", "profile": profile(reference_attempts())}
+    record = {"run_id": "ref-1", "manifest_sha256": "ab" * 32, "path": "/r",
+              "profile": profile(rows_of(reference_attempts()))}
     limits = thresholds(None)["agent_api"]
     skipping = times(10, "s", 0, True) + times(20, "s", 0, False) + times(10, "s", 1, False)
-    numbers, rules = reference_rules(record, skipping, limits)
+    numbers, rules = reference_rules(record, rows_of(skipping), limits)
     by_id = {r.id: r for r in rules}
     assert numbers["run_id"] == "ref-1" and by_id["agent.reference_trigger_f1"].status == "fail"
     assert by_id["agent.reference_trigger_f1"].reason.startswith("model_output: against reference ref-1: trigger F1")
     assert by_id["agent.reference_schema_accuracy"].status in ("pass", "inconclusive")
-    _, few = reference_rules(record, skipping[:5], limits)
+    _, few = reference_rules(record, rows_of(skipping[:5]), limits)
     assert [(r.id, r.status) for r in few] == [("agent.reference_agreement", "inconclusive")]
     assert "inconclusive, because only 5 answers were comparable" in few[0].reason
 

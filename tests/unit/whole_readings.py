@@ -12,7 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from k3load.analysis.pillars.agent.agreement import answered, drop, findings_schema_ok, triggered
+from k3load.analysis.pillars.agent.agreement import (
+    ANSWER,
+    TOOL_CALL,
+    _compared,
+    _mix,
+    _rate,
+    drop,
+    f1_interval,
+    findings_schema_ok,
+)
 from k3load.analysis.pillars.agent.reproducibility import (
     FIRST_DIFFERENCES,
     Difference,
@@ -41,10 +50,10 @@ from k3load.analysis.pillars.pillar import percentiles
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.answer_signature import UNREAD
 from k3load.analysis.run.clusters import attempt_key, rate_by_keys, rate_by_request
-from k3load.analysis.run.lean import by_findings, first_finding
+from k3load.analysis.run.lean import by_findings, call_name, designed_body, first_finding
 from k3load.analysis.run.stats import Rate, too_few_requests, wilson
 from k3load.analysis.run.timeline import MetricIndex
-from k3load.outcomes import FAIL, INCONCLUSIVE, LAYERS, PARSER, PASS, Pillar
+from k3load.outcomes import FAIL, INCONCLUSIVE, LAYERS, MODEL_OUTPUT, PARSER, PASS, Pillar
 from k3load.sampler.vllm_metrics import VllmMetric
 from k3load.workload.plan import Plan
 from k3load.workload.stage_kind import StageKind
@@ -515,3 +524,140 @@ def _whole_tally_stages(by_stage: dict[str, StageAgreement], users: Mapping[str,
         row.agreeing += same
         row.keys.append(reference.request_sha256)
         row.flags.append(same)
+
+
+# -- the agreement with a reference (analysis/pillars/agent/agreement.py), every answer read whole ----------
+def answered(attempt: Any) -> bool:
+    return attempt.status == "ok" and not attempt.drill and designed_body(attempt)
+
+
+def triggered(attempt: Any) -> bool:
+    return bool(attempt.tool_calls) or attempt.finish_reason == "tool_calls"
+
+
+def tool_names(attempt: Any) -> list[str]:
+    """The called tools' names, sorted (a parallel answer's calls as a multiset)."""
+    return sorted(call_name(c) for c in attempt.tool_calls)
+
+
+def schema_ok(attempt: Any) -> bool:
+    """As the agent pillar counts schema accuracy: no failed `tool_call.*` finding."""
+    return findings_schema_ok(attempt.findings)
+
+
+def json_valid(attempt: Any) -> bool | None:
+    """Structured output (`expect.json`) held; None when the turn asked for none."""
+    found = first_finding(attempt.findings, "expect.json")
+    return None if found is None else found.ok
+
+
+def _key(scenario: str, turn: int) -> str:
+    return f"{scenario}#{turn}"
+
+
+def _label(answers: int, hits: int) -> str | None:
+    if not answers or hits * 2 == answers:
+        return None  # never answered, or split evenly: no label
+    return TOOL_CALL if hits * 2 > answers else ANSWER
+
+
+def _whole_profile(attempts: list[Any]) -> dict[str, Any]:
+    """The behaviour of a run per scenario and turn, and its overall rates, as plain JSON data (what
+    reference.json keeps, so a run judged against a reference needs only its own directory)."""
+    answers = [a for a in attempts if answered(a)]
+    turns: dict[str, dict[str, Any]] = {}
+    names: dict[str, Counter[tuple[str, ...]]] = {}
+    for a in sorted(answers, key=lambda a: (a.scenario, a.turn)):
+        row = turns.setdefault(_key(a.scenario, a.turn), {"scenario": a.scenario, "turn": a.turn, "answers": 0,
+                                                          "triggered": 0})
+        row["answers"] += 1
+        if triggered(a):
+            row["triggered"] += 1
+            names.setdefault(_key(a.scenario, a.turn), Counter())[tuple(tool_names(a))] += 1
+    for key, row in turns.items():
+        row["label"] = _label(row["answers"], row["triggered"])
+        common = sorted((names.get(key) or Counter()).items(), key=lambda kv: (-kv[1], kv[0]))
+        row["tool_names"] = list(common[0][0]) if common else None
+    calls = [a for a in answers if triggered(a)]
+    structured = [v for v in (json_valid(a) for a in answers) if v is not None]
+    return {"answers": len(answers), "turns": [turns[k] for k in sorted(turns)],
+            "schema": {"k": sum(schema_ok(a) for a in calls), "n": len(calls)},
+            "structured_output": {"k": sum(structured), "n": len(structured)},
+            "finish_reasons": dict(sorted(Counter(str(a.finish_reason) for a in answers).items()))}
+
+
+def _whole_tally(turns: dict[str, dict[str, Any]], answers: list[Any], scored: list[tuple[Any, str]]
+           ) -> tuple[dict[str, dict[str, Any]], Counter[str], Counter[str], Counter[str]]:
+    """Each answer scored against its turn's label: rows per turn, totals (tp/fp/fn/tn, not_comparable),
+    the primary layers of the disagreeing answers, and the tool-name checks of the agreeing calls."""
+    rows: dict[str, dict[str, Any]] = {}
+    totals = Counter[str]()
+    layers = Counter[str]()
+    names = Counter[str]()
+    for a in sorted(answers, key=lambda a: (a.scenario, a.turn)):
+        ref = turns.get(_key(a.scenario, a.turn))
+        if ref is None or ref["label"] is None:
+            totals["not_comparable"] += 1
+            continue
+        row = rows.setdefault(_key(a.scenario, a.turn), {
+            "scenario": a.scenario, "turn": a.turn, "reference_label": ref["label"],
+            "reference_triggered": ref["triggered"], "reference_answers": ref["answers"], "answers": 0,
+            "triggered": 0, "tp": 0, "fp": 0, "fn": 0, "tn": 0, "names_same": 0, "names_compared": 0})
+        hit, want = triggered(a), ref["label"] == TOOL_CALL
+        outcome = ("tp" if want else "fp") if hit else ("fn" if want else "tn")
+        row["answers"] += 1
+        row["triggered"] += hit
+        row[outcome] += 1
+        totals[outcome] += 1
+        scored.append((a, outcome))  # each comparable answer's outcome, for the intervals over distinct requests
+        if outcome in ("fp", "fn"):
+            layers[a.primary_layer or MODEL_OUTPUT] += 1
+        if outcome == "tp" and ref.get("tool_names") is not None:
+            same = tool_names(a) == list(ref["tool_names"])
+            row["names_same"] += same
+            row["names_compared"] += 1
+            names["same"] += same
+            names["compared"] += 1
+    return rows, totals, layers, names
+
+
+def _whole_agreement(reference: dict[str, Any], attempts: list[Any]) -> dict[str, Any]:
+    """The judged run's answers against the reference profile (module docstring for the definitions)."""
+    turns = {_key(t["scenario"], t["turn"]): t for t in reference.get("turns") or []}
+    answers = [a for a in attempts if answered(a)]
+    scored: list[tuple[Any, str]] = []
+    rows, totals, layers, _names = _whole_tally(turns, answers, scored)  # names: counted per turn in rows
+    tp, fp, fn, tn = (totals[k] for k in ("tp", "fp", "fn", "tn"))
+    f1, f1_ci = f1_interval(tp, fp, fn, _whole_among(scored, ("tp", "fp", "fn")))
+
+    def share(among: tuple[str, ...]) -> Rate:  # tp among the answers with these outcomes, by distinct request
+        return _whole_among(scored, among) if any(o in among for _, o in scored) else wilson(0, 0)
+    for row in rows.values():
+        mine = [(a, o) for a, o in scored if a.scenario == row["scenario"] and a.turn == row["turn"]]
+        row["recall"] = _whole_among(mine, ("tp", "fn")).to_dict() if row["tp"] + row["fn"] else None
+    calls = [a for a in answers if triggered(a)]
+    judged = [(a, v) for a, v in ((a, json_valid(a)) for a in answers) if v is not None]
+    named = [(a, tool_names(a) == list(want)) for a, o in scored if o == "tp"
+             and (want := turns[_key(a.scenario, a.turn)].get("tool_names")) is not None]
+    return {
+        "comparable": tp + fp + fn + tn, "not_comparable": totals["not_comparable"],
+        "trigger": {"tp": tp, "fp": fp, "fn": fn, "tn": tn, "precision": share(("tp", "fp")).to_dict(),
+                    "recall": share(("tp", "fn")).to_dict(), "f1": f1, "f1_ci95": list(f1_ci) if f1_ci else None},
+        "disagreeing_by_layer": dict(sorted(layers.items())),
+        "tool_name_agreement": rate_by_request([a for a, _ in named], [same for _, same in named]).to_dict(),
+        "schema_accuracy": _compared(_rate(reference.get("schema")),
+                                     rate_by_request(calls, [schema_ok(a) for a in calls])),
+        "structured_output_validity": _compared(_rate(reference.get("structured_output")),
+                                                rate_by_request([a for a, _ in judged], [v for _, v in judged])),
+        "finish_reasons": {"reference": _mix(reference.get("finish_reasons") or {}),
+                           "run": _mix(dict(Counter(str(a.finish_reason) for a in answers)))},
+        "by_turn": [rows[k] for k in sorted(rows)],
+    }
+
+
+def _whole_among(scored: list[tuple[Any, str]], among: tuple[str, ...]) -> Rate:
+    """The share of true positives among the answers scored one of `among`, by distinct request."""
+    picked = [(a, o) for a, o in scored if o in among]
+    return rate_by_request([a for a, _ in picked], [o == "tp" for _, o in picked])
+
+

@@ -1,10 +1,11 @@
 """Tool-call agreement of a run with a reference run (`k3load diff A B`, `--k3-reference DIR`).
 
-    profile(attempts)                 -> the reference's behaviour per scenario and turn (JSON-ready)
-    agreement(profile, attempts)      -> trigger precision / recall / F1, tool-name agreement, schema
+    profile(rows)                     -> the reference's behaviour per scenario and turn (JSON-ready)
+    agreement(profile, rows)          -> trigger precision / recall / F1, tool-name agreement, schema
                                          accuracy, structured-output validity, finish-reason mix
     reference_record(DIR)             -> what `reference.json` holds: path, run id, manifest hash, profile
-    reference_rules(record, attempts, limits) -> the agent pillar's rules against the reference
+    reference_rules(record, rows, limits) -> the agent pillar's rules against the reference
+(`rows`: a run's record columns, analysis/run/record_columns.py)
 
 Why a trigger F1 (MoonshotAI's K2-Vendor-Verifier "ToolCalls-Trigger Similarity"): a deployment whose
 model answers in prose where the trusted one called a tool breaks agents without a single malformed
@@ -33,13 +34,17 @@ import json
 import math
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from k3load.analysis.pillars.rules import RuleResult
-from k3load.analysis.run.clusters import rate_by_request
-from k3load.analysis.run.lean import AnyAttempt, call_name, designed_body, first_finding
-from k3load.analysis.run.rundata import read_attempts
+from k3load.analysis.run.clusters import cluster_codes, rate_by_codes
+from k3load.analysis.run.lean import call_name, first_finding
+from k3load.analysis.run.record_columns import Rows
+from k3load.analysis.run.rundata import read_columns
 from k3load.analysis.run.stats import Rate, wilson
 from k3load.errors import InputError
 from k3load.evidence import records_file
@@ -56,31 +61,35 @@ class ReferenceRunError(InputError):
     """A reference that cannot be used (not a run directory, no records, never signed): names the path."""
 
 
-def answered(attempt: AnyAttempt) -> bool:
-    return attempt.status == "ok" and not attempt.drill and designed_body(attempt)
+def answered(rows: Rows) -> np.ndarray:
+    """Whether each row is an answer that says what the model chose: ok, no drill, its scenario's designed body
+    (a model-driven conversation's requests after its first carry the model's own answers: `lean.designed_body`)."""
+    designed = ~rows.code_is("history", "model") | ((rows.ints("turn") == 0) &
+                                                    rows.code_where("model_round", lambda r: not r))
+    found: np.ndarray = rows.code_is("status", "ok") & ~rows.flag("drill") & designed
+    return found
 
 
-def triggered(attempt: AnyAttempt) -> bool:
-    return bool(attempt.tool_calls) or attempt.finish_reason == "tool_calls"
+def triggered(rows: Rows) -> np.ndarray:
+    """Whether each row's answer carries tool calls or finished with `tool_calls`."""
+    found: np.ndarray = rows.code_where("tool_calls", bool) | rows.code_is("finish_reason", "tool_calls")
+    return found
 
 
-def tool_names(attempt: AnyAttempt) -> list[str]:
-    """The called tools' names, sorted (a parallel answer's calls as a multiset)."""
-    return sorted(call_name(c) for c in attempt.tool_calls)
-
-
-def schema_ok(attempt: AnyAttempt) -> bool:
-    """As the agent pillar counts schema accuracy: no failed `tool_call.*` finding."""
-    return findings_schema_ok(attempt.findings)
+def tool_names(calls: Sequence[Any]) -> tuple[str, ...]:
+    """The called tools' names, sorted (a parallel answer's calls as a multiset), from a recorded calls list or a
+    lean record's names."""
+    return tuple(sorted(call_name(c) for c in calls))
 
 
 def findings_schema_ok(findings: Sequence[Finding]) -> bool:
+    """As the agent pillar counts schema accuracy: no failed `tool_call.*` finding."""
     return not any(not f.ok and f.check.startswith("tool_call.") for f in findings)
 
 
-def json_valid(attempt: AnyAttempt) -> bool | None:
+def json_valid(findings: Sequence[Finding]) -> bool | None:
     """Structured output (`expect.json`) held; None when the turn asked for none."""
-    found = first_finding(attempt.findings, "expect.json")
+    found = first_finding(findings, "expect.json")
     return None if found is None else found.ok
 
 
@@ -94,29 +103,73 @@ def _label(answers: int, hits: int) -> str | None:
     return TOOL_CALL if hits * 2 > answers else ANSWER
 
 
-def profile(attempts: list[AnyAttempt]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Answers:
+    """A run's answers (`answered`) as the agreement reads them. `rows` in file order; `turned`: the same rows in
+    (scenario, turn) order, file order within a turn (a stable sort's), with per row of it: its turn's number
+    among `turns` (the (scenario, turn) pairs in that order), whether it triggered and its tools' names. Why
+    both orders: a rate's interval sums its clusters in the order its list met them (the module's rates over
+    the calls and the structured outputs are over file order, those scored against a label over turn order)."""
+
+    rows: Rows
+    turned: Rows
+    turns: list[tuple[Any, int]]
+    turn_of: np.ndarray
+    hit: np.ndarray
+    names: list[tuple[str, ...]]
+
+    @classmethod
+    def of(cls, rows: Rows) -> _Answers:
+        mine = rows[answered(rows)]
+        scenario, turn = mine.ints("scenario").astype(np.int64), mine.ints("turn")
+        table = mine.table("scenario")
+        present = np.unique(scenario).tolist()
+        rank = np.zeros(len(table), dtype=np.int64)
+        rank[sorted(present, key=table.__getitem__)] = np.arange(len(present))  # by the scenario's name
+        order = np.lexsort((turn, rank[scenario]))  # stable: file order within a turn
+        turned = mine.take(order)
+        scenario, turn = scenario[order], turn[order]
+        starts = np.ones(len(order), dtype=bool)
+        starts[1:] = (scenario[1:] != scenario[:-1]) | (turn[1:] != turn[:-1])
+        heads = np.flatnonzero(starts)
+        calls = turned.table("tool_calls")
+        names_of = [tool_names(c) for c in calls]
+        return cls(mine, turned, [(table[s], int(t)) for s, t in zip(scenario[heads].tolist(), turn[heads].tolist(),
+                                                                      strict=True)],
+                   np.cumsum(starts) - 1, triggered(turned), [names_of[c] for c in turned.ints("tool_calls").tolist()])
+
+
+def _finish_reasons(rows: Rows) -> dict[str, int]:
+    """Each finish reason's count, as text (`str(None)` for none), by the text."""
+    counted = Counter[str]()
+    for value, n in rows.counts("finish_reason").items():
+        counted[str(value)] += n
+    return dict(sorted(counted.items()))
+
+
+def profile(rows: Rows) -> dict[str, Any]:
     """The behaviour of a run per scenario and turn, and its overall rates, as plain JSON data (what
     reference.json keeps, so a run judged against a reference needs only its own directory)."""
-    answers = [a for a in attempts if answered(a)]
+    found = _Answers.of(rows)
+    answers = np.bincount(found.turn_of, minlength=len(found.turns))
+    hits = np.bincount(found.turn_of, weights=found.hit, minlength=len(found.turns))
+    names: dict[int, Counter[tuple[str, ...]]] = {}
+    for turn, called in zip(found.turn_of[found.hit].tolist(),
+                            (n for n, h in zip(found.names, found.hit.tolist(), strict=True) if h), strict=True):
+        names.setdefault(turn, Counter())[called] += 1
     turns: dict[str, dict[str, Any]] = {}
-    names: dict[str, Counter[tuple[str, ...]]] = {}
-    for a in sorted(answers, key=lambda a: (a.scenario, a.turn)):
-        row = turns.setdefault(_key(a.scenario, a.turn), {"scenario": a.scenario, "turn": a.turn, "answers": 0,
-                                                          "triggered": 0})
-        row["answers"] += 1
-        if triggered(a):
-            row["triggered"] += 1
-            names.setdefault(_key(a.scenario, a.turn), Counter())[tuple(tool_names(a))] += 1
-    for key, row in turns.items():
-        row["label"] = _label(row["answers"], row["triggered"])
-        common = sorted((names.get(key) or Counter()).items(), key=lambda kv: (-kv[1], kv[0]))
-        row["tool_names"] = list(common[0][0]) if common else None
-    calls = [a for a in answers if triggered(a)]
-    structured = [v for v in (json_valid(a) for a in answers) if v is not None]
-    return {"answers": len(answers), "turns": [turns[k] for k in sorted(turns)],
-            "schema": {"k": sum(schema_ok(a) for a in calls), "n": len(calls)},
-            "structured_output": {"k": sum(structured), "n": len(structured)},
-            "finish_reasons": dict(sorted(Counter(str(a.finish_reason) for a in answers).items()))}
+    for i, (scenario, turn) in enumerate(found.turns):
+        common = sorted((names.get(i) or Counter()).items(), key=lambda kv: (-kv[1], kv[0]))
+        turns[_key(scenario, turn)] = {"scenario": scenario, "turn": turn, "answers": int(answers[i]),
+                                       "triggered": int(hits[i]), "label": _label(int(answers[i]), int(hits[i])),
+                                       "tool_names": list(common[0][0]) if common else None}
+    calls = found.turned[found.hit]
+    structured = found.rows.code_where("findings", lambda f: json_valid(f) is not None)
+    held = found.rows.code_where("findings", lambda f: bool(json_valid(f)))
+    return {"answers": len(found.rows), "turns": [turns[k] for k in sorted(turns)],
+            "schema": {"k": int(calls.code_where("findings", findings_schema_ok).sum()), "n": len(calls)},
+            "structured_output": {"k": int(held.sum()), "n": int(structured.sum())},
+            "finish_reasons": _finish_reasons(found.rows)}
 
 
 def f1_interval(tp: int, fp: int, fn: int, jaccard: Rate | None = None
@@ -153,79 +206,72 @@ def _mix(counts: dict[str, int]) -> dict[str, Any]:
     return {reason: wilson(k, total).to_dict() for reason, k in sorted(counts.items())}
 
 
-def _tally(turns: dict[str, dict[str, Any]], answers: list[AnyAttempt], scored: list[tuple[AnyAttempt, str]]
-           ) -> tuple[dict[str, dict[str, Any]], Counter[str], Counter[str], Counter[str]]:
-    """Each answer scored against its turn's label: rows per turn, totals (tp/fp/fn/tn, not_comparable),
-    the primary layers of the disagreeing answers, and the tool-name checks of the agreeing calls."""
-    rows: dict[str, dict[str, Any]] = {}
-    totals = Counter[str]()
-    layers = Counter[str]()
-    names = Counter[str]()
-    for a in sorted(answers, key=lambda a: (a.scenario, a.turn)):
-        ref = turns.get(_key(a.scenario, a.turn))
-        if ref is None or ref["label"] is None:
-            totals["not_comparable"] += 1
-            continue
-        row = rows.setdefault(_key(a.scenario, a.turn), {
-            "scenario": a.scenario, "turn": a.turn, "reference_label": ref["label"],
-            "reference_triggered": ref["triggered"], "reference_answers": ref["answers"], "answers": 0,
-            "triggered": 0, "tp": 0, "fp": 0, "fn": 0, "tn": 0, "names_same": 0, "names_compared": 0})
-        hit, want = triggered(a), ref["label"] == TOOL_CALL
-        outcome = ("tp" if want else "fp") if hit else ("fn" if want else "tn")
-        row["answers"] += 1
-        row["triggered"] += hit
-        row[outcome] += 1
-        totals[outcome] += 1
-        scored.append((a, outcome))  # each comparable answer's outcome, for the intervals over distinct requests
-        if outcome in ("fp", "fn"):
-            layers[a.primary_layer or MODEL_OUTPUT] += 1
-        if outcome == "tp" and ref.get("tool_names") is not None:
-            same = tool_names(a) == list(ref["tool_names"])
-            row["names_same"] += same
-            row["names_compared"] += 1
-            names["same"] += same
-            names["compared"] += 1
-    return rows, totals, layers, names
+def _among(scored: Rows, outcomes: np.ndarray, among: tuple[str, ...]) -> Rate:
+    """The share of true positives among the answers scored one of `among`, by distinct request (their clusters
+    in the order of `scored`)."""
+    picked = np.isin(outcomes, among)
+    return rate_by_codes(cluster_codes(scored[picked]), outcomes[picked] == "tp")
 
 
-def agreement(reference: dict[str, Any], attempts: list[AnyAttempt]) -> dict[str, Any]:
-    """The judged run's answers against the reference profile (module docstring for the definitions)."""
+def agreement(reference: dict[str, Any], rows: Rows) -> dict[str, Any]:
+    """The judged run's answers against the reference profile (module docstring for the definitions): each
+    answer scored against its turn's label, rows per turn, totals, the primary layers of the disagreeing
+    answers, the tool names of the agreeing calls."""
     turns = {_key(t["scenario"], t["turn"]): t for t in reference.get("turns") or []}
-    answers = [a for a in attempts if answered(a)]
-    scored: list[tuple[AnyAttempt, str]] = []
-    rows, totals, layers, _names = _tally(turns, answers, scored)  # names: counted per turn in rows
-    tp, fp, fn, tn = (totals[k] for k in ("tp", "fp", "fn", "tn"))
-    f1, f1_ci = f1_interval(tp, fp, fn, _among(scored, ("tp", "fp", "fn")))
+    found = _Answers.of(rows)
+    refs = [turns.get(_key(scenario, turn)) for scenario, turn in found.turns]
+    labelled = np.array([ref is not None and ref["label"] is not None for ref in refs] + [False], dtype=bool)
+    want = np.array([ref is not None and ref["label"] == TOOL_CALL for ref in refs] + [False], dtype=bool)
+    comparable = labelled[found.turn_of] if len(found.turn_of) else np.zeros(0, dtype=bool)
+    wanted = want[found.turn_of] if len(found.turn_of) else np.zeros(0, dtype=bool)
+    hit = found.hit
+    outcome = np.where(hit, np.where(wanted, "tp", "fp"), np.where(wanted, "fn", "tn"))
+    scored, outcomes, turn_of = found.turned[comparable], outcome[comparable], found.turn_of[comparable]
+    names = [n for n, c in zip(found.names, comparable.tolist(), strict=True) if c]
+    expected = [(refs[t] or {}).get("tool_names") for t in turn_of.tolist()]
+    named = np.array([o == "tp" and e is not None for o, e in zip(outcomes.tolist(), expected, strict=True)],
+                     dtype=bool)
+    same = np.array([e is not None and list(n) == list(e) for n, e in zip(names, expected, strict=True)],
+                    dtype=bool) & named
+    by_turn: dict[str, dict[str, Any]] = {}
+    for t in np.unique(turn_of).tolist():
+        ref, mine = refs[t], turn_of == t
+        assert ref is not None
+        scenario, turn = found.turns[t]
+        counts = {o: int(np.count_nonzero(outcomes[mine] == o)) for o in ("tp", "fp", "fn", "tn")}
+        by_turn[_key(scenario, turn)] = {
+            "scenario": scenario, "turn": turn, "reference_label": ref["label"],
+            "reference_triggered": ref["triggered"], "reference_answers": ref["answers"],
+            "answers": int(mine.sum()), "triggered": int(hit[comparable][mine].sum()), **counts,
+            "names_same": int(same[mine].sum()), "names_compared": int(named[mine].sum()),
+            "recall": _among(scored[mine], outcomes[mine], ("tp", "fn")).to_dict()
+            if counts["tp"] + counts["fn"] else None}
+    tp, fp, fn, tn = (int(np.count_nonzero(outcomes == o)) for o in ("tp", "fp", "fn", "tn"))
+    f1, f1_ci = f1_interval(tp, fp, fn, _among(scored, outcomes, ("tp", "fp", "fn")))
 
     def share(among: tuple[str, ...]) -> Rate:  # tp among the answers with these outcomes, by distinct request
-        return _among(scored, among) if any(o in among for _, o in scored) else wilson(0, 0)
-    for row in rows.values():
-        mine = [(a, o) for a, o in scored if a.scenario == row["scenario"] and a.turn == row["turn"]]
-        row["recall"] = _among(mine, ("tp", "fn")).to_dict() if row["tp"] + row["fn"] else None
-    calls = [a for a in answers if triggered(a)]
-    judged = [(a, v) for a, v in ((a, json_valid(a)) for a in answers) if v is not None]
-    named = [(a, tool_names(a) == list(want)) for a, o in scored if o == "tp"
-             and (want := turns[_key(a.scenario, a.turn)].get("tool_names")) is not None]
+        return _among(scored, outcomes, among) if np.isin(outcomes, among).any() else wilson(0, 0)
+    disagreeing = scored[np.isin(outcomes, ("fp", "fn"))]
+    layers = Counter[str]()
+    for layer in disagreeing.values("primary_layer"):  # in scored order: the first key of equal ones is kept
+        layers[layer or MODEL_OUTPUT] += 1
+    calls = found.rows[triggered(found.rows)]  # file order, as the answers were read
+    judged = found.rows[found.rows.code_where("findings", lambda f: json_valid(f) is not None)]
     return {
-        "comparable": tp + fp + fn + tn, "not_comparable": totals["not_comparable"],
+        "comparable": tp + fp + fn + tn, "not_comparable": int(np.count_nonzero(~comparable)),
         "trigger": {"tp": tp, "fp": fp, "fn": fn, "tn": tn, "precision": share(("tp", "fp")).to_dict(),
                     "recall": share(("tp", "fn")).to_dict(), "f1": f1, "f1_ci95": list(f1_ci) if f1_ci else None},
         "disagreeing_by_layer": dict(sorted(layers.items())),
-        "tool_name_agreement": rate_by_request([a for a, _ in named], [same for _, same in named]).to_dict(),
+        "tool_name_agreement": rate_by_codes(cluster_codes(scored[named]), same[named]).to_dict(),
         "schema_accuracy": _compared(_rate(reference.get("schema")),
-                                     rate_by_request(calls, [schema_ok(a) for a in calls])),
-        "structured_output_validity": _compared(_rate(reference.get("structured_output")),
-                                                rate_by_request([a for a, _ in judged], [v for _, v in judged])),
+                                     rate_by_codes(cluster_codes(calls), calls.code_where("findings",
+                                                                                           findings_schema_ok))),
+        "structured_output_validity": _compared(_rate(reference.get("structured_output")), rate_by_codes(
+            cluster_codes(judged), judged.code_where("findings", lambda f: bool(json_valid(f))))),
         "finish_reasons": {"reference": _mix(reference.get("finish_reasons") or {}),
-                           "run": _mix(dict(Counter(str(a.finish_reason) for a in answers)))},
-        "by_turn": [rows[k] for k in sorted(rows)],
+                           "run": _mix(_finish_reasons(found.rows))},
+        "by_turn": [by_turn[k] for k in sorted(by_turn)],
     }
-
-
-def _among(scored: list[tuple[AnyAttempt, str]], among: tuple[str, ...]) -> Rate:
-    """The share of true positives among the answers scored one of `among`, by distinct request."""
-    picked = [(a, o) for a, o in scored if o in among]
-    return rate_by_request([a for a, _ in picked], [o == "tp" for _, o in picked])
 
 
 def _rate(counts: dict[str, int] | None) -> Rate:
@@ -248,10 +294,10 @@ def reference_record(ref_dir: Path) -> dict[str, Any]:
                                 "run `k3load analyze` on it first)")
     try:
         run = json.loads((ref_dir / "run.json").read_text())
-        attempts = read_attempts(records)
+        rows = read_columns(records).rows()
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise ReferenceRunError(f"reference {ref_dir}: unreadable ({type(exc).__name__}: {exc})") from None
-    found = profile(attempts)
+    found = profile(rows)
     if not found["answers"]:
         raise ReferenceRunError(f"reference {ref_dir}: no answered request in records.jsonl")
     manifest = hashlib.sha256((ref_dir / "manifest.sha256").read_bytes()).hexdigest()
@@ -287,11 +333,11 @@ def _layer(numbers: dict[str, Any]) -> str:
     return max(sorted(layers), key=lambda k: layers[k]) if layers else MODEL_OUTPUT
 
 
-def reference_rules(record: dict[str, Any], attempts: list[AnyAttempt], limits: dict[str, float]
+def reference_rules(record: dict[str, Any], rows: Rows, limits: dict[str, float]
                     ) -> tuple[dict[str, Any], list[RuleResult]]:
     """Trigger F1 against `min_reference_trigger_f1` and the schema-accuracy drop against
     `max_reference_schema_accuracy_drop`; inconclusive below `min_reference_attempts` comparable answers."""
-    numbers = agreement(record["profile"], attempts)
+    numbers = agreement(record["profile"], rows)
     numbers = {"run_id": record.get("run_id"), "manifest_sha256": record.get("manifest_sha256"),
                "path": record.get("path"), **numbers}
     who = f"against reference {record.get('run_id')}"

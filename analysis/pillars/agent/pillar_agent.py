@@ -342,7 +342,7 @@ def judge_agent_api(run: RunData | list[AnyAttempt], limits: dict[str, float], p
     known, known_rules, known_reasons = known_failures(judged_rows, data.pick, limits, plan)
     numbers |= known
     if reference is not None:  # the tool-call choices and schema accuracy against a trusted run
-        numbers["reference"], reference_found = reference_rules(reference, data.pick(judged_rows), limits)
+        numbers["reference"], reference_found = reference_rules(reference, judged_rows, limits)
         known_rules += reference_found
         known_reasons += [r.reason for r in reference_found if r.status != PASS]
     repeated = _repeats(judged_rows, limits, plan)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from k3load.analysis.pillars.agent.agreement import drop
+from k3load.analysis.pillars.agent.agreement import answered, drop, triggered
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.clusters import cluster_codes, rate_by_codes
 from k3load.analysis.run.lean import first_finding
@@ -60,7 +60,7 @@ def _rates(turns: Rows) -> dict[str, Rate]:
     clusters = cluster_codes(turns)
     expected = turns.code_where("findings", lambda findings: bool(getattr(first_finding(findings, "expect.tool_call"),
                                                                           "ok", False)))
-    called = turns.code_where("tool_calls", bool) | turns.code_is("finish_reason", "tool_calls")
+    called = triggered(turns)
     return {"called": rate_by_codes(clusters, called), "called_expected": rate_by_codes(clusters, expected)}
 
 
@@ -68,20 +68,12 @@ def _decided(rate: Rate) -> bool:
     return bool(rate.n) and too_few_requests(rate) is None
 
 
-def _answered(rows: Rows) -> np.ndarray:
-    """`agreement.answered` on the columns: ok, no drill, the scenario's designed body (`lean.designed_body`)."""
-    designed = ~rows.code_is("history", "model") | ((rows.ints("turn") == 0) &
-                                                    rows.code_where("model_round", lambda r: not r))
-    answered: np.ndarray = rows.code_is("status", "ok") & ~rows.flag("drill") & designed
-    return answered
-
-
 def trigger_by_stage(rows: Rows, plan: Plan | None) -> tuple[dict[str, Any], RuleResult | None]:
     """Per stage the two shares with their intervals and drops from the base; the rule (None: no tool-call turn,
     or no load stage to compare with). On the record columns; a (scenario, turn) pair is its scenario's code and
     its turn's number."""
     tool_turn = rows.code_where("findings", lambda findings: first_finding(findings, "expect.tool_call") is not None)
-    turns = rows[_answered(rows) & tool_turn]
+    turns = rows[answered(rows) & tool_turn]
     stages = list(plan.stages) if plan else []
     seen = turns.seen("stage")
     order = [s.name for s in stages] + sorted(set(seen) - {s.name for s in stages})
