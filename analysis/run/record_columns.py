@@ -73,7 +73,7 @@ FIELDS: dict[str, Kind] = {
     "findings": Kind.SHARED, "tool_calls": Kind.SHARED, "will_retry": Kind.TRUTHY, "finish_reason": Kind.CODE,
     "temperature": Kind.CODE, "seed": Kind.CODE, "tool_call_max_gap_ms": Kind.NUMBER,
     "tool_call_span_ms": Kind.NUMBER, "tool_call_deltas": Kind.NUMBER, "history": Kind.CODE, "model_round": Kind.CODE,
-    "answer_signature": Kind.CODE, "first_token_ts": Kind.NUMBER,
+    "answer_signature": Kind.CODE, "first_token_ts": Kind.NUMBER, "stream_pair": Kind.CODE, "control_pair": Kind.CODE,
 }
 NAMES = tuple(FIELDS)
 
@@ -90,7 +90,7 @@ def _values(lean: Any, frame: Sequence[Any]) -> tuple[Any, ...]:
             lean.findings, lean.tool_calls, lean.will_retry, lean.finish_reason, getattr(lean, "temperature", None),
             getattr(lean, "seed", None), lean.tool_call_max_gap_ms, lean.tool_call_span_ms, lean.tool_call_deltas,
             getattr(lean, "history", None), getattr(lean, "model_round", None),
-            getattr(lean, "answer_signature", UNREAD), lean.first_token_ts)
+            getattr(lean, "answer_signature", UNREAD), lean.first_token_ts, lean.stream_pair, lean.control_pair)
 
 
 KEY_DTYPE = np.dtype([("kind", np.uint8), ("hi", np.uint64), ("lo", np.uint64)])
@@ -535,6 +535,21 @@ class Rows:
 
     def file_positions(self) -> np.ndarray:
         return np.arange(len(self)) if self.index is None else self.index
+
+
+def designed_body_rows(rows: Rows) -> np.ndarray:
+    """`lean.designed_body` of each row: whether it sent its scenario's designed body (a model-driven
+    conversation's requests after its first carry the model's own answers)."""
+    found: np.ndarray = ~rows.code_is("history", "model") | ((rows.ints("turn") == 0) &
+                                                           rows.code_where("model_round", lambda r: not r))
+    return found
+
+
+def in_send_order(rows: Rows) -> np.ndarray:
+    """The positions of these rows by (send_ts, attempt_id), ties in row order: a stable sort on both keys that
+    reads the ids of tied rows only (`ties_by_id`)."""
+    sent = rows.number("send_ts")
+    return ties_by_id(sent, np.argsort(sent, kind="stable"), lambda tied: rows.take(tied).key_texts("attempt_id"))
 
 
 def ties_by_id(send: np.ndarray, order: np.ndarray, ids_of: Callable[[np.ndarray], list[Any]]) -> np.ndarray:

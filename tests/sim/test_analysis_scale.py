@@ -31,9 +31,11 @@ import pytest
 from k3load.analysis.analyze import analyze
 from k3load.analysis.outputs import manifest
 from k3load.analysis.outputs.manifest import verify
-from k3load.analysis.pillars.cache.reuse_replay import Geometry, _ready_ts, designed_tokens, salt_key
+from k3load.analysis.pillars.cache.reuse_replay import Geometry, designed_tokens
 from k3load.analysis.pillars.pillar import percentile, percentiles
 from k3load.analysis.run import rundata
+from k3load.analysis.run.record_columns import Rows
+from k3load.analysis.run.rundata import columns_of
 from k3load.analysis.run.stats import NORMAL_RATIO_FROM, ratio_ci, ratio_cis, ratio_normal_ci
 from k3load.analysis.run.timeline import MetricIndex
 from k3load.records import Attempt
@@ -55,14 +57,23 @@ def _verdicts(run: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bytes, bytes]
     analyze(run)
     now = (run / "verdict.json").read_bytes()
     with monkeypatch.context() as patch:
+        whole: list[Any] = []
+
         def load_whole(path: Path) -> rundata.RunData:
             data = load_run(path)
             data.attempts, data.columns = _attempts_frame(path)  # type: ignore[assignment]
+            whole[:] = data.attempts
             return data
+
+        def replay_whole(rows: Rows, design: dict[str, Any], geometry: Geometry) -> list[Any]:
+            """The straightforward replay over every attempt read whole (reuse passes every row)."""
+            assert len(rows) == len(whole)
+            found = _replay(whole, design, geometry)
+            return [found.get(a.attempt_id) for a in whole]
 
         load_run = rundata.load_run
         patch.setattr("k3load.analysis.analyze.load_run", load_whole)
-        patch.setattr("k3load.analysis.pillars.cache.reuse.designed_tokens", _replay)
+        patch.setattr("k3load.analysis.pillars.cache.reuse.designed_tokens", replay_whole)
         patch.setattr("k3load.analysis.pillars.cache.reuse.ratio_cis",
                       lambda num, dens: [ratio_ci(num, d) for d in dens])
         for module in ("pillars.headroom.stages", "pillars.agent.tool_calls"):
@@ -157,6 +168,22 @@ def _sorted_percentile(values: list[float], q: float) -> float | None:
     return clean[min(round(q * (len(clean) - 1)), len(clean) - 1)] if clean else None
 
 
+def salt_key(attempt: Any, kind: str) -> tuple[Any, ...]:
+    """Requests with equal keys carry the same salt (analysis/pillars/cache/reuse.py's module doc)."""
+    if kind == "request":
+        return ("request", attempt.stream_pair or attempt.chain_id)
+    if kind == "pair":
+        return ("pair", attempt.user_id, attempt.control_pair)
+    return (kind,)
+
+
+def _ready_ts(attempt: Any) -> float | None:
+    """When the attempt's prompt was in the cache: its first token (or a whole answer's end)."""
+    if attempt.first_token_ts is not None:
+        return attempt.first_token_ts
+    return attempt.end_ts if attempt.status == "ok" else None
+
+
 def _replay(attempts: list[Attempt], design: dict[str, Any], geometry: Geometry) -> dict[str, int]:
     """designed_tokens as first written: every request compared with every variant seen so far."""
     import heapq
@@ -208,7 +235,8 @@ def test_reuse_replay_is_the_straightforward_one(seed: int) -> None:
         chain = rng.randrange(0, 400)
         send = rng.choice([rng.uniform(0, 300), float(rng.randrange(0, 300))])  # ties: ordered by attempt id
         attempts.append(Attempt(
-            run_id="r", attempt_id=f"a{i}", chain_id=f"c{chain}", attempt=rng.randint(1, 2), stage="soak",
+            run_id="r", attempt_id=rng.choice([f"a{i}"] * 9 + [f"a{rng.randrange(0, i + 1)}"]),  # twice: last wins
+            chain_id=f"c{chain}", attempt=rng.randint(1, 2), stage="soak",
             scenario=rng.choice([*scenarios, "unmeasured"]), family="f", turn=rng.randrange(0, 4),
             turn_kind="answer", user_id=f"u{rng.randrange(0, 5)}", request_sha256="h", prefix_sha256="p",
             transport="t", status=rng.choice(["ok", "ok", "ok", "timeout"]), send_ts=send,
@@ -216,7 +244,8 @@ def test_reuse_replay_is_the_straightforward_one(seed: int) -> None:
             prompt_tokens=rng.choice([None, rng.randrange(100, 4000)]), control_pair=rng.choice([None, 1, 2]),
             stream_pair=rng.choice([None, None, f"p{rng.randrange(0, 50)}"])))
     geometry = Geometry(16, rng.choice([None, 64]))
-    assert designed_tokens(attempts, design, geometry) == _replay(attempts, design, geometry)
+    found = _replay(attempts, design, geometry)
+    assert designed_tokens(columns_of(attempts).rows(), design, geometry) == [found.get(a.attempt_id) for a in attempts]
 
 
 def test_shared_bootstrap_draws_ratio_ci_intervals() -> None:

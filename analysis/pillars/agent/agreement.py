@@ -43,7 +43,7 @@ import numpy as np
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.clusters import cluster_codes, rate_by_codes
 from k3load.analysis.run.lean import call_name, first_finding
-from k3load.analysis.run.record_columns import Rows
+from k3load.analysis.run.record_columns import Rows, designed_body_rows
 from k3load.analysis.run.rundata import read_columns
 from k3load.analysis.run.stats import Rate, wilson
 from k3load.errors import InputError
@@ -64,9 +64,7 @@ class ReferenceRunError(InputError):
 def answered(rows: Rows) -> np.ndarray:
     """Whether each row is an answer that says what the model chose: ok, no drill, its scenario's designed body
     (a model-driven conversation's requests after its first carry the model's own answers: `lean.designed_body`)."""
-    designed = ~rows.code_is("history", "model") | ((rows.ints("turn") == 0) &
-                                                    rows.code_where("model_round", lambda r: not r))
-    found: np.ndarray = rows.code_is("status", "ok") & ~rows.flag("drill") & designed
+    found: np.ndarray = rows.code_is("status", "ok") & ~rows.flag("drill") & designed_body_rows(rows)
     return found
 
 

@@ -28,8 +28,8 @@ import numpy as np
 
 from k3load.analysis.pillars.cache.reuse_replay import DEFAULT_BLOCK, Geometry, designed_tokens
 from k3load.analysis.pillars.pillar import PillarResult
-from k3load.analysis.run.clusters import attempt_key, rate_by_keys
-from k3load.analysis.run.lean import AnyAttempt
+from k3load.analysis.run.clusters import cluster_codes, rate_by_codes
+from k3load.analysis.run.record_columns import Rows
 from k3load.analysis.run.rundata import RunData
 from k3load.analysis.run.stats import ratio_cis
 from k3load.analysis.run.timeline import MetricIndex
@@ -55,7 +55,7 @@ class _Tokens:
     designed: np.ndarray
     achieved: np.ndarray
     windows: np.ndarray  # each attempt's REUSE_WINDOW_S window of the run (int64), for the intervals
-    keys: np.ndarray  # each attempt's distinct request (analysis/run/clusters.py), for the reached-design rate
+    kept: Rows  # the attempts with usage, whose distinct requests (analysis/run/clusters.py) the rates count
 
 
 def _column(values: list[Any]) -> np.ndarray:
@@ -67,32 +67,50 @@ def _total(column: np.ndarray) -> Any:
     return int(column.sum()) if column.dtype.kind == "i" else sum(column.tolist())
 
 
-def family_tokens(attempts: list[AnyAttempt], names: list[str], design: dict[str, int]) -> list[_Tokens]:
-    """The token columns of each named family's attempts, then of all of them. One pass over the
-    attempts picks the columns; each family's are then selected by mask, in attempt order (at an hour's
-    soak a pass per family and column cost 0.4 s)."""
-    missing = object()
-    designs = [design.get(a.attempt_id, missing) for a in attempts]
-    rows = [d is not missing and bool(a.prompt_tokens) for a, d in zip(attempts, designs, strict=True)]
-    used = [r and a.cached_tokens is not None for a, r in zip(attempts, rows, strict=True)]
-    kept = [i for i, u in enumerate(used) if u]
-    prompt = _column([attempts[i].prompt_tokens or 0 for i in kept])
-    designed = _column([designs[i] for i in kept])
-    achieved = _column([attempts[i].cached_tokens or 0 for i in kept])
-    sent = np.array([attempts[i].send_ts for i in kept], dtype=float)
+def _as_recorded(rows: Rows, name: str) -> list[Any]:
+    """A NUMBER field's values as recorded (an integer where a record held one), a zero as the integer 0 (what
+    `value or 0` made of it); the rows' values are all known."""
+    values = rows.recorded(name)
+    listed = values.tolist() if isinstance(values, np.ndarray) else values
+    return [v or 0 for v in listed]
+
+
+def family_tokens(rows: Rows, names: list[str], design: list[Any]) -> list[_Tokens]:
+    """The token columns of each named family's attempts, then of all of them; `design`: each row's designed
+    tokens (None: none). The columns are picked once; each family's are then selected by mask, in row order
+    (at an hour's soak a pass per family and column cost 0.4 s)."""
+    prompt_tokens, cached_tokens = rows.number("prompt_tokens"), rows.number("cached_tokens")
+    with_design = np.array([d is not None for d in design], dtype=bool)
+    counted = with_design & ~np.isnan(prompt_tokens) & (prompt_tokens != 0)  # a design and a prompt
+    used = counted & ~np.isnan(cached_tokens)
+    kept_at = np.flatnonzero(used)
+    kept = rows[used]
+    prompt = _column(_as_recorded(kept, "prompt_tokens"))
+    designed = _column([design[i] for i in kept_at.tolist()])
+    achieved = _column(_as_recorded(kept, "cached_tokens"))
+    sent = kept.number("send_ts")
     start, span = (float(sent.min()), float(sent.max() - sent.min())) if len(sent) else (0.0, 0.0)
     width = max(min(REUSE_WINDOW_S, span / MIN_WINDOWS), 1e-9)
     windows = np.floor((sent - start) / width).astype(np.int64)
-    keys = np.array([attempt_key(attempts[i]) for i in kept], dtype=object)
     codes = {name: code for code, name in enumerate(names)}
-    family = np.array([codes.get(a.family, -1) for a in attempts], dtype=np.int64)
-    row_family, kept_family = family[np.array(rows, dtype=bool)], family[np.array(kept, dtype=np.int64)]
+    table = rows.table("family")
+    family = np.array([codes.get(v, -1) if _hashable(v) else -1 for v in table], dtype=np.int64)[rows.ints("family")] \
+        if len(rows) else np.zeros(0, dtype=np.int64)
+    row_family, kept_family = family[counted], family[kept_at]
     out = []
     for code in range(len(names)):
         mine = kept_family == code
         out.append(_Tokens(int(np.count_nonzero(row_family == code)), prompt[mine], designed[mine], achieved[mine],
-                           windows[mine], keys[mine]))
-    return [*out, _Tokens(int(sum(rows)), prompt, designed, achieved, windows, keys)]
+                           windows[mine], kept[mine]))
+    return [*out, _Tokens(int(counted.sum()), prompt, designed, achieved, windows, kept)]
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def by_window(tokens: _Tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -105,11 +123,11 @@ def by_window(tokens: _Tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                  for c in (tokens.achieved, tokens.prompt, tokens.designed))
 
 
-def family_rows(attempts: list[AnyAttempt], names: list[str], design: dict[str, int]) -> list[dict[str, Any]]:
+def family_rows(rows: Rows, names: list[str], design: list[Any]) -> list[dict[str, Any]]:
     """The figures of each named family, then of all the attempts. Their bootstrap intervals are drawn in
     threads, the largest first: numpy draws and sums with the GIL released. Each interval has its own
     seeded generator, so the threads change no number."""
-    parts = family_tokens(attempts, names, design)
+    parts = family_tokens(rows, names, design)
     windows = [by_window(part) for part in parts]
     order = sorted(range(len(parts)), key=lambda i: -len(windows[i][0]))
     with ThreadPoolExecutor(max_workers=max(1, min(len(parts), os.cpu_count() or 1))) as pool:
@@ -124,10 +142,11 @@ def _row(tokens: _Tokens, share_ci: tuple[float, float] | None, design_ci: tuple
     prompt, designed, achieved = _total(tokens.prompt), _total(tokens.designed), _total(tokens.achieved)
     with_design = np.asarray(tokens.designed > 0, dtype=bool)
     hit = np.asarray(tokens.achieved >= REACHED * tokens.designed, dtype=bool)[with_design]
-    reached = rate_by_keys(list(tokens.keys[with_design]), hit)
+    reached = rate_by_codes(cluster_codes(tokens.kept[with_design]), hit)
+    clusters = cluster_codes(tokens.kept)
     out: dict[str, Any] = {
         "attempts": tokens.rows, "attempts_with_usage": len(tokens.achieved),
-        "distinct_requests": len(set(tokens.keys.tolist())), "windows": windows,
+        "distinct_requests": int(clusters.max()) + 1 if len(clusters) else 0, "windows": windows,
         "attempts_with_design": int(np.count_nonzero(with_design)),
         "prompt_tokens": prompt, "designed_tokens": designed, "achieved_tokens": achieved,
         "designed_share": designed / prompt if prompt else None,
@@ -252,7 +271,7 @@ def geometry_of(config: dict[str, str]) -> Geometry:
 
 
 def _thin(index: MetricIndex, limits: dict[str, float], config: dict[str, str], t0: float, t1: float,
-          rows: list[AnyAttempt]) -> list[str]:
+          rows: Rows) -> list[str]:
     """Why a shortfall may say nothing about the cache: eviction under capacity, an unknown geometry."""
     why = []
     kv = index.gauge(VllmMetric.KV_CACHE_USAGE, t0, t1)
@@ -261,13 +280,15 @@ def _thin(index: MetricIndex, limits: dict[str, float], config: dict[str, str], 
     geometry = geometry_of(config)
     blocks = config.get("num_gpu_blocks")
     running = index.gauge(VllmMetric.NUM_REQUESTS_RUNNING, t0, t1)
-    prompts = [a.prompt_tokens for a in rows if a.prompt_tokens]
-    if blocks and blocks.isdigit() and running and prompts:
+    prompt = rows.number("prompt_tokens")
+    prompted = rows[~np.isnan(prompt) & (prompt != 0)]
+    if blocks and blocks.isdigit() and running and len(prompted):
         capacity = int(blocks) * geometry.block
-        demand = (running["max"] + 1) * sum(prompts) / len(prompts)
+        mean = prompted.total("prompt_tokens") / len(prompted)
+        demand = (running["max"] + 1) * prompted.total("prompt_tokens") / len(prompted)
         if demand > capacity:
             why.append(f"the KV cache holds {capacity:,} tokens, less than the requests in flight need (up to "
-                       f"{running['max']:.0f} running, {sum(prompts) / len(prompts):,.0f} prompt tokens each): "
+                       f"{running['max']:.0f} running, {mean:,.0f} prompt tokens each): "
                        "prefixes are evicted between requests")
     if not geometry.block_known:
         why.append(f"the block size is unknown (vllm:cache_config_info not scraped; {DEFAULT_BLOCK} assumed)")
@@ -278,7 +299,9 @@ def judge_reuse(data: RunData, index: MetricIndex, limits: dict[str, float], con
                 ) -> tuple[dict[str, Any], list[Finding]]:
     """numbers.reuse of the prefix_cache pillar and the findings (see the module doc)."""
     design = data.reuse_design
-    if not any(a.status == "ok" for a in data.attempts):
+    every = data.columns.rows()
+    ok = every.code_is("status", "ok")
+    if not ok.any():
         return {"status": NOT_RUN, "reason": "no request completed"}, []
     if design is None:
         why = "reuse_design.json is missing (the run predates it, or ended before the measurement)"
@@ -293,31 +316,36 @@ def judge_reuse(data: RunData, index: MetricIndex, limits: dict[str, float], con
     # other's blocks (or neither, prefilled in one step) is the scheduler's draw, so they have no design
     # to be held to. Left out of the rows (a real server gave one cold twin 1,408 cached tokens of 1,436),
     # they still count as prefixes later requests may reuse.
-    twins = sum(1 for a in data.attempts if a.status == "ok" and a.stream_pair)
-    attempts = [a for a in data.attempts if a.status == "ok" and not a.stream_pair]
-    designed = designed_tokens(data.attempts, design, geometry)
-    t0 = data.stages[0].start_ts if data.stages else min((a.send_ts for a in attempts), default=0.0)
-    t1 = data.stages[-1].end_ts if data.stages else max((a.end_ts for a in attempts), default=0.0)
+    paired = every.code_where("stream_pair", bool)
+    twins = int(np.count_nonzero(ok & paired))
+    chosen = ok & ~paired
+    attempts = every[chosen]
+    designed = designed_tokens(every, design, geometry)
+    sent, ended = attempts.number("send_ts"), attempts.number("end_ts")
+    t0 = data.stages[0].start_ts if data.stages else (float(sent.min()) if len(sent) else 0.0)
+    t1 = data.stages[-1].end_ts if data.stages else (float(ended.max()) if len(ended) else 0.0)
     thin = _thin(index, limits, config, t0, t1, attempts)
     scenarios = scenario_design(design)
     families: dict[str, dict[str, Any]] = {}
     findings = []
-    names = sorted({a.family for a in attempts})
-    *rows, total = family_rows(attempts, names, designed)
+    names = sorted(attempts.seen("family"))
+    *rows, total = family_rows(attempts, names, [designed[i] for i in np.flatnonzero(chosen).tolist()])
     for family, row in zip(names, rows, strict=True):
         if not row["attempts"]:
             continue
         finding = judge_family(family, row, scenarios, limits, thin)
         families[family] = row | {"finding": finding.to_dict()}
         findings.append(finding)
-    m0 = min([t0, *(a.send_ts for a in attempts)])  # the counters cover every request, in flight at the edges too
-    m1 = max([t1, *(a.end_ts for a in attempts)]) + METRICS_SLACK_S
+    m0 = min(t0, float(sent.min())) if len(sent) else t0  # the counters cover every request, in flight at the edges
+    m1 = (max(t1, float(ended.max())) if len(ended) else t1) + METRICS_SLACK_S
     hits = index.delta(VllmMetric.PREFIX_CACHE_HITS_TOTAL, m0, m1)
     queries = index.delta(VllmMetric.PREFIX_CACHE_QUERIES_TOTAL, m0, m1)
-    every = [a for a in data.attempts if a.status == "ok"]  # what /metrics counted: the drill's twins too
+    answered = every[ok]  # what /metrics counted: the drill's twins too
+    cached = answered[~np.isnan(answered.number("cached_tokens"))]
     total["metrics"] = {"prefix_cache_hits": hits, "prefix_cache_queries": queries,
                         "hit_share": hits / queries if hits is not None and queries else None,
-                        "responses_cached_tokens": sum(a.cached_tokens or 0 for a in every), "responses": len(every)}
+                        "responses_cached_tokens": cached.total("cached_tokens", falsy_as_zero=True),
+                        "responses": len(answered)}
     numbers = {"status": "measured", "block_size": geometry.block, "block_size_known": geometry.block_known,
                "checkpoint_tokens": geometry.align, "families": families, "run": total, "design": scenarios,
                "evidence_gaps": thin, "drill_twins_left_out": twins}

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any
 
-from k3load.analysis.run.lean import AnyAttempt, designed_body
-from k3load.analysis.run.rundata import send_order
+import numpy as np
+
+from k3load.analysis.run.record_columns import Rows, designed_body_rows, group_of, in_send_order
 
 DEFAULT_BLOCK = 16  # vLLM's default block size, used only when vllm:cache_config_info was not scraped
 
@@ -33,22 +33,6 @@ class Geometry:
         if self.align:
             tokens -= tokens % self.align
         return max(tokens, 0)
-
-
-def salt_key(attempt: AnyAttempt, kind: str) -> tuple[Any, ...]:
-    """Requests with equal keys carry the same salt (see the module doc)."""
-    if kind == "request":
-        return ("request", attempt.stream_pair or attempt.chain_id)
-    if kind == "pair":
-        return ("pair", attempt.user_id, attempt.control_pair)
-    return (kind,)
-
-
-def _ready_ts(attempt: AnyAttempt) -> float | None:
-    """When the attempt's prompt was in the cache: its first token (or a whole answer's end)."""
-    if attempt.first_token_ts is not None:
-        return attempt.first_token_ts
-    return attempt.end_ts if attempt.status == "ok" else None
 
 
 SaltKey = tuple[Any, ...]
@@ -112,13 +96,19 @@ class _Seen:
         return multi, single[best_key], best_key, second
 
 
-def designed_tokens(attempts: list[AnyAttempt], design: dict[str, Any], geometry: Geometry) -> dict[str, int]:
-    """attempt_id -> designed reused tokens, for the attempts whose scenario and turn were measured.
+def designed_tokens(rows: Rows, design: dict[str, Any], geometry: Geometry) -> list[Any]:
+    """Each row's designed reused tokens (None where its scenario and turn were not measured), in row order.
+    An attempt id recorded twice takes, on every row of it, the value its last row in send order was given
+    (what a table keyed by the id holds).
 
     The loop runs once per request of the run (360,000 at an hour's soak), so it is written for that: a
     (variant, salt key) already among the seen is not queued again (adding it again would change
     nothing), a scenario's salt key that is the same for every request is built once, and a request's
-    best prefix is kept per (variant, salt key) until what it depends on changes (`best`, below)."""
+    best prefix is kept per (variant, salt key) until what it depends on changes (`best`, below). It reads
+    the record columns (analysis/run/record_columns.py), a few fields of every row.
+
+    Salt keys (see the module doc of reuse.py): a `request`-salted request's is its stream pair, else its
+    chain (the ids as recorded); a `pair`'s its user and control pair; any other scenario's its salt kind."""
     index = {key: i for i, key in enumerate(design.get("variants") or [])}
     matrix: list[list[int]] = design.get("shared_prefix_tokens") or []
     lengths: list[int] = design.get("prompt_tokens") or []
@@ -130,32 +120,49 @@ def designed_tokens(attempts: list[AnyAttempt], design: dict[str, Any], geometry
     pending: list[tuple[float, int, int, SaltKey]] = []
     added: set[tuple[int, SaltKey]] = set()  # the (variant, salt key) pairs already in `seen`
     push, pop = heapq.heappush, heapq.heappop
-    out: dict[str, int] = {}
-    # (scenario, turn) -> (variant, salt kind, the salt key when every request of the scenario shares it)
-    measured: dict[tuple[str, int], tuple[int, str, SaltKey | None] | None] = {}
+    out: list[Any] = [None] * len(rows)
+    # (scenario code, turn) -> (variant, salt kind, the salt key when every request of the scenario shares it)
+    measured: dict[tuple[int, int], tuple[int, str, SaltKey | None] | None] = {}
     # (variant, salt key) -> (seen.version, the size of the key's group, the best shared prefix): `within`
     # reads only the key's group (a set that only grows, so its size names its content), `across` only
     # the variants' keys (seen.version counts their changes), so the best stays while both are unchanged
     best_of: dict[tuple[int, SaltKey], tuple[int, int, int]] = {}
-    for order, attempt in enumerate(_in_send_order(attempts)):
-        send = attempt.send_ts
-        while pending and pending[0][0] <= send:
+    scenarios, pairs, users = rows.table("scenario"), rows.table("stream_pair"), rows.table("user_id")
+    numbers = rows.table("control_pair")
+    scenario, turn, pair = rows.ints("scenario").tolist(), rows.ints("turn").tolist(), rows.ints("stream_pair").tolist()
+    user, control = rows.ints("user_id").tolist(), rows.ints("control_pair").tolist()
+    designed = designed_body_rows(rows).tolist()
+    prompts = _recorded(rows, "prompt_tokens")
+    first, end = rows.number("first_token_ts"), rows.number("end_ts")
+    ready_at = np.where(np.isnan(first), np.where(rows.code_is("status", "ok"), end, np.nan), first).tolist()
+    unpaired = (~rows.code_where("stream_pair", bool)).tolist()  # salted by their chain (its id read as recorded)
+    chain_ids, chain_keys = rows.columns.columns["chain_id"], rows.keys("chain_id")
+    send = rows.number("send_ts").tolist()
+    for order, i in enumerate(in_send_order(rows).tolist()):
+        sent = send[i]
+        while pending and pending[0][0] <= sent:
             _, _, variant, key = pop(pending)
             if (variant, key) not in added:
                 added.add((variant, key))
                 add(variant, key)
-        turn = (attempt.scenario, attempt.turn)
-        if turn in measured:
-            found = measured[turn]
+        code, number = scenario[i], turn[i]
+        if (code, number) in measured:
+            found = measured[code, number]
         else:
-            first = index.get(f"{attempt.scenario}/{attempt.turn}/A")
-            kind = kinds[attempt.scenario] if first is not None and attempt.scenario in kinds else ""
-            found = measured[turn] = (first, kind, None if kind in ("request", "pair") else (kind,)) \
-                if first is not None and attempt.scenario in kinds else None
-        if found is None or not designed_body(attempt):
+            name = scenarios[code]
+            first_variant = index.get(f"{name}/{number}/A")
+            kind = kinds[name] if first_variant is not None and name in kinds else ""
+            found = measured[code, number] = (first_variant, kind, None if kind in ("request", "pair") else (kind,)) \
+                if first_variant is not None and name in kinds else None
+        if found is None or not designed[i]:
             continue
         me, kind, shared_key = found
-        key = shared_key if shared_key is not None else salt_key(attempt, kind)
+        if shared_key is not None:
+            key = shared_key
+        elif kind == "request":
+            key = ("request", chain_ids.key_text(chain_keys[i]) if unpaired[i] else pairs[pair[i]])
+        else:
+            key = ("pair", users[user[i]], numbers[control[i]])
         group = same.get(key)
         size = len(group) if group else 0
         mine = (me, key)
@@ -167,24 +174,33 @@ def designed_tokens(attempts: list[AnyAttempt], design: dict[str, Any], geometry
             if (shared := across(me, key)) is not None and shared > best:
                 best = shared
             best_of[mine] = (seen.version, size, best)
-        prompt = attempt.prompt_tokens
+        prompt = prompts[i]
         tokens = min(best, (prompt if prompt is not None else lengths[me]) - 1)
         tokens -= tokens % block  # Geometry.floor, written out: once per request
         if align:
             tokens -= tokens % align
-        out[attempt.attempt_id] = tokens if tokens > 0 else 0
-        ready = attempt.first_token_ts  # _ready_ts, written out
-        if ready is None and attempt.status == "ok":
-            ready = attempt.end_ts
-        if ready is not None and mine not in added:
+        out[i] = tokens if tokens > 0 else 0
+        ready = ready_at[i]  # when the prompt was in the cache: its first token (or a whole answer's end)
+        if ready == ready and mine not in added:  # not NaN
             push(pending, (ready, order, me, key))
-    return out
+    return _last_by_id(rows, out)
 
 
-def _in_send_order(attempts: list[AnyAttempt]) -> list[AnyAttempt]:
-    """By (send_ts, attempt_id), ties in list order (a stable sort on both): by numpy's argsort where every
-    send time is a float (`send_order`), which ranks no attempt id but among equal send times."""
-    order = send_order([a.send_ts for a in attempts], [a.attempt_id for a in attempts])
-    if order is None:
-        return sorted(attempts, key=attrgetter("send_ts", "attempt_id"))
-    return [attempts[i] for i in order.tolist()]
+def _recorded(rows: Rows, name: str) -> list[Any]:
+    """A NUMBER field's values as recorded (an integer where a record held one), None where unknown."""
+    values = rows.recorded(name)
+    listed = values.tolist() if isinstance(values, np.ndarray) else values
+    return [None if v != v else v for v in listed]  # NaN: unknown
+
+
+def _last_by_id(rows: Rows, values: list[Any]) -> list[Any]:
+    """Each row's value as a table keyed by the attempt id holds it after every row was written in send order:
+    the last value given (not None) to a row of that id."""
+    _, group = group_of(rows.keys("attempt_id"))
+    if len(np.unique(group)) == len(group):
+        return values  # every id once: nothing to merge
+    last: dict[int, Any] = {}
+    for i in in_send_order(rows).tolist():
+        if values[i] is not None:
+            last[int(group[i])] = values[i]
+    return [last.get(g) for g in group.tolist()]
