@@ -74,6 +74,7 @@ FIELDS: dict[str, Kind] = {
     "temperature": Kind.CODE, "seed": Kind.CODE, "tool_call_max_gap_ms": Kind.NUMBER,
     "tool_call_span_ms": Kind.NUMBER, "tool_call_deltas": Kind.NUMBER, "history": Kind.CODE, "model_round": Kind.CODE,
     "answer_signature": Kind.CODE, "first_token_ts": Kind.NUMBER, "stream_pair": Kind.CODE, "control_pair": Kind.CODE,
+    "path": Kind.CODE,
 }
 NAMES = tuple(FIELDS)
 
@@ -90,7 +91,8 @@ def _values(lean: Any, frame: Sequence[Any]) -> tuple[Any, ...]:
             lean.findings, lean.tool_calls, lean.will_retry, lean.finish_reason, getattr(lean, "temperature", None),
             getattr(lean, "seed", None), lean.tool_call_max_gap_ms, lean.tool_call_span_ms, lean.tool_call_deltas,
             getattr(lean, "history", None), getattr(lean, "model_round", None),
-            getattr(lean, "answer_signature", UNREAD), lean.first_token_ts, lean.stream_pair, lean.control_pair)
+            getattr(lean, "answer_signature", UNREAD), lean.first_token_ts, lean.stream_pair, lean.control_pair,
+            getattr(lean, "path", None))
 
 
 KEY_DTYPE = np.dtype([("kind", np.uint8), ("hi", np.uint64), ("lo", np.uint64)])

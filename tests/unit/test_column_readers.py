@@ -21,7 +21,7 @@ from k3load.analysis.pillars.agent.pillar_agent import (
     context_refusals,
 )
 from k3load.analysis.pillars.agent.reproducibility import reproducibility
-from k3load.analysis.pillars.agent.retry_paths import _path_counts, path_counts
+from k3load.analysis.pillars.agent.retry_paths import path_counts
 from k3load.analysis.pillars.agent.tool_calls import known_failures
 from k3load.analysis.pillars.agent.trigger_by_stage import trigger_by_stage
 from k3load.analysis.pillars.headroom.buffering import (
@@ -40,6 +40,7 @@ from tests.unit.whole_readings import (
     _whole_agreement,
     _whole_context_refusals,
     _whole_known_failures,
+    _whole_path_counts,
     _whole_profile,
     _whole_rates,
     _whole_reproducibility,
@@ -79,7 +80,7 @@ def attempts(draw: Any) -> list[Attempt]:
 @given(attempts())
 def test_path_counts_on_the_columns_are_those_of_every_attempt_read_whole(run: list[Attempt]) -> None:
     try:
-        whole = _path_counts(_lean(run))
+        whole = _whole_path_counts(_lean(run))
     except TypeError:  # a string numbered attempt compared with an integer: the rule fails on it either way
         return
     assert path_counts(RunData(path=Path("."), attempts=_lean(run))) == whole

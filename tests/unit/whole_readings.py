@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from k3load.analysis.pillars.agent.reproducibility import (
     signature_of,
     what_differs,
 )
+from k3load.analysis.pillars.agent.retry_paths import PATHS
 from k3load.analysis.pillars.agent.trigger_by_stage import Change
 from k3load.analysis.pillars.agent.trigger_by_stage import _rule as _trigger_rule
 from k3load.analysis.pillars.headroom.buffering import (
@@ -56,6 +57,7 @@ from k3load.analysis.run.timeline import MetricIndex
 from k3load.outcomes import FAIL, INCONCLUSIVE, LAYERS, MODEL_OUTPUT, PARSER, PASS, Pillar
 from k3load.sampler.vllm_metrics import VllmMetric
 from k3load.workload.plan import Plan
+from k3load.workload.retry_policy import AttemptPath
 from k3load.workload.stage_kind import StageKind
 from k3load.workload.stream_equivalence import BOTH_VALID, NOT_COMPARED, OUTCOMES
 from k3load.workload.stream_equivalence import CHECK as EQUIVALENCE
@@ -661,3 +663,43 @@ def _whole_among(scored: list[tuple[Any, str]], among: tuple[str, ...]) -> Rate:
     return rate_by_request([a for a, _ in picked], [o == "tp" for _, o in picked])
 
 
+# -- the retry paths (analysis/pillars/agent/retry_paths.py), every attempt read whole ------------------------
+def _whole_path_counts(attempts: Sequence[Any]) -> dict[str, Any]:
+    """`path_counts` over these attempts, every one read whole."""
+    counts: dict[str, Any] = {p: {"attempts": 0, "valid": 0, "drill": 0} for p in PATHS}
+    later = [a for a in attempts if a.attempt > 1]
+    first_tries = counts[AttemptPath.FIRST_TRY.value]
+    first_tries["attempts"] = len(attempts) - len(later)
+    first_tries["valid"] = sum(1 for a in attempts if a.valid and a.attempt == 1)
+    first_tries["drill"] = sum(1 for a in attempts if a.drill and a.attempt == 1)
+    chains = {a.chain_id for a in later}
+    first = {a.chain_id: a.request_sha256 for a in attempts if a.attempt == 1 and a.chain_id in chains} \
+        if later else {}
+    last: dict[str, Any] = {}
+    for attempt in later:
+        path = path_of(attempt, first.get(attempt.chain_id))
+        _tally(counts[path], (attempt,))
+        if attempt.attempt > getattr(last.get(attempt.chain_id), "attempt", 0):
+            last[attempt.chain_id] = attempt
+    counts["retried_unrecovered"] = sum(
+        1 for a in last.values()
+        if not a.valid and not a.will_retry and path_of(a, first.get(a.chain_id)) == AttemptPath.RETRY.value)
+    return counts
+
+
+def path_of(attempt: Any, first_sha256: str | None) -> str:
+    """The attempt's path: its record's `path`, else read from its number and bytes (module docstring)."""
+    recorded = getattr(attempt, "path", None)
+    if recorded in PATHS:
+        return str(recorded)
+    if attempt.attempt == 1:
+        return AttemptPath.FIRST_TRY.value
+    same = first_sha256 is None or attempt.request_sha256 == first_sha256
+    return AttemptPath.RETRY.value if same else AttemptPath.FALLBACK.value
+
+
+def _tally(row: dict[str, int], attempts: Iterable[Any]) -> None:
+    for attempt in attempts:
+        row["attempts"] += 1
+        row["valid"] += bool(attempt.valid)
+        row["drill"] += bool(attempt.drill)

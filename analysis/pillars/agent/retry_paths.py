@@ -13,9 +13,11 @@ run's own model sends the same bytes and reads as a retry there.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
+from k3load.analysis.run.record_columns import group_of
 from k3load.analysis.run.rundata import RunData
 from k3load.workload.retry_policy import AttemptPath
 
@@ -27,60 +29,48 @@ def path_counts(data: RunData) -> dict[str, Any]:
     deadline: they fail on purpose). `retried_unrecovered`: requests retried whose last attempt (not cut by the
     run's end) was a failed retry, with no fallback after it.
 
-    Read whole: every attempt not numbered 1 and the first tries of their chains (few); every other first try
-    only counted, on the record columns (its `valid` counted where it is true)."""
+    On the record columns: every first try counted; each later attempt (numbered above 1, few) given its path,
+    its chain's first try (the last numbered 1, in file order) named by its bytes' code."""
     rows = data.columns.rows()
-    first_try = rows.ints("attempt") == 1
-    later_chains = rows[~first_try].keys("chain_id")
-    read = ~first_try | rows.key_in("chain_id", later_chains)
-    counts = _path_counts(data.pick(rows[read]))
-    counted = rows[~read]  # first tries of chains never retried
-    first_tries = counts[AttemptPath.FIRST_TRY.value]
-    first_tries["attempts"] += len(counted)
-    first_tries["valid"] += int(counted.flag("valid").sum())
-    first_tries["drill"] += int(counted.flag("drill").sum())
-    return counts
-
-
-def _path_counts(attempts: Sequence[Any]) -> dict[str, Any]:
-    """`path_counts` over these attempts, every one read whole."""
+    number, valid, drill = rows.ints("attempt"), rows.flag("valid"), rows.flag("drill")
     counts: dict[str, Any] = {p: {"attempts": 0, "valid": 0, "drill": 0} for p in PATHS}
-    later = [a for a in attempts if a.attempt > 1]
-    first_tries = counts[AttemptPath.FIRST_TRY.value]
-    first_tries["attempts"] = len(attempts) - len(later)
-    first_tries["valid"] = sum(1 for a in attempts if a.valid and a.attempt == 1)
-    first_tries["drill"] = sum(1 for a in attempts if a.drill and a.attempt == 1)
-    chains = {a.chain_id for a in later}
-    first = {a.chain_id: a.request_sha256 for a in attempts if a.attempt == 1 and a.chain_id in chains} \
-        if later else {}
-    last: dict[str, Any] = {}
-    for attempt in later:
-        path = path_of(attempt, first.get(attempt.chain_id))
-        _tally(counts[path], (attempt,))
-        if attempt.attempt > getattr(last.get(attempt.chain_id), "attempt", 0):
-            last[attempt.chain_id] = attempt
-    counts["retried_unrecovered"] = sum(
-        1 for a in last.values()
-        if not a.valid and not a.will_retry and path_of(a, first.get(a.chain_id)) == AttemptPath.RETRY.value)
-    return counts
+    later = number > 1
+    first_try, first_tries = number == 1, counts[AttemptPath.FIRST_TRY.value]
+    first_tries["attempts"] = int(np.count_nonzero(~later))
+    first_tries["valid"] = int(np.count_nonzero(valid & first_try))
+    first_tries["drill"] = int(np.count_nonzero(drill & first_try))
+    if not later.any():
+        counts["retried_unrecovered"] = 0
+        return counts
+    chains, chain = group_of(rows.keys("chain_id"))  # rows without a chain id: one chain, as a dict keyed by it
+    retried = np.zeros(chains, dtype=bool)
+    retried[chain[later]] = True
+    sha, shas = rows.ints("request_sha256"), rows.table("request_sha256")
+    firsts = np.flatnonzero(first_try & retried[chain])
+    first_of: dict[int, int] = dict(zip(chain[firsts].tolist(), sha[firsts].tolist(), strict=True))  # last wins
+    recorded, recorded_paths = rows.ints("path"), rows.table("path")
+    will_retry = rows.flag("will_retry")
 
+    def path(i: int) -> str:  # path_of on the columns (the row numbered above 1)
+        value = recorded_paths[recorded[i]]
+        if value in PATHS:
+            return str(value)
+        first = first_of.get(int(chain[i]))
+        same = first is None or shas[first] is None or sha[i] == first
+        return AttemptPath.RETRY.value if same else AttemptPath.FALLBACK.value
 
-def path_of(attempt: Any, first_sha256: str | None) -> str:
-    """The attempt's path: its record's `path`, else read from its number and bytes (module docstring)."""
-    recorded = getattr(attempt, "path", None)
-    if recorded in PATHS:
-        return str(recorded)
-    if attempt.attempt == 1:
-        return AttemptPath.FIRST_TRY.value
-    same = first_sha256 is None or attempt.request_sha256 == first_sha256
-    return AttemptPath.RETRY.value if same else AttemptPath.FALLBACK.value
-
-
-def _tally(row: dict[str, int], attempts: Iterable[Any]) -> None:
-    for attempt in attempts:
+    last: dict[int, int] = {}  # per chain its later attempt with the highest number (the first of equals)
+    for i in np.flatnonzero(later).tolist():
+        row = counts[path(i)]
         row["attempts"] += 1
-        row["valid"] += bool(attempt.valid)
-        row["drill"] += bool(attempt.drill)
+        row["valid"] += bool(valid[i])
+        row["drill"] += bool(drill[i])
+        held = last.get(int(chain[i]))
+        if held is None or number[i] > number[held]:
+            last[int(chain[i])] = i
+    counts["retried_unrecovered"] = sum(1 for i in last.values() if not valid[i] and not will_retry[i]
+                                        and path(i) == AttemptPath.RETRY.value)
+    return counts
 
 
 def said(counts: dict[str, Any]) -> str:
