@@ -70,12 +70,16 @@ class RecordDecoder:
     """Appends each line's lean attempt (to `attempts`) and its columns (to `columns`), or says the line must be
     read whole."""
 
-    def __init__(self, shared: Interner, attempts: list[Any], columns: RecordColumns) -> None:
+    def __init__(self, shared: Interner, attempts: list[Any] | dict[int, Any], columns: RecordColumns,
+                 keep: Callable[[Any], bool] | None = None) -> None:
+        """`attempts`: a list that gets every lean attempt, or, with `keep`, a dict that gets those `keep` says, by
+        their row (their position in the columns): the few a rule reads whole (`RunData.pick`)."""
         self.shared = shared
         # `_Line` is built at import from Attempt's fields (declared once, in k3load.records), so no checker can
         # see its attributes: a decoded line is read as `Any`, its fields as json.loads would give them
         self._decode: Callable[[str | bytes], Any] = msgspec.json.Decoder(_Line).decode
-        self._append = attempts.append
+        self._attempts, self._keep, self._row = attempts, keep, 0
+        self._append = attempts.append if isinstance(attempts, list) else None
         self._columns = columns.add
 
     def take(self, line: str | bytes) -> bool:
@@ -90,7 +94,11 @@ class RecordDecoder:
 
     def add(self, lean: Any, frame: tuple[Any, ...]) -> None:
         """An attempt and its frame-only values (in FRAME_ONLY's order); a line read whole comes here too."""
-        self._append(lean)
+        if self._append is not None:
+            self._append(lean)
+        elif self._keep is not None and self._keep(lean):
+            self._attempts[self._row] = lean
+        self._row += 1
         self._columns(lean, frame)
 
     def _signature(self, r: Any) -> str | None:

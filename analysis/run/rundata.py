@@ -36,6 +36,7 @@ from k3load.analysis.run.row_columns import RowColumns
 from k3load.analysis.run.scrape_samples import Layouts
 from k3load.errors import InputError
 from k3load.events import Event
+from k3load.outcomes import HARNESS_ERROR
 from k3load.records import Attempt
 from k3load.workload.plan import Plan, PlanError, parse_plan
 
@@ -56,7 +57,9 @@ class RunData:
     path: Path
     run: dict[str, Any] = field(default_factory=dict)
     plan: Plan | None = None
-    attempts: list[AnyAttempt] = field(default_factory=list)  # file order; LeanAttempt when loaded from disk
+    attempts: list[AnyAttempt] = field(default_factory=list)  # every record given whole, file order (a test's)
+    # a run loaded from disk: the records a rule reads whole, as read, by row (`read_whole_later`); None: `attempts`
+    kept: dict[int, AnyAttempt] | None = None
     columns: RecordColumns = field(default_factory=RecordColumns)  # the same records as columns (record_columns.py)
     metrics: list[dict[str, Any]] = field(default_factory=list)
     gpu: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -71,9 +74,16 @@ class RunData:
             self.columns = columns_of(self.attempts)
 
     def pick(self, rows: Rows) -> list[AnyAttempt]:
-        """The attempts of these rows, in their order. Why: a rule that reads a few records whole (retries, drills,
-        refusals, control pairs) chooses them on the columns first and reads only those."""
-        return [self.attempts[i] for i in rows.file_positions().tolist()]
+        """The attempts of these rows, in their order. Why: a rule that reads a few records whole (the control
+        pairs, the answers the harness could not judge) chooses them on the columns first and reads only those.
+        A loaded run keeps those as it reads (`read_whole_later`); a row it did not keep is read again from the
+        records file, every record of it then kept (slow, and never taken by today's rules)."""
+        positions = rows.file_positions().tolist()
+        if self.kept is None:
+            return [self.attempts[i] for i in positions]
+        if any(i not in self.kept for i in positions):
+            self.kept = dict(enumerate(_read_records(evidence.records_file(self.path))[0]))
+        return [self.kept[i] for i in positions]
 
     def events_named(self, *names: Event) -> list[dict[str, Any]]:
         return [e for e in self.events if e.get("event") in names]
@@ -212,7 +222,27 @@ class UnreadableRecords(InputError):
     judged without guessing, so `k3load analyze` says which line, in one line, and exits 2."""
 
 
+def read_whole_later(lean: AnyAttempt) -> bool:
+    """Whether a rule reads this record whole (`RunData.pick`): a prefix-cache control request
+    (analysis/pillars/cache/pillar_cache.py: its pairs) or an answer the harness could not judge (its
+    `harness.error` finding: analysis/pillars/agent/unjudged.py). Every other record is read as columns only."""
+    return lean.control_role is not None or any(f.check == HARNESS_ERROR for f in lean.findings)
+
+
+def _read_kept(path: Path, problems: list[str]) -> tuple[dict[int, AnyAttempt], RecordColumns]:
+    """The record columns and, by row, the records a rule reads whole (`read_whole_later`)."""
+    kept: dict[int, AnyAttempt] = {}
+    return kept, _read_into(path, problems, kept, read_whole_later)
+
+
 def _read_records(path: Path, problems: list[str] | None = None) -> tuple[list[AnyAttempt], RecordColumns]:
+    """Every lean attempt and the record columns (`_read_into`)."""
+    attempts: list[AnyAttempt] = []
+    return attempts, _read_into(path, problems, attempts)
+
+
+def _read_into(path: Path, problems: list[str] | None, attempts: list[AnyAttempt] | dict[int, AnyAttempt],
+               keep: Callable[[Any], bool] | None = None) -> RecordColumns:
     """The lean attempts and the record columns, one line at a time: each line decoded by
     `RecordDecoder` (only the fields the rules read), or, where it refuses one, read whole. A torn last
     line (the writer was killed mid-write) is skipped, and said in `problems` with its size (a file that is
@@ -225,9 +255,8 @@ def _read_records(path: Path, problems: list[str] | None = None) -> tuple[list[A
     of the fields it skips, so a line that is not ASCII is checked first (`_utf8`); one that is not UTF-8
     is read whole, which names it, as before."""
     shared = Interner()
-    attempts: list[AnyAttempt] = []
     columns = RecordColumns()
-    decoder = RecordDecoder(shared, attempts, columns)
+    decoder = RecordDecoder(shared, attempts, columns, keep)
     take = decoder.take
     number, tail = 0, []  # tail: the line the next block goes on with, in pieces (a line may span blocks)
     for block in evidence.blocks(path, inflate_ahead=True):  # inflated beside the decoding
@@ -246,7 +275,7 @@ def _read_records(path: Path, problems: list[str] | None = None) -> tuple[list[A
         number += 1
         if not ((rest.isascii() or _utf8(rest)) and take(rest)):
             _read_whole(path, number, rest, decoder, last=True, problems=problems)
-    return attempts, columns
+    return columns
 
 
 def _utf8(line: bytes) -> bool:
@@ -356,7 +385,7 @@ def _load(path: Path) -> RunData:
             problems.append(f"plan.yaml: {exc}")
     records = evidence.records_file(path)
     if records.exists():
-        data.attempts, data.columns = _read_records(records, problems)
+        data.kept, data.columns = _read_kept(records, problems)
     metrics = _jsonl(evidence.metrics_file(path), problems, Layouts(), evidence.SeriesTable().decode)
     data.metrics = sorted(metrics, key=lambda r: r.get("ts", 0))
     data.gpu = _gpu_frame(path / "gpu.jsonl", problems)

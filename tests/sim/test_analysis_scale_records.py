@@ -18,6 +18,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,9 +39,17 @@ def test_lean_records_carry_what_the_attempts_did(tmp_path: Path) -> None:
     whole, columns = _attempts_frame(run)
     data = rundata.load_run(run)
     assert same_columns(data.columns, columns)
-    assert len(data.attempts) == len(whole)
-    for a, lean in zip(whole, data.attempts, strict=True):
+    leans = rundata.read_attempts(evidence.records_file(run))
+    assert len(leans) == len(whole)
+    for a, lean in zip(whole, leans, strict=True):
         _same(a, lean)
+    # a loaded run keeps whole only what a rule reads whole: the control's requests (and unjudged answers)
+    kept = {i for i, a in enumerate(whole) if a.control_role is not None or
+            any(f.check == "harness.error" for f in a.findings)}
+    assert data.kept is not None and set(data.kept) == kept and kept
+    for i in kept:
+        _same(whole[i], data.kept[i])
+    assert data.pick(data.columns.rows()[np.arange(len(whole)) == 0])[0].attempt_id == whole[0].attempt_id
 
 
 def _record(i: int, **extra: Any) -> dict[str, Any]:
@@ -106,7 +115,7 @@ def test_lines_longer_than_a_block_and_a_file_that_is_one_torn_line(tmp_path: Pa
     (run / evidence.RECORDS).unlink()
     (run / "records.jsonl").write_bytes(b"\x00" * 200_000)
     data = rundata.load_run(run)
-    assert data.attempts == [] and data.problems == [
+    assert data.kept == {} and data.problems == [
         "records.jsonl:1: the last line (200,000 bytes, no line end) skipped as cut mid-write"]
 
 
@@ -171,7 +180,7 @@ def test_the_decoder_reads_every_field_as_the_whole_record_gives_it(tmp_path: Pa
     assert [decoder.take(line.encode()) for line in text.splitlines(keepends=True)] == taken  # from UTF-8 bytes
     loaded = rundata.load_run(tmp_path)
     assert len(loaded.columns) == 9  # every line, the ones read whole too, in its columns as in its attempt
-    assert loaded.columns.rows().values("primary_layer") == [a.primary_layer for a in loaded.attempts]
+    assert loaded.columns.rows().values("primary_layer") == [lean.primary_layer for _, lean in pairs]
 
 
 def test_tool_call_names_decoded_are_the_parsed_names(tmp_path: Path) -> None:
