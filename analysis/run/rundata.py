@@ -15,6 +15,7 @@ downstream reads `RunData`.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 from collections.abc import Callable, Iterator
@@ -58,8 +59,9 @@ class RunData:
     run: dict[str, Any] = field(default_factory=dict)
     plan: Plan | None = None
     attempts: list[AnyAttempt] = field(default_factory=list)  # every record given whole, file order (a test's)
-    # a run loaded from disk: the records a rule reads whole, as read, by row (`read_whole_later`); None: `attempts`
+    # a run loaded from disk: the records a rule reads whole, as read, by row (`ReadWholeLater`); None: `attempts`
     kept: dict[int, AnyAttempt] | None = None
+    rereads: int = 0  # times a rule picked a row not kept, and the records file was read again for it
     columns: RecordColumns = field(default_factory=RecordColumns)  # the same records as columns (record_columns.py)
     metrics: list[dict[str, Any]] = field(default_factory=list)
     gpu: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -76,13 +78,14 @@ class RunData:
     def pick(self, rows: Rows) -> list[AnyAttempt]:
         """The attempts of these rows, in their order. Why: a rule that reads a few records whole (the control
         pairs, the answers the harness could not judge) chooses them on the columns first and reads only those.
-        A loaded run keeps those as it reads (`read_whole_later`); a row it did not keep is read again from the
+        A loaded run keeps those as it reads (`ReadWholeLater`); a row it did not keep is read again from the
         records file, every record of it then kept (slow, and never taken by today's rules)."""
         positions = rows.file_positions().tolist()
         if self.kept is None:
             return [self.attempts[i] for i in positions]
         if any(i not in self.kept for i in positions):
             self.kept = dict(enumerate(_read_records(evidence.records_file(self.path))[0]))
+            self.rereads += 1
         return [self.kept[i] for i in positions]
 
     def events_named(self, *names: Event) -> list[dict[str, Any]]:
@@ -222,17 +225,44 @@ class UnreadableRecords(InputError):
     judged without guessing, so `k3load analyze` says which line, in one line, and exits 2."""
 
 
-def read_whole_later(lean: AnyAttempt) -> bool:
-    """Whether a rule reads this record whole (`RunData.pick`): a prefix-cache control request
-    (analysis/pillars/cache/pillar_cache.py: its pairs) or an answer the harness could not judge (its
-    `harness.error` finding: analysis/pillars/agent/unjudged.py). Every other record is read as columns only."""
-    return lean.control_role is not None or any(f.check == HARNESS_ERROR for f in lean.findings)
+class ReadWholeLater:
+    """Which records a rule reads whole (`RunData.pick`), asked of each record as it is read, in file order:
+    - a prefix-cache control request (analysis/pillars/cache/pillar_cache.py: its pairs),
+    - an answer the harness could not judge, its `harness.error` finding (analysis/pillars/agent/unjudged.py),
+    - a refusal, HTTP 400 (pillar_agent.context_refusals: the context-length ones),
+    - the timeout drill's attempts and every later attempt of a drill's chain (pillar_agent._drill),
+    - a streaming drill's streamed twin (tool_calls.stream_equivalence),
+    - a failed `stream.stall` or `tool_call.cadence` finding (tool_calls.cadence).
+    Few in a healthy run; a rule that picks another row reads the file again (slow, never taken by today's)."""
+
+    FAILED_CHECKS = frozenset(("stream.stall", "tool_call.cadence"))
+
+    def __init__(self) -> None:
+        self._findings: dict[int, bool] = {}  # by the findings tuple the reader shares among equal ones
+        self._drill_chains: set[Any] = set()
+
+    def __call__(self, lean: AnyAttempt) -> bool:
+        if lean.drill:
+            with contextlib.suppress(TypeError):  # an unhashable chain id: its chain is read again if asked
+                self._drill_chains.add(lean.chain_id)
+            return True
+        if lean.control_role is not None or lean.stream_role == "stream" or lean.http_status == 400:
+            return True
+        with contextlib.suppress(TypeError):
+            if lean.chain_id in self._drill_chains:
+                return True
+        findings = lean.findings
+        found = self._findings.get(id(findings))  # each tuple is alive for as long as the reader's Interner
+        if found is None:
+            found = self._findings[id(findings)] = any(
+                f.check == HARNESS_ERROR or (f.check in self.FAILED_CHECKS and not f.ok) for f in findings)
+        return found
 
 
 def _read_kept(path: Path, problems: list[str]) -> tuple[dict[int, AnyAttempt], RecordColumns]:
-    """The record columns and, by row, the records a rule reads whole (`read_whole_later`)."""
+    """The record columns and, by row, the records a rule reads whole (`ReadWholeLater`)."""
     kept: dict[int, AnyAttempt] = {}
-    return kept, _read_into(path, problems, kept, read_whole_later)
+    return kept, _read_into(path, problems, kept, ReadWholeLater())
 
 
 def _read_records(path: Path, problems: list[str] | None = None) -> tuple[list[AnyAttempt], RecordColumns]:
