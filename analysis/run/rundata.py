@@ -231,7 +231,6 @@ class ReadWholeLater:
     - an answer the harness could not judge, its `harness.error` finding (analysis/pillars/agent/unjudged.py),
     - a refusal, HTTP 400 (pillar_agent.context_refusals: the context-length ones),
     - the timeout drill's attempts and every later attempt of a drill's chain (pillar_agent._drill),
-    - a streaming drill's streamed twin (tool_calls.stream_equivalence),
     - a failed `stream.stall` or `tool_call.cadence` finding (tool_calls.cadence).
     Few in a healthy run; a rule that picks another row reads the file again (slow, never taken by today's)."""
 
@@ -246,7 +245,7 @@ class ReadWholeLater:
             with contextlib.suppress(TypeError):  # an unhashable chain id: its chain is read again if asked
                 self._drill_chains.add(lean.chain_id)
             return True
-        if lean.control_role is not None or lean.stream_role == "stream" or lean.http_status == 400:
+        if lean.control_role is not None or lean.http_status == 400:
             return True
         with contextlib.suppress(TypeError):
             if lean.chain_id in self._drill_chains:

@@ -11,7 +11,7 @@ and outcome, never by their wording, and says what evidence it lacked.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,10 +19,11 @@ import pandas as pd
 
 from k3load.analysis.pillars.pillar import percentiles
 from k3load.analysis.pillars.rules import RuleResult
-from k3load.analysis.run.clusters import cluster_codes, rate_by_codes, rate_by_request
+from k3load.analysis.run.clusters import cluster_codes, rate_by_codes
 from k3load.analysis.run.lean import AnyAttempt, first_finding
 from k3load.analysis.run.record_columns import Rows
 from k3load.outcomes import FAIL, INCONCLUSIVE, PARSER, PASS, Pillar
+from k3load.records import Finding
 from k3load.workload.plan import Plan
 from k3load.workload.stream_equivalence import BOTH_VALID, NOT_COMPARED, OUTCOMES
 from k3load.workload.stream_equivalence import CHECK as EQUIVALENCE
@@ -49,20 +50,21 @@ def _by_findings(rows: Rows) -> Rows:
     return rows.take(np.argsort(groups, kind="stable"))
 
 
-def _outcome(attempt: AnyAttempt) -> str | None:
-    found = _finding(attempt, EQUIVALENCE)
+def _outcome(findings: Sequence[Finding]) -> str | None:
+    found = first_finding(findings, EQUIVALENCE)
     if found is None:
         return None
     return found.detail if found.ok else STREAM_PATH_WRONG
 
 
-def stream_equivalence(rows: Rows, pick: Callable[[Rows], list[AnyAttempt]], limits: dict[str, float],
-                       plan: Plan | None) -> tuple[dict[str, Any], RuleResult | None]:
+def stream_equivalence(rows: Rows, limits: dict[str, float], plan: Plan | None
+                       ) -> tuple[dict[str, Any], RuleResult | None]:
     """Per stage (a concurrency level) and in all: the pairs compared and how many times the streamed
-    answer was wrong where its whole twin was right, with an interval. The drill's streamed twins are read whole."""
-    streamed = pick(rows[rows.code_is("stream_role", "stream")])
+    answer was wrong where its whole twin was right, with an interval. On the record columns: the drill's streamed
+    twins, each one's outcome read from its findings (each distinct list once)."""
+    streamed = rows[rows.code_is("stream_role", "stream")]
     drill = plan.stream_equivalence if plan else None
-    if not streamed:
+    if not len(streamed):
         numbers: dict[str, Any] = {"drill": drill, "pairs": 0}
         if not drill:
             return numbers, None  # not asked for: said once, in the report
@@ -70,21 +72,24 @@ def stream_equivalence(rows: Rows, pick: Callable[[Rows], list[AnyAttempt]], lim
                                    "streaming equivalence inconclusive, because the drill compared no pair (no "
                                    "eligible turn was played)", evidence=("records.jsonl stream_role",))
     users = {s.name: s.users for s in plan.stages} if plan else {}
+    outcome_of = [_outcome(findings) or NOT_COMPARED for findings in streamed.table("findings")]
+    outcome = np.array([outcome_of[c] for c in streamed.ints("findings").tolist()], dtype=object)
+    stages = streamed.values("stage")
     per_stage: dict[str, dict[str, Any]] = {}
-    for attempt in streamed:
-        row = per_stage.setdefault(attempt.stage, {"users": users.get(attempt.stage), **dict.fromkeys(OUTCOMES, 0)})
-        row[_outcome(attempt) or NOT_COMPARED] += 1
-    outcomes = {id(a): _outcome(a) or NOT_COMPARED for a in streamed}
+    for stage, said in zip(stages, outcome.tolist(), strict=True):
+        row = per_stage.setdefault(stage, {"users": users.get(stage), **dict.fromkeys(OUTCOMES, 0)})
+        row[said] += 1
+    compared_rows = outcome != NOT_COMPARED
+    wrong = outcome == STREAM_PATH_WRONG
     for name, row in per_stage.items():
         compared = sum(row[o] for o in OUTCOMES if o != NOT_COMPARED)
         row["compared"] = compared
-        mine = [a for a in streamed if a.stage == name and outcomes[id(a)] != NOT_COMPARED]
-        row["stream_path_failure_rate"] = rate_by_request(
-            mine, [outcomes[id(a)] == STREAM_PATH_WRONG for a in mine]).to_dict()
+        mine = compared_rows & np.array([stage == name for stage in stages], dtype=bool)  # as the dict keyed them
+        row["stream_path_failure_rate"] = rate_by_codes(cluster_codes(streamed[mine]), wrong[mine]).to_dict()
     totals = Counter({o: sum(r[o] for r in per_stage.values()) for o in OUTCOMES})
     compared = sum(totals[o] for o in OUTCOMES if o != NOT_COMPARED)
-    judged = [a for a in streamed if outcomes[id(a)] != NOT_COMPARED]  # the interval: over distinct requests
-    rate = rate_by_request(judged, [outcomes[id(a)] == STREAM_PATH_WRONG for a in judged])
+    judged = streamed[compared_rows]  # the interval: over distinct requests
+    rate = rate_by_codes(cluster_codes(judged), wrong[compared_rows])
     numbers = {"drill": drill, "pairs": len(streamed), "compared": compared, "outcomes": dict(totals),
                "stream_path_failure_rate": rate.to_dict(), "by_stage": per_stage}
     evidence = ("records.jsonl stream_pair/stream_role, findings stream.equivalence",)
@@ -209,7 +214,7 @@ def no_transition(rows: Rows) -> tuple[dict[str, Any], str | None]:
 def known_failures(rows: Rows, pick: Callable[[Rows], list[AnyAttempt]], limits: dict[str, float],
                    plan: Plan | None) -> tuple[dict[str, Any], list[RuleResult], list[str]]:
     """Every section's numbers, its rules and the reasons to say beside the valid rate (`rows`: the judged)."""
-    equivalence, equivalence_rule = stream_equivalence(rows, pick, limits, plan)
+    equivalence, equivalence_rule = stream_equivalence(rows, limits, plan)
     timing, cadence_rule = cadence(rows, pick, limits)
     transition, transition_reason = no_transition(rows)
     numbers = {"stream_equivalence": equivalence, "tool_call_cadence": timing,
