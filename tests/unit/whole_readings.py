@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 
 from k3load.analysis.pillars.agent.agreement import (
-    ANSWER,
     TOOL_CALL,
     _compared,
+    _key,
+    _label,
     _mix,
     _rate,
     drop,
@@ -551,16 +552,6 @@ def json_valid(attempt: Any) -> bool | None:
     """Structured output (`expect.json`) held; None when the turn asked for none."""
     found = first_finding(attempt.findings, "expect.json")
     return None if found is None else found.ok
-
-
-def _key(scenario: str, turn: int) -> str:
-    return f"{scenario}#{turn}"
-
-
-def _label(answers: int, hits: int) -> str | None:
-    if not answers or hits * 2 == answers:
-        return None  # never answered, or split evenly: no label
-    return TOOL_CALL if hits * 2 > answers else ANSWER
 
 
 def _whole_profile(attempts: list[Any]) -> dict[str, Any]:

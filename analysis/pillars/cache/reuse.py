@@ -94,7 +94,8 @@ def family_tokens(rows: Rows, names: list[str], design: list[Any]) -> list[_Toke
     windows = np.floor((sent - start) / width).astype(np.int64)
     codes = {name: code for code, name in enumerate(names)}
     table = rows.table("family")
-    family = np.array([codes.get(v, -1) if _hashable(v) else -1 for v in table], dtype=np.int64)[rows.ints("family")] \
+    # a table's values are hashable (an unhashable field is kept as its text: record_columns.Codes)
+    family = np.array([codes.get(v, -1) for v in table], dtype=np.int64)[rows.ints("family")] \
         if len(rows) else np.zeros(0, dtype=np.int64)
     row_family, kept_family = family[counted], family[kept_at]
     out = []
@@ -103,14 +104,6 @@ def family_tokens(rows: Rows, names: list[str], design: list[Any]) -> list[_Toke
         out.append(_Tokens(int(np.count_nonzero(row_family == code)), prompt[mine], designed[mine], achieved[mine],
                            windows[mine], kept[mine]))
     return [*out, _Tokens(int(counted.sum()), prompt, designed, achieved, windows, kept)]
-
-
-def _hashable(value: Any) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
 
 
 def by_window(tokens: _Tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
