@@ -20,7 +20,7 @@ import pytest
 from bench.evidence_size import replay  # the writers on a run's own clock (flushes as it paced them)
 from k3load import evidence
 from k3load.analysis.outputs import manifest
-from k3load.analysis.run.rundata import load_run
+from k3load.analysis.run.rundata import load_run, read_attempts
 from k3load.evidence import METRICS, RECORDS, GzipSink, SeriesTable, lines, metrics_file, records_file
 from k3load.records import read_records
 from k3load.rundir import JsonlLog
@@ -183,7 +183,8 @@ def test_the_loader_reads_compact_and_plain_run_directories_alike(tmp_path):
     assert metrics_file(plain).name == "metrics.jsonl" and metrics_file(compact).name == METRICS
     a, b = load_run(plain), load_run(compact)
     # repr and json: NaN (a field never measured) is unequal to itself
-    assert repr(a.attempts) == repr(b.attempts) and same_columns(a.columns, b.columns)
+    assert repr(a.kept) == repr(b.kept) and same_columns(a.columns, b.columns)
+    assert repr(read_attempts(records_file(plain))) == repr(read_attempts(records_file(compact)))
     assert json.dumps([_as_dicts(m) for m in a.metrics]) == json.dumps([_as_dicts(m) for m in b.metrics])
     assert repr(read_records(records_file(plain))) == repr(read_records(records_file(compact)))
     assert not a.problems and not b.problems
@@ -248,7 +249,7 @@ def test_verify_catches_a_changed_compressed_file_and_analysis_reads_a_killed_on
     for line in gzip.decompress((SCALE_RUN / RECORDS).read_bytes()).decode().split("\n")[:20]:
         log.append_line(line)
     log.flush()  # a killed run's file: flushed, never closed
-    assert len(load_run(tmp_path).attempts) == 20
+    assert len(load_run(tmp_path).columns) == 20
     (tmp_path / "run.json").write_text("{}")
     assert manifest.write(tmp_path) == 2 and manifest.verify(tmp_path) == []
     data = bytearray((tmp_path / RECORDS).read_bytes())

@@ -237,7 +237,8 @@ def test_the_records_fields_are_written_and_read_back(tmp_path: Path) -> None:
                       unanswered_calls=1, skipped_turns=0, rounds_capped=True)
     assert Attempt.from_dict(json.loads(attempt.to_json())) == attempt
     (tmp_path / "records.jsonl").write_text(attempt.to_json() + "\n" + replace(attempt, attempt_id="b").to_json())
-    assert [a.attempt_id for a in rundata.load_run(tmp_path).attempts] == ["a", "b"]  # the analysis reads them
+    assert [a.attempt_id for a in rundata.read_attempts(tmp_path / "records.jsonl")] == ["a", "b"]  # read back
+    assert rundata.load_run(tmp_path).columns.rows().key_texts("attempt_id") == ["a", "b"]  # and judged
 
 
 def test_only_a_model_driven_conversations_first_request_is_a_designed_body() -> None:
