@@ -31,7 +31,7 @@ import yaml
 
 from k3load import evidence
 from k3load.analysis.run.lean import DEFAULTS, AnyAttempt, Interner, lean_attempt
-from k3load.analysis.run.record_columns import RecordColumns, Rows, ties_by_id
+from k3load.analysis.run.record_columns import RecordColumns, Rows
 from k3load.analysis.run.record_decode import FRAME_ONLY, RecordDecoder
 from k3load.analysis.run.row_columns import RowColumns
 from k3load.analysis.run.scrape_samples import Layouts
@@ -361,19 +361,6 @@ def read_attempts(path: Path) -> list[AnyAttempt]:
 def read_columns(path: Path) -> RecordColumns:
     """The record columns of a records.jsonl alone (a reference run's, for its profile)."""
     return _read_records(path)[1]
-
-
-def send_order(send_ts: list[Any], attempt_ids: list[Any]) -> np.ndarray | None:
-    """Row order by (send_ts, attempt_id), ties kept in file order: what a stable sort on both keys
-    gives; None unless every send time is a float (the caller then sorts as pandas does). Why not
-    `sort_values` on both: it ranks 360,000 distinct attempt ids to break ties that almost never occur;
-    here only rows that share a send time are ordered by their ids."""
-    if not all(type(t) is float for t in send_ts):
-        return None
-    send = np.array(send_ts, dtype=float)
-    if np.isnan(send).any():
-        return None
-    return ties_by_id(send, np.argsort(send, kind="stable"), lambda tied: [attempt_ids[i] for i in tied.tolist()])
 
 
 def _stage_windows(events: list[dict[str, Any]], columns: RecordColumns) -> list[StageWindow]:

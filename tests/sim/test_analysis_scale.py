@@ -34,7 +34,7 @@ from k3load.analysis.outputs.manifest import verify
 from k3load.analysis.pillars.cache.reuse_replay import Geometry, designed_tokens
 from k3load.analysis.pillars.pillar import percentile, percentiles
 from k3load.analysis.run import rundata
-from k3load.analysis.run.record_columns import Rows
+from k3load.analysis.run.record_columns import RecordColumns, Rows, in_send_order
 from k3load.analysis.run.rundata import columns_of
 from k3load.analysis.run.stats import NORMAL_RATIO_FROM, ratio_ci, ratio_cis, ratio_normal_ci
 from k3load.analysis.run.timeline import MetricIndex
@@ -314,7 +314,7 @@ def test_percentile_by_selection_is_the_sorted_pick() -> None:
     assert percentiles(np.array([], dtype=float), (0.5,)) == [None]
 
 
-def test_send_order_is_the_stable_sort_on_both_keys() -> None:
+def test_in_send_order_is_the_stable_sort_on_both_keys() -> None:
     rng = random.Random(5)
     for _ in range(200):
         n = rng.randint(0, 40)
@@ -322,8 +322,9 @@ def test_send_order_is_the_stable_sort_on_both_keys() -> None:
                               "attempt_id": [rng.choice("abcdef") + str(rng.randint(0, 3)) for _ in range(n)],
                               "row": range(n)})
         want = frame.sort_values(["send_ts", "attempt_id"], kind="mergesort").reset_index(drop=True)
-        order = rundata.send_order(list(frame["send_ts"]), list(frame["attempt_id"]))
-        assert order is not None
+        order = in_send_order(RecordColumns.of(frame.to_dict("records")).rows())
         pd.testing.assert_frame_equal(frame.take(order).reset_index(drop=True), want)
-    assert rundata.send_order([1.0, None], ["a", "b"]) is None
+    # a send time that is no number (NaN on the columns) sorts after every other
+    assert in_send_order(RecordColumns.of([{"send_ts": None, "attempt_id": "a"},
+                                           {"send_ts": 1.0, "attempt_id": "b"}]).rows()).tolist() == [1, 0]
 

@@ -44,7 +44,7 @@ import numpy as np
 from k3load.analysis.pillars.rules import RuleResult
 from k3load.analysis.run.answer_signature import UNREAD, _dumps, answer_signature, compared, repeats
 from k3load.analysis.run.clusters import rate_by_codes, rate_by_keys
-from k3load.analysis.run.record_columns import Rows, group_heads, group_of, ties_by_id
+from k3load.analysis.run.record_columns import Rows, group_heads, group_of, in_send_order
 from k3load.analysis.run.stats import (
     MIN_DISTINCT_REQUESTS,
     Rate,
@@ -193,10 +193,7 @@ def _answers(chosen: Rows) -> tuple[Rows, int]:
     number = chosen.ints("attempt")
     _, chain = group_of(chosen.keys("chain_id"))
     firsts = chosen.take(np.sort(group_heads(chain, number)))
-    sent = firsts.number("send_ts")
-    in_order = ties_by_id(sent, np.argsort(sent, kind="stable"),
-                          lambda tied: firsts.take(tied).key_texts("attempt_id"))
-    firsts = firsts.take(in_order)
+    firsts = firsts.take(in_send_order(firsts))
     signature = firsts.ints("answer_signature")
     table = chosen.table("answer_signature")
     unread_code = [c for c, value in enumerate(table) if value is UNREAD]
