@@ -97,6 +97,24 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def write_bytes_atomic_at(dir_fd: int, name: str, data: bytes) -> None:
+    """`data` as `name` in the directory open as `dir_fd`, by a 0600 temporary file renamed onto it.
+
+    Why by descriptor: a live run's directory may be moved away while a late writer (the design measurement)
+    is still under way; a write by path would then land in whatever directory holds that name now (another
+    run's), a write by descriptor in the run's own directory, wherever it went."""
+    tmp = f".{name}.{os.urandom(6).hex()}{TEMP_SUFFIX}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), FILE_MODE, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+
+
 def narrow_existing(paths: Iterable[Path]) -> None:
     """Files made by others' writers (Locust's --csv, --logfile, --json-file, --html outputs inside a run
     directory, opened before a run starts with the process's umask): 0600 where they exist and are ours."""

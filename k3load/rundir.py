@@ -74,13 +74,23 @@ def scrub_bytes(data: bytes) -> bytes:
     return _redactor[0].redact_bytes(data) if _redactor else data
 
 
+def file_bytes(text: str) -> bytes:
+    """What a text file of the run holds: `text` with every known secret replaced, as UTF-8."""
+    return scrub(text).encode("utf-8", errors=ENCODING_ERRORS)
+
+
+def json_document(data: Any) -> str:
+    """A JSON document as every run file writes it (indented, keys sorted, a final newline)."""
+    return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
 def write_atomic(path: Path, text: str) -> None:
     """`text`, secrets replaced, in a 0600 temporary file beside `path`, renamed onto it."""
-    write_bytes_atomic(path, scrub(text).encode("utf-8", errors=ENCODING_ERRORS))
+    write_bytes_atomic(path, file_bytes(text))
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    write_atomic(path, json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    write_atomic(path, json_document(data))
 
 
 class WriteGuard:

@@ -3,6 +3,7 @@
     lock = RunDirLock.take(run_dir, run_id)  # raises RunDirBusy: "runs/r1 is in use by run ID (pid N on HOST) ..."
     lock.stamp(run_id)                   # a new holder's id (the web UI: each test is a new run)
     lock.moved([(path, identity), ...])  # None while DIR is still the directory taken; else what changed
+    lock.write_file(name, data)          # a file written beside the load: into the opened directory, by its fd
     lock.release()
 
 Why a lock file and flock (as Prometheus's TSDB locks its data directory): a second run given the same
@@ -21,6 +22,8 @@ path. So the run holds DIR open (O_DIRECTORY) and, before anything it writes at 
 gives a verdict, compares DIR's identity (st_dev, st_ino), the lock file's and its open logs' with what it
 opened: a run whose directory is no longer at DIR judges nothing there and says where its files went.
 The window left is an `mv` during the judgment itself; the check after judging catches it (exit 2).
+A file written while the load runs (the design measurement, in a greenlet of its own, may finish after
+an `mv`) is the exception: it has no end-of-run check before it, so it is written through the descriptor.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from k3load.errors import InputError
-from k3load.private_files import FILE_MODE, make_run_dir
+from k3load.private_files import FILE_MODE, make_run_dir, write_bytes_atomic_at
 
 LOCK_NAME = ".k3load.lock"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -128,6 +131,11 @@ class RunDirLock:
             if here is None or (here.st_dev, here.st_ino) != identity:
                 return f"{path} is no longer the file this run wrote (moved out of {self.path} while the run was live)"
         return None
+
+    def write_file(self, name: str, data: bytes) -> None:
+        """`name` written atomically into the directory this lock opened, wherever it is now: a writer that
+        runs beside the load (reuse_design.json) never lands in a directory that replaced DIR."""
+        write_bytes_atomic_at(self._dir_fd, name, data)
 
     def _now_at(self) -> str:
         """Where the opened directory is now, when the system says (Linux: /proc/self/fd)."""

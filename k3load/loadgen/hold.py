@@ -3,6 +3,7 @@
     hold = RunHold(on_failure)           # one per HarnessSession (the web UI's tests share it)
     hold.open(run_dir, run_id)           # the directory's lock (k3load.rundir_lock), a new WriteGuard
     JsonlLog(path, guard=hold.guard)     # records, events, metrics, GPU samples, the server log
+    hold.write_json(name, data)          # a document written beside the load, into the run's own directory
     hold.moved(logs)                     # before the end's writes and the verdict: None, or what changed
     hold.release()                       # at quitting
 
@@ -28,7 +29,7 @@ from typing import Any
 
 import gevent
 
-from k3load.rundir import JsonlLog, WriteGuard
+from k3load.rundir import JsonlLog, WriteGuard, file_bytes, json_document, write_json_atomic
 from k3load.rundir_lock import RunDirLock
 
 log = logging.getLogger("k3load")
@@ -83,6 +84,16 @@ class RunHold:
             if self.guard is None:
                 raise
             self.guard.failed(self.run_dir or Path("."), exc)
+
+    def write_json(self, name: str, data: Any) -> None:
+        """`name` in the directory this run opened (through the lock's descriptor: moved away while the load
+        ran, it still gets the file and the directory now at its path does not); by path before `open`."""
+        if self.lock is None:
+            if self.run_dir is None:
+                raise RuntimeError("no run directory is open")
+            write_json_atomic(self.run_dir / name, data)
+            return
+        self.lock.write_file(name, file_bytes(json_document(data)))
 
     def moved(self, logs: Iterable[JsonlLog | None] = ()) -> str | None:
         """None while the run directory is the one this run opened, its lock file and `logs` in it; else

@@ -199,7 +199,7 @@ class HarnessSession:
         write_start_files(run, self.manual.plan_source(plan) if self.manual.active else plan.source, info, reference,
                           playable, self.model, self.long_context)
         # designed prefix reuse, tokenized by the server beside the load, never before it (issue 15)
-        self.reuse_design = gevent.spawn(self.hold.guarded, measure_into, run_dir, playable, self.run_id,
+        self.reuse_design = gevent.spawn(self.hold.guarded, measure_into, self.hold.write_json, playable, self.run_id,
                                          self.model, self.long_context,
                                          http_tokenizer(run.target.client, self.env.host, self.model))
         self.load_skipped = observe.precheck(run, lambda: stop_load(self.env))

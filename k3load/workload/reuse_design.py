@@ -28,13 +28,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from k3load.client.origin import redirect_note
-from k3load.rundir import write_json_atomic
 from k3load.workload.scenario import Scenario
 from k3load.workload.stored_requests import build_request
 
@@ -146,10 +144,12 @@ def measure(scenarios: list[Scenario], run_id: str, model: str, long_context: Ca
             "shared_prefix_tokens": matrix}
 
 
-def measure_into(run_dir: Path, scenarios: list[Scenario], run_id: str, model: str,
+def measure_into(write_json: Callable[[str, Any], None], scenarios: list[Scenario], run_id: str, model: str,
                  long_context: Callable[[Scenario], str | None], tokenize: Tokenize) -> None:
-    """Write `reuse_design.json` (atomically): the measurement, or the reason there is none. Never
-    raises: a run is never stopped by its design measurement."""
+    """`write_json(DESIGN_FILE, ...)`: the measurement, or the reason there is none. Raises only what the
+    write raises: a run is never stopped by its design measurement. The writer is the run's own
+    (`RunHold.write_json`, through the run directory's descriptor): this finishes beside the load, maybe
+    after an operator moved the directory away, and must never land in a directory that replaced it."""
     try:
         design = measure(scenarios, run_id, model, long_context, tokenize)
     except TokenizerUnavailable as exc:
@@ -158,4 +158,4 @@ def measure_into(run_dir: Path, scenarios: list[Scenario], run_id: str, model: s
         log.exception("k3load: measuring the designed prefix reuse failed")
         design = {"version": VERSION, "run_id": run_id, "model": model,
                   "error": f"the measurement failed ({type(exc).__name__})"}
-    write_json_atomic(run_dir / DESIGN_FILE, design)
+    write_json(DESIGN_FILE, design)

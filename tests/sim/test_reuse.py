@@ -24,6 +24,7 @@ import yaml
 
 from k3load.analysis.analyze import analyze
 from k3load.evidence import lines, records_file
+from k3load.rundir import write_json_atomic
 from k3load.sim.process import SimProcess
 from k3load.workload.reuse_design import DESIGN_FILE, http_tokenizer, measure, measure_into
 from k3load.workload.scenario import load_scenarios
@@ -41,6 +42,11 @@ pytestmark = pytest.mark.slow
 def _scenarios(*names: str) -> list[Any]:
     found = load_scenarios([Path(p) for p in sorted(glob.glob(str(ROOT / "scenarios" / "*.yaml")))])
     return [s for s in found if s.name in names]
+
+
+def _writer(run_dir: Path) -> Any:
+    """measure_into's writer for a directory no run holds (the run's own writes through its lock's descriptor)."""
+    return lambda name, data: write_json_atomic(run_dir / name, data)
 
 
 def _client() -> httpx.Client:
@@ -128,7 +134,7 @@ def test_the_old_salt_placement_is_measured_as_salt_after_the_tools(sim: SimProc
 
 
 def test_a_refused_tokenizer_is_written_as_the_reason(sim: SimProcess, tmp_path: Path):
-    measure_into(tmp_path, _scenarios("cold_support"), "run-1", "tiny", lambda s: None,
+    measure_into(_writer(tmp_path), _scenarios("cold_support"), "run-1", "tiny", lambda s: None,
                  http_tokenizer(_client, sim.base_url + "/behind-a-gateway", "tiny"))
     design = json.loads((tmp_path / DESIGN_FILE).read_text())
     assert design["error"] == "POST /tokenize answered HTTP 404" and "variants" not in design
@@ -167,7 +173,7 @@ def test_a_cold_family_salted_after_the_tools_is_the_harness_finding(run: Path, 
     played = _scenarios(*json.loads((run / DESIGN_FILE).read_text())["scenarios"])
 
     def old_design(copy: Path) -> None:
-        measure_into(copy, played, run_id, "tiny", lambda s: None, tokenize)
+        measure_into(_writer(copy), played, run_id, "tiny", lambda s: None, tokenize)
 
     verdict = _judged(run, tmp_path, old_design)
     cache = verdict["pillars"]["prefix_cache"]

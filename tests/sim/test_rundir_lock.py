@@ -111,6 +111,28 @@ def test_a_directory_moved_or_emptied_while_the_run_is_live_is_no_longer_its_own
         lock.release()
 
 
+def test_a_file_written_beside_the_load_follows_the_directory_it_opened(tmp_path):
+    """The design measurement finishes beside the load, maybe after an `mv`: its file goes to the run's own
+    directory (by descriptor, wherever it went), never into the directory now at DIR (another run's)."""
+    run = tmp_path / "r1"
+    hold = RunHold(lambda *_failed: None)
+    hold.open(run, "mine")
+    try:
+        hold.write_json("reuse_design.json", {"run_id": "mine"})
+        assert json.loads((run / "reuse_design.json").read_text()) == {"run_id": "mine"}
+        os.rename(run, tmp_path / "r1.moved")
+        _previous_run(run, "other")
+        other = {p.name: p.read_bytes() for p in run.iterdir()}
+        hold.write_json("reuse_design.json", {"run_id": "mine", "late": True})
+        assert {p.name: p.read_bytes() for p in run.iterdir()} == other
+        moved = tmp_path / "r1.moved"
+        assert json.loads((moved / "reuse_design.json").read_text()) == {"run_id": "mine", "late": True}
+        assert sorted(p.name for p in moved.iterdir()) == [LOCK_NAME, "reuse_design.json"]  # no temp left
+        assert (moved / "reuse_design.json").stat().st_mode & 0o777 == 0o600
+    finally:
+        hold.release()
+
+
 # -- whole runs against the sim ------------------------------------------------------------------------------------
 
 def _start(sim, out: Path, plan: Path, log_path: Path, run_id: str):
