@@ -206,7 +206,7 @@ class Column:
         self._prefixes: dict[str, int] = {}  # KEY: the prefixes seen before a uuid's hex, each with its kind
         self._joined: np.ndarray | None = None
 
-    def extend(self, values: tuple[Any, ...]) -> None:
+    def extend(self, values: Sequence[Any]) -> None:
         array = self._convert(values)
         self.parts.append(array)
         if self.kind is Kind.NUMBER:
@@ -345,6 +345,18 @@ class RecordColumns:
         self._batch.append(_values(lean, frame))
         if len(self._batch) >= BATCH:
             self._flush()
+
+    def extend_fields(self, values: Sequence[Sequence[Any]]) -> None:
+        """A batch of records given field by field (one sequence per field, in FIELDS' order): after every
+        record added before it (the decoder's batches, with its lines read whole between them)."""
+        self._flush()
+        count = len(values[0]) if values else 0
+        if not count:
+            return
+        for column, field in zip(self.columns.values(), values, strict=True):
+            column.extend(field)
+        self._count += count
+        self._stage_index = None
 
     def add_values(self, values: dict[str, Any]) -> None:
         """A record given by its fields (a test's rows; a field left out is None)."""

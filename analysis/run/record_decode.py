@@ -15,15 +15,16 @@ lone surrogate escape, a torn line) it refuses, and the line is read whole by `j
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Annotated, Any
 
 import msgspec
+from msgspec.structs import astuple
 
-from k3load.analysis.run.answer_signature import compared, signature_of_calls
+from k3load.analysis.run.answer_signature import COMPARED_KINDS, compared, signature_of_calls
 from k3load.analysis.run.lean import DEFAULTS, NUMBERS, PLAIN_INT, REQUIRED, Interner, LeanAttempt, derived_layer
-from k3load.analysis.run.record_columns import RecordColumns
+from k3load.analysis.run.record_columns import NAMES, RecordColumns
 
 # Fields the record columns keep that the lean attempt does not (analysis/run/record_columns.py), in the order
 # `RecordColumns.add` takes them: taken from the line as it passes.
@@ -64,6 +65,14 @@ _Line = msgspec.defstruct(
      ("content", msgspec.Raw, msgspec.Raw(b'""'))],  # parsed only for a json turn's signature
     kw_only=True, gc=False)
 _REFUSED = (msgspec.DecodeError, ValueError, TypeError)  # msgspec.ValidationError is a DecodeError
+_SLOT = {name: i for i, name in enumerate(_Line.__struct_fields__)}  # a field's place in `astuple(line)`
+# Fields `_read` interns (a dict key): a batch holding anything else in them is read line by line, where the line
+# that holds it is refused and read whole, as it always was
+_INTERNED = ("stage", "scenario", "family", "user_id", "request_sha256", "prefix_sha256", "status", "finish_reason",
+             "primary_layer", "control_role", "stream_role", "path")
+_HASHABLE = frozenset((str, type(None), int, float, bool))
+# The columns a batch derives rather than copies from its lines (`_derived`)
+_DERIVED = frozenset(("primary_layer", "findings", "tool_calls", "answer_signature"))
 
 
 class RecordDecoder:
@@ -81,6 +90,7 @@ class RecordDecoder:
         self._attempts, self._keep, self._row = attempts, keep, 0
         self._append = attempts.append if isinstance(attempts, list) else None
         self._columns = columns.add
+        self._extend = columns.extend_fields
 
     def take(self, line: str | bytes) -> bool:
         """True when the line (JSON text, or its UTF-8 bytes) was taken; False (nothing appended) when it
@@ -91,6 +101,72 @@ class RecordDecoder:
             return False
         self.add(lean, frame)
         return True
+
+    def take_many(self, lines: Sequence[bytes]) -> bool:
+        """True when every line was taken, as one batch, straight into the columns; False (nothing taken) when
+        some line would be refused: the caller then gives each line to `take`, in order, which refuses it.
+
+        Why a batch: a lean attempt per record (built, its values read back into the columns, then dropped for
+        all but the few `keep` picks) was most of an hour's reading. Here each field of the batch is one tuple
+        (`astuple`, then one transposition), the columns take those tuples whole, and a lean attempt is built
+        only for a row `keep` picks. Every value is the one `take` gives: the same decoder, the same findings
+        and names shared, the same derived layer and signature (tests/unit/test_record_decode_batch.py)."""
+        try:
+            lines_read = list(map(self._decode, lines))
+            fields_read = list(zip(*map(astuple, lines_read), strict=True))
+            if not fields_read:
+                return True
+            for name in _INTERNED:  # `_read` interns these: a dict key each
+                if not _HASHABLE.issuperset(map(type, fields_read[_SLOT[name]])):
+                    return False
+            derived = self._derived(lines_read, fields_read)
+        except _REFUSED:
+            return False
+        values = [derived[name] if name in derived else fields_read[_SLOT[name]] for name in NAMES]
+        self._keep_many(lines_read, derived, values)
+        self._row += len(lines_read)
+        self._extend(values)
+        return True
+
+    def _derived(self, lines_read: list[Any], fields_read: list[tuple[Any, ...]]) -> dict[str, list[Any]]:
+        """The columns that are not a line's value as it stands, each as `_read` makes it for its lean attempt."""
+        findings_of = self.shared.findings_of_text
+        findings = [findings_of(bytes(raw)) for raw in fields_read[_SLOT["findings"]]]
+        intern = self.shared.intern
+        names: list[Any] = []
+        for calls in fields_read[_SLOT["tool_calls"]]:
+            if calls:
+                found = tuple([str((c.function.name if c.function is not None else None) or c.name or "")
+                               for c in calls])
+                names.append(intern(found, found))
+            else:
+                names.append(())
+        layers = [derived_layer(found) if layer is None and not valid else layer for layer, valid, found
+                  in zip(fields_read[_SLOT["primary_layer"]], fields_read[_SLOT["valid"]], findings, strict=True)]
+        signatures: list[Any] = [None] * len(lines_read)
+        for i, kind in enumerate(fields_read[_SLOT["turn_kind"]]):
+            if kind in COMPARED_KINDS:  # `compared`'s first test (an unhashable kind raises, as there)
+                signatures[i] = self._signature(lines_read[i])
+        return {"primary_layer": layers, "findings": findings, "tool_calls": names, "answer_signature": signatures}
+
+    def _keep_many(self, lines_read: list[Any], derived: dict[str, list[Any]], values: list[Any]) -> None:
+        """The lean attempts of a batch: every one (a list), or those `keep` picks (by row)."""
+        if self._append is None and self._keep is None:
+            return
+        many = getattr(self._keep, "many", None)
+        if self._append is None and many is not None:
+            column = dict(zip(NAMES, values, strict=True))
+            picked = many(column["drill"], column["chain_id"], column["control_role"], column["http_status"],
+                          column["findings"])
+        else:
+            picked = range(len(lines_read))
+        for i in picked:
+            lean = self._lean(lines_read[i], derived["findings"][i], derived["tool_calls"][i],
+                              derived["primary_layer"][i], derived["answer_signature"][i])
+            if self._append is not None:
+                self._append(lean)
+            elif many is not None or (self._keep is not None and self._keep(lean)):
+                self._attempts[self._row + i] = lean
 
     def add(self, lean: Any, frame: tuple[Any, ...]) -> None:
         """An attempt and its frame-only values (in FRAME_ONLY's order); a line read whole comes here too."""
@@ -121,9 +197,18 @@ class RecordDecoder:
             found = tuple([str((c.function.name if c.function is not None else None) or c.name or "")
                            for c in calls])
             names = intern(found, found)
-        layer, valid, http_status = r.primary_layer, r.valid, r.http_status
-        if layer is None and not valid:  # written before primary_layer existed: the same rule, from its findings
+        layer = r.primary_layer
+        if layer is None and not r.valid:  # written before primary_layer existed: the same rule, from its findings
             layer = derived_layer(findings)
+        lean = self._lean(r, findings, names, layer, self._signature(r))
+        frame = (r.ttfa_ms, r.itl_mean_ms, r.completion_tokens, r.max_tokens, r.error, r.session_id,
+                 r.intended_send_ts)
+        return lean, frame
+
+    def _lean(self, r: Any, findings: Any, names: Any, layer: Any, signature: Any) -> LeanAttempt:
+        """A decoded line's lean attempt, its findings, call names, layer and signature made already."""
+        intern = self.shared.intern
+        http_status = r.http_status
         stage, scenario, family, user, request, prefix, status, finish, role, stream_role = (
             r.stage, r.scenario, r.family, r.user_id, r.request_sha256, r.prefix_sha256, r.status, r.finish_reason,
             r.control_role, r.stream_role)
@@ -132,11 +217,9 @@ class RecordDecoder:
             intern(family, family), r.turn, intern(user, user), intern(request, request), intern(prefix, prefix),
             intern(status, status), r.send_ts, r.end_ts, r.first_token_ts, r.ttft_ms, r.e2e_ms, r.chunks,
             r.prompt_tokens, r.cached_tokens, r.request_bytes, intern(finish, finish), http_status,
-            r.error_body if http_status == 400 else None, names, findings, valid, r.will_retry, r.drill,
+            r.error_body if http_status == 400 else None, names, findings, r.valid, r.will_retry, r.drill,
             intern(layer, layer), r.control_pair, intern(role, role), r.stream_pair,
             intern(stream_role, stream_role), r.tool_call_span_ms, r.tool_call_max_gap_ms, r.tool_call_deltas,
             r.last_silence_ms, r.temperature, r.seed, r.stream, r.stream_reads, r.stream_bytes, r.history,
-            r.model_round, self._signature(r), intern(r.path, r.path))
-        frame = (r.ttfa_ms, r.itl_mean_ms, r.completion_tokens, r.max_tokens, r.error, r.session_id,
-                 r.intended_send_ts)
-        return lean, frame
+            r.model_round, signature, intern(r.path, r.path))
+        return lean
