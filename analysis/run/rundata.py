@@ -266,17 +266,22 @@ class ReadWholeLater:
     def many(self, drill: Sequence[Any], chain: Sequence[Any], role: Sequence[Any], http: Sequence[Any],
              findings: Sequence[Any]) -> list[int]:
         """Which of a batch's records (their fields, in file order) this keeps: what `__call__` says of each in
-        turn, without a call per record where the batch holds no drill and no chain a drill named."""
-        if not any(map(bool, drill)):
-            cached = self._findings
-            for found in {id(f): f for f in findings}.values():
-                if id(found) not in cached:
-                    cached[id(found)] = any(f.check == HARNESS_ERROR or (f.check in self.FAILED_CHECKS and not f.ok)
-                                            for f in found)
-            chains = self._drill_chains
-            with contextlib.suppress(TypeError):  # an unhashable chain id: record by record, as `__call__` does
-                return [i for i, (r, h, c, f) in enumerate(zip(role, http, chain, findings, strict=True))
-                        if r is not None or h == 400 or c in chains or cached[id(f)]]
+        turn, without a call per record. A drill's chain keeps its later records: those after the drill's first
+        record in this batch, and every one in later batches."""
+        cached = self._findings
+        for found in {id(f): f for f in findings}.values():
+            if id(found) not in cached:
+                cached[id(found)] = any(f.check == HARNESS_ERROR or (f.check in self.FAILED_CHECKS and not f.ok)
+                                        for f in found)
+        chains, n = self._drill_chains, len(drill)
+        with contextlib.suppress(TypeError):  # an unhashable chain id: record by record, as `__call__` does
+            first: dict[Any, int] = {}  # a chain a drill of this batch names -> that drill's row
+            for i in [i for i, d in enumerate(drill) if d]:
+                first.setdefault(chain[i], i)
+            kept = [i for i, (d, r, h, c, f) in enumerate(zip(drill, role, http, chain, findings, strict=True))
+                    if d or r is not None or h == 400 or c in chains or first.get(c, n) < i or cached[id(f)]]
+            chains.update(first)
+            return kept
         return [i for i, row in enumerate(zip(drill, chain, role, http, findings, strict=True)) if self._keeps(*row)]
 
     def _keeps(self, drill: Any, chain_id: Any, control_role: Any, http_status: Any, findings: Any) -> bool:
