@@ -319,7 +319,7 @@ class HarnessSession:
 
     def _flush_scrapes(self, settle: bool) -> None:
         """The sampler's scrapes so far into metrics.jsonl.gz (a search step's decision reads them there); with
-        `settle`, a scrape under way too (waited for, at most one sampling interval)."""
+        `settle`, a scrape under way too (waited for, at most the sampler's scrape timeout)."""
         if self.sampler is not None:
             self.sampler.flush(None if settle else 0.0)
 

@@ -279,15 +279,17 @@ class Sampler:
 
     def flush(self, settle_s: float | None = None) -> None:
         """Every scrape begun before the call readable from metrics.jsonl.gz on return: a scrape under way is
-        waited for (at most `settle_s`, by default one interval), then the compressed log flushed (it reaches
-        its file at most every half second otherwise). Why: a live search decides a step on the scrapes it
-        reads from the file, the analysis later on every scrape stamped within the step; without it the
-        decision missed the step's last scrapes and the capacity plan judged the same step on more (a rate
-        step past capacity on 6 of 11 scrapes queued, held on 6 of 12). Never raises (a failed write goes to
-        the run's guard)."""
+        waited for (at most `settle_s`, by default the scrape's own timeout: it has ended by then, answered or
+        failed, however slow the server's /metrics), then the compressed log flushed (it reaches its file at most
+        every half second otherwise). Why: a live search decides a step on the scrapes it reads from the file,
+        the analysis later on every scrape stamped within the step; without it the decision missed the step's
+        last scrapes and the capacity plan judged the same step on more (a rate step past capacity on 6 of 11
+        scrapes queued, held on 6 of 12). One interval was the bound before: a /metrics slower than the interval
+        (a busy API server answers in seconds) still left a decision without the step's last scrape. Never
+        raises (a failed write goes to the run's guard)."""
         if not self.started or self._stop.is_set():
             return
-        asked, deadline = self.clock(), time.monotonic() + (self.interval_s if settle_s is None else settle_s)
+        asked, deadline = self.clock(), time.monotonic() + (self.timeout_s if settle_s is None else settle_s)
         while any(w.reading_since is not None and w.reading_since <= asked for w in self._watches) \
                 and time.monotonic() < deadline:
             time.sleep(0.005)  # a scrape's fetch is I/O: under gevent this yields to it

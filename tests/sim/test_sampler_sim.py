@@ -356,12 +356,13 @@ def test_sample_command_with_duration_and_sigterm(start_sim, tmp_path):
 
 def test_flush_waits_for_the_scrape_under_way_and_leaves_it_in_the_file(start_sim, sampled, tmp_path):
     """Sampler.flush (a live search step's decision calls it): a scrape begun before the call is in
-    metrics.jsonl.gz when it returns, though the server takes 400 ms to answer it. Without the wait the decision
-    read a step's scrapes without its last one, which the analysis then judged the step on."""
-    sim = start_sim("--metrics-stall-ms", "400")  # every /metrics answer waits 400 ms wall
-    sampler = sampled(sim.base_url + "/metrics", interval_s=0.5, timeout_s=5.0)
+    metrics.jsonl.gz when it returns, though the server takes 1.5 s to answer it, three sampling intervals (a busy
+    API server's /metrics). Without the wait the decision read a step's scrapes without its last one, which the
+    analysis then judged the step on; waiting one interval at most, it still did with a /metrics that slow."""
+    sim = start_sim("--metrics-stall-ms", "1500")  # every /metrics answer waits 1.5 s wall
+    sampler = sampled(sim.base_url + "/metrics", interval_s=0.5, timeout_s=8.0)
     wait_for(lambda: read_metrics(tmp_path / "run"), what="a first scrape in the file")
     under_way = wait_for(lambda: next((w.reading_since for w in sampler._watches if w.reading_since is not None),
                                       None), what="a scrape under way")
-    sampler.flush(settle_s=10.0)
+    sampler.flush()  # waits as a search step's decision does: at most the scrape's own timeout
     assert under_way in [line["ts"] for line in read_metrics(tmp_path / "run")]
