@@ -172,7 +172,7 @@ def _number(value: Any) -> float:
     return math.nan
 
 
-def _ints_of(values: tuple[Any, ...], numbers: np.ndarray) -> np.ndarray | bool:
+def _ints_of(values: Sequence[Any], numbers: np.ndarray) -> np.ndarray | bool:
     """Which of a batch's values (`numbers`: as NUMBER holds them) are integers a float holds exactly (True: all,
     False: none, else per value)."""
     types = set(map(type, values))
@@ -232,7 +232,7 @@ class Column:
             self.parts = [self._joined]
         return self._joined
 
-    def _convert(self, values: tuple[Any, ...]) -> np.ndarray:
+    def _convert(self, values: Sequence[Any]) -> np.ndarray:
         """A batch's values as this kind's array. Each kind has a fast path for a run's own records (one or two
         plain types) and the value-by-value rule for anything else; both give the same array."""
         n, kind = len(values), self.kind
@@ -284,7 +284,7 @@ class Column:
                                count=n)
         return self._keys(values)
 
-    def _keys(self, values: tuple[Any, ...]) -> np.ndarray:
+    def _keys(self, values: Sequence[Any]) -> np.ndarray:
         out = np.empty(len(values), dtype=KEY_DTYPE)
         if values and all(type(v) is str for v in values) and len(lengths := set(map(len, values))) == 1:
             cut = lengths.pop() - 32

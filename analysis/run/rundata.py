@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -247,21 +247,27 @@ class ReadWholeLater:
         self._drill_chains: set[Any] = set()
 
     def __call__(self, lean: AnyAttempt) -> bool:
-        if lean.drill:
+        return self._keeps(lean.drill, lean.chain_id, lean.control_role, lean.http_status, lean.findings)
+
+    def _keeps(self, drill: Any, chain_id: Any, control_role: Any, http_status: Any, findings: Any) -> bool:
+        """One record, by the fields this reads of it (in file order: a drill names its chain for what follows)."""
+        if drill:
             with contextlib.suppress(TypeError):  # an unhashable chain id: its chain is read again if asked
-                self._drill_chains.add(lean.chain_id)
+                self._drill_chains.add(chain_id)
             return True
-        if lean.control_role is not None or lean.http_status == 400:
+        if control_role is not None or http_status == 400:
             return True
         with contextlib.suppress(TypeError):
-            if lean.chain_id in self._drill_chains:
+            if chain_id in self._drill_chains:
                 return True
-        findings = lean.findings
         found = self._findings.get(id(findings))  # each tuple is alive for as long as the reader's Interner
         if found is None:
-            found = self._findings[id(findings)] = any(
-                f.check == HARNESS_ERROR or (f.check in self.FAILED_CHECKS and not f.ok) for f in findings)
+            found = self._findings[id(findings)] = self._failed(findings)
         return found
+
+    @classmethod
+    def _failed(cls, findings: Any) -> bool:
+        return any(f.check == HARNESS_ERROR or (f.check in cls.FAILED_CHECKS and not f.ok) for f in findings)
 
     def many(self, drill: Sequence[Any], chain: Sequence[Any], role: Sequence[Any], http: Sequence[Any],
              findings: Sequence[Any]) -> list[int]:
@@ -271,8 +277,7 @@ class ReadWholeLater:
         cached = self._findings
         for found in {id(f): f for f in findings}.values():
             if id(found) not in cached:
-                cached[id(found)] = any(f.check == HARNESS_ERROR or (f.check in self.FAILED_CHECKS and not f.ok)
-                                        for f in found)
+                cached[id(found)] = self._failed(found)
         chains, n = self._drill_chains, len(drill)
         with contextlib.suppress(TypeError):  # an unhashable chain id: record by record, as `__call__` does
             first: dict[Any, int] = {}  # a chain a drill of this batch names -> that drill's row
@@ -283,19 +288,6 @@ class ReadWholeLater:
             chains.update(first)
             return kept
         return [i for i, row in enumerate(zip(drill, chain, role, http, findings, strict=True)) if self._keeps(*row)]
-
-    def _keeps(self, drill: Any, chain_id: Any, control_role: Any, http_status: Any, findings: Any) -> bool:
-        return self(_Kept(drill, chain_id, control_role, http_status, findings))
-
-
-class _Kept(NamedTuple):
-    """The fields `ReadWholeLater` reads of a record (a batch's record, without its lean attempt)."""
-
-    drill: Any
-    chain_id: Any
-    control_role: Any
-    http_status: Any
-    findings: Any
 
 
 def _read_kept(path: Path, problems: list[str]) -> tuple[dict[int, AnyAttempt], RecordColumns]:
