@@ -18,6 +18,9 @@ import numpy as np
 from k3load.analysis.run.record_columns import Rows, designed_body_rows, group_of, in_send_order
 
 DEFAULT_BLOCK = 16  # vLLM's default block size, used only when vllm:cache_config_info was not scraped
+# Rows the replay reads as lists at a time, in send order: a dozen fields of every row as Python lists at once were
+# the reuse pillar's peak (+108 MB over an hour's 360,000 rows, 2.6 GB a day); a chunk's are a few MB
+REPLAY_CHUNK = 65_536
 
 
 @dataclass
@@ -129,60 +132,67 @@ def designed_tokens(rows: Rows, design: dict[str, Any], geometry: Geometry) -> l
     best_of: dict[tuple[int, SaltKey], tuple[int, int, int]] = {}
     scenarios, pairs, users = rows.table("scenario"), rows.table("stream_pair"), rows.table("user_id")
     numbers = rows.table("control_pair")
-    scenario, turn, pair = rows.ints("scenario").tolist(), rows.ints("turn").tolist(), rows.ints("stream_pair").tolist()
-    user, control = rows.ints("user_id").tolist(), rows.ints("control_pair").tolist()
-    designed = designed_body_rows(rows).tolist()
-    prompts = _recorded(rows, "prompt_tokens")
-    first, end = rows.number("first_token_ts"), rows.number("end_ts")
-    ready_at = np.where(np.isnan(first), np.where(rows.code_is("status", "ok"), end, np.nan), first).tolist()
-    unpaired = (~rows.code_where("stream_pair", bool)).tolist()  # salted by their chain (its id read as recorded)
-    chain_ids, chain_keys = rows.columns.columns["chain_id"], rows.keys("chain_id")
-    send = rows.number("send_ts").tolist()
-    for order, i in enumerate(in_send_order(rows).tolist()):
-        sent = send[i]
-        while pending and pending[0][0] <= sent:
-            _, _, variant, key = pop(pending)
-            if (variant, key) not in added:
-                added.add((variant, key))
-                add(variant, key)
-        code, number = scenario[i], turn[i]
-        if (code, number) in measured:
-            found = measured[code, number]
-        else:
-            name = scenarios[code]
-            first_variant = index.get(f"{name}/{number}/A")
-            kind = kinds[name] if first_variant is not None and name in kinds else ""
-            found = measured[code, number] = (first_variant, kind, None if kind in ("request", "pair") else (kind,)) \
-                if first_variant is not None and name in kinds else None
-        if found is None or not designed[i]:
-            continue
-        me, kind, shared_key = found
-        if shared_key is not None:
-            key = shared_key
-        elif kind == "request":
-            key = ("request", chain_ids.key_text(chain_keys[i]) if unpaired[i] else pairs[pair[i]])
-        else:
-            key = ("pair", users[user[i]], numbers[control[i]])
-        group = same.get(key)
-        size = len(group) if group else 0
-        mine = (me, key)
-        kept = best_of.get(mine)
-        if kept is not None and kept[0] == seen.version and kept[1] == size:
-            best = kept[2]
-        else:
-            best = within(me, key)
-            if (shared := across(me, key)) is not None and shared > best:
-                best = shared
-            best_of[mine] = (seen.version, size, best)
-        prompt = prompts[i]
-        tokens = min(best, (prompt if prompt is not None else lengths[me]) - 1)
-        tokens -= tokens % block  # Geometry.floor, written out: once per request
-        if align:
-            tokens -= tokens % align
-        out[i] = tokens if tokens > 0 else 0
-        ready = ready_at[i]  # when the prompt was in the cache: its first token (or a whole answer's end)
-        if ready == ready and mine not in added:  # not NaN
-            push(pending, (ready, order, me, key))
+    chain_ids = rows.columns.columns["chain_id"]
+    order_all = in_send_order(rows)
+    for start in range(0, len(order_all), REPLAY_CHUNK):  # the rows in send order, a chunk's fields as lists at a time
+        positions = order_all[start:start + REPLAY_CHUNK]
+        chunk = rows.take(positions)
+        scenario, turn, pair = chunk.ints("scenario").tolist(), chunk.ints("turn").tolist(), \
+            chunk.ints("stream_pair").tolist()
+        user, control = chunk.ints("user_id").tolist(), chunk.ints("control_pair").tolist()
+        designed = designed_body_rows(chunk).tolist()
+        prompts = _recorded(chunk, "prompt_tokens")
+        first, end = chunk.number("first_token_ts"), chunk.number("end_ts")
+        ready_at = np.where(np.isnan(first), np.where(chunk.code_is("status", "ok"), end, np.nan), first).tolist()
+        unpaired = (~chunk.code_where("stream_pair", bool)).tolist()  # salted by their chain (its id as recorded)
+        chain_keys = chunk.keys("chain_id")
+        send = chunk.number("send_ts").tolist()
+        for j, i in enumerate(positions.tolist()):
+            sent = send[j]
+            while pending and pending[0][0] <= sent:
+                _, _, variant, key = pop(pending)
+                if (variant, key) not in added:
+                    added.add((variant, key))
+                    add(variant, key)
+            code, number = scenario[j], turn[j]
+            if (code, number) in measured:
+                found = measured[code, number]
+            else:
+                name = scenarios[code]
+                first_variant = index.get(f"{name}/{number}/A")
+                kind = kinds[name] if first_variant is not None and name in kinds else ""
+                found = measured[code, number] = (first_variant, kind,
+                                                  None if kind in ("request", "pair") else (kind,)) \
+                    if first_variant is not None and name in kinds else None
+            if found is None or not designed[j]:
+                continue
+            me, kind, shared_key = found
+            if shared_key is not None:
+                key = shared_key
+            elif kind == "request":
+                key = ("request", chain_ids.key_text(chain_keys[j]) if unpaired[j] else pairs[pair[j]])
+            else:
+                key = ("pair", users[user[j]], numbers[control[j]])
+            group = same.get(key)
+            size = len(group) if group else 0
+            mine = (me, key)
+            kept = best_of.get(mine)
+            if kept is not None and kept[0] == seen.version and kept[1] == size:
+                best = kept[2]
+            else:
+                best = within(me, key)
+                if (shared := across(me, key)) is not None and shared > best:
+                    best = shared
+                best_of[mine] = (seen.version, size, best)
+            prompt = prompts[j]
+            tokens = min(best, (prompt if prompt is not None else lengths[me]) - 1)
+            tokens -= tokens % block  # Geometry.floor, written out: once per request
+            if align:
+                tokens -= tokens % align
+            out[i] = tokens if tokens > 0 else 0
+            ready = ready_at[j]  # when the prompt was in the cache: its first token (or a whole answer's end)
+            if ready == ready and mine not in added:  # not NaN
+                push(pending, (ready, start + j, me, key))  # ties in send order
     return _last_by_id(rows, out)
 
 
