@@ -62,6 +62,9 @@ if TYPE_CHECKING:  # the analysis is loaded where a run is judged (k3load.loadge
 
 log = logging.getLogger("k3load")
 ROOT = Path(__file__).resolve().parents[2]
+# How long a run's end waits for its design measurement (reuse_design.json) before stopping it: /tokenize of a few
+# dozen variants takes seconds; a server that never answers it leaves the reuse inconclusive, not the run hung
+DESIGN_WAIT_S = 120.0
 
 
 class HarnessSession:
@@ -397,7 +400,11 @@ class HarnessSession:
         if self.search is not None:  # a search the run's end cut short says so (search_end, ended: stopped)
             self.search.stop()
         if self.reuse_design is not None:  # reuse_design.json is written before the run is judged
-            self.reuse_design.join(timeout=120)
+            self.reuse_design.join(timeout=DESIGN_WAIT_S)
+            if not self.reuse_design.dead:  # never left to write into the next web UI test's run
+                log.warning("k3load: the designed prefix reuse was not measured within %.0f s of the run's end: "
+                            "stopped (reuse is judged inconclusive)", DESIGN_WAIT_S)
+                self.reuse_design.kill(block=True, timeout=5)
             self.reuse_design = None
         if self.recovery is not None:  # a hold the run's end cut short says so (recovery_hold, ended: run_ended)
             self.recovery.close()

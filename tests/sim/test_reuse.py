@@ -214,6 +214,21 @@ def test_without_the_servers_tokenizer_reuse_is_inconclusive(run: Path, tmp_path
            "404)" in cache["reasons"]
 
 
+def test_another_runs_design_is_never_this_runs(run: Path, tmp_path: Path):
+    """A design measured for another run (a web UI test's measurement ending after the next test began in the
+    same directory; a file copied in): its salts carry that run's id, so reuse is inconclusive, saying whose."""
+    def foreign(copy: Path) -> None:
+        design = json.loads((copy / DESIGN_FILE).read_text())
+        (copy / DESIGN_FILE).write_text(json.dumps(design | {"run_id": "an-earlier-test"}))
+
+    verdict = _judged(run, tmp_path, foreign)
+    cache = verdict["pillars"]["prefix_cache"]
+    run_id = json.loads((run / "run.json").read_text())["run_id"]
+    assert cache["numbers"]["reuse"]["status"] == "inconclusive"
+    assert f"reuse: inconclusive, because reuse_design.json was measured for run an-earlier-test, not this run " \
+           f"({run_id})" in cache["reasons"]
+
+
 def test_a_gateway_page_or_odd_tokens_from_tokenize_is_a_clear_reason_never_a_crash():
     """Servers we did not write: a gateway's HTML page with 200, or a token list that is not integers, end
     the measurement with a reason (the analysis then says "inconclusive, because ..."), not a dead greenlet

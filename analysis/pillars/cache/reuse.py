@@ -288,6 +288,16 @@ def _thin(index: MetricIndex, limits: dict[str, float], config: dict[str, str], 
     return why
 
 
+def _another_runs(design: dict[str, Any], run_id: Any) -> str | None:
+    """Why the design is not this run's, or None. The salts it was measured with carry its run's id, so another
+    run's design (a web UI test's measurement that ended after the next test began in the same directory, or a
+    file copied in) gives the wrong designed reuse for every salted request."""
+    measured_for = design.get("run_id")
+    if measured_for is None or run_id is None or measured_for == run_id:
+        return None
+    return f"reuse_design.json was measured for run {measured_for}, not this run ({run_id})"
+
+
 def judge_reuse(data: RunData, index: MetricIndex, limits: dict[str, float], config: dict[str, str]
                 ) -> tuple[dict[str, Any], list[Finding]]:
     """numbers.reuse of the prefix_cache pillar and the findings (see the module doc)."""
@@ -304,6 +314,9 @@ def judge_reuse(data: RunData, index: MetricIndex, limits: dict[str, float], con
         why = f"the server's tokenizer was not reachable ({design['error']})"
         return {"status": INCONCLUSIVE, "reason": f"inconclusive, because {why}"}, \
             [Finding("*", INCONCLUSIVE, None, f"inconclusive, because {why}")]
+    if foreign := _another_runs(design, (data.run or {}).get("run_id")):
+        return {"status": INCONCLUSIVE, "reason": f"inconclusive, because {foreign}"}, \
+            [Finding("*", INCONCLUSIVE, None, f"inconclusive, because {foreign}")]
     geometry = geometry_of(config)
     # The streaming drill's twins are the same bytes sent at the same instant: which of them reuses the
     # other's blocks (or neither, prefilled in one step) is the scheduler's draw, so they have no design
