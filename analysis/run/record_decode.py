@@ -71,8 +71,6 @@ _SLOT = {name: i for i, name in enumerate(_Line.__struct_fields__)}  # a field's
 _INTERNED = ("stage", "scenario", "family", "user_id", "request_sha256", "prefix_sha256", "status", "finish_reason",
              "primary_layer", "control_role", "stream_role", "path")
 _HASHABLE = frozenset((str, type(None), int, float, bool))
-# The columns a batch derives rather than copies from its lines (`_derived`)
-_DERIVED = frozenset(("primary_layer", "findings", "tool_calls", "answer_signature"))
 
 
 class RecordDecoder:
