@@ -17,7 +17,8 @@ values a rule wrote as integers). Per record, a NUMBER also says whether it was 
 (`is_int`): a rule's sum, maximum or percentile keeps the type it had over the attempts read whole
 (`Rows.total`, `Rows.recorded`).
 
-Usage: `RecordColumns.add(lean, frame_only)` per record (analysis/run/record_decode.py), `rows()` for the
+Usage: `RecordColumns.extend_fields(fields)` per batch of records (analysis/run/record_decode.py's `take_many`) or
+`RecordColumns.add(lean, frame_only)` per record (a line read whole), in file order, `rows()` for the
 whole run or `rows(stage=name)`, then a `Rows` view: `view.number("ttft_ms")`, `view.code_is("status",
 "ok")`, `view[mask]`; a rule that reads a few records whole picks them by their rows (`RunData.pick`).
 """
