@@ -84,7 +84,7 @@ def _judge(run_dir: Path, plotter: PlotsBeside | None = None) -> Judgment:
     if plotter is not None:  # drawn in its child while the other pillars are judged
         plotter.submit(plot_inputs(ramp_table, data, index, resources.numbers.get("crashes", []),
                                    resources.numbers.get("soak_windows", [])))
-    pillars = {"compat": compat_pillar(data.compat), "resources": resources,
+    pillars = {"compat": compat_pillar(data.compat, data.unreadable.get("compat.json")), "resources": resources,
                "prefix_cache": judge_prefix_cache(data, index, cache_limits, buffered=(resources.numbers.get(
                    "stream_delivery") or {}).get("delivery") == Delivery.BUFFERED),
                "agent_api": judge_agent_api(data, limits["agent_api"], data.plan,

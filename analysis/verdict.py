@@ -37,7 +37,10 @@ NEXT_ACTION = {
 EXIT_CODES = {Verdict.GO: 0, Verdict.LIMITED: 3, Verdict.REBUILD: 4, Verdict.SCALE_UP: 5}
 
 
-def compat_pillar(compat: dict[str, Any] | None) -> PillarResult:
+def compat_pillar(compat: dict[str, Any] | None, unreadable: str | None = None) -> PillarResult:
+    """`unreadable`: why a compat.json that is there could not be read (k3load.analysis.run.rundata._json_object)."""
+    if compat is None and unreadable:
+        return PillarResult(INCONCLUSIVE, [f"inconclusive, because compat.json is {unreadable}"])
     if compat is None:
         return PillarResult(NOT_RUN, ["no compat.json: the precheck did not run"])
     rules = compat.get("rules", [])

@@ -351,13 +351,7 @@ class RecordColumns:
         """A batch of records given field by field (one sequence per field, in FIELDS' order): after every
         record added before it (the decoder's batches, with its lines read whole between them)."""
         self._flush()
-        count = len(values[0]) if values else 0
-        if not count:
-            return
-        for column, field in zip(self.columns.values(), values, strict=True):
-            column.extend(field)
-        self._count += count
-        self._stage_index = None
+        self._extend(values)
 
     def add_values(self, values: dict[str, Any]) -> None:
         """A record given by its fields (a test's rows; a field left out is None)."""
@@ -376,9 +370,16 @@ class RecordColumns:
         if not self._batch:
             return
         batch, self._batch = self._batch, []
-        for column, values in zip(self.columns.values(), zip(*batch, strict=True), strict=True):
+        self._extend(list(zip(*batch, strict=True)))
+
+    def _extend(self, fields: Sequence[Sequence[Any]]) -> None:
+        """Records given field by field (FIELDS' order) made columns, after those made before."""
+        count = len(fields[0]) if fields else 0
+        if not count:
+            return
+        for column, values in zip(self.columns.values(), fields, strict=True):
             column.extend(values)
-        self._count += len(batch)
+        self._count += count
         self._stage_index = None
 
     def __len__(self) -> int:

@@ -73,6 +73,11 @@ _INTERNED = ("stage", "scenario", "family", "user_id", "request_sha256", "prefix
 _HASHABLE = frozenset((str, type(None), int, float, bool))
 
 
+def _layer(layer: Any, valid: Any, findings: Any) -> Any:
+    """The record's primary layer; for one written before the field existed, the same rule from its findings."""
+    return derived_layer(findings) if layer is None and not valid else layer
+
+
 class RecordDecoder:
     """Appends each line's lean attempt (to `attempts`) and its columns (to `columns`), or says the line must be
     read whole."""
@@ -130,16 +135,8 @@ class RecordDecoder:
         """The columns that are not a line's value as it stands, each as `_read` makes it for its lean attempt."""
         findings_of = self.shared.findings_of_text
         findings = [findings_of(bytes(raw)) for raw in fields_read[_SLOT["findings"]]]
-        intern = self.shared.intern
-        names: list[Any] = []
-        for calls in fields_read[_SLOT["tool_calls"]]:
-            if calls:
-                found = tuple([str((c.function.name if c.function is not None else None) or c.name or "")
-                               for c in calls])
-                names.append(intern(found, found))
-            else:
-                names.append(())
-        layers = [derived_layer(found) if layer is None and not valid else layer for layer, valid, found
+        names = [self._names(calls) for calls in fields_read[_SLOT["tool_calls"]]]
+        layers = [_layer(layer, valid, found) for layer, valid, found
                   in zip(fields_read[_SLOT["primary_layer"]], fields_read[_SLOT["valid"]], findings, strict=True)]
         signatures: list[Any] = [None] * len(lines_read)
         for i, kind in enumerate(fields_read[_SLOT["turn_kind"]]):
@@ -188,20 +185,19 @@ class RecordDecoder:
     def _read(self, line: str | bytes) -> tuple[LeanAttempt, tuple[Any, ...]]:
         r = self._decode(line)
         findings = self.shared.findings_of_text(bytes(r.findings))
-        intern = self.shared.intern
-        calls = r.tool_calls
-        names: tuple[str, ...] = ()
-        if calls:
-            found = tuple([str((c.function.name if c.function is not None else None) or c.name or "")
-                           for c in calls])
-            names = intern(found, found)
-        layer = r.primary_layer
-        if layer is None and not r.valid:  # written before primary_layer existed: the same rule, from its findings
-            layer = derived_layer(findings)
-        lean = self._lean(r, findings, names, layer, self._signature(r))
+        lean = self._lean(r, findings, self._names(r.tool_calls), _layer(r.primary_layer, r.valid, findings),
+                          self._signature(r))
         frame = (r.ttfa_ms, r.itl_mean_ms, r.completion_tokens, r.max_tokens, r.error, r.session_id,
                  r.intended_send_ts)
         return lean, frame
+
+    def _names(self, calls: Any) -> tuple[str, ...]:
+        """The calls' function names (`lean.call_name`'s two places for one), the tuple shared among equal ones."""
+        if not calls:
+            return ()
+        found = tuple([str((c.function.name if c.function is not None else None) or c.name or "") for c in calls])
+        named: tuple[str, ...] = self.shared.intern(found, found)
+        return named
 
     def _lean(self, r: Any, findings: Any, names: Any, layer: Any, signature: Any) -> LeanAttempt:
         """A decoded line's lean attempt, its findings, call names, layer and signature made already."""

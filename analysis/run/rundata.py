@@ -70,6 +70,7 @@ class RunData:
     reuse_design: dict[str, Any] | None = None  # reuse_design.json: designed prefix reuse (None: not measured)
     stages: list[StageWindow] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # unreadable lines or files, reported not hidden
+    unreadable: dict[str, str] = field(default_factory=dict)  # a run file that is there but not readable: why
 
     def __post_init__(self) -> None:
         if self.attempts and not len(self.columns):  # attempts given whole (a test's): the same records as columns
@@ -420,6 +421,25 @@ def _stage_windows(events: list[dict[str, Any]], columns: RecordColumns) -> list
     return windows
 
 
+def _json_object(path: Path, data: RunData) -> dict[str, Any] | None:
+    """A run file holding one JSON object; None when missing, or when unreadable, cut or not an object (a run
+    copied in part, a file edited by hand): then said in the run's problems and kept in `unreadable` by name,
+    so the rule that needed it says why it could not tell, never a traceback."""
+    if not path.exists():
+        return None
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        why = f"not readable as JSON ({type(exc).__name__}: {str(exc)[:200]})"
+    else:
+        if isinstance(found, dict):
+            return found
+        why = f"a JSON {type(found).__name__}, not an object"
+    data.unreadable[path.name] = why
+    data.problems.append(f"{path.name}: {why}")
+    return None
+
+
 def load_run(path: Path) -> RunData:
     with gc_paused():
         return _load(path)
@@ -428,8 +448,7 @@ def load_run(path: Path) -> RunData:
 def _load(path: Path) -> RunData:
     data = RunData(path=path)
     problems = data.problems
-    if (path / "run.json").exists():
-        data.run = json.loads((path / "run.json").read_text())
+    data.run = _json_object(path / "run.json", data) or {}
     if (path / "plan.yaml").exists():
         text = (path / "plan.yaml").read_text()
         try:
@@ -446,9 +465,7 @@ def _load(path: Path) -> RunData:
     for event in data.events_named(Event.WORKER_SPOOLS):  # the master gave up waiting for a worker's records
         problems += [f"{worker} did not report its users stopped: its last turns may be missing"
                      for worker in event.get("not_final") or []]
-    if (path / "compat.json").exists():
-        data.compat = json.loads((path / "compat.json").read_text())
-    if (path / "reuse_design.json").exists():
-        data.reuse_design = json.loads((path / "reuse_design.json").read_text())
+    data.compat = _json_object(path / "compat.json", data)
+    data.reuse_design = _json_object(path / "reuse_design.json", data)
     data.stages = _stage_windows(data.events, data.columns)
     return data

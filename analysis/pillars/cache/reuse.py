@@ -288,14 +288,20 @@ def _thin(index: MetricIndex, limits: dict[str, float], config: dict[str, str], 
     return why
 
 
-def _another_runs(design: dict[str, Any], run_id: Any) -> str | None:
-    """Why the design is not this run's, or None. The salts it was measured with carry its run's id, so another
-    run's design (a web UI test's measurement that ended after the next test began in the same directory, or a
-    file copied in) gives the wrong designed reuse for every salted request."""
+def _no_design(design: dict[str, Any] | None, run_id: Any, unreadable: str | None = None) -> str | None:
+    """Why the run has no design this pillar can hold it to, or None. Another run's design (a web UI test's
+    measurement that ended after the next test began in the same directory, or a file copied in) is none: the
+    salts it was measured with carry that run's id, so every salted request's designed reuse would be wrong."""
+    if design is None and unreadable:
+        return f"reuse_design.json is {unreadable}"
+    if design is None:
+        return "reuse_design.json is missing (the run predates it, or ended before the measurement)"
+    if design.get("error"):
+        return f"the server's tokenizer was not reachable ({design['error']})"
     measured_for = design.get("run_id")
-    if measured_for is None or run_id is None or measured_for == run_id:
-        return None
-    return f"reuse_design.json was measured for run {measured_for}, not this run ({run_id})"
+    if measured_for is not None and run_id is not None and measured_for != run_id:
+        return f"reuse_design.json was measured for run {str(measured_for)[:80]}, not this run ({run_id})"
+    return None
 
 
 def judge_reuse(data: RunData, index: MetricIndex, limits: dict[str, float], config: dict[str, str]
@@ -306,17 +312,10 @@ def judge_reuse(data: RunData, index: MetricIndex, limits: dict[str, float], con
     ok = every.code_is("status", "ok")
     if not ok.any():
         return {"status": NOT_RUN, "reason": "no request completed"}, []
-    if design is None:
-        why = "reuse_design.json is missing (the run predates it, or ended before the measurement)"
+    if why := _no_design(design, (data.run or {}).get("run_id"), data.unreadable.get("reuse_design.json")):
         return {"status": INCONCLUSIVE, "reason": f"inconclusive, because {why}"}, \
             [Finding("*", INCONCLUSIVE, None, f"inconclusive, because {why}")]
-    if design.get("error"):
-        why = f"the server's tokenizer was not reachable ({design['error']})"
-        return {"status": INCONCLUSIVE, "reason": f"inconclusive, because {why}"}, \
-            [Finding("*", INCONCLUSIVE, None, f"inconclusive, because {why}")]
-    if foreign := _another_runs(design, (data.run or {}).get("run_id")):
-        return {"status": INCONCLUSIVE, "reason": f"inconclusive, because {foreign}"}, \
-            [Finding("*", INCONCLUSIVE, None, f"inconclusive, because {foreign}")]
+    assert design is not None
     geometry = geometry_of(config)
     # The streaming drill's twins are the same bytes sent at the same instant: which of them reuses the
     # other's blocks (or neither, prefilled in one step) is the scheduler's draw, so they have no design
